@@ -1,0 +1,34 @@
+# Two commands: `make demo` (the main job on real data) and `make test` (the test suite).
+# Both create .venv if it is missing and install the pinned set from constraints.txt.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# The real data files: ../shared/data beside this checkout when it exists (this workplace, CI);
+# elsewhere jaxray searches ~/.cache/jaxray and the system data folder, then downloads.
+ifeq ($(origin JAXRAY_DATA_DIR), undefined)
+ifneq ($(wildcard ../shared/data/tinyshakespeare.txt),)
+export JAXRAY_DATA_DIR := $(abspath ../shared/data)
+endif
+endif
+
+.PHONY: install demo test clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+demo: install
+	$(PY) -m jaxray.tune --config tune_configs/demo.yaml --out runs/demo
+	$(PY) -m jaxray.generate --checkpoint runs/demo --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --seed 0
+
+test: install
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,105 @@
+"""Orbax checkpoints of trained params, and the bridge to Ray Train checkpoints.
+
+Layout of a checkpoint directory::
+
+    params/              Orbax StandardCheckpointer: float32 params (a dict of arrays for the MLPs,
+                         ``nnx.state(model, nnx.Param)`` for the transformer)
+    model_config.json    the ModelConfig, so a restore rebuilds the model without guessing
+    trial_config.json    the whole TrialConfig the params were trained with
+
+A ``runs/<experiment>`` directory also resolves to a checkpoint: its ``summary.json`` names one per
+trial and ``resolve`` picks the best of a workload.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import orbax.checkpoint as ocp
+from jax.sharding import Sharding
+
+from jaxray.config import ModelConfig, TrialConfig
+from jaxray.models import Model, build
+
+PARAMS_DIR = "params"
+MODEL_CONFIG = "model_config.json"
+TRIAL_CONFIG = "trial_config.json"
+
+
+class CheckpointError(ValueError):
+    """A path that is not a usable checkpoint; the message says what was expected."""
+
+
+def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
+    """Write ``params`` and the configs under ``directory`` (created; must not hold a checkpoint yet).
+
+    Blocks until Orbax has finalised the write, so the directory is complete when this returns.
+    """
+    directory = Path(directory).absolute()
+    directory.mkdir(parents=True, exist_ok=True)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(directory / PARAMS_DIR, params)
+    checkpointer.wait_until_finished()
+    (directory / MODEL_CONFIG).write_text(trial.model.model_dump_json(indent=2))
+    (directory / TRIAL_CONFIG).write_text(trial.model_dump_json(indent=2))
+    return directory
+
+
+def load_model_config(directory: str | Path) -> ModelConfig:
+    """The ModelConfig saved beside the params. Raises CheckpointError if missing or invalid."""
+    path = Path(directory) / MODEL_CONFIG
+    if not path.is_file():
+        raise CheckpointError(f"{directory} is not a jaxray checkpoint: {MODEL_CONFIG} is missing")
+    return ModelConfig.model_validate_json(path.read_text())
+
+
+def restore(directory: str | Path, sharding: Optional[Sharding] = None) -> tuple[Model, Any]:
+    """Rebuild the model from its config and restore params into an abstract target.
+
+    The target is ``jax.eval_shape(model.init)``: ShapeDtypeStructs, each given ``sharding`` (default:
+    the first local device), so Orbax places the arrays directly where they are wanted.
+    Returns ``(model, params)``. Raises CheckpointError if ``directory`` is not a checkpoint.
+    """
+    directory = Path(directory).absolute()
+    model = build(load_model_config(directory))
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                          jax.eval_shape(model.init, jax.random.key(0)))
+    if not (directory / PARAMS_DIR).is_dir():
+        raise CheckpointError(f"{directory} is not a jaxray checkpoint: {PARAMS_DIR}/ is missing")
+    params = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, target)
+    return model, params
+
+
+def resolve(path: str | Path, workload: Optional[str] = None) -> Path:
+    """A checkpoint directory from ``path``: a checkpoint itself, or a ``runs/<experiment>`` directory
+    whose ``summary.json`` gives the best trial of ``workload`` (lowest val_loss for the transformer,
+    highest test_accuracy for the MLPs; default: the transformer if the sweep has one).
+
+    Raises CheckpointError naming the path and what was looked for.
+    """
+    path = Path(path)
+    if (path / MODEL_CONFIG).is_file():
+        return path
+    summary = path / "summary.json"
+    if not summary.is_file():
+        raise CheckpointError(f"{path} is neither a checkpoint (no {MODEL_CONFIG}) nor an experiment "
+                              f"directory (no summary.json)")
+    rows = [r for r in json.loads(summary.read_text()) if r.get("checkpoint")]
+    workloads = {r["workload"] for r in rows}
+    workload = workload or ("transformer" if "transformer" in workloads else next(iter(sorted(workloads)), None))
+    rows = [r for r in rows if r["workload"] == workload]
+    if not rows:
+        raise CheckpointError(f"{summary} has no trial with a checkpoint for workload {workload!r}")
+    best = min(rows, key=_rank_key)
+    return Path(best["checkpoint"])
+
+
+def _rank_key(row: dict) -> float:
+    if row["workload"] == "transformer":
+        value = row.get("val_loss")
+        return value if value is not None and math.isfinite(value) else math.inf
+    return -(row.get("test_accuracy") or 0.0)

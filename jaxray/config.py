@@ -1,0 +1,261 @@
+"""Typed configs for trials and sweeps, parsed from YAML or Tune dicts and validated in one place.
+
+Every config is a frozen pydantic model with ``extra="forbid"``: a misspelled key is rejected with
+its name and the allowed ones, a bad value with the field's path and the allowed values, before Ray
+starts or anything compiles. ``check_devices`` holds the checks that need the device count.
+
+Vocabulary used in every docstring of the package: B batch, T time (sequence), D model width,
+H heads, K head dim, V vocab. "Global batch" is the batch of one optimizer step over all devices of
+all workers; "per-device batch" is global batch / (workers x devices per worker).
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+
+Workload = Literal["mlp", "shared_block_mlp", "transformer"]
+DType = Literal["float32", "bfloat16", "float16"]
+WORKLOADS: tuple[str, ...] = Workload.__args__
+DTYPES: tuple[str, ...] = DType.__args__
+
+# The learning path's defaults (labs 4, 6 and 7).
+DEFAULT_WIDTH = {"mlp": 256, "shared_block_mlp": 1024, "transformer": 256}
+DEFAULT_LEARNING_RATE = {"mlp": 3e-3, "shared_block_mlp": 3e-4, "transformer": 3e-4}
+# What a sweep ranks trials by unless its YAML says otherwise.
+DEFAULT_METRIC = {"mlp": ("test_accuracy", "max"), "shared_block_mlp": ("test_accuracy", "max"),
+                  "transformer": ("val_loss", "min")}
+SEARCHABLE = ("global_batch", "dtype", "width")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the field and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """Model hyper-parameters. ``width`` is the MLP hidden width or the transformer's d_model (D)."""
+
+    workload: Workload
+    width: Optional[PositiveInt] = None
+    dtype: DType = "float32"
+    block_repeats: PositiveInt = 8
+    num_layers: PositiveInt = 4
+    num_heads: PositiveInt = 4
+    max_seq_len: PositiveInt = 256
+    vocab_size: Literal[256] = 256
+
+    @model_validator(mode="after")
+    def _fill_and_check(self) -> "ModelConfig":
+        if self.width is None:
+            object.__setattr__(self, "width", DEFAULT_WIDTH[self.workload])
+        if self.workload == "transformer" and self.width % self.num_heads:
+            raise ValueError(f"width (d_model) {self.width} must be divisible by num_heads {self.num_heads}")
+        if self.workload == "mlp" and self.width < 2:
+            raise ValueError("width must be >= 2 for mlp (the second hidden layer is width // 2)")
+        return self
+
+    @property
+    def ffn_dim(self) -> int:
+        return 4 * self.width
+
+
+class TrainConfig(_Strict):
+    """Optimisation and loop settings. ``learning_rate`` defaults to the learning path's per workload."""
+
+    steps: PositiveInt = 100
+    global_batch: PositiveInt = 256
+    learning_rate: Optional[PositiveFloat] = None
+    weight_decay: float = Field(1e-4, ge=0)
+    seed: int = 0
+    log_every: PositiveInt = 25
+    report_every: Optional[PositiveInt] = None
+    eval_batch: Optional[PositiveInt] = None
+
+    @property
+    def report_interval(self) -> int:
+        """Steps between ``ray.train.report`` calls: ``report_every`` or about four reports per run.
+
+        Each report is a barrier across workers that costs about a second here, so it is kept rarer
+        than ``log_every`` (history and TensorBoard)."""
+        return self.report_every or max(self.log_every, -(-self.steps // 4))
+
+
+class DataConfig(_Strict):
+    """Where the data files are (None: the search order of ``jaxray.data.sources``) and the sequence length."""
+
+    data_dir: Optional[str] = None
+    seq_len: PositiveInt = 256
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if self.seq_len < 2:
+            raise ValueError("seq_len must be >= 2 (next-byte prediction needs two tokens)")
+        return self
+
+
+class WorkersConfig(_Strict):
+    """Ray Train scaling: ``num_workers`` JAX processes, each owning ``devices_per_worker`` devices."""
+
+    num_workers: PositiveInt = 1
+    devices_per_worker: PositiveInt = 1
+    use_gpu: bool = False
+
+    @property
+    def total_devices(self) -> int:
+        return self.num_workers * self.devices_per_worker
+
+
+class TrialConfig(_Strict):
+    """Everything one Ray Train run needs; it travels to the workers as a plain dict."""
+
+    model: ModelConfig
+    train: TrainConfig = TrainConfig()
+    data: DataConfig = DataConfig()
+    workers: WorkersConfig = WorkersConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrialConfig":
+        m, d = self.model, self.data
+        if m.workload == "transformer" and d.seq_len > m.max_seq_len:
+            raise ValueError(f"data.seq_len {d.seq_len} exceeds model.max_seq_len {m.max_seq_len}")
+        check_devices(self.train.global_batch, self.workers.total_devices)
+        return self
+
+    @property
+    def learning_rate(self) -> float:
+        return self.train.learning_rate or DEFAULT_LEARNING_RATE[self.model.workload]
+
+
+def check_devices(global_batch: int, devices: int) -> int:
+    """Per-device batch for ``global_batch`` over ``devices``; ConfigError unless it divides evenly."""
+    if global_batch % devices:
+        raise ConfigError(
+            f"global_batch {global_batch} is not divisible by the device count {devices} "
+            f"(workers x devices_per_worker); choose a multiple of {devices}")
+    return global_batch // devices
+
+
+class SearchSpace(_Strict):
+    """Grid values for the axes Tune sweeps; an axis left out keeps the sweep's fixed value."""
+
+    global_batch: Optional[list[PositiveInt]] = Field(None, min_length=1)
+    dtype: Optional[list[DType]] = Field(None, min_length=1)
+    width: Optional[list[PositiveInt]] = Field(None, min_length=1)
+
+
+class SweepConfig(_Strict):
+    """One workload's grid: fixed model/train settings plus the search space; ranked by ``metric``."""
+
+    workload: Workload
+    metric: Optional[Literal["test_accuracy", "test_loss", "val_loss", "val_perplexity", "final_train_loss"]] = None
+    mode: Optional[Literal["min", "max"]] = None
+    model: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+    search_space: SearchSpace = SearchSpace()
+
+    @model_validator(mode="after")
+    def _check(self) -> "SweepConfig":
+        metric, mode = DEFAULT_METRIC[self.workload]
+        if self.metric is None:
+            object.__setattr__(self, "metric", metric)
+            object.__setattr__(self, "mode", self.mode or mode)
+        elif self.mode is None:
+            object.__setattr__(self, "mode", "max" if self.metric == "test_accuracy" else "min")
+        wrong = {"mlp": ("val_loss", "val_perplexity"), "shared_block_mlp": ("val_loss", "val_perplexity"),
+                 "transformer": ("test_accuracy", "test_loss")}[self.workload]
+        if self.metric in wrong:
+            raise ValueError(f"metric {self.metric!r} is not reported by workload {self.workload!r}")
+        for key in ("workload", *SEARCHABLE):
+            if key in self.model or key in self.train:
+                raise ValueError(f"{key!r} belongs at the sweep level or in search_space, not in model/train")
+        return self
+
+    def trial_dicts(self, base: dict[str, Any]) -> list[dict[str, Any]]:
+        """The grid expanded into TrialConfig dicts (validate each with ``parse_trial``)."""
+        grid = {k: getattr(self.search_space, k) or [None] for k in SEARCHABLE}
+        trials = []
+        for batch, dtype, width in itertools.product(*grid.values()):
+            trials.append(self.trial_dict(base, global_batch=batch, dtype=dtype, width=width))
+        return trials
+
+    def trial_dict(self, base: dict[str, Any], global_batch=None, dtype=None, width=None) -> dict[str, Any]:
+        model = {**self.model, "workload": self.workload}
+        train = dict(self.train)
+        if dtype is not None:
+            model["dtype"] = dtype
+        if width is not None:
+            model["width"] = width
+        if global_batch is not None:
+            train["global_batch"] = global_batch
+        return {**base, "model": model, "train": train}
+
+
+class ExperimentConfig(_Strict):
+    """A Tune experiment: shared data and worker settings, and one sweep per workload."""
+
+    experiment: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    data: DataConfig = DataConfig()
+    workers: WorkersConfig = WorkersConfig()
+    max_concurrent_trials: PositiveInt = 1
+    sweeps: list[SweepConfig] = Field(min_length=1)
+
+    def base(self) -> dict[str, Any]:
+        return {"data": self.data.model_dump(), "workers": self.workers.model_dump()}
+
+
+def _format(err: ValidationError, source: str, prefix: str = "") -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        where = (prefix + ".".join(str(p) for p in e["loc"])).rstrip(".") or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"  {where}: {msg}")
+    return "\n".join(lines)
+
+
+def _validate(cls, data: Any, source: str, prefix: str = ""):
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format(err, source, prefix)) from None
+    except ConfigError as err:
+        raise ConfigError(f"invalid config {source}: {prefix}{err}") from None
+
+
+def parse_trial(data: dict[str, Any], source: str = "(trial)", prefix: str = "") -> TrialConfig:
+    """A TrialConfig from a plain dict (what Tune and the workers pass around). Raises ConfigError
+    whose message starts with ``source`` and gives each field's path after ``prefix``."""
+    return _validate(TrialConfig, data, source, prefix)
+
+
+def load_experiment(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> ExperimentConfig:
+    """Read and validate an experiment YAML, then expand every sweep so each trial is checked up front.
+
+    Raises ConfigError for a missing file, invalid YAML, unknown keys, wrong types or values, and for
+    any grid point that cannot run (for example a global batch the device count does not divide).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"invalid YAML in {path}: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"invalid config {path}: the top level must be a mapping, got {type(raw).__name__}")
+    for key, value in (overrides or {}).items():
+        section, _, field = key.partition(".")
+        raw.setdefault(section, {})[field] = value
+    exp = _validate(ExperimentConfig, raw, str(path))
+    for i, sweep in enumerate(exp.sweeps):
+        for trial in sweep.trial_dicts(exp.base()):
+            parse_trial(trial, str(path), prefix=f"sweeps.{i}.")
+    return exp

@@ -1,0 +1,116 @@
+"""TinyShakespeare as byte-level token sequences.
+
+Tokens are raw UTF-8 bytes (vocabulary 256), so there is no tokenizer file to
+ship, version or keep in sync with checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxray.data.sources import read_verified
+
+VOCAB_SIZE = 256
+
+
+@dataclass(frozen=True)
+class ByteSequences:
+    """Non-overlapping byte-token sequences of one length.
+
+    Attributes:
+        train: [N_train, seq_len] int32 in 0..255, in shuffled order.
+        validation: [N_val, seq_len] int32 in 0..255, in text order.
+        seq_len: length of every sequence.
+    """
+
+    train: np.ndarray
+    validation: np.ndarray
+    seq_len: int
+
+
+def encode(text: str) -> np.ndarray:
+    """UTF-8 encode ``text`` into a [len(text.encode())] int32 array in 0..255."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+
+
+def decode(tokens) -> str:
+    """Decode a 1-D sequence of byte tokens (list, NumPy or JAX array) to text.
+
+    Invalid UTF-8 (e.g. a sample cut mid-character) becomes U+FFFD replacement
+    characters; it never raises for that.
+
+    Raises:
+        ValueError: ``tokens`` is not 1-D, not integers, or has a value
+            outside 0..255 (a bug upstream, so it is not silently wrapped).
+    """
+    arr = np.asarray(tokens)
+    if arr.size == 0:
+        return ""
+    if arr.ndim > 1:
+        raise ValueError(f"decode expects a 1-D token sequence, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"decode expects integer tokens, got dtype {arr.dtype}")
+    if arr.min() < 0 or arr.max() >= VOCAB_SIZE:
+        raise ValueError(
+            f"tokens must be bytes in 0..{VOCAB_SIZE - 1}, got range "
+            f"{arr.min()}..{arr.max()}"
+        )
+    return arr.reshape(-1).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+
+def split_sequences(
+    tokens: np.ndarray, seq_len: int, seed: int, val_fraction: float = 0.1
+) -> ByteSequences:
+    """Cut ``tokens`` into train/validation sequences of ``seq_len``.
+
+    ``tokens`` ([T] integers) is cut into n = T // seq_len non-overlapping
+    sequences (the tail is dropped). The first floor((1 - val_fraction) * n)
+    sequences are train, the rest validation; splitting by position keeps
+    validation text unseen. Only the train order is then shuffled, with
+    ``np.random.default_rng(seed).permutation``.
+
+    Raises:
+        ValueError: ``seq_len`` < 2, ``val_fraction`` not in (0, 1),
+            ``tokens`` not 1-D, or too few tokens for one train and one
+            validation sequence.
+    """
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be >= 2 (input and shifted target), got {seq_len}")
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}")
+    n = len(tokens) // seq_len
+    # round() first so float noise (e.g. (1 - 0.3) * 90 = 62.99...) cannot drop a sequence.
+    n_train = math.floor(round((1.0 - val_fraction) * n, 6))
+    if n_train < 1 or n_train >= n:
+        raise ValueError(
+            f"{len(tokens)} tokens give {n} sequences of seq_len={seq_len}; "
+            f"need at least one train and one validation sequence"
+        )
+    seqs = tokens[: n * seq_len].astype(np.int32).reshape(n, seq_len)
+    order = np.random.default_rng(seed).permutation(n_train)
+    return ByteSequences(train=seqs[:n_train][order], validation=seqs[n_train:], seq_len=seq_len)
+
+
+def load_shakespeare(
+    seq_len: int = 256, seed: int = 0, data_dir: str | os.PathLike | None = None
+) -> ByteSequences:
+    """Load verified TinyShakespeare and split it with :func:`split_sequences`.
+
+    With seq_len=256: 4357 sequences, 3921 train and 436 validation.
+    ``data_dir`` is searched first; see :func:`jaxray.data.sources.read_verified`.
+
+    Raises:
+        DataFileError: the file is missing (and cannot be downloaded) or has
+            the wrong checksum.
+        ValueError: as :func:`split_sequences`.
+    """
+    raw = read_verified("tinyshakespeare.txt", data_dir)
+    tokens = np.frombuffer(raw, dtype=np.uint8)
+    return split_sequences(tokens, seq_len, seed)

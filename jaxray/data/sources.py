@@ -1,0 +1,235 @@
+"""Locate, verify and (if needed) download the data files jaxray trains on.
+
+Every file is pinned by the SHA-256 of its *decompressed* content: the Debian
+package recompresses the Fashion-MNIST archives, so digests of the .gz bytes
+differ between equally good copies while the payload digests do not.
+
+Places searched by :func:`read_verified`, in this order (first hit wins):
+
+1. the ``data_dir`` argument (the CLI's ``--data-dir``),
+2. the directory in the environment variable ``JAXRAY_DATA_DIR``,
+3. the download cache, ``~/.cache/jaxray`` (``JAXRAY_CACHE_DIR`` overrides),
+4. ``/usr/share/datasets/fashion-mnist`` (Debian package
+   ``dataset-fashion-mnist``), for Fashion-MNIST files only,
+5. a download from the canonical URL into the cache.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.client
+import os
+import tempfile
+import urllib.request
+import zlib
+from pathlib import Path
+from typing import NamedTuple
+
+DATA_DIR_ENV = "JAXRAY_DATA_DIR"
+CACHE_DIR_ENV = "JAXRAY_CACHE_DIR"
+SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+DOWNLOAD_TIMEOUT_S = 60.0
+
+_FMNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+
+
+class DataFileError(Exception):
+    """A data file is missing, truncated, corrupt or not the expected version.
+
+    The message is meant for the user: it names the file(s) involved and says
+    how to fix the problem.
+    """
+
+
+class KnownFile(NamedTuple):
+    sha256: str  # of the decompressed content
+    url: str
+    gzipped: bool
+
+
+REGISTRY: dict[str, KnownFile] = {
+    "tinyshakespeare.txt": KnownFile(
+        "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+        "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
+        "tinyshakespeare/input.txt",
+        False,
+    ),
+    "fashion-mnist/train-images-idx3-ubyte.gz": KnownFile(
+        "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+        _FMNIST_URL + "train-images-idx3-ubyte.gz",
+        True,
+    ),
+    "fashion-mnist/train-labels-idx1-ubyte.gz": KnownFile(
+        "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+        _FMNIST_URL + "train-labels-idx1-ubyte.gz",
+        True,
+    ),
+    "fashion-mnist/t10k-images-idx3-ubyte.gz": KnownFile(
+        "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+        _FMNIST_URL + "t10k-images-idx3-ubyte.gz",
+        True,
+    ),
+    "fashion-mnist/t10k-labels-idx1-ubyte.gz": KnownFile(
+        "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+        _FMNIST_URL + "t10k-labels-idx1-ubyte.gz",
+        True,
+    ),
+}
+
+
+def cache_dir() -> Path:
+    """The download cache: ``$JAXRAY_CACHE_DIR`` if set, else ``~/.cache/jaxray``."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    root = Path(override) if override else Path.home() / ".cache" / "jaxray"
+    return root.expanduser().absolute()
+
+
+def read_verified(name: str, data_dir: str | os.PathLike | None = None) -> bytes:
+    """Return the decompressed, checksum-verified content of a registered file.
+
+    ``name`` is a key of :data:`REGISTRY`, e.g. ``"tinyshakespeare.txt"`` or
+    ``"fashion-mnist/train-images-idx3-ubyte.gz"``. Directories are searched
+    in this order: ``data_dir``, ``$JAXRAY_DATA_DIR``, the cache
+    (``$JAXRAY_CACHE_DIR`` or ``~/.cache/jaxray``), and for Fashion-MNIST
+    ``/usr/share/datasets/fashion-mnist``. In each directory ``d`` the paths
+    ``d/<name>`` and ``d/<basename>`` are tried, each also without ``.gz``
+    (an already decompressed copy). If none exists the file is downloaded
+    into the cache.
+
+    The first copy found is the one used: a bad copy is reported, never
+    skipped in favour of a later one, so the user learns which file to fix.
+
+    Raises:
+        ValueError: ``name`` is not in :data:`REGISTRY`.
+        DataFileError: the copy found is unreadable, a truncated/corrupt gzip,
+            or has the wrong SHA-256; or no copy exists and the download
+            failed (the message lists every path searched).
+    """
+    if name not in REGISTRY:
+        raise ValueError(f"unknown data file {name!r}; known: {sorted(REGISTRY)}")
+    known = REGISTRY[name]
+    candidates = _candidate_paths(name, data_dir)
+    for path in candidates:
+        if path.is_file():
+            return _verify(path, known)
+    return _download_into_cache(name, known, candidates)
+
+
+def _search_dirs(name: str, data_dir: str | os.PathLike | None) -> list[Path]:
+    dirs = []
+    if data_dir is not None:
+        dirs.append(Path(data_dir))
+    if os.environ.get(DATA_DIR_ENV):
+        dirs.append(Path(os.environ[DATA_DIR_ENV]))
+    dirs.append(cache_dir())
+    if name.startswith("fashion-mnist/"):
+        dirs.append(SYSTEM_DIR)
+    # Absolute paths so the "not found" message is unambiguous whatever the cwd.
+    return [d.expanduser().absolute() for d in dirs]
+
+
+def _candidate_paths(name: str, data_dir: str | os.PathLike | None) -> list[Path]:
+    basename = name.rsplit("/", 1)[-1]
+    relatives = [name] if basename == name else [name, basename]
+    names = []
+    for rel in relatives:
+        names.append(rel)
+        if rel.endswith(".gz"):
+            # A copy someone gunzipped by hand is as good: the digest is of the payload.
+            names.append(rel[:-3])
+    paths: list[Path] = []
+    for d in _search_dirs(name, data_dir):
+        for rel in names:
+            p = d / rel
+            # The system package ships a flat folder; only basenames live there.
+            if d == SYSTEM_DIR and "/" in rel:
+                continue
+            if p not in paths:
+                paths.append(p)
+    return paths
+
+
+def _local_fix() -> str:
+    return (
+        f"Delete it (a fresh copy is then downloaded into {cache_dir()} if online), "
+        f"or point --data-dir / {DATA_DIR_ENV} at a directory holding a good copy."
+    )
+
+
+def _verify(path: Path, known: KnownFile, fix: str | None = None) -> bytes:
+    fix = fix or _local_fix()
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DataFileError(f"cannot read data file {path}: {e}") from e
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise DataFileError(
+                f"data file {path} is truncated or corrupt (gzip error: {e}). {fix}"
+            ) from e
+    actual = hashlib.sha256(raw).hexdigest()
+    if actual != known.sha256:
+        raise DataFileError(
+            f"data file {path} has the wrong content: SHA-256 of its "
+            f"{'decompressed ' if path.suffix == '.gz' else ''}content is "
+            f"{actual}, expected {known.sha256}. It is truncated, corrupt or a "
+            f"different version. {fix}"
+        )
+    return raw
+
+
+def _download(url: str, dest: Path) -> None:
+    """Fetch ``url`` into the file ``dest`` (overwritten). Raises OSError-likes."""
+    with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
+        with open(dest, "wb") as out:
+            while chunk := resp.read(1 << 20):
+                out.write(chunk)
+
+
+def _download_into_cache(name: str, known: KnownFile, searched: list[Path]) -> bytes:
+    target = cache_dir() / name
+    tmp_path = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Same directory as the target so the final rename is atomic: a crash
+        # mid-download never leaves a half-written file under the real name.
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-", suffix=target.suffix)
+        os.close(fd)
+        tmp_path = Path(tmp)
+        _download(known.url, tmp_path)
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        _remove(tmp_path)
+        raise DataFileError(_not_found_message(name, known, searched, e)) from e
+    fix = (
+        f"This was a download of {known.url}; it has been discarded. Supply a good "
+        f"copy with --data-dir / {DATA_DIR_ENV}, or copy one to {target}."
+    )
+    try:
+        # Verify before the rename so a bad download never lands in the cache.
+        content = _verify(tmp_path, known, fix)
+    except DataFileError:
+        _remove(tmp_path)
+        raise
+    os.replace(tmp_path, target)
+    return content
+
+
+def _remove(path: Path | None) -> None:
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+def _not_found_message(name: str, known: KnownFile, searched: list[Path], err: BaseException) -> str:
+    lines = [f"data file {name!r} not found. Looked in:"]
+    lines += [f"  {p}" for p in searched]
+    lines.append(f"and downloading {known.url} failed: {type(err).__name__}: {err}")
+    lines.append("Supply the file in one of these ways:")
+    lines.append(f"  - pass --data-dir DIR (or set {DATA_DIR_ENV}=DIR) where DIR holds {name} or its basename;")
+    if name.startswith("fashion-mnist/"):
+        lines.append(f"  - apt-get install dataset-fashion-mnist (installs into {SYSTEM_DIR});")
+    lines.append(f"  - copy it to {cache_dir() / name};")
+    lines.append("  - or run again with network access to download it.")
+    return "\n".join(lines)

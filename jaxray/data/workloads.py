@@ -1,0 +1,26 @@
+"""The real arrays each workload trains and evaluates on.
+
+``{"image": [N, 784] float32, "label": [N] int32}`` (Fashion-MNIST; train order a seeded permutation,
+test order as in the file) or ``{"tokens": [N, T] int32}`` (TinyShakespeare bytes; train order a
+seeded permutation, validation in text order).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxray.config import TrialConfig
+from jaxray.data.batching import Arrays
+from jaxray.data.fashion_mnist import load_fashion_mnist
+from jaxray.data.shakespeare import load_shakespeare
+
+
+def load_arrays(trial: TrialConfig) -> tuple[Arrays, Arrays]:
+    """(train, held-out) arrays for ``trial``'s workload; raises DataFileError if files are missing or bad."""
+    seed, data_dir = trial.train.seed, trial.data.data_dir
+    if trial.model.workload == "transformer":
+        seqs = load_shakespeare(seq_len=trial.data.seq_len, seed=seed, data_dir=data_dir)
+        return {"tokens": seqs.train}, {"tokens": seqs.validation}
+    fm = load_fashion_mnist(data_dir)
+    order = np.random.default_rng(seed).permutation(len(fm.train_labels))
+    train = {"image": fm.train_images[order], "label": fm.train_labels[order]}
+    return train, {"image": fm.test_images, "label": fm.test_labels}

@@ -1,0 +1,122 @@
+"""Byte-level sampling from a trained transformer; ``python -m jaxray.generate``.
+
+``sample`` is pure over a ``tokens_to_logits`` callback (testable without a model). It recomputes the
+full fixed-size window for every new byte (the learning path's recipe) but keeps the whole loop on
+device in one ``lax.fori_loop``: one compiled program per (window, max_new_tokens), the same at
+every step, and no host round trip per byte. Prompts longer than the window keep their last
+``max_seq_len`` bytes; once the window is full it slides by one byte per new token.
+
+  python -m jaxray.generate --checkpoint runs/demo --prompt "ROMEO:" --max-new-tokens 300 \\
+      --temperature 0.8 --seed 0
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxray.data.shakespeare import decode
+
+# [1, T] int32 -> [1, T, V] float32, as a jax.tree_util.Partial so params travel as traced leaves.
+TokensToLogits = Callable[[jax.Array], jax.Array]
+
+
+def _next_token(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: Optional[int]) -> jax.Array:
+    """logits [V] float32 -> int32 token: argmax when temperature <= 0, else a draw at ``temperature``
+    from the ``top_k`` most likely (all when None)."""
+    if top_k is not None:
+        kth = jax.lax.top_k(logits, top_k)[0][-1]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    drawn = jax.random.categorical(key, logits / jnp.maximum(temperature, 1e-6))
+    return jnp.where(temperature > 0, drawn, jnp.argmax(logits)).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("max_new_tokens", "top_k"))
+def sample(tokens_to_logits: TokensToLogits, window: jax.Array, length: jax.Array, key: jax.Array,
+           temperature: jax.Array, max_new_tokens: int, top_k: Optional[int] = None) -> jax.Array:
+    """Sample ``max_new_tokens`` bytes after the prompt held in ``window``.
+
+    window: [T] int32, the prompt in ``window[:length]`` (1 <= length <= T), zeros after it.
+    Returns [max_new_tokens] int32. Causal attention means the padding after position
+    ``length - 1`` never changes the logits read there.
+    """
+    size = window.shape[0]
+
+    def step(i, carry):
+        window, length, key, out = carry
+        key, subkey = jax.random.split(key)
+        logits = tokens_to_logits(window[None])[0, length - 1]
+        token = _next_token(logits, subkey, temperature, top_k)
+        appended = window.at[jnp.minimum(length, size - 1)].set(token)
+        slid = jnp.roll(window, -1).at[size - 1].set(token)
+        window = jnp.where(length < size, appended, slid)
+        return window, jnp.minimum(length + 1, size), key, out.at[i].set(token)
+
+    out = jnp.zeros((max_new_tokens,), jnp.int32)
+    return jax.lax.fori_loop(0, max_new_tokens, step, (window, length, key, out))[3]
+
+
+def prompt_window(prompt: bytes, max_seq_len: int) -> tuple[np.ndarray, int]:
+    """The prompt's last ``max_seq_len`` bytes left-aligned in a [max_seq_len] int32 window, and its length.
+
+    Raises ValueError for an empty prompt.
+    """
+    if not prompt:
+        raise ValueError("prompt is empty: give at least one character")
+    tail = np.frombuffer(prompt[-max_seq_len:], np.uint8).astype(np.int32)
+    window = np.zeros((max_seq_len,), np.int32)
+    window[:len(tail)] = tail
+    return window, len(tail)
+
+
+def generate(model, params, prompt: str, max_new_tokens: int, temperature: float = 0.8, seed: int = 0,
+             top_k: Optional[int] = None) -> str:
+    """The text sampled after ``prompt`` (the prompt itself not included). Invalid UTF-8 in the
+    sampled bytes becomes U+FFFD. Raises ValueError for an empty prompt, ``max_new_tokens`` < 1,
+    a negative or non-finite temperature, or ``top_k`` outside 1..vocab."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and not 1 <= top_k <= model.config.vocab_size:
+        raise ValueError(f"top_k must be in 1..{model.config.vocab_size}, got {top_k}")
+    window, length = prompt_window(prompt.encode("utf-8"), model.config.max_seq_len)
+    tokens_to_logits = jax.tree_util.Partial(model.apply, params)
+    new = sample(tokens_to_logits, jnp.asarray(window), jnp.int32(length), jax.random.key(seed),
+                 jnp.float32(temperature), max_new_tokens, top_k)
+    return decode(np.asarray(new))
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jaxray.generate", description="Sample text from a trained transformer.")
+    p.add_argument("--checkpoint", required=True, help="a checkpoint directory, or runs/<experiment> (best transformer trial)")
+    p.add_argument("--prompt", default="ROMEO:")
+    p.add_argument("--max-new-tokens", type=int, default=300)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    from jaxray import checkpoint
+
+    try:
+        path = checkpoint.resolve(args.checkpoint, workload="transformer")
+        if checkpoint.load_model_config(path).workload != "transformer":
+            raise checkpoint.CheckpointError(f"{path} holds a {checkpoint.load_model_config(path).workload} "
+                                             f"checkpoint; generation needs a transformer")
+        model, params = checkpoint.restore(path)
+        text = generate(model, params, args.prompt, args.max_new_tokens, args.temperature, args.seed, args.top_k)
+    except (checkpoint.CheckpointError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(args.prompt + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The learning path's Fashion-MNIST MLP (lab 4) as a PyTree of arrays: 784 -> D -> D/2 -> 10, GELU.
+
+``width`` (D) is the first hidden width; the default 256 gives the lab's 784-256-128-10.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxray.models.common import cast_params, he_normal
+
+IN_FEATURES = 784
+NUM_CLASSES = 10
+
+
+def init(key: jax.Array, width: int) -> dict[str, jax.Array]:
+    """Float32 params: He-normal weights (std sqrt(2 / fan_in), He et al. 2015) and zero biases."""
+    sizes = (IN_FEATURES, width, width // 2, NUM_CLASSES)
+    keys = jax.random.split(key, len(sizes) - 1)
+    params = {}
+    for i, (k, fan_in, fan_out) in enumerate(zip(keys, sizes[:-1], sizes[1:]), start=1):
+        params[f"w{i}"] = he_normal(k, fan_in, fan_out)
+        params[f"b{i}"] = jnp.zeros((fan_out,), jnp.float32)
+    return params
+
+
+def apply(params: dict[str, jax.Array], images: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """images [B, 784] float32 in [0, 1] -> logits [B, 10] float32, computed in ``dtype``."""
+    p = cast_params(params, dtype)
+    x = images.astype(dtype)
+    x = jax.nn.gelu(x @ p["w1"] + p["b1"])
+    x = jax.nn.gelu(x @ p["w2"] + p["b2"])
+    return (x @ p["w3"] + p["b3"]).astype(jnp.float32)

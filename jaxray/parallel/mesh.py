@@ -1,0 +1,45 @@
+"""The only place that builds meshes and shardings.
+
+Data parallelism over one mesh axis, ``data``: params and optimizer state are replicated (``P()``),
+every batch is split on its leading (batch) dimension (``P("data")``). With several processes
+(Ray Train workers) ``jax.devices()`` lists each process's local devices contiguously, so each
+process feeds the rows of the global batch that live on its own devices.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+DATA_AXIS = "data"
+
+
+def make_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+    """A 1-D mesh over ``devices`` (default: every device of every process) with axis ``data``."""
+    return Mesh(np.asarray(devices if devices is not None else jax.devices()), (DATA_AXIS,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Every device holds a full copy (params, optimizer state, scalar metrics)."""
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) dimension split across ``data``; other dimensions whole."""
+    return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+    """Place every leaf of ``tree`` on all devices of ``mesh``."""
+    return jax.device_put(tree, replicated(mesh))
+
+
+def shard_batch(mesh: Mesh, local_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+    """This process's rows ``{name: [B_local, ...]}`` -> global arrays ``[B_local x processes, ...]``.
+
+    Raises ValueError (from JAX) if B_local is not divisible by this process's device count.
+    """
+    sharding = batch_sharding(mesh)
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}

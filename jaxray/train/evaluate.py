@@ -1,0 +1,31 @@
+"""Evaluation over a whole held-out set (Fashion-MNIST test images, TinyShakespeare validation bytes)."""
+from __future__ import annotations
+
+import math
+
+import jax
+from jax.sharding import Mesh
+
+from jaxray.data.batching import Arrays, eval_batches, num_rows
+from jaxray.parallel.mesh import shard_batch
+
+
+def evaluate(eval_fn, params, arrays: Arrays, global_batch: int, mesh: Mesh) -> dict[str, float]:
+    """Mean loss and accuracy over every row of ``arrays`` (padding masked out, nothing dropped).
+
+    ``eval_fn(params, batch) -> {"loss_sum", "correct_sum", "count"}`` (``jaxray.train.loop.jit_eval_step``).
+    Returns ``loss`` (nats), ``accuracy`` (per example, or per predicted byte for the transformer),
+    ``perplexity`` = exp(loss) and ``count`` (rows evaluated). Raises ValueError if ``count`` differs
+    from the row count, which would mean rows were dropped or counted twice.
+    """
+    totals = None
+    for batch in eval_batches(arrays, global_batch):
+        sums = eval_fn(params, shard_batch(mesh, batch))
+        totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+    totals = jax.device_get(totals)
+    count = int(totals["count"])
+    if count != num_rows(arrays):
+        raise ValueError(f"evaluated {count} rows, expected {num_rows(arrays)}")
+    loss = float(totals["loss_sum"]) / count
+    return {"loss": loss, "accuracy": float(totals["correct_sum"]) / count, "perplexity": math.exp(loss),
+            "count": count}

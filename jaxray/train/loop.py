@@ -1,0 +1,100 @@
+"""The step loop: compile once, run N steps, call hooks on their own cadence, time it honestly.
+
+Timing recipe (as in the learning path): the step is compiled ahead of time (``compile_s``), the
+first step runs as warm-up and is timed on its own (``warmup_s``), then the clock runs over the
+remaining steps and is read only after ``jax.block_until_ready``. Input-pipeline time between
+steps is inside the timed window; host time spent in hooks (logging, Ray reports, TensorBoard)
+after the device has finished is not, and is reported as ``hook_s``.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import jax
+from jax.sharding import Mesh
+
+from jaxray.models import Model
+from jaxray.parallel.mesh import batch_sharding, replicated
+from jaxray.train.step import LOSSES, TrainState, eval_step, train_step
+
+HookFn = Callable[[int, TrainState, dict[str, jax.Array]], None]
+
+
+@dataclass(frozen=True)
+class Hook:
+    """Call ``fn(step, state, metrics)`` after every ``every``-th step and after the last step."""
+
+    every: int
+    fn: HookFn
+
+
+@dataclass(frozen=True)
+class LoopTiming:
+    """Seconds: ``warmup_s`` for step 1, ``timed_s`` for steps 2..N (``timed_steps`` of them) without
+    ``hook_s``, the host time hooks took in those steps."""
+
+    warmup_s: float
+    timed_s: float
+    timed_steps: int
+    hook_s: float = 0.0
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.timed_s / self.timed_steps
+
+
+def compile_train_step(model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array]):
+    """AOT-compile the train step for these shapes and shardings -> (compiled step, compile seconds).
+
+    State is replicated and donated (updated in place); the batch is sharded on ``data``.
+    """
+    step = functools.partial(train_step, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx)
+    jitted = jax.jit(step, in_shardings=(replicated(mesh), batch_sharding(mesh)),
+                     out_shardings=(replicated(mesh), replicated(mesh)), donate_argnums=0)
+    start = time.perf_counter()
+    compiled = jitted.lower(state, batch).compile()
+    return compiled, time.perf_counter() - start
+
+
+def jit_eval_step(model: Model, mesh: Mesh):
+    """The jitted masked eval step (params replicated, batch sharded, sums replicated)."""
+    step = functools.partial(eval_step, apply=model.apply, loss_fn=LOSSES[model.config.workload])
+    return jax.jit(step, in_shardings=(replicated(mesh), batch_sharding(mesh)), out_shardings=replicated(mesh))
+
+
+def run_loop(step_fn: Callable, state: TrainState, batches: Iterator[dict[str, jax.Array]], num_steps: int,
+             hooks: tuple[Hook, ...] = ()) -> tuple[TrainState, LoopTiming]:
+    """Run ``num_steps`` steps of ``step_fn(state, batch) -> (state, metrics)`` over ``batches``.
+
+    Hooks see device metrics; reading them (``jax.device_get``) is the hook's choice, so steps
+    between log points never wait for the host. Raises ValueError if ``batches`` runs dry.
+    """
+    start = time.perf_counter()
+    warmup_s, timed_start, hook_s = 0.0, start, 0.0
+    for i in range(1, num_steps + 1):
+        try:
+            batch = next(batches)
+        except StopIteration:
+            raise ValueError(f"the batch iterator ended after {i - 1} of {num_steps} steps") from None
+        state, metrics = step_fn(state, batch)
+        due = [hook for hook in hooks if i % hook.every == 0 or i == num_steps]
+        if due:
+            # Wait for the device first, so only host-side hook time is taken off the clock.
+            jax.block_until_ready(metrics)
+            hook_start = time.perf_counter()
+            for hook in due:
+                hook.fn(i, state, metrics)
+            if i > 1:
+                hook_s += time.perf_counter() - hook_start
+        if i == 1:
+            jax.block_until_ready(state)
+            timed_start = time.perf_counter()
+            warmup_s = timed_start - start
+    jax.block_until_ready(state)
+    end = time.perf_counter()
+    if num_steps == 1:
+        return state, LoopTiming(warmup_s, warmup_s, 1)
+    return state, LoopTiming(warmup_s, end - timed_start - hook_s, num_steps - 1, hook_s)

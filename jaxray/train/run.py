@@ -1,0 +1,106 @@
+"""One training run, independent of Ray: build the model, compile, loop, evaluate, summarise.
+
+The Ray Train worker (``jaxray.ray_train``) is a thin adapter around ``train``; tests and
+benchmarks call it directly with in-memory batches.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxray.config import TrialConfig, check_devices
+from jaxray.data.batching import Arrays
+from jaxray.models import build, param_count
+from jaxray.parallel.mesh import replicate, shard_batch
+from jaxray.train.evaluate import evaluate
+from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
+from jaxray.train.step import TrainState, init_state, make_optimizer
+
+LogFn = Callable[[dict[str, float]], None]
+
+
+@dataclass
+class TrainResult:
+    """Final state, the summary row (floats and ints) and the metrics logged every ``log_every`` steps."""
+
+    state: TrainState
+    summary: dict[str, Any]
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def tokens_per_example(trial: TrialConfig) -> int:
+    """Predicted tokens per sequence (T - 1) for the transformer, 0 for the MLPs."""
+    return trial.data.seq_len - 1 if trial.model.workload == "transformer" else 0
+
+
+def eval_batch_size(trial: TrialConfig, devices: int) -> int:
+    """``train.eval_batch`` (default: 1000 images, or the training global batch of sequences),
+    rounded up to a multiple of the device count."""
+    size = trial.train.eval_batch or (trial.train.global_batch if trial.model.workload == "transformer" else 1000)
+    return -(-size // devices) * devices
+
+
+def _log_hook(trial: TrialConfig, history: list, on_log: Sequence[LogFn]) -> Hook:
+    per_example = tokens_per_example(trial)
+
+    def log(step: int, state: TrainState, metrics: dict[str, jax.Array]) -> None:
+        row = {"step": step, "examples": step * trial.train.global_batch,
+               **{k: float(v) for k, v in jax.device_get(metrics).items()}}
+        if per_example:
+            row["tokens"] = row["examples"] * per_example
+            row["perplexity"] = float(np.exp(row["loss"]))
+        history.append(row)
+        for fn in on_log:
+            fn(row)
+
+    return Hook(trial.train.log_every, log)
+
+
+def train(trial: TrialConfig, batches: Iterator[Arrays], eval_arrays: Arrays, mesh: Mesh,
+          on_log: Sequence[LogFn] = ()) -> TrainResult:
+    """Train ``trial`` on ``batches`` (this process's rows of each global batch) and evaluate.
+
+    ``on_log(row)`` is called at every log step with ``step``, ``examples``, ``loss``, ``accuracy``,
+    ``grad_norm`` (and ``tokens``, ``perplexity`` for the transformer). Raises ConfigError before
+    compiling if the global batch does not divide over the mesh's devices.
+    """
+    devices = mesh.devices.size
+    check_devices(trial.train.global_batch, devices)
+    model = build(trial.model)
+    tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
+    params = model.init(jax.random.key(trial.train.seed))
+    state = replicate(init_state(params, tx), mesh)
+
+    sharded = (shard_batch(mesh, b) for b in batches)
+    first = next(sharded)
+    step_fn, compile_s = compile_train_step(model, tx, mesh, state, first)
+    history: list[dict[str, float]] = []
+    state, timing = run_loop(step_fn, state, itertools.chain([first], sharded), trial.train.steps,
+                             hooks=(_log_hook(trial, history, on_log),))
+
+    held_out = evaluate(jit_eval_step(model, mesh), state.params, eval_arrays, eval_batch_size(trial, devices), mesh)
+    return TrainResult(state, _summary(trial, devices, param_count(params), compile_s, timing, history, held_out),
+                       history)
+
+
+def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> dict[str, Any]:
+    m, t = trial.model, trial.train
+    row: dict[str, Any] = {
+        "workload": m.workload, "global_batch": t.global_batch, "per_device_batch": t.global_batch // devices,
+        "dtype": m.dtype, "width": m.width, "steps": t.steps, "devices": devices, "params": n_params,
+        "examples_per_sec": t.global_batch / timing.seconds_per_step,
+        "ms_per_step": timing.seconds_per_step * 1e3, "compile_s": compile_s, "warmup_s": timing.warmup_s, "hook_s": timing.hook_s,
+        "final_train_loss": history[-1]["loss"],
+    }
+    if m.workload == "transformer":
+        row["tokens_per_sec"] = row["examples_per_sec"] * tokens_per_example(trial)
+        row.update(val_loss=held_out["loss"], val_perplexity=held_out["perplexity"],
+                   val_accuracy=held_out["accuracy"], val_sequences=held_out["count"])
+    else:
+        row.update(test_loss=held_out["loss"], test_accuracy=held_out["accuracy"], test_examples=held_out["count"])
+    return row

@@ -1,0 +1,86 @@
+"""Losses, ``train_step`` and ``eval_step``: pure functions, no I/O, nothing read that is not passed.
+
+Batches are dicts: ``{"image": [B, 784] float32, "label": [B] int32}`` for the MLPs and
+``{"tokens": [B, T] int32}`` for the transformer; eval batches add ``"mask": [B] float32`` (1 for a
+real row, 0 for padding) so every example is counted and none twice. Metrics stay on device.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+Batch = dict[str, jax.Array]
+
+
+class TrainState(NamedTuple):
+    """params (float32 PyTree), opt_state (Optax state, float32) and step (int32 scalar)."""
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+
+
+def classification_losses(logits: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    """logits [B, 10] float32 -> per-example (cross-entropy [B], correct [B]) against ``batch["label"]``."""
+    labels = batch["label"]
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    return loss, (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+
+
+def next_token_losses(logits: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    """logits [B, T, V] float32 -> per-sequence mean (cross-entropy [B], accuracy [B]) of next-byte
+    prediction: logits[:, :-1] against tokens[:, 1:] (T - 1 predictions per sequence)."""
+    targets = batch["tokens"][:, 1:]
+    logits = logits[:, :-1]
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(-1)
+    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32).mean(-1)
+    return loss, correct
+
+
+def model_inputs(batch: Batch) -> jax.Array:
+    return batch["tokens"] if "tokens" in batch else batch["image"]
+
+
+LossFn = Callable[[jax.Array, Batch], tuple[jax.Array, jax.Array]]
+LOSSES: dict[str, LossFn] = {"mlp": classification_losses, "shared_block_mlp": classification_losses,
+                             "transformer": next_token_losses}
+
+
+def make_optimizer(learning_rate: float, weight_decay: float) -> optax.GradientTransformation:
+    """AdamW as in the learning path (Loshchilov & Hutter 2019; Optax defaults b1=0.9, b2=0.999)."""
+    return optax.adamw(learning_rate, weight_decay=weight_decay)
+
+
+def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
+    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+
+
+def train_step(state: TrainState, batch: Batch, *, apply: Callable, loss_fn: LossFn,
+               tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One AdamW step on the mean loss of ``batch``.
+
+    Returns the new state and float32 scalar metrics: ``loss``, ``accuracy`` and ``grad_norm``
+    (global L2 norm of the gradients before the update).
+    """
+    def mean_loss(params):
+        loss, correct = loss_fn(apply(params, model_inputs(batch)), batch)
+        return loss.mean(), correct.mean()
+
+    (loss, accuracy), grads = jax.value_and_grad(mean_loss, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "accuracy": accuracy, "grad_norm": optax.tree.norm(grads)}
+    return TrainState(params, opt_state, state.step + 1), metrics
+
+
+def eval_step(params: Any, batch: Batch, *, apply: Callable, loss_fn: LossFn) -> dict[str, jax.Array]:
+    """Masked sums over ``batch``: ``loss_sum``, ``correct_sum`` and ``count`` (real rows), float32.
+
+    Summing (not averaging) lets the caller add batches of different fill and divide once.
+    """
+    loss, correct = loss_fn(apply(params, model_inputs(batch)), batch)
+    mask = batch["mask"]
+    return {"loss_sum": jnp.sum(loss * mask), "correct_sum": jnp.sum(correct * mask), "count": jnp.sum(mask)}

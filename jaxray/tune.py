@@ -1,0 +1,164 @@
+"""``python -m jaxray.tune --config tune_configs/NAME.yaml``: the main job.
+
+Each sweep of the experiment YAML becomes one Ray Tune grid over global batch, compute dtype and
+model width; each trial is one Ray Train run (``jaxray.ray_train``). Results land in
+``runs/<experiment>/`` (``--out``): summary.json / summary.md, plots, TensorBoard event files and the
+trials' Orbax checkpoints. Joins a running cluster (``RAY_ADDRESS`` or a local ``ray start``),
+otherwise starts a local Ray in-process.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import ray
+import ray.data
+from ray import tune
+
+from jaxray.config import DEFAULT_WIDTH, ConfigError, ExperimentConfig, SweepConfig, TrainConfig, load_experiment, parse_trial
+from jaxray.data.sources import DataFileError
+from jaxray.ray_train import HISTORY_FILE
+
+log = logging.getLogger("jaxray.tune")
+# Ray Data's per-dataset progress bars would flood the log of every trial.
+QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m jaxray.tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="experiment YAML, e.g. tune_configs/demo.yaml")
+    p.add_argument("--out", help="output folder (default: runs/<experiment>)")
+    p.add_argument("--data-dir", help="folder with the data files (default: $JAXRAY_DATA_DIR, then the cache)")
+    return p.parse_args(argv)
+
+
+def grid(sweep: SweepConfig) -> dict[str, Any]:
+    """Tune's param space: every searchable axis as a grid (a single default value if not searched)."""
+    s = sweep.search_space
+    return {"global_batch": tune.grid_search(s.global_batch or [TrainConfig().global_batch]),
+            "dtype": tune.grid_search(s.dtype or [sweep.model.get("dtype", "float32")]),
+            "width": tune.grid_search(s.width or [sweep.model.get("width", DEFAULT_WIDTH[sweep.workload])])}
+
+
+def trial_name(workload: str, config: dict[str, Any]) -> str:
+    return f"{workload}_b{config['global_batch']}_{config['dtype']}_w{config['width']}"
+
+
+def run_trial(config: dict[str, Any], sweep: dict, base: dict, datasets: dict, out: str) -> None:
+    """Tune function trainable: one Ray Train run whose reports reach Tune via TuneReportCallback."""
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from jaxray.ray_train import make_trainer
+
+    sweep_cfg = SweepConfig.model_validate(sweep)
+    trial = parse_trial(sweep_cfg.trial_dict(base, config["global_batch"], config["dtype"], config["width"]))
+    name = trial_name(sweep_cfg.workload, config)
+    make_trainer(trial, datasets, storage_path=Path(out) / "train", name=name,
+                 tensorboard_dir=Path(out) / "tensorboard" / name, callbacks=[TuneReportCallback()]).fit()
+
+
+def build_datasets(sweep: SweepConfig, base: dict) -> dict:
+    """Load the sweep's real data once (checks files before any trial starts) as Ray Datasets."""
+    from jaxray.data.ray_data import to_dataset
+    from jaxray.data.workloads import load_arrays
+
+    train, held_out = load_arrays(parse_trial(sweep.trial_dicts(base)[0]))
+    return {"train": to_dataset(train), "eval": to_dataset(held_out)}
+
+
+def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, out: Path) -> list[tuple[dict, list[dict]]]:
+    """Fit one sweep; returns (summary row, history rows) per trial, failed trials with ``error``."""
+    base = exp.base()
+    datasets = build_datasets(sweep, base)
+    trainable = tune.with_parameters(run_trial, sweep=sweep.model_dump(), base=base, datasets=datasets, out=str(out))
+    tuner = tune.Tuner(
+        trainable, param_space=grid(sweep),
+        tune_config=tune.TuneConfig(max_concurrent_trials=exp.max_concurrent_trials,
+                                    trial_name_creator=lambda t: trial_name(sweep.workload, t.config),
+                                    trial_dirname_creator=lambda t: trial_name(sweep.workload, t.config)),
+        run_config=tune.RunConfig(name=sweep.workload, storage_path=str(out / "tune"), verbose=1),
+    )
+    return [_collect(sweep, r) for r in tuner.fit()]
+
+
+def _collect(sweep: SweepConfig, result) -> tuple[dict, list[dict]]:
+    name = trial_name(sweep.workload, result.config)
+    row: dict[str, Any] = {"trial": name, "workload": sweep.workload, **result.config}
+    if result.error is not None:
+        row["error"] = f"{type(result.error).__name__}: {result.error}".strip()[:2000]
+        return row, []
+    metrics = result.metrics or {}
+    if not metrics.get("final"):
+        row["error"] = "trial ended without its final report"
+        return row, []
+    keep = {k: v for k, v in metrics.items() if k not in ("final", "checkpoint_path") and not _tune_key(k)}
+    checkpoint = metrics.get("checkpoint_path")
+    row.update(keep, trial=name, checkpoint=checkpoint)
+    history_file = Path(checkpoint or "") / HISTORY_FILE
+    return row, json.loads(history_file.read_text()) if history_file.is_file() else []
+
+
+def _tune_key(key: str) -> bool:
+    return key in ("timestamp", "time_this_iter_s", "time_total_s", "training_iteration", "trial_id", "date",
+                   "pid", "hostname", "node_ip", "time_since_restore", "iterations_since_restore",
+                   "done", "config", "checkpoint_dir_name", "experiment_tag") or key.startswith("config/")
+
+
+def init_ray(exp: ExperimentConfig) -> None:
+    """Join ``RAY_ADDRESS`` or a running local cluster; otherwise (or with ``RAY_ADDRESS=local``) start
+    a local Ray sized for the sweep."""
+    os.environ.update(QUIET_ENV)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    runtime_env = {"env_vars": QUIET_ENV}
+    address = os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
+        ray.init(runtime_env=runtime_env)
+        return
+    if not address:
+        try:
+            ray.init(address="auto", runtime_env=runtime_env)
+            return
+        except ConnectionError:
+            pass
+    # One CPU for each trial driver and each worker; Tune queues what does not fit.
+    need = exp.max_concurrent_trials * (1 + exp.workers.num_workers) + 1
+    ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), runtime_env=runtime_env)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        exp = load_experiment(args.config, {"data.data_dir": args.data_dir} if args.data_dir else None)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out or Path("runs") / exp.experiment).absolute()
+    init_ray(exp)
+    results = []
+    try:
+        for sweep in exp.sweeps:
+            results += run_sweep(exp, sweep, out)
+    except DataFileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    from jaxray.report import markdown_table, write_reports
+
+    rows = [row for row, _ in results]
+    write_reports(out, rows, {row["trial"]: history for row, history in results})
+    print(markdown_table(rows))
+    print(f"\nresults in {out}")
+    failed = [r["trial"] for r in rows if r.get("error")]
+    if failed:
+        print(f"error: {len(failed)} trial(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""End to end: `python -m jaxray.tune` on smoke.yaml through Ray Tune and Ray Train on the real data,
+then `python -m jaxray.generate` on its result. Starts its own local Ray (RAY_ADDRESS=local)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.ray
+
+COMMON = ["trial", "workload", "global_batch", "dtype", "width", "steps", "devices", "ms_per_step", "compile_s",
+          "final_train_loss", "checkpoint"]
+
+
+@pytest.fixture(scope="module")
+def smoke(real_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
+    proc = subprocess.run([sys.executable, "-m", "jaxray.tune", "--config", "tune_configs/smoke.yaml",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
+    return out, proc
+
+
+def test_summary_has_a_row_per_trial(smoke):
+    out, _ = smoke
+    rows = json.loads((out / "summary.json").read_text())
+    assert sorted(r["trial"] for r in rows) == ["mlp_b128_bfloat16_w64", "mlp_b128_float32_w64",
+                                                "transformer_b8_float32_w32"]
+    for row in rows:
+        assert set(COMMON) <= set(row), set(COMMON) - set(row)
+        assert not row.get("error")
+        assert row["devices"] == 1 and row["ms_per_step"] > 0 and math.isfinite(row["final_train_loss"])
+        assert (Path(row["checkpoint"]) / "model_config.json").is_file()
+        if row["workload"] == "mlp":
+            assert row["steps"] == 20 and row["examples_per_sec"] > 0
+            assert 0.5 < row["test_accuracy"] <= 1 and row["test_examples"] == 10_000
+        else:
+            assert row["steps"] == 4 and row["tokens_per_sec"] > 0
+            assert row["val_loss"] < math.log(256) + 0.5
+            assert row["val_perplexity"] == pytest.approx(math.exp(row["val_loss"]), rel=1e-6)
+
+
+def test_reports_plots_and_tensorboard(smoke):
+    out, proc = smoke
+    for name in ("summary.md", "throughput_vs_batch.png", "loss_curves.png"):
+        assert (out / name).stat().st_size > 1000, name
+    assert (out / "throughput_vs_batch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    events = list((out / "tensorboard").glob("*/events.out.tfevents.*"))
+    assert len(events) == 3
+    assert all(b"train/loss" in e.read_bytes() for e in events)
+    assert "mlp_b128_float32_w64" in proc.stdout  # the table is printed
+
+
+def test_generate_from_the_experiment(smoke):
+    out, _ = smoke
+    proc = subprocess.run([sys.executable, "-m", "jaxray.generate", "--checkpoint", str(out), "--prompt", "ROMEO:",
+                           "--max-new-tokens", "20", "--temperature", "0"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("ROMEO:") and len(proc.stdout.rstrip("\n")) >= len("ROMEO:") + 1

@@ -1,0 +1,52 @@
+"""Orbax round trip: restored params give the same logits; bad paths give clear errors."""
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxray import checkpoint
+from jaxray.config import parse_trial
+from jaxray.models import build
+
+
+@pytest.mark.parametrize("workload,inputs", [
+    ("mlp", np.random.default_rng(0).random((4, 784), dtype=np.float32)),
+    ("shared_block_mlp", np.random.default_rng(1).random((4, 784), dtype=np.float32)),
+    ("transformer", np.random.default_rng(2).integers(0, 256, (2, 24)).astype(np.int32)),
+])
+def test_round_trip_logits(tmp_path, workload, inputs):
+    trial = parse_trial({"model": {"workload": workload, "width": 32, "num_layers": 2, "block_repeats": 2}})
+    model = build(trial.model)
+    params = model.init(jax.random.key(3))
+    checkpoint.save(tmp_path / "ck", params, trial)
+    restored_model, restored = checkpoint.restore(tmp_path / "ck")
+    assert restored_model.config == trial.model
+    diff = jnp.max(jnp.abs(model.apply(params, inputs) - restored_model.apply(restored, inputs)))
+    assert float(diff) < 1e-5
+    assert jax.tree.structure(restored) == jax.tree.structure(params)
+
+
+def test_resolve_experiment_dir_picks_best_trial(tmp_path):
+    rows = [
+        {"trial": "a", "workload": "transformer", "val_loss": 2.4, "checkpoint": str(tmp_path / "a")},
+        {"trial": "b", "workload": "transformer", "val_loss": 2.1, "checkpoint": str(tmp_path / "b")},
+        {"trial": "c", "workload": "transformer", "val_loss": None, "checkpoint": str(tmp_path / "c")},
+        {"trial": "m", "workload": "mlp", "test_accuracy": 0.9, "checkpoint": str(tmp_path / "m")},
+        {"trial": "n", "workload": "mlp", "test_accuracy": 0.8, "checkpoint": str(tmp_path / "n")},
+    ]
+    (tmp_path / "summary.json").write_text(json.dumps(rows))
+    assert checkpoint.resolve(tmp_path).name == "b"
+    assert checkpoint.resolve(tmp_path, workload="mlp").name == "m"
+    with pytest.raises(checkpoint.CheckpointError, match="no trial with a checkpoint for workload 'shared_block_mlp'"):
+        checkpoint.resolve(tmp_path, workload="shared_block_mlp")
+
+
+def test_bad_paths(tmp_path):
+    with pytest.raises(checkpoint.CheckpointError, match="neither a checkpoint"):
+        checkpoint.resolve(tmp_path / "missing")
+    with pytest.raises(checkpoint.CheckpointError, match="model_config.json is missing"):
+        checkpoint.restore(tmp_path)

@@ -1,0 +1,97 @@
+"""Config parsing: good configs load, bad ones fail early with the field and allowed values named."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxray.config import ConfigError, load_experiment, parse_trial
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD = """
+experiment: t
+workers: {num_workers: 1, devices_per_worker: 4}
+sweeps:
+  - workload: mlp
+    train: {steps: 5}
+    search_space: {global_batch: [256, 512], dtype: [float32, bfloat16], width: [64]}
+"""
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name", ["demo", "smoke", "lab6_data_parallel", "lab7_transformer"])
+def test_shipped_configs_load(name):
+    exp = load_experiment(ROOT / "tune_configs" / f"{name}.yaml")
+    assert exp.experiment and exp.sweeps
+
+
+def test_demo_grid_has_ten_trials():
+    exp = load_experiment(ROOT / "tune_configs" / "demo.yaml")
+    trials = [t for s in exp.sweeps for t in s.trial_dicts(exp.base())]
+    assert sorted(t["model"]["workload"] for t in trials) == ["mlp"] * 8 + ["transformer"] * 2
+
+
+def test_good_config_expands_grid(tmp_path):
+    exp = load_experiment(write(tmp_path, GOOD))
+    trials = exp.sweeps[0].trial_dicts(exp.base())
+    assert len(trials) == 4
+    assert {(t["train"]["global_batch"], t["model"]["dtype"]) for t in trials} == {
+        (256, "float32"), (256, "bfloat16"), (512, "float32"), (512, "bfloat16")}
+    assert exp.sweeps[0].metric == "test_accuracy" and exp.sweeps[0].mode == "max"
+
+
+@pytest.mark.parametrize("old,new,expected", [
+    ("global_batch: [256, 512]", "global_batch: [256, 510]", "not divisible by the device count 4"),
+    ("dtype: [float32, bfloat16]", "dtype: [float32, float64]", "'float32', 'bfloat16' or 'float16'"),
+    ("workload: mlp", "workload: resnet", "'mlp', 'shared_block_mlp' or 'transformer'"),
+    ("train: {steps: 5}", "train: {stpes: 5}", "sweeps.0.train.stpes: unknown key"),
+    ("train: {steps: 5}", "train: {steps: 0}", "steps"),
+    ("train: {steps: 5}", "train: {steps: many}", "steps"),
+    ("experiment: t", "experiment: t\nexperimnet: u", "experimnet: unknown key"),
+    ("width: [64]", "width: [-3]", "width"),
+])
+def test_bad_config_names_the_field(tmp_path, old, new, expected):
+    assert old in GOOD
+    with pytest.raises(ConfigError) as err:
+        exp = load_experiment(write(tmp_path, GOOD.replace(old, new)))
+        for s in exp.sweeps:  # train dicts are validated when a trial is built
+            [parse_trial(t) for t in s.trial_dicts(exp.base())]
+    message = str(err.value)
+    if "..." in expected:
+        head, tail = expected.split("...")
+        assert head in message and tail in message, message
+    else:
+        assert expected in message, message
+
+
+def test_invalid_yaml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_experiment(write(tmp_path, "experiment: [unclosed"))
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_experiment(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_experiment(write(tmp_path, "- just\n- a list\n"))
+
+
+def test_transformer_checks():
+    with pytest.raises(ConfigError, match="divisible by num_heads"):
+        parse_trial({"model": {"workload": "transformer", "width": 130, "num_heads": 4}})
+    with pytest.raises(ConfigError, match="exceeds model.max_seq_len"):
+        parse_trial({"model": {"workload": "transformer", "max_seq_len": 64}, "data": {"seq_len": 128}})
+
+
+def test_cli_rejects_bad_config_before_starting_ray(tmp_path):
+    bad = write(tmp_path, GOOD.replace("global_batch: [256, 512]", "global_batch: [256, 510]"))
+    proc = subprocess.run([sys.executable, "-m", "jaxray.tune", "--config", str(bad), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "global_batch 510 is not divisible by the device count 4" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
