@@ -206,6 +206,15 @@ class ExperimentConfig(_Strict):
     max_concurrent_trials: PositiveInt = 1
     sweeps: list[SweepConfig] = Field(min_length=1)
 
+    @model_validator(mode="after")
+    def _one_sweep_per_workload(self) -> "ExperimentConfig":
+        workloads = [s.workload for s in self.sweeps]
+        repeated = sorted({w for w in workloads if workloads.count(w) > 1})
+        if repeated:
+            raise ValueError(f"workload {', '.join(repeated)} appears in more than one sweep; put its grid "
+                             f"in one sweep (trial names and output folders are per workload and grid point)")
+        return self
+
     def base(self) -> dict[str, Any]:
         return {"data": self.data.model_dump(), "workers": self.workers.model_dump()}
 

@@ -9,7 +9,6 @@ JaxTrainer backend initialises ``jax.distributed`` itself, so the worker never d
 from __future__ import annotations
 
 import json
-import logging
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -21,7 +20,6 @@ from ray.train.v2.jax import JaxTrainer
 
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig, parse_trial
 
-log = logging.getLogger(__name__)
 HISTORY_FILE = "history.json"  # every log row of the run, saved with the final checkpoint
 
 
@@ -76,8 +74,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     trial = parse_trial(config["trial"])
     _check_local_devices(trial)
     rank = ray.train.get_context().get_world_rank()
-    log.info("worker rank %d: process %d of %d, local devices %s", rank, jax.process_index(),
-             jax.process_count(), jax.local_devices())
+    # stdout reaches the driver's console and the Ray dashboard, prefixed with the worker's pid.
+    print(f"jaxray worker rank {rank}: JAX process {jax.process_index()} of {jax.process_count()}, "
+          f"local devices {jax.local_devices()}", flush=True)
     mesh = make_mesh()
     local_batch = trial.train.global_batch // jax.process_count()
     batches = shard_batches(ray.train.get_dataset_shard("train"), local_batch)

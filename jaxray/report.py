@@ -22,6 +22,10 @@ matplotlib.use("Agg")  # reports are written from headless Ray drivers: never op
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullLocator  # noqa: E402
 
+from jaxray.config import DEFAULT_METRIC  # noqa: E402
+
+Ranking = dict[str, tuple[str, str]]  # workload -> (metric, "min" | "max")
+
 KEY_ORDER = ("trial", "workload", "global_batch", "dtype", "width", "steps", "devices",
              "examples_per_sec", "tokens_per_sec", "ms_per_step", "compile_s", "final_train_loss",
              "test_accuracy", "val_loss", "val_perplexity", "checkpoint")
@@ -31,12 +35,13 @@ HEADER = ("trial", "workload", "global batch", "dtype", "width", "steps", "devic
           "ms/step", "compile s", "final train loss", "test acc", "val loss", "val ppl", "checkpoint")
 
 
-def write_reports(out_dir: str | Path, rows: list[dict],
-                  histories: dict[str, list[dict]]) -> dict[str, Path]:
+def write_reports(out_dir: str | Path, rows: list[dict], histories: dict[str, list[dict]],
+                  ranking: Optional[Ranking] = None) -> dict[str, Path]:
     """Writes summary.json, summary.md, throughput_vs_batch.png and loss_curves.png under out_dir.
 
     ``histories`` maps a trial name to its logged rows (``step``, ``examples``, ``loss``, and
-    ``tokens`` for the transformer). Returns {file name: path}, e.g. {"summary.json": ...}.
+    ``tokens`` for the transformer). ``ranking`` maps a workload to the (metric, "min"|"max") that
+    picks its best trial (default: ``jaxray.config.DEFAULT_METRIC``). Returns {file name: path}.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -44,7 +49,7 @@ def write_reports(out_dir: str | Path, rows: list[dict],
     # allow_nan=False: a NaN that slipped past _clean fails here, not in the reader's parser
     paths["summary.json"].write_text(json.dumps([_clean(ordered_row(r)) for r in rows], indent=2,
                                                 allow_nan=False) + "\n")
-    paths["summary.md"].write_text(markdown_summary(rows))
+    paths["summary.md"].write_text(markdown_summary(rows, ranking))
     plot_throughput(rows, paths["throughput_vs_batch.png"])
     plot_loss_curves(rows, histories, paths["loss_curves.png"])
     return paths
@@ -134,12 +139,14 @@ def _workloads(rows: list[dict]) -> list[str]:
     return [w for w in WORKLOAD_ORDER if w in present] + sorted(present - set(WORKLOAD_ORDER))
 
 
-def best_per_workload(rows: list[dict]) -> list[str]:
-    """One Markdown bullet per workload: highest test_accuracy (MLPs), lowest val_loss (transformer)."""
+def best_per_workload(rows: list[dict], ranking: Optional[Ranking] = None) -> list[str]:
+    """One Markdown bullet per workload: its best trial by ``ranking`` (default: highest
+    test_accuracy for the MLPs, lowest val_loss for the transformer)."""
+    ranking = {**DEFAULT_METRIC, **(ranking or {})}
     lines = []
     for w in _workloads(rows):
-        key, name, better = (("val_loss", "val loss", min) if w == "transformer"
-                             else ("test_accuracy", "test accuracy", max))
+        key, mode = ranking.get(w, ("test_accuracy", "max"))
+        name, better = key.replace("_", " "), (max if mode == "max" else min)
         scored = [r for r in rows if r.get("workload", "?") == w and _finite(r.get(key)) is not None]
         best = better(scored, key=lambda r: _finite(r[key])) if scored else None
         lines.append(f"- **{w}**: no trial finished with a finite {name}" if best is None else
@@ -151,14 +158,14 @@ def _describe(row: dict) -> str:
     return f"{row.get('dtype', '?')}, width {row.get('width', '?')}, batch {row.get('global_batch', '?')}"
 
 
-def markdown_summary(rows: list[dict]) -> str:
+def markdown_summary(rows: list[dict], ranking: Optional[Ranking] = None) -> str:
     """The whole summary.md: heading, trial counts, table, best trial per workload."""
     failed = sum(1 for r in rows if r.get("error"))
     return "\n".join([
         "# Sweep results", "",
         f"{len(rows)} trial(s), {failed} failed. Throughput in examples/s (ex/s, MLPs) or tokens/s "
         "(tok/s, transformer); losses are cross-entropy in nats.", "",
-        markdown_table(rows), "## Best per workload", "", *best_per_workload(rows), ""])
+        markdown_table(rows), "## Best per workload", "", *best_per_workload(rows, ranking), ""])
 
 
 def _subplots(n: int, title: str):

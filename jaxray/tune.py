@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -109,22 +110,38 @@ def _tune_key(key: str) -> bool:
                    "done", "config", "checkpoint_dir_name", "experiment_tag") or key.startswith("config/")
 
 
+def running_local_cluster() -> Optional[str]:
+    """The address of a live cluster started on this machine with ``ray start``, or None.
+
+    Ray's ``address="auto"`` trusts the address file a ``ray start`` left behind and waits minutes
+    for a cluster that was killed; a one-second TCP probe of its GCS port tells live from stale.
+    """
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        address = canonicalize_bootstrap_address("auto")
+    except Exception:  # no address file, or one Ray cannot parse: nothing to join
+        return None
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+    except (OSError, ValueError):
+        return None
+    return address
+
+
 def init_ray(exp: ExperimentConfig) -> None:
-    """Join ``RAY_ADDRESS`` or a running local cluster; otherwise (or with ``RAY_ADDRESS=local``) start
-    a local Ray sized for the sweep."""
+    """Join ``RAY_ADDRESS`` or a live ``ray start`` cluster on this machine; otherwise (or with
+    ``RAY_ADDRESS=local``) start a local Ray sized for the sweep."""
     os.environ.update(QUIET_ENV)
     ray.data.DataContext.get_current().enable_progress_bars = False
     runtime_env = {"env_vars": QUIET_ENV}
-    address = os.environ.get("RAY_ADDRESS")
+    address = os.environ.get("RAY_ADDRESS") or running_local_cluster()
     if address and address != "local":
-        ray.init(runtime_env=runtime_env)
+        ray.init(address=address, runtime_env=runtime_env)
         return
-    if not address:
-        try:
-            ray.init(address="auto", runtime_env=runtime_env)
-            return
-        except ConnectionError:
-            pass
     # One CPU for each trial driver and each worker; Tune queues what does not fit.
     need = exp.max_concurrent_trials * (1 + exp.workers.num_workers) + 1
     ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), runtime_env=runtime_env)
@@ -150,7 +167,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     from jaxray.report import markdown_table, write_reports
 
     rows = [row for row, _ in results]
-    write_reports(out, rows, {row["trial"]: history for row, history in results})
+    write_reports(out, rows, {row["trial"]: history for row, history in results},
+                  ranking={s.workload: (s.metric, s.mode) for s in exp.sweeps})
     print(markdown_table(rows))
     print(f"\nresults in {out}")
     failed = [r["trial"] for r in rows if r.get("error")]

@@ -71,6 +71,12 @@ def test_bad_config_names_the_field(tmp_path, old, new, expected):
         assert expected in message, message
 
 
+def test_a_workload_in_two_sweeps_is_rejected(tmp_path):
+    twice = GOOD + "  - workload: mlp\n    search_space: {global_batch: [1024]}\n"
+    with pytest.raises(ConfigError, match="workload mlp appears in more than one sweep"):
+        load_experiment(write(tmp_path, twice))
+
+
 def test_invalid_yaml_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_experiment(write(tmp_path, "experiment: [unclosed"))
