@@ -262,7 +262,9 @@ def load_experiment(path: str | Path, overrides: Optional[dict[str, Any]] = None
         raise ConfigError(f"invalid config {path}: the top level must be a mapping, got {type(raw).__name__}")
     for key, value in (overrides or {}).items():
         section, _, field = key.partition(".")
-        raw.setdefault(section, {})[field] = value
+        if not isinstance(raw.get(section), dict):
+            raw[section] = {}
+        raw[section][field] = value
     exp = _validate(ExperimentConfig, raw, str(path))
     for i, sweep in enumerate(exp.sweeps):
         for trial in sweep.trial_dicts(exp.base()):

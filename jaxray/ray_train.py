@@ -8,6 +8,7 @@ JaxTrainer backend initialises ``jax.distributed`` itself, so the worker never d
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -60,8 +61,9 @@ def _reporter(every: int, steps: int):
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point. ``config``: ``{"trial": TrialConfig dict, "tensorboard_dir": str | None}``.
 
-    Reports every log row with ``ray.train.report`` and, at the end, the summary row with an Orbax
-    checkpoint (saved by rank 0) as a ``ray.train.Checkpoint``.
+    Reports a log row with ``ray.train.report`` every ``train.report_interval`` steps and, at the end,
+    the summary row with an Orbax checkpoint (saved by rank 0, with ``history.json``, every logged
+    row) as a ``ray.train.Checkpoint``. Rank 0 also writes TensorBoard events at every log step.
     """
     import jax
 
@@ -83,15 +85,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     held_out = _collect(ray.train.get_dataset_shard("eval"))
 
     tb_dir = config.get("tensorboard_dir") if rank == 0 else None
-    tb = TensorBoardLogger(tb_dir) if tb_dir else None
-    on_log = [_reporter(trial.train.report_interval, trial.train.steps)] + ([tb] if tb else [])
-    try:
+    with TensorBoardLogger(tb_dir) if tb_dir else contextlib.nullcontext() as tb:
+        on_log = [_reporter(trial.train.report_interval, trial.train.steps)] + ([tb] if tb else [])
         result = train(trial, batches, held_out, mesh, on_log=on_log)
         if tb:
             tb.add_final(result.summary, trial.train.steps)
-    finally:
-        if tb:
-            tb.close()
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = None
         if rank == 0:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import socket
 import sys
@@ -25,7 +24,6 @@ from jaxray.config import DEFAULT_WIDTH, ConfigError, ExperimentConfig, SweepCon
 from jaxray.data.sources import DataFileError
 from jaxray.ray_train import HISTORY_FILE
 
-log = logging.getLogger("jaxray.tune")
 # Ray Data's per-dataset progress bars would flood the log of every trial.
 QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
 
@@ -63,19 +61,25 @@ def run_trial(config: dict[str, Any], sweep: dict, base: dict, datasets: dict, o
                  tensorboard_dir=Path(out) / "tensorboard" / name, callbacks=[TuneReportCallback()]).fit()
 
 
-def build_datasets(sweep: SweepConfig, base: dict) -> dict:
-    """Load the sweep's real data once (checks files before any trial starts) as Ray Datasets."""
-    from jaxray.data.ray_data import to_dataset
+def load_sweep_arrays(exp: ExperimentConfig) -> dict[str, tuple]:
+    """Each sweep's (train, held-out) arrays, loaded and verified once, before Ray starts.
+
+    Raises DataFileError naming the file when one is missing or damaged.
+    """
     from jaxray.data.workloads import load_arrays
 
-    train, held_out = load_arrays(parse_trial(sweep.trial_dicts(base)[0]))
-    return {"train": to_dataset(train), "eval": to_dataset(held_out)}
+    return {s.workload: load_arrays(parse_trial(s.trial_dicts(exp.base())[0])) for s in exp.sweeps}
 
 
-def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, out: Path) -> list[tuple[dict, list[dict]]]:
-    """Fit one sweep; returns (summary row, history rows) per trial, failed trials with ``error``."""
+def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: tuple, out: Path) -> list[tuple[dict, list[dict]]]:
+    """Fit one sweep on its (train, held-out) arrays, fed to the workers as Ray Datasets.
+
+    Returns (summary row, history rows) per trial; a failed trial's row carries ``error``.
+    """
+    from jaxray.data.ray_data import to_dataset
+
     base = exp.base()
-    datasets = build_datasets(sweep, base)
+    datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])}
     trainable = tune.with_parameters(run_trial, sweep=sweep.model_dump(), base=base, datasets=datasets, out=str(out))
     tuner = tune.Tuner(
         trainable, param_space=grid(sweep),
@@ -149,27 +153,24 @@ def init_ray(exp: ExperimentConfig) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
     try:
-        exp = load_experiment(args.config, {"data.data_dir": args.data_dir} if args.data_dir else None)
-    except ConfigError as err:
+        exp = load_experiment(args.config, overrides)
+        arrays = load_sweep_arrays(exp)
+    except (ConfigError, DataFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(args.out or Path("runs") / exp.experiment).absolute()
     init_ray(exp)
     results = []
-    try:
-        for sweep in exp.sweeps:
-            results += run_sweep(exp, sweep, out)
-    except DataFileError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    from jaxray.report import markdown_table, write_reports
+    for sweep in exp.sweeps:
+        results += run_sweep(exp, sweep, arrays[sweep.workload], out)
+    from jaxray.report import markdown_summary, write_reports
 
     rows = [row for row, _ in results]
-    write_reports(out, rows, {row["trial"]: history for row, history in results},
-                  ranking={s.workload: (s.metric, s.mode) for s in exp.sweeps})
-    print(markdown_table(rows))
+    ranking = {s.workload: (s.metric, s.mode) for s in exp.sweeps}
+    write_reports(out, rows, {row["trial"]: history for row, history in results}, ranking)
+    print(markdown_summary(rows, ranking))
     print(f"\nresults in {out}")
     failed = [r["trial"] for r in rows if r.get("error")]
     if failed:

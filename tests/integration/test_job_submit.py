@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -40,10 +41,10 @@ def wait_for(url: str, seconds: float) -> None:
 
 @pytest.fixture
 def head(real_dir, tmp_path):
-    dashboard = free_port()
+    dashboard, gcs = free_port(), free_port()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "JAXRAY_DATA_DIR": str(real_dir)}
     env.pop("RAY_ADDRESS", None)
-    cmd = [str(BIN / "ray"), "start", "--head", "--block", f"--port={free_port()}", "--num-cpus=4",
+    cmd = [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=4",
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--ray-client-server-port={free_port()}",
            f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
            "--disable-usage-stats"]
@@ -58,6 +59,15 @@ def head(real_dir, tmp_path):
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        forget_cluster(gcs)
+
+
+def forget_cluster(gcs_port: int) -> None:
+    """Remove the address file our head left behind (only if it is ours), so no later `ray.init`
+    tries to join the cluster this test just stopped."""
+    marker = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    if marker.is_file() and marker.read_text().strip().endswith(f":{gcs_port}"):
+        marker.unlink()
 
 
 def test_job_submit_runs_the_smoke_sweep(head, tmp_path):
