@@ -266,6 +266,9 @@ def load_experiment(path: str | Path, overrides: Optional[dict[str, Any]] = None
             raw[section] = {}
         raw[section][field] = value
     exp = _validate(ExperimentConfig, raw, str(path))
+    # Checked here, where the data is read, not in TrialConfig: workers get Ray Datasets, not files.
+    if exp.data.data_dir is not None and not Path(exp.data.data_dir).is_dir():
+        raise ConfigError(f"invalid config {path}:\n  data.data_dir: {exp.data.data_dir!r} is not a directory")
     for i, sweep in enumerate(exp.sweeps):
         for trial in sweep.trial_dicts(exp.base()):
             parse_trial(trial, str(path), prefix=f"sweeps.{i}.")

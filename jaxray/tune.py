@@ -136,19 +136,36 @@ def running_local_cluster() -> Optional[str]:
     return address
 
 
-def init_ray(exp: ExperimentConfig) -> None:
+def init_ray(exp: ExperimentConfig) -> bool:
     """Join ``RAY_ADDRESS`` or a live ``ray start`` cluster on this machine; otherwise (or with
-    ``RAY_ADDRESS=local``) start a local Ray sized for the sweep."""
+    ``RAY_ADDRESS=local``) start a local Ray sized for the sweep. Returns True if it joined a cluster."""
     os.environ.update(QUIET_ENV)
     ray.data.DataContext.get_current().enable_progress_bars = False
     runtime_env = {"env_vars": QUIET_ENV}
     address = os.environ.get("RAY_ADDRESS") or running_local_cluster()
     if address and address != "local":
         ray.init(address=address, runtime_env=runtime_env)
-        return
+        return True
     # One CPU for each trial driver and each worker; Tune queues what does not fit.
     need = exp.max_concurrent_trials * (1 + exp.workers.num_workers) + 1
     ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), runtime_env=runtime_env)
+    return False
+
+
+def check_gpus(exp: ExperimentConfig, joined: bool) -> None:
+    """With ``use_gpu`` the workers wait for GPUs; on a cluster that has too few (and, when started
+    here, never will) Tune would wait forever, so say so now. A joined cluster may autoscale: warn."""
+    w = exp.workers
+    if not w.use_gpu:
+        return
+    have = int(ray.cluster_resources().get("GPU", 0))
+    if have >= w.devices_per_worker:
+        return
+    message = (f"workers.use_gpu is true and each worker needs {w.devices_per_worker} GPU(s), but the Ray "
+               f"cluster has {have}; set workers.use_gpu: false to train on CPU")
+    if not joined:
+        raise ConfigError(message)
+    print(f"warning: {message}; waiting for the cluster to add GPU nodes", file=sys.stderr)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -161,7 +178,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(args.out or Path("runs") / exp.experiment).absolute()
-    init_ray(exp)
+    try:
+        check_gpus(exp, init_ray(exp))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        ray.shutdown()
+        return 2
     results = []
     for sweep in exp.sweeps:
         results += run_sweep(exp, sweep, arrays[sweep.workload], out)
