@@ -53,7 +53,10 @@ def load_model_config(directory: str | Path) -> ModelConfig:
     path = Path(directory) / MODEL_CONFIG
     if not path.is_file():
         raise CheckpointError(f"{directory} is not a jaxray checkpoint: {MODEL_CONFIG} is missing")
-    return ModelConfig.model_validate_json(path.read_text())
+    try:
+        return ModelConfig.model_validate_json(path.read_text())
+    except ValueError as err:
+        raise CheckpointError(f"{path} is damaged: {err}") from None
 
 
 def restore(directory: str | Path, sharding: Optional[Sharding] = None) -> tuple[Model, Any]:
@@ -75,7 +78,8 @@ def restore(directory: str | Path, sharding: Optional[Sharding] = None) -> tuple
 
 
 def resolve(path: str | Path, workload: Optional[str] = None) -> Path:
-    """A checkpoint directory from ``path``: a checkpoint itself, or a ``runs/<experiment>`` directory
+    """A checkpoint directory from ``path``: a checkpoint itself, a Ray Train run folder (its newest
+    ``checkpoint_*``), or a ``runs/<experiment>`` directory
     whose ``summary.json`` gives the best trial of ``workload`` (lowest val_loss for the transformer,
     highest test_accuracy for the MLPs; default: the transformer if the sweep has one).
 
@@ -84,11 +88,17 @@ def resolve(path: str | Path, workload: Optional[str] = None) -> Path:
     path = Path(path)
     if (path / MODEL_CONFIG).is_file():
         return path
+    inside = sorted(p.parent for p in path.glob(f"checkpoint_*/{MODEL_CONFIG}"))
+    if inside:  # a Ray Train run folder: its newest checkpoint (names carry a timestamp)
+        return inside[-1]
     summary = path / "summary.json"
     if not summary.is_file():
         raise CheckpointError(f"{path} is neither a checkpoint (no {MODEL_CONFIG}) nor an experiment "
                               f"directory (no summary.json)")
-    rows = [r for r in json.loads(summary.read_text()) if r.get("checkpoint")]
+    try:
+        rows = [r for r in json.loads(summary.read_text()) if r.get("checkpoint")]
+    except (ValueError, AttributeError, TypeError) as err:
+        raise CheckpointError(f"{summary} is damaged: {err}") from None
     workloads = {r["workload"] for r in rows}
     workload = workload or ("transformer" if "transformer" in workloads else next(iter(sorted(workloads)), None))
     rows = [r for r in rows if r["workload"] == workload]

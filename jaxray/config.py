@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, model_validator
 
 Workload = Literal["mlp", "shared_block_mlp", "transformer"]
 DType = Literal["float32", "bfloat16", "float16"]
@@ -29,6 +29,24 @@ DEFAULT_LEARNING_RATE = {"mlp": 3e-3, "shared_block_mlp": 3e-4, "transformer": 3
 DEFAULT_METRIC = {"mlp": ("test_accuracy", "max"), "shared_block_mlp": ("test_accuracy", "max"),
                   "transformer": ("val_loss", "min")}
 SEARCHABLE = ("global_batch", "dtype", "width")
+# Model keys a sweep may fix, per workload (others would be silently ignored by that model).
+MODEL_KEYS = {"mlp": (), "shared_block_mlp": ("block_repeats",),
+              "transformer": ("num_layers", "num_heads", "max_seq_len")}
+METRICS = {"mlp": ("test_accuracy", "test_loss", "final_train_loss"),
+           "shared_block_mlp": ("test_accuracy", "test_loss", "final_train_loss"),
+           "transformer": ("val_loss", "val_perplexity", "final_train_loss")}
+
+
+def _no_bool(value: Any) -> Any:
+    # YAML's true/false would otherwise pass as 1/0 (pydantic's lax mode accepts bools as numbers).
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number")
+    return value
+
+
+# Integers are strict (no 2.5, "10" or true); floats accept YAML's 3e-3, which PyYAML reads as text.
+PosInt = Annotated[int, Strict(), Field(gt=0)]
+PosFloat = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, allow_inf_nan=False)]
 
 
 class ConfigError(ValueError):
@@ -43,12 +61,12 @@ class ModelConfig(_Strict):
     """Model hyper-parameters. ``width`` is the MLP hidden width or the transformer's d_model (D)."""
 
     workload: Workload
-    width: Optional[PositiveInt] = None
+    width: Optional[PosInt] = None
     dtype: DType = "float32"
-    block_repeats: PositiveInt = 8
-    num_layers: PositiveInt = 4
-    num_heads: PositiveInt = 4
-    max_seq_len: PositiveInt = 256
+    block_repeats: PosInt = 8
+    num_layers: PosInt = 4
+    num_heads: PosInt = 4
+    max_seq_len: PosInt = 256
     vocab_size: Literal[256] = 256
 
     @model_validator(mode="after")
@@ -69,14 +87,14 @@ class ModelConfig(_Strict):
 class TrainConfig(_Strict):
     """Optimisation and loop settings. ``learning_rate`` defaults to the learning path's per workload."""
 
-    steps: PositiveInt = 100
-    global_batch: PositiveInt = 256
-    learning_rate: Optional[PositiveFloat] = None
-    weight_decay: float = Field(1e-4, ge=0)
-    seed: int = 0
-    log_every: PositiveInt = 25
-    report_every: Optional[PositiveInt] = None
-    eval_batch: Optional[PositiveInt] = None
+    steps: PosInt = 100
+    global_batch: PosInt = 256
+    learning_rate: Optional[PosFloat] = None
+    weight_decay: Annotated[float, BeforeValidator(_no_bool), Field(ge=0, allow_inf_nan=False)] = 1e-4
+    seed: Annotated[int, Strict(), Field(ge=0)] = 0
+    log_every: PosInt = 25
+    report_every: Optional[PosInt] = None
+    eval_batch: Optional[PosInt] = None
 
     @property
     def report_interval(self) -> int:
@@ -91,7 +109,7 @@ class DataConfig(_Strict):
     """Where the data files are (None: the search order of ``jaxray.data.sources``) and the sequence length."""
 
     data_dir: Optional[str] = None
-    seq_len: PositiveInt = 256
+    seq_len: PosInt = 256
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
@@ -103,8 +121,8 @@ class DataConfig(_Strict):
 class WorkersConfig(_Strict):
     """Ray Train scaling: ``num_workers`` JAX processes, each owning ``devices_per_worker`` devices."""
 
-    num_workers: PositiveInt = 1
-    devices_per_worker: PositiveInt = 1
+    num_workers: PosInt = 1
+    devices_per_worker: PosInt = 1
     use_gpu: bool = False
 
     @property
@@ -145,16 +163,24 @@ def check_devices(global_batch: int, devices: int) -> int:
 class SearchSpace(_Strict):
     """Grid values for the axes Tune sweeps; an axis left out keeps the sweep's fixed value."""
 
-    global_batch: Optional[list[PositiveInt]] = Field(None, min_length=1)
+    global_batch: Optional[list[PosInt]] = Field(None, min_length=1)
     dtype: Optional[list[DType]] = Field(None, min_length=1)
-    width: Optional[list[PositiveInt]] = Field(None, min_length=1)
+    width: Optional[list[PosInt]] = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "SearchSpace":
+        for axis in SEARCHABLE:
+            values = getattr(self, axis) or []
+            if len(set(values)) != len(values):
+                raise ValueError(f"{axis} lists a value twice: {values}")
+        return self
 
 
 class SweepConfig(_Strict):
     """One workload's grid: fixed model/train settings plus the search space; ranked by ``metric``."""
 
     workload: Workload
-    metric: Optional[Literal["test_accuracy", "test_loss", "val_loss", "val_perplexity", "final_train_loss"]] = None
+    metric: Optional[str] = None
     mode: Optional[Literal["min", "max"]] = None
     model: dict[str, Any] = {}
     train: dict[str, Any] = {}
@@ -168,13 +194,17 @@ class SweepConfig(_Strict):
             object.__setattr__(self, "mode", self.mode or mode)
         elif self.mode is None:
             object.__setattr__(self, "mode", "max" if self.metric == "test_accuracy" else "min")
-        wrong = {"mlp": ("val_loss", "val_perplexity"), "shared_block_mlp": ("val_loss", "val_perplexity"),
-                 "transformer": ("test_accuracy", "test_loss")}[self.workload]
-        if self.metric in wrong:
-            raise ValueError(f"metric {self.metric!r} is not reported by workload {self.workload!r}")
+        if self.metric not in METRICS[self.workload]:
+            raise ValueError(f"metric {self.metric!r} is not reported by workload {self.workload!r}; "
+                             f"allowed: {', '.join(METRICS[self.workload])}")
         for key in ("workload", *SEARCHABLE):
             if key in self.model or key in self.train:
                 raise ValueError(f"{key!r} belongs at the sweep level or in search_space, not in model/train")
+        unused = sorted(set(self.model) - set(MODEL_KEYS[self.workload]))
+        if unused:
+            allowed = ", ".join(MODEL_KEYS[self.workload]) or "none"
+            raise ValueError(f"model key(s) {', '.join(unused)} do not apply to workload {self.workload!r}; "
+                             f"allowed: {allowed}")
         return self
 
     def trial_dicts(self, base: dict[str, Any]) -> list[dict[str, Any]]:
@@ -203,7 +233,7 @@ class ExperimentConfig(_Strict):
     experiment: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     data: DataConfig = DataConfig()
     workers: WorkersConfig = WorkersConfig()
-    max_concurrent_trials: PositiveInt = 1
+    max_concurrent_trials: PosInt = 1
     sweeps: list[SweepConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -219,13 +249,27 @@ class ExperimentConfig(_Strict):
         return {"data": self.data.model_dump(), "workers": self.workers.model_dump()}
 
 
-def _format(err: ValidationError, source: str, prefix: str = "") -> str:
+def _allowed_keys(cls: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names of the model that sits at ``loc`` below ``cls`` (for "unknown key" errors)."""
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = cls.model_fields[part].annotation
+        inner = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)]
+        models = [a for a in inner if issubclass(a, BaseModel)]
+        if not models:
+            return []
+        cls = models[0]
+    return list(cls.model_fields)
+
+
+def _format(err: ValidationError, source: str, root: type[BaseModel], prefix: str = "") -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
         where = (prefix + ".".join(str(p) for p in e["loc"])).rstrip(".") or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = f"unknown key; allowed: {', '.join(_allowed_keys(root, e['loc'][:-1]))}"
         lines.append(f"  {where}: {msg}")
     return "\n".join(lines)
 
@@ -234,7 +278,7 @@ def _validate(cls, data: Any, source: str, prefix: str = ""):
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format(err, source, prefix)) from None
+        raise ConfigError(_format(err, source, cls, prefix)) from None
     except ConfigError as err:
         raise ConfigError(f"invalid config {source}: {prefix}{err}") from None
 
@@ -243,6 +287,19 @@ def parse_trial(data: dict[str, Any], source: str = "(trial)", prefix: str = "")
     """A TrialConfig from a plain dict (what Tune and the workers pass around). Raises ConfigError
     whose message starts with ``source`` and gives each field's path after ``prefix``."""
     return _validate(TrialConfig, data, source, prefix)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def load_experiment(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> ExperimentConfig:
@@ -255,7 +312,9 @@ def load_experiment(path: str | Path, overrides: Optional[dict[str, Any]] = None
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path} is not UTF-8 text: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid YAML in {path}: {err}") from None
     if not isinstance(raw, dict):

@@ -75,17 +75,23 @@ def prompt_window(prompt: bytes, max_seq_len: int) -> tuple[np.ndarray, int]:
     return window, len(tail)
 
 
+def check_sampling(max_new_tokens: int, temperature: float, top_k: Optional[int], vocab_size: int = 256) -> None:
+    """ValueError naming the argument if ``max_new_tokens`` < 1, ``temperature`` is negative or not
+    finite, or ``top_k`` is outside 1..vocab_size."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and not 1 <= top_k <= vocab_size:
+        raise ValueError(f"top_k must be in 1..{vocab_size}, got {top_k}")
+
+
 def generate(model, params, prompt: str, max_new_tokens: int, temperature: float = 0.8, seed: int = 0,
              top_k: Optional[int] = None) -> str:
     """The text sampled after ``prompt`` (the prompt itself not included). Invalid UTF-8 in the
     sampled bytes becomes U+FFFD. Raises ValueError for an empty prompt, ``max_new_tokens`` < 1,
     a negative or non-finite temperature, or ``top_k`` outside 1..vocab."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
-    if top_k is not None and not 1 <= top_k <= model.config.vocab_size:
-        raise ValueError(f"top_k must be in 1..{model.config.vocab_size}, got {top_k}")
+    check_sampling(max_new_tokens, temperature, top_k, model.config.vocab_size)
     window, length = prompt_window(prompt.encode("utf-8"), model.config.max_seq_len)
     tokens_to_logits = jax.tree_util.Partial(model.apply, params)
     new = sample(tokens_to_logits, jnp.asarray(window), jnp.int32(length), jax.random.key(seed),
@@ -94,17 +100,21 @@ def generate(model, params, prompt: str, max_new_tokens: int, temperature: float
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxray.generate", description="Sample text from a trained transformer.")
-    p.add_argument("--checkpoint", required=True, help="a checkpoint directory, or runs/<experiment> (best transformer trial)")
-    p.add_argument("--prompt", default="ROMEO:")
-    p.add_argument("--max-new-tokens", type=int, default=300)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p = argparse.ArgumentParser(prog="python -m jaxray.generate", description="Sample text from a trained transformer.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--checkpoint", required=True,
+                   help="a checkpoint folder, a train/<trial> folder, or runs/<experiment> (its best transformer)")
+    p.add_argument("--prompt", default="ROMEO:", help="text to continue; only its last max_seq_len bytes are used")
+    p.add_argument("--max-new-tokens", type=int, default=300, help="bytes to sample")
+    p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy")
+    p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely bytes; unset: all")
+    p.add_argument("--seed", type=int, default=0, help="PRNG seed")
     args = p.parse_args(argv)
     from jaxray import checkpoint
 
     try:
+        check_sampling(args.max_new_tokens, args.temperature, args.top_k)
+        prompt_window(args.prompt.encode("utf-8"), 1)  # an empty prompt fails before the restore
         path = checkpoint.resolve(args.checkpoint, workload="transformer")
         if checkpoint.load_model_config(path).workload != "transformer":
             raise checkpoint.CheckpointError(f"{path} holds a {checkpoint.load_model_config(path).workload} "

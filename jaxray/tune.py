@@ -1,4 +1,4 @@
-"""``python -m jaxray.tune --config tune_configs/NAME.yaml``: the main job.
+"""python -m jaxray.tune --config tune_configs/NAME.yaml: the main job.
 
 Each sweep of the experiment YAML becomes one Ray Tune grid over global batch, compute dtype and
 model width; each trial is one Ray Train run (``jaxray.ray_train``). Results land in
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -21,27 +23,60 @@ import ray.data
 from ray import tune
 
 from jaxray.config import DEFAULT_WIDTH, ConfigError, ExperimentConfig, SweepConfig, TrainConfig, load_experiment, parse_trial
+from jaxray.data.batching import num_rows
 from jaxray.data.sources import DataFileError
 from jaxray.ray_train import HISTORY_FILE
 
 # Ray Data's per-dataset progress bars would flood the log of every trial.
 QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
+RUN_DIRS = ("train", "tune", "tensorboard")  # what a run writes under --out besides the report files
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jaxray.tune", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jaxray.tune", description=__doc__.replace("``", ""),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="experiment YAML, e.g. tune_configs/demo.yaml")
     p.add_argument("--out", help="output folder (default: runs/<experiment>)")
     p.add_argument("--data-dir", help="folder with the data files (default: $JAXRAY_DATA_DIR, then the cache)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results of an earlier run in the output folder (default: refuse)")
     return p.parse_args(argv)
+
+
+def prepare_out(out: Path, overwrite: bool) -> None:
+    """Refuse an output folder that is a file, or that holds an earlier run's results unless
+    ``overwrite``; then remove only what jaxray writes there. Raises ConfigError."""
+    from jaxray.report import FILES
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    ours = [out / name for name in (*FILES, *RUN_DIRS) if (out / name).exists()]
+    if ours and not overwrite:
+        raise ConfigError(f"{out} already holds the results of an earlier run ({', '.join(p.name for p in ours)}); "
+                          f"pass --overwrite to replace them, or choose another --out")
+    for path in ours:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def check_batches(exp: ExperimentConfig, arrays: dict[str, tuple]) -> None:
+    """Every grid point's global batch must fit in the training rows each worker gets; otherwise its
+    workers would never see a full batch. Raises ConfigError naming the sweep and the sizes."""
+    workers = exp.workers.num_workers
+    for i, sweep in enumerate(exp.sweeps):
+        rows = num_rows(arrays[sweep.workload][0])
+        for batch in sweep.search_space.global_batch or [TrainConfig().global_batch]:
+            if batch // workers > rows // workers:
+                raise ConfigError(f"sweeps.{i}.search_space.global_batch: {batch} is larger than the {rows} "
+                                  f"training rows of {sweep.workload} ({rows // workers} per worker)")
 
 
 def grid(sweep: SweepConfig) -> dict[str, Any]:
     """Tune's param space: every searchable axis as a grid (a single default value if not searched)."""
     s = sweep.search_space
     return {"global_batch": tune.grid_search(s.global_batch or [TrainConfig().global_batch]),
-            "dtype": tune.grid_search(s.dtype or [sweep.model.get("dtype", "float32")]),
-            "width": tune.grid_search(s.width or [sweep.model.get("width", DEFAULT_WIDTH[sweep.workload])])}
+            "dtype": tune.grid_search(s.dtype or ["float32"]),
+            "width": tune.grid_search(s.width or [DEFAULT_WIDTH[sweep.workload]])}
 
 
 def trial_name(workload: str, config: dict[str, Any]) -> str:
@@ -95,7 +130,7 @@ def _collect(sweep: SweepConfig, result) -> tuple[dict, list[dict]]:
     name = trial_name(sweep.workload, result.config)
     row: dict[str, Any] = {"trial": name, "workload": sweep.workload, **result.config}
     if result.error is not None:
-        row["error"] = f"{type(result.error).__name__}: {result.error}".strip()[:2000]
+        row["error"] = ANSI.sub("", f"{type(result.error).__name__}: {result.error}").strip()[:2000]
         return row, []
     metrics = result.metrics or {}
     if not metrics.get("final"):
@@ -142,9 +177,17 @@ def init_ray(exp: ExperimentConfig) -> bool:
     os.environ.update(QUIET_ENV)
     ray.data.DataContext.get_current().enable_progress_bars = False
     runtime_env = {"env_vars": QUIET_ENV}
-    address = os.environ.get("RAY_ADDRESS") or running_local_cluster()
+    address = os.environ.get("RAY_ADDRESS")
+    if not address and (address := running_local_cluster()) and (Path.home() / ".ray" / "auth_token").is_file():
+        # A `ray start` cluster of Ray 2.60 uses token auth; this user's token is the key to it.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     if address and address != "local":
-        ray.init(address=address, runtime_env=runtime_env)
+        try:
+            ray.init(address=address, runtime_env=runtime_env)
+        except Exception as err:  # Ray raises ConnectionError, RuntimeError or its own auth errors
+            raise ConfigError(f"could not join the Ray cluster at {address}: {type(err).__name__}: {err}\n"
+                              f"With token auth set RAY_AUTH_MODE=token; to start a private local Ray "
+                              f"instead set RAY_ADDRESS=local") from None
         return True
     # One CPU for each trial driver and each worker; Tune queues what does not fit.
     need = exp.max_concurrent_trials * (1 + exp.workers.num_workers) + 1
@@ -171,16 +214,14 @@ def check_gpus(exp: ExperimentConfig, joined: bool) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
-    try:
+    try:  # every check that can fail on the user's input, before the first trial starts
         exp = load_experiment(args.config, overrides)
         arrays = load_sweep_arrays(exp)
-    except (ConfigError, DataFileError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = Path(args.out or Path("runs") / exp.experiment).absolute()
-    try:
+        check_batches(exp, arrays)
+        out = Path(args.out or Path("runs") / exp.experiment).absolute()
+        prepare_out(out, args.overwrite)
         check_gpus(exp, init_ray(exp))
-    except ConfigError as err:
+    except (ConfigError, DataFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         ray.shutdown()
         return 2

@@ -45,6 +45,22 @@ def test_resolve_experiment_dir_picks_best_trial(tmp_path):
         checkpoint.resolve(tmp_path, workload="shared_block_mlp")
 
 
+def test_resolve_a_run_folder_gives_its_newest_checkpoint(tmp_path):
+    for name in ("checkpoint_2026-01-01_10-00-00", "checkpoint_2026-01-02_09-00-00"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model_config.json").write_text("{}")
+    assert checkpoint.resolve(tmp_path).name == "checkpoint_2026-01-02_09-00-00"
+
+
+def test_damaged_files_are_named(tmp_path):
+    (tmp_path / "summary.json").write_text("{bad")
+    with pytest.raises(checkpoint.CheckpointError, match="summary.json is damaged"):
+        checkpoint.resolve(tmp_path)
+    (tmp_path / "model_config.json").write_text('{"workload": "cnn"}')
+    with pytest.raises(checkpoint.CheckpointError, match="model_config.json is damaged"):
+        checkpoint.load_model_config(tmp_path)
+
+
 def test_bad_paths(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="neither a checkpoint"):
         checkpoint.resolve(tmp_path / "missing")

@@ -51,11 +51,20 @@ def test_good_config_expands_grid(tmp_path):
     ("global_batch: [256, 512]", "global_batch: [256, 510]", "not divisible by the device count 4"),
     ("dtype: [float32, bfloat16]", "dtype: [float32, float64]", "'float32', 'bfloat16' or 'float16'"),
     ("workload: mlp", "workload: resnet", "'mlp', 'shared_block_mlp' or 'transformer'"),
-    ("train: {steps: 5}", "train: {stpes: 5}", "sweeps.0.train.stpes: unknown key"),
+    ("train: {steps: 5}", "train: {stpes: 5}", "sweeps.0.train.stpes: unknown key; allowed: steps, global_batch"),
     ("train: {steps: 5}", "train: {steps: 0}", "steps"),
     ("train: {steps: 5}", "train: {steps: many}", "steps"),
     ("experiment: t", "experiment: t\nexperimnet: u", "experimnet: unknown key"),
     ("width: [64]", "width: [-3]", "width"),
+    ("train: {steps: 5}", "train: {steps: true}", "sweeps.0.train.steps: Input should be a valid integer"),
+    ("train: {steps: 5}", "train: {steps: 2.5}", "sweeps.0.train.steps: Input should be a valid integer"),
+    ("train: {steps: 5}", "train: {steps: 5, learning_rate: true}", "sweeps.0.train.learning_rate: a boolean is not a number"),
+    ("width: [64]", "width: [64, 64]", "width lists a value twice: [64, 64]"),
+    ("train: {steps: 5}", "train: {steps: 5}\n    model: {num_heads: 2}",
+     "model key(s) num_heads do not apply to workload 'mlp'; allowed: none"),
+    ("train: {steps: 5}", "train: {steps: 5}\n    metric: val_loss",
+     "allowed: test_accuracy, test_loss, final_train_loss"),
+    ("experiment: t", "experiment: t\nexperiment: u", "duplicate key 'experiment'"),
 ])
 def test_bad_config_names_the_field(tmp_path, old, new, expected):
     assert old in GOOD
@@ -77,6 +86,13 @@ def test_a_workload_in_two_sweeps_is_rejected(tmp_path):
         load_experiment(write(tmp_path, twice))
 
 
+def test_not_utf8(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_bytes(b"\xff\xfeexperiment: t\n")
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_experiment(path)
+
+
 def test_invalid_yaml_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_experiment(write(tmp_path, "experiment: [unclosed"))
@@ -91,6 +107,33 @@ def test_transformer_checks():
         parse_trial({"model": {"workload": "transformer", "width": 130, "num_heads": 4}})
     with pytest.raises(ConfigError, match="exceeds model.max_seq_len"):
         parse_trial({"model": {"workload": "transformer", "max_seq_len": 64}, "data": {"seq_len": 128}})
+
+
+def run_cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "jaxray.tune", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_rejects_a_batch_larger_than_the_data(tmp_path, real_dir):
+    big = write(tmp_path, GOOD.replace("global_batch: [256, 512]", "global_batch: [100000]"))
+    proc = run_cli("--config", big, "--data-dir", real_dir, "--out", tmp_path / "o")
+    assert proc.returncode == 2
+    assert "global_batch: 100000 is larger than the 60000 training rows of mlp" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_keeps_earlier_results_unless_overwrite(tmp_path, real_dir):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "summary.json").write_text("[]")
+    (out / "notes.txt").write_text("mine")
+    proc = run_cli("--config", ROOT / "tune_configs" / "smoke.yaml", "--data-dir", real_dir, "--out", out)
+    assert proc.returncode == 2 and "already holds the results of an earlier run (summary.json)" in proc.stderr
+    assert (out / "summary.json").read_text() == "[]"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    proc = run_cli("--config", ROOT / "tune_configs" / "smoke.yaml", "--data-dir", real_dir, "--out", a_file)
+    assert proc.returncode == 2 and "is a file, not a folder" in proc.stderr
 
 
 def test_cli_rejects_bad_config_before_starting_ray(tmp_path):

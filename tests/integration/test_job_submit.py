@@ -42,8 +42,9 @@ def wait_for(url: str, seconds: float) -> None:
 @pytest.fixture
 def head(real_dir, tmp_path):
     dashboard, gcs = free_port(), free_port()
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "JAXRAY_DATA_DIR": str(real_dir)}
-    env.pop("RAY_ADDRESS", None)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    for name in ("RAY_ADDRESS", "JAXRAY_DATA_DIR"):  # the README's flow passes --data-dir instead
+        env.pop(name, None)
     cmd = [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=4",
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--ray-client-server-port={free_port()}",
            f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
@@ -70,11 +71,12 @@ def forget_cluster(gcs_port: int) -> None:
         marker.unlink()
 
 
-def test_job_submit_runs_the_smoke_sweep(head, tmp_path):
+def test_job_submit_runs_the_smoke_sweep(head, tmp_path, real_dir):
     address, env = head
     out = tmp_path / "out"
     proc = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
-                           "python", "-m", "jaxray.tune", "--config", "tune_configs/smoke.yaml", "--out", str(out)],
+                           "python", "-m", "jaxray.tune", "--config", "tune_configs/smoke.yaml",
+                           "--data-dir", str(real_dir), "--out", str(out)],
                           env={**env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-2000:])
     assert "succeeded" in proc.stdout
