@@ -207,24 +207,22 @@ class SweepConfig(_Strict):
                              f"allowed: {allowed}")
         return self
 
+    def axes(self) -> dict[str, list]:
+        """The grid's values per searchable axis, in SEARCHABLE order; an axis not searched holds
+        its default."""
+        s = self.search_space
+        return {"global_batch": s.global_batch or [TrainConfig().global_batch],
+                "dtype": s.dtype or [ModelConfig.model_fields["dtype"].default],
+                "width": s.width or [DEFAULT_WIDTH[self.workload]]}
+
     def trial_dicts(self, base: dict[str, Any]) -> list[dict[str, Any]]:
         """The grid expanded into TrialConfig dicts (validate each with ``parse_trial``)."""
-        grid = {k: getattr(self.search_space, k) or [None] for k in SEARCHABLE}
-        trials = []
-        for batch, dtype, width in itertools.product(*grid.values()):
-            trials.append(self.trial_dict(base, global_batch=batch, dtype=dtype, width=width))
-        return trials
+        return [self.trial_dict(base, *point) for point in itertools.product(*self.axes().values())]
 
-    def trial_dict(self, base: dict[str, Any], global_batch=None, dtype=None, width=None) -> dict[str, Any]:
-        model = {**self.model, "workload": self.workload}
-        train = dict(self.train)
-        if dtype is not None:
-            model["dtype"] = dtype
-        if width is not None:
-            model["width"] = width
-        if global_batch is not None:
-            train["global_batch"] = global_batch
-        return {**base, "model": model, "train": train}
+    def trial_dict(self, base: dict[str, Any], global_batch: int, dtype: str, width: int) -> dict[str, Any]:
+        """One grid point as a TrialConfig dict: ``base`` (data, workers) plus this sweep's settings."""
+        model = {**self.model, "workload": self.workload, "dtype": dtype, "width": width}
+        return {**base, "model": model, "train": {**self.train, "global_batch": global_batch}}
 
 
 class ExperimentConfig(_Strict):

@@ -22,7 +22,7 @@ import ray
 import ray.data
 from ray import tune
 
-from jaxray.config import DEFAULT_WIDTH, ConfigError, ExperimentConfig, SweepConfig, TrainConfig, load_experiment, parse_trial
+from jaxray.config import ConfigError, ExperimentConfig, SweepConfig, load_experiment, parse_trial
 from jaxray.data.batching import num_rows
 from jaxray.data.sources import DataFileError
 from jaxray.ray_train import HISTORY_FILE
@@ -65,7 +65,7 @@ def check_batches(exp: ExperimentConfig, arrays: dict[str, tuple]) -> None:
     workers = exp.workers.num_workers
     for i, sweep in enumerate(exp.sweeps):
         rows = num_rows(arrays[sweep.workload][0])
-        for batch in sweep.search_space.global_batch or [TrainConfig().global_batch]:
+        for batch in sweep.axes()["global_batch"]:
             if batch // workers > rows // workers:
                 raise ConfigError(f"sweeps.{i}.search_space.global_batch: {batch} is larger than the {rows} "
                                   f"training rows of {sweep.workload} ({rows // workers} per worker)")
@@ -73,10 +73,7 @@ def check_batches(exp: ExperimentConfig, arrays: dict[str, tuple]) -> None:
 
 def grid(sweep: SweepConfig) -> dict[str, Any]:
     """Tune's param space: every searchable axis as a grid (a single default value if not searched)."""
-    s = sweep.search_space
-    return {"global_batch": tune.grid_search(s.global_batch or [TrainConfig().global_batch]),
-            "dtype": tune.grid_search(s.dtype or ["float32"]),
-            "width": tune.grid_search(s.width or [DEFAULT_WIDTH[sweep.workload]])}
+    return {axis: tune.grid_search(values) for axis, values in sweep.axes().items()}
 
 
 def trial_name(workload: str, config: dict[str, Any]) -> str:
