@@ -21,7 +21,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.sharding import Sharding
 
-from jaxray.config import ModelConfig, TrialConfig
+from jaxray.config import DEFAULT_METRIC, ModelConfig, TrialConfig
 from jaxray.models import Model, build
 
 PARAMS_DIR = "params"
@@ -80,8 +80,9 @@ def restore(directory: str | Path, sharding: Optional[Sharding] = None) -> tuple
 def resolve(path: str | Path, workload: Optional[str] = None) -> Path:
     """A checkpoint directory from ``path``: a checkpoint itself, a Ray Train run folder (its newest
     ``checkpoint_*``), or a ``runs/<experiment>`` directory
-    whose ``summary.json`` gives the best trial of ``workload`` (lowest val_loss for the transformer,
-    highest test_accuracy for the MLPs; default: the transformer if the sweep has one).
+    whose ``summary.json`` gives the best trial of ``workload`` by its ``DEFAULT_METRIC`` (lowest
+    val_loss for the transformer, highest test_accuracy for the MLPs; default workload: the
+    transformer if the sweep has one).
 
     Raises CheckpointError naming the path and what was looked for.
     """
@@ -109,7 +110,10 @@ def resolve(path: str | Path, workload: Optional[str] = None) -> Path:
 
 
 def _rank_key(row: dict) -> float:
-    if row["workload"] == "transformer":
-        value = row.get("val_loss")
-        return value if value is not None and math.isfinite(value) else math.inf
-    return -(row.get("test_accuracy") or 0.0)
+    """Smaller is better: the workload's default ranking metric (``DEFAULT_METRIC``), missing or
+    non-finite values last."""
+    metric, mode = DEFAULT_METRIC[row["workload"]]
+    value = row.get(metric)
+    if value is None or not math.isfinite(value):
+        return math.inf
+    return -value if mode == "max" else value
