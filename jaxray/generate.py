@@ -116,9 +116,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         check_sampling(args.max_new_tokens, args.temperature, args.top_k)
         prompt_window(args.prompt.encode("utf-8"), 1)  # an empty prompt fails before the restore
         path = checkpoint.resolve(args.checkpoint, workload="transformer")
-        if checkpoint.load_model_config(path).workload != "transformer":
-            raise checkpoint.CheckpointError(f"{path} holds a {checkpoint.load_model_config(path).workload} "
-                                             f"checkpoint; generation needs a transformer")
+        workload = checkpoint.load_model_config(path).workload
+        if workload != "transformer":
+            raise checkpoint.CheckpointError(f"{path} holds a {workload} checkpoint; generation needs a transformer")
         model, params = checkpoint.restore(path)
         text = generate(model, params, args.prompt, args.max_new_tokens, args.temperature, args.seed, args.top_k)
     except (checkpoint.CheckpointError, ValueError) as err:
