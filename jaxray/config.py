@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Vali
 
 Workload = Literal["mlp", "shared_block_mlp", "transformer"]
 DType = Literal["float32", "bfloat16", "float16"]
+Attention = Literal["auto", "xla", "cudnn"]
 WORKLOADS: tuple[str, ...] = Workload.__args__
 DTYPES: tuple[str, ...] = DType.__args__
 
@@ -31,7 +32,7 @@ DEFAULT_METRIC = {"mlp": ("test_accuracy", "max"), "shared_block_mlp": ("test_ac
 SEARCHABLE = ("global_batch", "dtype", "width")
 # Model keys a sweep may fix, per workload (others would be silently ignored by that model).
 MODEL_KEYS = {"mlp": (), "shared_block_mlp": ("block_repeats",),
-              "transformer": ("num_layers", "num_heads", "max_seq_len")}
+              "transformer": ("num_layers", "num_heads", "max_seq_len", "attention")}
 METRICS = {"mlp": ("test_accuracy", "test_loss", "final_train_loss"),
            "shared_block_mlp": ("test_accuracy", "test_loss", "final_train_loss"),
            "transformer": ("val_loss", "val_perplexity", "final_train_loss")}
@@ -58,7 +59,11 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
-    """Model hyper-parameters. ``width`` is the MLP hidden width or the transformer's d_model (D)."""
+    """Model hyper-parameters. ``width`` is the MLP hidden width or the transformer's d_model (D).
+
+    ``attention`` (transformer only): "xla", "cudnn" (an error where cuDNN cannot run) or "auto"
+    (cuDNN where it can run, else XLA); see ``jaxray.models.attention``.
+    """
 
     workload: Workload
     width: Optional[PosInt] = None
@@ -68,6 +73,7 @@ class ModelConfig(_Strict):
     num_heads: PosInt = 4
     max_seq_len: PosInt = 256
     vocab_size: Literal[256] = 256
+    attention: Attention = "auto"
 
     @model_validator(mode="after")
     def _fill_and_check(self) -> "ModelConfig":
@@ -82,6 +88,10 @@ class ModelConfig(_Strict):
     @property
     def ffn_dim(self) -> int:
         return 4 * self.width
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.num_heads
 
 
 class TrainConfig(_Strict):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +18,7 @@ from flax import nnx
 
 from jaxray.config import ModelConfig
 from jaxray.models import mlp, shared_block
+from jaxray.models.attention import AttentionChoice, choose, target_for
 from jaxray.models.transformer import Transformer
 
 Params = Any
@@ -30,6 +31,7 @@ class Model:
     config: ModelConfig
     init: Callable[[jax.Array], Params]
     apply: Callable[[Params, jax.Array], jax.Array]
+    attention: Optional[AttentionChoice] = None
 
 
 def compute_dtype(cfg: ModelConfig):
@@ -42,7 +44,16 @@ def build_transformer(cfg: ModelConfig, rngs: nnx.Rngs, attention: str | None = 
                        dtype=compute_dtype(cfg), attention=attention, rngs=rngs)
 
 
-def _transformer(cfg: ModelConfig, attention: str | None) -> Model:
+def resolve_attention(cfg: ModelConfig, requested: Optional[str] = None,
+                      device: Optional[jax.Device] = None) -> AttentionChoice:
+    """``requested`` (default ``cfg.attention``) decided for ``device`` (default: the first device).
+    Raises AttentionError for "cudnn" where it cannot run."""
+    device = device or jax.devices()[0]
+    return choose(requested or cfg.attention, target_for(device, cfg.dtype, cfg.head_dim))
+
+
+def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
+    attention = choice.implementation
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_transformer(cfg, nnx.Rngs(0), attention)))
 
     def init(key):
@@ -51,14 +62,16 @@ def _transformer(cfg: ModelConfig, attention: str | None) -> Model:
     def apply(params, tokens):
         return nnx.merge(graphdef, params)(tokens)
 
-    return Model(cfg, init, apply)
+    return Model(cfg, init, apply, choice)
 
 
-def build(cfg: ModelConfig, attention: str | None = None) -> Model:
-    """The Model for ``cfg.workload``; ``attention`` only applies to the transformer."""
+def build(cfg: ModelConfig, attention: Optional[str] = None) -> Model:
+    """The Model for ``cfg.workload``. For the transformer ``attention`` ("xla", "cudnn" or "auto")
+    overrides ``cfg.attention``, decided by ``resolve_attention``. Raises AttentionError for cuDNN
+    attention where it cannot run."""
     dtype = compute_dtype(cfg)
     if cfg.workload == "transformer":
-        return _transformer(cfg, attention)
+        return _transformer(cfg, resolve_attention(cfg, attention))
     if cfg.workload == "mlp":
         return Model(cfg, functools.partial(mlp.init, width=cfg.width),
                      functools.partial(mlp.apply, dtype=dtype))

@@ -26,9 +26,10 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (batch) dimension split across ``data``; other dimensions whole."""
-    return NamedSharding(mesh, P(DATA_AXIS))
+def batch_sharding(mesh: Mesh, stacked: bool = False) -> NamedSharding:
+    """Batch dimension split across ``data``; other dimensions whole. The batch dimension is the
+    leading one, or the second for a ``stacked`` ``[steps, B, ...]`` group of batches."""
+    return NamedSharding(mesh, P(None, DATA_AXIS) if stacked else P(DATA_AXIS))
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
@@ -36,10 +37,11 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     return jax.device_put(tree, replicated(mesh))
 
 
-def shard_batch(mesh: Mesh, local_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-    """This process's rows ``{name: [B_local, ...]}`` -> global arrays ``[B_local x processes, ...]``.
+def shard_batch(mesh: Mesh, local_batch: Mapping[str, np.ndarray], stacked: bool = False) -> dict[str, jax.Array]:
+    """This process's rows ``{name: [B_local, ...]}`` -> global arrays ``[B_local x processes, ...]``
+    (``stacked``: ``[K, B_local, ...]`` -> ``[K, B_local x processes, ...]``).
 
     Raises ValueError (from JAX) if B_local is not divisible by this process's device count.
     """
-    sharding = batch_sharding(mesh)
+    sharding = batch_sharding(mesh, stacked)
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}

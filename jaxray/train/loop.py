@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, replicated
+from jaxray.train.shard_map_step import shard_map_train_step
 from jaxray.train.step import LOSSES, TrainState, eval_step, train_step
 
 HookFn = Callable[[int, TrainState, dict[str, jax.Array]], None]
@@ -46,13 +47,35 @@ class LoopTiming:
         return self.timed_s / self.timed_steps
 
 
-def compile_train_step(model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array]):
-    """AOT-compile the train step for these shapes and shardings -> (compiled step, compile seconds).
+def compile_train_step(model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array],
+                       steps_per_call: int = 1):
+    """AOT-compile the auto-sharded train step for these shapes and shardings -> (compiled step,
+    compile seconds).
 
-    State is replicated and donated (updated in place); the batch is sharded on ``data``.
+    State is replicated and donated (updated in place); the batch is sharded on ``data``; XLA
+    places the gradient all-reduce. With ``steps_per_call`` K > 1 one call runs K optimizer steps
+    under ``lax.scan`` over a stack of batches ``[K, B, ...]`` (sharded on its second dimension)
+    and returns metrics ``[K]``: the same updates in the same order, one dispatch instead of K.
     """
     step = functools.partial(train_step, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx)
-    jitted = jax.jit(step, in_shardings=(replicated(mesh), batch_sharding(mesh)),
+    if steps_per_call > 1:
+        return _compile_step(functools.partial(jax.lax.scan, step), mesh, state, batch, stacked=True)
+    return _compile_step(step, mesh, state, batch)
+
+
+def compile_shard_map_train_step(model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array]):
+    """AOT-compile the explicit ``shard_map`` train step (``jaxray.train.shard_map_step``) -> (compiled
+    step, compile seconds), with the same shardings and donation as ``compile_train_step``."""
+    step = functools.partial(shard_map_train_step, mesh=mesh, apply=model.apply,
+                             loss_fn=LOSSES[model.config.workload], tx=tx)
+    return _compile_step(step, mesh, state, batch)
+
+
+def _compile_step(step: Callable, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array],
+                  stacked: bool = False):
+    """jit ``step(state, batch) -> (state, metrics)`` with the state replicated and donated, the batch
+    sharded on ``data`` and the outputs replicated; lower and compile ahead of time, timed."""
+    jitted = jax.jit(step, in_shardings=(replicated(mesh), batch_sharding(mesh, stacked)),
                      out_shardings=(replicated(mesh), replicated(mesh)), donate_argnums=0)
     start = time.perf_counter()
     compiled = jitted.lower(state, batch).compile()

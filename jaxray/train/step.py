@@ -58,6 +58,25 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
 
 
+def loss_and_grads(params: Any, batch: Batch, *, apply: Callable,
+                   loss_fn: LossFn) -> tuple[tuple[jax.Array, jax.Array], Any]:
+    """((mean loss, mean accuracy) over ``batch``, gradient of the mean loss w.r.t. ``params``)."""
+    def mean_loss(params):
+        loss, correct = loss_fn(apply(params, model_inputs(batch)), batch)
+        return loss.mean(), correct.mean()
+
+    return jax.value_and_grad(mean_loss, has_aux=True)(params)
+
+
+def apply_gradients(state: TrainState, grads: Any, loss: jax.Array, accuracy: jax.Array, *,
+                    tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+    """The optimizer update for ``grads`` -> (new state, metrics ``loss``, ``accuracy``, ``grad_norm``)."""
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "accuracy": accuracy, "grad_norm": optax.tree.norm(grads)}
+    return TrainState(params, opt_state, state.step + 1), metrics
+
+
 def train_step(state: TrainState, batch: Batch, *, apply: Callable, loss_fn: LossFn,
                tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
     """One AdamW step on the mean loss of ``batch``.
@@ -65,15 +84,8 @@ def train_step(state: TrainState, batch: Batch, *, apply: Callable, loss_fn: Los
     Returns the new state and float32 scalar metrics: ``loss``, ``accuracy`` and ``grad_norm``
     (global L2 norm of the gradients before the update).
     """
-    def mean_loss(params):
-        loss, correct = loss_fn(apply(params, model_inputs(batch)), batch)
-        return loss.mean(), correct.mean()
-
-    (loss, accuracy), grads = jax.value_and_grad(mean_loss, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "accuracy": accuracy, "grad_norm": optax.tree.norm(grads)}
-    return TrainState(params, opt_state, state.step + 1), metrics
+    (loss, accuracy), grads = loss_and_grads(state.params, batch, apply=apply, loss_fn=loss_fn)
+    return apply_gradients(state, grads, loss, accuracy, tx=tx)
 
 
 def eval_step(params: Any, batch: Batch, *, apply: Callable, loss_fn: LossFn) -> dict[str, jax.Array]:

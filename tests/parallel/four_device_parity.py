@@ -1,7 +1,10 @@
 """Run in a subprocess with 4 forced host devices (XLA_FLAGS set before jax is imported).
 
-Trains the same steps on the same global batches on a 1-device mesh and on a 4-device mesh and
-prints one JSON line comparing them, plus where the batch and params live.
+``four_device_parity.py DATA_DIR``: trains the same steps on the same global batches on a 1-device
+mesh and on a 4-device mesh and prints one JSON line comparing them, plus where the batch and
+params live. ``four_device_parity.py DATA_DIR shard_map``: on the 4-device mesh, runs the
+auto-sharded step and the explicit ``shard_map`` step from the same init on the same batches and
+prints one JSON line with both runs' per-step metrics and their final param differences.
 """
 from __future__ import annotations
 
@@ -14,8 +17,19 @@ import numpy as np
 from jaxray.config import parse_trial
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
-from jaxray.parallel.mesh import make_mesh, shard_batch
+from jaxray.models import build
+from jaxray.parallel.mesh import make_mesh, replicate, shard_batch
+from jaxray.train.loop import compile_shard_map_train_step, compile_train_step
 from jaxray.train.run import train
+from jaxray.train.step import init_state, make_optimizer
+
+SHARD_MAP_STEPS = 5
+# Global batch 64 (16 rows per device) for the MLP, 8 (2 per device) for the transformer.
+SHARD_MAP_TRIALS = {
+    "mlp": {"model": {"workload": "mlp"}, "train": {"global_batch": 64}},
+    "transformer": {"model": {"workload": "transformer", "width": 64, "num_layers": 2, "max_seq_len": 64},
+                    "train": {"global_batch": 8}},
+}
 
 
 def param_diffs(a, b) -> dict:
@@ -59,5 +73,31 @@ def run(workload: str, data_dir: str) -> dict:
     }
 
 
+def run_shard_map(workload: str, data_dir: str) -> dict:
+    spec = SHARD_MAP_TRIALS[workload]
+    trial = parse_trial({"model": spec["model"], "data": {"data_dir": data_dir, "seq_len": 64},
+                         "train": {"steps": SHARD_MAP_STEPS, **spec["train"]}})
+    train_arrays, _ = load_arrays(trial)
+    model = build(trial.model)
+    tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
+    # On the host, so donating one run's device state cannot touch the other run's init.
+    params = jax.device_get(model.init(jax.random.key(trial.train.seed)))
+    mesh = make_mesh()
+    batches = train_batches(train_arrays, trial.train.global_batch)
+    batches = [shard_batch(mesh, next(batches)) for _ in range(SHARD_MAP_STEPS)]
+    result, final = {"devices": mesh.devices.size}, {}
+    for name, compile_step in (("auto", compile_train_step), ("shard_map", compile_shard_map_train_step)):
+        state = replicate(init_state(params, tx), mesh)
+        step, _ = compile_step(model, tx, mesh, state, batches[0])
+        rows = []
+        for batch in batches:
+            state, metrics = step(state, batch)
+            rows.append({k: float(v) for k, v in jax.device_get(metrics).items()})
+        result[name] = {k: [row[k] for row in rows] for k in rows[0]}
+        final[name] = jax.device_get(state.params)
+    return {**result, **param_diffs(final["auto"], final["shard_map"])}
+
+
 if __name__ == "__main__":
-    print(json.dumps({w: run(w, sys.argv[1]) for w in ("mlp", "transformer")}))
+    mode = run_shard_map if sys.argv[2:] == ["shard_map"] else run
+    print(json.dumps({w: mode(w, sys.argv[1]) for w in ("mlp", "transformer")}))

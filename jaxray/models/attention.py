@@ -1,0 +1,95 @@
+"""Which attention implementation the transformer uses: XLA everywhere, cuDNN flash attention where
+it can run.
+
+``jax.nn.dot_product_attention(implementation="cudnn")`` raises deep inside XLA lowering when the
+hardware, dtype or head dim is unsupported. ``choose`` decides up front from facts about the
+device and the model, so ``auto`` falls back to XLA with a recorded reason and an explicit
+``cudnn`` fails with a clear ``AttentionError`` before anything compiles.
+
+cuDNN's conditions (from ``jax._src.cudnn.fused_attention_stablehlo`` in JAX 0.10): an NVIDIA GPU
+of compute capability >= 8.0, bfloat16 or float16 inputs, head dim a multiple of 8 and <= 128
+(<= 256 from compute capability 9.0, Hopper).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+Requested = Literal["xla", "cudnn", "auto"]
+REQUESTS: tuple[str, ...] = Requested.__args__
+CUDNN_DTYPES = ("bfloat16", "float16")
+MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+class AttentionError(ValueError):
+    """An attention implementation that cannot run here; the message says why and what to use."""
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """``implementation`` ("xla" or "cudnn") for a ``requested`` one, and ``reason`` when ``auto``
+    fell back to XLA (empty otherwise)."""
+
+    requested: str
+    implementation: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What decides cuDNN support: the device platform ("gpu", "cpu", "tpu"), its compute capability
+    (e.g. "9.0"; None off NVIDIA GPUs), the compute dtype name and the head dim K."""
+
+    platform: str
+    compute_capability: Optional[str]
+    dtype: str
+    head_dim: int
+
+
+def _capability(text: Optional[str]) -> Optional[tuple[int, int]]:
+    try:
+        major, minor = str(text).split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def cudnn_blockers(target: Target) -> list[str]:
+    """Why cuDNN attention cannot run on ``target`` (empty list: it can)."""
+    if target.platform != "gpu":
+        return [f"cuDNN attention needs an NVIDIA GPU, this device is {target.platform}"]
+    blockers = []
+    cc = _capability(target.compute_capability)
+    if cc is None or cc < MIN_COMPUTE_CAPABILITY:
+        blockers.append(f"compute capability {target.compute_capability} is below 8.0")
+    if target.dtype not in CUDNN_DTYPES:
+        blockers.append(f"dtype {target.dtype} is not bfloat16 or float16")
+    max_head_dim = 256 if cc is not None and cc >= (9, 0) else 128
+    if target.head_dim % 8 or target.head_dim > max_head_dim:
+        blockers.append(f"head dim {target.head_dim} is not a multiple of 8 up to {max_head_dim}")
+    return blockers
+
+
+def choose(requested: str, target: Target) -> AttentionChoice:
+    """The implementation to use for ``requested`` ("xla", "cudnn" or "auto") on ``target``.
+
+    Raises AttentionError for an unknown request, or for "cudnn" where ``cudnn_blockers`` finds
+    a reason it cannot run (the message lists them and suggests "auto" or "xla").
+    """
+    if requested not in REQUESTS:
+        raise AttentionError(f"attention must be one of {', '.join(REQUESTS)}, got {requested!r}")
+    if requested == "xla":
+        return AttentionChoice(requested, "xla")
+    blockers = cudnn_blockers(target)
+    if not blockers:
+        return AttentionChoice(requested, "cudnn")
+    reason = "; ".join(blockers)
+    if requested == "cudnn":
+        raise AttentionError(f"attention 'cudnn' cannot run here: {reason}. Use 'auto' (falls back to "
+                             f"XLA) or 'xla'")
+    return AttentionChoice(requested, "xla", reason)
+
+
+def target_for(device, dtype: str, head_dim: int) -> Target:
+    """The Target for a ``jax.Device`` (``compute_capability`` exists on CUDA devices only)."""
+    return Target(device.platform, getattr(device, "compute_capability", None), dtype, head_dim)
