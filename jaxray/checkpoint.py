@@ -48,15 +48,24 @@ def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
     return directory
 
 
-def load_model_config(directory: str | Path) -> ModelConfig:
-    """The ModelConfig saved beside the params. Raises CheckpointError if missing or invalid."""
-    path = Path(directory) / MODEL_CONFIG
+def _load_config(directory: str | Path, name: str, cls):
+    path = Path(directory) / name
     if not path.is_file():
-        raise CheckpointError(f"{directory} is not a jaxray checkpoint: {MODEL_CONFIG} is missing")
+        raise CheckpointError(f"{directory} is not a jaxray checkpoint: {name} is missing")
     try:
-        return ModelConfig.model_validate_json(path.read_text())
+        return cls.model_validate_json(path.read_text())
     except ValueError as err:
         raise CheckpointError(f"{path} is damaged: {err}") from None
+
+
+def load_model_config(directory: str | Path) -> ModelConfig:
+    """The ModelConfig saved beside the params. Raises CheckpointError if missing or invalid."""
+    return _load_config(directory, MODEL_CONFIG, ModelConfig)
+
+
+def load_trial_config(directory: str | Path) -> TrialConfig:
+    """The TrialConfig the params were trained with. Raises CheckpointError if missing or invalid."""
+    return _load_config(directory, TRIAL_CONFIG, TrialConfig)
 
 
 def restore(directory: str | Path, sharding: Optional[Sharding] = None) -> tuple[Model, Any]:

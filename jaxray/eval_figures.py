@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxray.data.fashion_mnist import IMAGE_SIDE  # noqa: E402
+from jaxray.report import save_figure  # noqa: E402
 
 GRID_SIDE = 5  # the predictions grid is GRID_SIDE x GRID_SIDE images
 
@@ -41,7 +42,7 @@ def plot_confusion_matrix(matrix: np.ndarray, class_names: Sequence[str], path: 
     ax.set_yticks(range(n), class_names)
     ax.set(xlabel="predicted class", ylabel="true class",
            title=f"Confusion matrix, row-normalised (%), {int(matrix.sum())} test images")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_predictions_grid(images: np.ndarray, labels: np.ndarray, predictions: np.ndarray,
@@ -59,10 +60,4 @@ def plot_predictions_grid(images: np.ndarray, labels: np.ndarray, predictions: n
         ax.set_title(f"pred: {class_names[predictions[k]]} /\ntrue: {class_names[labels[k]]}",
                      fontsize=8, color="green" if right else "red")
     fig.suptitle(f"First {min(len(images), GRID_SIDE ** 2)} test images (green: correct, red: wrong)")
-    _save(fig, path)
-
-
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)  # tests and notebooks call this repeatedly: do not leak figures
+    save_figure(fig, path)

@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxray import checkpoint, eval_figures
-from jaxray.config import WORKLOADS, ConfigError, TrialConfig
+from jaxray.config import WORKLOADS, ConfigError
 from jaxray.data.batching import Arrays, eval_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES
 from jaxray.data.sources import DataFileError
@@ -43,7 +43,7 @@ from jaxray.data.workloads import load_arrays
 from jaxray.generate import check_sampling, generate, prompt_window
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
-from jaxray.report import _clean
+from jaxray.report import json_safe
 from jaxray.train.evaluate import evaluate
 from jaxray.train.loop import jit_eval_step
 from jaxray.train.run import eval_batch_size
@@ -92,18 +92,6 @@ def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, num_classes: i
     return counts.reshape(num_classes, num_classes).astype(np.int64)
 
 
-def load_trial(directory: str | Path) -> TrialConfig:
-    """The TrialConfig saved beside the params. Raises CheckpointError if missing or invalid."""
-    path = Path(directory) / checkpoint.TRIAL_CONFIG
-    if not path.is_file():
-        raise checkpoint.CheckpointError(
-            f"{directory} is not a jaxray checkpoint: {checkpoint.TRIAL_CONFIG} is missing")
-    try:
-        return TrialConfig.model_validate_json(path.read_text())
-    except ValueError as err:
-        raise checkpoint.CheckpointError(f"{path} is damaged: {err}") from None
-
-
 def default_out(directory: str | Path) -> Path:
     """``runs/eval/<name>``: the checkpoint folder's name, or its trial folder's when the folder is a
     Ray Train ``checkpoint_<timestamp>`` (a timestamp alone says nothing about the model)."""
@@ -150,7 +138,7 @@ def run(path: str | Path, out: Optional[str | Path] = None, data_dir: Optional[s
     if data_dir is not None and not Path(data_dir).is_dir():  # else a typo falls through to the default search
         raise ConfigError(f"--data-dir {data_dir} is not a directory")
     directory = checkpoint.resolve(path, workload).absolute()
-    trial = load_trial(directory)
+    trial = checkpoint.load_trial_config(directory)
     if workload and trial.model.workload != workload:
         raise checkpoint.CheckpointError(f"{directory} holds a {trial.model.workload} checkpoint, not {workload}")
     # The recorded folder may not exist on this machine: read_verified then searches on as usual.
@@ -168,8 +156,8 @@ def run(path: str | Path, out: Optional[str | Path] = None, data_dir: Optional[s
     else:
         summary = head | _classifier_files(evaluate_classifier(model, params, held_out, batch, mesh), held_out, out)
     summary["summary_json"] = str(out / "summary.json")
-    # allow_nan=False: a NaN that slipped past _clean fails here, not in the reader's parser
-    (out / "summary.json").write_text(json.dumps(_clean(summary), indent=2, allow_nan=False) + "\n")
+    # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
+    (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n")
     return summary
 
 

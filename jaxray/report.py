@@ -46,8 +46,8 @@ def write_reports(out_dir: str | Path, rows: list[dict], histories: dict[str, li
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in FILES}
-    # allow_nan=False: a NaN that slipped past _clean fails here, not in the reader's parser
-    paths["summary.json"].write_text(json.dumps([_clean(ordered_row(r)) for r in rows], indent=2,
+    # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
+    paths["summary.json"].write_text(json.dumps([json_safe(ordered_row(r)) for r in rows], indent=2,
                                                 allow_nan=False) + "\n")
     paths["summary.md"].write_text(markdown_summary(rows, ranking))
     plot_throughput(rows, paths["throughput_vs_batch.png"])
@@ -61,18 +61,18 @@ def ordered_row(row: dict) -> dict:
     return first | {k: v for k, v in row.items() if k not in first}
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """A JSON-safe copy: non-finite floats become None, arrays and numpy scalars plain Python."""
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if value is None or isinstance(value, (str, bool, int)):
         return value
     if hasattr(value, "tolist"):  # numpy / jax scalars and arrays
-        return _clean(value.tolist())
+        return json_safe(value.tolist())
     return str(value)  # Paths and anything else: keep something readable
 
 
@@ -89,7 +89,7 @@ def _finite(value: Any) -> Optional[float]:
     return v if v is not None and math.isfinite(v) else None
 
 
-def _fmt(value: Any, spec: str) -> str:
+def fmt(value: Any, spec: str) -> str:
     v = _num(value)
     return "" if v is None else format(v, spec)  # NaN/inf show as "nan"/"inf": a diverged run
 
@@ -101,11 +101,11 @@ def _throughput(row: dict) -> tuple[Optional[float], str]:
     return _num(row.get("examples_per_sec")), "ex/s"
 
 
-def _cell(text: Any) -> str:  # a "|" or newline inside a cell would break the table layout
+def cell(text: Any) -> str:  # a "|" or newline inside a cell would break the table layout
     return str(text).replace("|", "\\|").replace("\n", " ").strip()
 
 
-def _short_error(error: Any, limit: int = 80) -> str:
+def short_error(error: Any, limit: int = 80) -> str:
     text = next((ln.strip() for ln in str(error).splitlines() if ln.strip()), "")  # not the traceback
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
@@ -115,14 +115,14 @@ def _table_row(row: dict, with_error: bool) -> list[str]:
     ckpt = row.get("checkpoint")
     cells = [row.get("trial", ""), row.get("workload", ""), row.get("global_batch", ""),
              row.get("dtype", ""), row.get("width", ""), row.get("steps", ""), row.get("devices", ""),
-             "" if value is None else f"{_fmt(value, ',.0f')} {unit}",
-             _fmt(row.get("ms_per_step"), ".2f"), _fmt(row.get("compile_s"), ".1f"),
-             _fmt(row.get("final_train_loss"), ".4f"), _fmt(row.get("test_accuracy"), ".4f"),
-             _fmt(row.get("val_loss"), ".4f"), _fmt(row.get("val_perplexity"), ".2f"),
+             "" if value is None else f"{fmt(value, ',.0f')} {unit}",
+             fmt(row.get("ms_per_step"), ".2f"), fmt(row.get("compile_s"), ".1f"),
+             fmt(row.get("final_train_loss"), ".4f"), fmt(row.get("test_accuracy"), ".4f"),
+             fmt(row.get("val_loss"), ".4f"), fmt(row.get("val_perplexity"), ".2f"),
              "/".join(Path(str(ckpt)).parts[-2:]) if ckpt else ""]
     if with_error:
-        cells.append(_short_error(row["error"]) if row.get("error") else "")
-    return [_cell("" if c is None else c) for c in cells]
+        cells.append(short_error(row["error"]) if row.get("error") else "")
+    return [cell("" if c is None else c) for c in cells]
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -174,13 +174,13 @@ def _subplots(n: int, title: str):
     return fig, list(axes[0])
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)  # sweeps write many reports from one process: do not leak figures
 
 
-def _compact(x: float, _pos=None) -> str:
+def compact(x: float, _pos=None) -> str:
     """12000 -> "12k", 3500000 -> "3.5M": tick labels that fit side by side."""
     for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= scale:
@@ -225,7 +225,7 @@ def plot_throughput(rows: list[dict], path: Path) -> None:
         _finish(ax, bool(series), "no finished trials")
     if not workloads:
         _finish(axes[0], False, "no trials")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _curve(history: list[dict], xkey: str) -> list[tuple[float, float]]:
@@ -248,9 +248,9 @@ def plot_loss_curves(rows: list[dict], histories: dict[str, list[dict]], path: P
         for r, points in (c for c in curves if c[1]):
             label = _describe(r) if "dtype" in r else str(r["trial"])
             ax.plot(*zip(*points), marker="." if len(points) < 30 else None, label=label)
-        ax.xaxis.set_major_formatter(FuncFormatter(_compact))  # token counts reach millions
+        ax.xaxis.set_major_formatter(FuncFormatter(compact))  # token counts reach millions
         ax.set(title=w, xlabel=f"{xkey} processed", ylabel="training loss (cross-entropy, nats)")
         _finish(ax, any(points for _, points in curves), "no finite loss points")
     if not workloads:
         _finish(axes[0], False, "no training history")
-    _save(fig, path)
+    save_figure(fig, path)

@@ -23,9 +23,10 @@ from jaxray.config import TrialConfig, check_devices, parse_trial
 from jaxray.data.batching import Arrays, num_rows
 from jaxray.data.workloads import load_arrays
 from jaxray.models import Model, build, param_count
-from jaxray.parallel.mesh import make_mesh, replicate, shard_batch
-from jaxray.train.loop import compile_shard_map_train_step, compile_train_step
-from jaxray.train.run import tokens_per_example
+from jaxray.parallel.mesh import make_mesh, needs_sync_per_step, replicate, shard_batch
+from jaxray.train.evaluate import evaluate
+from jaxray.train.loop import compile_shard_map_train_step, compile_train_step, jit_eval_step
+from jaxray.train.run import eval_batch_size, tokens_per_example
 from jaxray.train.step import LOSSES, init_state, make_optimizer, train_step
 
 StepKind = Literal["jit", "shard_map", "eager"]
@@ -43,7 +44,8 @@ class Spec:
     ``steps_per_call``), ``repeats`` timed windows (median reported) after ``warmup`` calls.
     ``step``: "jit" (the auto-sharded compiled step), "shard_map" (explicit collectives) or
     "eager" (no jit: every op dispatched from Python). ``steps_per_call``: optimizer steps per
-    dispatch (``lax.scan`` over a stack of batches; "jit" only).
+    dispatch (``lax.scan`` over a stack of batches; "jit" only). ``evaluate``: after timing, score
+    the trained params on the whole held-out set (test images or validation bytes).
     """
 
     trial: TrialConfig
@@ -54,22 +56,30 @@ class Spec:
     step: StepKind = "jit"
     steps_per_call: int = 1
     init_seed: Optional[int] = None
+    evaluate: bool = False
 
 
 def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: Optional[int] = None,
               seq_len: int = 256, devices: int = 1, data_dir: Optional[str] = None,
-              attention: Optional[str] = None, **kwargs: Any) -> Spec:
-    """A Spec from plain values, validated like a training config (ConfigError names the field).
+              attention: Optional[str] = None, block_repeats: Optional[int] = None,
+              num_layers: Optional[int] = None, max_seq_len: Optional[int] = None, **timing: Any) -> Spec:
+    """A Spec from plain values, validated like a training config (ConfigError names the field);
+    model keys left None keep their defaults. ``timing``: the remaining Spec fields (steps,
+    repeats, warmup, step, steps_per_call, init_seed, evaluate).
 
     Raises ValueError if ``steps`` is not a multiple of ``steps_per_call`` or a step kind is unknown.
     """
     model = {"workload": workload, "dtype": dtype, "width": width}
     if workload == "transformer":
-        model.update(max_seq_len=max(seq_len, 256), attention=attention or "auto")
+        model.update(max_seq_len=max_seq_len or max(seq_len, 256), attention=attention or "auto",
+                     num_layers=num_layers)
+    elif workload == "shared_block_mlp":
+        model.update(block_repeats=block_repeats)
+    model = {k: v for k, v in model.items() if v is not None}
     trial = parse_trial({"model": model, "train": {"global_batch": global_batch},
                          "data": {"seq_len": seq_len, "data_dir": data_dir},
                          "workers": {"devices_per_worker": devices}}, source="(bench)")
-    spec = Spec(trial, devices, **kwargs)
+    spec = Spec(trial, devices, **timing)
     if spec.step not in STEP_KINDS:
         raise ValueError(f"step must be one of {', '.join(STEP_KINDS)}, got {spec.step!r}")
     if min(spec.steps, spec.repeats, spec.steps_per_call) < 1 or spec.steps % spec.steps_per_call:
@@ -82,10 +92,12 @@ def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: O
 
 @dataclass
 class Measurement:
-    """The result row (JSON-safe values) and the loss of every step run, warm-up included."""
+    """The result row (JSON-safe values), the loss of every step run (warm-up included) and the
+    final train state (device arrays)."""
 
     row: dict[str, Any]
     losses: list[float] = field(default_factory=list)
+    state: Any = None
 
 
 def stage_batches(arrays: Arrays, spec: Spec, mesh) -> list[dict[str, jax.Array]]:
@@ -115,14 +127,15 @@ def _compile(spec: Spec, model: Model, tx, mesh, state, batch) -> tuple[Callable
     return compile_train_step(model, tx, mesh, state, batch, steps_per_call=spec.steps_per_call)
 
 
-def measure(spec: Spec, arrays: Optional[Arrays] = None) -> Measurement:
-    """Compile and time ``spec``'s step on real batches (``arrays``: the training arrays, default
-    ``load_arrays(spec.trial)``).
+def measure(spec: Spec, data: Optional[tuple[Arrays, Arrays]] = None) -> Measurement:
+    """Compile and time ``spec``'s step on real batches (``data``: the (train, held-out) arrays,
+    default ``load_arrays(spec.trial)``).
 
     Returns a row with ``ms_per_step`` (median over repeats, per optimizer step),
     ``examples_per_sec`` (and ``tokens_per_sec``: predicted bytes, T - 1 per sequence, as the
     reference scripts count), ``final_loss``, ``compile_s``, model FLOPs, ``achieved_tflops`` and
-    ``mfu`` (None where the device peak is unknown), plus shapes and the environment.
+    ``mfu`` (None where the device peak is unknown), plus shapes and the environment; with
+    ``spec.evaluate`` also ``test_loss``/``test_accuracy`` (MLPs) or ``val_loss``/``val_perplexity``.
     Raises ConfigError/ValueError before compiling for sizes that cannot run on ``spec.devices``.
     """
     trial = spec.trial
@@ -130,24 +143,35 @@ def measure(spec: Spec, arrays: Optional[Arrays] = None) -> Measurement:
         raise ValueError(f"devices {spec.devices} is more than the {len(jax.devices())} available")
     check_devices(trial.train.global_batch, spec.devices)
     mesh = make_mesh(jax.devices()[:spec.devices])
-    arrays = arrays if arrays is not None else load_arrays(trial)[0]
-    batches = stage_batches(arrays, spec, mesh)
+    train_arrays, held_out = data if data is not None else load_arrays(trial)
+    batches = stage_batches(train_arrays, spec, mesh)
     model = build(trial.model)
     tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
     params = model.init(jax.random.key(INIT_SEED[trial.model.workload] if spec.init_seed is None else spec.init_seed))
     state = replicate(init_state(params, tx), mesh)
     step, compile_s = _compile(spec, model, tx, mesh, state, batches[0])
     losses: list[jax.Array] = []
+    sync = needs_sync_per_step(mesh)
 
     def call(i: int):
         nonlocal state
         state, metrics = step(state, batches[i % len(batches)])
         losses.append(metrics["loss"])
-        return metrics
+        return jax.block_until_ready(metrics) if sync else metrics
 
     timing = time_calls(call, spec.steps // spec.steps_per_call, spec.repeats, spec.warmup)
     flat = [float(x) for x in np.concatenate([np.ravel(v) for v in jax.device_get(losses)])]
-    return Measurement(_row(spec, model, param_count(params), timing, compile_s, flat), flat)
+    row = _row(spec, model, param_count(params), timing, compile_s, flat) | {"sync_each_step": sync}
+    if spec.evaluate:
+        row.update(_held_out_scores(trial, model, mesh, state.params, held_out))
+    return Measurement(row, flat, state)
+
+
+def _held_out_scores(trial: TrialConfig, model: Model, mesh, params, held_out: Arrays) -> dict[str, float]:
+    scores = evaluate(jit_eval_step(model, mesh), params, held_out, eval_batch_size(trial, mesh.devices.size), mesh)
+    if trial.model.workload == "transformer":
+        return {"val_loss": scores["loss"], "val_perplexity": scores["perplexity"]}
+    return {"test_loss": scores["loss"], "test_accuracy": scores["accuracy"]}
 
 
 def _row(spec: Spec, model: Model, n_params: int, timing, compile_s: float, losses: list[float]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-Requested = Literal["xla", "cudnn", "auto"]
+Requested = Literal["xla", "cudnn", "auto"]  # the order benchmarks show them in
 REQUESTS: tuple[str, ...] = Requested.__args__
 CUDNN_DTYPES = ("bfloat16", "float16")
 MIN_COMPUTE_CAPABILITY = (8, 0)

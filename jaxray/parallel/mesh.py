@@ -45,3 +45,11 @@ def shard_batch(mesh: Mesh, local_batch: Mapping[str, np.ndarray], stacked: bool
     """
     sharding = batch_sharding(mesh, stacked)
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}
+
+
+def needs_sync_per_step(mesh: Mesh) -> bool:
+    """True for a mesh of several CPU devices: there, XLA's in-process all-reduce can deadlock when
+    many steps are dispatched ahead (seen with JAX 0.10.2 on a 2-core machine with 4 forced host
+    devices: one device's rendezvous never arrives and XLA aborts the process after 40 s), so
+    loops wait for each step. GPUs and single devices keep asynchronous dispatch."""
+    return mesh.devices.size > 1 and mesh.devices.flat[0].platform == "cpu"

@@ -7,7 +7,7 @@ import jax
 from jax.sharding import Mesh
 
 from jaxray.data.batching import Arrays, eval_batches, num_rows
-from jaxray.parallel.mesh import shard_batch
+from jaxray.parallel.mesh import needs_sync_per_step, shard_batch
 
 
 def evaluate(eval_fn, params, arrays: Arrays, global_batch: int, mesh: Mesh) -> dict[str, float]:
@@ -18,9 +18,11 @@ def evaluate(eval_fn, params, arrays: Arrays, global_batch: int, mesh: Mesh) -> 
     ``perplexity`` = exp(loss) and ``count`` (rows evaluated). Raises ValueError if ``count`` differs
     from the row count, which would mean rows were dropped or counted twice.
     """
-    totals = None
+    totals, sync = None, needs_sync_per_step(mesh)
     for batch in eval_batches(arrays, global_batch):
         sums = eval_fn(params, shard_batch(mesh, batch))
+        if sync:
+            jax.block_until_ready(sums)
         totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
     totals = jax.device_get(totals)
     count = int(totals["count"])

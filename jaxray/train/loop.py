@@ -89,11 +89,12 @@ def jit_eval_step(model: Model, mesh: Mesh):
 
 
 def run_loop(step_fn: Callable, state: TrainState, batches: Iterator[dict[str, jax.Array]], num_steps: int,
-             hooks: tuple[Hook, ...] = ()) -> tuple[TrainState, LoopTiming]:
+             hooks: tuple[Hook, ...] = (), sync_each_step: bool = False) -> tuple[TrainState, LoopTiming]:
     """Run ``num_steps`` steps of ``step_fn(state, batch) -> (state, metrics)`` over ``batches``.
 
     Hooks see device metrics; reading them (``jax.device_get``) is the hook's choice, so steps
-    between log points never wait for the host. Raises ValueError if ``batches`` runs dry.
+    between log points never wait for the host. ``sync_each_step`` waits for every step instead
+    (``jaxray.parallel.mesh.needs_sync_per_step``). Raises ValueError if ``batches`` runs dry.
     """
     start = time.perf_counter()
     warmup_s, timed_start, hook_s = 0.0, start, 0.0
@@ -103,6 +104,8 @@ def run_loop(step_fn: Callable, state: TrainState, batches: Iterator[dict[str, j
         except StopIteration:
             raise ValueError(f"the batch iterator ended after {i - 1} of {num_steps} steps") from None
         state, metrics = step_fn(state, batch)
+        if sync_each_step:
+            jax.block_until_ready(metrics)
         due = [hook for hook in hooks if i % hook.every == 0 or i == num_steps]
         if due:
             # Wait for the device first, so only host-side hook time is taken off the clock.

@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 from jaxray.config import TrialConfig, check_devices
 from jaxray.data.batching import Arrays
 from jaxray.models import build, param_count
-from jaxray.parallel.mesh import replicate, shard_batch
+from jaxray.parallel.mesh import needs_sync_per_step, replicate, shard_batch
 from jaxray.train.evaluate import evaluate
 from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
 from jaxray.train.step import TrainState, init_state, make_optimizer
@@ -81,7 +81,7 @@ def train(trial: TrialConfig, batches: Iterator[Arrays], eval_arrays: Arrays, me
     step_fn, compile_s = compile_train_step(model, tx, mesh, state, first)
     history: list[dict[str, float]] = []
     state, timing = run_loop(step_fn, state, itertools.chain([first], sharded), trial.train.steps,
-                             hooks=(_log_hook(trial, history, on_log),))
+                             hooks=(_log_hook(trial, history, on_log),), sync_each_step=needs_sync_per_step(mesh))
 
     held_out = evaluate(jit_eval_step(model, mesh), state.params, eval_arrays, eval_batch_size(trial, devices), mesh)
     return TrainResult(state, _summary(trial, devices, param_count(params), compile_s, timing, history, held_out),

@@ -1,0 +1,107 @@
+"""``python -m jaxray.bench SUB-COMMAND``: see ``--help``.
+
+  python -m jaxray.bench all                          # every suite, CPU sizes (<= 10 min on 2 cores)
+  python -m jaxray.bench all --preset gpu             # the learning path's sizes
+  python -m jaxray.bench throughput --workload transformer --batch 16 --steps 10
+  python -m jaxray.bench compare --reference ../shared/bench/reference_transformer.py
+
+``--cpu-devices N`` sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts,
+so a CPU-only machine shows N devices (default 4 for devices, shard-map, batch-sweep and all); the
+flag only affects the CPU backend, so GPU runs use their real devices.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
+MULTI_DEVICE = {"devices", "shard-map", "batch-sweep", "all"}
+DEFAULT_CPU_DEVICES = 4
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _batches(text: str) -> list[int]:
+    return [_positive(part) for part in text.split(",") if part.strip()] or _positive("")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--out", default=None, help="output folder (default runs/bench/<name>); '' writes nothing")
+    common.add_argument("--data-dir", default=None, help="folder with the data files (default: JAXRAY_DATA_DIR, "
+                        "then jaxray's search order)")
+    common.add_argument("--cpu-devices", type=_positive, default=None,
+                        help=f"forced CPU device count (default {DEFAULT_CPU_DEVICES} for multi-device "
+                             "benchmarks, else unchanged)")
+    common.add_argument("--preset", choices=("cpu", "gpu", "tiny"), default="cpu",
+                        help="sizes: cpu (2-core CPU, <= 10 min for all), gpu (the learning path's), tiny (seconds)")
+    p = argparse.ArgumentParser(prog="python -m jaxray.bench", description="The learning path's measurements.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in (*SUITE_NAMES, "all"):
+        s = sub.add_parser(name, parents=[common], help=f"the {name} benchmark" if name != "all" else "every suite")
+        if name == "batch-sweep":
+            s.add_argument("--batches", type=_batches, default=None, help="comma-separated global batches "
+                           "(default 256,512,1024,2048,4096)")
+    t = sub.add_parser("throughput", parents=[common], help="one workload at one config; prints one JSON line")
+    t.add_argument("--workload", choices=("mlp", "shared_block_mlp", "transformer"), default="transformer")
+    t.add_argument("--batch", type=_positive, default=16, help="global batch")
+    t.add_argument("--steps", type=_positive, default=10, help="timed steps per repeat")
+    t.add_argument("--repeats", type=_positive, default=3, help="timed windows; the median is reported")
+    t.add_argument("--warmup", type=int, default=1, help="untimed calls first (compile, first touch)")
+    t.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    t.add_argument("--width", type=_positive, default=None, help="MLP width or d_model (default: the lab's)")
+    t.add_argument("--seq-len", type=_positive, default=256, help="transformer sequence length T")
+    t.add_argument("--devices", type=_positive, default=1, help="devices in the mesh")
+    t.add_argument("--step", choices=("jit", "shard_map", "eager"), default="jit")
+    t.add_argument("--steps-per-call", type=_positive, default=1, help="optimizer steps per dispatch (lax.scan)")
+    t.add_argument("--attention", choices=("auto", "xla", "cudnn"), default="auto")
+    t.add_argument("--json", action="store_true", help="print only the JSON line")
+    c = sub.add_parser("compare", parents=[common], help="jaxray vs a reference script, A B A B")
+    c.add_argument("--reference", required=True, type=Path, help="e.g. ../shared/bench/reference_transformer.py")
+    c.add_argument("--workload", choices=("mlp", "transformer"), default=None, help="default: from the script name")
+    c.add_argument("--batch", type=_positive, default=None, help="global batch (default 16 transformer, 512 MLP)")
+    c.add_argument("--steps", type=_positive, default=None, help="timed steps per run (default 10 / 100)")
+    c.add_argument("--pairs", type=_positive, default=3, help="A B pairs; the median ratio is reported")
+    c.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    return p.parse_args(argv)
+
+
+def set_cpu_devices(args: argparse.Namespace) -> None:
+    """Force the CPU device count before JAX is imported (it reads XLA_FLAGS once, at start)."""
+    count = args.cpu_devices or (DEFAULT_CPU_DEVICES if args.command in MULTI_DEVICE else None)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if count and "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+def _out(args: argparse.Namespace, name: str) -> Optional[Path]:
+    if args.out == "":
+        return None
+    return Path(args.out) if args.out else Path("runs/bench") / name
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    set_cpu_devices(args)
+    from jaxray.bench import runner  # imports JAX: only after XLA_FLAGS is final
+
+    try:
+        return runner.run(args, _out)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

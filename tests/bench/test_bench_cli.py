@@ -1,0 +1,131 @@
+"""`python -m jaxray.bench` end to end at tiny sizes on real data, in fresh processes (4 forced
+CPU devices), plus its errors for bad input."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+REFERENCE_MLP = ROOT.parent / "shared" / "bench" / "reference_mlp.py"
+
+
+def bench(*args, data_dir: Path, timeout=600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", JAXRAY_DATA_DIR=str(data_dir))
+    return subprocess.run([sys.executable, "-m", "jaxray.bench", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def rows(folder: Path) -> dict[str, dict]:
+    doc = json.loads((folder / "summary.json").read_text())
+    assert (folder / "summary.md").read_text().startswith("# ")
+    return {r["case"]: r for r in doc["rows"]}
+
+
+@pytest.fixture(scope="module")
+def tiny_all(real_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench") / "all"
+    proc = bench("all", "--preset", "tiny", "--cpu-devices", "4", "--out", out, data_dir=real_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def test_all_writes_every_suite(tiny_all):
+    expected = {"dispatch": ["dispatch.png"], "precision": ["precision.png"],
+                "devices": ["devices_throughput.png", "devices_transformer_loss.png"],
+                "shard-map": ["shard_map.png"], "batch-sweep": ["throughput_vs_batch.png"],
+                "attention": ["attention.png"], "throughput": []}
+    for suite, pngs in expected.items():
+        for name in ["summary.json", "summary.md", *pngs]:
+            assert (tiny_all / suite / name).stat().st_size > 0, f"{suite}/{name}"
+    for row in rows(tiny_all / "throughput").values():
+        assert row["device_kind"] and row["jax"] and row["jaxlib"] and row["input_shape"]
+
+
+def test_dispatch_and_precision_rows(tiny_all):
+    d = rows(tiny_all / "dispatch")
+    assert d["eager"]["step"] == "eager" and d["jit"]["step"] == "jit"
+    assert d["eager"]["examples_per_sec"] > 0 and d["jit"]["examples_per_sec"] > 0
+    p = rows(tiny_all / "precision")
+    assert {r["dtype"] for r in p.values()} == {"float32", "bfloat16"}
+    assert 0 <= p["mlp bfloat16"]["test_accuracy"] <= 1 and p["transformer float32"]["val_loss"] > 0
+
+
+def test_devices_keeps_the_per_device_batch(tiny_all):
+    d = rows(tiny_all / "devices")
+    one, four = d["mlp x1"], d["mlp x4"]
+    assert (one["devices"], four["devices"]) == (1, 4)
+    assert one["per_device_batch"] == four["per_device_batch"] == 16
+    assert four["global_batch"] == 64 and four["speedup_vs_1"] > 0
+
+
+def test_shard_map_matches_the_jit_step(tiny_all):
+    d = rows(tiny_all / "shard-map")
+    for workload in ("mlp", "transformer"):
+        row = d[f"{workload} shard_map"]
+        assert row["devices"] == 4
+        assert row["max_param_abs_diff"] < 1e-5 and row["max_loss_abs_diff"] < 1e-5
+        assert math.isclose(row["final_loss"], d[f"{workload} jit"]["final_loss"], rel_tol=1e-5)
+
+
+def test_batch_sweep_skips_and_reports_failures(tiny_all):
+    d = rows(tiny_all / "batch-sweep")
+    assert "not divisible by 4" in d["batch 6"]["skipped"]
+    assert "more than the 60000 training rows" in d["batch 120000"]["error"]
+    assert d["batch 64"]["examples_per_sec"] > 0 and d["batch 128"]["examples_per_sec"] > 0
+    table = (tiny_all / "batch-sweep" / "summary.md").read_text()
+    assert "not divisible" in table and "ValueError" in table
+
+
+def test_attention_falls_back_on_cpu(tiny_all):
+    d = rows(tiny_all / "attention")
+    assert d["xla"]["attention"] == "xla" and d["xla"]["tokens_per_sec"] > 0
+    assert "needs an NVIDIA GPU" in d["cudnn"]["skipped"] and not d["cudnn"].get("error")
+    assert d["auto"]["attention"] == "xla" and "needs an NVIDIA GPU" in d["auto"]["attention_note"]
+
+
+def test_throughput_prints_one_json_line_like_the_references(real_dir):
+    proc = bench("throughput", "--json", "--workload", "transformer", "--width", "32", "--seq-len", "32",
+                 "--batch", "4", "--steps", "2", "--repeats", "2", "--out", "", data_dir=real_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1
+    row = json.loads(lines[0])
+    assert row["tokens_per_sec"] > 0 and row["ms_per_step"] > 0 and math.isfinite(row["final_loss"])
+    assert row["tokens_per_sec"] == pytest.approx(row["examples_per_sec"] * 31)
+
+
+def test_compare_against_the_reference_mlp(real_dir, tmp_path):
+    out = tmp_path / "compare"
+    proc = bench("compare", "--reference", REFERENCE_MLP, "--batch", "64", "--steps", "5", "--pairs", "1",
+                 "--out", out, data_dir=real_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["summary"]["median_ratio"] > 0
+    # Same params, same batches, same steps: the two implementations compute the same numbers.
+    assert doc["summary"]["max_final_loss_rel_diff"] <= 1e-4
+    assert {r["impl"] for r in doc["rows"]} == {"reference", "jaxray"}
+    assert "median ratio" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["throughput", "--workload", "mlp", "--batch", "6", "--devices", "4", "--cpu-devices", "4"],
+     "global_batch 6 is not divisible by the device count 4"),
+    (["throughput", "--steps", "0"], "expected a positive integer"),
+    (["throughput", "--workload", "mlp", "--steps", "5", "--steps-per-call", "2"], "multiple of steps_per_call"),
+    (["throughput", "--dtype", "float64"], "invalid choice"),
+    (["batch-sweep", "--batches", "256,abc"], "expected a positive integer"),
+    (["compare", "--reference", "/nonexistent/reference.py"], "no such file"),
+    (["compare", "--reference", "README.md"], "cannot tell the workload"),
+])
+def test_bad_input_is_a_clear_error(real_dir, args, message):
+    proc = bench(*args, "--out", "", data_dir=real_dir, timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
