@@ -14,6 +14,7 @@ import sys
 import jax
 import numpy as np
 
+from jaxray.bench.parity import param_diffs
 from jaxray.config import parse_trial
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
@@ -30,20 +31,6 @@ SHARD_MAP_TRIALS = {
     "transformer": {"model": {"workload": "transformer", "width": 64, "num_layers": 2, "max_seq_len": 64},
                     "train": {"global_batch": 8}},
 }
-
-
-def param_diffs(a, b) -> dict:
-    """Max |a - b| over all params, and separately over the attention key bias.
-
-    The key bias has an analytically zero gradient (it adds the same q.b to every score of a query,
-    which softmax ignores), so its gradient is pure rounding noise that Adam scales up to
-    learning-rate-sized steps; reduction order then decides its value, not the data.
-    """
-    diffs = {"max_param_diff": 0.0, "max_key_bias_diff": 0.0}
-    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-        name = "max_key_bias_diff" if "['key']['bias']" in jax.tree_util.keystr(path) else "max_param_diff"
-        diffs[name] = max(diffs[name], float(np.max(np.abs(np.asarray(x) - np.asarray(y)))))
-    return diffs
 
 
 def run(workload: str, data_dir: str) -> dict:

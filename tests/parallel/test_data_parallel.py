@@ -73,5 +73,5 @@ def test_shard_map_step_matches_auto_sharded_step(shard_map_parity, workload):
         np.testing.assert_allclose(explicit[metric], auto[metric], rtol=SM_RTOL, atol=SM_ATOL, err_msg=metric)
     assert r["max_param_diff"] < SM_ATOL
     if workload == "transformer":
-        # Zero-gradient key bias (see four_device_parity.param_diffs): at most ~lr per step either way.
+        # Zero-gradient key bias (see jaxray.bench.parity): at most ~lr per step either way.
         assert r["max_key_bias_diff"] < 2 * DEFAULT_LEARNING_RATE["transformer"] * SM_STEPS
