@@ -46,3 +46,24 @@ def test_explicit_cudnn_on_this_cpu_fails_before_compiling():
 def test_config_names_the_allowed_attention_values():
     with pytest.raises(ConfigError, match="model.attention"):
         parse_trial({"model": {"workload": "transformer", "attention": "flash"}})
+
+
+@pytest.mark.parametrize("seq_len", [1, 64, 100, 256])
+def test_blocked_causal_attention_equals_jax_causal_attention(seq_len):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxray.models.transformer import blocked_causal_attention
+
+    rng = np.random.default_rng(seq_len)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, seq_len, 4, 16)), jnp.float32) for _ in range(3))
+    reference = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    np.testing.assert_allclose(blocked_causal_attention(q, k, v), reference, rtol=1e-5, atol=1e-6)
+
+    def grads(fn):
+        return jax.grad(lambda q, k, v: (fn(q, k, v) ** 2).sum(), (0, 1, 2))(q, k, v)
+
+    for ours, theirs in zip(grads(blocked_causal_attention),
+                            grads(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=2e-5)
