@@ -43,12 +43,13 @@ from jaxray.data.workloads import load_arrays
 from jaxray.generate import check_sampling, generate, prompt_window
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
-from jaxray.report import json_safe
+from jaxray.report import check_overwrite, json_safe
 from jaxray.train.evaluate import evaluate
 from jaxray.train.loop import jit_eval_step
 from jaxray.train.run import eval_batch_size
 
 DEFAULT_OUT_ROOT = Path("runs") / "eval"
+WRITER = "jaxray.evaluate"  # summary.json's "written_by": what --out may overwrite (report.check_overwrite)
 FIGURES = ("confusion_matrix.png", "predictions_grid.png")
 
 
@@ -141,13 +142,14 @@ def run(path: str | Path, out: Optional[str | Path] = None, data_dir: Optional[s
     trial = checkpoint.load_trial_config(directory)
     if workload and trial.model.workload != workload:
         raise checkpoint.CheckpointError(f"{directory} holds a {trial.model.workload} checkpoint, not {workload}")
+    out = Path(out or default_out(directory)).absolute()
+    check_overwrite(out, WRITER)  # before any data is read: never replace another tool's summary
     # The recorded folder may not exist on this machine: read_verified then searches on as usual.
     data_dir = data_dir or trial.data.data_dir
     _, held_out = load_arrays(trial.model_copy(update={"data": trial.data.model_copy(update={"data_dir": data_dir})}))
     mesh = make_mesh(jax.devices()[:1])  # one device: evaluation is small, and no batch must divide
     model, params = checkpoint.restore(directory, replicated(mesh))
     batch = eval_batch_size(trial, 1)
-    out = Path(out or default_out(directory)).absolute()
     out.mkdir(parents=True, exist_ok=True)
     head = {"checkpoint": str(directory), "workload": trial.model.workload, "data_dir": data_dir}
     if trial.model.workload == "transformer":
@@ -156,6 +158,7 @@ def run(path: str | Path, out: Optional[str | Path] = None, data_dir: Optional[s
     else:
         summary = head | _classifier_files(evaluate_classifier(model, params, held_out, batch, mesh), held_out, out)
     summary["summary_json"] = str(out / "summary.json")
+    summary["written_by"] = WRITER
     # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
     (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n")
     return summary

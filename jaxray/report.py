@@ -55,6 +55,22 @@ def write_reports(out_dir: str | Path, rows: list[dict], histories: dict[str, li
     return paths
 
 
+def check_overwrite(out_dir: str | Path, writer: str) -> None:
+    """Refuse to replace a ``summary.json`` in ``out_dir`` that ``writer`` (e.g. "jaxray.bench") did
+    not write, so pointing ``--out`` at a sweep's folder cannot destroy its results. Raises
+    ValueError naming the file; a missing file, or one from the same writer, passes."""
+    path = Path(out_dir) / "summary.json"
+    if not path.exists():
+        return
+    try:
+        owner = json.loads(path.read_text()).get("written_by")
+    except (ValueError, AttributeError, OSError):
+        owner = None
+    if owner != writer:
+        raise ValueError(f"{path} exists and was not written by {writer}; choose another --out "
+                         f"(nothing was changed)")
+
+
 def ordered_row(row: dict) -> dict:
     """The row with the KEY_ORDER keys first (those present), then the others as they came."""
     first = {k: row[k] for k in KEY_ORDER if k in row}

@@ -130,3 +130,12 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, extra, message):
 def test_workload_mismatch_is_an_error(mlp_checkpoint, capsys):
     assert main(["--checkpoint", str(mlp_checkpoint[0]), "--workload", "transformer"]) == 2
     assert "holds a mlp checkpoint, not transformer" in capsys.readouterr().err
+
+
+def test_out_never_replaces_a_sweeps_summary(mlp_checkpoint, tmp_path, capsys):
+    sweep_summary = tmp_path / "summary.json"
+    sweep_summary.write_text('[{"trial": "mlp_b256"}]')
+    assert main(["--checkpoint", str(mlp_checkpoint[0]), "--out", str(tmp_path)]) == 2
+    assert "was not written by jaxray.evaluate" in capsys.readouterr().err
+    assert sweep_summary.read_text() == '[{"trial": "mlp_b256"}]'
+    assert not (tmp_path / "confusion_matrix.png").exists()

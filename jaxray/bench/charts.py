@@ -69,3 +69,15 @@ def lm_curves(rows: list[dict], path: Path, kept: dict) -> None:
             ax.legend(fontsize="small")
     fig.suptitle("Transformer: loss and perplexity vs tokens")
     save_figure(fig, path)
+
+
+def loss_per_step(rows: list[dict], path: Path, kept: dict) -> None:
+    """Training loss of every step run (warm-up and timed windows) for each Measurement in ``kept``."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, m in kept.items():
+        ax.plot(range(1, len(m.losses) + 1), m.losses, label=label)
+    ax.set(xlabel="step", ylabel="training loss (nats)", title="Loss during the timed steps")
+    ax.grid(True, alpha=0.3)
+    if kept:
+        ax.legend(fontsize="small")
+    save_figure(fig, path)

@@ -10,6 +10,7 @@ that computes something else would show here.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -20,7 +21,7 @@ from typing import Any, Optional
 
 from tqdm import tqdm
 
-from jaxray.bench import mfu
+from jaxray.bench import charts, mfu
 from jaxray.bench.output import Report, row_value
 from jaxray.config import ModelConfig
 
@@ -81,7 +82,7 @@ def compare(script: Path, workload: str, batch: int, steps: int, pairs: int, dty
         ours = _run_json(ours_cmd, env, timeout_s)
         ratios.append(ours[key] / ref[key])
         for impl, out in (("reference", ref), ("jaxray", ours)):
-            rows.append({"pair": pair, "impl": impl, "workload": workload, "global_batch": batch, "dtype": dtype,
+            rows.append({"pair": pair, "impl": impl, "run": f"{impl} #{pair}", "workload": workload, "global_batch": batch, "dtype": dtype,
                          "steps": steps, key: out[key], "ms_per_step": out["ms_per_step"],
                          "final_loss": out["final_loss"],
                          "achieved_tflops": batch / (out["ms_per_step"] / 1e3) * per_example / 1e12,
@@ -111,4 +112,5 @@ def _report(script: Path, workload: str, rows: list[dict], ratios: list[float], 
     summary = {"median_ratio": median, "target": target, "met": target is None or median >= target,
                "max_final_loss_rel_diff": worst}
     return Report("compare", f"jaxray vs the learning path's {workload} step", rows, columns, notes,
+                  {"compare.png": functools.partial(charts.bars, label="run", title="reference vs jaxray, A B pairs")},
                   summary=summary)

@@ -2,7 +2,7 @@
 
 Under ``out`` (default ``runs/bench/<name>/``):
 
-    summary.json   {"benchmark", "title", "summary", "notes", "rows"}: one row per measured (or
+    summary.json   {"written_by", "benchmark", "title", "summary", "notes", "rows"}: one row per measured (or
                    skipped, or failed) case, with the environment every row records
     summary.md     the title, the table and the notes
     *.png          the benchmark's charts
@@ -20,6 +20,8 @@ from typing import Any, Callable, Optional
 from tqdm import tqdm
 
 from jaxray.report import cell, fmt, json_safe, short_error
+
+WRITER = "jaxray.bench"  # summary.json's "written_by": what --out may overwrite (report.check_overwrite)
 
 # (header, row key, format spec); a callable key computes the cell from the row.
 Column = tuple[str, Any, str]
@@ -113,7 +115,7 @@ def write_report(report: Report, out: Path, echo: bool = True) -> dict[str, Path
     Returns {file name: path}."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary.json": out / "summary.json", "summary.md": out / "summary.md"}
-    doc = {"benchmark": report.name, "title": report.title, "summary": report.summary, "notes": report.notes,
+    doc = {"written_by": WRITER, "benchmark": report.name, "title": report.title, "summary": report.summary, "notes": report.notes,
            "rows": report.rows}
     paths["summary.json"].write_text(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")
     text = render(report)

@@ -10,9 +10,10 @@ from typing import Callable, Optional
 import jax
 
 from jaxray.bench import compare, suites
-from jaxray.bench.output import Report, render, write_report
+from jaxray.bench.output import WRITER, Report, render, write_report
 from jaxray.bench.presets import PRESETS
 from jaxray.bench.throughput import make_spec
+from jaxray.report import check_overwrite
 
 OutFn = Callable[[argparse.Namespace, str], Optional[Path]]
 
@@ -63,25 +64,43 @@ def _suite(name: str, args: argparse.Namespace, out: Optional[Path]) -> Report:
     return report
 
 
+def _outs(args: argparse.Namespace, out_for: OutFn) -> dict[str, Optional[Path]]:
+    """{benchmark name: output folder or None}, each checked up front so that no run can replace a
+    summary.json another tool wrote (a sweep's ``runs/<experiment>``, an evaluation)."""
+    if args.command == "all":
+        base = out_for(args, "all")
+        outs = {name: base / name if base else None for name in [*suites.SUITES, "throughput"]}
+    else:
+        outs = {args.command: out_for(args, args.command)}
+    for out in outs.values():
+        if out is not None:
+            check_overwrite(out, WRITER)
+    return outs
+
+
 def run(args: argparse.Namespace, out_for: OutFn) -> int:
     """Run ``args.command``; returns the exit code (1 if a case failed unexpectedly).
 
-    Raises ConfigError/ValueError for sizes that cannot run, before compiling.
+    Raises ConfigError/ValueError for sizes that cannot run or an ``--out`` holding another
+    tool's summary.json, before compiling.
     """
+    outs = _outs(args, out_for)
     if args.command == "throughput":
-        return _throughput(args, out_for(args, "throughput"))
+        return _throughput(args, outs["throughput"])
     if args.command == "compare":
-        return _compare(args, out_for(args, "compare"))
-    names = [*suites.SUITES, "throughput"] if args.command == "all" else [args.command]
-    base = out_for(args, "all") if args.command == "all" else None
-    start, failed = time.perf_counter(), []
-    for name in names:
-        out = (base / name if base else None) if args.command == "all" else out_for(args, name)
+        return _compare(args, outs["compare"])
+    start, failed, texts = time.perf_counter(), [], []
+    for name, out in outs.items():
         report = _suite(name, args, out)
+        texts.append(render(report))
         # A batch size that fails is a finding the sweep reports; anywhere else a failure is a bug.
         failed += [] if name == "batch-sweep" else [f"{name}: {r['case']}: {r['error']}" for r in report.failed]
     if args.command == "all":
-        print(f"all benchmarks finished in {time.perf_counter() - start:.0f} s on {jax.devices()[0].device_kind}")
+        done = f"all benchmarks finished in {time.perf_counter() - start:.0f} s on {jax.devices()[0].device_kind}"
+        print(done)
+        base = next(iter(outs.values()))
+        if base is not None:  # every table in one file, beside the per-benchmark folders
+            (base.parent / "all.md").write_text("\n".join(texts) + f"\n{done}\n")
     for line in failed:
         print(f"failed: {line}")
     return 1 if failed else 0

@@ -191,9 +191,11 @@ def attention(preset: Preset, data_dir: Optional[str], devices: int) -> Report:
 
 def throughput(size: Size, data_dir: Optional[str]) -> Report:
     """One workload at one config."""
-    rows = run_cases([_case(size["workload"], size, data_dir)], "throughput")
+    kept: dict[str, Measurement] = {}
+    rows = run_cases([_case(size["workload"], size, data_dir, kept)], "throughput")
     columns = [*SHAPE_COLUMNS, *COMMON_COLUMNS, ("final loss", "final_loss", ".6f"), ("compile s", "compile_s", ".1f")]
-    return Report("throughput", f"Throughput: {size['workload']}", rows, columns)
+    return Report("throughput", f"Throughput: {size['workload']}", rows, columns,
+                  charts={"loss_per_step.png": functools.partial(charts.loss_per_step, kept=kept)})
 
 
 def _ratio(a: Optional[dict], b: Optional[dict]) -> Optional[float]:

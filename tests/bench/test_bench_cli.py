@@ -41,7 +41,7 @@ def test_all_writes_every_suite(tiny_all):
     expected = {"dispatch": ["dispatch.png"], "precision": ["precision.png"],
                 "devices": ["devices_throughput.png", "devices_transformer_loss.png"],
                 "shard-map": ["shard_map.png"], "batch-sweep": ["throughput_vs_batch.png"],
-                "attention": ["attention.png"], "throughput": []}
+                "attention": ["attention.png"], "throughput": ["loss_per_step.png"]}
     for suite, pngs in expected.items():
         for name in ["summary.json", "summary.md", *pngs]:
             assert (tiny_all / suite / name).stat().st_size > 0, f"{suite}/{name}"
@@ -114,6 +114,7 @@ def test_compare_against_the_reference_mlp(real_dir, tmp_path):
     # Same params, same batches, same steps: the two implementations compute the same numbers.
     assert doc["summary"]["max_final_loss_rel_diff"] <= 1e-4
     assert {r["impl"] for r in doc["rows"]} == {"reference", "jaxray"}
+    assert (out / "compare.png").stat().st_size > 0
     assert "median ratio" in proc.stdout
 
 
@@ -131,3 +132,13 @@ def test_bad_input_is_a_clear_error(real_dir, args, message):
     proc = bench(*args, "--out", "", data_dir=real_dir, timeout=120)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_out_never_replaces_another_tools_summary(real_dir, tmp_path):
+    sweep = tmp_path / "runs" / "demo"
+    sweep.mkdir(parents=True)
+    (sweep / "summary.json").write_text('[{"trial": "mlp_b256"}]')
+    proc = bench("throughput", "--workload", "mlp", "--width", "32", "--batch", "32", "--steps", "2",
+                 "--out", sweep, data_dir=real_dir, timeout=120)
+    assert proc.returncode == 2 and "was not written by jaxray.bench" in proc.stderr
+    assert (sweep / "summary.json").read_text() == '[{"trial": "mlp_b256"}]'
