@@ -82,7 +82,8 @@ def compare(script: Path, workload: str, batch: int, steps: int, pairs: int, dty
         ours = _run_json(ours_cmd, env, timeout_s)
         ratios.append(ours[key] / ref[key])
         for impl, out in (("reference", ref), ("jaxray", ours)):
-            rows.append({"pair": pair, "impl": impl, "run": f"{impl} #{pair}", "workload": workload, "global_batch": batch, "dtype": dtype,
+            rows.append({"pair": pair, "impl": impl, "run": f"{impl} #{pair}", "workload": workload,
+                         "global_batch": batch, "dtype": dtype,
                          "steps": steps, key: out[key], "ms_per_step": out["ms_per_step"],
                          "final_loss": out["final_loss"],
                          "achieved_tflops": batch / (out["ms_per_step"] / 1e3) * per_example / 1e12,

@@ -115,8 +115,8 @@ def write_report(report: Report, out: Path, echo: bool = True) -> dict[str, Path
     Returns {file name: path}."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary.json": out / "summary.json", "summary.md": out / "summary.md"}
-    doc = {"written_by": WRITER, "benchmark": report.name, "title": report.title, "summary": report.summary, "notes": report.notes,
-           "rows": report.rows}
+    doc = {"written_by": WRITER, "benchmark": report.name, "title": report.title, "summary": report.summary,
+           "notes": report.notes, "rows": report.rows}
     paths["summary.json"].write_text(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")
     text = render(report)
     paths["summary.md"].write_text(text)

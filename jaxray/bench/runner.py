@@ -13,7 +13,7 @@ from jaxray.bench import compare, suites
 from jaxray.bench.output import WRITER, Report, render, write_report
 from jaxray.bench.presets import PRESETS
 from jaxray.bench.throughput import make_spec
-from jaxray.report import check_overwrite
+from jaxray.report import check_overwrite, json_safe
 
 OutFn = Callable[[argparse.Namespace, str], Optional[Path]]
 
@@ -38,7 +38,8 @@ def _throughput(args: argparse.Namespace, out: Optional[Path]) -> int:
     row = report.rows[0]
     if row.get("error"):
         raise RuntimeError(row["error"])
-    print(json.dumps({"impl": "jaxray", **{k: v for k, v in row.items() if k != "ms_per_step_repeats"}}))
+    line = {"impl": "jaxray", **{k: v for k, v in row.items() if k != "ms_per_step_repeats"}}
+    print(json.dumps(json_safe(line)))  # a NaN loss becomes null: the line stays valid JSON
     return 0
 
 

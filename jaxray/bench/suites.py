@@ -107,7 +107,8 @@ def devices_scaling(preset: Preset, data_dir: Optional[str], devices: int) -> Re
         if ratio:
             many["speedup_vs_1"] = ratio
             many["scaling_efficiency"] = ratio / devices
-            note = f"{s['workload']}: {devices} devices give {ratio:.2f}x the throughput of 1 ({ratio / devices:.0%} efficiency)"
+            note = (f"{s['workload']}: {devices} devices give {ratio:.2f}x the throughput of 1 "
+                    f"({ratio / devices:.0%} efficiency)")
             if ratio > devices:
                 note += "; super-linear (per-device work fits caches better, or 1 device was under-used)"
             notes.append(note)
@@ -183,7 +184,8 @@ def attention(preset: Preset, data_dir: Optional[str], devices: int) -> Report:
     notes = ["auto picks cuDNN flash attention only on an NVIDIA GPU of compute capability >= 8.0 with "
              "bfloat16/float16 compute and a head dim that is a multiple of 8 up to 128 (256 on Hopper); "
              "otherwise it falls back to XLA and records why."]
-    notes += [f"auto -> {r['attention']}: {r['attention_note']}" for r in rows if r["case"] == "auto" and r.get("attention_note")]
+    notes += [f"auto -> {r['attention']}: {r['attention_note']}"
+              for r in rows if r["case"] == "auto" and r.get("attention_note")]
     columns = [("requested", "case", ""), ("ran", "attention", ""), *SHAPE_COLUMNS[:2], *COMMON_COLUMNS]
     return Report("attention", "Attention implementation: xla vs cudnn vs auto", rows, columns, notes,
                   {"attention.png": functools.partial(charts.bars, label="case", title="attention")})

@@ -94,7 +94,8 @@ def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> 
         "workload": m.workload, "global_batch": t.global_batch, "per_device_batch": t.global_batch // devices,
         "dtype": m.dtype, "width": m.width, "steps": t.steps, "devices": devices, "params": n_params,
         "examples_per_sec": t.global_batch / timing.seconds_per_step,
-        "ms_per_step": timing.seconds_per_step * 1e3, "compile_s": compile_s, "warmup_s": timing.warmup_s, "hook_s": timing.hook_s,
+        "ms_per_step": timing.seconds_per_step * 1e3, "compile_s": compile_s, "warmup_s": timing.warmup_s,
+        "hook_s": timing.hook_s,
         "final_train_loss": history[-1]["loss"],
     }
     if m.workload == "transformer":

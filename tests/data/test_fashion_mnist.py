@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import gzip
-import os
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest

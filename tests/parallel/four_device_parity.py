@@ -12,7 +12,6 @@ import json
 import sys
 
 import jax
-import numpy as np
 
 from jaxray.bench.parity import param_diffs
 from jaxray.config import parse_trial
