@@ -153,6 +153,13 @@ class TrialConfig(_Strict):
         m, d = self.model, self.data
         if m.workload == "transformer" and d.seq_len > m.max_seq_len:
             raise ValueError(f"data.seq_len {d.seq_len} exceeds model.max_seq_len {m.max_seq_len}")
+        if m.workload == "transformer" and m.attention == "cudnn":
+            from jaxray.models.attention import config_blockers  # here: jaxray.models imports this module
+
+            blockers = config_blockers(m.dtype, m.head_dim, self.workers.use_gpu)
+            if blockers:
+                raise ValueError(f"model.attention 'cudnn' cannot run: {'; '.join(blockers)}; "
+                                 f"use 'auto' (cuDNN where it can run, else XLA) or 'xla'")
         check_devices(self.train.global_batch, self.workers.total_devices)
         return self
 

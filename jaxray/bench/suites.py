@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional
 
+import jax
+
 from jaxray.bench import charts
 from jaxray.bench.output import COMMON_COLUMNS, Case, Report, row_value, run_cases
 from jaxray.bench.parity import param_diffs
@@ -16,7 +18,7 @@ from jaxray.bench.presets import Preset, Size
 from jaxray.bench.throughput import Measurement, make_spec, measure
 from jaxray.config import TrialConfig
 from jaxray.data.workloads import load_arrays
-from jaxray.models.attention import REQUESTS
+from jaxray.models.attention import REQUESTS, AttentionError, choose, target_for
 
 SHAPE_COLUMNS = [("workload", "workload", ""), ("dtype", "dtype", ""), ("devices", "devices", ""),
                  ("global batch", "global_batch", ""), ("width", "width", "")]
@@ -176,11 +178,17 @@ def batch_sweep(preset: Preset, data_dir: Optional[str], devices: int, batches: 
 
 def attention(preset: Preset, data_dir: Optional[str], devices: int) -> Report:
     """The transformer's attention implementation: xla vs cudnn vs auto (cudnn only where it can run)."""
-    cases = [_case(req, preset.attention, data_dir, attention=req) for req in REQUESTS]
-    rows = run_cases(cases, "attention")
-    for r in rows:
-        if (r.get("error") or "").startswith("AttentionError"):  # a refusal up front, not a failure
-            r["skipped"], r["error"], r["attention"] = r.pop("error").removeprefix("AttentionError: "), None, None
+    model = make_spec(**preset.attention, attention="xla").trial.model
+    target = target_for(jax.devices()[0], model.dtype, model.head_dim)
+    refused, cases = {}, []
+    for req in REQUESTS:
+        try:
+            choose(req, target)
+            cases.append(_case(req, preset.attention, data_dir, attention=req))
+        except AttentionError as err:  # refused up front, as training would: a finding, not a failure
+            refused[req] = {"case": req, "workload": "transformer", "skipped": str(err)}
+    measured = iter(run_cases(cases, "attention"))
+    rows = [refused.get(req) or next(measured) for req in REQUESTS]
     notes = ["auto picks cuDNN flash attention only on an NVIDIA GPU of compute capability >= 8.0 with "
              "bfloat16/float16 compute and a head dim that is a multiple of 8 up to 128 (256 on Hopper); "
              "otherwise it falls back to XLA and records why."]

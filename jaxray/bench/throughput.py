@@ -76,9 +76,10 @@ def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: O
     elif workload == "shared_block_mlp":
         model.update(block_repeats=block_repeats)
     model = {k: v for k, v in model.items() if v is not None}
+    # use_gpu tells the config whether cuDNN attention is possible at all (checked before compiling).
+    workers = {"devices_per_worker": devices, "use_gpu": jax.devices()[0].platform == "gpu"}
     trial = parse_trial({"model": model, "train": {"global_batch": global_batch},
-                         "data": {"seq_len": seq_len, "data_dir": data_dir},
-                         "workers": {"devices_per_worker": devices}}, source="(bench)")
+                         "data": {"seq_len": seq_len, "data_dir": data_dir}, "workers": workers}, source="(bench)")
     spec = Spec(trial, devices, **timing)
     if spec.step not in STEP_KINDS:
         raise ValueError(f"step must be one of {', '.join(STEP_KINDS)}, got {spec.step!r}")

@@ -70,6 +70,17 @@ def cudnn_blockers(target: Target) -> list[str]:
     return blockers
 
 
+def config_blockers(dtype: str, head_dim: int, use_gpu: bool) -> list[str]:
+    """What rules out cuDNN attention before any device is seen: no GPU workers, the compute
+    dtype, a head dim no GPU supports (the compute capability is checked on the worker)."""
+    blockers = [] if use_gpu else ["it needs GPU workers (workers.use_gpu: true)"]
+    if dtype not in CUDNN_DTYPES:
+        blockers.append(f"dtype {dtype} is not bfloat16 or float16")
+    if head_dim % 8 or head_dim > 256:
+        blockers.append(f"head dim {head_dim} is not a multiple of 8 up to 256")
+    return blockers
+
+
 def choose(requested: str, target: Target) -> AttentionChoice:
     """The implementation to use for ``requested`` ("xla", "cudnn" or "auto") on ``target``.
 

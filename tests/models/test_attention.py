@@ -38,7 +38,7 @@ def test_xla_is_always_allowed_and_unknown_requests_are_errors():
 
 def test_explicit_cudnn_on_this_cpu_fails_before_compiling():
     with pytest.raises(AttentionError, match="cannot run here"):
-        build(ModelConfig(workload="transformer", dtype="bfloat16", attention="cudnn"))
+        build(ModelConfig(workload="transformer", dtype="bfloat16", attention="cudnn"))  # no GPU here
     model = build(ModelConfig(workload="transformer", attention="auto"))
     assert model.attention.implementation == "xla" and model.attention.reason
 
@@ -67,3 +67,13 @@ def test_blocked_causal_attention_equals_jax_causal_attention(seq_len):
     for ours, theirs in zip(grads(blocked_causal_attention),
                             grads(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=2e-5)
+
+
+def test_a_sweep_asking_for_cudnn_without_gpu_workers_fails_before_ray():
+    with pytest.raises(ConfigError, match=r"model.attention 'cudnn' cannot run: it needs GPU workers"):
+        parse_trial({"model": {"workload": "transformer", "dtype": "bfloat16", "attention": "cudnn"}})
+    with pytest.raises(ConfigError, match="dtype float32 is not bfloat16 or float16"):
+        parse_trial({"model": {"workload": "transformer", "attention": "cudnn"}, "workers": {"use_gpu": True}})
+    ok = parse_trial({"model": {"workload": "transformer", "dtype": "bfloat16", "attention": "cudnn"},
+                      "workers": {"use_gpu": True}})
+    assert ok.model.attention == "cudnn"
