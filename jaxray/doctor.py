@@ -24,6 +24,7 @@ ENV_VARS = ("XLA_FLAGS", "JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES")
 CUDA_PLUGINS = ("jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt")
 ACCELERATORS = {"cuda", "gpu", "rocm", "tpu"}  # JAX_PLATFORMS entries that let JAX leave the CPU
 SMI_TIMEOUT_S = 20  # a wedged driver can hang nvidia-smi; the doctor must still finish
+GPU_INSTALL = "in a jaxray checkout: pip install -c constraints.txt -e '.[gpu]'"
 ROWS_PER_DEVICE, FEATURES, HIDDEN = 8, 784, 256  # a Fashion-MNIST MLP's input batch and first weight
 
 
@@ -57,10 +58,10 @@ def cpu_only_reason(facts: Facts) -> Optional[str]:
     if forced and not {p.strip().lower() for p in forced.split(",")} & ACCELERATORS:
         return f"JAX_PLATFORMS={forced} forces the CPU: unset it (or set JAX_PLATFORMS=cuda)"
     if not facts.cuda_plugins:
-        return "CPU-only jaxlib: pip install 'jaxray[gpu]'"
+        return f"CPU-only jaxlib: install the CUDA plugin ({GPU_INSTALL})"
     stale = {name: v for name, v in facts.cuda_plugins.items() if v != facts.jaxlib_version}
     if stale:  # JAX warns "... is not compatible with the installed jaxlib version" and skips the plugin
-        return f"CUDA plugin {stale} does not match jaxlib {facts.jaxlib_version}: pip install -U 'jaxray[gpu]'"
+        return f"CUDA plugin {stale} does not match jaxlib {facts.jaxlib_version}: reinstall it ({GPU_INSTALL})"
     if facts.nvidia_smi != "ok":
         return (f"driver not visible (nvidia-smi {facts.nvidia_smi}): container without GPU access "
                 "(--gpus all / nvidia runtime) or driver not installed")
@@ -178,7 +179,10 @@ def check_mesh(show: bool) -> dict:
         print(f"\nweight {list(weight.shape)} float32, {replicated(mesh).spec}:")
         jax.debug.visualize_array_sharding(weight)
     return {"mesh_shape": dict(mesh.shape), "batch_shape": list(batch.shape),
-            "batch_shard_shape": list(batch.sharding.shard_shape(batch.shape))}
+            "batch_shard_shape": list(batch.sharding.shard_shape(batch.shape)),
+            "batch_spec": str(batch_sharding(mesh).spec), "weight_shape": list(weight.shape),
+            "weight_shard_shape": list(weight.sharding.shard_shape(weight.shape)),
+            "weight_spec": str(replicated(mesh).spec)}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

@@ -40,7 +40,7 @@ from jaxray.data.batching import Arrays, eval_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays
-from jaxray.generate import check_sampling, generate, prompt_window
+from jaxray.generate import check_sampling, generate, printable, prompt_window
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 from jaxray.report import check_overwrite, json_safe
@@ -186,7 +186,7 @@ def format_summary(s: dict) -> str:
                   f"perplexity     {s['perplexity']:.3f}", f"bits per byte  {s['bits_per_byte']:.4f}",
                   f"byte accuracy  {s['accuracy']:.4f}",
                   f"sample         ({s['max_new_tokens']} bytes, temperature {s['temperature']}, seed {s['seed']}):",
-                  s["prompt"] + s["sample"]]
+                  printable(s["prompt"] + s["sample"])]
     else:
         total = s["count"] + s["dropped"]
         dropped = "none dropped" if s["dropped"] == 0 else f"WARNING: {s['dropped']} DROPPED"
@@ -204,7 +204,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="a checkpoint folder, a train/<trial> folder, or runs/<experiment>")
     p.add_argument("--workload", choices=WORKLOADS,
                    help="in runs/<experiment>: whose best trial (default: the transformer if any)")
-    p.add_argument("--out", help="output folder (default: runs/eval/<checkpoint or trial folder name>)")
+    p.add_argument("--out", default=argparse.SUPPRESS,
+                   help="output folder (default: runs/eval/<checkpoint or trial folder name>)")
     p.add_argument("--data-dir", help="data folder (default: the checkpoint's data.data_dir, else the usual search)")
     p.add_argument("--prompt", default="ROMEO:", help="transformer: text to continue")
     p.add_argument("--max-new-tokens", type=int, default=200, help="transformer: bytes to sample")
@@ -212,7 +213,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="transformer: PRNG seed of the sample")
     args = p.parse_args(argv)
     try:
-        summary = run(args.checkpoint, args.out, args.data_dir, args.workload, prompt=args.prompt,
+        summary = run(args.checkpoint, getattr(args, "out", None), args.data_dir, args.workload, prompt=args.prompt,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     except (checkpoint.CheckpointError, ConfigError, ValueError, DataFileError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -99,6 +99,12 @@ def generate(model, params, prompt: str, max_new_tokens: int, temperature: float
     return decode(np.asarray(new))
 
 
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: control characters other than newline and tab (an
+    undertrained model samples bytes such as ESC or carriage return) become U+FFFD."""
+    return "".join(c if c in "\n\t" or c.isprintable() else "\ufffd" for c in text)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jaxray.generate", description="Sample text from a trained transformer.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -124,7 +130,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (checkpoint.CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(args.prompt + text)
+    print(printable(args.prompt + text))
     return 0
 
 

@@ -38,7 +38,7 @@ def test_jax_platforms_allowing_cuda_is_not_the_reason():
 
 
 def test_no_plugin_is_a_cpu_only_jaxlib():
-    assert cpu_only_reason(facts(cuda_plugins={})) == "CPU-only jaxlib: pip install 'jaxray[gpu]'"
+    assert cpu_only_reason(facts(cuda_plugins={})).startswith("CPU-only jaxlib: install the CUDA plugin")
 
 
 def test_no_plugin_when_the_cuda_backend_failed_to_start():
@@ -108,4 +108,5 @@ def test_cli_json():
     report = json.loads(run_doctor("--json").stdout)
     assert report["device_count"] == 4 and report["backend"] == "cpu"
     assert report["mesh_shape"] == {"data": 4} and report["batch_shard_shape"] == [8, 784]
+    assert report["weight_shard_shape"] == [784, 256] and report["weight_spec"] == "P()"
     assert report["cpu_only_reason"].startswith("JAX_PLATFORMS=cpu forces")

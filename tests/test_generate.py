@@ -78,3 +78,10 @@ def test_top_k_one_is_greedy(tiny):
     model, params = tiny
     assert generate(model, params, "ab", 12, temperature=1.5, seed=4, top_k=1) == \
         generate(model, params, "ab", 12, temperature=0.0)
+
+
+def test_printable_keeps_text_and_hides_control_bytes():
+    from jaxray.generate import printable
+
+    assert printable("ROMEO:\n\tthou é") == "ROMEO:\n\tthou é"
+    assert printable("a\x1b[31mb\r\x00") == "a\ufffd[31mb\ufffd\ufffd"

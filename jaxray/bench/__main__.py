@@ -32,6 +32,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def _batches(text: str) -> list[int]:
     return [_positive(part) for part in text.split(",") if part.strip()] or _positive("")
 
@@ -44,12 +54,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     common.add_argument("--cpu-devices", type=_positive, default=None,
                         help=f"forced CPU device count (default {DEFAULT_CPU_DEVICES} for multi-device "
                              "benchmarks, else unchanged)")
-    common.add_argument("--preset", choices=("cpu", "gpu", "tiny"), default="cpu",
-                        help="sizes: cpu (2-core CPU, <= 10 min for all), gpu (the learning path's), tiny (seconds)")
+    sized = argparse.ArgumentParser(add_help=False, parents=[common])
+    sized.add_argument("--preset", choices=("cpu", "gpu", "tiny"), default="cpu",
+                       help="sizes: cpu (2-core CPU, <= 10 min for all), gpu (the learning path's), tiny (seconds)")
     p = argparse.ArgumentParser(prog="python -m jaxray.bench", description="The learning path's measurements.")
     sub = p.add_subparsers(dest="command", required=True)
     for name in (*SUITE_NAMES, "all"):
-        s = sub.add_parser(name, parents=[common], help=f"the {name} benchmark" if name != "all" else "every suite")
+        s = sub.add_parser(name, parents=[sized], help=f"the {name} benchmark" if name != "all" else "every suite")
         if name == "batch-sweep":
             s.add_argument("--batches", type=_batches, default=None, help="comma-separated global batches "
                            "(default 256,512,1024,2048,4096)")
@@ -58,7 +69,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     t.add_argument("--batch", type=_positive, default=16, help="global batch")
     t.add_argument("--steps", type=_positive, default=10, help="timed steps per repeat")
     t.add_argument("--repeats", type=_positive, default=3, help="timed windows; the median is reported")
-    t.add_argument("--warmup", type=int, default=1, help="untimed calls first (compile, first touch)")
+    t.add_argument("--warmup", type=_non_negative, default=1, help="untimed calls first (compile, first touch)")
     t.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     t.add_argument("--width", type=_positive, default=None, help="MLP width or d_model (default: the lab's)")
     t.add_argument("--seq-len", type=_positive, default=256, help="transformer sequence length T")
@@ -95,10 +106,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     set_cpu_devices(args)
     from jaxray.bench import runner  # imports JAX: only after XLA_FLAGS is final
+    from jaxray.data.sources import DataFileError
 
     try:
         return runner.run(args, _out)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
+    except (ValueError, FileNotFoundError, RuntimeError, DataFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -15,7 +15,9 @@ from jaxray.report import compact, save_figure  # noqa: E402
 
 
 def _throughput(row: dict) -> tuple[float | None, str]:
-    if row.get("tokens_per_sec") is not None:
+    """(value or None, unit): tokens/s for the transformer, examples/s otherwise; skipped and failed
+    rows keep their workload's unit so they show as "n/a" beside the measured ones."""
+    if row.get("workload") == "transformer" or row.get("tokens_per_sec") is not None:
         return row_value(row, "tokens_per_sec"), "tokens/s"
     return row_value(row, "examples_per_sec"), "examples/s"
 
@@ -76,7 +78,8 @@ def loss_per_step(rows: list[dict], path: Path, kept: dict) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, m in kept.items():
         ax.plot(range(1, len(m.losses) + 1), m.losses, label=label)
-    ax.set(xlabel="step", ylabel="training loss (nats)", title="Loss during the timed steps")
+    ax.set(xlabel="step (warm-up first, then the timed windows)", ylabel="training loss (nats)",
+           title="Loss of every step run")
     ax.grid(True, alpha=0.3)
     if kept:
         ax.legend(fontsize="small")

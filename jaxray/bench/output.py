@@ -60,13 +60,14 @@ class Report:
 
 def run_cases(cases: list[Case], desc: str) -> list[dict[str, Any]]:
     """Run every case under a progress bar. A case that raises becomes a row with ``error`` (the
-    exception's type and first line) and the run goes on: one bad size does not lose the others."""
+    exception's type and message; tables show its first line) and the run goes on: one bad size
+    does not lose the others."""
     rows = []
     for case in tqdm(cases, desc=desc, unit="case", file=sys.stderr, dynamic_ncols=True):
         try:
             rows.append({**case.fields, **case.run()})
         except Exception as err:  # noqa: BLE001 - every failure is reported in its row
-            rows.append({**case.fields, "error": f"{type(err).__name__}: {short_error(err, 300)}"})
+            rows.append({**case.fields, "error": f"{type(err).__name__}: {err}"})
     return rows
 
 
@@ -95,7 +96,7 @@ def markdown_table(rows: list[dict], columns: list[Column]) -> str:
     for r in rows:
         cells = [_value(r, key, spec) for _, key, spec in columns]
         if extra:
-            cells.append(r.get("skipped") or r.get("error") or "")
+            cells.append(r.get("skipped") or short_error(r.get("error") or "", 200))
         lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -12,6 +12,7 @@ import jax
 from jaxray.bench import compare, suites
 from jaxray.bench.output import WRITER, Report, render, write_report
 from jaxray.bench.presets import PRESETS
+from jaxray.bench.suites import suite_sizes
 from jaxray.bench.throughput import make_spec
 from jaxray.report import check_overwrite, json_safe
 
@@ -33,6 +34,7 @@ def _throughput(args: argparse.Namespace, out: Optional[Path]) -> int:
     if args.workload == "transformer":
         size["attention"] = args.attention
     make_spec(**size, data_dir=args.data_dir)  # a bad size fails here, before any data or compile
+    suites.preload([size], args.data_dir)
     report = suites.throughput(size, args.data_dir)
     _write(report, out, echo=not args.json)
     row = report.rows[0]
@@ -47,6 +49,7 @@ def _compare(args: argparse.Namespace, out: Optional[Path]) -> int:
     if not args.reference.is_file():
         raise FileNotFoundError(f"--reference {args.reference}: no such file")
     workload = args.workload or compare.infer_workload(args.reference)
+    suites.preload([{"workload": workload}], args.data_dir)  # jaxray's side can read its data
     report = compare.compare(args.reference, workload, args.batch or compare.DEFAULT_BATCH[workload],
                              args.steps or compare.DEFAULT_STEPS[workload], args.pairs, args.dtype, args.data_dir)
     _write(report, out)
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace, out_for: OutFn) -> int:
         return _throughput(args, outs["throughput"])
     if args.command == "compare":
         return _compare(args, outs["compare"])
+    suites.preload([size for name in outs for size in suite_sizes(PRESETS[args.preset], name)], args.data_dir)
     start, failed, texts = time.perf_counter(), [], []
     for name, out in outs.items():
         report = _suite(name, args, out)

@@ -36,6 +36,20 @@ def _data(trial: TrialConfig) -> tuple:
     return _DATA[key]
 
 
+def preload(sizes: list[Size], data_dir: Optional[str]) -> None:
+    """Read and verify the data every size needs, once, before anything is compiled or timed, so
+    a missing or damaged file stops the command with the loader's full message (DataFileError)."""
+    for size in sizes:
+        _data(make_spec(**{"global_batch": 1, **size}, data_dir=data_dir).trial)
+
+
+def suite_sizes(preset: Preset, name: str) -> list[Size]:
+    """The sizes benchmark ``name`` runs under ``preset`` (for ``preload``)."""
+    return {"dispatch": [preset.dispatch], "precision": preset.precision, "devices": preset.devices,
+            "shard-map": preset.shard_map, "batch-sweep": [preset.sweep], "attention": [preset.attention],
+            "throughput": [preset.throughput]}[name]
+
+
 def run_size(size: Size, data_dir: Optional[str], **overrides: Any) -> Measurement:
     """Measure one preset size (``overrides`` replace its fields) on real data."""
     spec = make_spec(**{**size, **overrides}, data_dir=data_dir)

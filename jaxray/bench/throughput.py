@@ -141,7 +141,9 @@ def measure(spec: Spec, data: Optional[tuple[Arrays, Arrays]] = None) -> Measure
     """
     trial = spec.trial
     if spec.devices > len(jax.devices()):
-        raise ValueError(f"devices {spec.devices} is more than the {len(jax.devices())} available")
+        raise ValueError(f"devices {spec.devices} is more than the {len(jax.devices())} available"
+                         + ("; on a CPU add --cpu-devices N to force N host devices"
+                            if jax.devices()[0].platform == "cpu" else ""))
     check_devices(trial.train.global_batch, spec.devices)
     mesh = make_mesh(jax.devices()[:spec.devices])
     train_arrays, held_out = data if data is not None else load_arrays(trial)
