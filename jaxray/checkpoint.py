@@ -73,7 +73,8 @@ def restore(directory: str | Path, sharding: Optional[Sharding] = None) -> tuple
 
     The target is ``jax.eval_shape(model.init)``: ShapeDtypeStructs, each given ``sharding`` (default:
     the first local device), so Orbax places the arrays directly where they are wanted.
-    Returns ``(model, params)``. Raises CheckpointError if ``directory`` is not a checkpoint.
+    Returns ``(model, params)``. Raises CheckpointError if ``directory`` is not a checkpoint, or if
+    its params are damaged or do not fit the model its config describes.
     """
     directory = Path(directory).absolute()
     model = build(load_model_config(directory))
@@ -82,7 +83,13 @@ def restore(directory: str | Path, sharding: Optional[Sharding] = None) -> tuple
                           jax.eval_shape(model.init, jax.random.key(0)))
     if not (directory / PARAMS_DIR).is_dir():
         raise CheckpointError(f"{directory} is not a jaxray checkpoint: {PARAMS_DIR}/ is missing")
-    params = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, target)
+    try:
+        params = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, target)
+    except Exception as err:  # noqa: BLE001 - Orbax raises bare Exceptions for damaged or mismatched data
+        reason = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+        raise CheckpointError(f"{directory / PARAMS_DIR} could not be restored into the model that "
+                              f"{MODEL_CONFIG} describes (a damaged file, or params of another shape): "
+                              f"{reason[:300]}") from None
     return model, params
 
 
@@ -106,9 +113,12 @@ def resolve(path: str | Path, workload: Optional[str] = None) -> Path:
         raise CheckpointError(f"{path} is neither a checkpoint (no {MODEL_CONFIG}) nor an experiment "
                               f"directory (no summary.json)")
     try:
-        rows = [r for r in json.loads(summary.read_text()) if r.get("checkpoint")]
-    except (ValueError, AttributeError, TypeError) as err:
+        doc = json.loads(summary.read_text())
+    except ValueError as err:
         raise CheckpointError(f"{summary} is damaged: {err}") from None
+    if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
+        raise CheckpointError(f"{summary} is not a sweep summary (a list of trials from python -m jaxray.tune)")
+    rows = [r for r in doc if r.get("checkpoint") and r.get("workload")]
     workloads = {r["workload"] for r in rows}
     workload = workload or ("transformer" if "transformer" in workloads else next(iter(sorted(workloads)), None))
     rows = [r for r in rows if r["workload"] == workload]

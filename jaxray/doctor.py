@@ -20,6 +20,8 @@ import sys
 from importlib import metadata
 from typing import Optional, Sequence
 
+from jaxray.cli import cpu_device_count
+
 ENV_VARS = ("XLA_FLAGS", "JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES")
 CUDA_PLUGINS = ("jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt")
 ACCELERATORS = {"cuda", "gpu", "rocm", "tpu"}  # JAX_PLATFORMS entries that let JAX leave the CPU
@@ -187,13 +189,9 @@ def check_mesh(show: bool) -> dict:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line; argparse exits 2 on bad arguments."""
-    def positive(text: str) -> int:
-        if text.isdigit() and int(text) > 0:
-            return int(text)
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     parser = argparse.ArgumentParser(prog="python -m jaxray.doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the facts as one JSON object")
-    parser.add_argument("--cpu-devices", type=positive, metavar="N",
+    parser.add_argument("--cpu-devices", type=cpu_device_count, metavar="N",
                         help="force N host (CPU) devices, to preview a multi-device mesh on a laptop")
     return parser.parse_args(argv)
 

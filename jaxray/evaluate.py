@@ -40,7 +40,7 @@ from jaxray.data.batching import Arrays, eval_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays
-from jaxray.generate import check_sampling, generate, printable, prompt_window
+from jaxray.generate import check_sampling, encode_prompt, generate, printable, prompt_window
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 from jaxray.report import check_overwrite, json_safe
@@ -134,8 +134,8 @@ def run(path: str | Path, out: Optional[str | Path] = None, data_dir: Optional[s
     CheckpointError, ConfigError or ValueError (bad path, checkpoint or sampling argument) and
     DataFileError (missing or damaged data file); ConfigError if ``data_dir`` is not a directory.
     """
-    check_sampling(max_new_tokens, temperature, None)
-    prompt_window(prompt.encode("utf-8"), 1)  # an empty prompt fails here, not after the restore
+    check_sampling(max_new_tokens, temperature, None, seed=seed)
+    prompt_window(encode_prompt(prompt), 1)  # an empty prompt fails here, not after the restore
     if data_dir is not None and not Path(data_dir).is_dir():  # else a typo falls through to the default search
         raise ConfigError(f"--data-dir {data_dir} is not a directory")
     directory = checkpoint.resolve(path, workload).absolute()
@@ -144,6 +144,10 @@ def run(path: str | Path, out: Optional[str | Path] = None, data_dir: Optional[s
         raise checkpoint.CheckpointError(f"{directory} holds a {trial.model.workload} checkpoint, not {workload}")
     out = Path(out or default_out(directory)).absolute()
     check_overwrite(out, WRITER)  # before any data is read: never replace another tool's summary
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--out {out} cannot be a results folder: {err}") from None
     # The recorded folder may not exist on this machine: read_verified then searches on as usual.
     data_dir = data_dir or trial.data.data_dir
     _, held_out = load_arrays(trial.model_copy(update={"data": trial.data.model_copy(update={"data_dir": data_dir})}))

@@ -23,6 +23,11 @@ import numpy as np
 
 from jaxray.data.shakespeare import decode
 
+# One call samples up to this many bytes (the whole loop is one compiled program, so the cap bounds
+# its run time); seeds are 32-bit.
+MAX_NEW_TOKENS = 10_000
+MAX_SEED = 2**32 - 1
+
 # [1, T] int32 -> [1, T, V] float32, as a jax.tree_util.Partial so params travel as traced leaves.
 TokensToLogits = Callable[[jax.Array], jax.Array]
 
@@ -75,15 +80,29 @@ def prompt_window(prompt: bytes, max_seq_len: int) -> tuple[np.ndarray, int]:
     return window, len(tail)
 
 
-def check_sampling(max_new_tokens: int, temperature: float, top_k: Optional[int], vocab_size: int = 256) -> None:
-    """ValueError naming the argument if ``max_new_tokens`` < 1, ``temperature`` is negative or not
-    finite, or ``top_k`` is outside 1..vocab_size."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+def check_sampling(max_new_tokens: int, temperature: float, top_k: Optional[int], vocab_size: int = 256,
+                   seed: int = 0) -> None:
+    """ValueError naming the argument if ``max_new_tokens`` is outside 1..MAX_NEW_TOKENS,
+    ``temperature`` is negative or not finite, ``top_k`` is outside 1..vocab_size, or ``seed``
+    outside 0..2**32 - 1."""
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"max_new_tokens must be in 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be in 0..{MAX_SEED}, got {seed}")
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
     if top_k is not None and not 1 <= top_k <= vocab_size:
         raise ValueError(f"top_k must be in 1..{vocab_size}, got {top_k}")
+
+
+def encode_prompt(prompt: str) -> bytes:
+    """``prompt`` as UTF-8 bytes. ValueError naming the prompt if it holds lone surrogates (text a
+    shell decoded from invalid UTF-8), which have no UTF-8 form."""
+    try:
+        return prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"prompt is not valid Unicode text ({err.reason} at position {err.start}); "
+                         f"pass UTF-8 text") from None
 
 
 def generate(model, params, prompt: str, max_new_tokens: int, temperature: float = 0.8, seed: int = 0,
@@ -91,8 +110,8 @@ def generate(model, params, prompt: str, max_new_tokens: int, temperature: float
     """The text sampled after ``prompt`` (the prompt itself not included). Invalid UTF-8 in the
     sampled bytes becomes U+FFFD. Raises ValueError for an empty prompt, ``max_new_tokens`` < 1,
     a negative or non-finite temperature, or ``top_k`` outside 1..vocab."""
-    check_sampling(max_new_tokens, temperature, top_k, model.config.vocab_size)
-    window, length = prompt_window(prompt.encode("utf-8"), model.config.max_seq_len)
+    check_sampling(max_new_tokens, temperature, top_k, model.config.vocab_size, seed)
+    window, length = prompt_window(encode_prompt(prompt), model.config.max_seq_len)
     tokens_to_logits = jax.tree_util.Partial(model.apply, params)
     new = sample(tokens_to_logits, jnp.asarray(window), jnp.int32(length), jax.random.key(seed),
                  jnp.float32(temperature), max_new_tokens, top_k)
@@ -119,8 +138,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     from jaxray import checkpoint
 
     try:
-        check_sampling(args.max_new_tokens, args.temperature, args.top_k)
-        prompt_window(args.prompt.encode("utf-8"), 1)  # an empty prompt fails before the restore
+        check_sampling(args.max_new_tokens, args.temperature, args.top_k, seed=args.seed)
+        prompt_window(encode_prompt(args.prompt), 1)  # an empty prompt fails before the restore
         path = checkpoint.resolve(args.checkpoint, workload="transformer")
         workload = checkpoint.load_model_config(path).workload
         if workload != "transformer":

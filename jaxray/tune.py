@@ -124,8 +124,10 @@ def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: tuple, out: Pat
 
 
 def _collect(sweep: SweepConfig, result) -> tuple[dict, list[dict]]:
-    name = trial_name(sweep.workload, result.config)
-    row: dict[str, Any] = {"trial": name, "workload": sweep.workload, **result.config}
+    # A trial that errored can come back without its config; its folder still carries its name.
+    config = result.config or {}
+    name = trial_name(sweep.workload, config) if config else Path(result.path or "unknown-trial").name
+    row: dict[str, Any] = {"trial": name, "workload": sweep.workload, **config}
     if result.error is not None:
         row["error"] = ANSI.sub("", f"{type(result.error).__name__}: {result.error}").strip()[:2000]
         return row, []

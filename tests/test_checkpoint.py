@@ -66,3 +66,18 @@ def test_bad_paths(tmp_path):
         checkpoint.resolve(tmp_path / "missing")
     with pytest.raises(checkpoint.CheckpointError, match="model_config.json is missing"):
         checkpoint.restore(tmp_path)
+
+
+def test_params_of_another_shape_are_a_clear_error(tmp_path):
+    trial = parse_trial({"model": {"workload": "mlp", "width": 16}})
+    checkpoint.save(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), trial)
+    config_file = tmp_path / "ck" / checkpoint.MODEL_CONFIG
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "width": 32}))
+    with pytest.raises(checkpoint.CheckpointError, match="could not be restored into the model"):
+        checkpoint.restore(tmp_path / "ck")
+
+
+def test_a_benchmark_summary_is_not_a_sweep(tmp_path):
+    (tmp_path / "summary.json").write_text('{"written_by": "jaxray.bench dispatch", "rows": []}')
+    with pytest.raises(checkpoint.CheckpointError, match="is not a sweep summary"):
+        checkpoint.resolve(tmp_path)

@@ -114,7 +114,7 @@ def test_confusion_matrix_rows_are_true_classes():
 
 @pytest.mark.parametrize("extra,message", [
     ([], "neither a checkpoint"),
-    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be in 1..10000"),
     (["--prompt", ""], "prompt is empty"),
     (["--data-dir", "/nonexistent/jaxray-data"], "--data-dir /nonexistent/jaxray-data is not a directory"),
 ])

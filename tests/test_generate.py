@@ -62,10 +62,14 @@ def test_invalid_utf8_becomes_replacement_chars(tiny):
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"prompt": ""}, "prompt is empty"),
-    ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be in 1..10000"),
     ({"temperature": -1.0}, "temperature must be"),
     ({"temperature": float("nan")}, "temperature must be"),
     ({"top_k": 0}, "top_k must be in 1..256"),
+    ({"max_new_tokens": 10**20}, "max_new_tokens must be in 1..10000"),
+    ({"seed": 10**30}, "seed must be in 0..4294967295"),
+    ({"seed": -1}, "seed must be in"),
+    ({"prompt": "\udcff\udcfe"}, "prompt is not valid Unicode text"),
 ])
 def test_bad_arguments(tiny, kwargs, match):
     model, params = tiny

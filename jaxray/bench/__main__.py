@@ -13,45 +13,32 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional
 
+from jaxray.cli import cpu_device_count, folder, non_negative_int, positive_int
+
 SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
+FORCE_FLAG = "xla_force_host_platform_device_count"
 MULTI_DEVICE = {"devices", "shard-map", "batch-sweep", "all"}
 DEFAULT_CPU_DEVICES = 4
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
 def _batches(text: str) -> list[int]:
-    return [_positive(part) for part in text.split(",") if part.strip()] or _positive("")
+    values = [positive_int(part) for part in text.split(",") if part.strip()] or [positive_int("")]
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"a global batch is listed twice: {text}")
+    return values
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", default=None, help="output folder (default runs/bench/<name>); '' writes nothing")
-    common.add_argument("--data-dir", default=None, help="folder with the data files (default: JAXRAY_DATA_DIR, "
-                        "then jaxray's search order)")
-    common.add_argument("--cpu-devices", type=_positive, default=None,
+    common.add_argument("--data-dir", type=folder, default=None,
+                        help="folder with the data files (default: JAXRAY_DATA_DIR, then jaxray's search order)")
+    common.add_argument("--cpu-devices", type=cpu_device_count, default=None,
                         help=f"forced CPU device count (default {DEFAULT_CPU_DEVICES} for multi-device "
                              "benchmarks, else unchanged)")
     sized = argparse.ArgumentParser(add_help=False, parents=[common])
@@ -66,34 +53,38 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                            "(default 256,512,1024,2048,4096)")
     t = sub.add_parser("throughput", parents=[common], help="one workload at one config; prints one JSON line")
     t.add_argument("--workload", choices=("mlp", "shared_block_mlp", "transformer"), default="transformer")
-    t.add_argument("--batch", type=_positive, default=16, help="global batch")
-    t.add_argument("--steps", type=_positive, default=10, help="timed steps per repeat")
-    t.add_argument("--repeats", type=_positive, default=3, help="timed windows; the median is reported")
-    t.add_argument("--warmup", type=_non_negative, default=1, help="untimed calls first (compile, first touch)")
+    t.add_argument("--batch", type=positive_int, default=16, help="global batch")
+    t.add_argument("--steps", type=positive_int, default=10, help="timed steps per repeat")
+    t.add_argument("--repeats", type=positive_int, default=3, help="timed windows; the median is reported")
+    t.add_argument("--warmup", type=non_negative_int, default=1, help="untimed calls first (compile, first touch)")
     t.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    t.add_argument("--width", type=_positive, default=None, help="MLP width or d_model (default: the lab's)")
-    t.add_argument("--seq-len", type=_positive, default=256, help="transformer sequence length T")
-    t.add_argument("--devices", type=_positive, default=1, help="devices in the mesh")
+    t.add_argument("--width", type=positive_int, default=None, help="MLP width or d_model (default: the lab's)")
+    t.add_argument("--seq-len", type=positive_int, default=256, help="transformer sequence length T")
+    t.add_argument("--devices", type=positive_int, default=1, help="devices in the mesh")
     t.add_argument("--step", choices=("jit", "shard_map", "eager"), default="jit")
-    t.add_argument("--steps-per-call", type=_positive, default=1, help="optimizer steps per dispatch (lax.scan)")
+    t.add_argument("--steps-per-call", type=positive_int, default=1, help="optimizer steps per dispatch (lax.scan)")
     t.add_argument("--attention", choices=("auto", "xla", "cudnn"), default="auto")
     t.add_argument("--json", action="store_true", help="print only the JSON line")
     c = sub.add_parser("compare", parents=[common], help="jaxray vs a reference script, A B A B")
     c.add_argument("--reference", required=True, type=Path, help="e.g. ../shared/bench/reference_transformer.py")
     c.add_argument("--workload", choices=("mlp", "transformer"), default=None, help="default: from the script name")
-    c.add_argument("--batch", type=_positive, default=None, help="global batch (default 16 transformer, 512 MLP)")
-    c.add_argument("--steps", type=_positive, default=None, help="timed steps per run (default 10 / 100)")
-    c.add_argument("--pairs", type=_positive, default=3, help="A B pairs; the median ratio is reported")
-    c.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    c.add_argument("--batch", type=positive_int, default=None, help="global batch (default 16 transformer, 512 MLP)")
+    c.add_argument("--steps", type=positive_int, default=None, help="timed steps per run (default 10 / 100)")
+    c.add_argument("--pairs", type=positive_int, default=3, help="A B pairs; the median ratio is reported")
+    c.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="bfloat16: MLP only")
+    c.add_argument("--timeout", type=positive_int, default=900, help="seconds one run may take")
     return p.parse_args(argv)
 
 
 def set_cpu_devices(args: argparse.Namespace) -> None:
-    """Force the CPU device count before JAX is imported (it reads XLA_FLAGS once, at start)."""
-    count = args.cpu_devices or (DEFAULT_CPU_DEVICES if args.command in MULTI_DEVICE else None)
+    """Force the CPU device count before JAX is imported (it reads XLA_FLAGS once, at start). An
+    explicit ``--cpu-devices`` replaces a count already in XLA_FLAGS; the default keeps it."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if count and "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+    has_count = FORCE_FLAG in flags
+    count = args.cpu_devices or (DEFAULT_CPU_DEVICES if args.command in MULTI_DEVICE and not has_count else None)
+    if count:
+        flags = re.sub(rf"--{FORCE_FLAG}=\S*", "", flags)
+        os.environ["XLA_FLAGS"] = f"{flags} --{FORCE_FLAG}={count}".strip()
 
 
 def _out(args: argparse.Namespace, name: str) -> Optional[Path]:

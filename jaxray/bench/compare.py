@@ -41,13 +41,33 @@ def infer_workload(script: Path) -> str:
     raise ValueError(f"cannot tell the workload of {script.name}: pass --workload {' or '.join(TARGETS)}")
 
 
-def _run_json(cmd: list[str], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
-    """Run ``cmd`` and parse the last stdout line as JSON; RuntimeError with stderr's tail on failure."""
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+def check(workload: str, dtype: str) -> None:
+    """ValueError for a dtype the reference script cannot run: only the MLP script takes --dtype."""
+    if workload == "transformer" and dtype != "float32":
+        raise ValueError(f"--dtype {dtype}: the reference transformer script runs float32 only")
+
+
+def _run_json(cmd: list[str], env: dict[str, str], timeout_s: float, key: str) -> dict[str, Any]:
+    """Run ``cmd`` and parse the last JSON line of its stdout, which must hold a positive ``key``.
+
+    Raises RuntimeError naming the command for a failure, a timeout, or output without that figure.
+    """
+    shown = " ".join(c if c else "''" for c in cmd)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{shown} did not finish within {timeout_s:.0f} s (--timeout)") from None
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
-    return json.loads(lines[-1])
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shown} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    try:
+        out = json.loads(lines[-1]) if lines else None
+    except ValueError as err:
+        raise RuntimeError(f"{shown} printed a line that is not JSON ({err}): {lines[-1][:200]}") from None
+    value = out.get(key) if isinstance(out, dict) else None
+    if not isinstance(value, (int, float)) or not value > 0:
+        raise RuntimeError(f"{shown} printed no JSON line with a positive {key!r} (got {str(out)[:200]})")
+    return out
 
 
 def commands(script: Path, workload: str, batch: int, steps: int, dtype: str,
@@ -68,8 +88,10 @@ def compare(script: Path, workload: str, batch: int, steps: int, pairs: int, dty
             data_dir: Optional[str] = None, timeout_s: float = 900) -> Report:
     """Run ``pairs`` A/B pairs and report each run, the median ratio and the loss agreement.
 
-    Raises RuntimeError if a run fails (its stderr is in the message).
+    Raises RuntimeError if a run fails (its stderr is in the message) or prints no figure, and
+    ValueError for a dtype the reference script cannot run (only the MLP script takes --dtype).
     """
+    check(workload, dtype)
     env = dict(os.environ)
     if data_dir:
         env["JAXRAY_DATA_DIR"] = str(Path(data_dir).absolute())
@@ -78,8 +100,8 @@ def compare(script: Path, workload: str, batch: int, steps: int, pairs: int, dty
     per_example = mfu.flops_per_example(ModelConfig(workload=workload, dtype=dtype), 256)
     rows, ratios = [], []
     for pair in tqdm(range(1, pairs + 1), desc="compare (A B pairs)", unit="pair", file=sys.stderr):
-        ref = _run_json(reference_cmd, env, timeout_s)
-        ours = _run_json(ours_cmd, env, timeout_s)
+        ref = _run_json(reference_cmd, env, timeout_s, key)
+        ours = _run_json(ours_cmd, env, timeout_s, key)
         ratios.append(ours[key] / ref[key])
         for impl, out in (("reference", ref), ("jaxray", ours)):
             rows.append({"pair": pair, "impl": impl, "run": f"{impl} #{pair}", "workload": workload,

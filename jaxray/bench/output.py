@@ -21,7 +21,9 @@ from tqdm import tqdm
 
 from jaxray.report import cell, fmt, json_safe, short_error
 
-WRITER = "jaxray.bench"  # summary.json's "written_by": what --out may overwrite (report.check_overwrite)
+# summary.json's "written_by" is "jaxray.bench <name>": a folder is only ever overwritten by the same
+# benchmark (report.check_overwrite), never by another benchmark, a sweep or an evaluation.
+WRITER = "jaxray.bench"
 
 # (header, row key, format spec); a callable key computes the cell from the row.
 Column = tuple[str, Any, str]
@@ -116,8 +118,8 @@ def write_report(report: Report, out: Path, echo: bool = True) -> dict[str, Path
     Returns {file name: path}."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary.json": out / "summary.json", "summary.md": out / "summary.md"}
-    doc = {"written_by": WRITER, "benchmark": report.name, "title": report.title, "summary": report.summary,
-           "notes": report.notes, "rows": report.rows}
+    doc = {"written_by": f"{WRITER} {report.name}", "benchmark": report.name, "title": report.title,
+           "summary": report.summary, "notes": report.notes, "rows": report.rows}
     paths["summary.json"].write_text(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")
     text = render(report)
     paths["summary.md"].write_text(text)

@@ -20,9 +20,16 @@ OutFn = Callable[[argparse.Namespace, str], Optional[Path]]
 
 
 def _write(report: Report, out: Optional[Path], echo: bool = True) -> None:
-    if out is None:
+    """Print and (with ``out``) write ``report``. A report where no case was measured is printed but
+    never written: it must not replace earlier results in ``out``. Raises RuntimeError then."""
+    measured = [r for r in report.rows if not r.get("error") and not r.get("skipped")]
+    if out is None or not measured:
         if echo:
             print(render(report))
+        if not measured:
+            kept = f"; {out} was left as it was" if out is not None else ""
+            first = next((r.get("error") or r.get("skipped") for r in report.rows), "no cases")
+            raise RuntimeError(f"no case of {report.name} could be measured{kept} (first: {first})")
         return
     write_report(report, out, echo)
 
@@ -36,10 +43,10 @@ def _throughput(args: argparse.Namespace, out: Optional[Path]) -> int:
     make_spec(**size, data_dir=args.data_dir)  # a bad size fails here, before any data or compile
     suites.preload([size], args.data_dir)
     report = suites.throughput(size, args.data_dir)
-    _write(report, out, echo=not args.json)
     row = report.rows[0]
-    if row.get("error"):
+    if row.get("error"):  # nothing measured: say why, and leave earlier results in --out alone
         raise RuntimeError(row["error"])
+    _write(report, out, echo=not args.json)
     line = {"impl": "jaxray", **{k: v for k, v in row.items() if k != "ms_per_step_repeats"}}
     print(json.dumps(json_safe(line)))  # a NaN loss becomes null: the line stays valid JSON
     return 0
@@ -47,11 +54,13 @@ def _throughput(args: argparse.Namespace, out: Optional[Path]) -> int:
 
 def _compare(args: argparse.Namespace, out: Optional[Path]) -> int:
     if not args.reference.is_file():
-        raise FileNotFoundError(f"--reference {args.reference}: no such file")
+        raise FileNotFoundError(f"--reference {args.reference}: not a file")
     workload = args.workload or compare.infer_workload(args.reference)
+    compare.check(workload, args.dtype)
     suites.preload([{"workload": workload}], args.data_dir)  # jaxray's side can read its data
     report = compare.compare(args.reference, workload, args.batch or compare.DEFAULT_BATCH[workload],
-                             args.steps or compare.DEFAULT_STEPS[workload], args.pairs, args.dtype, args.data_dir)
+                             args.steps or compare.DEFAULT_STEPS[workload], args.pairs, args.dtype, args.data_dir,
+                             args.timeout)
     _write(report, out)
     return 0
 
@@ -76,9 +85,13 @@ def _outs(args: argparse.Namespace, out_for: OutFn) -> dict[str, Optional[Path]]
         outs = {name: base / name if base else None for name in [*suites.SUITES, "throughput"]}
     else:
         outs = {args.command: out_for(args, args.command)}
-    for out in outs.values():
+    for name, out in outs.items():
         if out is not None:
-            check_overwrite(out, WRITER)
+            check_overwrite(out, f"{WRITER} {name}")
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise ValueError(f"--out {out} cannot be a results folder: {err}") from None
     return outs
 
 
@@ -96,7 +109,11 @@ def run(args: argparse.Namespace, out_for: OutFn) -> int:
     suites.preload([size for name in outs for size in suite_sizes(PRESETS[args.preset], name)], args.data_dir)
     start, failed, texts = time.perf_counter(), [], []
     for name, out in outs.items():
-        report = _suite(name, args, out)
+        try:
+            report = _suite(name, args, out)
+        except RuntimeError as err:  # nothing of this suite ran: note it, keep the others going
+            failed.append(f"{name}: {err}")
+            continue
         texts.append(render(report))
         # A batch size that fails is a finding the sweep reports; anywhere else a failure is a bug.
         failed += [] if name == "batch-sweep" else [f"{name}: {r['case']}: {r['error']}" for r in report.failed]

@@ -125,7 +125,11 @@ def test_compare_against_the_reference_mlp(real_dir, tmp_path):
     (["throughput", "--workload", "mlp", "--steps", "5", "--steps-per-call", "2"], "multiple of steps_per_call"),
     (["throughput", "--dtype", "float64"], "invalid choice"),
     (["batch-sweep", "--batches", "256,abc"], "expected a positive integer"),
-    (["compare", "--reference", "/nonexistent/reference.py"], "no such file"),
+    (["compare", "--reference", "/nonexistent/reference.py"], "not a file"),
+    (["compare", "--reference", str(ROOT.parent / "shared" / "bench" / "reference_transformer.py"),
+      "--dtype", "bfloat16"], "runs float32 only"),
+    (["batch-sweep", "--batches", "64,64"], "listed twice"),
+    (["throughput", "--data-dir", "/nonexistent"], "is not a directory"),
     (["compare", "--reference", "README.md"], "cannot tell the workload"),
 ])
 def test_bad_input_is_a_clear_error(real_dir, args, message):
@@ -142,3 +146,20 @@ def test_out_never_replaces_another_tools_summary(real_dir, tmp_path):
                  "--out", sweep, data_dir=real_dir, timeout=120)
     assert proc.returncode == 2 and "was not written by jaxray.bench" in proc.stderr
     assert (sweep / "summary.json").read_text() == '[{"trial": "mlp_b256"}]'
+
+
+def test_a_failed_run_or_another_benchmark_leaves_saved_results_alone(real_dir, tmp_path):
+    out = tmp_path / "tp"
+    good = bench("throughput", "--workload", "mlp", "--width", "32", "--batch", "32", "--steps", "2",
+                 "--repeats", "1", "--out", out, data_dir=real_dir, timeout=120)
+    assert good.returncode == 0, good.stderr[-2000:]
+    saved = (out / "summary.json").read_text()
+    too_big = bench("throughput", "--workload", "mlp", "--width", "32", "--batch", "100000", "--steps", "2",
+                    "--out", out, data_dir=real_dir, timeout=120)
+    assert too_big.returncode == 2 and "more than the 60000 training rows" in too_big.stderr
+    other = bench("dispatch", "--preset", "tiny", "--out", out, data_dir=real_dir, timeout=120)
+    assert other.returncode == 2 and "was not written by jaxray.bench dispatch" in other.stderr
+    assert (out / "summary.json").read_text() == saved
+    (tmp_path / "afile").write_text("x")
+    as_file = bench("throughput", "--workload", "mlp", "--out", tmp_path / "afile", data_dir=real_dir, timeout=120)
+    assert as_file.returncode == 2 and "cannot be a results folder" in as_file.stderr
