@@ -100,7 +100,8 @@ def _num(value: Any) -> Optional[float]:
         return None
 
 
-def _finite(value: Any) -> Optional[float]:
+def finite(value: Any) -> Optional[float]:
+    """The value as a float when it is a finite number, else None (missing, text, NaN, inf)."""
     v = _num(value)  # None for missing and for NaN/inf: what plots and rankings need
     return v if v is not None and math.isfinite(v) else None
 
@@ -163,10 +164,10 @@ def best_per_workload(rows: list[dict], ranking: Optional[Ranking] = None) -> li
     for w in _workloads(rows):
         key, mode = ranking.get(w, ("test_accuracy", "max"))
         name, better = key.replace("_", " "), (max if mode == "max" else min)
-        scored = [r for r in rows if r.get("workload", "?") == w and _finite(r.get(key)) is not None]
-        best = better(scored, key=lambda r: _finite(r[key])) if scored else None
+        scored = [r for r in rows if r.get("workload", "?") == w and finite(r.get(key)) is not None]
+        best = better(scored, key=lambda r: finite(r[key])) if scored else None
         lines.append(f"- **{w}**: no trial finished with a finite {name}" if best is None else
-                     f"- **{w}**: `{best.get('trial')}`, {name} {_finite(best[key]):.4f} ({_describe(best)})")
+                     f"- **{w}**: `{best.get('trial')}`, {name} {finite(best[key]):.4f} ({_describe(best)})")
     return lines
 
 
@@ -217,10 +218,17 @@ def _throughput_series(rows: list[dict], workload: str) -> dict[str, list[tuple[
     """{"dtype, width W": [(global batch, throughput), ...] sorted by batch}, finite points only."""
     series: dict[tuple, list[tuple[float, float]]] = {}
     for r in (r for r in rows if r.get("workload", "?") == workload):
-        value, batch = _finite(_throughput(r)[0]), _finite(r.get("global_batch"))
+        value, batch = finite(_throughput(r)[0]), finite(r.get("global_batch"))
         if value is not None and batch is not None and batch > 0:  # log axis: batch must be > 0
             series.setdefault((str(r.get("dtype", "?")), str(r.get("width", "?"))), []).append((batch, value))
     return {f"{d}, width {w}": sorted(pts) for (d, w), pts in sorted(series.items())}
+
+
+def log2_batch_axis(ax, batches: list[float]) -> None:
+    """A log2 x axis labelled with exactly the batch sizes that were run."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(batches, [f"{b:g}" for b in batches])
 
 
 def plot_throughput(rows: list[dict], path: Path) -> None:
@@ -231,10 +239,7 @@ def plot_throughput(rows: list[dict], path: Path) -> None:
         series = _throughput_series(rows, w)
         for label, points in series.items():
             ax.plot(*zip(*points), marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        batches = sorted({x for pts in series.values() for x, _ in pts})
-        ax.xaxis.set_minor_locator(NullLocator())  # label only the batch sizes actually run
-        ax.set_xticks(batches, [f"{b:g}" for b in batches])
+        log2_batch_axis(ax, sorted({x for pts in series.values() for x, _ in pts}))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,.0f}" if abs(y) >= 100 else f"{y:g}"))
         ax.set(title=w, xlabel="global batch (examples per step, log2)",
                ylabel="throughput (tokens/s)" if w == "transformer" else "throughput (examples/s)")
@@ -245,7 +250,7 @@ def plot_throughput(rows: list[dict], path: Path) -> None:
 
 
 def _curve(history: list[dict], xkey: str) -> list[tuple[float, float]]:
-    points = [(_finite(p.get(xkey)), _finite(p.get("loss"))) for p in history]
+    points = [(finite(p.get(xkey)), finite(p.get("loss"))) for p in history]
     return [(x, y) for x, y in points if x is not None and y is not None]
 
 

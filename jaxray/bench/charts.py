@@ -8,10 +8,10 @@ from pathlib import Path
 import matplotlib
 matplotlib.use("Agg")  # benchmarks run on headless machines: never open a window
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from jaxray.bench.output import row_value  # noqa: E402
-from jaxray.report import compact, save_figure  # noqa: E402
+from jaxray.report import compact, log2_batch_axis, save_figure  # noqa: E402
 
 
 def _throughput(row: dict) -> tuple[float | None, str]:
@@ -45,9 +45,7 @@ def throughput_vs_batch(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     if points:
         ax.plot(*zip(*points), marker="o")
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticks([p[0] for p in points], [str(p[0]) for p in points])
+        log2_batch_axis(ax, [p[0] for p in points])
     ax.yaxis.set_major_formatter(FuncFormatter(compact))
     ax.set(xlabel="global batch (log2)", ylabel=unit, title="Throughput vs global batch")
     ax.grid(True, alpha=0.3)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from tqdm import tqdm
 
-from jaxray.report import cell, fmt, json_safe, short_error
+from jaxray.report import cell, finite, fmt, json_safe, short_error
 
 # summary.json's "written_by" is "jaxray.bench <name>": a folder is only ever overwritten by the same
 # benchmark (report.check_overwrite), never by another benchmark, a sweep or an evaluation.
@@ -134,5 +134,4 @@ def write_report(report: Report, out: Path, echo: bool = True) -> dict[str, Path
 
 def row_value(row: dict, key: str) -> Optional[float]:
     """A finite float from ``row[key]``, else None (skipped and failed rows have none)."""
-    value = row.get(key)
-    return float(value) if isinstance(value, (int, float)) and value == value and abs(value) != float("inf") else None
+    return finite(row.get(key))
