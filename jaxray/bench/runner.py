@@ -36,10 +36,13 @@ def _write(report: Report, out: Optional[Path], echo: bool = True) -> None:
 
 def _throughput(args: argparse.Namespace, out: Optional[Path]) -> int:
     size = {"workload": args.workload, "global_batch": args.batch, "steps": args.steps, "repeats": args.repeats,
-            "warmup": args.warmup, "dtype": args.dtype, "width": args.width, "seq_len": args.seq_len,
+            "warmup": args.warmup, "dtype": args.dtype, "width": args.width,
             "devices": args.devices, "step": args.step, "steps_per_call": args.steps_per_call}
-    if args.workload == "transformer":
-        size["attention"] = args.attention
+    transformer_only = {"seq_len": args.seq_len, "attention": args.attention}
+    given = [f"--{k.replace('_', '-')}" for k, v in transformer_only.items() if v is not None]
+    if args.workload != "transformer" and given:
+        raise ValueError(f"{', '.join(given)} applies to --workload transformer only, not {args.workload}")
+    size.update({k: v for k, v in transformer_only.items() if v is not None})
     make_spec(**size, data_dir=args.data_dir)  # a bad size fails here, before any data or compile
     suites.preload([size], args.data_dir)
     report = suites.throughput(size, args.data_dir)

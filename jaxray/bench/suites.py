@@ -117,6 +117,8 @@ def devices_scaling(preset: Preset, data_dir: Optional[str], devices: int) -> Re
                                global_batch=per_device * n))
     rows = run_cases(cases, "devices")
     notes = [f"Same per-device batch and the same number of timed steps on 1 and {devices} device(s)."]
+    if devices == 1:
+        notes.append("Only one device is visible, so there is nothing to compare: on a CPU add --cpu-devices N.")
     for s in preset.devices:
         one, many = (next((r for r in rows if r["case"] == f"{s['workload']} x{n}"), None) for n in (1, devices))
         ratio = _ratio(many, one)

@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxray.bench import mfu
 from jaxray.bench.timing import environment, time_calls
-from jaxray.config import TrialConfig, check_devices, parse_trial
+from jaxray.config import ConfigError, TrialConfig, check_devices, parse_trial
 from jaxray.data.batching import Arrays, num_rows
 from jaxray.data.workloads import load_arrays
 from jaxray.models import Model, build, param_count
@@ -78,8 +78,13 @@ def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: O
     model = {k: v for k, v in model.items() if v is not None}
     # use_gpu tells the config whether cuDNN attention is possible at all (checked before compiling).
     workers = {"devices_per_worker": devices, "use_gpu": jax.devices()[0].platform == "gpu"}
-    trial = parse_trial({"model": model, "train": {"global_batch": global_batch},
-                         "data": {"seq_len": seq_len, "data_dir": data_dir}, "workers": workers}, source="(bench)")
+    data = {"data_dir": data_dir, **({"seq_len": seq_len} if workload == "transformer" else {})}
+    try:
+        trial = parse_trial({"model": model, "train": {"global_batch": global_batch}, "data": data,
+                             "workers": workers}, source="(bench)")
+    except ConfigError as err:
+        raise ConfigError(f"{err}\n  (bench options: --batch is train.global_batch, --devices is "
+                          f"workers.devices_per_worker, --width is model.width, --seq-len is data.seq_len)") from None
     spec = Spec(trial, devices, **timing)
     if spec.step not in STEP_KINDS:
         raise ValueError(f"step must be one of {', '.join(STEP_KINDS)}, got {spec.step!r}")

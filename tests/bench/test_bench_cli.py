@@ -129,6 +129,7 @@ def test_compare_against_the_reference_mlp(real_dir, tmp_path):
     (["compare", "--reference", str(ROOT.parent / "shared" / "bench" / "reference_transformer.py"),
       "--dtype", "bfloat16"], "runs float32 only"),
     (["batch-sweep", "--batches", "64,64"], "listed twice"),
+    (["throughput", "--workload", "mlp", "--attention", "xla"], "applies to --workload transformer only"),
     (["throughput", "--data-dir", "/nonexistent"], "is not a directory"),
     (["compare", "--reference", "README.md"], "cannot tell the workload"),
 ])
