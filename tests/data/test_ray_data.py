@@ -16,6 +16,9 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def local_ray():
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # What jaxray.ray_train's DataConfig sets for the workers: without it Ray Data may hand blocks
+    # over out of order (this test failed about once in several runs before).
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
     yield
     ray.shutdown()
 
