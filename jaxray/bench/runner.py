@@ -13,7 +13,6 @@ from jaxray.bench import compare, suites
 from jaxray.bench.output import WRITER, Report, render, write_report
 from jaxray.bench.presets import PRESETS
 from jaxray.bench.suites import suite_sizes
-from jaxray.bench.throughput import make_spec
 from jaxray.report import check_overwrite, json_safe
 
 OutFn = Callable[[argparse.Namespace, str], Optional[Path]]
@@ -43,8 +42,7 @@ def _throughput(args: argparse.Namespace, out: Optional[Path]) -> int:
     if args.workload != "transformer" and given:
         raise ValueError(f"{', '.join(given)} applies to --workload transformer only, not {args.workload}")
     size.update({k: v for k, v in transformer_only.items() if v is not None})
-    make_spec(**size, data_dir=args.data_dir)  # a bad size fails here, before any data or compile
-    suites.preload([size], args.data_dir)
+    suites.preload([size], args.data_dir)  # validates the size, then reads the data, before any compile
     report = suites.throughput(size, args.data_dir)
     row = report.rows[0]
     if row.get("error"):  # nothing measured: say why, and leave earlier results in --out alone
