@@ -13,7 +13,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-REFERENCE_MLP = ROOT.parent / "shared" / "bench" / "reference_mlp.py"
+
+
+@pytest.fixture(scope="module")
+def reference_dir(real_dir) -> Path:
+    """The learning path's reference scripts: shared/bench beside the data folder (or the checkout)."""
+    for folder in (real_dir.parent / "bench", ROOT.parent / "shared" / "bench"):
+        if (folder / "reference_mlp.py").is_file():
+            return folder
+    pytest.fail(f"no reference scripts in {real_dir.parent / 'bench'} or {ROOT.parent / 'shared' / 'bench'}")
 
 
 def bench(*args, data_dir: Path, timeout=600) -> subprocess.CompletedProcess:
@@ -104,9 +112,9 @@ def test_throughput_prints_one_json_line_like_the_references(real_dir):
     assert row["tokens_per_sec"] == pytest.approx(row["examples_per_sec"] * 31)
 
 
-def test_compare_against_the_reference_mlp(real_dir, tmp_path):
+def test_compare_against_the_reference_mlp(real_dir, reference_dir, tmp_path):
     out = tmp_path / "compare"
-    proc = bench("compare", "--reference", REFERENCE_MLP, "--batch", "64", "--steps", "5", "--pairs", "1",
+    proc = bench("compare", "--reference", reference_dir / "reference_mlp.py", "--batch", "64", "--steps", "5", "--pairs", "1",
                  "--out", out, data_dir=real_dir)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((out / "summary.json").read_text())
@@ -126,14 +134,14 @@ def test_compare_against_the_reference_mlp(real_dir, tmp_path):
     (["throughput", "--dtype", "float64"], "invalid choice"),
     (["batch-sweep", "--batches", "256,abc"], "expected a positive integer"),
     (["compare", "--reference", "/nonexistent/reference.py"], "not a file"),
-    (["compare", "--reference", str(ROOT.parent / "shared" / "bench" / "reference_transformer.py"),
-      "--dtype", "bfloat16"], "runs float32 only"),
+    (["compare", "--reference", "{bench}/reference_transformer.py", "--dtype", "bfloat16"], "runs float32 only"),
     (["batch-sweep", "--batches", "64,64"], "listed twice"),
     (["throughput", "--workload", "mlp", "--attention", "xla"], "applies to --workload transformer only"),
     (["throughput", "--data-dir", "/nonexistent"], "is not a directory"),
     (["compare", "--reference", "README.md"], "cannot tell the workload"),
 ])
-def test_bad_input_is_a_clear_error(real_dir, args, message):
+def test_bad_input_is_a_clear_error(real_dir, reference_dir, args, message):
+    args = [a.format(bench=reference_dir) for a in args]
     proc = bench(*args, "--out", "", data_dir=real_dir, timeout=120)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
