@@ -26,12 +26,20 @@ Params = Any
 
 @dataclass(frozen=True)
 class Model:
-    """A model family's pure functions. ``apply`` takes images [B, 784] float32 or tokens [B, T] int32."""
+    """A model family's pure functions. ``apply`` takes images [B, 784] float32 or tokens [B, T] int32.
+
+    The transformer also has the KV-cache pair (see ``Transformer.prefill`` / ``decode``):
+    ``prefill(params, tokens [B, T]) -> (logits [B, T, V], cache)`` and
+    ``decode(params, tokens [B], positions [B], cache) -> (logits [B, V], cache)``, where the cache
+    holds per layer (keys, values) [B, H, T or S, K] (``transformer.KVCache``).
+    """
 
     config: ModelConfig
     init: Callable[[jax.Array], Params]
     apply: Callable[[Params, jax.Array], jax.Array]
     attention: Optional[AttentionChoice] = None
+    prefill: Optional[Callable[..., tuple]] = None
+    decode: Optional[Callable[..., tuple]] = None
 
 
 def compute_dtype(cfg: ModelConfig):
@@ -62,7 +70,13 @@ def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
     def apply(params, tokens):
         return nnx.merge(graphdef, params)(tokens)
 
-    return Model(cfg, init, apply, choice)
+    def prefill(params, tokens):
+        return nnx.merge(graphdef, params).prefill(tokens)
+
+    def decode(params, tokens, positions, cache):
+        return nnx.merge(graphdef, params).decode(tokens, positions, cache)
+
+    return Model(cfg, init, apply, choice, prefill, decode)
 
 
 def build(cfg: ModelConfig, attention: Optional[str] = None) -> Model:

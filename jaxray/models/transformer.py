@@ -14,6 +14,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 
+# Per layer (keys, values), each [B, H, S, K]: the KV cache of ``Transformer.prefill`` / ``decode``.
+KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+
 # Query rows per block of the XLA causal attention: 64 cut the lab's step time most on CPU (T = 256).
 ATTENTION_BLOCK = 64
 
@@ -53,8 +56,30 @@ def blocked_causal_attention(query, key, value, block: int = ATTENTION_BLOCK):
     return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
 
 
+def cached_attention(query, keys, values, positions):
+    """One new query per row against a KV cache.
+
+    query [B, 1, H, K]; keys, values [B, H, S, K] (the cache, this step's entry already written;
+    heads before positions so both matmuls are plain batched matmuls over (B, H) and XLA need not
+    transpose the whole cache every step); positions [B] int32, the query's position. Row b sees
+    cache entries 0..positions[b] only. Returns [B, 1, H, K]. Same scaling and float32 softmax as
+    ``blocked_causal_attention``, so a decode step reproduces the full forward's logits up to float
+    rounding.
+    """
+    query = query[:, 0] * jnp.asarray(1.0 / math.sqrt(query.shape[-1]), query.dtype)  # [B, H, K]
+    scores = jnp.einsum("bhk,bhsk->bhs", query, keys, preferred_element_type=jnp.float32)  # [B, H, S]
+    visible = jnp.arange(keys.shape[2])[None, :] <= positions[:, None]  # [B, S]
+    scores = jnp.where(visible[:, None, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    return jnp.einsum("bhs,bhsk->bhk", probs, values)[:, None]
+
+
 class Block(nnx.Module):
-    """Pre-norm block: x + attn(ln(x)), then x + ffn(ln(x)). x [B, T, D]."""
+    """Pre-norm block: x + attn(ln(x)), then x + ffn(ln(x)). x [B, T, D].
+
+    The attention's projections are called one by one (not ``attn(x)``) so that the full forward
+    and the KV-cache decode share them and return this layer's keys and values.
+    """
 
     def __init__(self, d_model: int, num_heads: int, ffn_dim: int, dtype, attention_fn, rngs: nnx.Rngs):
         dense = functools.partial(nnx.Linear, dtype=dtype, rngs=rngs)
@@ -66,12 +91,41 @@ class Block(nnx.Module):
         self.fc_down = dense(ffn_dim, d_model)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.attn(self.ln1(x))
+        return self.forward(x)[0]
+
+    def forward(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Causal self-attention over all T positions: x [B, T, D] -> (x, keys, values [B, H, T, K])."""
+        query, key, value = self._qkv(x)
+        heads_first = (0, 2, 1, 3)
+        return (self._finish(x, self.attn.attention_fn(query, key, value)),
+                key.transpose(heads_first), value.transpose(heads_first))
+
+    def decode(self, x: jax.Array, positions: jax.Array, keys: jax.Array, values: jax.Array):
+        """One new position per row: x [B, 1, D] at ``positions`` [B]; keys, values [B, H, S, K] this
+        layer's cache. Returns (x [B, 1, D], keys, values) with this step's entries written at
+        ``positions`` (in place inside a loop: each layer's cache is its own array, since slicing one
+        stacked cache copied it every step)."""
+        query, key, value = self._qkv(x)
+        rows = jnp.arange(x.shape[0])
+        keys = keys.at[rows, :, positions].set(key[:, 0].astype(keys.dtype))
+        values = values.at[rows, :, positions].set(value[:, 0].astype(values.dtype))
+        return self._finish(x, cached_attention(query, keys, values, positions)), keys, values
+
+    def _qkv(self, x):
+        h = self.ln1(x)
+        return self.attn.query(h), self.attn.key(h), self.attn.value(h)  # each [B, T, H, K]
+
+    def _finish(self, x, attended):
+        x = x + self.attn.out(attended)
         return x + self.fc_down(jax.nn.gelu(self.fc_up(self.ln2(x))))
 
 
 class Transformer(nnx.Module):
-    """tokens [B, T] int32 (T <= max_seq_len) -> logits [B, T, V] float32."""
+    """tokens [B, T] int32 (T <= max_seq_len) -> logits [B, T, V] float32.
+
+    ``prefill`` also returns every layer's keys and values, and ``decode`` appends one position to
+    such a KV cache, so sampling need not recompute the window for each new token.
+    """
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, ffn_dim: int,
                  max_seq_len: int, dtype=jnp.float32, attention: str | None = None, *, rngs: nnx.Rngs):
@@ -85,8 +139,28 @@ class Transformer(nnx.Module):
         self.lm_head = nnx.Linear(d_model, vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        _, t = tokens.shape
-        x = self.token_embed(tokens) + self.pos_embed(jnp.arange(t))  # [B, T, D]
+        return self.prefill(tokens)[0]
+
+    def prefill(self, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
+        """tokens [B, T] int32 -> (logits [B, T, V] float32, cache): the cache holds, per layer,
+        (keys, values) [B, H, T, K] in the compute dtype."""
+        x = self.token_embed(tokens) + self.pos_embed(jnp.arange(tokens.shape[1]))  # [B, T, D]
+        cache = []
         for block in self.blocks:
-            x = block(x)
+            x, key, value = block.forward(x)
+            cache.append((key, value))
+        return self._logits(x), tuple(cache)
+
+    def decode(self, tokens: jax.Array, positions: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """One token per row: tokens [B] int32 at ``positions`` [B] int32 (< S); ``cache`` per layer
+        (keys, values) [B, H, S, K] with S = max_seq_len. Returns (logits [B, V] float32, cache with
+        this step's entries written)."""
+        x = self.token_embed(tokens[:, None]) + self.pos_embed(positions[:, None])  # [B, 1, D]
+        new_cache = []
+        for block, (keys, values) in zip(self.blocks, cache):
+            x, keys, values = block.decode(x, positions, keys, values)
+            new_cache.append((keys, values))
+        return self._logits(x)[:, 0], tuple(new_cache)
+
+    def _logits(self, x):
         return self.lm_head(self.final_norm(x)).astype(jnp.float32)

@@ -1,0 +1,149 @@
+"""Sampling with a KV cache: a prefill of the prompt, then one cached decode step per new token.
+
+Pure functions over the model's ``prefill`` / ``decode`` pair (``jaxray.models.Model``), so the same
+code runs from a live model, under ``jax.export`` and in the serving engine:
+
+* ``start`` prefills prompts of one length bucket and samples each row's first new token;
+* ``decode`` runs up to ``chunk`` decode steps in one ``lax.while_loop``, stopping early once
+  every row has all its tokens, so a caller streams by calling it again with the returned state.
+
+Rows of a batch are independent: each has its own prompt length, temperature, top-k, seed and
+token budget. Sampling follows ``jaxray.generate.sample`` (the full-recompute sampler) key for key,
+so both give the same tokens for the same seed; greedy (temperature 0) equality is tested.
+
+Context window policy: a row's cache holds at most S = max_seq_len positions (learned absolute
+position embeddings end there). When a row needs position S, its context is cut to its newest
+``keep`` tokens: the ``keep - 1`` before the pending token are prefilled again at positions
+0..keep-2 and decoding goes on from position keep-1. ``keep = S`` re-prefills the last S - 1 bytes
+for every token past the window: exactly the full-recompute sampler's sliding window (same tokens),
+at its cost. A smaller ``keep`` (the engine's default is S // 2) buys S - keep cheap steps per
+re-prefill, and the model then sees between keep and S bytes of context.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxray.models.transformer import KVCache
+
+
+class DecodeState(NamedTuple):
+    """Per-row sampling state; B rows, S = max_seq_len, V = vocab size.
+
+    cache:       per layer (keys, values) [B, H, S, K], compute dtype
+    context:     [B, S] int32, the token at each cache position
+    positions:   [B] int32, cache entries written (the pending token's position)
+    pending:     [B] int32, the newest sampled token, not yet in the cache
+    remaining:   [B] int32, new tokens still to sample (<= 0: the row is finished)
+    rng:         [B, 2] uint32, each row's PRNG key data (threefry)
+    temperature: [B] float32, 0 is greedy
+    top_k:       [B] int32, sample among the k most likely tokens (V: all)
+    """
+
+    cache: KVCache
+    context: jax.Array
+    positions: jax.Array
+    pending: jax.Array
+    remaining: jax.Array
+    rng: jax.Array
+    temperature: jax.Array
+    top_k: jax.Array
+
+
+Prefill = Callable[[object, jax.Array], tuple]  # (params, tokens [B, T]) -> (logits [B, T, V], cache [.., T, ..])
+Decode = Callable[[object, jax.Array, jax.Array, KVCache], tuple]  # (params, tokens, positions, cache)
+
+
+def next_tokens(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top_k: jax.Array):
+    """Sample one token per row. logits [B, V] float32; rng [B, 2] uint32 key data; temperature [B];
+    top_k [B] int32. Returns (tokens [B] int32, rng [B, 2]).
+
+    Row b: split its key; argmax when temperature <= 0, else a categorical draw at ``temperature``
+    among its ``top_k`` largest logits (ties at the k-th value are kept). The same key schedule and
+    draw as ``jaxray.generate._next_token``.
+    """
+    def row(logits, key_data, temperature, k):
+        key, subkey = jax.random.split(jax.random.wrap_key_data(key_data))
+        kth = jnp.sort(logits)[logits.shape[0] - k]
+        masked = jnp.where(logits < kth, -jnp.inf, logits)
+        drawn = jax.random.categorical(subkey, masked / jnp.maximum(temperature, 1e-6))
+        token = jnp.where(temperature > 0, drawn, jnp.argmax(logits)).astype(jnp.int32)
+        return token, jax.random.key_data(key)
+
+    return jax.vmap(row)(logits, rng, temperature, top_k)
+
+
+def _pad_cache(cache: KVCache, size: int) -> KVCache:
+    """Each [B, H, T, K] entry zero-padded to [B, H, size, K]."""
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, size - x.shape[2]), (0, 0)))  # noqa: E731
+    return tuple((pad(k), pad(v)) for k, v in cache)
+
+
+def start(prefill: Prefill, params, tokens: jax.Array, lengths: jax.Array, seeds: jax.Array,
+          temperature: jax.Array, top_k: jax.Array, max_new_tokens: jax.Array, max_seq_len: int):
+    """Prefill prompts and sample each row's first new token.
+
+    tokens [B, P] int32, row b's prompt in ``tokens[b, :lengths[b]]`` (1 <= length <= P <= S),
+    anything after it ignored (causal attention); seeds [B] uint32; temperature [B] float32;
+    top_k [B] int32 (1..V); max_new_tokens [B] int32 (0 for padding rows). Returns
+    (DecodeState, first [B] int32): the first token is already counted in ``remaining``.
+    """
+    logits, cache = prefill(params, tokens)  # [B, P, V]
+    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
+    rng = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(seeds)
+    first, rng = next_tokens(last, rng, temperature, top_k)
+    context = jnp.pad(tokens, ((0, 0), (0, max_seq_len - tokens.shape[1])))
+    state = DecodeState(_pad_cache(cache, max_seq_len), context, lengths.astype(jnp.int32), first,
+                        max_new_tokens - 1, rng, temperature, top_k)
+    return state, first
+
+
+def _slide(prefill: Prefill, params, state: DecodeState, full: jax.Array, keep: int) -> DecodeState:
+    """Rows where ``full`` [B] is set restart from their newest ``keep - 1`` context tokens."""
+    size = state.context.shape[1]
+    tail = state.context[:, size - keep + 1:]  # [B, keep - 1]
+    _, cache = prefill(params, tail)
+    cache = _pad_cache(cache, size)
+    choose = lambda new, old: jnp.where(full.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)  # noqa: E731
+    return state._replace(
+        cache=jax.tree.map(choose, cache, state.cache),
+        context=choose(jnp.pad(tail, ((0, 0), (0, size - keep + 1))), state.context),
+        positions=jnp.where(full, keep - 1, state.positions))
+
+
+def decode(prefill: Prefill, decode_step: Decode, params, state: DecodeState, max_steps: jax.Array,
+           chunk: int, keep: int):
+    """Up to ``min(max_steps, chunk)`` decode steps, fewer once no row has tokens to sample.
+
+    ``keep`` (2..S, static) is the context window policy of the module docstring. Returns
+    (state, tokens [B, chunk] int32, counts [B] int32): row b's new tokens are
+    ``tokens[b, :counts[b]]``.
+    """
+    size = state.context.shape[1]
+    rows = jnp.arange(state.pending.shape[0])
+
+    def cond(carry):
+        i, state, _ = carry
+        return (i < jnp.minimum(max_steps, chunk)) & jnp.any(state.remaining > 0)
+
+    def body(carry):
+        i, state, out = carry
+        active = state.remaining > 0
+        full = active & (state.positions >= size)
+        state = jax.lax.cond(jnp.any(full), lambda s: _slide(prefill, params, s, full, keep), lambda s: s, state)
+        at = jnp.minimum(state.positions, size - 1)  # finished rows may sit at S; their writes are unused
+        logits, cache = decode_step(params, state.pending, at, state.cache)
+        token, rng = next_tokens(logits, state.rng, state.temperature, state.top_k)
+        state = state._replace(
+            cache=cache, context=state.context.at[rows, at].set(state.pending),
+            positions=jnp.where(active, state.positions + 1, state.positions),
+            pending=jnp.where(active, token, state.pending), remaining=state.remaining - active,
+            rng=jnp.where(active[:, None], rng, state.rng))
+        return i + 1, state, out.at[:, i].set(token)
+
+    before = state.remaining
+    out = jnp.zeros((rows.shape[0], chunk), jnp.int32)
+    _, state, out = jax.lax.while_loop(cond, body, (jnp.int32(0), state, out))
+    return state, out, jnp.maximum(before, 0) - jnp.maximum(state.remaining, 0)

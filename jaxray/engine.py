@@ -1,0 +1,254 @@
+"""The serving engine: KV-cache sampling compiled ahead of time for fixed prompt buckets and batch sizes.
+
+Requests of one batch are padded to the smallest compiled batch size that holds them, and their
+prompts to the smallest length bucket that holds the longest, so no request ever compiles:
+``compile()`` lowers and compiles every (bucket, batch) ``start`` program and every batch's
+``decode`` program up front (``jit(...).lower(...).compile()``), and the first request runs as fast
+as the tenth.
+
+  engine = Engine.load("runs/demo")          # a checkpoint, a run folder or runs/<experiment>
+  engine.compile()
+  [done] = engine.generate([Request(b"ROMEO:", max_new_tokens=100, temperature=0.8)])
+  print(done.text)
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from jaxray import decoding
+from jaxray.config import ModelConfig
+from jaxray.data.shakespeare import decode as decode_bytes
+from jaxray.generate import MAX_SEED
+
+log = logging.getLogger(__name__)
+
+PosInt = Field(gt=0, strict=True)
+
+
+class EngineSettings(BaseModel):
+    """What a replica compiles and accepts.
+
+    buckets: prompt lengths compiled (max_seq_len is always added; longer ones are dropped);
+    batch_sizes: batch sizes compiled, a batch pads to the next one; chunk: new tokens per decode
+    call (the streaming granularity); max_new_tokens: the per-request cap; max_prompt_bytes: longer
+    prompts are refused (only the last max_seq_len bytes are read anyway); context_keep: tokens kept
+    when a row's window is full (``jaxray.decoding``; default max_seq_len // 2, max_seq_len makes
+    long outputs equal the full-recompute sampler's).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    buckets: tuple[int, ...] = (32, 128, 256)
+    batch_sizes: tuple[int, ...] = (1, 4, 16)
+    chunk: int = Field(32, gt=0, le=4096, strict=True)
+    max_new_tokens: int = Field(1024, gt=0, le=100_000, strict=True)
+    max_prompt_bytes: int = Field(65536, gt=0, strict=True)
+    context_keep: Optional[int] = Field(None, ge=2, strict=True)
+
+    @field_validator("buckets", "batch_sizes")
+    @classmethod
+    def _positive_sorted(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or any(isinstance(v, bool) or v < 1 for v in value):
+            raise ValueError("must be a non-empty list of positive integers")
+        return tuple(sorted(set(value)))
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request: prompt bytes (non-empty; the last max_seq_len are used), a token
+    budget, temperature (0 is greedy), top_k (None: all) and a 32-bit seed."""
+
+    prompt: bytes
+    max_new_tokens: int
+    temperature: float = 0.8
+    top_k: Optional[int] = None
+    seed: int = 0
+
+
+@dataclass
+class Completion:
+    """New token ids (bytes 0..255) and the prompt bytes actually read (<= max_seq_len)."""
+
+    tokens: list[int]
+    prompt_tokens: int
+
+    @property
+    def text(self) -> str:
+        """The new bytes as UTF-8; invalid sequences become U+FFFD."""
+        return decode_bytes(np.asarray(self.tokens, np.int32))
+
+
+@dataclass
+class Programs:
+    """Uncompiled programs: ``start(params, tokens, lengths, seeds, temperature, top_k, max_new)`` and
+    ``decode(params, state, max_steps)``, as in ``jaxray.decoding`` with the model bound."""
+
+    start: Callable[..., tuple]
+    decode: Callable[..., tuple]
+
+
+def programs_for(model, chunk: int, keep: int) -> Programs:
+    """``Programs`` of a live ``jaxray.models.Model`` (the transformer)."""
+    size = model.config.max_seq_len
+    return Programs(functools.partial(decoding.start, model.prefill, max_seq_len=size),
+                    functools.partial(decoding.decode, model.prefill, model.decode, chunk=chunk, keep=keep))
+
+
+@dataclass
+class Engine:
+    """Compiled KV-cache sampling for one model (see the module docstring)."""
+
+    config: ModelConfig
+    params: Any
+    settings: EngineSettings
+    programs: Programs
+    source: str = ""
+    compiled: dict = field(default_factory=dict)
+    compile_s: float = 0.0
+
+    @classmethod
+    def load(cls, path: str | Path, settings: Optional[EngineSettings] = None) -> "Engine":
+        """The engine for a checkpoint, a Ray Train run folder or ``runs/<experiment>`` (its best
+        transformer). Raises CheckpointError (a ValueError) naming the path when it holds no
+        transformer checkpoint."""
+        from jaxray import checkpoint
+
+        resolved = checkpoint.resolve(path, workload="transformer")
+        cfg = checkpoint.load_model_config(resolved)
+        if cfg.workload != "transformer":
+            raise checkpoint.CheckpointError(f"{resolved} holds a {cfg.workload} checkpoint; serving needs a transformer")
+        model, params = checkpoint.restore(resolved)
+        return cls.for_model(model, params, settings, source=str(resolved))
+
+    @classmethod
+    def for_model(cls, model, params, settings: Optional[EngineSettings] = None, source: str = "") -> "Engine":
+        settings = settings or EngineSettings()
+        keep = check_keep(settings, model.config.max_seq_len)
+        return cls(model.config, params, settings, programs_for(model, settings.chunk, keep), source)
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        size = self.config.max_seq_len
+        return tuple(sorted({b for b in self.settings.buckets if b < size} | {size}))
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.settings.batch_sizes[-1]
+
+    def compile(self) -> dict:
+        """Compile every program the engine may run; idempotent. Returns {"compile_s", "programs"}."""
+        if not self.compiled:
+            begin = time.perf_counter()
+            for batch in self.settings.batch_sizes:
+                for bucket in self.buckets:
+                    self._program("start", bucket, batch)
+                self._program("decode", None, batch)
+            self.compile_s = time.perf_counter() - begin
+            log.info("compiled %d programs in %.1f s (buckets %s, batch sizes %s)", len(self.compiled),
+                     self.compile_s, self.buckets, self.settings.batch_sizes)
+        return {"compile_s": self.compile_s, "programs": len(self.compiled)}
+
+    def _program(self, kind: str, bucket: Optional[int], batch: int):
+        key = (kind, bucket, batch)
+        if key not in self.compiled:
+            fn = jax.jit(getattr(self.programs, kind))
+            args = self._start_args(bucket, batch) if kind == "start" else self._decode_args(batch)
+            self.compiled[key] = fn.lower(self.params, *args).compile()
+        return self.compiled[key]
+
+    def _start_args(self, bucket: int, batch: int) -> tuple:
+        spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+        return (spec((batch, bucket), jnp.int32), spec((batch,), jnp.int32), spec((batch,), jnp.uint32),
+                spec((batch,), jnp.float32), spec((batch,), jnp.int32), spec((batch,), jnp.int32))
+
+    def _decode_args(self, batch: int) -> tuple:
+        state, _ = jax.eval_shape(self.programs.start, self.params, *self._start_args(self.buckets[0], batch))
+        return state, jax.ShapeDtypeStruct((), jnp.int32)
+
+    def check(self, request: Request) -> None:
+        """ValueError naming the field when ``request`` cannot be served."""
+        cap, vocab = self.settings.max_new_tokens, self.config.vocab_size
+        if not request.prompt:
+            raise ValueError("prompt is empty: give at least one character")
+        if len(request.prompt) > self.settings.max_prompt_bytes:
+            raise ValueError(f"prompt is {len(request.prompt)} bytes; the limit is {self.settings.max_prompt_bytes}")
+        if not 1 <= request.max_new_tokens <= cap:
+            raise ValueError(f"max_new_tokens must be in 1..{cap}, got {request.max_new_tokens}")
+        if not math.isfinite(request.temperature) or request.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {request.temperature}")
+        if request.top_k is not None and not 1 <= request.top_k <= vocab:
+            raise ValueError(f"top_k must be in 1..{vocab}, got {request.top_k}")
+        if not 0 <= request.seed <= MAX_SEED:
+            raise ValueError(f"seed must be in 0..{MAX_SEED}, got {request.seed}")
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        """Every request's new tokens (at most ``max_batch_size`` requests). Raises ValueError as ``check``."""
+        done = [Completion([], 0) for _ in requests]
+        for i, prompt_tokens in enumerate(self._prompt_lengths(requests)):
+            done[i].prompt_tokens = prompt_tokens
+        for chunk in self.stream(requests):
+            for completion, tokens in zip(done, chunk):
+                completion.tokens += tokens
+        return done
+
+    def _prompt_lengths(self, requests: list[Request]) -> list[int]:
+        return [min(len(r.prompt), self.config.max_seq_len) for r in requests]
+
+    def stream(self, requests: list[Request]) -> Iterator[list[list[int]]]:
+        """Yields, chunk by chunk, each request's new tokens ([] once it is finished) until all are
+        done. Raises ValueError as ``check``, or when there are more than ``max_batch_size`` requests."""
+        if not 1 <= len(requests) <= self.max_batch_size:
+            raise ValueError(f"a batch holds 1..{self.max_batch_size} requests, got {len(requests)}")
+        for request in requests:
+            self.check(request)
+        batch = next(b for b in self.settings.batch_sizes if b >= len(requests))
+        bucket = next(b for b in self.buckets if b >= max(self._prompt_lengths(requests)))
+        state, first = self._program("start", bucket, batch)(self.params, *self._inputs(requests, bucket, batch))
+        first = np.asarray(first)
+        yield [[int(first[i])] for i in range(len(requests))]
+        left = [r.max_new_tokens - 1 for r in requests]
+        while max(left) > 0:
+            state, out, counts = self._program("decode", None, batch)(self.params, state, np.int32(self.settings.chunk))
+            out, counts = np.asarray(out), np.asarray(counts)
+            yield [out[i, :counts[i]].tolist() for i in range(len(requests))]
+            left = [n - int(c) for n, c in zip(left, counts)]
+
+    def _inputs(self, requests: list[Request], bucket: int, batch: int) -> tuple:
+        """Host arrays for ``start``; padding rows get a one-byte prompt and no tokens to sample."""
+        tokens = np.zeros((batch, bucket), np.int32)
+        lengths, seeds = np.ones(batch, np.int32), np.zeros(batch, np.uint32)
+        temperature, top_k = np.zeros(batch, np.float32), np.full(batch, self.config.vocab_size, np.int32)
+        max_new = np.zeros(batch, np.int32)
+        for i, r in enumerate(requests):
+            tail = np.frombuffer(r.prompt[-self.config.max_seq_len:], np.uint8)
+            tokens[i, :len(tail)], lengths[i], seeds[i] = tail, len(tail), r.seed
+            temperature[i], max_new[i] = r.temperature, r.max_new_tokens
+            top_k[i] = r.top_k or self.config.vocab_size
+        return tokens, lengths, seeds, temperature, top_k, max_new
+
+    def info(self) -> dict:
+        """JSON-able description: model config, source, settings, devices and compile time."""
+        return {"model": self.config.model_dump(), "checkpoint": self.source,
+                "settings": self.settings.model_dump(), "buckets": list(self.buckets),
+                "context_keep": check_keep(self.settings, self.config.max_seq_len),
+                "devices": [str(d) for d in jax.devices()], "backend": jax.default_backend(),
+                "jax": jax.__version__, "compile_s": self.compile_s, "programs": len(self.compiled)}
+
+
+def check_keep(settings: EngineSettings, max_seq_len: int) -> int:
+    """The context_keep in force: settings' or max_seq_len // 2. ValueError outside 2..max_seq_len."""
+    keep = settings.context_keep or max(2, max_seq_len // 2)
+    if not 2 <= keep <= max_seq_len:
+        raise ValueError(f"context_keep must be in 2..{max_seq_len} (max_seq_len), got {keep}")
+    return keep
