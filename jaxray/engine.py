@@ -51,7 +51,7 @@ class EngineSettings(BaseModel):
 
     buckets: tuple[int, ...] = (32, 128, 256)
     batch_sizes: tuple[int, ...] = (1, 4, 16)
-    chunk: int = Field(32, gt=0, le=4096, strict=True)
+    chunk: int = Field(32, gt=0, le=100_000, strict=True)
     max_new_tokens: int = Field(1024, gt=0, le=100_000, strict=True)
     max_prompt_bytes: int = Field(65536, gt=0, strict=True)
     context_keep: Optional[int] = Field(None, ge=2, strict=True)
@@ -119,9 +119,12 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | Path, settings: Optional[EngineSettings] = None) -> "Engine":
-        """The engine for a checkpoint, a Ray Train run folder or ``runs/<experiment>`` (its best
-        transformer). Raises CheckpointError (a ValueError) naming the path when it holds no
-        transformer checkpoint."""
+        """The engine for a checkpoint, a Ray Train run folder, ``runs/<experiment>`` (its best
+        transformer) or a ``python -m jaxray.export`` artifact (``jaxray.export.load_engine``).
+        Raises CheckpointError (a ValueError) naming the path when it holds no transformer checkpoint."""
+        if (Path(path) / "manifest.json").is_file():  # an export artifact
+            from jaxray.export import load_engine
+            return load_engine(path, settings)
         from jaxray import checkpoint
 
         resolved = checkpoint.resolve(path, workload="transformer")

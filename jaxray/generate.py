@@ -1,5 +1,9 @@
 """Byte-level sampling from a trained transformer; ``python -m jaxray.generate``.
 
+Two samplers: ``kv_generate`` (the default of the CLI) prefills the prompt once and decodes each
+new byte against a KV cache (``jaxray.decoding``); ``generate`` is the learning path's recipe, the
+full-recompute sampler below, kept as the reference both are tested against.
+
 ``sample`` is pure over a ``tokens_to_logits`` callback (testable without a model). It recomputes the
 full fixed-size window for every new byte (the learning path's recipe) but keeps the whole loop on
 device in one ``lax.fori_loop``: one compiled program per (window, max_new_tokens), the same at
@@ -118,6 +122,26 @@ def generate(model, params, prompt: str, max_new_tokens: int, temperature: float
     return decode(np.asarray(new))
 
 
+def kv_generate(model, params, prompt: str, max_new_tokens: int, temperature: float = 0.8, seed: int = 0,
+                top_k: Optional[int] = None, context_keep: Optional[int] = None) -> str:
+    """As ``generate``, with the KV-cache sampler in one compiled call: equal to ``generate`` token
+    for token while prompt + output fit in max_seq_len, and beyond when ``context_keep`` is
+    max_seq_len (see ``jaxray.decoding`` for the window policy; default max_seq_len // 2). Raises
+    ValueError as ``generate``, or for ``context_keep`` outside 2..max_seq_len."""
+    from jaxray.engine import Engine, EngineSettings, Request
+
+    check_sampling(max_new_tokens, temperature, top_k, model.config.vocab_size, seed)
+    encoded = encode_prompt(prompt)
+    prompt_window(encoded, 1)  # the empty-prompt error
+    size = model.config.max_seq_len
+    settings = EngineSettings(buckets=(min(len(encoded), size),), batch_sizes=(1,), chunk=max_new_tokens,
+                              max_new_tokens=max_new_tokens, max_prompt_bytes=max(len(encoded), 1),
+                              context_keep=context_keep)
+    engine = Engine.for_model(model, params, settings)
+    [done] = engine.generate([Request(encoded, max_new_tokens, temperature, top_k, seed)])
+    return done.text
+
+
 def printable(text: str) -> str:
     """``text`` safe to print on a terminal: control characters other than newline and tab (an
     undertrained model samples bytes such as ESC or carriage return) become U+FFFD."""
@@ -134,6 +158,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy")
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely bytes; unset: all")
     p.add_argument("--seed", type=int, default=0, help="PRNG seed")
+    p.add_argument("--sampler", choices=("kv", "full"), default="kv",
+                   help="kv: prefill once, then a KV-cache decode step per byte; full: recompute the window per byte")
+    p.add_argument("--context-keep", type=int, default=None,
+                   help="kv: bytes kept when the window is full (2..max_seq_len; default max_seq_len // 2)")
     args = p.parse_args(argv)
     from jaxray import checkpoint
 
@@ -144,8 +172,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         workload = checkpoint.load_model_config(path).workload
         if workload != "transformer":
             raise checkpoint.CheckpointError(f"{path} holds a {workload} checkpoint; generation needs a transformer")
+        if args.context_keep is not None and args.sampler == "full":
+            raise ValueError("--context-keep applies to --sampler kv only")
         model, params = checkpoint.restore(path)
-        text = generate(model, params, args.prompt, args.max_new_tokens, args.temperature, args.seed, args.top_k)
+        if args.sampler == "kv":
+            text = kv_generate(model, params, args.prompt, args.max_new_tokens, args.temperature, args.seed,
+                               args.top_k, args.context_keep)
+        else:
+            text = generate(model, params, args.prompt, args.max_new_tokens, args.temperature, args.seed, args.top_k)
     except (checkpoint.CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

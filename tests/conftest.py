@@ -20,3 +20,23 @@ def real_dir() -> Path:
     if not (path / "tinyshakespeare.txt").is_file():
         pytest.fail(f"JAXRAY_DATA_DIR={value} does not hold tinyshakespeare.txt")
     return path
+
+
+@pytest.fixture(scope="session")
+def trained_transformer(real_dir, tmp_path_factory) -> Path:
+    """A checkpoint of a small transformer (d_model 64, 2 layers, max_seq_len 64) trained for 60
+    steps on the real TinyShakespeare bytes in this process (seconds): enough for text-like output,
+    so parity tests compare real predictions rather than those of random weights."""
+    from jaxray import checkpoint
+    from jaxray.config import DataConfig, ModelConfig, TrainConfig, TrialConfig
+    from jaxray.data.batching import train_batches
+    from jaxray.data.workloads import load_arrays
+    from jaxray.parallel.mesh import make_mesh
+    from jaxray.train.run import train
+
+    trial = TrialConfig(model=ModelConfig(workload="transformer", width=64, num_layers=2, num_heads=2, max_seq_len=64),
+                        train=TrainConfig(steps=60, global_batch=16, learning_rate=3e-3, log_every=20),
+                        data=DataConfig(seq_len=64, data_dir=str(real_dir)))
+    train_arrays, held_out = load_arrays(trial)
+    result = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
+    return checkpoint.save(tmp_path_factory.mktemp("trained") / "transformer", result.state.params, trial)
