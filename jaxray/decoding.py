@@ -123,16 +123,19 @@ def decode(prefill: Prefill, decode_step: Decode, params, state: DecodeState, ma
     """
     size = state.context.shape[1]
     rows = jnp.arange(state.pending.shape[0])
+    limit = jnp.minimum(max_steps, chunk)
 
-    def cond(carry):
+    def more(carry):
         i, state, _ = carry
-        return (i < jnp.minimum(max_steps, chunk)) & jnp.any(state.remaining > 0)
+        return (i < limit) & jnp.any(state.remaining > 0)
 
-    def body(carry):
+    def window_left(carry):  # the inner loop stops where a row must slide first
+        _, state, _ = carry
+        return more(carry) & ~jnp.any((state.remaining > 0) & (state.positions >= size))
+
+    def step(carry):
         i, state, out = carry
         active = state.remaining > 0
-        full = active & (state.positions >= size)
-        state = jax.lax.cond(jnp.any(full), lambda s: _slide(prefill, params, s, full, keep), lambda s: s, state)
         at = jnp.minimum(state.positions, size - 1)  # finished rows may sit at S; their writes are unused
         logits, cache = decode_step(params, state.pending, at, state.cache)
         token, rng = next_tokens(logits, state.rng, state.temperature, state.top_k)
@@ -143,7 +146,15 @@ def decode(prefill: Prefill, decode_step: Decode, params, state: DecodeState, ma
             rng=jnp.where(active[:, None], rng, state.rng))
         return i + 1, state, out.at[:, i].set(token)
 
+    def slide_then_steps(carry):
+        # The slide's lax.cond sits outside the per-token loop: as an operand of a conditional the
+        # cache was copied on every step.
+        i, state, out = carry
+        full = (state.remaining > 0) & (state.positions >= size)
+        state = jax.lax.cond(jnp.any(full), lambda s: _slide(prefill, params, s, full, keep), lambda s: s, state)
+        return jax.lax.while_loop(window_left, step, (i, state, out))
+
     before = state.remaining
     out = jnp.zeros((rows.shape[0], chunk), jnp.int32)
-    _, state, out = jax.lax.while_loop(cond, body, (jnp.int32(0), state, out))
+    _, state, out = jax.lax.while_loop(more, slide_then_steps, (jnp.int32(0), state, out))
     return state, out, jnp.maximum(before, 0) - jnp.maximum(state.remaining, 0)

@@ -59,12 +59,11 @@ def blocked_causal_attention(query, key, value, block: int = ATTENTION_BLOCK):
 def cached_attention(query, keys, values, positions):
     """One new query per row against a KV cache.
 
-    query [B, 1, H, K]; keys, values [B, H, S, K] (the cache, this step's entry already written;
-    heads before positions so both matmuls are plain batched matmuls over (B, H) and XLA need not
-    transpose the whole cache every step); positions [B] int32, the query's position. Row b sees
-    cache entries 0..positions[b] only. Returns [B, 1, H, K]. Same scaling and float32 softmax as
-    ``blocked_causal_attention``, so a decode step reproduces the full forward's logits up to float
-    rounding.
+    query [B, 1, H, K]; keys, values [B, H, S, K] (the cache with this step's entry written; heads
+    before positions so both matmuls are batched over (B, H) without transposing the cache);
+    positions [B] int32, the query's position. Row b sees cache entries 0..positions[b] only.
+    Returns [B, 1, H, K]. Same scaling and float32 softmax as ``blocked_causal_attention``, so a
+    decode step reproduces the full forward's logits up to float rounding.
     """
     query = query[:, 0] * jnp.asarray(1.0 / math.sqrt(query.shape[-1]), query.dtype)  # [B, H, K]
     scores = jnp.einsum("bhk,bhsk->bhs", query, keys, preferred_element_type=jnp.float32)  # [B, H, S]

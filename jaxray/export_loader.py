@@ -1,0 +1,185 @@
+"""Run a ``python -m jaxray.export`` artifact with JAX alone: no jaxray model code, Flax or Orbax.
+
+This module imports only the standard library, NumPy and JAX, so it can be copied next to an
+artifact and used where jaxray is not installed. An artifact directory holds::
+
+    manifest.json          format, versions, model config, buckets, batch sizes, the weights' order,
+                           and per file its sha256 and per function its input/output shapes
+    weights.npz            the float32 params, one array per leaf, named by its key path
+    logits.exported        tokens [b, S] int32 -> logits [b, S, V] float32 (b symbolic)
+    start_b{P}_n{B}.exported, decode_n{B}.exported
+                           the serving engine's programs (``jaxray.decoding``) per prompt bucket P
+                           and batch size B, as serialized ``jax.export.Exported`` (StableHLO)
+
+Every exported function takes the flat list of weights (the manifest's ``weights.leaves`` order)
+first; the decode state is a flat tuple (the manifest's ``state_leaves``)::
+
+    art = load_artifact("exports/demo")
+    logits = art.logits(np.array([[72, 105]], np.int32))          # [1, 2, 256] float32
+    state, first = art.start(tokens, lengths, seeds, temperature, top_k, max_new)
+    state, new, counts = art.decode(state, np.int32(art.manifest["chunk"]))
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+FORMAT = "jaxray-export"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class ArtifactError(ValueError):
+    """An artifact that cannot be run here; the message names the file or field at fault."""
+
+
+@dataclass
+class Artifact:
+    """A loaded, verified artifact.
+
+    path: the artifact directory; manifest: manifest.json as a dict; weights: the params' leaves
+    as device arrays, manifest order; exported: ``jax.export.Exported`` keyed like the engine's
+    compiled programs: ``("logits", None, None)``, ``("start", bucket, batch)``,
+    ``("decode", None, batch)``.
+    """
+
+    path: Path
+    manifest: dict
+    weights: list
+    exported: dict
+    _jitted: dict = field(default_factory=dict, repr=False)
+
+    def program(self, key: tuple) -> Callable[..., Any]:
+        """The jitted function for ``key`` with the weights bound. KeyError names the available keys."""
+        if key not in self.exported:
+            raise KeyError(f"the artifact has no program {key}; it has {sorted(self.exported, key=str)}")
+        if key not in self._jitted:
+            self._jitted[key] = jax.jit(self.exported[key].call)
+        fn = self._jitted[key]
+        return lambda *args: fn(self.weights, *args)
+
+    def logits(self, tokens) -> np.ndarray:
+        """tokens [B, T] integers in 0..V-1, 1 <= T <= S -> logits [B, T, V] float32.
+
+        Rows are zero-padded to S = max_seq_len: causal attention means the padding never changes
+        the logits at positions < T. Raises ValueError naming ``tokens`` for a bad shape or value.
+        """
+        tokens = np.asarray(tokens)
+        size, vocab = self.manifest["max_seq_len"], self.manifest["vocab_size"]
+        if tokens.ndim != 2 or not 1 <= tokens.shape[1] <= size or tokens.shape[0] < 1:
+            raise ValueError(f"tokens must be [B, T] with B >= 1 and 1 <= T <= {size}, got shape {tokens.shape}")
+        if not np.issubdtype(tokens.dtype, np.integer) or tokens.min() < 0 or tokens.max() >= vocab:
+            raise ValueError(f"tokens must be integers in 0..{vocab - 1}")
+        padded = np.zeros((tokens.shape[0], size), np.int32)
+        padded[:, :tokens.shape[1]] = tokens
+        return np.asarray(self.program(("logits", None, None))(padded))[:, :tokens.shape[1]]
+
+    def start(self, tokens, lengths, seeds, temperature, top_k, max_new_tokens):
+        """``jaxray.decoding.start`` for tokens [B, P] int32 (P a bucket, B a batch size); lengths,
+        top_k, max_new_tokens [B] int32; seeds [B] uint32; temperature [B] float32.
+        Returns (state: tuple of arrays, first [B] int32)."""
+        batch, bucket = np.shape(tokens)
+        return self.program(("start", bucket, batch))(tokens, lengths, seeds, temperature, top_k, max_new_tokens)
+
+    def decode(self, state, max_steps):
+        """``jaxray.decoding.decode``: state from ``start``/``decode``, max_steps () int32.
+        Returns (state, tokens [B, chunk] int32, counts [B] int32)."""
+        return self.program(("decode", None, np.shape(state[0])[0]))(state, max_steps)
+
+
+def sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(directory: str | Path) -> dict:
+    """manifest.json of an artifact. Raises ArtifactError if missing, damaged or of another format."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(f"{directory} is not an export artifact: {MANIFEST} is missing")
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as err:
+        raise ArtifactError(f"{path} is damaged: {err}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{path} is not a {FORMAT} manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{path} has format_version {manifest.get('format_version')!r}; "
+                            f"this loader reads {FORMAT_VERSION}")
+    return manifest
+
+
+def verify_files(directory: Path, manifest: dict) -> None:
+    """ArtifactError naming the first file that is missing or whose sha256 is not the manifest's."""
+    files = [manifest["weights"]] + list(manifest["functions"].values())
+    for entry in files:
+        path = directory / entry["file"]
+        if not path.is_file():
+            raise ArtifactError(f"{path} is missing")
+        if sha256(path) != entry["sha256"]:
+            raise ArtifactError(f"{path} is damaged: its sha256 is not the one in {MANIFEST}")
+
+
+def check_versions(manifest: dict) -> None:
+    """Warn when the artifact was exported by another JAX minor version (``jax.export`` keeps
+    backward compatibility for a while, but numerics and support windows may differ)."""
+    minor = lambda version: tuple(str(version).split(".")[:2])  # noqa: E731
+    if minor(manifest.get("jax", "")) != minor(jax.__version__):
+        warnings.warn(f"artifact exported with jax {manifest.get('jax')}; running jax {jax.__version__}",
+                      stacklevel=3)
+
+
+def load_weights(path: Path, leaves: list[dict]) -> list:
+    """The weights in manifest order, as device arrays. ArtifactError names a leaf that is missing
+    or not of the manifest's shape and dtype."""
+    with np.load(path, allow_pickle=False) as npz:
+        out = []
+        for leaf in leaves:
+            if leaf["name"] not in npz.files:
+                raise ArtifactError(f"{path} has no array {leaf['name']!r}")
+            array = npz[leaf["name"]]
+            if list(array.shape) != leaf["shape"] or str(array.dtype) != leaf["dtype"]:
+                raise ArtifactError(f"{path}: {leaf['name']} is {array.dtype}{list(array.shape)}, "
+                                    f"the manifest says {leaf['dtype']}{leaf['shape']}")
+            out.append(jax.device_put(array))
+    return out
+
+
+def _key(entry: dict) -> tuple:
+    return (entry["kind"], entry.get("bucket"), entry.get("batch"))
+
+
+def load_artifact(directory: str | Path) -> Artifact:
+    """Read, verify and deserialize an artifact directory.
+
+    Raises ArtifactError (a ValueError) for a missing or damaged manifest, a file missing or whose
+    sha256 differs (naming it), weights that do not match the manifest, or an artifact not exported
+    for this machine's platform. Warns when the JAX minor version differs from the exporter's.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    verify_files(directory, manifest)
+    check_versions(manifest)
+    platform = jax.export.default_export_platform()
+    if platform not in manifest["platforms"]:
+        raise ArtifactError(f"{directory} was exported for {', '.join(manifest['platforms'])}; "
+                            f"this machine runs {platform}")
+    exported = {}
+    for entry in manifest["functions"].values():
+        try:
+            exported[_key(entry)] = jax.export.deserialize(bytearray((directory / entry["file"]).read_bytes()))
+        except Exception as err:  # noqa: BLE001 - deserialize raises assorted errors for unreadable blobs
+            raise ArtifactError(f"{directory / entry['file']} could not be deserialized: {err}") from None
+    weights = load_weights(directory / manifest["weights"]["file"], manifest["weights"]["leaves"])
+    return Artifact(directory, manifest, weights, exported)

@@ -1,0 +1,168 @@
+"""python -m jaxray.serve --checkpoint PATH: serve a trained transformer over HTTP with Ray Serve.
+
+Every option is checked (and the port tried) before Ray starts. Joins the cluster ``RAY_ADDRESS``
+names (``RAY_ADDRESS=auto``: a ``ray start`` cluster on this machine), otherwise starts a private
+local Ray in-process. Prints the URL and a curl example once the replica has compiled; Ctrl-C or
+SIGTERM removes the app and stops what it started.
+
+  python -m jaxray.serve --checkpoint runs/demo --port 8000 --max-batch-size 16 --batch-wait-ms 10
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, NoReturn, Optional
+
+from pydantic import ValidationError
+
+from jaxray.cli import non_negative_int, positive_int
+
+if TYPE_CHECKING:  # the app module imports Ray and JAX; the options are checked before either loads
+    from jaxray.serve.app import AppArgs
+
+APP_NAME = "jaxray"
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated positive integers, e.g. ``32,128,256``."""
+    try:
+        return tuple(positive_int(part) for part in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jaxray.serve", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--checkpoint", required=True,
+                   help="a checkpoint folder, runs/<experiment> (its best transformer), or an export artifact")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=positive_int, default=8000, help="HTTP port")
+    p.add_argument("--max-batch-size", type=positive_int, default=None,
+                   help="requests decoded together (default: the largest of --batch-sizes)")
+    p.add_argument("--batch-wait-ms", type=float, default=10.0, help="how long a batch waits to fill, ms")
+    p.add_argument("--max-ongoing-requests", type=positive_int, default=256,
+                   help="requests the replica holds at once (batch queue and decoding); more wait in Serve's proxy")
+    p.add_argument("--buckets", type=int_list, default=None, help="prompt lengths compiled (default 32,128,256)")
+    p.add_argument("--batch-sizes", type=int_list, default=None, help="batch sizes compiled (default 1,4,16)")
+    p.add_argument("--chunk", type=positive_int, default=None, help="new tokens per decode call (default 32)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None, help="cap per request (default 1024)")
+    p.add_argument("--max-prompt-bytes", type=positive_int, default=None, help="longest prompt (default 65536)")
+    p.add_argument("--context-keep", type=non_negative_int, default=None,
+                   help="bytes kept when the window slides (default max_seq_len // 2)")
+    return p
+
+
+def app_args(args: argparse.Namespace, parser_error: Callable[[str], NoReturn]) -> AppArgs:
+    """The validated AppArgs; ``parser_error`` (exit 2) names the option of a bad value."""
+    from jaxray.serve.app import AppArgs
+
+    engine = {k: v for k, v in (("buckets", args.buckets), ("batch_sizes", args.batch_sizes), ("chunk", args.chunk),
+                                ("max_new_tokens", args.max_new_tokens),
+                                ("max_prompt_bytes", args.max_prompt_bytes),
+                                ("context_keep", args.context_keep)) if v is not None}
+    try:
+        parsed = AppArgs(checkpoint=args.checkpoint, max_batch_size=args.max_batch_size,
+                         batch_wait_ms=args.batch_wait_ms, max_ongoing_requests=args.max_ongoing_requests,
+                         engine=engine)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        option = "--" + str(first["loc"][-1] if first["loc"] else "args").replace("_", "-")
+        parser_error(f"{option}: {first['msg']}")
+    return parsed
+
+
+def check_port(host: str, port: int) -> Optional[str]:
+    """None if ``host:port`` can be listened on, else why not."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, port))
+    except OSError as err:
+        return f"cannot listen on {host}:{port}: {err.strerror or err}"
+    return None
+
+
+def init_ray() -> bool:
+    """Join the cluster ``RAY_ADDRESS`` names (``auto``: the one ``ray start`` left on this machine);
+    otherwise start a private local Ray. True if joined.
+
+    Never joins on its own: another user's or another test's Ray on the same machine (with its own
+    auth token) would make ``ray.init`` retry forever instead of serving.
+    """
+    import ray
+
+    address = os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
+        if (Path.home() / ".ray" / "auth_token").is_file():
+            os.environ.setdefault("RAY_AUTH_MODE", "token")  # a `ray start` cluster of Ray 2.60 uses token auth
+        ray.init(address=address)
+        return True
+    ray.init(address="local", include_dashboard=False)
+    return False
+
+
+def ready_message(host: str, port: int) -> str:
+    """The URL, the compile time the replica reported, and a curl example."""
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    with urllib.request.urlopen(f"{url}/info", timeout=30) as reply:
+        compiled = json.load(reply)
+    body = json.dumps({"prompt": "ROMEO:", "max_new_tokens": 64, "temperature": 0})
+    return (f"jaxray is serving on {url} ({compiled['programs']} programs compiled in "
+            f"{compiled['compile_s']:.1f} s)\n"
+            f"  curl -s {url}/generate -H 'Content-Type: application/json' -d '{body}'\n"
+            f"Ctrl-C stops it.")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from jaxray.serve.app import build_app
+
+    try:  # binding checks the path and the batch limits; it starts nothing
+        app = build_app(app_args(args, parser.error))
+    except ValueError as err:
+        parser.error(str(err))
+    if problem := check_port(args.host, args.port):
+        parser.error(f"--port: {problem}")
+
+    from ray import serve
+
+    # SIGTERM (a supervisor, or `kill`) stops as cleanly as Ctrl-C: the finally below removes the app.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    joined = init_ray()
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(app, name=APP_NAME, route_prefix="/")
+        print(ready_message(args.host, args.port), flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("stopping", file=sys.stderr)
+        return 0
+    except (RuntimeError, ValueError) as err:  # a replica that failed to start: Serve's message names why
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        _stop(joined)
+
+
+def _stop(joined: bool) -> None:
+    """Remove our app; stop Serve and Ray only if this process started them."""
+    import ray
+    from ray import serve
+
+    try:
+        serve.delete(APP_NAME) if joined else serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

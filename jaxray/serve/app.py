@@ -1,0 +1,299 @@
+"""The Ray Serve application: one replica holding a compiled ``jaxray.engine.Engine`` behind FastAPI.
+
+Routes (``jaxray.serve.schema`` has the request shapes and the error format):
+
+  POST /generate         {"prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream"}
+                         -> {"text", "prompt_tokens", "new_tokens", "latency_ms"}, or with
+                         "stream": true server-sent events ``data: {"text": ...}`` and a last
+                         ``data: {"done": true, "prompt_tokens", "new_tokens", "latency_ms"}``
+  POST /v1/completions   the OpenAI completions shape; streams OpenAI chunks and ``data: [DONE]``
+  GET  /healthz          {"status": "ok"}
+  GET  /info             model config, checkpoint, engine settings, JAX devices, compile time
+
+The replica loads and compiles every (bucket, batch size) program in ``__init__``, before Serve
+routes traffic to it, so the first request runs the same compiled code as the tenth. Concurrent
+requests meet in one ``@serve.batch`` async generator that steps ``Engine.stream`` chunk by chunk;
+stream and non-stream requests share it. The engine runs on one worker thread so the event loop
+keeps answering /healthz while a batch decodes.
+
+``serve run serve/config.yaml`` calls ``app_builder``; ``python -m jaxray.serve`` calls ``build_app``.
+"""
+# No `from __future__ import annotations`: FastAPI reads the route signatures at runtime, and Serve's
+# class-based views cannot resolve string annotations such as "HttpRequest" from this module.
+import asyncio
+import codecs
+import logging
+import os
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError
+from ray import serve
+from ray.serve import Application
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+
+from jaxray.engine import Engine, EngineSettings, Request
+from jaxray.serve.schema import (ApiError, CompletionRequest, GenerateRequest, GenerateResponse, Limits,
+                                 completion_object, parse, sse)
+
+logger = logging.getLogger("ray.serve")
+api = FastAPI(title="jaxray", description="Byte-level transformer text generation on Ray Serve")
+ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed")
+
+
+@api.exception_handler(ApiError)
+async def _refused(_: HttpRequest, err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+@api.exception_handler(HTTPException)
+async def _no_route(http: HttpRequest, err: HTTPException) -> JSONResponse:
+    # FastAPI's 404/405 as the same error shape as every other refusal.
+    field = "method" if err.status_code == 405 else "path"
+    return JSONResponse(ApiError(err.status_code, field, f"{err.detail}: {http.method} {http.url.path}",
+                                 "GET /healthz, GET /info, POST /generate, POST /v1/completions").body(),
+                        status_code=err.status_code)
+
+
+@api.exception_handler(Exception)
+async def _failed(_: HttpRequest, err: Exception) -> JSONResponse:
+    # A bug or an engine failure: still the JSON error shape (the replica itself stays up).
+    logger.exception("jaxray: request failed")
+    return JSONResponse(ApiError(500, "engine", f"{type(err).__name__}: {err}").body(), status_code=500)
+
+
+def _body_schema(model: type[BaseModel]) -> dict:
+    """OpenAPI ``requestBody`` for a route that parses its body itself (see ``parse``)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+async def read_body(http: HttpRequest, limit: int) -> bytes:
+    """The request body, but stop reading once it is past ``limit`` bytes (``parse`` then refuses
+    it with 413): a client cannot make the replica buffer an arbitrarily large body."""
+    body = bytearray()
+    async for part in http.stream():
+        body += part
+        if len(body) > limit:
+            break
+    return bytes(body)
+
+
+async def decoded(chunks: AsyncIterator[list[int]]) -> AsyncIterator[str]:
+    """Text pieces of a token stream. The incremental decoder holds back a character split across
+    chunks (rather than emitting U+FFFD for each half); bytes that are not UTF-8 become U+FFFD."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    async for tokens in chunks:
+        if text := decoder.decode(bytes(tokens)):
+            yield text
+    if tail := decoder.decode(b"", final=True):
+        yield tail
+
+
+async def _guarded(pieces: AsyncIterator[str]) -> AsyncIterator[str | bytes]:
+    """``pieces``, then an SSE error event (bytes) if the engine fails mid-stream: the status line
+    is already sent, so the error can only travel in the stream."""
+    try:
+        async for piece in pieces:
+            yield piece
+    except Exception as err:  # noqa: BLE001 - reported to the client and the log, the server stays up
+        logger.exception("jaxray: generation failed mid-stream")
+        yield b"event: error\n" + sse(ApiError(500, "engine", f"{type(err).__name__}: {err}").body())
+
+
+async def _drain(results: AsyncIterator) -> None:
+    async for _ in results:
+        pass
+
+
+class _Counted:
+    """Wraps a token-chunk stream and counts the tokens that went through it."""
+
+    def __init__(self, chunks: AsyncIterator[list[int]]):
+        self.chunks, self.count = chunks, 0
+
+    async def __aiter__(self) -> AsyncIterator[list[int]]:
+        async for tokens in self.chunks:
+            self.count += len(tokens)
+            yield tokens
+
+
+@serve.deployment
+@serve.ingress(api)
+class JaxrayServer:
+    """One replica: the engine, its compiled programs, and the HTTP routes over them.
+
+    checkpoint: an absolute path ``Engine.load`` accepts; settings: the engine's; max_batch_size:
+    requests decoded together (<= max(settings.batch_sizes)); batch_wait_s: how long the first
+    request of a batch waits for company.
+    """
+
+    def __init__(self, checkpoint: str, settings: EngineSettings, max_batch_size: int, batch_wait_s: float):
+        self.engine = Engine.load(checkpoint, settings)
+        report = self.engine.compile()
+        logger.info("jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s",
+                    report["programs"], report["compile_s"], self.engine.buckets, settings.batch_sizes, checkpoint)
+        self.model_name = Path(checkpoint).name
+        self.max_seq_len = self.engine.config.max_seq_len
+        self.limits = Limits(settings.max_new_tokens, settings.max_prompt_bytes, self.engine.config.vocab_size)
+        self.batching = {"max_batch_size": max_batch_size, "batch_wait_ms": batch_wait_s * 1e3}
+        self._batch.set_max_batch_size(max_batch_size)
+        self._batch.set_batch_wait_timeout_s(batch_wait_s)
+        # One thread: the engine is driven by one batch at a time, and JAX calls leave the event loop.
+        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="jaxray-engine")
+        self._draining: set[asyncio.Task] = set()  # references keep the drain tasks from being collected
+        self.served = {"batches": 0, "requests": 0, "largest_batch": 0}
+
+    @api.get("/healthz")
+    async def healthz(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @api.get("/info")
+    async def info(self) -> dict[str, Any]:
+        return {**self.engine.info(),
+                "server": {**self.batching, "limits": vars(self.limits), "served": dict(self.served)}}
+
+    @api.post("/generate", response_model=GenerateResponse, openapi_extra=_body_schema(GenerateRequest))
+    async def generate(self, http: HttpRequest):
+        start = time.perf_counter()
+        req = parse(GenerateRequest, await read_body(http, self.limits.max_body_bytes), self.limits)
+        engine_req = self._engine_request(req, req.new_tokens(self.limits), "max_new_tokens")
+        chunks = _Counted(self._tokens(engine_req))
+        usage = {"prompt_tokens": min(len(engine_req.prompt), self.max_seq_len)}
+        if req.stream:
+            return StreamingResponse(self._generate_events(chunks, usage, start), media_type="text/event-stream")
+        text = "".join([piece async for piece in decoded(chunks)])
+        return GenerateResponse(text=text, new_tokens=chunks.count, **usage,
+                                latency_ms=(time.perf_counter() - start) * 1e3).model_dump()
+
+    @api.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+    async def completions(self, http: HttpRequest):
+        req = parse(CompletionRequest, await read_body(http, self.limits.max_body_bytes), self.limits)
+        engine_req = self._engine_request(req, req.new_tokens(self.limits), "max_tokens")
+        chunks = _Counted(self._tokens(engine_req))
+        completion_id = f"cmpl-{uuid.uuid4().hex}"
+        if req.stream:
+            return StreamingResponse(self._completion_events(chunks, completion_id), media_type="text/event-stream")
+        text = "".join([piece async for piece in decoded(chunks)])
+        prompt_tokens = min(len(engine_req.prompt), self.max_seq_len)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": chunks.count,
+                 "total_tokens": prompt_tokens + chunks.count}
+        # Generation stops only at the token budget (no stop sequences), hence "length".
+        return completion_object(completion_id, self.model_name, text, "length", usage)
+
+    def _engine_request(self, req: GenerateRequest | CompletionRequest, new_tokens: int, cap_field: str) -> Request:
+        """The engine's Request; ``Engine.check`` has the last word (ApiError naming the field)."""
+        engine_req = Request(prompt=req.prompt.encode("utf-8"), max_new_tokens=new_tokens,
+                             temperature=req.temperature, top_k=req.top_k, seed=req.seed)
+        try:
+            self.engine.check(engine_req)
+        except ValueError as err:
+            field = next((f for f in ENGINE_FIELDS if str(err).startswith(f)), "body")
+            raise ApiError(400, cap_field if field == "max_new_tokens" else field, str(err)) from None
+        return engine_req
+
+    async def _tokens(self, request: Request) -> AsyncIterator[list[int]]:
+        """This request's new tokens, a chunk at a time, as its batch produces them."""
+        results = self._batch(request)
+        try:
+            async for tokens, done in results:
+                if tokens:
+                    yield tokens
+                if done:
+                    return
+        finally:
+            # Serve ends this request's result stream only at the batch's next yield or end: read
+            # that last item in the background (so asyncio has no unretrieved StopAsyncIteration to
+            # log) rather than hold the response until the longest request of the batch is done.
+            task = asyncio.get_running_loop().create_task(_drain(results))
+            self._draining.add(task)
+            task.add_done_callback(self._draining.discard)
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)  # both reset in __init__ from the settings
+    async def _batch(self, requests: list[Request]) -> AsyncIterator[list]:
+        """Serve calls this with the requests that arrived together; each yield hands request i
+        ``(tokens, done)``, and StopIteration (Serve's end-of-stream marker) after it was done."""
+        self.served["batches"] += 1
+        self.served["requests"] += len(requests)
+        self.served["largest_batch"] = max(self.served["largest_batch"], len(requests))
+        remaining = [r.max_new_tokens for r in requests]
+        steps = self.engine.stream(requests)
+        loop = asyncio.get_running_loop()
+        while (step := await loop.run_in_executor(self._engine_thread, next, steps, None)) is not None:
+            out: list[Any] = []
+            for i, tokens in enumerate(step):
+                if remaining[i] <= 0:
+                    out.append(StopIteration)
+                    continue
+                remaining[i] -= len(tokens)
+                out.append((tokens, remaining[i] <= 0))
+            yield out
+
+    async def _generate_events(self, chunks: _Counted, usage: dict, start: float) -> AsyncIterator[bytes]:
+        async for piece in _guarded(decoded(chunks)):
+            if isinstance(piece, bytes):  # the error event ends the stream
+                yield piece
+                return
+            yield sse({"text": piece})
+        yield sse({"done": True, **usage, "new_tokens": chunks.count,
+                   "latency_ms": (time.perf_counter() - start) * 1e3})
+
+    async def _completion_events(self, chunks: _Counted, completion_id: str) -> AsyncIterator[bytes]:
+        async for piece in _guarded(decoded(chunks)):
+            if isinstance(piece, bytes):  # the error event ends the stream
+                yield piece
+                return
+            yield sse(completion_object(completion_id, self.model_name, piece, None, chunk=True))
+        yield sse(completion_object(completion_id, self.model_name, "", "length", chunk=True))
+        yield sse("[DONE]")
+
+
+class AppArgs(BaseModel):
+    """The ``args`` of ``serve/config.yaml`` (and of ``python -m jaxray.serve``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    checkpoint: str = Field(description="checkpoint dir, runs/<experiment>, or export artifact; relative "
+                                        "paths are read from the directory Serve was started in")
+    max_batch_size: Optional[PositiveInt] = Field(None, description="default: max(engine.batch_sizes)")
+    batch_wait_ms: NonNegativeFloat = Field(10.0, description="how long a batch waits to fill, ms")
+    # Requests the replica holds at once (queued for a batch or decoding). More wait in Serve's proxy,
+    # where they would queue ahead of /healthz; waiting in the replica costs only a coroutine.
+    max_ongoing_requests: PositiveInt = 256
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+
+
+def build_app(args: AppArgs) -> Application:
+    """The bound application for ``args``. Raises ValueError if the checkpoint path does not exist
+    or ``max_batch_size`` exceeds the largest compiled batch size or ``max_ongoing_requests``."""
+    path = Path(args.checkpoint).expanduser().absolute()
+    if not path.exists():
+        raise ValueError(f"checkpoint {args.checkpoint} does not exist (looked for {path}; relative paths are "
+                         f"read from {os.getcwd()})")
+    largest = max(args.engine.batch_sizes)
+    max_batch = args.max_batch_size or largest
+    if max_batch > largest:
+        raise ValueError(f"max_batch_size {max_batch} exceeds the largest compiled batch size {largest} "
+                         f"(engine.batch_sizes {args.engine.batch_sizes})")
+    if max_batch > args.max_ongoing_requests:
+        raise ValueError(f"max_batch_size {max_batch} exceeds max_ongoing_requests {args.max_ongoing_requests}: "
+                         f"a batch could never fill")
+    server = JaxrayServer.options(max_ongoing_requests=args.max_ongoing_requests)
+    return server.bind(str(path), args.engine, max_batch, args.batch_wait_ms / 1e3)
+
+
+def app_builder(args: dict[str, Any]) -> Application:
+    """``import_path: jaxray.serve.app:app_builder`` for ``serve run``: validates ``args`` (see
+    AppArgs) and builds the app. Raises ValueError naming the bad argument."""
+    try:
+        parsed = AppArgs.model_validate(args)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "args"
+        raise ValueError(f"serve args: {where}: {first['msg']}") from None
+    return build_app(parsed)

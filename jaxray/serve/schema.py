@@ -1,0 +1,224 @@
+"""HTTP request/response shapes of the Serve app, and the one error format every refusal uses.
+
+Requests are pydantic models parsed straight from the body bytes (``parse``) in strict mode: a
+boolean is not an integer, ``"0.5"`` is not a number, ``NaN``/``Infinity`` are refused, unknown
+fields are refused by name. The limits that depend on the server's settings (``Limits``: the
+max_new_tokens cap, the prompt byte limit, the vocabulary) travel as pydantic validation context,
+so one model serves every configuration.
+
+Every refusal is HTTP 400 (413 for a body far past any valid request, 404/405 for an unknown
+route or method) with the body::
+
+    {"error": {"field": "temperature", "message": "...", "allowed": "...",
+               "type": "invalid_request_error", "param": "temperature"}}
+
+``field`` names the request field (``body`` for a body that is not a JSON object); ``type`` and
+``param`` repeat it in the OpenAI error shape so OpenAI clients show the message.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+MAX_SEED = 2**32 - 1
+DEFAULT_NEW_TOKENS = 128  # /generate without max_new_tokens (lowered to the server's cap if that is smaller)
+OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
+OPENAI_DEFAULT_TEMPERATURE = 1.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request may ask of this server (from EngineSettings and the model config)."""
+
+    max_new_tokens: int      # cap on new tokens per request
+    max_prompt_bytes: int    # UTF-8 bytes of the prompt
+    vocab_size: int = 256    # top_k is 1..vocab_size
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Bodies longer than this are refused unread (413): a JSON string spends at most 6
+        characters (``\\u00XX``) per prompt byte, plus room for the other fields."""
+        return 6 * self.max_prompt_bytes + 4096
+
+
+class ApiError(Exception):
+    """A refused request: HTTP ``status`` and the error body naming ``field``."""
+
+    def __init__(self, status: int, field: str, message: str, allowed: str = ""):
+        super().__init__(f"{field}: {message}")
+        self.status, self.field, self.message, self.allowed = status, field, message, allowed
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body (see the module docstring)."""
+        return {"error": {"field": self.field, "message": self.message, "allowed": self.allowed,
+                          "type": "invalid_request_error", "param": self.field}}
+
+
+def _limits(info: ValidationInfo) -> Limits:
+    if not isinstance(info.context, Limits):
+        raise TypeError("parse the request with parse(..., limits) so the server's limits apply")
+    return info.context
+
+
+def _check_prompt(prompt: str, info: ValidationInfo) -> str:
+    if not prompt:
+        raise ValueError("prompt is empty")
+    try:
+        size = len(prompt.encode("utf-8"))
+    except UnicodeEncodeError as err:  # lone surrogates have no UTF-8 form
+        raise ValueError(f"prompt is not valid Unicode text ({err.reason} at position {err.start})") from None
+    if size > _limits(info).max_prompt_bytes:
+        raise ValueError(f"prompt is {size} UTF-8 bytes, over the limit of {_limits(info).max_prompt_bytes}")
+    return prompt
+
+
+def _check_cap(value: int, info: ValidationInfo) -> int:
+    cap = _limits(info).max_new_tokens
+    if not 1 <= value <= cap:
+        raise ValueError(f"{info.field_name} must be in 1..{cap}, got {value}")
+    return value
+
+
+def _check_top_k(value: Optional[int], info: ValidationInfo) -> Optional[int]:
+    vocab = _limits(info).vocab_size
+    if value is not None and not 1 <= value <= vocab:
+        raise ValueError(f"top_k must be in 1..{vocab} or null, got {value}")
+    return value
+
+
+Temperature = Annotated[float, Field(ge=0, description="softmax temperature; 0 is greedy")]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description="PRNG seed; the same seed gives the same text")]
+
+
+class _Sampling(BaseModel):
+    """The checks both routes share (each route declares its fields, in the order its docs list
+    them). Strict: JSON types must match exactly."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+    _prompt = field_validator("prompt", check_fields=False)(_check_prompt)
+    _top_k = field_validator("top_k", check_fields=False)(_check_top_k)
+
+
+Prompt = Annotated[str, Field(description="text to continue; only its last max_seq_len bytes are read")]
+TopK = Annotated[Optional[int], Field(description="sample from the k most likely bytes; null: all")]
+Stream = Annotated[bool, Field(description="stream server-sent events as the bytes are produced")]
+
+
+class GenerateRequest(_Sampling):
+    """``POST /generate``."""
+
+    prompt: Prompt
+    max_new_tokens: int = Field(DEFAULT_NEW_TOKENS, description="bytes to generate")
+    temperature: Temperature = 0.8
+    top_k: TopK = None
+    seed: Seed = 0
+    stream: Stream = False
+
+    _cap = field_validator("max_new_tokens")(_check_cap)
+
+    def new_tokens(self, limits: Limits) -> int:
+        """max_new_tokens, its default lowered to the server's cap when not given."""
+        given = "max_new_tokens" in self.model_fields_set
+        return self.max_new_tokens if given else min(self.max_new_tokens, limits.max_new_tokens)
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``: the OpenAI completions request, one string prompt, one choice.
+    ``model`` is accepted (OpenAI clients require it) and otherwise ignored."""
+
+    model: Optional[str] = None
+    prompt: Prompt
+    max_tokens: int = OPENAI_DEFAULT_MAX_TOKENS
+    temperature: Temperature = OPENAI_DEFAULT_TEMPERATURE
+    top_k: TopK = None
+    seed: Seed = 0
+    stream: Stream = False
+
+    _cap = field_validator("max_tokens")(_check_cap)
+
+    def new_tokens(self, limits: Limits) -> int:
+        """max_tokens, its default lowered to the server's cap when not given."""
+        given = "max_tokens" in self.model_fields_set
+        return self.max_tokens if given else min(self.max_tokens, limits.max_new_tokens)
+
+
+class GenerateResponse(BaseModel):
+    """The ``POST /generate`` answer (and, less ``text``, the last streamed event)."""
+
+    text: str = Field(description="the new text; invalid UTF-8 bytes become U+FFFD")
+    prompt_tokens: int = Field(description="prompt bytes the model read (the last max_seq_len at most)")
+    new_tokens: int = Field(description="bytes generated")
+    latency_ms: float = Field(description="from request parsed to last byte, milliseconds")
+
+
+def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:
+    """What ``field`` of ``model`` accepts, in words, for the error body."""
+    cap = f"an integer in 1..{limits.max_new_tokens}"
+    words = {
+        "body": f"a JSON object of at most {limits.max_body_bytes} bytes with the fields "
+                f"{', '.join(model.model_fields)}",
+        "prompt": f"a non-empty string of at most {limits.max_prompt_bytes} UTF-8 bytes",
+        "max_new_tokens": cap, "max_tokens": cap,
+        "temperature": "a finite number >= 0 (0 is greedy)",
+        "top_k": f"an integer in 1..{limits.vocab_size}, or null for all",
+        "seed": f"an integer in 0..{MAX_SEED}",
+        "stream": "true or false",
+        "model": "a string (ignored)",
+    }
+    known = field == "body" or field in model.model_fields
+    return words[field] if known else f"one of the fields {', '.join(model.model_fields)}"
+
+
+def parse(model: type[_Sampling], body: bytes, limits: Limits) -> _Sampling:
+    """Parse ``body`` (raw request bytes) into ``model`` under ``limits``.
+
+    Raises ApiError(400) naming the first bad field, or ``body`` when the bytes are not a JSON
+    object; ApiError(413) when ``body`` is over ``limits.max_body_bytes``.
+    """
+    if len(body) > limits.max_body_bytes:
+        raise ApiError(413, "body", f"request body is over the limit of {limits.max_body_bytes} bytes",
+                       allowed(model, "body", limits))
+    try:
+        return model.model_validate_json(body, context=limits)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        raise _api_error(model, first, limits) from None
+
+
+def _api_error(model: type[BaseModel], error: dict, limits: Limits) -> ApiError:
+    field = str(error["loc"][0]) if error["loc"] else "body"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        message = f"unknown field {field!r}"
+    elif kind == "missing":
+        message = f"{field} is required"
+    elif kind in ("json_invalid", "model_type"):
+        message = f"the body is not a JSON object ({error['msg']})"
+    else:  # pydantic's message for type and range errors; ours (after "Value error, ") for the rest
+        message = error["msg"].removeprefix("Value error, ")
+        message = message if message.startswith(field) else f"{field}: {message}"
+    return ApiError(400, field, message, allowed(model, field, limits))
+
+
+def sse(data: Any) -> bytes:
+    """One server-sent event carrying ``data`` as JSON (or a bare string such as ``[DONE]``)."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n".encode("utf-8")
+
+
+def completion_object(completion_id: str, model: str, text: str, finish_reason: Optional[str],
+                      usage: Optional[dict] = None, chunk: bool = False) -> dict[str, Any]:
+    """An OpenAI ``text_completion`` object (one choice); ``usage`` only on the non-stream answer.
+    OpenAI streams chunks with the same object name and ``finish_reason: null`` until the last."""
+    body: dict[str, Any] = {
+        "id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+    }
+    if usage is not None and not chunk:
+        body["usage"] = usage
+    return body
