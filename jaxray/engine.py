@@ -197,16 +197,15 @@ class Engine:
 
     def generate(self, requests: list[Request]) -> list[Completion]:
         """Every request's new tokens (at most ``max_batch_size`` requests). Raises ValueError as ``check``."""
-        done = [Completion([], 0) for _ in requests]
-        for i, prompt_tokens in enumerate(self._prompt_lengths(requests)):
-            done[i].prompt_tokens = prompt_tokens
+        done = [Completion([], self.prompt_tokens(r)) for r in requests]
         for chunk in self.stream(requests):
             for completion, tokens in zip(done, chunk):
                 completion.tokens += tokens
         return done
 
-    def _prompt_lengths(self, requests: list[Request]) -> list[int]:
-        return [min(len(r.prompt), self.config.max_seq_len) for r in requests]
+    def prompt_tokens(self, request: Request) -> int:
+        """Prompt bytes the model reads: the last max_seq_len."""
+        return min(len(request.prompt), self.config.max_seq_len)
 
     def stream(self, requests: list[Request]) -> Iterator[list[list[int]]]:
         """Yields, chunk by chunk, each request's new tokens ([] once it is finished) until all are
@@ -216,7 +215,7 @@ class Engine:
         for request in requests:
             self.check(request)
         batch = next(b for b in self.settings.batch_sizes if b >= len(requests))
-        bucket = next(b for b in self.buckets if b >= max(self._prompt_lengths(requests)))
+        bucket = next(b for b in self.buckets if b >= max(map(self.prompt_tokens, requests)))
         state, first = self._program("start", bucket, batch)(self.params, *self._inputs(requests, bucket, batch))
         first = np.asarray(first)
         yield [[int(first[i])] for i in range(len(requests))]

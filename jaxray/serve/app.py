@@ -139,7 +139,6 @@ class JaxrayServer:
         logger.info("jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s",
                     report["programs"], report["compile_s"], self.engine.buckets, settings.batch_sizes, checkpoint)
         self.model_name = Path(checkpoint).name
-        self.max_seq_len = self.engine.config.max_seq_len
         self.limits = Limits(settings.max_new_tokens, settings.max_prompt_bytes, self.engine.config.vocab_size)
         self.batching = {"max_batch_size": max_batch_size, "batch_wait_ms": batch_wait_s * 1e3}
         self._batch.set_max_batch_size(max_batch_size)
@@ -164,7 +163,7 @@ class JaxrayServer:
         req = parse(GenerateRequest, await read_body(http, self.limits.max_body_bytes), self.limits)
         engine_req = self._engine_request(req, req.new_tokens(self.limits), "max_new_tokens")
         chunks = _Counted(self._tokens(engine_req))
-        usage = {"prompt_tokens": min(len(engine_req.prompt), self.max_seq_len)}
+        usage = {"prompt_tokens": self.engine.prompt_tokens(engine_req)}
         if req.stream:
             return StreamingResponse(self._generate_events(chunks, usage, start), media_type="text/event-stream")
         text = "".join([piece async for piece in decoded(chunks)])
@@ -180,7 +179,7 @@ class JaxrayServer:
         if req.stream:
             return StreamingResponse(self._completion_events(chunks, completion_id), media_type="text/event-stream")
         text = "".join([piece async for piece in decoded(chunks)])
-        prompt_tokens = min(len(engine_req.prompt), self.max_seq_len)
+        prompt_tokens = self.engine.prompt_tokens(engine_req)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": chunks.count,
                  "total_tokens": prompt_tokens + chunks.count}
         # Generation stops only at the token budget (no stop sequences), hence "length".
