@@ -4,6 +4,8 @@
   python -m jaxray.bench all --preset gpu             # the learning path's sizes
   python -m jaxray.bench throughput --workload transformer --batch 16 --steps 10
   python -m jaxray.bench compare --reference ../shared/bench/reference_transformer.py
+  python -m jaxray.bench serve --checkpoint runs/demo   # the Serve app under HTTP load (1..64 clients)
+  python -m jaxray.bench decode                       # KV-cache sampler vs full-window recompute, 300 tokens
 
 ``--cpu-devices N`` sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts,
 so a CPU-only machine shows N devices (default 4 for devices, shard-map, batch-sweep and all); the
@@ -18,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from jaxray.bench.loadtest import add_load_options, non_negative_float, positive_int_list, url_arg
 from jaxray.cli import cpu_device_count, folder, non_negative_int, positive_int
 
 SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
@@ -74,7 +77,49 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     c.add_argument("--pairs", type=positive_int, default=3, help="A B pairs; the median ratio is reported")
     c.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="bfloat16: MLP only")
     c.add_argument("--timeout", type=positive_int, default=900, help="seconds one run may take")
+    _add_serve(sub)
+    _add_decode(sub, common)
     return p.parse_args(argv)
+
+
+def _add_decode(sub, common: argparse.ArgumentParser) -> None:
+    """``decode``: KV-cache sampler vs full-window recompute (jaxray.bench.decode)."""
+    d = sub.add_parser("decode", parents=[common], help="new tokens/s: KV-cache sampler vs full-window recompute")
+    d.add_argument("--new-tokens", type=positive_int, default=300, help="new tokens per request (default 300)")
+    d.add_argument("--batch-sizes", type=_batches, default=[1, 16], help="KV-cache batch sizes (default 1,16)")
+    d.add_argument("--repeats", type=positive_int, default=3, help="timed calls after the warm-up; median reported")
+    d.add_argument("--prompt", default="ROMEO:", help="prompt text (default ROMEO:)")
+    d.add_argument("--temperature", type=non_negative_float, default=0.8, help="sampling temperature; 0 is greedy")
+    d.add_argument("--checkpoint", type=folder, default=None,
+                   help="a transformer checkpoint or runs/<experiment> (default: the lab's model, fresh weights)")
+    d.add_argument("--reference", type=Path, default=None,
+                   help="the notebook sampler script (default ../shared/bench/reference_generate.py if present)")
+    d.add_argument("--timeout", type=positive_int, default=900, help="seconds one notebook run may take")
+
+
+def _port(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {value}")
+    return value
+
+
+def _add_serve(sub) -> None:
+    """``serve``: python -m jaxray.serve under HTTP load from python -m jaxray.bench.loadtest."""
+    s = sub.add_parser("serve", help="the Serve app under HTTP load from a second process (1..64 clients)")
+    s.add_argument("--out", default=None, help="output folder (default runs/bench/serve); '' writes nothing")
+    app = s.add_mutually_exclusive_group(required=True)
+    app.add_argument("--checkpoint", type=folder, help="start python -m jaxray.serve on this checkpoint or run folder")
+    app.add_argument("--url", type=url_arg, help="measure an app already running there instead (http://HOST:PORT)")
+    add_load_options(s)
+    s.add_argument("--port", type=_port, default=8000, help="port of the app started here (default 8000)")
+    s.add_argument("--max-batch-size", type=positive_int, default=None, help="passed to jaxray.serve")
+    s.add_argument("--batch-wait-ms", type=non_negative_float, default=None, help="passed to jaxray.serve")
+    s.add_argument("--batch-sizes", type=positive_int_list, default=None,
+                   help="batch sizes compiled, passed to jaxray.serve (e.g. 1,4,8,16)")
+    s.add_argument("--chunk", type=positive_int, default=None, help="new tokens per decode call (to jaxray.serve)")
+    s.add_argument("--startup-timeout", type=positive_int, default=600,
+                   help="seconds the app may take to answer /healthz (compiles first; default 600)")
 
 
 def set_cpu_devices(args: argparse.Namespace) -> None:
@@ -82,7 +127,8 @@ def set_cpu_devices(args: argparse.Namespace) -> None:
     explicit ``--cpu-devices`` replaces a count already in XLA_FLAGS; the default keeps it."""
     flags = os.environ.get("XLA_FLAGS", "")
     has_count = FORCE_FLAG in flags
-    count = args.cpu_devices or (DEFAULT_CPU_DEVICES if args.command in MULTI_DEVICE and not has_count else None)
+    default = DEFAULT_CPU_DEVICES if args.command in MULTI_DEVICE and not has_count else None
+    count = getattr(args, "cpu_devices", None) or default  # serve has no --cpu-devices: the server is its own process
     if count:
         flags = re.sub(rf"--{FORCE_FLAG}=\S*", "", flags)
         os.environ["XLA_FLAGS"] = f"{flags} --{FORCE_FLAG}={count}".strip()

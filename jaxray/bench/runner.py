@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -16,6 +18,14 @@ from jaxray.bench.suites import suite_sizes
 from jaxray.report import check_overwrite, json_safe
 
 OutFn = Callable[[argparse.Namespace, str], Optional[Path]]
+# The learning path's sampler script: beside the checkout, or beside the data folder.
+SAMPLER_SCRIPT = "reference_generate.py"
+
+
+def _sampler_script() -> Optional[Path]:
+    data = os.environ.get("JAXRAY_DATA_DIR")
+    places = [Path("../shared/bench"), *([Path(data).parent / "bench"] if data else [])]
+    return next((p / SAMPLER_SCRIPT for p in places if (p / SAMPLER_SCRIPT).is_file()), None)
 
 
 def _write(report: Report, out: Optional[Path], echo: bool = True) -> None:
@@ -66,6 +76,35 @@ def _compare(args: argparse.Namespace, out: Optional[Path]) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace, out: Optional[Path]) -> int:
+    """The Serve app under HTTP load; 1 when any level saw a 5xx or a dropped connection."""
+    from jaxray.bench import serving  # only this command needs it
+
+    report, log = serving.run(args)
+    _write(report, out)
+    if out is not None and log is not None:
+        shutil.copy(log, out / "serve.log")
+    bad = [r for r in report.rows if r.get("errors_5xx") or r.get("dropped")]
+    for r in bad:
+        print(f"failed: {r['case']}: {r['errors_5xx']} 5xx, {r['dropped']} dropped (first: {r['first_error']})")
+    return 1 if bad else 0
+
+
+def _decode(args: argparse.Namespace, out: Optional[Path]) -> int:
+    from jaxray.bench import decode  # only this command needs it
+    from jaxray.generate import check_sampling, encode_prompt, prompt_window
+
+    check_sampling(args.new_tokens, args.temperature, None)
+    prompt_window(encode_prompt(args.prompt), 1)
+    if args.reference is not None and not args.reference.is_file():
+        raise FileNotFoundError(f"--reference {args.reference}: not a file")
+    report = decode.decode_benchmark(args.new_tokens, tuple(args.batch_sizes), args.repeats, args.prompt,
+                                     args.temperature, args.reference or _sampler_script(), args.checkpoint,
+                                     args.timeout)
+    _write(report, out)
+    return 1 if report.failed else 0
+
+
 def _suite(name: str, args: argparse.Namespace, out: Optional[Path]) -> Report:
     preset, devices = PRESETS[args.preset], len(jax.devices())
     if name == "throughput":
@@ -107,6 +146,10 @@ def run(args: argparse.Namespace, out_for: OutFn) -> int:
         return _throughput(args, outs["throughput"])
     if args.command == "compare":
         return _compare(args, outs["compare"])
+    if args.command == "serve":
+        return _serve(args, outs["serve"])
+    if args.command == "decode":
+        return _decode(args, outs["decode"])
     suites.preload([size for name in outs for size in suite_sizes(PRESETS[args.preset], name)], args.data_dir)
     start, failed, texts = time.perf_counter(), [], []
     for name, out in outs.items():

@@ -12,9 +12,9 @@ Routes (``jaxray.serve.schema`` has the request shapes and the error format):
 
 The replica loads and compiles every (bucket, batch size) program in ``__init__``, before Serve
 routes traffic to it, so the first request runs the same compiled code as the tenth. Concurrent
-requests meet in one ``@serve.batch`` async generator that steps ``Engine.stream`` chunk by chunk;
-stream and non-stream requests share it. The engine runs on one worker thread so the event loop
-keeps answering /healthz while a batch decodes.
+requests meet in ``@serve.batch`` async generators (stream and non-stream requests alike), whose
+batches ``jaxray.serve.scheduler`` merges into engine batches: ``Engine.stream`` runs chunk by chunk
+on one worker thread, so the event loop keeps answering /healthz while a batch decodes.
 
 ``serve run serve/config.yaml`` calls ``app_builder``; ``python -m jaxray.serve`` calls ``build_app``.
 """
@@ -26,7 +26,6 @@ import logging
 import os
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
@@ -39,12 +38,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 
 from jaxray.engine import Engine, EngineSettings, Request
+from jaxray.serve.scheduler import Scheduler
 from jaxray.serve.schema import (ApiError, CompletionRequest, GenerateRequest, GenerateResponse, Limits,
                                  completion_object, parse, sse)
 
 logger = logging.getLogger("ray.serve")
 api = FastAPI(title="jaxray", description="Byte-level transformer text generation on Ray Serve")
 ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed")
+MERGED_BATCHES = 16  # Serve batches in flight at once, merged by the scheduler
 
 
 @api.exception_handler(ApiError)
@@ -143,8 +144,7 @@ class JaxrayServer:
         self.batching = {"max_batch_size": max_batch_size, "batch_wait_ms": batch_wait_s * 1e3}
         self._batch.set_max_batch_size(max_batch_size)
         self._batch.set_batch_wait_timeout_s(batch_wait_s)
-        # One thread: the engine is driven by one batch at a time, and JAX calls leave the event loop.
-        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="jaxray-engine")
+        self.scheduler = Scheduler(self.engine, max_batch_size)
         self._draining: set[asyncio.Task] = set()  # references keep the drain tasks from being collected
         self.served = {"batches": 0, "requests": 0, "largest_batch": 0}
 
@@ -155,7 +155,9 @@ class JaxrayServer:
     @api.get("/info")
     async def info(self) -> dict[str, Any]:
         return {**self.engine.info(),
-                "server": {**self.batching, "limits": vars(self.limits), "served": dict(self.served)}}
+                "server": {**self.batching, "limits": vars(self.limits), "served": dict(self.served),
+                           "engine_batches": self.scheduler.batches,
+                           "largest_engine_batch": self.scheduler.largest_batch}}
 
     @api.post("/generate", response_model=GenerateResponse, openapi_extra=_body_schema(GenerateRequest))
     async def generate(self, http: HttpRequest):
@@ -213,17 +215,17 @@ class JaxrayServer:
             self._draining.add(task)
             task.add_done_callback(self._draining.discard)
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)  # both reset in __init__ from the settings
+    # Several Serve batches may wait at once: the scheduler merges them into one engine batch.
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01, max_concurrent_batches=MERGED_BATCHES)
     async def _batch(self, requests: list[Request]) -> AsyncIterator[list]:
-        """Serve calls this with the requests that arrived together; each yield hands request i
-        ``(tokens, done)``, and StopIteration (Serve's end-of-stream marker) after it was done."""
+        """Serve calls this with the requests that arrived together (max size and wait reset in
+        ``__init__``); each yield hands request i ``(tokens, done)``, and StopIteration (Serve's
+        end-of-stream marker) after it was done."""
         self.served["batches"] += 1
         self.served["requests"] += len(requests)
         self.served["largest_batch"] = max(self.served["largest_batch"], len(requests))
         remaining = [r.max_new_tokens for r in requests]
-        steps = self.engine.stream(requests)
-        loop = asyncio.get_running_loop()
-        while (step := await loop.run_in_executor(self._engine_thread, next, steps, None)) is not None:
+        async for step in self.scheduler.run(requests):
             out: list[Any] = []
             for i, tokens in enumerate(step):
                 if remaining[i] <= 0:

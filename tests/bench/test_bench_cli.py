@@ -126,7 +126,29 @@ def test_compare_against_the_reference_mlp(real_dir, reference_dir, tmp_path):
     assert "median ratio" in proc.stdout
 
 
+def test_decode_kv_cache_against_full_recompute_and_the_notebook(real_dir, reference_dir, trained_transformer, tmp_path):
+    out = tmp_path / "decode"
+    proc = bench("decode", "--checkpoint", trained_transformer, "--new-tokens", "70", "--batch-sizes", "1,2",
+                 "--repeats", "1", "--reference", reference_dir / "reference_generate.py", "--out", out, data_dir=real_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "summary.json").read_text())
+    assert [(r["sampler"], r["batch"]) for r in doc["rows"]] == [
+        ("kv-cache, context_keep 32", 1), ("kv-cache, context_keep 32", 2), ("kv-cache, context_keep 64", 1),
+        ("full recompute (jaxray.generate.sample)", 1), ("notebook (reference_generate.py)", 1)]
+    for row in doc["rows"]:
+        assert not row.get("error") and row["tokens_per_sec"] > 0 and row["new_tokens"] == 70
+        assert row["vs_full"] > 0 and row["vs_notebook"] > 0
+    assert doc["summary"]["kv_vs_full"] == pytest.approx(doc["rows"][0]["vs_full"])
+    assert "the window fills after 58 new tokens" in (out / "summary.md").read_text()
+
+
 @pytest.mark.parametrize("args, message", [
+    (["decode", "--new-tokens", "0"], "expected a positive integer"),
+    (["decode", "--temperature", "-1"], "expected a number >= 0"),
+    (["decode", "--checkpoint", "/nonexistent"], "is not a directory"),
+    (["decode", "--reference", "/nonexistent/reference_generate.py"], "not a file"),
+    (["decode", "--prompt", ""], "prompt is empty"),
+    (["decode", "--batch-sizes", "1,1"], "listed twice"),
     (["throughput", "--workload", "mlp", "--batch", "6", "--devices", "4", "--cpu-devices", "4"],
      "global_batch 6 is not divisible by the device count 4"),
     (["throughput", "--steps", "0"], "expected a positive integer"),
