@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxray.data.shakespeare import decode
+from jaxray.decoding import draw
 
 # One call samples up to this many bytes (the whole loop is one compiled program, so the cap bounds
 # its run time); seeds are 32-bit.
@@ -38,12 +39,11 @@ TokensToLogits = Callable[[jax.Array], jax.Array]
 
 def _next_token(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: Optional[int]) -> jax.Array:
     """logits [V] float32 -> int32 token: argmax when temperature <= 0, else a draw at ``temperature``
-    from the ``top_k`` most likely (all when None)."""
+    from the ``top_k`` most likely (all when None); ``jaxray.decoding.draw``."""
     if top_k is not None:
         kth = jax.lax.top_k(logits, top_k)[0][-1]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
-    drawn = jax.random.categorical(key, logits / jnp.maximum(temperature, 1e-6))
-    return jnp.where(temperature > 0, drawn, jnp.argmax(logits)).astype(jnp.int32)
+    return draw(logits, key, temperature)
 
 
 @functools.partial(jax.jit, static_argnames=("max_new_tokens", "top_k"))

@@ -36,6 +36,19 @@ def real_tokens(n: int) -> jnp.ndarray:
     return jnp.asarray(np.frombuffer(text[:n], np.uint8).astype(np.int32))[None]
 
 
+def test_draw_follows_the_softmax_and_never_picks_an_excluded_token():
+    from jaxray.decoding import draw
+
+    logits = jnp.array([2.0, 0.5, -jnp.inf, 1.0, 0.0])
+    keys = jax.random.split(jax.random.key(0), 40_000)
+    for temperature in (1.0, 0.5):
+        tokens = np.asarray(jax.vmap(lambda k: draw(logits, k, jnp.float32(temperature)))(keys))
+        frequencies = np.bincount(tokens, minlength=5) / len(tokens)
+        expected = np.asarray(jax.nn.softmax(logits / temperature))
+        assert frequencies[2] == 0 and np.abs(frequencies - expected).max() < 0.01, (frequencies, expected)
+    assert int(draw(logits, keys[0], jnp.float32(0.0))) == 0  # greedy
+
+
 def test_prefill_and_decode_steps_equal_the_full_forward(restored):
     model, params = restored
     size = model.config.max_seq_len
