@@ -3,6 +3,7 @@ the option's name). Nothing here imports JAX: parsing happens before XLA_FLAGS i
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 MAX_CPU_DEVICES = 256  # forced host devices; thousands make XLA's start-up hang
@@ -43,3 +44,31 @@ def folder(text: str) -> str:
     if not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is not a directory")
     return text
+
+
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated distinct positive integers, e.g. ``1,4,16,64``."""
+    values = tuple(positive_int(part) for part in text.split(",") if part.strip()) or (positive_int(""),)
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"a value is listed twice: {text}")
+    return values
+
+
+def _finite(text: str, ok, expected: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    return _finite(text, lambda v: v > 0, "a number > 0")
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    return _finite(text, lambda v: v >= 0, "a number >= 0")

@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from jaxray.bench.loadtest import add_load_options, non_negative_float, positive_int_list, url_arg
-from jaxray.cli import cpu_device_count, folder, non_negative_int, positive_int
+from jaxray.bench.loadtest import add_load_options, url_arg
+from jaxray.cli import (cpu_device_count, folder, non_negative_float, non_negative_int, positive_int,
+                        positive_int_list)
 
 SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
 FORCE_FLAG = "xla_force_host_platform_device_count"
@@ -30,10 +31,10 @@ DEFAULT_CPU_DEVICES = 4
 
 
 def _batches(text: str) -> list[int]:
-    values = [positive_int(part) for part in text.split(",") if part.strip()] or [positive_int("")]
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"a global batch is listed twice: {text}")
-    return values
+    try:
+        return list(positive_int_list(text))
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(str(err).replace("a value is listed", "a global batch is listed")) from None
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import numpy as np
 
-from jaxray.cli import non_negative_int, positive_int
+from jaxray.cli import non_negative_float, non_negative_int, positive_float, positive_int, positive_int_list
 
 Outcome = Literal["ok", "4xx", "5xx", "dropped", "other"]
 DROPPED_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
@@ -247,36 +247,6 @@ def run(settings: LoadSettings, progress: bool = True) -> dict:
                   f"p95 {row['p95_ms'] or float('nan'):.0f} ms, 4xx {row['errors_4xx']}, 5xx {row['errors_5xx']}, "
                   f"dropped {row['dropped']}, client CPU {row['client_cpu_pct']:.0f}%", file=sys.stderr)
     return {"settings": asdict(settings), "rows": rows}
-
-
-def positive_int_list(text: str) -> tuple[int, ...]:
-    """Comma-separated distinct positive integers, e.g. ``1,4,16,64`` (an argparse type)."""
-    values = tuple(positive_int(part) for part in text.split(",") if part.strip()) or (positive_int(""),)
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"a value is listed twice: {text}")
-    return values
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0 (an argparse type)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number >= 0 (an argparse type)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
 
 
 def url_arg(text: str) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, ClassVar, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -102,6 +102,12 @@ class _Sampling(BaseModel):
 
     _prompt = field_validator("prompt", check_fields=False)(_check_prompt)
     _top_k = field_validator("top_k", check_fields=False)(_check_top_k)
+    _budget: ClassVar[str]  # the route's name for the new-token budget
+
+    def new_tokens(self, limits: Limits) -> int:
+        """The token budget; its default is lowered to the server's cap when the field is not given."""
+        value = getattr(self, self._budget)
+        return value if self._budget in self.model_fields_set else min(value, limits.max_new_tokens)
 
 
 Prompt = Annotated[str, Field(description="text to continue; only its last max_seq_len bytes are read")]
@@ -120,11 +126,7 @@ class GenerateRequest(_Sampling):
     stream: Stream = False
 
     _cap = field_validator("max_new_tokens")(_check_cap)
-
-    def new_tokens(self, limits: Limits) -> int:
-        """max_new_tokens, its default lowered to the server's cap when not given."""
-        given = "max_new_tokens" in self.model_fields_set
-        return self.max_new_tokens if given else min(self.max_new_tokens, limits.max_new_tokens)
+    _budget: ClassVar[str] = "max_new_tokens"
 
 
 class CompletionRequest(_Sampling):
@@ -140,11 +142,7 @@ class CompletionRequest(_Sampling):
     stream: Stream = False
 
     _cap = field_validator("max_tokens")(_check_cap)
-
-    def new_tokens(self, limits: Limits) -> int:
-        """max_tokens, its default lowered to the server's cap when not given."""
-        given = "max_tokens" in self.model_fields_set
-        return self.max_tokens if given else min(self.max_tokens, limits.max_new_tokens)
+    _budget: ClassVar[str] = "max_tokens"
 
 
 class GenerateResponse(BaseModel):
