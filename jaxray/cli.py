@@ -72,3 +72,20 @@ def positive_float(text: str) -> float:
 def non_negative_float(text: str) -> float:
     """A finite number >= 0."""
     return _finite(text, lambda v: v >= 0, "a number >= 0")
+
+
+def port(text: str) -> int:
+    """A TCP port, 1..65535."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {value}")
+    return value
+
+
+def context_keep(text: str) -> int:
+    """Bytes of context kept when the window is full: an integer >= 2 (its upper bound,
+    max_seq_len, is checked against the model)."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 2 (bytes kept when the window is full), got {value}")
+    return value

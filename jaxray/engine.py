@@ -127,10 +127,7 @@ class Engine:
             return load_engine(path, settings)
         from jaxray import checkpoint
 
-        resolved = checkpoint.resolve(path, workload="transformer")
-        cfg = checkpoint.load_model_config(resolved)
-        if cfg.workload != "transformer":
-            raise checkpoint.CheckpointError(f"{resolved} holds a {cfg.workload} checkpoint; serving needs a transformer")
+        resolved = check_source(path, settings)
         model, params = checkpoint.restore(resolved)
         return cls.for_model(model, params, settings, source=str(resolved))
 
@@ -260,3 +257,24 @@ def check_keep(settings: EngineSettings, max_seq_len: int) -> int:
     if not 2 <= keep <= max_seq_len:
         raise ValueError(f"context_keep must be in 2..{max_seq_len} (max_seq_len), got {keep}")
     return keep
+
+
+def check_source(path: str | Path, settings: Optional[EngineSettings] = None) -> Path:
+    """What ``Engine.load`` would serve, checked without loading any weights (so a server can refuse
+    a bad path before it starts anything): the resolved checkpoint, or the artifact directory.
+    Raises CheckpointError / ArtifactError / ValueError naming the path or the setting."""
+    from jaxray import checkpoint
+
+    if (Path(path) / "manifest.json").is_file():
+        from jaxray.export import settings_for
+        from jaxray.export_loader import read_manifest
+
+        settings_for(read_manifest(path), settings)
+        return Path(path)
+    resolved = checkpoint.resolve(path, workload="transformer")
+    cfg = checkpoint.load_model_config(resolved)
+    if cfg.workload != "transformer":
+        raise checkpoint.CheckpointError(f"{resolved} holds an {cfg.workload.upper()} checkpoint, not a "
+                                         f"transformer: only a transformer can be served")
+    check_keep(settings or EngineSettings(), cfg.max_seq_len)
+    return resolved

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxray import cli
 from jaxray.data.shakespeare import decode
 from jaxray.decoding import draw
 
@@ -160,7 +161,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="PRNG seed")
     p.add_argument("--sampler", choices=("kv", "full"), default="kv",
                    help="kv: prefill once, then a KV-cache decode step per byte; full: recompute the window per byte")
-    p.add_argument("--context-keep", type=int, default=None,
+    p.add_argument("--context-keep", type=cli.context_keep, default=None,
                    help="kv: bytes kept when the window is full (2..max_seq_len; default max_seq_len // 2)")
     args = p.parse_args(argv)
     from jaxray import checkpoint

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from jaxray.bench.loadtest import add_load_options, url_arg
-from jaxray.cli import (cpu_device_count, folder, non_negative_float, non_negative_int, positive_int,
+from jaxray.cli import (cpu_device_count, folder, non_negative_float, non_negative_int, port, positive_int,
                         positive_int_list)
 
 SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
@@ -98,13 +98,6 @@ def _add_decode(sub, common: argparse.ArgumentParser) -> None:
     d.add_argument("--timeout", type=positive_int, default=900, help="seconds one notebook run may take")
 
 
-def _port(text: str) -> int:
-    value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {value}")
-    return value
-
-
 def _add_serve(sub) -> None:
     """``serve``: python -m jaxray.serve under HTTP load from python -m jaxray.bench.loadtest."""
     s = sub.add_parser("serve", help="the Serve app under HTTP load from a second process (1..64 clients)")
@@ -113,7 +106,7 @@ def _add_serve(sub) -> None:
     app.add_argument("--checkpoint", type=folder, help="start python -m jaxray.serve on this checkpoint or run folder")
     app.add_argument("--url", type=url_arg, help="measure an app already running there instead (http://HOST:PORT)")
     add_load_options(s)
-    s.add_argument("--port", type=_port, default=8000, help="port of the app started here (default 8000)")
+    s.add_argument("--port", type=port, default=8000, help="port of the app started here (default 8000)")
     s.add_argument("--max-batch-size", type=positive_int, default=None, help="passed to jaxray.serve")
     s.add_argument("--batch-wait-ms", type=non_negative_float, default=None, help="passed to jaxray.serve")
     s.add_argument("--batch-sizes", type=positive_int_list, default=None,

@@ -2,8 +2,10 @@
 
 Every option is checked (and the port tried) before Ray starts. Joins the cluster ``RAY_ADDRESS``
 names (``RAY_ADDRESS=auto``: a ``ray start`` cluster on this machine), otherwise starts a private
-local Ray in-process. Prints the URL and a curl example once the replica has compiled; Ctrl-C or
-SIGTERM removes the app and stops what it started.
+local Ray in-process. Prints the URL and a curl example once the replica has compiled; Ctrl-C
+(SIGINT) removes the app and stops what it started. SIGTERM does not: Ray 2.60's native
+failure-signal handler in this process aborts it (exit 134) and Ray's dashboard and runtime-env
+agents linger for about a minute; send SIGINT from supervisors.
 
   python -m jaxray.serve --checkpoint runs/demo --port 8000 --max-batch-size 16 --batch-wait-ms 10
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn, Optional
 
 from pydantic import ValidationError
 
-from jaxray.cli import non_negative_int, positive_int
+from jaxray.cli import context_keep, port, positive_int
 
 if TYPE_CHECKING:  # the app module imports Ray and JAX; the options are checked before either loads
     from jaxray.serve.app import AppArgs
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True,
                    help="a checkpoint folder, runs/<experiment> (its best transformer), or an export artifact")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    p.add_argument("--port", type=positive_int, default=8000, help="HTTP port")
+    p.add_argument("--port", type=port, default=8000, help="HTTP port")
     p.add_argument("--max-batch-size", type=positive_int, default=None,
                    help="requests decoded together (default: the largest of --batch-sizes)")
     p.add_argument("--batch-wait-ms", type=float, default=10.0, help="how long a batch waits to fill, ms")
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=positive_int, default=None, help="new tokens per decode call (default 32)")
     p.add_argument("--max-new-tokens", type=positive_int, default=None, help="cap per request (default 1024)")
     p.add_argument("--max-prompt-bytes", type=positive_int, default=None, help="longest prompt (default 65536)")
-    p.add_argument("--context-keep", type=non_negative_int, default=None,
+    p.add_argument("--context-keep", type=context_keep, default=None,
                    help="bytes kept when the window slides (default max_seq_len // 2)")
     return p
 
@@ -132,17 +133,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     from jaxray.serve.app import build_app
 
-    try:  # binding checks the path and the batch limits; it starts nothing
+    if problem := check_port(args.host, args.port):
+        parser.error(f"--port: {problem}")
+    try:  # binding checks the path, the checkpoint and the batch limits; it starts nothing
         app = build_app(app_args(args, parser.error))
     except ValueError as err:
         parser.error(str(err))
-    if problem := check_port(args.host, args.port):
-        parser.error(f"--port: {problem}")
 
     from ray import serve
 
-    # SIGTERM (a supervisor, or `kill`) stops as cleanly as Ctrl-C: the finally below removes the app.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     joined = init_ray()
     try:
         serve.start(http_options={"host": args.host, "port": args.port})

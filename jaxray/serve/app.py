@@ -37,13 +37,14 @@ from ray.serve import Application
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 
-from jaxray.engine import Engine, EngineSettings, Request
+from jaxray.engine import Engine, EngineSettings, Request, check_source
 from jaxray.serve.scheduler import Scheduler
 from jaxray.serve.schema import (ApiError, CompletionRequest, GenerateRequest, GenerateResponse, Limits,
                                  completion_object, parse, sse)
 
 logger = logging.getLogger("ray.serve")
-api = FastAPI(title="jaxray", description="Byte-level transformer text generation on Ray Serve")
+api = FastAPI(title="jaxray", description="Byte-level transformer text generation on Ray Serve",
+              redirect_slashes=False)  # /generate/ is a JSON 404, not a bodiless 307
 ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed")
 MERGED_BATCHES = 16  # Serve batches in flight at once, merged by the scheduler
 
@@ -284,6 +285,7 @@ def build_app(args: AppArgs) -> Application:
     if max_batch > args.max_ongoing_requests:
         raise ValueError(f"max_batch_size {max_batch} exceeds max_ongoing_requests {args.max_ongoing_requests}: "
                          f"a batch could never fill")
+    check_source(path, args.engine)  # a wrong workload or artifact settings: refused before Ray starts
     server = JaxrayServer.options(max_ongoing_requests=args.max_ongoing_requests)
     return server.bind(str(path), args.engine, max_batch, args.batch_wait_ms / 1e3)
 
