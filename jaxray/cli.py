@@ -46,6 +46,14 @@ def folder(text: str) -> str:
     return text
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated positive integers, e.g. ``32,128,256`` (repeats allowed)."""
+    try:
+        return tuple(positive_int(part) for part in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+
+
 def positive_int_list(text: str) -> tuple[int, ...]:
     """Comma-separated distinct positive integers, e.g. ``1,4,16,64``."""
     values = tuple(positive_int(part) for part in text.split(",") if part.strip()) or (positive_int(""),)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from jaxray import decoding
 from jaxray.config import ModelConfig
 from jaxray.data.shakespeare import decode as decode_bytes
-from jaxray.generate import MAX_SEED
+from jaxray.generate import check_sampling
 
 log = logging.getLogger(__name__)
-
-PosInt = Field(gt=0, strict=True)
-
 
 class EngineSettings(BaseModel):
     """What a replica compiles and accepts.
@@ -139,8 +135,7 @@ class Engine:
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        size = self.config.max_seq_len
-        return tuple(sorted({b for b in self.settings.buckets if b < size} | {size}))
+        return compiled_buckets(self.settings, self.config.max_seq_len)
 
     @property
     def max_batch_size(self) -> int:
@@ -153,9 +148,8 @@ class Engine:
         if not self.compiled:
             begin = time.perf_counter()
             for batch in self.settings.batch_sizes:
-                for bucket in self.buckets:
-                    self._program("start", bucket, batch)
-                    for _ in self._stream([Request(b"a" * bucket, 2, 0.5, 1)] * batch):  # start, decode
+                for bucket in self.buckets:  # a prompt of the bucket's length compiles and runs its programs
+                    for _ in self._stream([Request(b"a" * bucket, 2, 0.5, 1)] * batch):
                         pass
             self.compile_s = time.perf_counter() - begin
             log.info("compiled %d programs in %.1f s (buckets %s, batch sizes %s)", len(self.compiled),
@@ -181,19 +175,12 @@ class Engine:
 
     def check(self, request: Request) -> None:
         """ValueError naming the field when ``request`` cannot be served."""
-        cap, vocab = self.settings.max_new_tokens, self.config.vocab_size
         if not request.prompt:
             raise ValueError("prompt is empty: give at least one character")
         if len(request.prompt) > self.settings.max_prompt_bytes:
             raise ValueError(f"prompt is {len(request.prompt)} bytes; the limit is {self.settings.max_prompt_bytes}")
-        if not 1 <= request.max_new_tokens <= cap:
-            raise ValueError(f"max_new_tokens must be in 1..{cap}, got {request.max_new_tokens}")
-        if not math.isfinite(request.temperature) or request.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {request.temperature}")
-        if request.top_k is not None and not 1 <= request.top_k <= vocab:
-            raise ValueError(f"top_k must be in 1..{vocab}, got {request.top_k}")
-        if not 0 <= request.seed <= MAX_SEED:
-            raise ValueError(f"seed must be in 0..{MAX_SEED}, got {request.seed}")
+        check_sampling(request.max_new_tokens, request.temperature, request.top_k, self.config.vocab_size,
+                       request.seed, cap=self.settings.max_new_tokens)
 
     def generate(self, requests: list[Request]) -> list[Completion]:
         """Every request's new tokens (at most ``max_batch_size`` requests). Raises ValueError as ``check``."""
@@ -259,13 +246,19 @@ def check_keep(settings: EngineSettings, max_seq_len: int) -> int:
     return keep
 
 
-def check_source(path: str | Path, settings: Optional[EngineSettings] = None) -> Path:
-    """What ``Engine.load`` would serve, checked without loading any weights (so a server can refuse
-    a bad path before it starts anything): the resolved checkpoint, or the artifact directory.
+def compiled_buckets(settings: EngineSettings, max_seq_len: int) -> tuple[int, ...]:
+    """The prompt buckets compiled: settings' below max_seq_len, and max_seq_len itself."""
+    return tuple(sorted({b for b in settings.buckets if b < max_seq_len} | {max_seq_len}))
+
+
+def check_source(path: str | Path, settings: Optional[EngineSettings] = None, purpose: str = "served") -> Path:
+    """What ``Engine.load`` would serve (``purpose`` "exported": what ``jaxray.export`` would export),
+    checked without loading any weights, so a command can refuse a bad path before it starts
+    anything: the resolved checkpoint, or the artifact directory (serving only).
     Raises CheckpointError / ArtifactError / ValueError naming the path or the setting."""
     from jaxray import checkpoint
 
-    if (Path(path) / "manifest.json").is_file():
+    if purpose == "served" and (Path(path) / "manifest.json").is_file():
         from jaxray.export import settings_for
         from jaxray.export_loader import read_manifest
 
@@ -275,6 +268,6 @@ def check_source(path: str | Path, settings: Optional[EngineSettings] = None) ->
     cfg = checkpoint.load_model_config(resolved)
     if cfg.workload != "transformer":
         raise checkpoint.CheckpointError(f"{resolved} holds an {cfg.workload.upper()} checkpoint, not a "
-                                         f"transformer: only a transformer can be served")
+                                         f"transformer: only a transformer can be {purpose}")
     check_keep(settings or EngineSettings(), cfg.max_seq_len)
     return resolved

@@ -33,9 +33,9 @@ import numpy as np
 from pydantic import ValidationError
 
 from jaxray import checkpoint, export_loader
-from jaxray.cli import positive_int
+from jaxray.cli import int_list, positive_int
 from jaxray.config import ModelConfig
-from jaxray.engine import Engine, EngineSettings, Programs, check_keep
+from jaxray.engine import Engine, EngineSettings, Programs, check_keep, check_source, compiled_buckets
 from jaxray.export_loader import FORMAT, FORMAT_VERSION, MANIFEST, sha256
 from jaxray.models import build
 
@@ -177,13 +177,9 @@ def export_checkpoint(path: str | Path, out: str | Path, settings: Optional[Engi
     """
     out, settings = Path(out), settings or EngineSettings()
     check_out(out)
-    source = checkpoint.resolve(path, workload="transformer")
-    cfg = checkpoint.load_model_config(source)
-    if cfg.workload != "transformer":
-        raise checkpoint.CheckpointError(f"{source} holds a {cfg.workload} checkpoint; export needs a transformer")
-    check_keep(settings, cfg.max_seq_len)
+    source = check_source(path, settings, purpose="exported")
     _, params = checkpoint.restore(source)
-    cfg = cfg.model_copy(update={"attention": "xla"})
+    cfg = checkpoint.load_model_config(source).model_copy(update={"attention": "xla"})
     model = build(cfg, attention="xla")
     engine = Engine.for_model(model, params, settings, source=str(source))
     weights, targets = named_weights(params), platforms()
@@ -200,7 +196,7 @@ def settings_for(manifest: dict, settings: Optional[EngineSettings]) -> EngineSe
     if settings is None:
         return EngineSettings(buckets=tuple(manifest["buckets"]), batch_sizes=tuple(manifest["batch_sizes"]),
                               chunk=manifest["chunk"], context_keep=keep)
-    buckets = {b for b in settings.buckets if b < size} | {size}  # as Engine.buckets
+    buckets = set(compiled_buckets(settings, size))
     for name, wanted in (("buckets", buckets), ("batch_sizes", set(settings.batch_sizes))):
         missing = sorted(wanted - set(manifest[name]))
         if missing:
@@ -230,11 +226,6 @@ def load_engine(path: str | Path, settings: Optional[EngineSettings] = None) -> 
     settings = settings_for(artifact.manifest, settings)
     programs = Programs(functools.partial(_start, artifact.exported), functools.partial(_decode, artifact.exported))
     return Engine(config, artifact.weights, settings, programs, source=str(path))
-
-
-def int_list(text: str) -> tuple[int, ...]:
-    """Comma-separated positive integers, e.g. "32,128,256"."""
-    return tuple(positive_int(part.strip()) for part in text.split(","))
 
 
 def _settings(args: argparse.Namespace) -> EngineSettings:

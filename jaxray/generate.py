@@ -86,12 +86,12 @@ def prompt_window(prompt: bytes, max_seq_len: int) -> tuple[np.ndarray, int]:
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: Optional[int], vocab_size: int = 256,
-                   seed: int = 0) -> None:
-    """ValueError naming the argument if ``max_new_tokens`` is outside 1..MAX_NEW_TOKENS,
-    ``temperature`` is negative or not finite, ``top_k`` is outside 1..vocab_size, or ``seed``
-    outside 0..2**32 - 1."""
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise ValueError(f"max_new_tokens must be in 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
+                   seed: int = 0, cap: int = MAX_NEW_TOKENS) -> None:
+    """ValueError naming the argument if ``max_new_tokens`` is outside 1..cap (default
+    MAX_NEW_TOKENS), ``temperature`` is negative or not finite, ``top_k`` is outside 1..vocab_size,
+    or ``seed`` outside 0..2**32 - 1."""
+    if not 1 <= max_new_tokens <= cap:
+        raise ValueError(f"max_new_tokens must be in 1..{cap}, got {max_new_tokens}")
     if not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed must be in 0..{MAX_SEED}, got {seed}")
     if not math.isfinite(temperature) or temperature < 0:

@@ -139,7 +139,7 @@ def test_bad_checkpoints_are_refused_before_writing(tiny, tmp_path, capsys):
     mlp = _trial("mlp")
     checkpoint.save(tmp_path / "mlp", build(mlp.model).init(jax.random.key(0)), mlp)
     assert export.main(["--checkpoint", str(tmp_path / "mlp"), "--out", str(out)]) == 2
-    assert "holds a mlp checkpoint; export needs a transformer" in capsys.readouterr().err
+    assert "holds an MLP checkpoint, not a transformer: only a transformer can be exported" in capsys.readouterr().err
     assert export.main(["--checkpoint", str(tiny[2]), "--out", str(out), "--context-keep", "33"]) == 2
     assert "context_keep must be in 2..32" in capsys.readouterr().err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["mlp"]

@@ -23,20 +23,12 @@ from typing import TYPE_CHECKING, Callable, NoReturn, Optional
 
 from pydantic import ValidationError
 
-from jaxray.cli import context_keep, port, positive_int
+from jaxray.cli import context_keep, int_list, port, positive_int
 
 if TYPE_CHECKING:  # the app module imports Ray and JAX; the options are checked before either loads
     from jaxray.serve.app import AppArgs
 
 APP_NAME = "jaxray"
-
-
-def int_list(text: str) -> tuple[int, ...]:
-    """Comma-separated positive integers, e.g. ``32,128,256``."""
-    try:
-        return tuple(positive_int(part) for part in text.split(","))
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
