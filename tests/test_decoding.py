@@ -64,6 +64,20 @@ def test_prefill_and_decode_steps_equal_the_full_forward(restored):
         assert float(jnp.abs(step[0] - full[0, position]).max()) < TOL, position
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_write_cache_sets_one_position_per_row_in_every_head(batch):
+    """Both ways of writing (one index per head for a single row, one per row otherwise)."""
+    from jaxray.models.transformer import write_cache
+
+    cache = jnp.arange(batch * 2 * 5 * 3, dtype=jnp.float32).reshape(batch, 2, 5, 3)
+    entry = -jnp.arange(1, batch * 2 * 3 + 1, dtype=jnp.float32).reshape(batch, 2, 3)
+    positions = jnp.array([4, 0, 2][:batch])
+    expected = np.array(cache)
+    for b, p in enumerate(np.asarray(positions)):
+        expected[b, :, p] = entry[b]
+    np.testing.assert_array_equal(np.asarray(jax.jit(write_cache)(cache, positions, entry)), expected)
+
+
 @pytest.mark.parametrize("temperature,top_k,seed", [(0.0, None, 0), (0.9, None, 7), (1.0, 5, 3)])
 def test_kv_sampler_equals_the_full_recompute_sampler_past_the_window(restored, temperature, top_k, seed):
     """context_keep = max_seq_len re-prefills the last S - 1 bytes per token past the window: the

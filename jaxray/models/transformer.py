@@ -73,6 +73,22 @@ def cached_attention(query, keys, values, positions):
     return jnp.einsum("bhs,bhsk->bhk", probs, values)[:, None]
 
 
+def write_cache(cache: jax.Array, positions: jax.Array, entry: jax.Array) -> jax.Array:
+    """cache [B, H, S, K] with ``entry`` [B, H, K] written at ``positions`` [B] (row b, every head).
+
+    One row is written with one index per head: XLA's CPU compiler turns a single-index scatter into
+    a dynamic-update-slice that it then fused twice (the loop's new cache and the attention's
+    operand), and copied the whole cache four times per decode step, half of a batch-1 step at the
+    lab size (0.99 -> 0.59 ms per step without the copies). Several rows keep one index per row,
+    which measured faster there (B = 2, 16)."""
+    entry = entry.astype(cache.dtype)
+    batch, heads = cache.shape[:2]
+    if batch == 1:
+        flat = cache.reshape(cache.shape[1:]).at[jnp.arange(heads), positions[0]].set(entry[0])
+        return flat.reshape(cache.shape)
+    return cache.at[jnp.arange(batch), :, positions].set(entry)
+
+
 class Block(nnx.Module):
     """Pre-norm block: x + attn(ln(x)), then x + ffn(ln(x)). x [B, T, D].
 
@@ -105,9 +121,8 @@ class Block(nnx.Module):
         ``positions`` (in place inside a loop: each layer's cache is its own array, since slicing one
         stacked cache copied it every step)."""
         query, key, value = self._qkv(x)
-        rows = jnp.arange(x.shape[0])
-        keys = keys.at[rows, :, positions].set(key[:, 0].astype(keys.dtype))
-        values = values.at[rows, :, positions].set(value[:, 0].astype(values.dtype))
+        keys = write_cache(keys, positions, key[:, 0])
+        values = write_cache(values, positions, value[:, 0])
         return self._finish(x, cached_attention(query, keys, values, positions)), keys, values
 
     def _qkv(self, x):
