@@ -128,6 +128,17 @@ def start(prefill: Prefill, params, tokens: jax.Array, lengths: jax.Array, seeds
     return state, first
 
 
+def gather_rows(states: tuple[DecodeState, ...], index: jax.Array, valid: jax.Array) -> DecodeState:
+    """A batch of rows taken from ``states`` joined along the batch axis (rows of ``states[0]``
+    first): row i is joined row ``index[i]`` (``index`` [B'] int32), or a finished padding row where
+    ``valid[i]`` ([B'] bool) is False. Continuous batching (``jaxray.batching``) adds new requests to
+    a running batch and drops finished ones this way, on device; rows are independent, so a row
+    decodes the same tokens whichever batch holds it."""
+    joined = jax.tree.map(lambda *rows: jnp.concatenate(rows), *states)
+    picked = jax.tree.map(lambda x: jnp.take(x, index, axis=0), joined)
+    return picked._replace(remaining=jnp.where(valid, picked.remaining, 0))
+
+
 def _slide(prefill: Prefill, params, state: DecodeState, full: jax.Array, keep: int) -> DecodeState:
     """Rows where ``full`` [B] is set restart from their newest ``keep - 1`` context tokens."""
     size = state.context.shape[1]

@@ -144,24 +144,64 @@ class Engine:
     def compile(self) -> dict:
         """Compile every program the engine may run, then run each once (a first execution still
         pays one-time costs: the first HTTP request took twice as long as the next ones without
-        it); idempotent. Returns {"compile_s", "programs"}."""
+        it); idempotent. Returns {"compile_s", "programs"}.
+
+        Programs: ``start`` per (bucket, batch size), ``decode`` per batch size, and the row
+        ``gather`` programs continuous batching uses (``jaxray.batching``): a running batch of any
+        size joined with a fresh one into any size that holds the fresh rows, or shrunk alone."""
         if not self.compiled:
             begin = time.perf_counter()
+            states = {}
             for batch in self.settings.batch_sizes:
                 for bucket in self.buckets:  # a prompt of the bucket's length compiles and runs its programs
                     for _ in self._stream([Request(b"a" * bucket, 2, 0.5, 1)] * batch):
                         pass
+                states[batch], _ = self.start([Request(b"a", 2, 0.5, 1)] * batch)
+            for sizes, target in gather_shapes(self.settings.batch_sizes):
+                self.gather([states[b] for b in sizes], np.zeros(target, np.int32), np.zeros(target, bool))
             self.compile_s = time.perf_counter() - begin
             log.info("compiled %d programs in %.1f s (buckets %s, batch sizes %s)", len(self.compiled),
                      self.compile_s, self.buckets, self.settings.batch_sizes)
         return {"compile_s": self.compile_s, "programs": len(self.compiled)}
 
-    def _program(self, kind: str, bucket: Optional[int], batch: int):
-        key = (kind, bucket, batch)
+    def batch_for(self, rows: int) -> int:
+        """The smallest compiled batch size that holds ``rows`` (1..max_batch_size)."""
+        return next(b for b in self.settings.batch_sizes if b >= rows)
+
+    def start(self, requests: list[Request]) -> tuple[decoding.DecodeState, np.ndarray]:
+        """Prefill already checked ``requests`` (1..max_batch_size) at the smallest batch size and
+        prompt bucket that hold them: (DecodeState of that batch, padding rows finished; first new
+        token of each request [len(requests)] int32)."""
+        batch = self.batch_for(len(requests))
+        bucket = next(b for b in self.buckets if b >= max(map(self.prompt_tokens, requests)))
+        state, first = self._program("start", bucket, batch)(self.params, *self._inputs(requests, bucket, batch))
+        return state, np.asarray(first)[:len(requests)]
+
+    def decode(self, state: decoding.DecodeState) -> tuple[decoding.DecodeState, np.ndarray, np.ndarray]:
+        """Up to ``chunk`` more tokens for every unfinished row: (state, tokens [B, chunk] int32,
+        counts [B] int32), row b's new tokens being ``tokens[b, :counts[b]]``."""
+        batch = state.pending.shape[0]
+        state, out, counts = self._program("decode", None, batch)(self.params, state, np.int32(self.settings.chunk))
+        return state, np.asarray(out), np.asarray(counts)
+
+    def gather(self, states: list[decoding.DecodeState], index: np.ndarray, valid: np.ndarray) -> decoding.DecodeState:
+        """``decoding.gather_rows`` compiled for these batch sizes: index, valid [B'] with B' a
+        compiled batch size (see ``gather_shapes``)."""
+        sizes = tuple(s.pending.shape[0] for s in states)
+        return self._program("gather", sizes, len(index))(tuple(states), index, valid)
+
+    def _program(self, kind: str, shape, batch: int):
+        """The compiled program ``kind``: start (shape = bucket), decode, or gather (shape = the
+        joined states' batch sizes), for ``batch`` rows."""
+        key = (kind, shape, batch)
         if key not in self.compiled:
-            fn = jax.jit(getattr(self.programs, kind))
-            args = self._start_args(bucket, batch) if kind == "start" else self._decode_args(batch)
-            self.compiled[key] = fn.lower(self.params, *args).compile()
+            if kind == "gather":
+                states = tuple(self._decode_args(b)[0] for b in shape)
+                index, valid = jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), bool)
+                self.compiled[key] = jax.jit(decoding.gather_rows).lower(states, index, valid).compile()
+            else:
+                args = self._start_args(shape, batch) if kind == "start" else self._decode_args(batch)
+                self.compiled[key] = jax.jit(getattr(self.programs, kind)).lower(self.params, *args).compile()
         return self.compiled[key]
 
     def _start_args(self, bucket: int, batch: int) -> tuple:
@@ -204,15 +244,11 @@ class Engine:
         return self._stream(requests)
 
     def _stream(self, requests: list[Request]) -> Iterator[list[list[int]]]:
-        batch = next(b for b in self.settings.batch_sizes if b >= len(requests))
-        bucket = next(b for b in self.buckets if b >= max(map(self.prompt_tokens, requests)))
-        state, first = self._program("start", bucket, batch)(self.params, *self._inputs(requests, bucket, batch))
-        first = np.asarray(first)
-        yield [[int(first[i])] for i in range(len(requests))]
+        state, first = self.start(requests)
+        yield [[int(token)] for token in first]
         left = [r.max_new_tokens - 1 for r in requests]
         while max(left) > 0:
-            state, out, counts = self._program("decode", None, batch)(self.params, state, np.int32(self.settings.chunk))
-            out, counts = np.asarray(out), np.asarray(counts)
+            state, out, counts = self.decode(state)
             yield [out[i, :counts[i]].tolist() for i in range(len(requests))]
             left = [n - int(c) for n, c in zip(left, counts)]
 
@@ -244,6 +280,15 @@ def check_keep(settings: EngineSettings, max_seq_len: int) -> int:
     if not 2 <= keep <= max_seq_len:
         raise ValueError(f"context_keep must be in 2..{max_seq_len} (max_seq_len), got {keep}")
     return keep
+
+
+def gather_shapes(batch_sizes: tuple[int, ...]) -> list[tuple[tuple[int, ...], int]]:
+    """(joined batch sizes, target batch size) of every ``gather`` program continuous batching can
+    call: a running batch B joined with a fresh batch b into any B' >= b (the fresh rows must fit),
+    or a running batch alone shrunk to any smaller B'."""
+    joins = [((running, fresh), target) for running in batch_sizes for fresh in batch_sizes
+             for target in batch_sizes if target >= fresh]
+    return joins + [((running,), target) for running in batch_sizes for target in batch_sizes if target < running]
 
 
 def compiled_buckets(settings: EngineSettings, max_seq_len: int) -> tuple[int, ...]:

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import ValidationError
 
-from jaxray import checkpoint, export_loader
+from jaxray import checkpoint, decoding, export_loader
 from jaxray.cli import int_list, positive_int
 from jaxray.config import ModelConfig
 from jaxray.engine import Engine, EngineSettings, Programs, check_keep, check_source, compiled_buckets
@@ -208,23 +208,31 @@ def settings_for(manifest: dict, settings: Optional[EngineSettings]) -> EngineSe
     return settings
 
 
-def _start(exported: dict, params, tokens, *args):
+def _start(exported: dict, state_tree, params, tokens, *args):
     batch, bucket = tokens.shape
-    return exported[("start", bucket, batch)].call(params, tokens, *args)
+    leaves, first = exported[("start", bucket, batch)].call(params, tokens, *args)
+    return jax.tree.unflatten(state_tree, leaves), first
 
 
-def _decode(exported: dict, params, state, max_steps):
-    return exported[("decode", None, state[0].shape[0])].call(params, state, max_steps)
+def _decode(exported: dict, state_tree, params, state, max_steps):
+    leaves = tuple(jax.tree.leaves(state))
+    leaves, tokens, counts = exported[("decode", None, leaves[0].shape[0])].call(params, leaves, max_steps)
+    return jax.tree.unflatten(state_tree, leaves), tokens, counts
 
 
 def load_engine(path: str | Path, settings: Optional[EngineSettings] = None) -> Engine:
     """An ``Engine`` whose programs call an artifact's exported functions; its params are the
-    artifact's flat weights. Raises ArtifactError (a ValueError) for a damaged artifact, ValueError
-    naming the setting when ``settings`` asks for programs the artifact lacks (see ``settings_for``)."""
+    artifact's flat weights. The artifact's flat decode state becomes a ``DecodeState`` again, so
+    the engine (continuous batching included) handles it as a live model's. Raises ArtifactError
+    (a ValueError) for a damaged artifact, ValueError naming the setting when ``settings`` asks for
+    programs the artifact lacks (see ``settings_for``)."""
     artifact = export_loader.load_artifact(path)
     config = ModelConfig.model_validate(artifact.manifest["model"])
     settings = settings_for(artifact.manifest, settings)
-    programs = Programs(functools.partial(_start, artifact.exported), functools.partial(_decode, artifact.exported))
+    layers = tuple((None, None) for _ in range(config.num_layers))
+    state_tree = jax.tree.structure(decoding.DecodeState(layers, *[None] * 7), is_leaf=lambda x: x is None)
+    programs = Programs(functools.partial(_start, artifact.exported, state_tree),
+                        functools.partial(_decode, artifact.exported, state_tree))
     return Engine(config, artifact.weights, settings, programs, source=str(path))
 
 

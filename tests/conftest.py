@@ -40,3 +40,24 @@ def trained_transformer(real_dir, tmp_path_factory) -> Path:
     train_arrays, held_out = load_arrays(trial)
     result = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
     return checkpoint.save(tmp_path_factory.mktemp("trained") / "transformer", result.state.params, trial)
+
+
+@pytest.fixture(scope="session")
+def restored(trained_transformer):
+    """(model, params) of ``trained_transformer``."""
+    from jaxray import checkpoint
+
+    return checkpoint.restore(trained_transformer)
+
+
+@pytest.fixture(scope="session")
+def engine(restored):
+    """A compiled engine over ``restored``: buckets 8 and 32 (and 64 = max_seq_len), batch sizes 1
+    and 4, chunks of 16 tokens, at most 200 new tokens and 1000 prompt bytes."""
+    from jaxray.engine import Engine, EngineSettings
+
+    model, params = restored
+    engine = Engine.for_model(model, params, EngineSettings(buckets=(8, 32), batch_sizes=(1, 4), chunk=16,
+                                                            max_new_tokens=200, max_prompt_bytes=1000))
+    engine.compile()
+    return engine

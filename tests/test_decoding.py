@@ -10,25 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxray import checkpoint
-from jaxray.engine import Engine, EngineSettings, Request
+from jaxray.batching import Batcher
+from jaxray.engine import Engine, EngineSettings, Request, gather_shapes
 from jaxray.generate import generate, kv_generate
 
 TOL = 1e-5  # float32 logits; the two paths sum attention in a different order
-
-
-@pytest.fixture(scope="module")
-def restored(trained_transformer):
-    return checkpoint.restore(trained_transformer)
-
-
-@pytest.fixture(scope="module")
-def engine(restored):
-    model, params = restored
-    engine = Engine.for_model(model, params, EngineSettings(buckets=(8, 32), batch_sizes=(1, 4), chunk=16,
-                                                            max_new_tokens=200, max_prompt_bytes=1000))
-    engine.compile()
-    return engine
 
 
 def real_tokens(n: int) -> jnp.ndarray:
@@ -123,7 +109,13 @@ def test_nothing_compiles_after_compile(engine):
     programs = len(engine.compiled)
     engine.generate([Request(b"a" * 30, 20, 0.5)] * 3)
     engine.generate([Request(b"b" * 200, 5, 0.0)])  # longer than max_seq_len: its tail is read
-    assert compiles == [] and len(engine.compiled) == programs == 2 * 3 + 2
+    batcher = Batcher(engine)
+    batcher.admit([Request(b"c" * 10, 40, 0.5)], ["one"])
+    batcher.decode()
+    batcher.admit([Request(b"d", 40, 0.5)] * 3, ["two", "three", "four"])  # joins: 4 rows
+    while batcher.live:
+        batcher.decode()
+    assert compiles == [] and len(engine.compiled) == programs == 2 * 3 + 2 + len(gather_shapes((1, 4)))
 
 
 @pytest.mark.parametrize("request_,match", [

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from jaxray import checkpoint, export
+from jaxray.batching import Batcher
 from jaxray.config import parse_trial
 from jaxray.engine import Engine, EngineSettings, Request
 from jaxray.export_loader import ArtifactError, load_artifact, sha256
@@ -98,6 +99,13 @@ def test_artifact_engine_samples_like_the_live_engine(tiny, artifact):
     served = Engine.load(artifact)  # detects the artifact; settings default to the exported ones
     assert served.settings.context_keep == 16 and served.buckets == (8, 32)
     assert [c.tokens for c in served.generate(requests)] == [c.tokens for c in live]
+    batcher = Batcher(served)  # continuous batching runs on the artifact's programs too
+    got = {u.ticket: u.tokens for u in batcher.admit(requests[:1], [0])}
+    got.update({u.ticket: u.tokens for u in batcher.admit(requests[1:], [1])})
+    while batcher.live:
+        for update in batcher.decode():
+            got[update.ticket] = got.get(update.ticket, []) + update.tokens
+    assert [got[0], got[1]] == [c.tokens for c in live]
     art = load_artifact(artifact)  # the loader's own start/decode, greedy
     tokens = np.zeros((1, 8), np.int32)
     tokens[0, :6] = np.frombuffer(b"ROMEO:", np.uint8)

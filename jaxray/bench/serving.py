@@ -34,8 +34,8 @@ STOP_GRACE_S = 30.0  # Serve and Ray get this long to shut down on SIGINT before
 COLUMNS = [("clients", "clients", ""), ("requests", "requests", ""), ("req/s", "rps", ".2f"),
            ("new tok/s", "new_tokens_per_s", ",.1f"), ("p50 ms", "p50_ms", ",.0f"), ("p95 ms", "p95_ms", ",.0f"),
            ("p99 ms", "p99_ms", ",.0f"), ("4xx", "errors_4xx", ""), ("5xx", "errors_5xx", ""),
-           ("dropped", "dropped", ""), ("engine batches", "engine_batches", ""),
-           ("mean batch", "mean_batch", ".1f"),
+           ("dropped", "dropped", ""), ("decode calls", "decode_calls", ""),
+           ("mean rows", "mean_rows", ".1f"),
            ("replica CPU %", "replica_cpu_pct", ".0f"), ("server CPU %", "server_cpu_pct", ".0f"),
            ("client CPU %", "client_cpu_pct", ".0f")]
 SERVER_OPTIONS = ("max_batch_size", "batch_wait_ms", "batch_sizes", "chunk")  # passed on only when given
@@ -266,29 +266,29 @@ def cpu_seconds(root_pid: int) -> dict[str, float]:
 
 
 def served_counts(url: str) -> Optional[dict[str, int]]:
-    """{"requests", "engine_batches"} the app has run so far, from its ``GET /info`` (``server.served
-    .requests`` and ``server.engine_batches``); None when /info cannot be read or lacks them."""
+    """{"decode_calls", "rows_decoded"} the app's engine has run so far, from its ``GET /info``
+    (``server.engine``); None when /info cannot be read or lacks them."""
     try:
         with urllib.request.urlopen(f"{url.rstrip('/')}/info", timeout=10) as resp:
-            server = json.load(resp)["server"]
-        return {"requests": int(server["served"]["requests"]), "engine_batches": int(server["engine_batches"])}
+            engine = json.load(resp)["server"]["engine"]
+        return {"decode_calls": int(engine["decode_calls"]), "rows_decoded": int(engine["rows_decoded"])}
     except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def batch_stats(before: Optional[dict], after: Optional[dict]) -> dict:
-    """The engine batches run between two ``served_counts`` and their mean size in requests
-    (None when a count is missing or no batch ran)."""
+    """The decode calls run between two ``served_counts`` and their mean number of live requests
+    (None when a count is missing or no call ran)."""
     if before is None or after is None:
-        return {"engine_batches": None, "mean_batch": None}
-    batches = after["engine_batches"] - before["engine_batches"]
-    requests = after["requests"] - before["requests"]
-    return {"engine_batches": batches, "mean_batch": requests / batches if batches > 0 else None}
+        return {"decode_calls": None, "mean_rows": None}
+    calls = after["decode_calls"] - before["decode_calls"]
+    rows = after["rows_decoded"] - before["rows_decoded"]
+    return {"decode_calls": calls, "mean_rows": rows / calls if calls > 0 else None}
 
 
 def measure(url: str, args, server_pid: Optional[int]) -> list[dict]:
-    """Every level in turn, one load-test process each. Each row also has the engine batches the
-    replica ran during the level and their mean size (``batch_stats``, warm-ups included), and with
+    """Every level in turn, one load-test process each. Each row also has the decode calls the
+    replica ran during the level and their mean live requests (``batch_stats``, warm-ups included), and with
     ``server_pid`` (an app started here) the CPU its processes used in % of one core
     (``replica_cpu_pct``, ``proxy_cpu_pct``, ``server_cpu_pct``; over the level's whole run: start-up,
     warm-ups and tail included)."""
@@ -378,8 +378,9 @@ def notes_for(args, app: dict, server_cmd: Optional[list[str]], summary: dict) -
              "replica = Serve's replica, server = every process python -m jaxray.serve started (replica, HTTP "
              "proxy, Ray), over the level's whole run (blank with --url); client = the load generator over the "
              "measured window.",
-             "engine batches and mean batch: the batches the engine ran during the level (warm-ups included) and "
-             "their mean number of requests, from the app's GET /info (server.engine_batches, server.served)."]
+             "decode calls and mean rows: the engine's decode calls during the level (warm-ups included; "
+             "chunk tokens each) and their mean number of live requests (continuous batching), from the app's "
+             "GET /info (server.engine)."]
     if summary.get("scaling_16_vs_1") is not None:
         notes.append(f"16 vs 1 client: {summary['scaling_16_vs_1']:.2f}x the new tokens/s (target >= 4x).")
     if "zero_errors_64" in summary:

@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-wait-ms", type=float, default=10.0, help="how long a batch waits to fill, ms")
     p.add_argument("--max-ongoing-requests", type=positive_int, default=256,
                    help="requests the replica holds at once (batch queue and decoding); more wait in Serve's proxy")
+    p.add_argument("--compute-cpus", type=positive_int, default=None,
+                   help="CPUs for JAX's compute threads in the replica (default: all but one, at least one)")
     p.add_argument("--buckets", type=int_list, default=None, help="prompt lengths compiled (default 32,128,256)")
     p.add_argument("--batch-sizes", type=int_list, default=None, help="batch sizes compiled (default 1,4,16)")
     p.add_argument("--chunk", type=positive_int, default=None, help="new tokens per decode call (default 32)")
@@ -64,11 +66,14 @@ def app_args(args: argparse.Namespace, parser_error: Callable[[str], NoReturn]) 
     try:
         parsed = AppArgs(checkpoint=args.checkpoint, max_batch_size=args.max_batch_size,
                          batch_wait_ms=args.batch_wait_ms, max_ongoing_requests=args.max_ongoing_requests,
-                         engine=engine)
+                         compute_cpus=args.compute_cpus, engine=engine)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         option = "--" + str(first["loc"][-1] if first["loc"] else "args").replace("_", "-")
         parser_error(f"{option}: {first['msg']}")
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    if args.compute_cpus and available and args.compute_cpus > available:  # the replica runs on this machine
+        parser_error(f"--compute-cpus: at most {available} (the CPUs available here), got {args.compute_cpus}")
     return parsed
 
 

@@ -1,12 +1,12 @@
-"""One engine batch at a time, made of every Serve batch that waited for it.
+"""The replica's engine loop: continuous batching (``jaxray.batching``) fed by Serve's batches.
 
 Ray Serve's ``@serve.batch`` forms the next batch as soon as the previous one *starts* (the batch
 queue is read again while the first batch still holds its concurrency permit), so under load it
-hands over many batches of one or two requests that then wait in line: with 16 closed-loop clients
-the replica saw a mean batch of 1.7 requests. The scheduler undoes that: Serve may run several
-batch handlers at once (``max_concurrent_batches``), each hands its requests here, and whenever the
-engine is free the next engine batch takes every waiting group that fits in ``max_batch_size``.
-Requests of one Serve batch stay together, so each handler still streams its own rows.
+hands over many small batches (a mean of 1.7 requests with 16 closed-loop clients). Serve may run
+several batch handlers at once (``max_concurrent_batches``); each hands its group of requests here,
+and between two decode calls the loop admits every waiting group that fits in the free rows of the
+running batch, so requests join it within one chunk instead of waiting for a whole batch to end.
+Requests of one group are admitted together, so each handler still yields one list per step.
 """
 from __future__ import annotations
 
@@ -15,69 +15,97 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Optional
 
+from jaxray.batching import Batcher, Update
 from jaxray.engine import Engine, Request
 
 _DONE = object()
 
 
+class _Group:
+    """One Serve batch: its requests, its output queue and the requests not finished yet."""
+
+    def __init__(self, requests: list[Request]):
+        self.requests, self.out, self.unfinished = requests, asyncio.Queue(), len(requests)
+
+
 class Scheduler:
-    """Runs ``engine.stream`` for merged groups of requests on one worker thread (JAX calls leave
-    the event loop, so the replica keeps answering /healthz while a batch decodes)."""
+    """Runs the ``Batcher`` on one worker thread (JAX calls leave the event loop, so the replica
+    keeps answering /healthz while the batch decodes)."""
 
     def __init__(self, engine: Engine, max_batch_size: int):
-        if not 1 <= max_batch_size <= engine.max_batch_size:
-            raise ValueError(f"max_batch_size must be in 1..{engine.max_batch_size} (the largest compiled "
-                             f"batch size), got {max_batch_size}")
-        self.engine, self.max_batch_size = engine, max_batch_size
+        self.batcher = Batcher(engine, max_batch_size)
+        self.max_batch_size = max_batch_size
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="jaxray-engine")
-        self._waiting: deque[tuple[list[Request], asyncio.Queue]] = deque()
+        self._waiting: deque[_Group] = deque()
         self._wake = asyncio.Event()
         self._driver: Optional[asyncio.Task] = None
-        self.batches, self.largest_batch = 0, 0
 
     async def run(self, requests: list[Request]) -> AsyncIterator[list[list[int]]]:
-        """Yields, chunk by chunk, the new tokens of each of ``requests`` (as ``Engine.stream``).
-        Raises what the engine raised. At most ``max_batch_size`` requests."""
-        if len(requests) > self.max_batch_size:
-            raise ValueError(f"a group holds at most {self.max_batch_size} requests, got {len(requests)}")
+        """Yields, step by step, the new tokens of each of ``requests`` ([] for one that is finished
+        or got none), until all are done. Raises what the engine raised. At most ``max_batch_size``
+        requests."""
+        if not 1 <= len(requests) <= self.max_batch_size:
+            raise ValueError(f"a group holds 1..{self.max_batch_size} requests, got {len(requests)}")
         if self._driver is None or self._driver.done():
             self._driver = asyncio.get_running_loop().create_task(self._drive())
-        out: asyncio.Queue = asyncio.Queue()
-        self._waiting.append((requests, out))
+        group = _Group(requests)
+        self._waiting.append(group)
         self._wake.set()
-        while (item := await out.get()) is not _DONE:
+        while (item := await group.out.get()) is not _DONE:
             if isinstance(item, BaseException):
                 raise item
             yield item
 
-    def _next_groups(self) -> list[tuple[list[Request], asyncio.Queue]]:
-        """The waiting groups, oldest first, that fit in one engine batch (always at least one)."""
-        groups, size = [self._waiting.popleft()], 0
-        size = len(groups[0][0])
-        while self._waiting and size + len(self._waiting[0][0]) <= self.max_batch_size:
+    def stats(self) -> dict[str, float]:
+        """Decode calls so far, the live requests they decoded in all, and their mean."""
+        calls, rows = self.batcher.decode_calls, self.batcher.rows_decoded
+        return {"decode_calls": calls, "rows_decoded": rows, "mean_rows": rows / calls if calls else 0.0,
+                "admit_s": self.batcher.admit_s, "decode_s": self.batcher.decode_s}
+
+    def _admissible(self) -> list[_Group]:
+        """The waiting groups, oldest first, that fit in the free rows (stopping at the first that does not)."""
+        groups, free = [], self.batcher.free
+        while self._waiting and len(self._waiting[0].requests) <= free:
             groups.append(self._waiting.popleft())
-            size += len(groups[-1][0])
+            free -= len(groups[-1].requests)
         return groups
 
     async def _drive(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._wake.wait()
-            if not self._waiting:
+            if not self._waiting and not self.batcher.live:
                 self._wake.clear()
+                await self._wake.wait()
                 continue
-            groups = self._next_groups()
-            requests = [r for group, _ in groups for r in group]
-            self.batches, self.largest_batch = self.batches + 1, max(self.largest_batch, len(requests))
-            try:
-                steps = self.engine.stream(requests)
-                while (step := await loop.run_in_executor(self._thread, next, steps, None)) is not None:
-                    start = 0
-                    for group, out in groups:
-                        out.put_nowait(step[start:start + len(group)])
-                        start += len(group)
-            except Exception as err:  # noqa: BLE001 - every waiting handler gets the error, the driver goes on
-                for _, out in groups:
-                    out.put_nowait(err)
-            for _, out in groups:
-                out.put_nowait(_DONE)
+            if groups := self._admissible():
+                tickets = [(group, i) for group in groups for i in range(len(group.requests))]
+                requests = [r for group in groups for r in group.requests]
+                await self._run(loop, groups, self.batcher.admit, requests, tickets)
+            if self.batcher.live:
+                await self._run(loop, None, self.batcher.decode)
+
+    async def _run(self, loop, admitted: Optional[list[_Group]], call, *args) -> None:
+        """``call`` on the engine thread, its updates sent to their groups. On an engine error every
+        group involved (``admitted``, or all live ones) gets the error and the running batch is reset."""
+        try:
+            updates = await loop.run_in_executor(self._thread, call, *args)
+        except Exception as err:  # noqa: BLE001 - the handlers get the error, the loop goes on
+            failed = set(admitted or []) | {group for group, _ in self.batcher.reset()}
+            for group in failed:
+                group.out.put_nowait(err)
+                group.out.put_nowait(_DONE)
+            return
+        _dispatch(updates)
+
+
+def _dispatch(updates: list[Update]) -> None:
+    """One list per group that got tokens: each of its requests' new tokens ([] if none)."""
+    steps: dict[_Group, list[list[int]]] = {}
+    for update in updates:
+        group, i = update.ticket
+        steps.setdefault(group, [[] for _ in group.requests])[i] = update.tokens
+        group.unfinished -= update.done
+    for group, step in steps.items():
+        group.out.put_nowait(step)
+        if group.unfinished == 0:
+            group.out.put_nowait(_DONE)

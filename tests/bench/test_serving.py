@@ -167,8 +167,9 @@ def info_server():
 def test_served_counts_reads_the_apps_info(info_server):
     url = f"http://127.0.0.1:{info_server.server_address[1]}"
     _Info.body = json.dumps({"model": {}, "server": {"served": {"batches": 9, "requests": 40, "largest_batch": 4},
-                                                     "engine_batches": 5, "largest_engine_batch": 12}}).encode()
-    assert serving.served_counts(url) == {"requests": 40, "engine_batches": 5}
+                                                     "engine": {"decode_calls": 5, "rows_decoded": 40,
+                                                                "mean_rows": 8.0}}}).encode()
+    assert serving.served_counts(url) == {"decode_calls": 5, "rows_decoded": 40}
     _Info.body = json.dumps({"server": {"served": {"requests": 40}}}).encode()  # an app without the counts
     assert serving.served_counts(url) is None
     _Info.body = b"not json"
@@ -176,7 +177,7 @@ def test_served_counts_reads_the_apps_info(info_server):
 
 
 def test_batch_stats_between_two_counts():
-    before, after = {"requests": 40, "engine_batches": 5}, {"requests": 200, "engine_batches": 15}
-    assert serving.batch_stats(before, after) == {"engine_batches": 10, "mean_batch": 16.0}
-    assert serving.batch_stats(after, after) == {"engine_batches": 0, "mean_batch": None}
-    assert serving.batch_stats(None, after) == {"engine_batches": None, "mean_batch": None}
+    before, after = {"rows_decoded": 40, "decode_calls": 5}, {"rows_decoded": 200, "decode_calls": 15}
+    assert serving.batch_stats(before, after) == {"decode_calls": 10, "mean_rows": 16.0}
+    assert serving.batch_stats(after, after) == {"decode_calls": 0, "mean_rows": None}
+    assert serving.batch_stats(None, after) == {"decode_calls": None, "mean_rows": None}

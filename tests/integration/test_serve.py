@@ -5,6 +5,7 @@ every bad input is a 4xx JSON error naming its field while the server stays up."
 from __future__ import annotations
 
 import json
+import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +17,7 @@ from ray import serve
 
 from jaxray import checkpoint
 from jaxray.config import parse_trial
+from jaxray.engine import gather_shapes
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.generate import generate as full_recompute
@@ -85,8 +87,9 @@ def test_healthz_and_info(url, trained):
     info = requests.get(url + "/info", timeout=10).json()
     assert info["model"]["max_seq_len"] == MAX_SEQ_LEN and info["model"]["width"] == 32
     assert str(trained) in json.dumps(info) and info["server"]["max_batch_size"] == 4
-    # (16, 64) x (1, 4): a start program per bucket and batch size, a decode program per batch size
-    assert info["programs"] == 6 and info["compile_s"] > 0 and info["devices"]
+    # (16, 64) x (1, 4): a start program per bucket and batch size, a decode program per batch size,
+    # and the gather programs of continuous batching
+    assert info["programs"] == 6 + len(gather_shapes((1, 4))) and info["compile_s"] > 0 and info["devices"]
 
 
 def test_greedy_equals_the_full_recompute_sampler(url, trained):
@@ -128,7 +131,9 @@ def test_concurrent_requests_batch_without_changing_results(url):
     assert [r.status_code for r in together] == [200] * 8
     assert [r.json()["text"] for r in together] == alone
     assert together[5].json()["prompt_tokens"] == MAX_SEQ_LEN  # a 70-byte prompt keeps its last 64
-    assert requests.get(url + "/info", timeout=10).json()["server"]["served"]["largest_batch"] > 1
+    server = requests.get(url + "/info", timeout=10).json()["server"]
+    assert server["served"]["largest_batch"] > 1 and server["engine"]["mean_rows"] > 1  # decode calls were shared
+    assert len(server["compute_cpus"]) == max(1, len(os.sched_getaffinity(0)) - 1)  # pinned before JAX started
 
 
 def test_invalid_utf8_is_replaced_never_a_500(url):

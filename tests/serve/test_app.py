@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ({"checkpoint": "x", "engine": {"chunks": 3}}, "serve args: engine.chunks"),
     ({"checkpoint": "x", "batch_wait_ms": -1}, "serve args: batch_wait_ms"),
     ({"checkpoint": "x", "max_batch_size": 0}, "serve args: max_batch_size"),
+    ({"checkpoint": "x", "compute_cpus": 0}, "serve args: compute_cpus"),
 ])
 def test_app_builder_refuses_bad_args(args, match):
     with pytest.raises(ValueError, match=match):
@@ -46,12 +47,36 @@ def test_app_builder_names_a_missing_checkpoint_and_a_batch_too_big(tmp_path, mo
     (["--checkpoint", ".", "--port", "0"], "--port: expected a positive integer"),
     (["--checkpoint", ".", "--batch-wait-ms", "-5"], "--batch-wait-ms: Input should be greater than or equal to 0"),
     (["--checkpoint", ".", "--batch-wait-ms", "inf"], "--batch-wait-ms: Input should be a finite number"),
+    (["--checkpoint", ".", "--compute-cpus", "0"], "--compute-cpus: expected a positive integer"),
+    (["--checkpoint", ".", "--compute-cpus", "999"], "--compute-cpus: at most"),
 ])
 def test_cli_refuses_bad_options_before_ray_starts(argv, match, capsys):
     with pytest.raises(SystemExit) as caught:
         main(argv)
     assert caught.value.code == 2
     assert match in capsys.readouterr().err
+
+
+def test_pin_compute_pins_the_calling_thread_only():
+    """Run in its own thread: the affinity call pins the calling thread (and threads it starts)."""
+    import os
+    import threading
+
+    from jaxray.serve.app import pin_compute
+
+    available, seen = sorted(os.sched_getaffinity(0)), {}
+
+    def pinned():
+        seen["default"] = pin_compute(None)
+        seen["mask"] = sorted(os.sched_getaffinity(0))
+        with pytest.raises(ValueError, match=f"compute_cpus must be in 1..{len(seen['mask'])}"):
+            pin_compute(len(available) + 1)
+
+    thread = threading.Thread(target=pinned)
+    thread.start()
+    thread.join()
+    assert seen["default"] == seen["mask"] == available[:max(1, len(available) - 1)]
+    assert sorted(os.sched_getaffinity(0)) == available  # this thread is untouched
 
 
 def test_cli_names_a_port_in_use(capsys):
