@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Sharding
 
@@ -37,10 +38,19 @@ def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
     """Write ``params`` and the configs under ``directory`` (created; must not hold a checkpoint yet).
 
     Blocks until Orbax has finalised the write, so the directory is complete when this returns.
+    In a multi-process JAX program one process calls it (the params are replicated).
     """
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
-    checkpointer = ocp.StandardCheckpointer()
+    options = ocp.options.MultiprocessingOptions()
+    if jax.process_count() > 1:
+        # One process of a multi-process program saves alone: its local copy of the replicated
+        # params, with Orbax's barriers limited to itself (the others never call save).
+        me = jax.process_index()
+        params = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else x, params)
+        options = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me},
+                                                     barrier_sync_key_prefix=f"jaxray-save-{me}")
+    checkpointer = ocp.StandardCheckpointer(multiprocessing_options=options)
     checkpointer.save(directory / PARAMS_DIR, params)
     checkpointer.wait_until_finished()
     (directory / MODEL_CONFIG).write_text(trial.model.model_dump_json(indent=2))

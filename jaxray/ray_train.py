@@ -2,17 +2,22 @@
 ``JaxTrainer`` factory.
 
 Each worker is one JAX process that owns ``devices_per_worker`` devices (GPUs through
-``ScalingConfig(use_gpu=True, resources_per_worker={"GPU": k})``, or forced host devices on CPU),
-builds a mesh over ``jax.devices()`` and trains on its shard of the ``train`` dataset. On GPU the
-JaxTrainer backend initialises ``jax.distributed`` itself, so the worker never does.
+``ScalingConfig(use_gpu=True, resources_per_worker={"GPU": k})``, or forced host devices on CPU).
+With several workers they form one JAX program: on GPU the JaxTrainer backend initialises
+``jax.distributed`` itself; on CPU ``join_cpu_program`` does (gloo collectives, the coordinator
+address broadcast from rank 0 with Ray Train's collective helper). The mesh spans every device of
+every process, and each worker feeds the rows of each global batch that its own devices hold.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
+import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import ray.train
@@ -20,6 +25,7 @@ from ray.train import Checkpoint, DataConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig, parse_trial
+from jaxray.data.ray_data import shard_batches
 
 HISTORY_FILE = "history.json"  # every log row of the run, saved with the final checkpoint
 
@@ -33,6 +39,64 @@ def worker_env(workers: WorkersConfig) -> dict[str, str]:
         return {**quiet, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     return {**quiet, "JAX_PLATFORMS": "cpu",
             "XLA_FLAGS": f"--xla_force_host_platform_device_count={workers.devices_per_worker}"}
+
+
+def join_cpu_program(rank: int, world: int) -> None:
+    """Make this worker process ``rank`` of one ``world``-process JAX program on CPU. Call before
+    JAX's backend starts (any device query starts it).
+
+    Rank 0 picks a free port on its node and Ray Train broadcasts ``host:port`` to every worker
+    (``ray.train.collective.broadcast_from_rank_zero``, also a barrier); CPU collectives go through
+    gloo (``jax_cpu_collectives_implementation``), as JAX's multi-process CPU backend needs.
+    """
+    import jax
+    from ray.train.collective import broadcast_from_rank_zero
+
+    address = None
+    if rank == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            address = f"{ray.util.get_node_ip_address()}:{probe.getsockname()[1]}"
+    address = broadcast_from_rank_zero(address)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(address, num_processes=world, process_id=rank)
+
+
+def describe_worker(rank: int) -> str:
+    """One log line: Ray rank, JAX process index and count, local devices and, on GPU, the physical
+    GPUs' UUIDs (so two workers sharing a GPU show the same UUID)."""
+    import jax
+
+    line = (f"jaxray worker rank {rank}: JAX process {jax.process_index()} of {jax.process_count()}, "
+            f"local devices {jax.local_devices()}")
+    if jax.default_backend() == "gpu":
+        line += f", GPUs {gpu_uuids()}"
+    return line
+
+
+def gpu_uuids() -> list[str]:
+    """UUIDs of the GPUs this process may use (``CUDA_VISIBLE_DEVICES`` order) from ``nvidia-smi``;
+    [] when it cannot be asked."""
+    try:
+        listing = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    uuids = dict(line.split(", ", 1) for line in listing.strip().splitlines() if ", " in line)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [uuids.get(i.strip(), i.strip()) for i in visible.split(",")] if visible else list(uuids.values())
+
+
+def rank_batches(shard, global_batch: int, rank: int, world: int,
+                 prefetch_batches: int = 2) -> Iterator[dict[str, np.ndarray]]:
+    """This worker's rows of every global batch from an unsplit dataset iterator, endlessly: rows
+    ``[rank * L, (rank + 1) * L)`` of each ``global_batch``-row batch (L = global_batch / world),
+    the rows its own devices hold under the ``data`` sharding. Every worker gets the same number of
+    batches, and together they see exactly what ``train_batches(arrays, global_batch)`` gives one
+    process. Raises ValueError if the dataset holds fewer rows than one global batch."""
+    local = global_batch // world
+    for batch in shard_batches(shard, global_batch, prefetch_batches):
+        yield {k: v[rank * local:(rank + 1) * local] for k, v in batch.items()}
 
 
 def _collect(shard) -> dict[str, np.ndarray]:
@@ -68,20 +132,20 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import jax
 
     from jaxray import checkpoint
-    from jaxray.data.ray_data import shard_batches
     from jaxray.parallel.mesh import make_mesh
     from jaxray.tensorboard import TensorBoardLogger
     from jaxray.train.run import train
 
     trial = parse_trial(config["trial"])
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    if world > 1 and not trial.workers.use_gpu:
+        join_cpu_program(rank, world)
     _check_local_devices(trial)
-    rank = ray.train.get_context().get_world_rank()
     # stdout reaches the driver's console and the Ray dashboard, prefixed with the worker's pid.
-    print(f"jaxray worker rank {rank}: JAX process {jax.process_index()} of {jax.process_count()}, "
-          f"local devices {jax.local_devices()}", flush=True)
+    print(describe_worker(rank), flush=True)
     mesh = make_mesh()
-    local_batch = trial.train.global_batch // jax.process_count()
-    batches = shard_batches(ray.train.get_dataset_shard("train"), local_batch)
+    batches = rank_batches(ray.train.get_dataset_shard("train"), trial.train.global_batch, rank, world)
     held_out = _collect(ray.train.get_dataset_shard("eval"))
 
     tb_dir = config.get("tensorboard_dir") if rank == 0 else None
@@ -92,11 +156,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             tb.add_final(result.summary, trial.train.steps)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = None
-        if rank == 0:
+        if rank == 0:  # params are replicated: rank 0's copy is the whole model
             path = checkpoint.save(Path(tmp) / "checkpoint", result.state.params, trial)
             (path / HISTORY_FILE).write_text(json.dumps(result.history))
             ckpt = Checkpoint.from_directory(path)
         ray.train.report({**result.summary, "final": True}, checkpoint=ckpt)
+    if world > 1 and not trial.workers.use_gpu:
+        jax.distributed.shutdown()  # JaxTrainer's backend only shuts down what it started (GPU, TPU)
 
 
 def _ordered_ingest():
@@ -109,8 +175,8 @@ def _ordered_ingest():
 
 def make_trainer(trial: TrialConfig, datasets: dict, storage_path: str | Path, name: str,
                  tensorboard_dir: Optional[str | Path] = None, callbacks: Optional[list] = None) -> JaxTrainer:
-    """A JaxTrainer for one trial. ``datasets``: ``{"train": Dataset, "eval": Dataset}``; only
-    ``train`` is split across workers, every worker evaluates on all of ``eval``."""
+    """A JaxTrainer for one trial. ``datasets``: ``{"train": Dataset, "eval": Dataset}``, both given
+    whole to every worker: each takes its rows of every global batch of ``train`` and of ``eval``."""
     w = trial.workers
     resources = {"GPU": w.devices_per_worker} if w.use_gpu else {"CPU": 1}
     return JaxTrainer(
@@ -118,7 +184,9 @@ def make_trainer(trial: TrialConfig, datasets: dict, storage_path: str | Path, n
         train_loop_config={"trial": trial.model_dump(),
                            "tensorboard_dir": str(tensorboard_dir) if tensorboard_dir else None},
         scaling_config=ScalingConfig(num_workers=w.num_workers, use_gpu=w.use_gpu, resources_per_worker=resources),
-        dataset_config=DataConfig(datasets_to_split=["train"], execution_options=_ordered_ingest()),
+        # Unsplit: each worker takes its rows of every global batch (``rank_batches``), so the global
+        # batches are the same whatever the number of workers.
+        dataset_config=DataConfig(datasets_to_split=[], execution_options=_ordered_ingest()),
         datasets=datasets,
         run_config=RunConfig(name=name, storage_path=str(storage_path), callbacks=callbacks or [],
                              worker_runtime_env={"env_vars": worker_env(w)}),

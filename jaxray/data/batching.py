@@ -7,7 +7,7 @@ Arrays are dicts of equal-length numpy arrays, e.g. ``{"image": [N, 784], "label
 from __future__ import annotations
 
 import itertools
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Optional
 
 import jax
 import numpy as np
@@ -23,17 +23,37 @@ def num_rows(arrays: Arrays) -> int:
     return next(iter(sizes.values()))
 
 
-def train_batches(arrays: Arrays, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
-    """Endless ``[batch_size, ...]`` batches in the arrays' order, epoch after epoch; partial tail dropped.
+def epoch_order(rows: int, seed: int, epoch: int) -> np.ndarray:
+    """The row order of one epoch: a permutation of ``range(rows)`` [rows] int64 drawn with
+    ``np.random.default_rng([seed, epoch])``. Every data path (in memory here, Parquet through Ray
+    Data in ``jaxray.data.parquet``) visits rows in this order, so all give the same batches."""
+    return np.random.default_rng([seed, epoch]).permutation(rows)
 
-    Raises ValueError if there are fewer rows than one batch.
+
+def train_batches(arrays: Arrays, batch_size: int, seed: Optional[int] = None, process_index: int = 0,
+                  process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+    """Endless training batches, epoch after epoch; each epoch's partial last batch is dropped.
+
+    ``seed`` None: every epoch in the arrays' order. Otherwise epoch e follows ``epoch_order(n,
+    seed, e)``. Global batch k of an epoch is rows ``[k * batch_size, (k + 1) * batch_size)`` of
+    that order, and this process yields its ``batch_size / process_count`` of them: rows
+    ``[p * local, (p + 1) * local)`` of each global batch, the ones its own devices hold under the
+    ``data`` sharding. Raises ValueError if there are fewer rows than one batch or ``batch_size``
+    does not divide by ``process_count``.
     """
     n = num_rows(arrays)
     per_epoch = n // batch_size
     if per_epoch == 0:
         raise ValueError(f"batch size {batch_size} is larger than the {n} rows of the dataset")
-    for i in itertools.cycle(range(per_epoch)):
-        yield {k: v[i * batch_size:(i + 1) * batch_size] for k, v in arrays.items()}
+    if batch_size % process_count:
+        raise ValueError(f"batch size {batch_size} does not divide over {process_count} processes")
+    local = batch_size // process_count
+    for epoch in itertools.count():
+        order = None if seed is None else epoch_order(n, seed, epoch)
+        for i in range(per_epoch):
+            start = i * batch_size + process_index * local
+            rows = slice(start, start + local) if order is None else order[start:start + local]
+            yield {k: v[rows] for k, v in arrays.items()}
 
 
 def eval_batches(arrays: Arrays, global_batch: int) -> Iterator[dict[str, np.ndarray]]:

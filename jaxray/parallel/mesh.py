@@ -17,8 +17,13 @@ DATA_AXIS = "data"
 
 
 def make_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
-    """A 1-D mesh over ``devices`` (default: every device of every process) with axis ``data``."""
-    return Mesh(np.asarray(devices if devices is not None else jax.devices()), (DATA_AXIS,))
+    """A 1-D mesh over ``devices`` (default: every device of every process) with axis ``data``.
+
+    Devices are ordered by process, then id: each process's devices sit side by side on ``data``,
+    so process p holds global-batch rows ``[p * B / P, (p + 1) * B / P)`` (what its data feeds).
+    """
+    devices = devices if devices is not None else jax.devices()
+    return Mesh(np.asarray(sorted(devices, key=lambda d: (d.process_index, d.id))), (DATA_AXIS,))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
