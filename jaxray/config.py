@@ -193,8 +193,28 @@ class SearchSpace(_Strict):
         return self
 
 
+class EarlyStoppingConfig(_Strict):
+    """ASHA (``ray.tune.schedulers.ASHAScheduler``): at steps grace_period, grace_period x
+    reduction_factor, ... a trial goes on only if its ``metric`` is in the best 1 / reduction_factor
+    of the trials that reached that step. ``metric`` is one the trials report while they train
+    (the training ``loss`` or ``accuracy``; held-out metrics arrive only at the end)."""
+
+    type: Literal["asha"] = "asha"
+    metric: Literal["loss", "accuracy"] = "loss"
+    mode: Optional[Literal["min", "max"]] = None
+    grace_period: PosInt = 100
+    reduction_factor: Annotated[int, Strict(), Field(ge=2)] = 3
+
+    @model_validator(mode="after")
+    def _mode(self) -> "EarlyStoppingConfig":
+        if self.mode is None:
+            object.__setattr__(self, "mode", "min" if self.metric == "loss" else "max")
+        return self
+
+
 class SweepConfig(_Strict):
-    """One workload's grid: fixed model/train settings plus the search space; ranked by ``metric``."""
+    """One workload's grid: fixed model/train settings plus the search space; ranked by ``metric``;
+    optional ASHA early stopping for long sweeps."""
 
     workload: Workload
     metric: Optional[str] = None
@@ -202,6 +222,7 @@ class SweepConfig(_Strict):
     model: dict[str, Any] = {}
     train: dict[str, Any] = {}
     search_space: SearchSpace = SearchSpace()
+    early_stopping: Optional[EarlyStoppingConfig] = None
 
     @model_validator(mode="after")
     def _check(self) -> "SweepConfig":
@@ -248,7 +269,9 @@ class ExperimentConfig(_Strict):
     experiment: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     data: DataConfig = DataConfig()
     workers: WorkersConfig = WorkersConfig()
-    max_concurrent_trials: PosInt = 1
+    # None: derived from the cluster (``jaxray.tune.concurrent_trials``): as many trials as its GPUs
+    # hold with use_gpu, else one (CPU trials sharing cores would time each other).
+    max_concurrent_trials: Optional[PosInt] = None
     sweeps: list[SweepConfig] = Field(min_length=1)
 
     @model_validator(mode="after")

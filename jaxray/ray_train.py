@@ -160,7 +160,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             path = checkpoint.save(Path(tmp) / "checkpoint", result.state.params, trial)
             (path / HISTORY_FILE).write_text(json.dumps(result.history))
             ckpt = Checkpoint.from_directory(path)
-        ray.train.report({**result.summary, "final": True}, checkpoint=ckpt)
+        # The last logged row too (step, loss, ...): schedulers such as ASHA read them in every report.
+        ray.train.report({**result.history[-1], **result.summary, "final": True}, checkpoint=ckpt)
     if world > 1 and not trial.workers.use_gpu:
         jax.distributed.shutdown()  # JaxTrainer's backend only shuts down what it started (GPU, TPU)
 

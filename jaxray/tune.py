@@ -22,7 +22,7 @@ import ray
 import ray.data
 from ray import tune
 
-from jaxray.config import ConfigError, ExperimentConfig, SweepConfig, load_experiment, parse_trial
+from jaxray.config import ConfigError, ExperimentConfig, SweepConfig, TrainConfig, load_experiment, parse_trial
 from jaxray.data.batching import num_rows
 from jaxray.data.sources import DataFileError
 from jaxray.ray_train import HISTORY_FILE
@@ -31,6 +31,8 @@ from jaxray.ray_train import HISTORY_FILE
 QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
 RUN_DIRS = ("train", "tune", "tensorboard")  # what a run writes under --out besides the report files
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# A log row's keys: the final report carries the last one for schedulers; the summary row does not.
+LOG_ROW_KEYS = ("step", "examples", "loss", "accuracy", "grad_norm", "tokens", "perplexity")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -103,6 +105,32 @@ def load_sweep_arrays(exp: ExperimentConfig) -> dict[str, tuple]:
     return {s.workload: load_arrays(parse_trial(s.trial_dicts(exp.base())[0])) for s in exp.sweeps}
 
 
+def concurrent_trials(exp: ExperimentConfig, resources: dict[str, float]) -> int:
+    """``max_concurrent_trials`` when set; else with ``use_gpu`` as many trials as the cluster's GPUs
+    hold (``resources``: ``ray.cluster_resources()``; each trial takes num_workers x
+    devices_per_worker GPUs), at least one; on CPU one (trials sharing cores would slow and time
+    each other)."""
+    if exp.max_concurrent_trials is not None:
+        return exp.max_concurrent_trials
+    if not exp.workers.use_gpu:
+        return 1
+    return max(1, int(resources.get("GPU", 0)) // exp.workers.total_devices)
+
+
+def early_stopping(sweep: SweepConfig):
+    """The sweep's ASHA scheduler (``sweep.early_stopping``), or None (every trial runs all its
+    steps). Trials report ``step`` and the training metrics every ``train.report_interval`` steps;
+    ASHA's rungs are in steps, up to the sweep's ``train.steps``."""
+    rule = sweep.early_stopping
+    if rule is None:
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    steps = sweep.train.get("steps", TrainConfig().steps)
+    return ASHAScheduler(time_attr="step", metric=rule.metric, mode=rule.mode, max_t=steps,
+                         grace_period=min(rule.grace_period, steps), reduction_factor=rule.reduction_factor)
+
+
 def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: tuple, out: Path) -> list[tuple[dict, list[dict]]]:
     """Fit one sweep on its (train, held-out) arrays, fed to the workers as Ray Datasets.
 
@@ -113,9 +141,12 @@ def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: tuple, out: Pat
     base = exp.base()
     datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])}
     trainable = tune.with_parameters(run_trial, sweep=sweep.model_dump(), base=base, datasets=datasets, out=str(out))
+    # Trial and run names derive from the grid point and the workload only, so the folders of an
+    # interrupted sweep are found again by name (Tuner.restore).
     tuner = tune.Tuner(
         trainable, param_space=grid(sweep),
-        tune_config=tune.TuneConfig(max_concurrent_trials=exp.max_concurrent_trials,
+        tune_config=tune.TuneConfig(max_concurrent_trials=concurrent_trials(exp, ray.cluster_resources()),
+                                    scheduler=early_stopping(sweep),
                                     trial_name_creator=lambda t: trial_name(sweep.workload, t.config),
                                     trial_dirname_creator=lambda t: trial_name(sweep.workload, t.config)),
         run_config=tune.RunConfig(name=sweep.workload, storage_path=str(out / "tune"), verbose=1),
@@ -135,7 +166,8 @@ def _collect(sweep: SweepConfig, result) -> tuple[dict, list[dict]]:
     if not metrics.get("final"):
         row["error"] = "trial ended without its final report"
         return row, []
-    keep = {k: v for k, v in metrics.items() if k not in ("final", "checkpoint_path") and not _tune_key(k)}
+    keep = {k: v for k, v in metrics.items()
+            if k not in ("final", "checkpoint_path", *LOG_ROW_KEYS) and not _tune_key(k)}
     checkpoint = metrics.get("checkpoint_path")
     row.update(keep, trial=name, checkpoint=checkpoint)
     history_file = Path(checkpoint or "") / HISTORY_FILE
@@ -189,7 +221,7 @@ def init_ray(exp: ExperimentConfig) -> bool:
                               f"instead set RAY_ADDRESS=local") from None
         return True
     # One CPU for each trial driver and each worker; Tune queues what does not fit.
-    need = exp.max_concurrent_trials * (1 + exp.workers.num_workers) + 1
+    need = (exp.max_concurrent_trials or 1) * (1 + exp.workers.num_workers) + 1
     ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), runtime_env=runtime_env)
     return False
 

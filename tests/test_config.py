@@ -65,6 +65,14 @@ def test_good_config_expands_grid(tmp_path):
     ("train: {steps: 5}", "train: {steps: 5}\n    metric: val_loss",
      "allowed: test_accuracy, test_loss, final_train_loss"),
     ("experiment: t", "experiment: t\nexperiment: u", "duplicate key 'experiment'"),
+    ("train: {steps: 5}", "train: {steps: 5}\n    early_stopping: {type: hyperband}",
+     "sweeps.0.early_stopping.type: Input should be 'asha'"),
+    ("train: {steps: 5}", "train: {steps: 5}\n    early_stopping: {metric: val_loss}",
+     "sweeps.0.early_stopping.metric: Input should be 'loss' or 'accuracy'"),
+    ("train: {steps: 5}", "train: {steps: 5}\n    early_stopping: {reduction_factor: 1}",
+     "sweeps.0.early_stopping.reduction_factor"),
+    ("train: {steps: 5}", "train: {steps: 5}\n    early_stopping: {grace: 3}", "early_stopping.grace: unknown key"),
+    ("experiment: t", "experiment: t\nmax_concurrent_trials: 0", "max_concurrent_trials"),
 ])
 def test_bad_config_names_the_field(tmp_path, old, new, expected):
     assert old in GOOD
