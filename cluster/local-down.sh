@@ -1,5 +1,28 @@
 #!/usr/bin/env bash
-# Stop the Ray started by local-up.sh (`ray stop` ends this user's Ray processes on this machine).
+# Stop the head that local-up.sh started with the same RAY_DASHBOARD_PORT (default 8265): SIGTERM to
+# its `ray start --block`, which stops the processes it started, then SIGKILL to whatever is left
+# of its process group after 60 s. Other Ray processes on the machine are left
+# alone (`ray stop` would end them all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-"${VENV:-.venv}/bin/ray" stop
+state="runs/ray-head-${RAY_DASHBOARD_PORT:-8265}"
+[ -f "$state.pid" ] || { echo "no $state.pid: no head of local-up.sh to stop" >&2; exit 1; }
+pid="$(cat "$state.pid")"
+# Only while the pid is still that `ray start` (a stale file must not signal whoever has the pid now),
+# and only the leader: it stops the others in order.
+if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q 'ray start --head'; then
+  kill -TERM "$pid"
+  for _ in $(seq 60); do
+    kill -0 -- "-$pid" 2>/dev/null || break
+    sleep 1
+  done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  echo "stopped the Ray head of $state.pid (process group $pid)"
+else
+  echo "the head of $state.pid (pid $pid) had already ended"
+fi
+address_file="$("${VENV:-.venv}/bin/python" -c 'from ray._common.utils import get_ray_address_file as f; print(f(None))')"
+if [ -s "$state.address" ] && [ -f "$address_file" ] && [ "$(cat "$address_file")" = "$(cat "$state.address")" ]; then
+  rm -f "$address_file"
+fi
+rm -f "$state.pid" "$state.address"

@@ -1,12 +1,63 @@
 #!/usr/bin/env bash
 # Start a single-node Ray head from the project's venv (so jobs run with its interpreter), with the
-# dashboard and job API on 127.0.0.1. Extra arguments go to `ray start`, e.g. --num-cpus 4.
+# dashboard and job API on 127.0.0.1:${RAY_DASHBOARD_PORT:-8265}. Extra arguments go to `ray start`,
+# e.g. --num-cpus 4, or --port 6380 for a GCS port other than 6379.
+# The head runs as `ray start --block` in a session of its own, whose id (its pid) goes to
+# runs/ray-head-<dashboard port>.pid: local-down.sh stops that head and no other Ray on the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="$(pwd)/${VENV:-.venv}"
+venv="${VENV:-.venv}"  # relative to the repository root, or absolute
 [ -x "$venv/bin/ray" ] || { echo "no $venv/bin/ray: run 'make install' first" >&2; exit 1; }
+venv="$(cd "$venv" && pwd)"
 export PATH="$venv/bin:$PATH"
 port="${RAY_DASHBOARD_PORT:-8265}"
-ray start --head --dashboard-host 127.0.0.1 --dashboard-port "$port" --disable-usage-stats "$@"
+state="runs/ray-head-$port"
+if [ -f "$state.pid" ] && kill -0 "$(cat "$state.pid")" 2>/dev/null; then
+  echo "a head started by local-up.sh already runs with its dashboard on $port (pid $(cat "$state.pid"))" >&2
+  exit 1
+fi
+mkdir -p runs
+# Ray 2.60 token auth on the dashboard, job API and every RPC: make this user's token if there is
+# none yet (~/.ray/auth_token), and start the head with it.
+ray get-auth-token --generate >/dev/null
+export RAY_AUTH_MODE=token
+# On SIGTERM Ray 2.60 first drains the node (for Serve replicas on Kubernetes); after a job the node
+# seldom turns idle, so local-down.sh would wait out the 30 s timeout. A local head skips it.
+export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}"
+# setsid: the head and every process it starts share one process group, which local-down.sh ends.
+setsid ray start --head --block --dashboard-host 127.0.0.1 --dashboard-port "$port" --disable-usage-stats "$@" \
+  </dev/null >"$state.log" 2>&1 &
+echo $! >"$state.pid"
+# Up once `ray start` says it blocks (the node is started and has written Ray's address file) and
+# the dashboard answers at all (401 without the token). Its GCS address, from its output, goes to
+# $state.address, so local-down.sh removes Ray's address file only while it names this head.
+python - "$port" "$!" "$state.log" "$state.address" <<'PY'
+import re, sys, time, urllib.request
+port, pid, log, address_file = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+def answers(url):
+    try:
+        urllib.request.urlopen(url, timeout=2)
+    except OSError as err:
+        return bool(getattr(err, "code", None))
+    return True
+
+deadline = time.monotonic() + 180
+while time.monotonic() < deadline:
+    try:  # gone, or a zombie this script has not reaped: it exited
+        alive = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        alive = False
+    output = open(log, errors="replace").read()
+    if not alive:
+        sys.exit(f"ray start exited; its output ({log}):\n{output[-4000:]}")
+    if "block forever" in output and answers(f"http://127.0.0.1:{port}/api/version"):
+        gcs = re.search(r"--address='([^']+)'", output)
+        open(address_file, "w").write(gcs.group(1) if gcs else "")
+        sys.exit(0)
+    time.sleep(1)
+sys.exit(f"the head was not up within 180 s; see {log}")
+PY
 echo "dashboard and job API: http://127.0.0.1:$port (token auth: 'ray get-auth-token' prints the token)"
-echo "submit: RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:$port --working-dir . -- python -m jaxray.tune --config tune_configs/smoke.yaml --out \$PWD/runs/smoke"
+echo "submit: RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:$port --runtime-env cluster/runtime_env.yaml -- python -m jaxray.tune --config tune_configs/smoke.yaml --out \$PWD/runs/smoke"
+echo "stop:   ${RAY_DASHBOARD_PORT:+RAY_DASHBOARD_PORT=$port }cluster/local-down.sh"

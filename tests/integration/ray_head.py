@@ -1,0 +1,73 @@
+"""Helpers for the tests that start their own Ray head and submit the smoke sweep to it with
+`ray job submit` (test_local_head.py)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # the venv's bin/: its `ray` and `python`
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError as err:
+            if getattr(err, "code", None):  # an HTTP error (401 without a token) means it is up
+                return
+            time.sleep(1)
+    raise TimeoutError(f"{url} did not answer within {seconds} s")
+
+
+def head_env() -> dict[str, str]:
+    """This process's environment with the venv first on PATH, without RAY_ADDRESS (the job must go
+    to the test's head) and JAXRAY_DATA_DIR (the README's flow passes --data-dir instead). The head
+    stops without Ray's drain on SIGTERM, which after a job waits out its 30 s timeout."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    for name in ("RAY_ADDRESS", "JAXRAY_DATA_DIR"):
+        env.pop(name, None)
+    return env
+
+
+def forget_cluster(gcs_port: int) -> None:
+    """Remove the address file our head left behind (only if it is ours), so no later `ray.init`
+    tries to join the cluster this test just stopped."""
+    from ray._common.utils import get_ray_address_file
+
+    marker = Path(get_ray_address_file(None))
+    if marker.is_file() and marker.read_text().strip().endswith(f":{gcs_port}"):
+        marker.unlink()
+
+
+def submit_smoke(address: str, env: dict[str, str], upload: list[str], data_dir: Path, out: Path) -> str:
+    """`ray job submit` (token auth) of tune_configs/smoke.yaml to ``address``, from the repository
+    root, with ``upload`` naming what to ship (``--working-dir DIR`` or ``--runtime-env FILE``).
+    Checks that the job SUCCEEDED and wrote 3 trial rows without errors; returns its submission id."""
+    proc = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", address, *upload, "--",
+                           "python", "-m", "jaxray.tune", "--config", "tune_configs/smoke.yaml",
+                           "--data-dir", str(data_dir), "--out", str(out)],
+                          cwd=ROOT, env={**env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-2000:])
+    succeeded = re.search(r"Job '(\S+)' succeeded", proc.stdout)  # printed only for JobStatus.SUCCEEDED
+    assert succeeded, proc.stdout[-4000:]
+    rows = json.loads((out / "summary.json").read_text())
+    assert len(rows) == 3 and not any(r.get("error") for r in rows)
+    return succeeded.group(1)
