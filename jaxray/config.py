@@ -116,10 +116,14 @@ class TrainConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    """Where the data files are (None: the search order of ``jaxray.data.sources``) and the sequence length."""
+    """Where the data files are (None: the search order of ``jaxray.data.sources``) and the sequence
+    length. ``parquet``: a folder or pyarrow URI (``gs://...``) holding ``tinyshakespeare/`` and/or
+    ``fashion-mnist/`` as ``python -m jaxray.data prepare`` writes them; training then streams
+    them through Ray Data, each epoch in the order ``train.seed`` draws (``jaxray.data.parquet``)."""
 
     data_dir: Optional[str] = None
     seq_len: PosInt = 256
+    parquet: Optional[str] = None
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":

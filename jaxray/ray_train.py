@@ -99,6 +99,23 @@ def rank_batches(shard, global_batch: int, rank: int, world: int,
         yield {k: v[rank * local:(rank + 1) * local] for k, v in batch.items()}
 
 
+def parquet_data(trial: TrialConfig, rank: int, world: int) -> tuple[Iterator[dict[str, np.ndarray]], dict]:
+    """(this worker's training batches, the whole held-out split) from ``data.parquet``: Ray Data
+    streams the prepared files, each epoch in the order ``train.seed`` draws, and the worker keeps
+    its rows of every global batch (``jaxray.data.parquet.parquet_batches``)."""
+    from jaxray.data.parquet import column_numpy, parquet_batches, parquet_dataset
+    from jaxray.data.workloads import DATASETS, parquet_folder
+
+    folder, manifest = parquet_folder(trial)
+    batches = parquet_batches(folder, "train", trial.train.global_batch, trial.train.seed, rank, world)
+    held_out_split = DATASETS[trial.model.workload][1]
+    parts = list(parquet_dataset(folder, held_out_split, manifest=manifest).iter_batches(batch_size=None,
+                                                                                        batch_format="pyarrow"))
+    held_out = {name: np.concatenate([column_numpy(p.column(name), c["shape"]) for p in parts])
+                for name, c in manifest.columns.items()}
+    return batches, held_out
+
+
 def _collect(shard) -> dict[str, np.ndarray]:
     """Every row of an unsplit dataset shard as numpy arrays (the held-out set, small)."""
     parts = list(shard.iter_batches(batch_size=4096, batch_format="numpy"))
@@ -145,8 +162,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     # stdout reaches the driver's console and the Ray dashboard, prefixed with the worker's pid.
     print(describe_worker(rank), flush=True)
     mesh = make_mesh()
-    batches = rank_batches(ray.train.get_dataset_shard("train"), trial.train.global_batch, rank, world)
-    held_out = _collect(ray.train.get_dataset_shard("eval"))
+    if trial.data.parquet:
+        batches, held_out = parquet_data(trial, rank, world)
+    else:
+        batches = rank_batches(ray.train.get_dataset_shard("train"), trial.train.global_batch, rank, world)
+        held_out = _collect(ray.train.get_dataset_shard("eval"))
 
     tb_dir = config.get("tensorboard_dir") if rank == 0 else None
     with TensorBoardLogger(tb_dir) if tb_dir else contextlib.nullcontext() as tb:

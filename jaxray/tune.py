@@ -61,16 +61,31 @@ def prepare_out(out: Path, overwrite: bool) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def check_batches(exp: ExperimentConfig, arrays: dict[str, tuple]) -> None:
-    """Every grid point's global batch must fit in the training rows each worker gets; otherwise its
-    workers would never see a full batch. Raises ConfigError naming the sweep and the sizes."""
-    workers = exp.workers.num_workers
+def check_batches(exp: ExperimentConfig, rows: dict[str, int]) -> None:
+    """Every grid point's global batch must fit in the training rows (``rows``: per workload);
+    otherwise no worker would ever see a full batch. Raises ConfigError naming the sweep and the sizes."""
     for i, sweep in enumerate(exp.sweeps):
-        rows = num_rows(arrays[sweep.workload][0])
         for batch in sweep.axes()["global_batch"]:
-            if batch // workers > rows // workers:
-                raise ConfigError(f"sweeps.{i}.search_space.global_batch: {batch} is larger than the {rows} "
-                                  f"training rows of {sweep.workload} ({rows // workers} per worker)")
+            if batch > rows[sweep.workload]:
+                raise ConfigError(f"sweeps.{i}.search_space.global_batch: {batch} is larger than the "
+                                  f"{rows[sweep.workload]} training rows of {sweep.workload}")
+
+
+def parquet_rows(exp: ExperimentConfig) -> dict[str, int]:
+    """Each sweep's training rows from its prepared Parquet folder's manifest (``data.parquet``).
+    Raises ConfigError naming ``data.parquet`` when a folder is missing, damaged, holds another
+    dataset or another seq_len."""
+    from jaxray.data.manifest import ManifestError
+    from jaxray.data.workloads import parquet_folder
+
+    rows = {}
+    for sweep in exp.sweeps:
+        trial = parse_trial(sweep.trial_dicts(exp.base())[0])
+        try:
+            rows[sweep.workload] = parquet_folder(trial)[1].split("train").rows
+        except ManifestError as err:
+            raise ConfigError(f"data.parquet: {err}") from None
+    return rows
 
 
 def grid(sweep: SweepConfig) -> dict[str, Any]:
@@ -131,15 +146,18 @@ def early_stopping(sweep: SweepConfig):
                          grace_period=min(rule.grace_period, steps), reduction_factor=rule.reduction_factor)
 
 
-def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: tuple, out: Path) -> list[tuple[dict, list[dict]]]:
-    """Fit one sweep on its (train, held-out) arrays, fed to the workers as Ray Datasets.
+def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: Optional[tuple],
+              out: Path) -> list[tuple[dict, list[dict]]]:
+    """Fit one sweep on its (train, held-out) arrays, fed to the workers as Ray Datasets, or (None,
+    with ``data.parquet``) on its prepared Parquet folder.
 
     Returns (summary row, history rows) per trial; a failed trial's row carries ``error``.
     """
     from jaxray.data.ray_data import to_dataset
 
     base = exp.base()
-    datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])}
+    # With data.parquet each worker streams its rows itself (jaxray.data.parquet): no dataset to pass.
+    datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])} if arrays else {}
     trainable = tune.with_parameters(run_trial, sweep=sweep.model_dump(), base=base, datasets=datasets, out=str(out))
     # Trial and run names derive from the grid point and the workload only, so the folders of an
     # interrupted sweep are found again by name (Tuner.restore).
@@ -247,8 +265,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
     try:  # every check that can fail on the user's input, before the first trial starts
         exp = load_experiment(args.config, overrides)
-        arrays = load_sweep_arrays(exp)
-        check_batches(exp, arrays)
+        arrays = {} if exp.data.parquet else load_sweep_arrays(exp)
+        check_batches(exp, parquet_rows(exp) if exp.data.parquet else
+                      {w: num_rows(train) for w, (train, _) in arrays.items()})
         out = Path(args.out or Path("runs") / exp.experiment).absolute()
         prepare_out(out, args.overwrite)
         check_gpus(exp, init_ray(exp))
@@ -258,7 +277,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     results = []
     for sweep in exp.sweeps:
-        results += run_sweep(exp, sweep, arrays[sweep.workload], out)
+        results += run_sweep(exp, sweep, arrays.get(sweep.workload), out)
     from jaxray.report import markdown_summary, write_reports
 
     rows = [row for row, _ in results]

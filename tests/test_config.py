@@ -152,3 +152,11 @@ def test_cli_rejects_bad_config_before_starting_ray(tmp_path):
     assert "global_batch 510 is not divisible by the device count 4" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_names_a_parquet_folder_that_is_not_prepared(tmp_path, real_dir):
+    (tmp_path / "pq" / "fashion-mnist").mkdir(parents=True)  # a folder without a manifest
+    config = write(tmp_path, GOOD.replace("experiment: t", f"experiment: t\ndata: {{parquet: {tmp_path / 'pq'}}}"))
+    proc = run_cli("--config", config, "--data-dir", real_dir, "--out", tmp_path / "o")
+    assert proc.returncode == 2 and "data.parquet:" in proc.stderr and "manifest.json" in proc.stderr, proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -6,6 +6,7 @@
   python -m jaxray.bench compare --reference ../shared/bench/reference_transformer.py
   python -m jaxray.bench serve --checkpoint runs/demo   # the Serve app under HTTP load (1..64 clients)
   python -m jaxray.bench decode                       # KV-cache sampler vs full-window recompute, 300 tokens
+  python -m jaxray.bench ingest                       # the step fed pre-staged vs streamed by Ray Data
 
 ``--cpu-devices N`` sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts,
 so a CPU-only machine shows N devices (default 4 for devices, shard-map, batch-sweep and all); the
@@ -80,7 +81,26 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     c.add_argument("--timeout", type=positive_int, default=900, help="seconds one run may take")
     _add_serve(sub)
     _add_decode(sub, common)
+    _add_ingest(sub, common)
     return p.parse_args(argv)
+
+
+def _add_ingest(sub, common: argparse.ArgumentParser) -> None:
+    """``ingest``: the step on pre-staged batches vs batches streamed from Parquet (jaxray.bench.ingest)."""
+    i = sub.add_parser("ingest", parents=[common], help="ms/step: pre-staged device batches vs Ray Data from Parquet")
+    i.add_argument("--workload", choices=("mlp", "transformer", "all"), default=None,
+                   help="default: all, or the workload of --parquet's dataset")
+    i.add_argument("--parquet", type=folder, default=None,
+                   help="a folder from python -m jaxray.data prepare (default: prepare one in a temporary folder)")
+    i.add_argument("--batch", type=positive_int, default=None, help="global batch (default 1024 MLP, 16 transformer)")
+    i.add_argument("--steps", type=positive_int, default=None,
+                   help="timed steps per repeat (default 150 MLP, 10 transformer)")
+    i.add_argument("--warmup", type=non_negative_int, default=None,
+                   help="untimed steps first (default 10 MLP, 2 transformer)")
+    i.add_argument("--repeats", type=positive_int, default=3, help="A B repeats; the median is reported")
+    i.add_argument("--seq-len", type=positive_int, default=None, help="transformer sequence length T (default 256)")
+    i.add_argument("--prefetch-batches", type=non_negative_int, default=2,
+                   help="Ray Data blocks fetched ahead while an epoch is read (default 2)")
 
 
 def _add_decode(sub, common: argparse.ArgumentParser) -> None:

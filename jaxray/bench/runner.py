@@ -105,6 +105,31 @@ def _decode(args: argparse.Namespace, out: Optional[Path]) -> int:
     return 1 if report.failed else 0
 
 
+def _ingest(args: argparse.Namespace, out: Optional[Path]) -> int:
+    from jaxray.bench import ingest  # only this command needs Ray Data
+    from jaxray.data.manifest import read_manifest
+
+    workloads = ["mlp", "transformer"] if args.workload in (None, "all") else [args.workload]
+    seq_len = args.seq_len
+    if args.parquet is not None:
+        manifest = read_manifest(args.parquet)
+        dataset, seq_len = manifest.dataset, seq_len or manifest.seq_len
+        if seq_len != (manifest.seq_len or seq_len):
+            raise ValueError(f"--seq-len {seq_len}: --parquet {args.parquet} holds sequences of {manifest.seq_len}")
+        workload = next(w for w, d in ingest.DATASET.items() if d == dataset)
+        if args.workload not in (None, workload):
+            raise ValueError(f"--parquet {args.parquet} holds {dataset}, the data of --workload {workload}, "
+                             f"not {args.workload}")
+        workloads = [workload]
+    if args.seq_len is not None and "transformer" not in workloads:
+        raise ValueError("--seq-len applies to the transformer only")
+    sizes = [ingest.size_for(w, args.batch, args.warmup, args.steps, args.repeats, seq_len) for w in workloads]
+    suites.preload([{"workload": s.workload, "seq_len": s.seq_len} for s in sizes], args.data_dir)
+    report = ingest.ingest_benchmark(sizes, args.parquet, args.data_dir, args.prefetch_batches)
+    _write(report, out)
+    return 1 if report.failed else 0
+
+
 def _suite(name: str, args: argparse.Namespace, out: Optional[Path]) -> Report:
     preset, devices = PRESETS[args.preset], len(jax.devices())
     if name == "throughput":
@@ -150,6 +175,8 @@ def run(args: argparse.Namespace, out_for: OutFn) -> int:
         return _serve(args, outs["serve"])
     if args.command == "decode":
         return _decode(args, outs["decode"])
+    if args.command == "ingest":
+        return _ingest(args, outs["ingest"])
     suites.preload([size for name in outs for size in suite_sizes(PRESETS[args.preset], name)], args.data_dir)
     start, failed, texts = time.perf_counter(), [], []
     for name, out in outs.items():

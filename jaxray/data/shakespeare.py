@@ -22,7 +22,8 @@ class ByteSequences:
     """Non-overlapping byte-token sequences of one length.
 
     Attributes:
-        train: [N_train, seq_len] int32 in 0..255, in shuffled order.
+        train: [N_train, seq_len] int32 in 0..255, in shuffled order (text order
+            when split with ``seed=None``).
         validation: [N_val, seq_len] int32 in 0..255, in text order.
         seq_len: length of every sequence.
     """
@@ -63,7 +64,7 @@ def decode(tokens) -> str:
 
 
 def split_sequences(
-    tokens: np.ndarray, seq_len: int, seed: int, val_fraction: float = 0.1
+    tokens: np.ndarray, seq_len: int, seed: int | None, val_fraction: float = 0.1
 ) -> ByteSequences:
     """Cut ``tokens`` into train/validation sequences of ``seq_len``.
 
@@ -71,7 +72,8 @@ def split_sequences(
     sequences (the tail is dropped). The first floor((1 - val_fraction) * n)
     sequences are train, the rest validation; splitting by position keeps
     validation text unseen. Only the train order is then shuffled, with
-    ``np.random.default_rng(seed).permutation``.
+    ``np.random.default_rng(seed).permutation``; ``seed`` None keeps it in
+    text order (the order ``python -m jaxray.data prepare`` writes).
 
     Raises:
         ValueError: ``seq_len`` < 2, ``val_fraction`` not in (0, 1),
@@ -94,12 +96,14 @@ def split_sequences(
             f"need at least one train and one validation sequence"
         )
     seqs = tokens[: n * seq_len].astype(np.int32).reshape(n, seq_len)
-    order = np.random.default_rng(seed).permutation(n_train)
-    return ByteSequences(train=seqs[:n_train][order], validation=seqs[n_train:], seq_len=seq_len)
+    train = seqs[:n_train]
+    if seed is not None:
+        train = train[np.random.default_rng(seed).permutation(n_train)]
+    return ByteSequences(train=train, validation=seqs[n_train:], seq_len=seq_len)
 
 
 def load_shakespeare(
-    seq_len: int = 256, seed: int = 0, data_dir: str | os.PathLike | None = None
+    seq_len: int = 256, seed: int | None = 0, data_dir: str | os.PathLike | None = None
 ) -> ByteSequences:
     """Load verified TinyShakespeare and split it with :func:`split_sequences`.
 

@@ -24,3 +24,26 @@ def load_arrays(trial: TrialConfig) -> tuple[Arrays, Arrays]:
     order = np.random.default_rng(seed).permutation(len(fm.train_labels))
     train = {"image": fm.train_images[order], "label": fm.train_labels[order]}
     return train, {"image": fm.test_images, "label": fm.test_labels}
+
+
+# The dataset each workload trains on, and its held-out split (the names ``jaxray.data.prepare`` uses).
+DATASETS = {"transformer": ("tinyshakespeare", "validation"), "mlp": ("fashion-mnist", "test"),
+            "shared_block_mlp": ("fashion-mnist", "test")}
+
+
+def parquet_folder(trial: TrialConfig):
+    """(folder, Manifest) of ``trial``'s prepared Parquet data: ``data.parquet``/<dataset>.
+
+    Raises ManifestError when the folder is missing or damaged, holds another dataset, or (the
+    transformer) sequences of another length than ``data.seq_len``."""
+    from jaxray.data.manifest import ManifestError, read_manifest
+
+    dataset, _ = DATASETS[trial.model.workload]
+    folder = f"{trial.data.parquet.rstrip('/')}/{dataset}"
+    manifest = read_manifest(folder)
+    if manifest.dataset != dataset:
+        raise ManifestError(f"{folder} holds {manifest.dataset}, not {dataset}")
+    if manifest.seq_len is not None and manifest.seq_len != trial.data.seq_len:
+        raise ManifestError(f"{folder} holds sequences of {manifest.seq_len} bytes but data.seq_len is "
+                            f"{trial.data.seq_len}; prepare it with --seq-len {trial.data.seq_len}")
+    return folder, manifest

@@ -5,22 +5,11 @@ import itertools
 
 import numpy as np
 import pytest
-import ray
 
 from jaxray.data.batching import train_batches
 from jaxray.data.ray_data import shard_batches, to_dataset
 
 pytestmark = pytest.mark.ray
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    # What jaxray.ray_train's DataConfig sets for the workers: without it Ray Data may hand blocks
-    # over out of order (this test failed about once in several runs before).
-    ray.data.DataContext.get_current().execution_options.preserve_order = True
-    yield
-    ray.shutdown()
 
 
 def test_ray_batches_equal_in_memory_batches(local_ray):

@@ -83,6 +83,11 @@ def test_real_shuffle_is_deterministic(real_dir, seqs):
     np.testing.assert_array_equal(other.validation, seqs.validation)
 
 
+def test_seed_none_keeps_text_order(real_dir, text):
+    seqs = load_shakespeare(seq_len=256, seed=None, data_dir=real_dir)
+    np.testing.assert_array_equal(seqs.train, encode(text)[: 3921 * 256].reshape(3921, 256))
+
+
 def test_split_drops_tail_and_other_lengths(text):
     tokens = encode(text[:1000])
     s = split_sequences(tokens, seq_len=64, seed=3)

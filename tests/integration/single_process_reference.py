@@ -1,9 +1,10 @@
 """Run in a subprocess with N forced host devices (XLA_FLAGS set before jax is imported).
 
 ``single_process_reference.py TRIAL_JSON OUT_NPZ``: trains the trial in this one process on a mesh of
-every local device, on the global batches ``train_batches(arrays, global_batch)`` gives, evaluates
-on the first ``eval_rows`` held-out rows (a key of TRIAL_JSON beside ``trial``), and writes the final
-params (flattened, ``jax.tree_util.keystr`` keys) and the logged losses to OUT_NPZ.
+every local device, on the global batches ``train_batches(arrays, global_batch)`` gives (with
+``data.parquet`` set: the unshuffled arrays in the seeded per-epoch order the Parquet path follows),
+evaluates on the first ``eval_rows`` held-out rows (a key of TRIAL_JSON beside ``trial``), and
+writes the final params (flattened, ``jax.tree_util.keystr`` keys) and the logged losses to OUT_NPZ.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import numpy as np
 
 from jaxray.config import parse_trial
 from jaxray.data.batching import train_batches
-from jaxray.data.workloads import load_arrays
+from jaxray.data.prepare import natural_splits
+from jaxray.data.workloads import DATASETS, load_arrays
 from jaxray.parallel.mesh import make_mesh
 from jaxray.train.run import train
 
@@ -28,9 +30,14 @@ def flat_params(params) -> dict[str, np.ndarray]:
 def main(trial_json: str, out: str) -> None:
     spec = json.loads(open(trial_json).read())
     trial = parse_trial(spec["trial"])
-    train_arrays, held_out = load_arrays(trial)
+    if trial.data.parquet:
+        dataset, held_out_split = DATASETS[trial.model.workload]
+        splits = natural_splits(dataset, trial.data.data_dir, trial.data.seq_len)
+        train_arrays, held_out, seed = splits["train"], splits[held_out_split], trial.train.seed
+    else:
+        (train_arrays, held_out), seed = load_arrays(trial), None
     held_out = {k: v[:spec["eval_rows"]] for k, v in held_out.items()}
-    result = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
+    result = train(trial, train_batches(train_arrays, trial.train.global_batch, seed), held_out, make_mesh())
     np.savez(out, losses=np.array([row["loss"] for row in result.history]), devices=jax.device_count(),
              **{f"param:{k}": v for k, v in flat_params(result.state.params).items()})
 

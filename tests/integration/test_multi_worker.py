@@ -38,9 +38,9 @@ PARAM_TOL = {"rtol": 1e-4, "atol": 1e-5}
 NOISE_ONLY = "['key']['bias']"
 
 
-def trial_dict(workload: str, data_dir: Path, workers: dict) -> dict:
+def trial_dict(workload: str, data_dir: Path, workers: dict, **data) -> dict:
     spec = TRIALS[workload]
-    return {"model": spec["model"], "data": {"data_dir": str(data_dir), **spec.get("data", {})},
+    return {"model": spec["model"], "data": {"data_dir": str(data_dir), **spec.get("data", {}), **data},
             "train": {"steps": 6, "log_every": 1, "learning_rate": 3e-3, **spec["train"]}, "workers": workers}
 
 
@@ -62,19 +62,37 @@ def local_ray():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("workload", ["mlp", "transformer"])
-def test_two_workers_are_one_four_device_program(workload, real_dir, tmp_path, local_ray):
+@pytest.fixture(scope="module")
+def parquet(real_dir, tmp_path_factory) -> Path:
+    """TinyShakespeare at the transformer trial's seq_len, prepared as the CLI does, in small files."""
+    from jaxray.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("parquet")
+    prepare("tinyshakespeare", root / "tinyshakespeare", str(real_dir), TRIALS["transformer"]["data"]["seq_len"],
+            rows_per_file=3000)
+    return root
+
+
+@pytest.mark.parametrize("workload,source", [("mlp", "memory"), ("transformer", "memory"),
+                                             ("transformer", "parquet")])
+def test_two_workers_are_one_four_device_program(workload, source, real_dir, tmp_path, local_ray, request):
+    """memory: Ray Datasets of the in-memory arrays, unsplit, each worker taking its rows of every
+    global batch; parquet: each worker streaming its rows from the prepared files (data.parquet)."""
     from single_process_reference import flat_params
 
-    trial = parse_trial(trial_dict(workload, real_dir, {"num_workers": 2, "devices_per_worker": 2}))
-    train_arrays, held_out = load_arrays(trial)
-    held_out = {k: v[:EVAL_ROWS] for k, v in held_out.items()}
-    datasets = {"train": to_dataset(train_arrays), "eval": to_dataset(held_out)}
+    data = {"parquet": str(request.getfixturevalue("parquet"))} if source == "parquet" else {}
+    trial = parse_trial(trial_dict(workload, real_dir, {"num_workers": 2, "devices_per_worker": 2}, **data))
+    datasets = {}
+    if source == "memory":
+        train_arrays, held_out = load_arrays(trial)
+        held_out = {k: v[:EVAL_ROWS] for k, v in held_out.items()}
+        datasets = {"train": to_dataset(train_arrays), "eval": to_dataset(held_out)}
     result = make_trainer(trial, datasets, storage_path=tmp_path / "ray", name=workload).fit()
     assert result.error is None, result.error
     assert result.metrics["devices"] == 4  # one mesh over both workers' devices
 
-    reference = single_process(trial_dict(workload, real_dir, {"num_workers": 1, "devices_per_worker": 4}), tmp_path)
+    reference = single_process(trial_dict(workload, real_dir, {"num_workers": 1, "devices_per_worker": 4}, **data),
+                               tmp_path)
     assert int(reference["devices"]) == 4
     history = json.loads((Path(result.checkpoint.path) / HISTORY_FILE).read_text())
     np.testing.assert_allclose([row["loss"] for row in history], reference["losses"], **LOSS_TOL)

@@ -1,0 +1,143 @@
+"""The manifest of a prepared Parquet folder (``python -m jaxray.data prepare``), and where it lives.
+
+A prepared folder, local or behind any pyarrow filesystem URI (``gs://bucket/dir``, ``s3://...``)::
+
+    manifest.json                 this module's Manifest, as JSON
+    train/part-00000.parquet ...  the training rows, in natural (unshuffled) order
+    validation/ or test/          the held-out rows (TinyShakespeare / Fashion-MNIST)
+
+Each Parquet file has a ``row`` int64 column (the global row id within its split, 0..N-1) and the
+data columns: ``tokens`` fixed_size_list<int32>[T], or ``image`` fixed_size_list<float32>[784] and
+``label`` int32.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pyarrow.fs as pafs
+
+MANIFEST = "manifest.json"
+FORMAT = "jaxray-parquet"
+FORMAT_VERSION = 1
+# dataset -> its splits (train, then the held-out one)
+SPLITS = {"tinyshakespeare": ("train", "validation"), "fashion-mnist": ("train", "test")}
+
+
+class ManifestError(ValueError):
+    """A prepared folder's manifest is missing, unreadable or disagrees with its files; the message
+    names the file."""
+
+
+@dataclass(frozen=True)
+class SplitFiles:
+    """One split: ``rows`` in all, and its files as (path relative to the folder, rows, sha256)."""
+
+    rows: int
+    files: tuple[tuple[str, int, str], ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest. ``columns``: {name: {"dtype": str, "shape": [per-row dims]}} of the data
+    columns (``row`` excluded); ``seq_len`` is None for Fashion-MNIST; ``raw`` is the whole JSON."""
+
+    root: str
+    dataset: str
+    seq_len: Optional[int]
+    columns: dict[str, dict[str, Any]]
+    splits: dict[str, SplitFiles]
+    raw: dict[str, Any]
+
+    def split(self, name: str) -> SplitFiles:
+        """The split ``name``; ManifestError naming the splits there are if it is not one."""
+        if name not in self.splits:
+            raise ManifestError(f"{self.root}/{MANIFEST}: no split {name!r} (it has {', '.join(self.splits)})")
+        return self.splits[name]
+
+
+def resolve(path_or_uri: str, filesystem: Optional[pafs.FileSystem] = None) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it) for a local path or a URI pyarrow understands (``gs://``, ``s3://``,
+    ``file://``); ``filesystem`` given: ``path_or_uri`` is a path inside it."""
+    if filesystem is not None:
+        return filesystem, path_or_uri.rstrip("/")
+    if "://" in path_or_uri:
+        fs, path = pafs.FileSystem.from_uri(path_or_uri)
+        return fs, path.rstrip("/")
+    return pafs.LocalFileSystem(), os.path.abspath(path_or_uri)
+
+
+def file_sha256(fs: pafs.FileSystem, path: str) -> str:
+    """SHA-256 (hex) of a file's bytes."""
+    digest = hashlib.sha256()
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(path_or_uri: str, filesystem: Optional[pafs.FileSystem] = None,
+                  verify_checksums: bool = False) -> Manifest:
+    """Read and validate ``<folder>/manifest.json``: the format and version, a known dataset, its two
+    splits, row counts that add up, every listed file present (and, with ``verify_checksums``, of
+    the recorded SHA-256: reads every byte).
+
+    Raises ManifestError naming the manifest (or the Parquet file at fault) and what is wrong.
+    """
+    fs, root = resolve(path_or_uri, filesystem)
+    where = f"{root}/{MANIFEST}"
+    try:
+        with fs.open_input_stream(where) as f:
+            raw = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"{where} does not exist: is {path_or_uri} a folder written by "
+                            f"`python -m jaxray.data prepare`?") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ManifestError(f"{where} cannot be read as JSON: {err}") from None
+    manifest = _parse(raw, where, root)
+    for name, split in manifest.splits.items():
+        for rel, rows, sha in split.files:
+            path = f"{root}/{rel}"
+            if fs.get_file_info(path).type != pafs.FileType.File:
+                raise ManifestError(f"{path} is listed in {where} (split {name}, {rows} rows) but does not exist")
+            if verify_checksums and file_sha256(fs, path) != sha:
+                raise ManifestError(f"{path} does not match the SHA-256 recorded in {where}: the file changed "
+                                    f"after prepare; prepare the folder again")
+    return manifest
+
+
+def _parse(raw: Any, where: str, root: str) -> Manifest:
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ManifestError(f"{where}: {what}")
+
+    need(isinstance(raw, dict), "expected a JSON object")
+    need(raw.get("format") == FORMAT, f"format is {raw.get('format')!r}, expected {FORMAT!r}")
+    need(raw.get("format_version") == FORMAT_VERSION,
+         f"format_version is {raw.get('format_version')!r}; this jaxray reads {FORMAT_VERSION}")
+    dataset = raw.get("dataset")
+    need(dataset in SPLITS, f"dataset is {dataset!r}, expected one of {', '.join(SPLITS)}")
+    seq_len = raw.get("seq_len")
+    need(seq_len is None if dataset == "fashion-mnist" else isinstance(seq_len, int) and seq_len >= 2,
+         f"seq_len {seq_len!r} does not fit dataset {dataset}")
+    columns = raw.get("columns")
+    need(isinstance(columns, dict) and all(isinstance(c, dict) and isinstance(c.get("shape"), list)
+                                           and c.get("dtype") in ("int32", "float32") for c in columns.values()),
+         "columns must map each name to {dtype: int32|float32, shape: [...]}")
+    splits_raw = raw.get("splits")
+    need(isinstance(splits_raw, dict) and sorted(splits_raw) == sorted(SPLITS[dataset]),
+         f"splits must be {' and '.join(SPLITS[dataset])}, got {sorted(splits_raw or {})}")
+    splits = {}
+    for name, s in splits_raw.items():
+        files = s.get("files") if isinstance(s, dict) else None
+        need(isinstance(files, list) and files and all(
+            isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("rows"), int)
+            and f["rows"] > 0 and isinstance(f.get("sha256"), str) for f in files),
+             f"split {name}: files must be a non-empty list of {{path, rows > 0, sha256}}")
+        total = sum(f["rows"] for f in files)
+        need(s.get("rows") == total, f"split {name}: rows is {s.get('rows')!r} but its files hold {total}")
+        splits[name] = SplitFiles(total, tuple((f["path"], f["rows"], f["sha256"]) for f in files))
+    return Manifest(root, dataset, seq_len, columns, splits, raw)

@@ -1,0 +1,210 @@
+"""Training batches from a prepared Parquet folder (``python -m jaxray.data prepare``) through Ray Data,
+identical in content and order to ``train_batches`` over the unshuffled arrays.
+
+Recipe, for epoch e of a split of N rows, global batch G over P processes (L = G / P rows each),
+usable = (N // G) * G rows (the partial last global batch is dropped, as in memory):
+
+* ``order = epoch_order(N, seed, e)``; row r sits at position ``pos[r]`` of the epoch
+  (``pos[order] = arange(N)``), so it belongs to global batch ``pos // G``, and to process
+  ``(pos % G) // L`` within it (``train_batches``' slicing under the ``data`` sharding).
+* Process p keeps the rows with ``pos < usable`` and ``(pos % G) // L == p``, each with the key
+  ``(pos // G) * L + pos % L``: its keys are exactly ``0 .. (N // G) * L - 1``, local batch k being
+  keys ``[k L, (k + 1) L)``.
+* Ray Data reads the files and keeps this process's rows with their keys, in parallel tasks
+  (``read_parquet -> map_batches``: only 1/P of the rows reach each process); the process writes
+  each row at its key in an epoch buffer (``buffer[key] = row``), and batch k is the slice
+  ``buffer[k L:(k + 1) L]``.
+
+Any exact order needs every row of an epoch before its first batch (a uniform permutation puts rows
+of every file in batch 0). Writing rows at their keys costs one copy; a distributed sort by key
+(``Dataset.sort`` with fixed boundaries) gave the same batches but took about 4x longer per epoch on
+the 2-core development machine (a shuffle's map and reduce tasks, and the object store in between).
+Each epoch is built on a background thread one epoch ahead, so the step does not wait at the
+boundary when reading an epoch takes less time than training on one. Memory: two epochs of this
+process's rows (N / P each) in host RAM. Every process gets exactly N // G batches per epoch
+whatever the file sizes, as its key set does not depend on them; a missing or repeated key raises
+rather than hangs.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import threading
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import ray.data
+
+from jaxray.data.batching import epoch_order
+from jaxray.data.manifest import Manifest, read_manifest, resolve
+
+_PLANNING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _planning(**settings: Any) -> Iterator[None]:
+    """``settings`` on the process-wide DataContext while a read is planned (``read_parquet`` reads
+    them from there, not from the dataset's own context), restored after."""
+    with _PLANNING_LOCK:
+        current = ray.data.DataContext.get_current()
+        saved = {k: getattr(current, k) for k in settings}
+        try:
+            for k, v in settings.items():
+                setattr(current, k, v)
+            yield
+        finally:
+            for k, v in saved.items():
+                setattr(current, k, v)
+
+
+def parquet_dataset(path_or_uri: str, split: str, filesystem: Optional[pafs.FileSystem] = None,
+                    manifest: Optional[Manifest] = None) -> ray.data.Dataset:
+    """``ray.data.read_parquet`` over the files of ``split`` listed in the folder's manifest, in
+    manifest order (rows in natural order: ``row`` 0..N-1). ``path_or_uri``: a local folder or a
+    pyarrow filesystem URI (``gs://bucket/dir``); ``filesystem``: one to read it through instead.
+    Progress bars are off and block order preserved on this dataset's own context.
+
+    One read task per file, through Ray Data's first Parquet reader (``use_datasource_v2=False``):
+    on the 2-core development machine an epoch of Fashion-MNIST (8 files) took 0.9 s this way
+    against 2.1 s through the default reader (a listing task, then all files in one read task) and
+    4 s with the default block count.
+
+    Raises ManifestError (missing or inconsistent manifest, unknown split)."""
+    fs, root = resolve(path_or_uri, filesystem)
+    manifest = manifest or read_manifest(root, fs)
+    paths = [f"{root}/{rel}" for rel, _, _ in manifest.split(split).files]
+    with _planning(use_datasource_v2=False, enable_progress_bars=False):
+        ds = ray.data.read_parquet(paths, filesystem=fs, partitioning=None, file_extensions=None,
+                                   override_num_blocks=len(paths))
+    ds.context.enable_progress_bars = False
+    ds.context.execution_options.preserve_order = True
+    return ds
+
+
+@functools.lru_cache(maxsize=4)
+def local_keys(rows: int, seed: int, epoch: int, global_batch: int, process_index: int,
+               process_count: int) -> np.ndarray:
+    """[rows] int64: each row's key in this process's stream for ``epoch`` (see the module
+    docstring), -1 for rows of other processes and of the dropped tail. Cached: every read task of
+    an epoch on a worker shares one computation."""
+    local = global_batch // process_count
+    pos = np.empty(rows, np.int64)
+    pos[epoch_order(rows, seed, epoch)] = np.arange(rows)
+    mine = (pos < rows // global_batch * global_batch) & ((pos % global_batch) // local == process_index)
+    return np.where(mine, pos // global_batch * local + pos % local, -1)
+
+
+def _keep_mine(table: pa.Table, **keys_args) -> pa.Table:
+    """This process's rows of a block, with their ``key``, without ``row`` (a Ray Data map task)."""
+    keys = local_keys(**keys_args)[table.column("row").to_numpy()]
+    mine = keys >= 0
+    return table.drop_columns(["row"]).filter(pa.array(mine)).append_column("key", pa.array(keys[mine]))
+
+
+def epoch_arrays(path_or_uri: str, split: str, global_batch: int, seed: int, epoch: int, process_index: int = 0,
+                 process_count: int = 1, filesystem: Optional[pafs.FileSystem] = None,
+                 manifest: Optional[Manifest] = None, prefetch_blocks: int = 2,
+                 stop: Optional[threading.Event] = None) -> Optional[dict[str, np.ndarray]]:
+    """This process's rows of one epoch in batch order, ``{column: [(N // G) * L, *shape]}`` (see the
+    module docstring); None if ``stop`` was set before the epoch was complete. Raises RuntimeError
+    if a key is missing or repeated (a bug, never a hang)."""
+    fs, root = resolve(path_or_uri, filesystem)
+    manifest = manifest or read_manifest(root, fs)
+    rows, local = manifest.split(split).rows, global_batch // process_count
+    total = rows // global_batch * local
+    out = {name: np.empty((total, *c["shape"]), c["dtype"]) for name, c in manifest.columns.items()}
+    filled = np.zeros(total, bool)
+    keys_args = {"rows": rows, "seed": seed, "epoch": epoch, "global_batch": global_batch,
+                 "process_index": process_index, "process_count": process_count}
+    ds = parquet_dataset(root, split, fs, manifest)
+    ds.context.execution_options.preserve_order = False  # blocks may come in any order: rows go by key
+    ds = ds.map_batches(_keep_mine, batch_size=None, batch_format="pyarrow", fn_kwargs=keys_args)
+    for table in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=prefetch_blocks):
+        if stop is not None and stop.is_set():
+            return None  # leaving the loop shuts this epoch's Ray Data execution down
+        keys = table.column("key").to_numpy()
+        if filled[keys].any():
+            raise RuntimeError(f"epoch {epoch}: a row key came twice (keys {keys.min()}..{keys.max()})")
+        filled[keys] = True
+        for name, c in manifest.columns.items():
+            out[name][keys] = column_numpy(table.column(name), c["shape"])
+    if not filled.all():
+        raise RuntimeError(f"epoch {epoch}: {total - filled.sum()} of {total} rows never arrived")
+    return out
+
+
+class _Ahead:
+    """``fn(stop)`` run on a daemon thread; ``fn`` returns early once ``stop`` is set."""
+
+    def __init__(self, fn: Callable[[threading.Event], Any]):
+        self._stop, self._value, self._error = threading.Event(), None, None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name="jaxray-next-epoch")
+        self._thread.start()
+
+    def _run(self, fn: Callable[[threading.Event], Any]) -> None:
+        try:
+            self._value = fn(self._stop)
+        except BaseException as err:  # noqa: BLE001 - re-raised where the result is taken
+            self._error = err
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def cancel(self, timeout_s: float = 60.0) -> None:
+        """Ask ``fn`` to stop and wait for it (at most ``timeout_s``), so no read outlives its consumer."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+
+def parquet_batches(path_or_uri: str, split: str, global_batch: int, seed: int, process_index: int = 0,
+                    process_count: int = 1, prefetch_batches: int = 2,
+                    filesystem: Optional[pafs.FileSystem] = None) -> Iterator[dict[str, np.ndarray]]:
+    """Endless batches of this process, epoch after epoch, equal to ``train_batches(arrays,
+    global_batch, seed, process_index, process_count)`` over the folder's unshuffled arrays:
+    ``{"tokens": [L, T] int32}`` or ``{"image": [L, 784] float32, "label": [L] int32}``, L =
+    global_batch / process_count (views of the epoch buffer: do not write to them). Needs a running
+    Ray (``ray.init``). ``prefetch_batches``: Ray Data blocks fetched ahead while an epoch is read.
+
+    Raises ManifestError, or ValueError (as ``train_batches``) if the split has fewer rows than one
+    global batch, ``global_batch`` does not divide over ``process_count`` or ``process_index`` is
+    out of range; RuntimeError if an epoch comes back incomplete (a bug, never a hang).
+    """
+    fs, root = resolve(path_or_uri, filesystem)
+    manifest = read_manifest(root, fs)
+    rows = manifest.split(split).rows
+    if rows < global_batch:
+        raise ValueError(f"batch size {global_batch} is larger than the {rows} rows of the dataset")
+    if global_batch % process_count:
+        raise ValueError(f"batch size {global_batch} does not divide over {process_count} processes")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} is not in 0..{process_count - 1}")
+    local, per_epoch = global_batch // process_count, rows // global_batch
+
+    def build(epoch: int) -> _Ahead:
+        return _Ahead(lambda stop: epoch_arrays(root, split, global_batch, seed, epoch, process_index,
+                                                process_count, fs, manifest, prefetch_batches, stop))
+
+    pending = build(0)
+    try:
+        for epoch in itertools.count():
+            arrays = pending.result()
+            pending = build(epoch + 1)
+            for k in range(per_epoch):
+                yield {name: a[k * local:(k + 1) * local] for name, a in arrays.items()}
+    finally:  # closed (or dropped) by the consumer: stop reading the next epoch
+        pending.cancel()
+
+
+def column_numpy(column: pa.ChunkedArray, shape: list[int]) -> np.ndarray:
+    """A plain or fixed_size_list Arrow column -> [rows, *shape] numpy array (zero-copy where Arrow
+    allows: no nulls, one chunk)."""
+    array = column.combine_chunks()
+    if shape:
+        array = array.flatten()  # the values of the rows in this (possibly sliced) array
+    return array.to_numpy(zero_copy_only=False).reshape(len(column), *shape)

@@ -1,0 +1,135 @@
+"""Write a workload's real data as Parquet for Ray Data (``python -m jaxray.data prepare``).
+
+Order: row i of a split's files is row i of the unshuffled arrays (:func:`natural_splits`: text
+order for TinyShakespeare's sequences, file order for Fashion-MNIST's images), and the ``row``
+column holds i. Nothing is shuffled here: training visits epoch e in ``epoch_order(N, seed, e)`` at
+read time (``jaxray.data.parquet``), so one prepared folder serves every seed and gives the same
+batches as ``train_batches`` over these arrays. The layout is in ``jaxray.data.manifest``.
+
+The folder is written beside ``out`` under a temporary name and renamed into place when complete,
+so a reader never sees half a folder; an ``out`` that exists and is not empty is refused.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from jaxray.data.batching import Arrays, num_rows
+from jaxray.data.fashion_mnist import load_fashion_mnist
+from jaxray.data.manifest import FORMAT, FORMAT_VERSION, MANIFEST, SPLITS, file_sha256
+from jaxray.data.shakespeare import load_shakespeare
+from jaxray.data.sources import REGISTRY
+
+DATASETS = tuple(SPLITS)
+DEFAULT_SEQ_LEN = 256
+DEFAULT_ROWS_PER_FILE = 8192
+DEFAULT_ROW_GROUP_ROWS = 1024  # a row group is what a reader decodes at once: small enough to stream
+
+
+def natural_splits(dataset: str, data_dir: Optional[str] = None, seq_len: int = DEFAULT_SEQ_LEN) -> dict[str, Arrays]:
+    """{split: arrays} in natural order: TinyShakespeare ``{"tokens": [N, seq_len] int32}`` (train
+    and validation, text order), Fashion-MNIST ``{"image": [N, 784] float32, "label": [N] int32}``
+    (train and test, file order). Raises DataFileError (files), ValueError (unknown dataset, seq_len)."""
+    if dataset == "tinyshakespeare":
+        seqs = load_shakespeare(seq_len=seq_len, seed=None, data_dir=data_dir)
+        return {"train": {"tokens": seqs.train}, "validation": {"tokens": seqs.validation}}
+    if dataset == "fashion-mnist":
+        fm = load_fashion_mnist(data_dir)
+        return {"train": {"image": fm.train_images, "label": fm.train_labels},
+                "test": {"image": fm.test_images, "label": fm.test_labels}}
+    raise ValueError(f"unknown dataset {dataset!r}; expected one of {', '.join(DATASETS)}")
+
+
+def source_checksums(dataset: str) -> dict[str, str]:
+    """{registered source file: SHA-256 of its decompressed content} (what ``read_verified`` checked)."""
+    prefix = "tinyshakespeare" if dataset == "tinyshakespeare" else "fashion-mnist/"
+    return {name: known.sha256 for name, known in REGISTRY.items() if name.startswith(prefix)}
+
+
+def out_problem(out: Path) -> Optional[str]:
+    """Why ``out`` cannot receive a prepared folder (it exists and is not an empty directory), else None."""
+    if out.is_dir():
+        return None if not any(out.iterdir()) else f"{out} exists and is not empty; choose a new folder"
+    if out.exists():
+        return f"{out} exists and is not a folder"
+    return None
+
+
+def column_specs(arrays: Arrays) -> dict[str, dict[str, Any]]:
+    """{column: {"dtype": "int32"|"float32", "shape": [per-row dims]}}."""
+    return {k: {"dtype": str(v.dtype), "shape": list(v.shape[1:])} for k, v in arrays.items()}
+
+
+def to_table(arrays: Arrays, start: int, stop: int, metadata: bytes) -> pa.Table:
+    """Rows ``[start, stop)`` as an Arrow table: ``row`` int64, then each array as a plain column
+    (1-D) or a fixed_size_list of its flattened row; schema metadata ``{b"jaxray": metadata}``."""
+    columns = {"row": pa.array(np.arange(start, stop, dtype=np.int64))}
+    for name, a in arrays.items():
+        part = np.ascontiguousarray(a[start:stop])
+        if part.ndim == 1:
+            columns[name] = pa.array(part)
+        else:
+            flat = part.reshape(len(part), -1)
+            columns[name] = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+    return pa.table(columns).replace_schema_metadata({b"jaxray": metadata})
+
+
+def write_split(arrays: Arrays, folder: Path, root: Path, rows_per_file: int, row_group_rows: int,
+                metadata: bytes) -> dict[str, Any]:
+    """Write ``arrays`` as ``folder/part-NNNNN.parquet`` files of ``rows_per_file`` rows (the last may
+    be shorter) -> the split's manifest entry {"rows", "files": [{"path", "rows", "bytes", "sha256"}]}."""
+    folder.mkdir(parents=True)
+    n, files = num_rows(arrays), []
+    for i, start in enumerate(range(0, n, rows_per_file)):
+        stop = min(n, start + rows_per_file)
+        path = folder / f"part-{i:05d}.parquet"
+        pq.write_table(to_table(arrays, start, stop, metadata), path, row_group_size=row_group_rows)
+        files.append({"path": path.relative_to(root).as_posix(), "rows": stop - start,
+                      "bytes": path.stat().st_size, "sha256": file_sha256(pafs.LocalFileSystem(), str(path))})
+    return {"rows": n, "files": files}
+
+
+def prepare(dataset: str, out: str | os.PathLike, data_dir: Optional[str] = None, seq_len: int = DEFAULT_SEQ_LEN,
+            rows_per_file: int = DEFAULT_ROWS_PER_FILE, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS) -> dict:
+    """Write ``dataset`` (see the module docstring) under ``out`` -> the manifest written.
+
+    Raises ValueError if ``out`` exists and is not an empty folder (nothing is read or written
+    then), DataFileError if a source file is missing or damaged.
+    """
+    out = Path(out).absolute()
+    problem = out_problem(out)
+    if problem:
+        raise ValueError(problem)
+    splits = natural_splits(dataset, data_dir, seq_len)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        columns = column_specs(splits["train"])
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "dataset": dataset,
+                    "seq_len": seq_len if dataset == "tinyshakespeare" else None,
+                    "order": "natural: row i is row i of the unshuffled arrays; shuffled per epoch at read time",
+                    "columns": columns, "rows_per_file": rows_per_file, "row_group_rows": row_group_rows,
+                    "splits": {}, "sources": source_checksums(dataset),
+                    "versions": {"jaxray": metadata.version("jaxray"), "pyarrow": pa.__version__}}
+        for split, arrays in splits.items():
+            meta = json.dumps({"dataset": dataset, "split": split, "columns": columns}).encode()
+            manifest["splits"][split] = write_split(arrays, tmp / split, tmp, rows_per_file, row_group_rows, meta)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp made it private; the folder should read like any other
+        os.rename(tmp, out)  # atomic; replaces only an empty folder
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest

@@ -1,0 +1,109 @@
+"""``parquet_batches`` through Ray Data gives ``train_batches``' batches, row for row and in order,
+for every process, epoch after epoch, whatever the Parquet files' sizes."""
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from jaxray.data.batching import train_batches
+from jaxray.data.manifest import MANIFEST, file_sha256, resolve
+from jaxray.data.parquet import local_keys, parquet_batches, parquet_dataset
+from jaxray.data.prepare import to_table
+
+pytestmark = pytest.mark.ray
+SEED = 7
+
+
+def within(seconds: float, fn):
+    """``fn()``'s result; fails the test if it takes longer than ``seconds`` (a rank waiting forever)."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the test's thread
+            result["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"no result within {seconds} s"
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def assert_same_batches(folder, arrays, global_batch, process_count, batches):
+    for p in range(process_count):
+        got = within(300, lambda: list(itertools.islice(
+            parquet_batches(str(folder), "train", global_batch, SEED, p, process_count), batches)))
+        want = itertools.islice(train_batches(arrays, global_batch, SEED, p, process_count), batches)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert g.keys() == w.keys(), i
+            for k in w:
+                assert g[k].dtype == w[k].dtype and g[k].shape == w[k].shape, (p, i, k)
+                np.testing.assert_array_equal(g[k], w[k], err_msg=f"process {p}, batch {i}, {k}")
+
+
+def test_local_keys_cover_each_process_batches_exactly():
+    rows, g, procs = 103, 12, 3
+    keys = [local_keys(rows, SEED, 1, g, p, procs) for p in range(procs)]
+    for k in keys:
+        assert sorted(k[k >= 0]) == list(range(rows // g * (g // procs)))
+    assert ((np.stack(keys) >= 0).sum(0) <= 1).all()  # no row in two processes
+    assert (np.stack(keys) >= 0).sum() == rows // g * g  # the partial tail is dropped
+
+
+@pytest.mark.parametrize("process_count", [1, 2])
+def test_tinyshakespeare_batches_equal_train_batches(local_ray, ts_parquet, process_count):
+    folder, splits = ts_parquet
+    # 7842 rows, global batch 1024: 7 batches an epoch (the 674-row tail dropped); 16 = 2 epochs and 2.
+    assert_same_batches(folder, splits["train"], 1024, process_count, 16)
+
+
+def test_fashion_mnist_batches_equal_train_batches(local_ray, fm_parquet):
+    folder, splits = fm_parquet
+    # 60000 rows, global batch 8192: 7 batches an epoch; both processes, 2 epochs and 1 batch.
+    assert_same_batches(folder, splits["train"], 8192, 2, 15)
+
+
+def test_uneven_files_give_every_process_the_same_batches(local_ray, ts_parquet, tmp_path):
+    """Files of 1, 5, 1794, 3 and 6039 rows (and row groups of 7): both processes still get exactly
+    7 batches an epoch, equal to train_batches, in bounded time (into the second epoch)."""
+    source, splits = ts_parquet
+    arrays = splits["train"]
+    manifest = json.loads((source / MANIFEST).read_text())
+    (tmp_path / "train").mkdir()
+    files = []
+    cuts = [0, 1, 6, 1800, 1803, len(arrays["tokens"])]
+    for i, (start, stop) in enumerate(itertools.pairwise(cuts)):
+        path = tmp_path / "train" / f"part-{i:05d}.parquet"
+        pq.write_table(to_table(arrays, start, stop, b"{}"), path, row_group_size=7)
+        fs, local = resolve(str(path))
+        files.append({"path": f"train/{path.name}", "rows": stop - start, "sha256": file_sha256(fs, local)})
+    manifest["splits"]["train"] = {"rows": cuts[-1], "files": files}
+    (tmp_path / "validation").symlink_to(source / "validation")
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    assert_same_batches(tmp_path, arrays, 1024, 2, 8)
+
+
+def test_parquet_dataset_reads_a_uri_in_natural_order(local_ray, ts_parquet):
+    folder, splits = ts_parquet
+    ds = parquet_dataset(f"file://{folder}", "validation")
+    batch = ds.take_batch(10_000, batch_format="pyarrow")
+    np.testing.assert_array_equal(batch.column("row").to_numpy(), np.arange(len(splits["validation"]["tokens"])))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"global_batch": 8000}, "batch size 8000 is larger than the 7842 rows"),
+    ({"global_batch": 1000, "process_count": 3}, "batch size 1000 does not divide over 3 processes"),
+    ({"global_batch": 1024, "process_index": 2, "process_count": 2}, "process_index 2 is not in 0..1"),
+])
+def test_impossible_sizes_are_refused(ts_parquet, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        next(parquet_batches(str(ts_parquet[0]), "train", seed=SEED, **kwargs))
