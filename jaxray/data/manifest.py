@@ -7,8 +7,8 @@ A prepared folder, local or behind any pyarrow filesystem URI (``gs://bucket/dir
     validation/ or test/          the held-out rows (TinyShakespeare / Fashion-MNIST)
 
 Each Parquet file has a ``row`` int64 column (the global row id within its split, 0..N-1) and the
-data columns: ``tokens`` fixed_size_list<int32>[T], or ``image`` fixed_size_list<float32>[784] and
-``label`` int32.
+data columns: ``tokens`` fixed_size_list<int32>[T], or ``image`` fixed_size_list<uint8>[784] (the
+stored bytes, read as float32 / 255) and ``label`` int32.
 """
 from __future__ import annotations
 
@@ -125,8 +125,9 @@ def _parse(raw: Any, where: str, root: str) -> Manifest:
          f"seq_len {seq_len!r} does not fit dataset {dataset}")
     columns = raw.get("columns")
     need(isinstance(columns, dict) and all(isinstance(c, dict) and isinstance(c.get("shape"), list)
-                                           and c.get("dtype") in ("int32", "float32") for c in columns.values()),
-         "columns must map each name to {dtype: int32|float32, shape: [...]}")
+                                           and c.get("dtype") in ("int32", "float32")
+                                           and c.get("stored", "uint8") == "uint8" for c in columns.values()),
+         "columns must map each name to {dtype: int32|float32, shape: [...], stored: uint8 (optional)}")
     splits_raw = raw.get("splits")
     need(isinstance(splits_raw, dict) and sorted(splits_raw) == sorted(SPLITS[dataset]),
          f"splits must be {' and '.join(SPLITS[dataset])}, got {sorted(splits_raw or {})}")

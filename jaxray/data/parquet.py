@@ -130,7 +130,7 @@ def epoch_arrays(path_or_uri: str, split: str, global_batch: int, seed: int, epo
             raise RuntimeError(f"epoch {epoch}: a row key came twice (keys {keys.min()}..{keys.max()})")
         filled[keys] = True
         for name, c in manifest.columns.items():
-            out[name][keys] = column_numpy(table.column(name), c["shape"])
+            out[name][keys] = column_values(table, name, c)
     if not filled.all():
         raise RuntimeError(f"epoch {epoch}: {total - filled.sum()} of {total} rows never arrived")
     return out
@@ -208,3 +208,16 @@ def column_numpy(column: pa.ChunkedArray, shape: list[int]) -> np.ndarray:
     if shape:
         array = array.flatten()  # the values of the rows in this (possibly sliced) array
     return array.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
+
+
+def decode(values: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
+    """Stored values -> what readers return (``spec``: a manifest column): ``uint8`` bytes become
+    float32 ``x / 255`` (as the Fashion-MNIST loader computes them), other columns stay as they are."""
+    if spec.get("stored") == "uint8":
+        return values.astype(np.float32) / np.float32(255.0)
+    return values
+
+
+def column_values(table: pa.Table, name: str, spec: dict[str, Any]) -> np.ndarray:
+    """Column ``name`` of an Arrow table -> [rows, *shape] numpy of the manifest dtype."""
+    return decode(column_numpy(table.column(name), spec["shape"]), spec)

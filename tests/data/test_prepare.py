@@ -15,6 +15,7 @@ import pytest
 
 from jaxray.data.__main__ import main
 from jaxray.data.manifest import ManifestError, read_manifest
+from jaxray.data.parquet import decode
 
 TS_SEQ_LEN = 128  # as the ts_parquet fixture (tests/data/conftest.py) writes it: 2000 rows a file, groups of 500
 
@@ -59,7 +60,9 @@ def test_fashion_mnist_is_written_in_file_order(fm_parquet):
         table = _read_split(folder, split)
         assert table.schema.field("label").type == pa.int32()
         image = table.column("image").combine_chunks().flatten().to_numpy().reshape(-1, 784)
-        np.testing.assert_array_equal(image, arrays["image"])
+        assert image.dtype == np.uint8 and manifest.columns["image"] == {"dtype": "float32", "shape": [784],
+                                                                         "stored": "uint8"}
+        np.testing.assert_array_equal(decode(image, manifest.columns["image"]), arrays["image"])  # bit for bit
         np.testing.assert_array_equal(table.column("label").to_numpy(), arrays["label"])
 
 
