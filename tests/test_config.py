@@ -160,3 +160,17 @@ def test_cli_names_a_parquet_folder_that_is_not_prepared(tmp_path, real_dir):
     proc = run_cli("--config", config, "--data-dir", real_dir, "--out", tmp_path / "o")
     assert proc.returncode == 2 and "data.parquet:" in proc.stderr and "manifest.json" in proc.stderr, proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_data_parquet_names_a_missing_folder_and_a_dataset_folder(tmp_path):
+    from jaxray.data.manifest import ManifestError
+    from jaxray.data.workloads import parquet_folder
+
+    trial = lambda root: parse_trial({"model": {"workload": "mlp"}, "data": {"parquet": str(root)}})  # noqa: E731
+    with pytest.raises(ManifestError, match=f"{tmp_path / 'none'} does not exist"):
+        parquet_folder(trial(tmp_path / "none"))
+    (tmp_path / "fashion-mnist").mkdir()
+    (tmp_path / "fashion-mnist" / "manifest.json").write_text("{}")
+    with pytest.raises(ManifestError, match="is one prepared dataset; data.parquet names the folder that holds "
+                                            "fashion-mnist and tinyshakespeare folders"):
+        parquet_folder(trial(tmp_path / "fashion-mnist"))

@@ -7,6 +7,7 @@ seeded permutation, validation in text order).
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.fs as pafs
 
 from jaxray.config import TrialConfig
 from jaxray.data.batching import Arrays
@@ -38,8 +39,17 @@ def parquet_folder(trial: TrialConfig):
     transformer) sequences of another length than ``data.seq_len``."""
     from jaxray.data.manifest import ManifestError, read_manifest
 
+    from jaxray.data.manifest import MANIFEST, resolve
+
     dataset, _ = DATASETS[trial.model.workload]
-    folder = f"{trial.data.parquet.rstrip('/')}/{dataset}"
+    root = trial.data.parquet.rstrip("/")
+    fs, local = resolve(root)
+    if fs.get_file_info(local).type == pafs.FileType.NotFound:
+        raise ManifestError(f"{root} does not exist")
+    if fs.get_file_info(f"{local}/{MANIFEST}").type == pafs.FileType.File:
+        raise ManifestError(f"{root} is one prepared dataset; data.parquet names the folder that holds "
+                            f"{' and '.join(sorted({d for d, _ in DATASETS.values()}))} folders (its parent?)")
+    folder = f"{root}/{dataset}"
     manifest = read_manifest(folder)
     if manifest.dataset != dataset:
         raise ManifestError(f"{folder} holds {manifest.dataset}, not {dataset}")
