@@ -69,7 +69,7 @@ class Batcher:
                              f"{len(requests)} requests and {len(tickets)} tickets")
         begin = time.perf_counter()
         fresh, first = self.engine.start(requests)
-        live = [i for i, ticket in enumerate(self.rows) if ticket is not None]
+        live = self._live_rows()
         joined = live + [len(self.rows) + i for i in range(len(requests))]  # rows of (running, fresh) joined
         target = self.engine.batch_for(len(joined))
         # With nothing running the fresh batch already has the right size (batch_for of the same count).
@@ -106,6 +106,10 @@ class Batcher:
         self.state, self.rows, self._left = None, [], {}
         return tickets
 
+    def _live_rows(self) -> list[int]:
+        """Indices of the rows of ``state`` that hold a live request."""
+        return [i for i, ticket in enumerate(self.rows) if ticket is not None]
+
     def _drop_finished(self) -> None:
         """Free the rows of finished requests, shrinking the batch to the smallest size that holds the rest."""
         for row, ticket in enumerate(self.rows):
@@ -117,7 +121,7 @@ class Batcher:
             return
         target = self.engine.batch_for(self.live)
         if target < len(self.rows):
-            live = [i for i, ticket in enumerate(self.rows) if ticket is not None]
+            live = self._live_rows()
             self.state = self.engine.gather([self.state], *_index(live, target))
             self.rows = [self.rows[i] for i in live] + [None] * (target - len(live))
 

@@ -27,9 +27,15 @@ def load_arrays(trial: TrialConfig) -> tuple[Arrays, Arrays]:
     return train, {"image": fm.test_images, "label": fm.test_labels}
 
 
-# The dataset each workload trains on, and its held-out split (the names ``jaxray.data.prepare`` uses).
-DATASETS = {"transformer": ("tinyshakespeare", "validation"), "mlp": ("fashion-mnist", "test"),
-            "shared_block_mlp": ("fashion-mnist", "test")}
+# The dataset each workload trains on (its splits, train and held-out, are ``manifest.SPLITS``).
+WORKLOAD_DATASET = {"transformer": "tinyshakespeare", "mlp": "fashion-mnist", "shared_block_mlp": "fashion-mnist"}
+
+
+def held_out_split(workload: str) -> str:
+    """The held-out split's name in a prepared folder: ``validation`` or ``test``."""
+    from jaxray.data.manifest import SPLITS
+
+    return SPLITS[WORKLOAD_DATASET[workload]][1]
 
 
 def parquet_folder(trial: TrialConfig):
@@ -37,18 +43,16 @@ def parquet_folder(trial: TrialConfig):
 
     Raises ManifestError when the folder is missing or damaged, holds another dataset, or (the
     transformer) sequences of another length than ``data.seq_len``."""
-    from jaxray.data.manifest import ManifestError, read_manifest
+    from jaxray.data.manifest import MANIFEST, SPLITS, ManifestError, read_manifest, resolve
 
-    from jaxray.data.manifest import MANIFEST, resolve
-
-    dataset, _ = DATASETS[trial.model.workload]
+    dataset = WORKLOAD_DATASET[trial.model.workload]
     root = trial.data.parquet.rstrip("/")
     fs, local = resolve(root)
     if fs.get_file_info(local).type == pafs.FileType.NotFound:
         raise ManifestError(f"{root} does not exist")
     if fs.get_file_info(f"{local}/{MANIFEST}").type == pafs.FileType.File:
         raise ManifestError(f"{root} is one prepared dataset; data.parquet names the folder that holds "
-                            f"{' and '.join(sorted({d for d, _ in DATASETS.values()}))} folders (its parent?)")
+                            f"{' and '.join(sorted(SPLITS))} folders (its parent?)")
     folder = f"{root}/{dataset}"
     manifest = read_manifest(folder)
     if manifest.dataset != dataset:

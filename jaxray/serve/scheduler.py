@@ -34,7 +34,6 @@ class Scheduler:
 
     def __init__(self, engine: Engine, max_batch_size: int):
         self.batcher = Batcher(engine, max_batch_size)
-        self.max_batch_size = max_batch_size
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="jaxray-engine")
         self._waiting: deque[_Group] = deque()
         self._wake = asyncio.Event()
@@ -44,8 +43,8 @@ class Scheduler:
         """Yields, step by step, the new tokens of each of ``requests`` ([] for one that is finished
         or got none), until all are done. Raises what the engine raised. At most ``max_batch_size``
         requests."""
-        if not 1 <= len(requests) <= self.max_batch_size:
-            raise ValueError(f"a group holds 1..{self.max_batch_size} requests, got {len(requests)}")
+        if not 1 <= len(requests) <= self.batcher.max_batch_size:
+            raise ValueError(f"a group holds 1..{self.batcher.max_batch_size} requests, got {len(requests)}")
         if self._driver is None or self._driver.done():
             self._driver = asyncio.get_running_loop().create_task(self._drive())
         group = _Group(requests)

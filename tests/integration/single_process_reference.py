@@ -17,7 +17,7 @@ import numpy as np
 from jaxray.config import parse_trial
 from jaxray.data.batching import train_batches
 from jaxray.data.prepare import natural_splits
-from jaxray.data.workloads import DATASETS, load_arrays
+from jaxray.data.workloads import WORKLOAD_DATASET, held_out_split, load_arrays
 from jaxray.parallel.mesh import make_mesh
 from jaxray.train.run import train
 
@@ -31,9 +31,9 @@ def main(trial_json: str, out: str) -> None:
     spec = json.loads(open(trial_json).read())
     trial = parse_trial(spec["trial"])
     if trial.data.parquet:
-        dataset, held_out_split = DATASETS[trial.model.workload]
-        splits = natural_splits(dataset, trial.data.data_dir, trial.data.seq_len)
-        train_arrays, held_out, seed = splits["train"], splits[held_out_split], trial.train.seed
+        splits = natural_splits(WORKLOAD_DATASET[trial.model.workload], trial.data.data_dir, trial.data.seq_len)
+        train_arrays, held_out = splits["train"], splits[held_out_split(trial.model.workload)]
+        seed = trial.train.seed
     else:
         (train_arrays, held_out), seed = load_arrays(trial), None
     held_out = {k: v[:spec["eval_rows"]] for k, v in held_out.items()}
