@@ -119,11 +119,14 @@ class DataConfig(_Strict):
     """Where the data files are (None: the search order of ``jaxray.data.sources``) and the sequence
     length. ``parquet``: a folder or pyarrow URI (``gs://...``) holding ``tinyshakespeare/`` and/or
     ``fashion-mnist/`` as ``python -m jaxray.data prepare`` writes them; training then streams
-    them through Ray Data, each epoch in the order ``train.seed`` draws (``jaxray.data.parquet``)."""
+    them through Ray Data, each epoch in the order ``train.seed`` draws (``jaxray.data.parquet``).
+    ``parquet_cache_mib``: a training split whose decoded rows fit in this many MiB is read through
+    Ray Data once and later epochs are reordered in host memory; 0 reads every epoch."""
 
     data_dir: Optional[str] = None
     seq_len: PosInt = 256
     parquet: Optional[str] = None
+    parquet_cache_mib: Annotated[int, Strict(), Field(ge=0)] = 1024
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":

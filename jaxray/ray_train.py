@@ -103,17 +103,13 @@ def parquet_data(trial: TrialConfig, rank: int, world: int) -> tuple[Iterator[di
     """(this worker's training batches, the whole held-out split) from ``data.parquet``: Ray Data
     streams the prepared files, each epoch in the order ``train.seed`` draws, and the worker keeps
     its rows of every global batch (``jaxray.data.parquet.parquet_batches``)."""
-    from jaxray.data.parquet import column_values, parquet_batches, parquet_dataset
+    from jaxray.data.parquet import parquet_batches, split_arrays
     from jaxray.data.workloads import held_out_split, parquet_folder
 
     folder, manifest = parquet_folder(trial)
-    batches = parquet_batches(folder, "train", trial.train.global_batch, trial.train.seed, rank, world)
-    split = held_out_split(trial.model.workload)
-    parts = list(parquet_dataset(folder, split, manifest=manifest).iter_batches(batch_size=None,
-                                                                               batch_format="pyarrow"))
-    held_out = {name: np.concatenate([column_values(p, name, c) for p in parts])
-                for name, c in manifest.columns.items()}
-    return batches, held_out
+    batches = parquet_batches(folder, "train", trial.train.global_batch, trial.train.seed, rank, world,
+                              cache_bytes=trial.data.parquet_cache_mib << 20)
+    return batches, split_arrays(folder, held_out_split(trial.model.workload), manifest=manifest)
 
 
 def _collect(shard) -> dict[str, np.ndarray]:

@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from jaxray.data.batching import train_batches
-from jaxray.data.manifest import MANIFEST, file_sha256, resolve
-from jaxray.data.parquet import local_keys, parquet_batches, parquet_dataset
+from jaxray.data.manifest import MANIFEST, file_sha256, read_manifest, resolve
+from jaxray.data.parquet import (CACHE_BYTES, decoded_bytes, local_keys, parquet_batches, parquet_dataset,
+                                 split_arrays)
 from jaxray.data.prepare import to_table
 
 pytestmark = pytest.mark.ray
@@ -38,10 +39,10 @@ def within(seconds: float, fn):
     return result["value"]
 
 
-def assert_same_batches(folder, arrays, global_batch, process_count, batches):
+def assert_same_batches(folder, arrays, global_batch, process_count, batches, cache_bytes=0):
     for p in range(process_count):
-        got = within(300, lambda: list(itertools.islice(
-            parquet_batches(str(folder), "train", global_batch, SEED, p, process_count), batches)))
+        got = within(300, lambda: list(itertools.islice(parquet_batches(
+            str(folder), "train", global_batch, SEED, p, process_count, cache_bytes=cache_bytes), batches)))
         want = itertools.islice(train_batches(arrays, global_batch, SEED, p, process_count), batches)
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert g.keys() == w.keys(), i
@@ -59,17 +60,29 @@ def test_local_keys_cover_each_process_batches_exactly():
     assert (np.stack(keys) >= 0).sum() == rows // g * g  # the partial tail is dropped
 
 
-@pytest.mark.parametrize("process_count", [1, 2])
-def test_tinyshakespeare_batches_equal_train_batches(local_ray, ts_parquet, process_count):
+@pytest.mark.parametrize("process_count, cache_bytes", [(1, 0), (2, 0), (2, CACHE_BYTES)])
+def test_tinyshakespeare_batches_equal_train_batches(local_ray, ts_parquet, process_count, cache_bytes):
     folder, splits = ts_parquet
     # 7842 rows, global batch 1024: 7 batches an epoch (the 674-row tail dropped); 16 = 2 epochs and 2.
-    assert_same_batches(folder, splits["train"], 1024, process_count, 16)
+    assert_same_batches(folder, splits["train"], 1024, process_count, 16, cache_bytes)
 
 
-def test_fashion_mnist_batches_equal_train_batches(local_ray, fm_parquet):
+@pytest.mark.parametrize("cache_bytes", [0, CACHE_BYTES])
+def test_fashion_mnist_batches_equal_train_batches(local_ray, fm_parquet, cache_bytes):
     folder, splits = fm_parquet
     # 60000 rows, global batch 8192: 7 batches an epoch; both processes, 2 epochs and 1 batch.
-    assert_same_batches(folder, splits["train"], 8192, 2, 15)
+    # Read every epoch (0) or read once and reordered in memory (the default: 188 MB fits in 1 GiB).
+    assert_same_batches(folder, splits["train"], 8192, 2, 15, cache_bytes)
+
+
+def test_split_arrays_and_decoded_bytes(local_ray, fm_parquet):
+    folder, splits = fm_parquet
+    got = split_arrays(str(folder), "test")
+    for name, want in splits["test"].items():
+        assert got[name].dtype == want.dtype
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+    manifest = read_manifest(str(folder))
+    assert decoded_bytes(manifest, "train") == 60_000 * (784 * 4 + 4)
 
 
 def test_uneven_files_give_every_process_the_same_batches(local_ray, ts_parquet, tmp_path):
@@ -103,6 +116,7 @@ def test_parquet_dataset_reads_a_uri_in_natural_order(local_ray, ts_parquet):
     ({"global_batch": 8000}, "batch size 8000 is larger than the 7842 rows"),
     ({"global_batch": 1000, "process_count": 3}, "batch size 1000 does not divide over 3 processes"),
     ({"global_batch": 1024, "process_index": 2, "process_count": 2}, "process_index 2 is not in 0..1"),
+    ({"global_batch": 1024, "cache_bytes": -1}, "cache_bytes must be >= 0, got -1"),
 ])
 def test_impossible_sizes_are_refused(ts_parquet, kwargs, message):
     with pytest.raises(ValueError, match=message):
