@@ -1,4 +1,5 @@
 """The cuDNN-or-XLA decision, unit-tested without a GPU, and the errors a user sees."""
+import jax
 import pytest
 
 from jaxray.config import ConfigError, ModelConfig, parse_trial
@@ -36,6 +37,7 @@ def test_xla_is_always_allowed_and_unknown_requests_are_errors():
         choose("flash", gpu())
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks the refusal on a CPU")
 def test_explicit_cudnn_on_this_cpu_fails_before_compiling():
     with pytest.raises(AttentionError, match="cannot run here"):
         build(ModelConfig(workload="transformer", dtype="bfloat16", attention="cudnn"))  # no GPU here
