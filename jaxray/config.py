@@ -105,6 +105,10 @@ class TrainConfig(_Strict):
     log_every: PosInt = 25
     report_every: Optional[PosInt] = None
     eval_batch: Optional[PosInt] = None
+    # Full train state (params, optimizer state, step, data position) every this many steps and at
+    # the end; None: only at the end. keep_checkpoints: the newest kept by Ray Train.
+    checkpoint_every: Optional[PosInt] = None
+    keep_checkpoints: PosInt = 3
 
     @property
     def report_interval(self) -> int:
@@ -141,10 +145,25 @@ class WorkersConfig(_Strict):
     num_workers: PosInt = 1
     devices_per_worker: PosInt = 1
     use_gpu: bool = False
+    # Ray Train restarts the worker group this many times after a worker dies; the loop resumes
+    # from the last checkpoint (``train.checkpoint_every``).
+    max_failures: Annotated[int, Strict(), Field(ge=0)] = 0
 
     @property
     def total_devices(self) -> int:
         return self.num_workers * self.devices_per_worker
+
+
+class FaultConfig(_Strict):
+    """Fault injection for tests of recovery. ``kill_at_step``: the worker of rank 0 ends its process
+    (``os._exit``) once, right after step K; at a checkpoint step, in the middle of that checkpoint's
+    save (Orbax has written the arrays, the manifest and the report to Ray are not done). The
+    restarted worker does not kill itself again. ``corrupt_latest_checkpoint``: before the first
+    restore after a restart, damage the newest checkpoint (one of its array files is truncated), so
+    the restore has to fall back to the one before."""
+
+    kill_at_step: Optional[PosInt] = None
+    corrupt_latest_checkpoint: bool = False
 
 
 class TrialConfig(_Strict):
@@ -154,6 +173,7 @@ class TrialConfig(_Strict):
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
     workers: WorkersConfig = WorkersConfig()
+    fault: FaultConfig = FaultConfig()
 
     @model_validator(mode="after")
     def _check(self) -> "TrialConfig":
@@ -167,6 +187,10 @@ class TrialConfig(_Strict):
             if blockers:
                 raise ValueError(f"model.attention 'cudnn' cannot run: {'; '.join(blockers)}; "
                                  f"use 'auto' (cuDNN where it can run, else XLA) or 'xla'")
+        kill = self.fault.kill_at_step
+        if kill is not None and kill >= self.train.steps:
+            raise ValueError(f"fault.kill_at_step {kill} must be below train.steps {self.train.steps} "
+                             f"(the worker dies after that step, then resumes)")
         check_devices(self.train.global_batch, self.workers.total_devices)
         return self
 
@@ -279,6 +303,7 @@ class ExperimentConfig(_Strict):
     # None: derived from the cluster (``jaxray.tune.concurrent_trials``): as many trials as its GPUs
     # hold with use_gpu, else one (CPU trials sharing cores would time each other).
     max_concurrent_trials: Optional[PosInt] = None
+    fault: FaultConfig = FaultConfig()
     sweeps: list[SweepConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -291,7 +316,7 @@ class ExperimentConfig(_Strict):
         return self
 
     def base(self) -> dict[str, Any]:
-        return {"data": self.data.model_dump(), "workers": self.workers.model_dump()}
+        return {"data": self.data.model_dump(), "workers": self.workers.model_dump(), "fault": self.fault.model_dump()}
 
 
 def _allowed_keys(cls: type[BaseModel], loc: tuple) -> list[str]:

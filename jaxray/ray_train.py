@@ -21,13 +21,13 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 import ray.train
-from ray.train import Checkpoint, DataConfig, RunConfig, ScalingConfig
+from ray.train import Checkpoint, CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 
+from jaxray.checkpoint import HISTORY_FILE  # noqa: F401 - every log row, saved with each checkpoint
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig, parse_trial
 from jaxray.data.ray_data import shard_batches
 
-HISTORY_FILE = "history.json"  # every log row of the run, saved with the final checkpoint
 
 
 def worker_env(workers: WorkersConfig) -> dict[str, str]:
@@ -135,12 +135,110 @@ def _reporter(every: int, steps: int):
     return report
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train entry point. ``config``: ``{"trial": TrialConfig dict, "tensorboard_dir": str | None}``.
+def checkpoint_name(step: int) -> str:
+    """Ray Train folder name of the checkpoint at ``step``: names sort by step."""
+    return f"checkpoint_step_{step:08d}"
 
-    Reports a log row with ``ray.train.report`` every ``train.report_interval`` steps and, at the end,
-    the summary row with an Orbax checkpoint (saved by rank 0, with ``history.json``, every logged
-    row) as a ``ray.train.Checkpoint``. Rank 0 also writes TensorBoard events at every log step.
+
+def count_attempt(path: Optional[str]) -> int:
+    """This worker group's attempt number (1 for the first start; Ray Train restarts add one),
+    counted in the file ``path`` (rank 0 calls it once per start); 1 without a file."""
+    if not path:
+        return 1
+    file = Path(path)
+    attempt = (json.loads(file.read_text())["attempts"] if file.is_file() else 0) + 1
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps({"attempts": attempt}))
+    return attempt
+
+
+def damage(checkpoint_dir: Path) -> Path:
+    """Fault injection: truncate the largest array file of a checkpoint to half its size."""
+    victim = max((f for f in checkpoint_dir.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    with victim.open("r+b") as f:
+        f.truncate(victim.stat().st_size // 2)
+    return victim
+
+
+def resume_point(trial: TrialConfig, rank: int, attempt: int) -> Optional[Path]:
+    """The checkpoint this worker group continues from: the newest of the run's checkpoints that is
+    complete and undamaged (``checkpoint.verify``), starting from ``ray.train.get_checkpoint()``;
+    None on a fresh start. Rank 0 decides (after the ``corrupt_latest_checkpoint`` fault, if set)
+    and broadcasts it, so every rank restores the same one. A damaged newest checkpoint is named
+    in a warning with the one used instead."""
+    from ray.train.collective import broadcast_from_rank_zero
+
+    from jaxray import checkpoint
+
+    chosen = None
+    latest = ray.train.get_checkpoint()
+    if rank == 0 and latest is not None:
+        newest = Path(latest.path)
+        if trial.fault.corrupt_latest_checkpoint and attempt == 2:
+            print(f"jaxray fault injection: damaged {damage(newest)}", flush=True)
+        candidates = sorted(newest.parent.glob("checkpoint_step_*"), reverse=True)
+        candidates = [newest] + [c for c in candidates if c.name < newest.name]
+        _, path = checkpoint.restore_latest(candidates, checkpoint.verify)
+        chosen = str(path)
+    if ray.train.get_context().get_world_size() > 1:
+        chosen = broadcast_from_rank_zero(chosen)
+    return Path(chosen) if chosen else None
+
+
+def _die(step: int) -> None:
+    print(f"jaxray fault injection: worker process exits at step {step}", flush=True)
+    os._exit(17)
+
+
+def _fault_hooks(trial: TrialConfig, rank: int, attempt: int) -> tuple:
+    """The ``fault.kill_at_step`` hook (rank 0, first attempt only, not at a checkpoint step: there
+    the save itself dies half-way, ``_saver``)."""
+    from jaxray.train.loop import Hook
+
+    kill, every = trial.fault.kill_at_step, trial.train.checkpoint_every
+    if kill is None or rank != 0 or attempt != 1 or (every and kill % every == 0):
+        return ()
+    return (Hook(kill, lambda step, state, metrics: _die(step) if step == kill else None),)
+
+
+def _saver(trial: TrialConfig, rank: int, attempt: int, rows_per_epoch: Optional[int]):
+    """``save(step, state, history)`` for ``train``: rank 0 writes the full state with Orbax into a
+    local folder and every rank reports it to Ray Train (a barrier), which uploads it in the
+    background (``CheckpointUploadMode.ASYNC``) and keeps ``train.keep_checkpoints`` of them."""
+    from jaxray import checkpoint
+
+    def save(step: int, state, history: list[dict]) -> None:
+        ckpt = None
+        if rank == 0:
+            die = trial.fault.kill_at_step == step and attempt == 1
+            folder = checkpoint.save_state(tempfile.mkdtemp(prefix="jaxray-ckpt-"), state, trial, history,
+                                           position(step, rows_per_epoch), (lambda: _die(step)) if die else None)
+            ckpt = Checkpoint.from_directory(folder)
+        row = {**(history[-1] if history else {}), "step": step}
+        ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=checkpoint_name(step),
+                         checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+                         delete_local_checkpoint_after_upload=True)
+
+    return save
+
+
+def position(step: int, batches_per_epoch: Optional[int]) -> dict[str, int]:
+    """The data position after ``step`` batches: epoch and batch index within it (when known)."""
+    if not batches_per_epoch:
+        return {}
+    return {"epoch": step // batches_per_epoch, "batch_in_epoch": step % batches_per_epoch}
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train entry point. ``config``: ``{"trial": TrialConfig dict, "tensorboard_dir": str | None,
+    "attempts_file": str | None, "train_rows": int | None}``.
+
+    Reports a log row with ``ray.train.report`` every ``train.report_interval`` steps, a full-state
+    checkpoint every ``train.checkpoint_every`` steps and, at the end, the summary row with the
+    final full-state checkpoint (saved by rank 0, with ``history.json``, every logged row). After a
+    worker died, Ray Train restarts the group (``workers.max_failures``) and the loop resumes from
+    the newest usable checkpoint (``resume_point``). The summary records ``restarts`` and
+    ``resumed_from_step``. Rank 0 also writes TensorBoard events at every log step.
     """
     import jax
 
@@ -155,29 +253,38 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if world > 1 and not trial.workers.use_gpu:
         join_cpu_program(rank, world)
     _check_local_devices(trial)
+    attempt = count_attempt(config.get("attempts_file")) if rank == 0 else 1
     # stdout reaches the driver's console and the Ray dashboard, prefixed with the worker's pid.
     print(describe_worker(rank), flush=True)
+    resume = resume_point(trial, rank, attempt)
+    if resume is not None and rank == 0:
+        print(f"jaxray: attempt {attempt}, resuming from {resume}", flush=True)
     mesh = make_mesh()
     if trial.data.parquet:
         batches, held_out = parquet_data(trial, rank, world)
     else:
         batches = rank_batches(ray.train.get_dataset_shard("train"), trial.train.global_batch, rank, world)
         held_out = _collect(ray.train.get_dataset_shard("eval"))
+    rows = config.get("train_rows")
+    per_epoch = rows // trial.train.global_batch if rows else None
 
     tb_dir = config.get("tensorboard_dir") if rank == 0 else None
     with TensorBoardLogger(tb_dir) if tb_dir else contextlib.nullcontext() as tb:
         on_log = [_reporter(trial.train.report_interval, trial.train.steps)] + ([tb] if tb else [])
-        result = train(trial, batches, held_out, mesh, on_log=on_log)
+        result = train(trial, batches, held_out, mesh, on_log=on_log, resume=resume,
+                       save=_saver(trial, rank, attempt, per_epoch), hooks=_fault_hooks(trial, rank, attempt))
+        result.summary["restarts"] = attempt - 1
         if tb:
             tb.add_final(result.summary, trial.train.steps)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = None
         if rank == 0:  # params are replicated: rank 0's copy is the whole model
-            path = checkpoint.save(Path(tmp) / "checkpoint", result.state.params, trial)
-            (path / HISTORY_FILE).write_text(json.dumps(result.history))
+            path = checkpoint.save_state(Path(tmp) / "checkpoint", result.state, trial, result.history,
+                                         position(trial.train.steps, per_epoch))
             ckpt = Checkpoint.from_directory(path)
         # The last logged row too (step, loss, ...): schedulers such as ASHA read them in every report.
-        ray.train.report({**result.history[-1], **result.summary, "final": True}, checkpoint=ckpt)
+        ray.train.report({**result.history[-1], **result.summary, "final": True}, checkpoint=ckpt,
+                         checkpoint_dir_name=checkpoint_name(trial.train.steps))
     if world > 1 and not trial.workers.use_gpu:
         jax.distributed.shutdown()  # JaxTrainer's backend only shuts down what it started (GPU, TPU)
 
@@ -196,15 +303,21 @@ def make_trainer(trial: TrialConfig, datasets: dict, storage_path: str | Path, n
     whole to every worker: each takes its rows of every global batch of ``train`` and of ``eval``."""
     w = trial.workers
     resources = {"GPU": w.devices_per_worker} if w.use_gpu else {"CPU": 1}
+    # Outside Ray's own run folder (Ray Train v2 keeps that for its own state).
+    attempts = Path(storage_path) / f"{name}.attempts.json"
     return JaxTrainer(
         train_loop_per_worker,
         train_loop_config={"trial": trial.model_dump(),
-                           "tensorboard_dir": str(tensorboard_dir) if tensorboard_dir else None},
+                           "tensorboard_dir": str(tensorboard_dir) if tensorboard_dir else None,
+                           "attempts_file": str(attempts),
+                           "train_rows": datasets["train"].count() if "train" in datasets else None},
         scaling_config=ScalingConfig(num_workers=w.num_workers, use_gpu=w.use_gpu, resources_per_worker=resources),
         # Unsplit: each worker takes its rows of every global batch (``rank_batches``), so the global
         # batches are the same whatever the number of workers.
         dataset_config=DataConfig(datasets_to_split=[], execution_options=_ordered_ingest()),
         datasets=datasets,
         run_config=RunConfig(name=name, storage_path=str(storage_path), callbacks=callbacks or [],
-                             worker_runtime_env={"env_vars": worker_env(w)}),
+                             worker_runtime_env={"env_vars": worker_env(w)},
+                             failure_config=FailureConfig(max_failures=w.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=trial.train.keep_checkpoints)),
     )

@@ -89,16 +89,18 @@ def jit_eval_step(model: Model, mesh: Mesh):
 
 
 def run_loop(step_fn: Callable, state: TrainState, batches: Iterator[dict[str, jax.Array]], num_steps: int,
-             hooks: tuple[Hook, ...] = (), sync_each_step: bool = False) -> tuple[TrainState, LoopTiming]:
-    """Run ``num_steps`` steps of ``step_fn(state, batch) -> (state, metrics)`` over ``batches``.
+             hooks: tuple[Hook, ...] = (), sync_each_step: bool = False, start: int = 0) -> tuple[TrainState, LoopTiming]:
+    """Run steps ``start + 1 .. num_steps`` of ``step_fn(state, batch) -> (state, metrics)`` over
+    ``batches`` (``start``: the step a restored ``state`` had reached; hooks see global step numbers).
 
     Hooks see device metrics; reading them (``jax.device_get``) is the hook's choice, so steps
     between log points never wait for the host. ``sync_each_step`` waits for every step instead
     (``jaxray.parallel.mesh.needs_sync_per_step``). Raises ValueError if ``batches`` runs dry.
     """
-    start = time.perf_counter()
-    warmup_s, timed_start, hook_s = 0.0, start, 0.0
-    for i in range(1, num_steps + 1):
+    clock_start = time.perf_counter()
+    warmup_s, timed_start, hook_s = 0.0, clock_start, 0.0
+    first = start + 1
+    for i in range(first, num_steps + 1):
         try:
             batch = next(batches)
         except StopIteration:
@@ -113,14 +115,14 @@ def run_loop(step_fn: Callable, state: TrainState, batches: Iterator[dict[str, j
             hook_start = time.perf_counter()
             for hook in due:
                 hook.fn(i, state, metrics)
-            if i > 1:
+            if i > first:
                 hook_s += time.perf_counter() - hook_start
-        if i == 1:
+        if i == first:
             jax.block_until_ready(state)
             timed_start = time.perf_counter()
-            warmup_s = timed_start - start
+            warmup_s = timed_start - clock_start
     jax.block_until_ready(state)
     end = time.perf_counter()
-    if num_steps == 1:
+    if num_steps - start == 1:
         return state, LoopTiming(warmup_s, warmup_s, 1)
-    return state, LoopTiming(warmup_s, end - timed_start - hook_s, num_steps - 1, hook_s)
+    return state, LoopTiming(warmup_s, end - timed_start - hook_s, num_steps - first, hook_s)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import jax
 import numpy as np
@@ -16,12 +17,14 @@ from jax.sharding import Mesh
 from jaxray.config import TrialConfig, check_devices
 from jaxray.data.batching import Arrays
 from jaxray.models import build, param_count
-from jaxray.parallel.mesh import needs_sync_per_step, replicate, shard_batch
+from jaxray.parallel.mesh import needs_sync_per_step, replicate, replicated, shard_batch
 from jaxray.train.evaluate import evaluate
 from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
 from jaxray.train.step import TrainState, init_state, make_optimizer
 
 LogFn = Callable[[dict[str, float]], None]
+# save(step, state, history so far): a full-state checkpoint at every ``train.checkpoint_every`` steps.
+SaveFn = Callable[[int, TrainState, list[dict[str, float]]], None]
 
 
 @dataclass
@@ -61,31 +64,57 @@ def _log_hook(trial: TrialConfig, history: list, on_log: Sequence[LogFn]) -> Hoo
     return Hook(trial.train.log_every, log)
 
 
+def _checkpoint_hook(trial: TrialConfig, history: list, save: SaveFn) -> Hook:
+    def fn(step: int, state: TrainState, metrics: dict[str, jax.Array]) -> None:
+        if step < trial.train.steps:  # the final state is saved by the caller, with the summary
+            save(step, state, list(history))
+
+    return Hook(trial.train.checkpoint_every, fn)
+
+
 def train(trial: TrialConfig, batches: Iterator[Arrays], eval_arrays: Arrays, mesh: Mesh,
-          on_log: Sequence[LogFn] = ()) -> TrainResult:
-    """Train ``trial`` on ``batches`` (this process's rows of each global batch) and evaluate.
+          on_log: Sequence[LogFn] = (), resume: Optional[Path] = None, save: Optional[SaveFn] = None,
+          hooks: Sequence[Hook] = ()) -> TrainResult:
+    """Train ``trial`` on ``batches`` (this process's rows of each global batch, from the first
+    batch of the run) and evaluate.
 
     ``on_log(row)`` is called at every log step with ``step``, ``examples``, ``loss``, ``accuracy``,
-    ``grad_norm`` (and ``tokens``, ``perplexity`` for the transformer). Raises ConfigError before
-    compiling if the global batch does not divide over the mesh's devices.
+    ``grad_norm`` (and ``tokens``, ``perplexity`` for the transformer). ``resume``: a full-state
+    checkpoint (``jaxray.checkpoint.save_state``) to continue from: its state is restored onto this
+    mesh, the batches it had consumed are skipped, and the run goes on from its step with the same
+    data order, so it ends as an uninterrupted run would. ``save(step, state, history)`` is called
+    every ``train.checkpoint_every`` steps before the last; ``hooks`` run after those. Raises
+    ConfigError before compiling if the global batch does not divide over the mesh's devices,
+    CheckpointError if ``resume`` is damaged or holds another model.
     """
+    from jaxray import checkpoint
+
     devices = mesh.devices.size
     check_devices(trial.train.global_batch, devices)
     model = build(trial.model)
     tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
-    params = model.init(jax.random.key(trial.train.seed))
-    state = replicate(init_state(params, tx), mesh)
+    history: list[dict[str, float]] = []
+    start = 0
+    if resume is not None:
+        state, doc, history = checkpoint.restore_state(resume, model, tx, replicated(mesh))
+        start = doc["step"]
+        batches = itertools.islice(batches, start, None)  # the data position: the batches already trained on
+    else:
+        state = replicate(init_state(model.init(jax.random.key(trial.train.seed)), tx), mesh)
 
     sharded = (shard_batch(mesh, b) for b in batches)
     first = next(sharded)
     step_fn, compile_s = compile_train_step(model, tx, mesh, state, first)
-    history: list[dict[str, float]] = []
+    loop_hooks = [_log_hook(trial, history, on_log)]
+    if save is not None and trial.train.checkpoint_every:
+        loop_hooks.append(_checkpoint_hook(trial, history, save))
     state, timing = run_loop(step_fn, state, itertools.chain([first], sharded), trial.train.steps,
-                             hooks=(_log_hook(trial, history, on_log),), sync_each_step=needs_sync_per_step(mesh))
+                             hooks=(*loop_hooks, *hooks), sync_each_step=needs_sync_per_step(mesh), start=start)
 
     held_out = evaluate(jit_eval_step(model, mesh), state.params, eval_arrays, eval_batch_size(trial, devices), mesh)
-    return TrainResult(state, _summary(trial, devices, param_count(params), compile_s, timing, history, held_out),
-                       history)
+    summary = _summary(trial, devices, param_count(state.params), compile_s, timing, history, held_out)
+    summary["resumed_from_step"] = start
+    return TrainResult(state, summary, history)
 
 
 def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> dict[str, Any]:
