@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -28,6 +29,7 @@ from jaxray.checkpoint import HISTORY_FILE  # noqa: F401 - every log row, saved 
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig, parse_trial
 from jaxray.data.ray_data import shard_batches
 
+FAULT_PAUSE_S = 5.0  # before an injected exit: two of Ray Train's 2 s health-check polls and more
 
 
 def worker_env(workers: WorkersConfig) -> dict[str, str]:
@@ -160,17 +162,17 @@ def damage(checkpoint_dir: Path) -> Path:
     return victim
 
 
-def resume_point(trial: TrialConfig, rank: int, attempt: int) -> Optional[Path]:
+def resume_point(trial: TrialConfig, rank: int, attempt: int) -> tuple[Optional[Path], list[str]]:
     """The checkpoint this worker group continues from: the newest of the run's checkpoints that is
     complete and undamaged (``checkpoint.verify``), starting from ``ray.train.get_checkpoint()``;
     None on a fresh start. Rank 0 decides (after the ``corrupt_latest_checkpoint`` fault, if set)
     and broadcasts it, so every rank restores the same one. A damaged newest checkpoint is named
-    in a warning with the one used instead."""
+    in a warning with the one used instead. Returns (checkpoint, names of the newer ones skipped)."""
     from ray.train.collective import broadcast_from_rank_zero
 
     from jaxray import checkpoint
 
-    chosen = None
+    chosen, skipped = None, []
     latest = ray.train.get_checkpoint()
     if rank == 0 and latest is not None:
         newest = Path(latest.path)
@@ -178,14 +180,22 @@ def resume_point(trial: TrialConfig, rank: int, attempt: int) -> Optional[Path]:
             print(f"jaxray fault injection: damaged {damage(newest)}", flush=True)
         candidates = sorted(newest.parent.glob("checkpoint_step_*"), reverse=True)
         candidates = [newest] + [c for c in candidates if c.name < newest.name]
-        _, path = checkpoint.restore_latest(candidates, checkpoint.verify)
-        chosen = str(path)
+        try:
+            _, path = checkpoint.restore_latest(candidates, checkpoint.verify)
+            chosen, skipped = str(path), [c.name for c in candidates[:candidates.index(path)]]
+        except checkpoint.CheckpointError as err:  # every one damaged: start over rather than fail
+            checkpoint.log.warning("%s; starting again from step 0", err)
+            skipped = [c.name for c in candidates]
     if ray.train.get_context().get_world_size() > 1:
-        chosen = broadcast_from_rank_zero(chosen)
-    return Path(chosen) if chosen else None
+        chosen, skipped = broadcast_from_rank_zero((chosen, skipped))
+    return (Path(chosen) if chosen else None), skipped
 
 
 def _die(step: int) -> None:
+    # Ray Train's controller collects reports (and registers their checkpoints) when it polls the
+    # workers, every 2 s: a worker that dies sooner after a report loses that report. The pause
+    # makes the injected fault the same on every run: every checkpoint reported before it counts.
+    time.sleep(FAULT_PAUSE_S)
     print(f"jaxray fault injection: worker process exits at step {step}", flush=True)
     os._exit(17)
 
@@ -203,8 +213,10 @@ def _fault_hooks(trial: TrialConfig, rank: int, attempt: int) -> tuple:
 
 def _saver(trial: TrialConfig, rank: int, attempt: int, rows_per_epoch: Optional[int]):
     """``save(step, state, history)`` for ``train``: rank 0 writes the full state with Orbax into a
-    local folder and every rank reports it to Ray Train (a barrier), which uploads it in the
-    background (``CheckpointUploadMode.ASYNC``) and keeps ``train.keep_checkpoints`` of them."""
+    local folder and every rank reports it to Ray Train (a barrier), which copies it to the run's
+    storage and keeps ``train.keep_checkpoints`` of them. The copy is synchronous: with Ray 2.60's
+    ``CheckpointUploadMode.ASYNC`` a checkpoint reported at step 4 was still not registered when
+    the worker died at step 6, 3 s later, so the restart began from step 0."""
     from jaxray import checkpoint
 
     def save(step: int, state, history: list[dict]) -> None:
@@ -216,7 +228,6 @@ def _saver(trial: TrialConfig, rank: int, attempt: int, rows_per_epoch: Optional
             ckpt = Checkpoint.from_directory(folder)
         row = {**(history[-1] if history else {}), "step": step}
         ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=checkpoint_name(step),
-                         checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
                          delete_local_checkpoint_after_upload=True)
 
     return save
@@ -256,7 +267,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     attempt = count_attempt(config.get("attempts_file")) if rank == 0 else 1
     # stdout reaches the driver's console and the Ray dashboard, prefixed with the worker's pid.
     print(describe_worker(rank), flush=True)
-    resume = resume_point(trial, rank, attempt)
+    resume, skipped = resume_point(trial, rank, attempt)
     if resume is not None and rank == 0:
         print(f"jaxray: attempt {attempt}, resuming from {resume}", flush=True)
     mesh = make_mesh()
@@ -273,7 +284,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         on_log = [_reporter(trial.train.report_interval, trial.train.steps)] + ([tb] if tb else [])
         result = train(trial, batches, held_out, mesh, on_log=on_log, resume=resume,
                        save=_saver(trial, rank, attempt, per_epoch), hooks=_fault_hooks(trial, rank, attempt))
-        result.summary["restarts"] = attempt - 1
+        result.summary.update(restarts=attempt - 1, skipped_checkpoints=skipped)
         if tb:
             tb.add_final(result.summary, trial.train.steps)
     with tempfile.TemporaryDirectory() as tmp:

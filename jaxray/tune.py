@@ -1,10 +1,17 @@
 """python -m jaxray.tune --config tune_configs/NAME.yaml: the main job.
+python -m jaxray.tune --resume runs/<experiment>: finish an interrupted one.
 
 Each sweep of the experiment YAML becomes one Ray Tune grid over global batch, compute dtype and
 model width; each trial is one Ray Train run (``jaxray.ray_train``). Results land in
 ``runs/<experiment>/`` (``--out``): summary.json / summary.md, plots, TensorBoard event files and the
 trials' Orbax checkpoints. Joins a running cluster (``RAY_ADDRESS`` or a local ``ray start``),
 otherwise starts a local Ray in-process.
+
+A run first saves its resolved experiment config in the output folder (experiment.yaml). After an
+interruption (Ctrl+C, a lost driver) ``--resume DIR`` reads it from there and restores each sweep's
+Tune experiment (``Tuner.restore``): finished trials keep their results and checkpoints and are not
+run again; unfinished and failed ones run again from the start; a sweep that never started runs as
+usual. The reports then cover every trial.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from typing import Any, Optional
 
 import ray
 import ray.data
+import yaml
 from ray import tune
 
 from jaxray.config import ConfigError, ExperimentConfig, SweepConfig, TrainConfig, load_experiment, parse_trial
@@ -30,6 +38,9 @@ from jaxray.ray_train import HISTORY_FILE
 # Ray Data's per-dataset progress bars would flood the log of every trial.
 QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
 RUN_DIRS = ("train", "tune", "tensorboard")  # what a run writes under --out besides the report files
+# The resolved experiment config, saved in the output folder before the first trial: what --resume reads.
+EXPERIMENT_FILE = "experiment.yaml"
+INTERRUPTED = 130  # exit code of an interrupted run (as a shell reports Ctrl+C)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # A log row's keys: the final report carries the last one for schedulers; the summary row does not.
 LOG_ROW_KEYS = ("step", "examples", "loss", "accuracy", "grad_norm", "tokens", "perplexity")
@@ -38,12 +49,22 @@ LOG_ROW_KEYS = ("step", "examples", "loss", "accuracy", "grad_norm", "tokens", "
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jaxray.tune", description=__doc__.replace("``", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="experiment YAML, e.g. tune_configs/demo.yaml")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--config", help="experiment YAML, e.g. tune_configs/demo.yaml")
+    what.add_argument("--resume", metavar="DIR",
+                      help=f"finish the interrupted run whose output folder is DIR (e.g. runs/demo), with the "
+                           f"config saved there ({EXPERIMENT_FILE}); finished trials are kept, not run again")
     p.add_argument("--out", help="output folder (default: runs/<experiment>)")
     p.add_argument("--data-dir", help="folder with the data files (default: $JAXRAY_DATA_DIR, then the cache)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the results of an earlier run in the output folder (default: refuse)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.resume is not None and args.out is not None:
+        p.error("argument --out: not allowed with argument --resume (a resumed run writes into DIR)")
+    if args.resume is not None and args.overwrite:
+        p.error("argument --overwrite: not allowed with argument --resume (resuming keeps everything in DIR; "
+                "to start over use --config FILE --out DIR --overwrite)")
+    return args
 
 
 def prepare_out(out: Path, overwrite: bool) -> None:
@@ -53,12 +74,44 @@ def prepare_out(out: Path, overwrite: bool) -> None:
 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
-    ours = [out / name for name in (*FILES, *RUN_DIRS) if (out / name).exists()]
+    ours = [out / name for name in (*FILES, *RUN_DIRS, EXPERIMENT_FILE) if (out / name).exists()]
     if ours and not overwrite:
+        resume = f", --resume {out} to finish that run" if (out / EXPERIMENT_FILE).is_file() else ""
         raise ConfigError(f"{out} already holds the results of an earlier run ({', '.join(p.name for p in ours)}); "
-                          f"pass --overwrite to replace them, or choose another --out")
+                          f"pass --overwrite to replace them{resume}, or choose another --out")
     for path in ours:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def save_experiment(out: Path, exp: ExperimentConfig) -> Path:
+    """Write the resolved experiment config to ``out/experiment.yaml`` (what ``--resume`` reads)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / EXPERIMENT_FILE
+    config = exp.model_dump(mode="json")
+    for key in ("data_dir", "parquet"):  # a relative folder would change meaning with the working directory
+        value = config["data"][key]
+        if value is not None and "://" not in value:
+            config["data"][key] = str(Path(value).absolute())
+    text = yaml.safe_dump(config, sort_keys=False)
+    path.write_text(f"# The resolved experiment config of this run, written by python -m jaxray.tune;\n"
+                    f"# python -m jaxray.tune --resume {out} reads it.\n{text}", encoding="utf-8")
+    return path
+
+
+def load_resume(out: Path, overrides: Optional[dict[str, Any]] = None) -> ExperimentConfig:
+    """The experiment config saved in the output folder ``out`` of an earlier run. Raises
+    ConfigError naming the path when ``out`` is missing, not a folder, or not a jaxray.tune output
+    folder (no experiment.yaml), or when the saved config no longer validates."""
+    if not out.exists():
+        raise ConfigError(f"--resume {out}: no such folder")
+    if not out.is_dir():
+        raise ConfigError(f"--resume {out} is a file, not a folder")
+    saved = out / EXPERIMENT_FILE
+    if not saved.is_file():
+        raise ConfigError(f"--resume {out}: {saved} is missing, so this is not the output folder of a "
+                          f"python -m jaxray.tune run that can be resumed (a run saves it before its first "
+                          f"trial)")
+    return load_experiment(saved, overrides)
 
 
 def check_batches(exp: ExperimentConfig, rows: dict[str, int]) -> None:
@@ -146,12 +199,15 @@ def early_stopping(sweep: SweepConfig):
                          grace_period=min(rule.grace_period, steps), reduction_factor=rule.reduction_factor)
 
 
-def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: Optional[tuple],
-              out: Path) -> list[tuple[dict, list[dict]]]:
+def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: Optional[tuple], out: Path,
+              resume: bool = False) -> tuple[list[tuple[dict, list[dict]]], int]:
     """Fit one sweep on its (train, held-out) arrays, fed to the workers as Ray Datasets, or (None,
-    with ``data.parquet``) on its prepared Parquet folder.
+    with ``data.parquet``) on its prepared Parquet folder. With ``resume`` a sweep whose Tune
+    experiment exists under ``out/tune/<workload>`` is restored (``Tuner.restore``): its finished
+    trials are kept as they are, its unfinished and failed ones run again.
 
-    Returns (summary row, history rows) per trial; a failed trial's row carries ``error``.
+    Returns ((summary row, history rows) per trial, how many trials did not finish because the run
+    was interrupted); a failed trial's row carries ``error``.
     """
     from jaxray.data.ray_data import to_dataset
 
@@ -159,6 +215,13 @@ def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: Optional[tuple]
     # With data.parquet each worker streams its rows itself (jaxray.data.parquet): no dataset to pass.
     datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])} if arrays else {}
     trainable = tune.with_parameters(run_trial, sweep=sweep.model_dump(), base=base, datasets=datasets, out=str(out))
+    path = out / "tune" / sweep.workload
+    if resume and tune.Tuner.can_restore(path):
+        # Names, scheduler and concurrency come back from the saved experiment; the trainable (with
+        # this session's datasets) is given again. Finished trials are not run again.
+        print(f"resuming the {sweep.workload} sweep from {path}", file=sys.stderr)
+        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+        return _fit(sweep, tuner)
     # Trial and run names derive from the grid point and the workload only, so the folders of an
     # interrupted sweep are found again by name (Tuner.restore).
     tuner = tune.Tuner(
@@ -169,7 +232,22 @@ def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: Optional[tuple]
                                     trial_dirname_creator=lambda t: trial_name(sweep.workload, t.config)),
         run_config=tune.RunConfig(name=sweep.workload, storage_path=str(out / "tune"), verbose=1),
     )
-    return [_collect(sweep, r) for r in tuner.fit()]
+    return _fit(sweep, tuner)
+
+
+def _fit(sweep: SweepConfig, tuner: tune.Tuner) -> tuple[list[tuple[dict, list[dict]]], int]:
+    grid = tuner.fit()
+    # On Ctrl+C (SIGINT) Tune saves the experiment's state, then stops the running trials, marking
+    # them terminated in memory, and fit() returns as if the sweep had ended. The saved state (what
+    # Tuner.restore resumes from) still has them running or pending.
+    try:
+        saved = tune.ExperimentAnalysis(grid.experiment_path).trials
+    except Exception as err:  # Tune already logged why its state was not saved; report what there is
+        print(f"warning: could not read the saved state of the {sweep.workload} sweep ({err}); "
+              f"taking it as complete", file=sys.stderr)
+        saved = []
+    unfinished = sum(t.status not in ("TERMINATED", "ERROR") for t in saved)
+    return [_collect(sweep, r) for r in grid], unfinished
 
 
 def _collect(sweep: SweepConfig, result) -> tuple[dict, list[dict]]:
@@ -262,22 +340,35 @@ def check_gpus(exp: ExperimentConfig, joined: bool) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
+    resume = args.resume is not None
     overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
     try:  # every check that can fail on the user's input, before the first trial starts
-        exp = load_experiment(args.config, overrides)
+        if resume:  # nothing in the folder is removed: prepare_out does not run
+            out = Path(args.resume).absolute()
+            exp = load_resume(out, overrides)
+        else:
+            exp = load_experiment(args.config, overrides)
+            out = Path(args.out or Path("runs") / exp.experiment).absolute()
         arrays = {} if exp.data.parquet else load_sweep_arrays(exp)
         check_batches(exp, parquet_rows(exp) if exp.data.parquet else
                       {w: num_rows(train) for w, (train, _) in arrays.items()})
-        out = Path(args.out or Path("runs") / exp.experiment).absolute()
-        prepare_out(out, args.overwrite)
+        if not resume:
+            prepare_out(out, args.overwrite)
         check_gpus(exp, init_ray(exp))
     except (ConfigError, DataFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         ray.shutdown()
         return 2
+    if not resume:
+        save_experiment(out, exp)
     results = []
     for sweep in exp.sweeps:
-        results += run_sweep(exp, sweep, arrays.get(sweep.workload), out)
+        rows, unfinished = run_sweep(exp, sweep, arrays.get(sweep.workload), out, resume)
+        results += rows
+        if unfinished:  # interrupted: no later sweep starts and no report is written
+            print(f"error: interrupted with {unfinished} trial(s) of the {sweep.workload} sweep unfinished; "
+                  f"the state is saved. Resume with: python -m jaxray.tune --resume {out}", file=sys.stderr)
+            return INTERRUPTED
     from jaxray.report import markdown_summary, write_reports
 
     rows = [row for row, _ in results]
