@@ -7,6 +7,7 @@
   python -m jaxray.bench serve --checkpoint runs/demo   # the Serve app under HTTP load (1..64 clients)
   python -m jaxray.bench decode                       # KV-cache sampler vs full-window recompute, 300 tokens
   python -m jaxray.bench ingest                       # the step fed pre-staged vs streamed by Ray Data
+  python -m jaxray.bench checkpoint                   # checkpoint size, save/restore time, cost every N steps
 
 ``--cpu-devices N`` sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts,
 so a CPU-only machine shows N devices (default 4 for devices, shard-map, batch-sweep and all); the
@@ -82,7 +83,23 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     _add_serve(sub)
     _add_decode(sub, common)
     _add_ingest(sub, common)
+    _add_checkpoint(sub, common)
     return p.parse_args(argv)
+
+
+def _add_checkpoint(sub, common: argparse.ArgumentParser) -> None:
+    """``checkpoint``: full-state checkpoint size, save/restore time and step-time cost (jaxray.bench.checkpointing)."""
+    c = sub.add_parser("checkpoint", parents=[common],
+                       help="full-state checkpoints: size, save/restore s, step-time cost of saving every N steps")
+    c.add_argument("--workload", choices=("mlp", "transformer", "all"), default="transformer",
+                   help="the cost run's workload (default transformer); size rows are for both lab models")
+    c.add_argument("--every", type=positive_int, default=100, help="steps between checkpoints (default 100)")
+    c.add_argument("--steps", type=positive_int, default=None, help="steps per run (default 2 x --every + 1)")
+    c.add_argument("--batch", type=positive_int, default=None, help="global batch (default 16 transformer, 512 MLP)")
+    c.add_argument("--width", type=positive_int, default=None,
+                   help="model width of the cost run (default 128 transformer, the lab's MLP)")
+    c.add_argument("--seq-len", type=positive_int, default=128, help="transformer sequence length (default 128)")
+    c.add_argument("--repeats", type=positive_int, default=3, help="alternating repeats; the median is reported")
 
 
 def _add_ingest(sub, common: argparse.ArgumentParser) -> None:

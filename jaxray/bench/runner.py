@@ -130,6 +130,18 @@ def _ingest(args: argparse.Namespace, out: Optional[Path]) -> int:
     return 1 if report.failed else 0
 
 
+def _checkpoint(args: argparse.Namespace, out: Optional[Path]) -> int:
+    from jaxray.bench import checkpointing
+
+    workloads = ["mlp", "transformer"] if args.workload == "all" else [args.workload]
+    runs = [checkpointing.CostRun(w, args.batch or (16 if w == "transformer" else 512), args.steps or 2 * args.every + 1,
+                                  args.every, args.width or (128 if w == "transformer" else None), args.seq_len)
+            for w in workloads]
+    report = checkpointing.checkpoint_benchmark(runs, args.repeats, args.data_dir)
+    _write(report, out)
+    return 1 if report.failed else 0
+
+
 def _suite(name: str, args: argparse.Namespace, out: Optional[Path]) -> Report:
     preset, devices = PRESETS[args.preset], len(jax.devices())
     if name == "throughput":
@@ -177,6 +189,8 @@ def run(args: argparse.Namespace, out_for: OutFn) -> int:
         return _decode(args, outs["decode"])
     if args.command == "ingest":
         return _ingest(args, outs["ingest"])
+    if args.command == "checkpoint":
+        return _checkpoint(args, outs["checkpoint"])
     suites.preload([size for name in outs for size in suite_sizes(PRESETS[args.preset], name)], args.data_dir)
     start, failed, texts = time.perf_counter(), [], []
     for name, out in outs.items():

@@ -18,7 +18,7 @@ from jaxray.data.ray_data import to_dataset
 from jaxray.data.workloads import load_arrays
 from jaxray.ray_train import make_trainer
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 TRIALS = {
     "transformer": {"model": {"workload": "transformer", "width": 32, "num_layers": 1, "num_heads": 2,
                               "max_seq_len": 32},

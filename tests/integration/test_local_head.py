@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ray_head import BIN, ROOT, forget_cluster, free_port, head_env, submit_smoke
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def head_processes(pgid: int, gcs_port: int) -> dict[int, str]:

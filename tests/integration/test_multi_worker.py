@@ -19,7 +19,7 @@ from jaxray.data.ray_data import to_dataset
 from jaxray.data.workloads import load_arrays
 from jaxray.ray_train import HISTORY_FILE, make_trainer
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
 EVAL_ROWS = 64
 TRIALS = {  # small models, 6 steps, a global batch of 4 devices x 8 (MLP) or x 2 (transformer) rows

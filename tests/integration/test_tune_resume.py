@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 # smoke.yaml's MLP sizes, two grid points run one after the other (one trial at a time on CPU).
 TWO_TRIALS = """
