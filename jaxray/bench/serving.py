@@ -178,8 +178,10 @@ def serve_command(checkpoint: str, port: int, options: dict) -> list[str]:
 def _default_sigint() -> None:
     """In the server's process before exec: SIGINT back to its default. A command started in the
     background by a script inherits SIGINT ignored, and Python then never raises KeyboardInterrupt,
-    so the Ctrl-C shut-down ``stop_server`` asks for first would not happen."""
+    so the Ctrl-C shut-down ``stop_server`` asks for first would not happen. It may also inherit
+    SIGINT blocked (a blocked signal stays blocked across exec), so it is unblocked too."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def server_env() -> dict[str, str]:

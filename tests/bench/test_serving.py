@@ -59,7 +59,9 @@ def _pgid(p: psutil.Process) -> int:
 
 
 def test_stop_server_on_sigint_like_ctrl_c():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    # SIGINT back to its default in the child: a test run started in the background inherits it ignored.
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                            preexec_fn=serving._default_sigint)
     time.sleep(0.3)  # past the interpreter's start, so SIGINT is a KeyboardInterrupt
     assert serving.stop_server(proc, grace_s=10.0).endswith("exited on SIGINT (as Ctrl-C)")
     assert proc.returncode == -signal.SIGINT  # Python exits so after an unhandled KeyboardInterrupt
