@@ -29,7 +29,7 @@ from jaxray.checkpoint import HISTORY_FILE  # noqa: F401 - every log row, saved 
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig, parse_trial
 from jaxray.data.ray_data import shard_batches
 
-FAULT_PAUSE_S = 5.0  # before an injected exit: two of Ray Train's 2 s health-check polls and more
+FAULT_PAUSE_S = 10.0  # before an injected exit: several of Ray Train's 2 s health-check polls, also under load
 
 
 def worker_env(workers: WorkersConfig) -> dict[str, str]:
