@@ -214,9 +214,8 @@ def _fault_hooks(trial: TrialConfig, rank: int, attempt: int) -> tuple:
 def _saver(trial: TrialConfig, rank: int, attempt: int, rows_per_epoch: Optional[int]):
     """``save(step, state, history)`` for ``train``: rank 0 writes the full state with Orbax into a
     local folder and every rank reports it to Ray Train (a barrier), which copies it to the run's
-    storage and keeps ``train.keep_checkpoints`` of them. The copy is synchronous: with Ray 2.60's
-    ``CheckpointUploadMode.ASYNC`` a checkpoint reported at step 4 was still not registered when
-    the worker died at step 6, 3 s later, so the restart began from step 0."""
+    storage and keeps ``train.keep_checkpoints`` of them. The copy is synchronous (``ASYNC``
+    upload was tried once and lost a checkpoint on a kill, before ``_die``'s pause existed)."""
     from jaxray import checkpoint
 
     def save(step: int, state, history: list[dict]) -> None:
