@@ -191,6 +191,12 @@ class TrialConfig(_Strict):
         if kill is not None and kill >= self.train.steps:
             raise ValueError(f"fault.kill_at_step {kill} must be below train.steps {self.train.steps} "
                              f"(the worker dies after that step, then resumes)")
+        if kill is not None and self.workers.max_failures < 1:
+            raise ValueError("fault.kill_at_step needs workers.max_failures >= 1 (without a restart the run "
+                             "can only fail)")
+        if self.fault.corrupt_latest_checkpoint and kill is None:
+            raise ValueError("fault.corrupt_latest_checkpoint needs fault.kill_at_step (it damages the newest "
+                             "checkpoint before the restore that follows the kill)")
         check_devices(self.train.global_batch, self.workers.total_devices)
         return self
 

@@ -137,9 +137,12 @@ def _reporter(every: int, steps: int):
     return report
 
 
-def checkpoint_name(step: int) -> str:
-    """Ray Train folder name of the checkpoint at ``step``: names sort by step."""
-    return f"checkpoint_step_{step:08d}"
+def checkpoint_name(step: int, attempt: int) -> str:
+    """Ray Train folder name of the checkpoint at ``step`` saved by worker-group ``attempt``: names
+    sort by step, then attempt. The attempt keeps them unique: a restart that resumes from an older
+    checkpoint saves the later steps again, and Ray Train's rotation must never see one folder twice
+    (it would delete a folder it still lists)."""
+    return f"checkpoint_step_{step:08d}_attempt{attempt}"
 
 
 def count_attempt(path: Optional[str]) -> int:
@@ -162,12 +165,13 @@ def damage(checkpoint_dir: Path) -> Path:
     return victim
 
 
-def resume_point(trial: TrialConfig, rank: int, attempt: int) -> tuple[Optional[Path], list[str]]:
+def resume_point(trial: TrialConfig, rank: int, attempt: int) -> tuple[Optional[Path], list[str], int]:
     """The checkpoint this worker group continues from: the newest of the run's checkpoints that is
     complete and undamaged (``checkpoint.verify``), starting from ``ray.train.get_checkpoint()``;
     None on a fresh start. Rank 0 decides (after the ``corrupt_latest_checkpoint`` fault, if set)
     and broadcasts it, so every rank restores the same one. A damaged newest checkpoint is named
-    in a warning with the one used instead. Returns (checkpoint, names of the newer ones skipped)."""
+    in a warning with the one used instead. Returns (checkpoint, names of the newer ones skipped,
+    rank 0's attempt number)."""
     from ray.train.collective import broadcast_from_rank_zero
 
     from jaxray import checkpoint
@@ -187,8 +191,8 @@ def resume_point(trial: TrialConfig, rank: int, attempt: int) -> tuple[Optional[
             checkpoint.log.warning("%s; starting again from step 0", err)
             skipped = [c.name for c in candidates]
     if ray.train.get_context().get_world_size() > 1:
-        chosen, skipped = broadcast_from_rank_zero((chosen, skipped))
-    return (Path(chosen) if chosen else None), skipped
+        chosen, skipped, attempt = broadcast_from_rank_zero((chosen, skipped, attempt))
+    return (Path(chosen) if chosen else None), skipped, attempt
 
 
 def _die(step: int) -> None:
@@ -226,7 +230,7 @@ def _saver(trial: TrialConfig, rank: int, attempt: int, rows_per_epoch: Optional
                                            position(step, rows_per_epoch), (lambda: _die(step)) if die else None)
             ckpt = Checkpoint.from_directory(folder)
         row = {**(history[-1] if history else {}), "step": step}
-        ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=checkpoint_name(step),
+        ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=checkpoint_name(step, attempt),
                          delete_local_checkpoint_after_upload=True)
 
     return save
@@ -266,7 +270,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     attempt = count_attempt(config.get("attempts_file")) if rank == 0 else 1
     # stdout reaches the driver's console and the Ray dashboard, prefixed with the worker's pid.
     print(describe_worker(rank), flush=True)
-    resume, skipped = resume_point(trial, rank, attempt)
+    resume, skipped, attempt = resume_point(trial, rank, attempt)
     if resume is not None and rank == 0:
         print(f"jaxray: attempt {attempt}, resuming from {resume}", flush=True)
     mesh = make_mesh()
@@ -283,7 +287,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         on_log = [_reporter(trial.train.report_interval, trial.train.steps)] + ([tb] if tb else [])
         result = train(trial, batches, held_out, mesh, on_log=on_log, resume=resume,
                        save=_saver(trial, rank, attempt, per_epoch), hooks=_fault_hooks(trial, rank, attempt))
-        result.summary.update(restarts=attempt - 1, skipped_checkpoints=skipped)
+        # A count, not the names (Tune's TensorBoard logger takes numbers only); the names are in
+        # the worker log's warning.
+        result.summary.update(restarts=attempt - 1, skipped_checkpoints=len(skipped))
         if tb:
             tb.add_final(result.summary, trial.train.steps)
     with tempfile.TemporaryDirectory() as tmp:
@@ -294,7 +300,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             ckpt = Checkpoint.from_directory(path)
         # The last logged row too (step, loss, ...): schedulers such as ASHA read them in every report.
         ray.train.report({**result.history[-1], **result.summary, "final": True}, checkpoint=ckpt,
-                         checkpoint_dir_name=checkpoint_name(trial.train.steps))
+                         checkpoint_dir_name=checkpoint_name(trial.train.steps, attempt))
     if world > 1 and not trial.workers.use_gpu:
         jax.distributed.shutdown()  # JaxTrainer's backend only shuts down what it started (GPU, TPU)
 

@@ -44,7 +44,7 @@ class LoopTiming:
 
     @property
     def seconds_per_step(self) -> float:
-        return self.timed_s / self.timed_steps
+        return self.timed_s / self.timed_steps if self.timed_steps else float("nan")
 
 
 def compile_train_step(model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array],
@@ -97,6 +97,8 @@ def run_loop(step_fn: Callable, state: TrainState, batches: Iterator[dict[str, j
     between log points never wait for the host. ``sync_each_step`` waits for every step instead
     (``jaxray.parallel.mesh.needs_sync_per_step``). Raises ValueError if ``batches`` runs dry.
     """
+    if start >= num_steps:  # resumed from the final checkpoint: nothing left to run or time
+        return state, LoopTiming(0.0, float("nan"), 0)
     clock_start = time.perf_counter()
     warmup_s, timed_start, hook_s = 0.0, clock_start, 0.0
     first = start + 1

@@ -88,10 +88,10 @@ def test_killed_mid_save_then_damaged_falls_back(real_dir, tmp_path, uninterrupt
     assert m["restarts"] == 1
     # The half-written checkpoint of step 9 never appeared; the newest reported one (6) was damaged
     # and skipped; the run went on from 3.
-    assert m["skipped_checkpoints"] == ["checkpoint_step_00000006"] and m["resumed_from_step"] == 3
+    assert m["skipped_checkpoints"] == 1 and m["resumed_from_step"] == 3
     assert_bitwise_equal(resumed, uninterrupted["transformer"])
-    # Every checkpoint in the run's storage is complete and intact (9 and 12 saved again after the
-    # restart; the damaged 6 is gone: Ray keeps 3 checkpoints and the resumed run saved 6 again).
+    # Ray keeps the newest 3 (by name: step, then attempt): those the restarted attempt saved, each
+    # complete and intact; the half-written step 9 of attempt 1 never reached storage.
     kept = sorted((tmp_path / "ray" / "mid-save").glob("checkpoint_step_*"))
-    assert [p.name[-2:] for p in kept][-2:] == ["09", "12"]
-    assert [checkpoint.verify(p)["step"] for p in kept] == [int(p.name[-8:]) for p in kept]
+    assert [p.name for p in kept] == [f"checkpoint_step_{s:08d}_attempt2" for s in (6, 9, 12)]
+    assert [checkpoint.verify(p)["step"] for p in kept] == [6, 9, 12]
