@@ -61,6 +61,19 @@ def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
     return directory
 
 
+def _local_copy(tree: Any) -> Any:
+    """This process's copy of a replicated PyTree: host arrays in a multi-process program (whose
+    global arrays one process cannot read whole), the tree itself otherwise."""
+    if jax.process_count() == 1:
+        return tree
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else x, tree)
+
+
+def _abstract(tree: Any, sharding: Sharding) -> Any:
+    """ShapeDtypeStructs of ``tree``'s leaves carrying ``sharding``: an Orbax restore target."""
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), tree)
+
+
 def _save_tree(path: Path, tree: Any) -> None:
     """One Orbax StandardCheckpointer save of a replicated PyTree, finalised when this returns."""
     options = ocp.options.MultiprocessingOptions()
@@ -68,7 +81,7 @@ def _save_tree(path: Path, tree: Any) -> None:
         # One process of a multi-process program saves alone: its local copy of the replicated
         # arrays, with Orbax's barriers limited to itself (the others never call save).
         me = jax.process_index()
-        tree = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else x, tree)
+        tree = _local_copy(tree)
         options = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me},
                                                      barrier_sync_key_prefix=f"jaxray-save-{me}")
     checkpointer = ocp.StandardCheckpointer(multiprocessing_options=options)
@@ -101,7 +114,7 @@ def save_state(directory: str | Path, state: Any, trial: TrialConfig, history: l
     (directory / HISTORY_FILE).write_text(json.dumps(history))
     if before_manifest is not None:
         before_manifest()
-    doc = {"step": int(jax.device_get(state.step if jax.process_count() == 1 else state.step.addressable_data(0))),
+    doc = {"step": int(jax.device_get(_local_copy(state.step))),
            "seed": trial.train.seed, **position,
            "rng_key_data": np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist(),
            "files": _files(directory)}
@@ -168,7 +181,7 @@ def restore_state(directory: str | Path, model: Model, tx, sharding: Sharding) -
     directory = Path(directory).absolute()
     doc = verify(directory)
     abstract = jax.eval_shape(lambda: init_state(model.init(jax.random.key(0)), tx))
-    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), abstract)
+    target = _abstract(abstract, sharding)
     _check_shapes(directory / PARAMS_DIR, target.params)
     checkpointer = ocp.StandardCheckpointer()
     params = checkpointer.restore(directory / PARAMS_DIR, target.params)
@@ -227,11 +240,11 @@ def restore(directory: str | Path, sharding: Optional[Sharding] = None) -> tuple
     directory = Path(directory).absolute()
     model = build(load_model_config(directory))
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                          jax.eval_shape(model.init, jax.random.key(0)))
+    target = _abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
     if not (directory / PARAMS_DIR).is_dir():
         raise CheckpointError(f"{directory} is not a jaxray checkpoint: {PARAMS_DIR}/ is missing")
     try:
+        _check_shapes(directory / PARAMS_DIR, target)  # names the parameter, unlike Orbax's own error
         params = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, target)
     except Exception as err:  # noqa: BLE001 - Orbax raises bare Exceptions for damaged or mismatched data
         reason = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)

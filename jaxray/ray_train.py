@@ -25,7 +25,6 @@ import ray.train
 from ray.train import Checkpoint, CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 
-from jaxray.checkpoint import HISTORY_FILE  # noqa: F401 - every log row, saved with each checkpoint
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig, parse_trial
 from jaxray.data.ray_data import shard_batches
 
@@ -101,17 +100,19 @@ def rank_batches(shard, global_batch: int, rank: int, world: int,
         yield {k: v[rank * local:(rank + 1) * local] for k, v in batch.items()}
 
 
-def parquet_data(trial: TrialConfig, rank: int, world: int) -> tuple[Iterator[dict[str, np.ndarray]], dict]:
-    """(this worker's training batches, the whole held-out split) from ``data.parquet``: Ray Data
-    streams the prepared files, each epoch in the order ``train.seed`` draws, and the worker keeps
-    its rows of every global batch (``jaxray.data.parquet.parquet_batches``)."""
+def parquet_data(trial: TrialConfig, rank: int, world: int) -> tuple[Iterator[dict[str, np.ndarray]], dict, int]:
+    """(this worker's training batches, the whole held-out split, the training rows) from
+    ``data.parquet``: Ray Data streams the prepared files, each epoch in the order ``train.seed``
+    draws, and the worker keeps its rows of every global batch
+    (``jaxray.data.parquet.parquet_batches``)."""
     from jaxray.data.parquet import parquet_batches, split_arrays
     from jaxray.data.workloads import held_out_split, parquet_folder
 
     folder, manifest = parquet_folder(trial)
     batches = parquet_batches(folder, "train", trial.train.global_batch, trial.train.seed, rank, world,
                               cache_bytes=trial.data.parquet_cache_mib << 20)
-    return batches, split_arrays(folder, held_out_split(trial.model.workload), manifest=manifest)
+    held_out = split_arrays(folder, held_out_split(trial.model.workload), manifest=manifest)
+    return batches, held_out, manifest.split("train").rows
 
 
 def _collect(shard) -> dict[str, np.ndarray]:
@@ -216,20 +217,22 @@ def _fault_hooks(trial: TrialConfig, rank: int, attempt: int) -> tuple:
 
 
 def _saver(trial: TrialConfig, rank: int, attempt: int, rows_per_epoch: Optional[int]):
-    """``save(step, state, history)`` for ``train``: rank 0 writes the full state with Orbax into a
-    local folder and every rank reports it to Ray Train (a barrier), which copies it to the run's
-    storage and keeps ``train.keep_checkpoints`` of them. The copy is synchronous (``ASYNC``
-    upload was tried once and lost a checkpoint on a kill, before ``_die``'s pause existed)."""
+    """``save(step, state, history, row=None)`` for ``train`` and for the final checkpoint: rank 0
+    writes the full state with Orbax into a local folder and every rank reports it to Ray Train (a
+    barrier) with ``row`` (default: the last log row), which copies it to the run's storage and
+    keeps ``train.keep_checkpoints`` of them. The copy is synchronous (``ASYNC`` upload was tried
+    once and lost a checkpoint on a kill, before ``_die``'s pause existed)."""
     from jaxray import checkpoint
 
-    def save(step: int, state, history: list[dict]) -> None:
+    def save(step: int, state, history: list[dict], row: Optional[dict] = None) -> None:
         ckpt = None
         if rank == 0:
             die = trial.fault.kill_at_step == step and attempt == 1
             folder = checkpoint.save_state(tempfile.mkdtemp(prefix="jaxray-ckpt-"), state, trial, history,
                                            position(step, rows_per_epoch), (lambda: _die(step)) if die else None)
             ckpt = Checkpoint.from_directory(folder)
-        row = {**(history[-1] if history else {}), "step": step}
+        if row is None:
+            row = {**(history[-1] if history else {}), "step": step}
         ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=checkpoint_name(step, attempt),
                          delete_local_checkpoint_after_upload=True)
 
@@ -256,7 +259,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """
     import jax
 
-    from jaxray import checkpoint
     from jaxray.parallel.mesh import make_mesh
     from jaxray.tensorboard import TensorBoardLogger
     from jaxray.train.run import train
@@ -275,32 +277,26 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         print(f"jaxray: attempt {attempt}, resuming from {resume}", flush=True)
     mesh = make_mesh()
     if trial.data.parquet:
-        batches, held_out = parquet_data(trial, rank, world)
+        batches, held_out, rows = parquet_data(trial, rank, world)
     else:
         batches = rank_batches(ray.train.get_dataset_shard("train"), trial.train.global_batch, rank, world)
-        held_out = _collect(ray.train.get_dataset_shard("eval"))
-    rows = config.get("train_rows")
+        held_out, rows = _collect(ray.train.get_dataset_shard("eval")), config.get("train_rows")
     per_epoch = rows // trial.train.global_batch if rows else None
+    save = _saver(trial, rank, attempt, per_epoch)
 
     tb_dir = config.get("tensorboard_dir") if rank == 0 else None
     with TensorBoardLogger(tb_dir) if tb_dir else contextlib.nullcontext() as tb:
         on_log = [_reporter(trial.train.report_interval, trial.train.steps)] + ([tb] if tb else [])
-        result = train(trial, batches, held_out, mesh, on_log=on_log, resume=resume,
-                       save=_saver(trial, rank, attempt, per_epoch), hooks=_fault_hooks(trial, rank, attempt))
+        result = train(trial, batches, held_out, mesh, on_log=on_log, resume=resume, save=save,
+                       hooks=_fault_hooks(trial, rank, attempt))
         # A count, not the names (Tune's TensorBoard logger takes numbers only); the names are in
         # the worker log's warning.
         result.summary.update(restarts=attempt - 1, skipped_checkpoints=len(skipped))
         if tb:
             tb.add_final(result.summary, trial.train.steps)
-    with tempfile.TemporaryDirectory() as tmp:
-        ckpt = None
-        if rank == 0:  # params are replicated: rank 0's copy is the whole model
-            path = checkpoint.save_state(Path(tmp) / "checkpoint", result.state, trial, result.history,
-                                         position(trial.train.steps, per_epoch))
-            ckpt = Checkpoint.from_directory(path)
-        # The last logged row too (step, loss, ...): schedulers such as ASHA read them in every report.
-        ray.train.report({**result.history[-1], **result.summary, "final": True}, checkpoint=ckpt,
-                         checkpoint_dir_name=checkpoint_name(trial.train.steps, attempt))
+    # The final checkpoint with the summary, and the last logged row too (step, loss, ...):
+    # schedulers such as ASHA read them in every report.
+    save(trial.train.steps, result.state, result.history, row={**result.history[-1], **result.summary, "final": True})
     if world > 1 and not trial.workers.use_gpu:
         jax.distributed.shutdown()  # JaxTrainer's backend only shuts down what it started (GPU, TPU)
 

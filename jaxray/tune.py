@@ -30,10 +30,10 @@ import ray.data
 import yaml
 from ray import tune
 
+from jaxray.checkpoint import HISTORY_FILE
 from jaxray.config import ConfigError, ExperimentConfig, SweepConfig, TrainConfig, load_experiment, parse_trial
 from jaxray.data.batching import num_rows
 from jaxray.data.sources import DataFileError
-from jaxray.ray_train import HISTORY_FILE
 
 # Ray Data's per-dataset progress bars would flood the log of every trial.
 QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}

@@ -15,7 +15,6 @@ cost.
 """
 from __future__ import annotations
 
-import itertools
 import shutil
 import statistics
 import tempfile
@@ -92,38 +91,37 @@ def size_row(workload: str, repeats: int, data_dir: Optional[str]) -> dict[str, 
             "restore_s": statistics.median(restores[1:]), "repeats": repeats, **environment(1)}
 
 
-def _ms_per_step(run: CostRun, every: Optional[int], arrays, held_out, data_dir, tmp: Path) -> float:
-    spec = make_spec(run.workload, run.global_batch, width=run.width, seq_len=run.seq_len,
-                     max_seq_len=run.seq_len if run.workload == "transformer" else None, data_dir=data_dir)
-    trial = spec.trial.model_copy(update={"train": spec.trial.train.model_copy(
-        update={"steps": run.steps, "checkpoint_every": every, "log_every": max(1, run.steps // 4)})})
-    counter = itertools.count()
+def _ms_per_step(trial, every: Optional[int], arrays, held_out, tmp: Path) -> float:
+    """One run of ``trial`` with a checkpoint every ``every`` steps (None: none) saved under ``tmp``."""
+    trial = trial.model_copy(update={"train": trial.train.model_copy(update={"checkpoint_every": every})})
 
     def save(step, state, history):
-        _save_copy(tmp / f"local{next(counter)}", state, trial, tmp / f"stored{step}-{time.monotonic_ns()}")
+        _save_copy(tmp / f"local{step}", state, trial, tmp / f"stored{step}")
 
-    result = train(trial, train_batches(arrays, run.global_batch, trial.train.seed), held_out,
+    result = train(trial, train_batches(arrays, trial.train.global_batch, trial.train.seed), held_out,
                    make_mesh(jax.devices()[:1]), save=save if every else None)
     s = result.summary
-    return s["ms_per_step"] + s["hook_s"] * 1e3 / (run.steps - 1)
+    return s["ms_per_step"] + s["hook_s"] * 1e3 / (trial.train.steps - 1)
 
 
 def cost_rows(run: CostRun, repeats: int, data_dir: Optional[str]) -> list[dict[str, Any]]:
     """ms/step without checkpoints and with one every ``run.every`` steps, alternately."""
     spec = make_spec(run.workload, run.global_batch, width=run.width, seq_len=run.seq_len,
                      max_seq_len=run.seq_len if run.workload == "transformer" else None, data_dir=data_dir)
-    arrays, held_out = load_arrays(spec.trial)
+    trial = spec.trial.model_copy(update={"train": spec.trial.train.model_copy(
+        update={"steps": run.steps, "log_every": max(1, run.steps // 4)})})
+    arrays, held_out = load_arrays(trial)
     held_out = {k: v[:run.global_batch] for k, v in held_out.items()}
     times: dict[Optional[int], list[float]] = {None: [], run.every: []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats):
             for every in times:
-                times[every].append(_ms_per_step(run, every, arrays, held_out, data_dir, Path(tmp) / f"{i}-{every}"))
+                times[every].append(_ms_per_step(trial, every, arrays, held_out, Path(tmp) / f"{i}-{every}"))
     base = statistics.median(times[None])
     rows = []
     for every, values in times.items():
         ms = statistics.median(values)
-        rows.append({"case": f"{run.workload} d{spec.trial.model.width} batch {run.global_batch}, {run.steps} steps",
+        rows.append({"case": f"{run.workload} d{trial.model.width} batch {run.global_batch}, {run.steps} steps",
                      "workload": run.workload, "every": every or "none", "ms_per_step": ms,
                      "ms_per_step_repeats": values, "vs_none": ms / base, "steps": run.steps, **environment(1)})
     return rows

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from jaxray import checkpoint
 from jaxray.config import TrialConfig, check_devices
 from jaxray.data.batching import Arrays
 from jaxray.models import build, param_count
@@ -87,8 +88,6 @@ def train(trial: TrialConfig, batches: Iterator[Arrays], eval_arrays: Arrays, me
     ConfigError before compiling if the global batch does not divide over the mesh's devices,
     CheckpointError if ``resume`` is damaged or holds another model.
     """
-    from jaxray import checkpoint
-
     devices = mesh.devices.size
     check_devices(trial.train.global_batch, devices)
     model = build(trial.model)

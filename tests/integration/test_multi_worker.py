@@ -17,7 +17,7 @@ from jaxray import checkpoint
 from jaxray.config import parse_trial
 from jaxray.data.ray_data import to_dataset
 from jaxray.data.workloads import load_arrays
-from jaxray.ray_train import HISTORY_FILE, make_trainer
+from jaxray.ray_train import make_trainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
@@ -94,7 +94,7 @@ def test_two_workers_are_one_four_device_program(workload, source, real_dir, tmp
     reference = single_process(trial_dict(workload, real_dir, {"num_workers": 1, "devices_per_worker": 4}, **data),
                                tmp_path)
     assert int(reference["devices"]) == 4
-    history = json.loads((Path(result.checkpoint.path) / HISTORY_FILE).read_text())
+    history = json.loads((Path(result.checkpoint.path) / checkpoint.HISTORY_FILE).read_text())
     np.testing.assert_allclose([row["loss"] for row in history], reference["losses"], **LOSS_TOL)
     _, params = checkpoint.restore(result.checkpoint.path)
     ours = flat_params(params)
