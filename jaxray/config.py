@@ -32,7 +32,14 @@ DEFAULT_METRIC = {"mlp": ("test_accuracy", "max"), "shared_block_mlp": ("test_ac
 SEARCHABLE = ("global_batch", "dtype", "width")
 # Model keys a sweep may fix, per workload (others would be silently ignored by that model).
 MODEL_KEYS = {"mlp": (), "shared_block_mlp": ("block_repeats",),
-              "transformer": ("num_layers", "num_heads", "max_seq_len", "attention")}
+              "transformer": ("preset", "num_layers", "num_heads", "max_seq_len", "attention")}
+# Named transformer shapes a sweep's ``model: {preset: NAME}`` starts from (see SweepConfig).
+# "width" (D) is the grid's default d_model, since width is a searchable axis.
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    # GPT-2 small (Radford et al. 2019) on bytes: 12 layers, 12 heads of K = 64, D 768, ffn 3072,
+    # 1024-token windows (~85M matmul weights; V = 256 instead of 50,257, so no big embedding).
+    "gpt2_small": {"width": 768, "num_layers": 12, "num_heads": 12, "max_seq_len": 1024},
+}
 METRICS = {"mlp": ("test_accuracy", "test_loss", "final_train_loss"),
            "shared_block_mlp": ("test_accuracy", "test_loss", "final_train_loss"),
            "transformer": ("val_loss", "val_perplexity", "final_train_loss")}
@@ -251,7 +258,14 @@ class EarlyStoppingConfig(_Strict):
 
 class SweepConfig(_Strict):
     """One workload's grid: fixed model/train settings plus the search space; ranked by ``metric``;
-    optional ASHA early stopping for long sweeps."""
+    optional ASHA early stopping for long sweeps.
+
+    ``model: {preset: NAME}`` (transformer) starts from ``MODEL_PRESETS[NAME]``: its num_layers,
+    num_heads and max_seq_len, each overridden by the same key given in ``model``, and its width as
+    the grid's width when ``search_space.width`` is not given. ``model`` keeps the preset's name
+    (the sweep re-validates as written); ``model_settings()`` is the expanded mapping. An unknown
+    name is a ConfigError naming ``model.preset`` and the allowed names.
+    """
 
     workload: Workload
     metric: Optional[str] = None
@@ -280,15 +294,27 @@ class SweepConfig(_Strict):
             allowed = ", ".join(MODEL_KEYS[self.workload]) or "none"
             raise ValueError(f"model key(s) {', '.join(unused)} do not apply to workload {self.workload!r}; "
                              f"allowed: {allowed}")
+        preset = self.model.get("preset")
+        if "preset" in self.model and not (isinstance(preset, str) and preset in MODEL_PRESETS):
+            raise ValueError(f"model.preset {preset!r} is not a known preset; allowed: {', '.join(MODEL_PRESETS)}")
         return self
+
+    def _preset(self) -> dict[str, int]:
+        return MODEL_PRESETS.get(self.model.get("preset"), {})
+
+    def model_settings(self) -> dict[str, Any]:
+        """The sweep's fixed model keys with its preset expanded (keys given in ``model`` win);
+        without width, which is a grid axis (``axes``)."""
+        preset = {k: v for k, v in self._preset().items() if k != "width"}
+        return {**preset, **{k: v for k, v in self.model.items() if k != "preset"}}
 
     def axes(self) -> dict[str, list]:
         """The grid's values per searchable axis, in SEARCHABLE order; an axis not searched holds
-        its default."""
+        its default (width: the preset's, else the workload's)."""
         s = self.search_space
         return {"global_batch": s.global_batch or [TrainConfig().global_batch],
                 "dtype": s.dtype or [ModelConfig.model_fields["dtype"].default],
-                "width": s.width or [DEFAULT_WIDTH[self.workload]]}
+                "width": s.width or [self._preset().get("width", DEFAULT_WIDTH[self.workload])]}
 
     def trial_dicts(self, base: dict[str, Any]) -> list[dict[str, Any]]:
         """The grid expanded into TrialConfig dicts (validate each with ``parse_trial``)."""
@@ -296,7 +322,7 @@ class SweepConfig(_Strict):
 
     def trial_dict(self, base: dict[str, Any], global_batch: int, dtype: str, width: int) -> dict[str, Any]:
         """One grid point as a TrialConfig dict: ``base`` (data, workers) plus this sweep's settings."""
-        model = {**self.model, "workload": self.workload, "dtype": dtype, "width": width}
+        model = {**self.model_settings(), "workload": self.workload, "dtype": dtype, "width": width}
         return {**base, "model": model, "train": {**self.train, "global_batch": global_batch}}
 
 

@@ -28,6 +28,8 @@ from ray.train.v2.jax import JaxTrainer
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig, parse_trial
 from jaxray.data.ray_data import shard_batches
 
+# Beside the trial's checkpoints (``train/<trial>/``): what XLA knows about its compiled step.
+COMPILE_FILE = "compile.json"
 FAULT_PAUSE_S = 10.0  # before an injected exit: several of Ray Train's 2 s health-check polls, also under load
 
 
@@ -246,16 +248,34 @@ def position(step: int, batches_per_epoch: Optional[int]) -> dict[str, int]:
     return {"epoch": step // batches_per_epoch, "batch_in_epoch": step % batches_per_epoch}
 
 
+def _compile_writer(path: Optional[str]):
+    """``on_compile`` for ``train``: the report as JSON at ``path`` (temp file, then rename), or None."""
+    if not path:
+        return None
+
+    def write(report: dict) -> None:
+        from jaxray.report import json_safe
+
+        file = Path(path)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(json_safe(report), indent=2))
+        tmp.replace(file)
+
+    return write
+
+
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point. ``config``: ``{"trial": TrialConfig dict, "tensorboard_dir": str | None,
-    "attempts_file": str | None, "train_rows": int | None}``.
+    "attempts_file": str | None, "compile_file": str | None, "train_rows": int | None}``.
 
     Reports a log row with ``ray.train.report`` every ``train.report_interval`` steps, a full-state
     checkpoint every ``train.checkpoint_every`` steps and, at the end, the summary row with the
     final full-state checkpoint (saved by rank 0, with ``history.json``, every logged row). After a
     worker died, Ray Train restarts the group (``workers.max_failures``) and the loop resumes from
     the newest usable checkpoint (``resume_point``). The summary records ``restarts`` and
-    ``resumed_from_step``. Rank 0 also writes TensorBoard events at every log step.
+    ``resumed_from_step``. Rank 0 also writes TensorBoard events at every log step, and the step's
+    compile report to ``compile_file`` before the first step (``jaxray.train.compile_report``).
     """
     import jax
 
@@ -288,7 +308,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     with TensorBoardLogger(tb_dir) if tb_dir else contextlib.nullcontext() as tb:
         on_log = [_reporter(trial.train.report_interval, trial.train.steps)] + ([tb] if tb else [])
         result = train(trial, batches, held_out, mesh, on_log=on_log, resume=resume, save=save,
-                       hooks=_fault_hooks(trial, rank, attempt))
+                       hooks=_fault_hooks(trial, rank, attempt),
+                       on_compile=_compile_writer(config.get("compile_file") if rank == 0 else None))
         # A count, not the names (Tune's TensorBoard logger takes numbers only); the names are in
         # the worker log's warning.
         result.summary.update(restarts=attempt - 1, skipped_checkpoints=len(skipped))
@@ -322,6 +343,7 @@ def make_trainer(trial: TrialConfig, datasets: dict, storage_path: str | Path, n
         train_loop_config={"trial": trial.model_dump(),
                            "tensorboard_dir": str(tensorboard_dir) if tensorboard_dir else None,
                            "attempts_file": str(attempts),
+                           "compile_file": str(Path(storage_path) / name / COMPILE_FILE),
                            "train_rows": datasets["train"].count() if "train" in datasets else None},
         scaling_config=ScalingConfig(num_workers=w.num_workers, use_gpu=w.use_gpu, resources_per_worker=resources),
         # Unsplit: each worker takes its rows of every global batch (``rank_batches``), so the global

@@ -8,7 +8,8 @@ Written under ``out_dir`` by ``write_reports``:
     loss_curves.png          training loss against examples (MLPs) or tokens (transformer) processed
 
 Units: throughput in examples/s or tokens/s, ``ms_per_step`` in milliseconds, ``compile_s`` in
-seconds, losses in nats (cross-entropy), perplexity = exp(val_loss).
+seconds, ``peak_bytes_per_device`` in bytes (shown in MiB: XLA's memory analysis of the compiled
+step, ``jaxray.train.compile_report``), losses in nats (cross-entropy), perplexity = exp(val_loss).
 """
 from __future__ import annotations
 
@@ -27,12 +28,13 @@ from jaxray.config import DEFAULT_METRIC  # noqa: E402
 Ranking = dict[str, tuple[str, str]]  # workload -> (metric, "min" | "max")
 
 KEY_ORDER = ("trial", "workload", "global_batch", "dtype", "width", "steps", "devices",
-             "examples_per_sec", "tokens_per_sec", "ms_per_step", "compile_s", "final_train_loss",
+             "examples_per_sec", "tokens_per_sec", "ms_per_step", "compile_s", "peak_bytes_per_device",
+             "final_train_loss",
              "test_accuracy", "val_loss", "val_perplexity", "checkpoint")
 FILES = ("summary.json", "summary.md", "throughput_vs_batch.png", "loss_curves.png")
 WORKLOAD_ORDER = ("mlp", "shared_block_mlp", "transformer")
 HEADER = ("trial", "workload", "global batch", "dtype", "width", "steps", "devices", "throughput",
-          "ms/step", "compile s", "final train loss", "test acc", "val loss", "val ppl", "checkpoint")
+          "ms/step", "compile s", "peak MiB/device", "final train loss", "test acc", "val loss", "val ppl", "checkpoint")
 
 
 def write_reports(out_dir: str | Path, rows: list[dict], histories: dict[str, list[dict]],
@@ -118,6 +120,11 @@ def _throughput(row: dict) -> tuple[Optional[float], str]:
     return _num(row.get("examples_per_sec")), "ex/s"
 
 
+def _mib(n: Any) -> Optional[float]:
+    v = _num(n)
+    return None if v is None else v / 2**20
+
+
 def cell(text: Any) -> str:  # a "|" or newline inside a cell would break the table layout
     return str(text).replace("|", "\\|").replace("\n", " ").strip()
 
@@ -134,6 +141,7 @@ def _table_row(row: dict, with_error: bool) -> list[str]:
              row.get("dtype", ""), row.get("width", ""), row.get("steps", ""), row.get("devices", ""),
              "" if value is None else f"{fmt(value, ',.0f')} {unit}",
              fmt(row.get("ms_per_step"), ".2f"), fmt(row.get("compile_s"), ".1f"),
+             fmt(_mib(row.get("peak_bytes_per_device")), ",.1f"),
              fmt(row.get("final_train_loss"), ".4f"), fmt(row.get("test_accuracy"), ".4f"),
              fmt(row.get("val_loss"), ".4f"), fmt(row.get("val_perplexity"), ".2f"),
              "/".join(Path(str(ckpt)).parts[-2:]) if ckpt else ""]

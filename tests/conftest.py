@@ -1,4 +1,18 @@
-"""Shared fixtures. The real data files come from JAXRAY_DATA_DIR (CI and `make test` set it)."""
+"""Shared fixtures. The real data files come from JAXRAY_DATA_DIR (CI and `make test` set it).
+
+Two settings make the suite hold on an NVIDIA GPU as on the CPU:
+
+- float32 matmuls run at precision "highest" in every test: ``JAX_DEFAULT_MATMUL_PRECISION=highest``
+  is set below, at import, before anything imports jax. On NVIDIA GPUs JAX's default precision runs
+  float32 matmuls on TF32 tensor cores (10-bit mantissa, ~1e-3 relative error per product), so two
+  float32 paths that tests hold to 1e-5 (KV cache vs full forward, 4 devices vs 1, export vs live)
+  would differ by TF32 rounding, not by a bug. An environment variable rather than a
+  ``jax.default_matmul_precision`` context manager because subprocesses (the 4-device parity
+  scripts, the CLIs) and local Ray workers inherit it, and a context manager reaches neither. A
+  value already set in the environment is kept. bfloat16/float16 matmuls are not affected.
+- tests marked ``gpu`` (``pytest -m gpu`` on a GPU host) are skipped, with the reason, where
+  ``jax.default_backend()`` is not "gpu".
+"""
 from __future__ import annotations
 
 import os
@@ -6,7 +20,26 @@ from pathlib import Path
 
 import pytest
 
+# Before jax is imported anywhere (jax reads it once, at import); see the docstring for why.
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Skip ``gpu``-marked tests off an NVIDIA GPU. jax is imported only when such a test was
+    collected, so collecting the rest stays cheap."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    import jax
+
+    backend = jax.default_backend()
+    if backend == "gpu":
+        return
+    skip = pytest.mark.skip(reason=f"needs an NVIDIA GPU (marked gpu); jax's default backend here is {backend!r}")
+    for item in gpu_tests:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

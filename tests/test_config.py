@@ -1,13 +1,14 @@
 """Config parsing: good configs load, bad ones fail early with the field and allowed values named."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from jaxray.config import ConfigError, load_experiment, parse_trial
+from jaxray.config import MODEL_PRESETS, ConfigError, load_experiment, parse_trial
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = """
@@ -26,10 +27,72 @@ def write(tmp_path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", ["demo", "smoke", "lab6_data_parallel", "lab7_transformer"])
+SHIPPED = sorted(p.stem for p in (ROOT / "tune_configs").glob("*.yaml"))
+
+
+def test_the_shipped_configs_are_all_found():
+    assert {"demo", "smoke", "lab6_data_parallel", "lab7_transformer", "gpu_gpt2_small"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_configs_load(name):
+    # Every grid point is validated too; use_gpu: true is only a config value, so this holds on a CPU.
     exp = load_experiment(ROOT / "tune_configs" / f"{name}.yaml")
-    assert exp.experiment and exp.sweeps
+    assert exp.experiment == name and exp.sweeps
+    for sweep in exp.sweeps:
+        assert [parse_trial(t) for t in sweep.trial_dicts(exp.base())]
+
+
+PRESET_SWEEP = """
+experiment: t
+data: {seq_len: 1024}
+sweeps:
+  - workload: transformer
+    model: MODEL
+    search_space: {global_batch: [16]}
+"""
+
+
+def preset_trials(tmp_path, model: str, text: str = PRESET_SWEEP) -> list:
+    exp = load_experiment(write(tmp_path, text.replace("MODEL", model)))
+    return [parse_trial(t) for t in exp.sweeps[0].trial_dicts(exp.base())]
+
+
+def test_gpt2_small_preset_expands(tmp_path):
+    (trial,) = preset_trials(tmp_path, "{preset: gpt2_small}")
+    m = trial.model
+    assert (m.width, m.num_layers, m.num_heads, m.max_seq_len, m.head_dim, m.ffn_dim) == (768, 12, 12, 1024, 64, 3072)
+    assert m.attention == "auto" and trial.data.seq_len == 1024
+
+
+def test_shipped_gpt2_small_config_is_the_preset_in_bfloat16():
+    exp = load_experiment(ROOT / "tune_configs" / "gpu_gpt2_small.yaml")
+    (trial,) = [parse_trial(t) for t in exp.sweeps[0].trial_dicts(exp.base())]
+    shape = {k: getattr(trial.model, k) for k in MODEL_PRESETS["gpt2_small"]}
+    assert shape == MODEL_PRESETS["gpt2_small"] and trial.data.seq_len == 1024
+    assert (trial.model.dtype, trial.model.attention, trial.train.global_batch) == ("bfloat16", "auto", 16)
+    assert trial.workers.use_gpu and trial.workers.total_devices == 1
+
+
+def test_keys_given_next_to_a_preset_win(tmp_path):
+    (trial,) = preset_trials(tmp_path, "{preset: gpt2_small, num_layers: 2, max_seq_len: 2048}")
+    assert (trial.model.num_layers, trial.model.num_heads, trial.model.max_seq_len) == (2, 12, 2048)
+    searched = PRESET_SWEEP.replace("global_batch: [16]", "global_batch: [16], width: [384, 768]")
+    assert [t.model.width for t in preset_trials(tmp_path, "{preset: gpt2_small}", searched)] == [384, 768]
+
+
+@pytest.mark.parametrize("preset", ["gpt3", "[gpt2_small]", "12"])
+def test_an_unknown_preset_is_refused_with_the_allowed_names(tmp_path, preset):
+    with pytest.raises(ConfigError) as err:
+        preset_trials(tmp_path, f"{{preset: {preset}}}")
+    message = str(err.value)
+    assert "sweeps.0: model.preset" in message and "is not a known preset; allowed: gpt2_small" in message, message
+
+
+def test_a_preset_applies_to_the_transformer_only(tmp_path):
+    mlp_with_preset = GOOD.replace("train: {steps: 5}", "train: {steps: 5}\n    model: {preset: gpt2_small}")
+    with pytest.raises(ConfigError, match=re.escape("model key(s) preset do not apply to workload 'mlp'")):
+        load_experiment(write(tmp_path, mlp_with_preset))
 
 
 def test_demo_grid_has_ten_trials():

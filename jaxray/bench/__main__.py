@@ -3,6 +3,7 @@
   python -m jaxray.bench all                          # every suite, CPU sizes (<= 10 min on 2 cores)
   python -m jaxray.bench all --preset gpu             # the learning path's sizes
   python -m jaxray.bench throughput --workload transformer --batch 16 --steps 10
+  python -m jaxray.bench throughput --model-preset gpt2_small --dtype bfloat16 --batch 16   # on a GPU
   python -m jaxray.bench compare --reference ../shared/bench/reference_transformer.py
   python -m jaxray.bench serve --checkpoint runs/demo   # the Serve app under HTTP load (1..64 clients)
   python -m jaxray.bench decode                       # KV-cache sampler vs full-window recompute, 300 tokens
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from jaxray.bench.loadtest import add_load_options, url_arg
+from jaxray.bench.presets import MODEL_SIZES  # imports no jax: --cpu-devices must act before JAX starts
 from jaxray.cli import (cpu_device_count, folder, non_negative_float, non_negative_int, port, positive_int,
                         positive_int_list)
 
@@ -71,6 +73,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     t.add_argument("--steps-per-call", type=positive_int, default=1, help="optimizer steps per dispatch (lax.scan)")
     t.add_argument("--attention", choices=("auto", "xla", "cudnn"), default=None,
                    help="transformer only (default auto)")
+    t.add_argument("--model-preset", choices=tuple(MODEL_SIZES), default=None,
+                   help="transformer shape; gpt2_small: 12 layers, 12 heads, d_model 768, max_seq_len and "
+                        "--seq-len 1024 (--width and --seq-len given still win)")
     t.add_argument("--json", action="store_true", help="print only the JSON line")
     c = sub.add_parser("compare", parents=[common], help="jaxray vs a reference script, A B A B")
     c.add_argument("--reference", required=True, type=Path, help="e.g. ../shared/bench/reference_transformer.py")
@@ -84,7 +89,27 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     _add_decode(sub, common)
     _add_ingest(sub, common)
     _add_checkpoint(sub, common)
+    _add_compile(sub, common)
     return p.parse_args(argv)
+
+
+def _add_compile(sub, common: argparse.ArgumentParser) -> None:
+    """``compile``: the compile report of one config's train step, without training
+    (jaxray.train.compile_report)."""
+    c = sub.add_parser("compile", parents=[common],
+                       help="compile one config's train step and print XLA's report (FLOPs, memory per device, "
+                            "ops) without training; writes compile.json")
+    c.add_argument("--workload", choices=("mlp", "shared_block_mlp", "transformer"), default="transformer")
+    c.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    c.add_argument("--batch", type=positive_int, default=16, help="global batch (default 16)")
+    c.add_argument("--width", type=positive_int, default=None, help="MLP width or d_model (default: the lab's)")
+    c.add_argument("--seq-len", type=positive_int, default=None, help="transformer sequence length T (default 256)")
+    c.add_argument("--model-preset", choices=tuple(MODEL_SIZES), default=None,
+                   help="transformer shape, e.g. gpt2_small (explicit options win)")
+    c.add_argument("--devices", type=positive_int, default=1, help="devices in the mesh (default 1)")
+    c.add_argument("--attention", choices=("auto", "xla", "cudnn"), default=None,
+                   help="transformer only (default auto)")
+    c.add_argument("--json", action="store_true", help="print only the report as one JSON line")
 
 
 def _add_checkpoint(sub, common: argparse.ArgumentParser) -> None:

@@ -3,18 +3,25 @@ under 10 minutes; ``gpu`` uses the learning path's sizes (labs 4, 6 and 7); ``ti
 per suite (tests, first check on a new machine).
 
 A size is a dict of ``make_spec`` arguments (workload, global_batch, width, seq_len, ... and the
-timing fields steps, repeats, warmup).
+timing fields steps, repeats, warmup). ``MODEL_SIZES``: model shapes ``throughput --model-preset
+NAME`` selects (the other options given still win).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxray.config import MODEL_PRESETS
+
 Size = dict[str, Any]
 
 # A small transformer keeps CPU runs short; the GPU preset uses lab 7's model (d_model 256, 4 layers).
 _CPU_LM: Size = {"workload": "transformer", "width": 128, "seq_len": 128, "max_seq_len": 128}
 _GPU_LM: Size = {"workload": "transformer", "width": 256, "seq_len": 256}
+# GPT-2 small's shape (D 768, 12 layers, 12 heads) over full 1024-byte windows: a GPU-sized step.
+_GPT2_SMALL: Size = {"workload": "transformer", **MODEL_PRESETS["gpt2_small"],
+                     "seq_len": MODEL_PRESETS["gpt2_small"]["max_seq_len"]}
+MODEL_SIZES: dict[str, Size] = {"gpt2_small": _GPT2_SMALL}
 
 
 @dataclass(frozen=True)

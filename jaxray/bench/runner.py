@@ -13,7 +13,7 @@ import jax
 
 from jaxray.bench import compare, suites
 from jaxray.bench.output import WRITER, Report, render, write_report
-from jaxray.bench.presets import PRESETS
+from jaxray.bench.presets import MODEL_SIZES, PRESETS
 from jaxray.bench.suites import suite_sizes
 from jaxray.report import check_overwrite, json_safe
 
@@ -43,15 +43,24 @@ def _write(report: Report, out: Optional[Path], echo: bool = True) -> None:
     write_report(report, out, echo)
 
 
-def _throughput(args: argparse.Namespace, out: Optional[Path]) -> int:
-    size = {"workload": args.workload, "global_batch": args.batch, "steps": args.steps, "repeats": args.repeats,
-            "warmup": args.warmup, "dtype": args.dtype, "width": args.width,
-            "devices": args.devices, "step": args.step, "steps_per_call": args.steps_per_call}
-    transformer_only = {"seq_len": args.seq_len, "attention": args.attention}
+def throughput_size(args: argparse.Namespace) -> dict:
+    """``make_spec`` arguments from ``throughput``'s (or ``compile``'s) options: the ``--model-preset`` shape
+    (``presets.MODEL_SIZES``), then every option given. Raises ValueError for a transformer-only
+    option with another workload."""
+    size = {"workload": args.workload, "global_batch": args.batch, "dtype": args.dtype, "width": args.width,
+            "devices": args.devices}
+    # Timing options (``compile`` has none: it only compiles).
+    size.update({k: getattr(args, k, None) for k in ("steps", "repeats", "warmup", "step", "steps_per_call")})
+    transformer_only = {"seq_len": args.seq_len, "attention": args.attention, "model_preset": args.model_preset}
     given = [f"--{k.replace('_', '-')}" for k, v in transformer_only.items() if v is not None]
     if args.workload != "transformer" and given:
         raise ValueError(f"{', '.join(given)} applies to --workload transformer only, not {args.workload}")
-    size.update({k: v for k, v in transformer_only.items() if v is not None})
+    size.update({k: v for k, v in transformer_only.items() if k != "model_preset"})
+    return {**MODEL_SIZES.get(args.model_preset, {}), **{k: v for k, v in size.items() if v is not None}}
+
+
+def _throughput(args: argparse.Namespace, out: Optional[Path]) -> int:
+    size = throughput_size(args)
     suites.preload([size], args.data_dir)  # validates the size, then reads the data, before any compile
     report = suites.throughput(size, args.data_dir)
     row = report.rows[0]
@@ -60,6 +69,27 @@ def _throughput(args: argparse.Namespace, out: Optional[Path]) -> int:
     _write(report, out, echo=not args.json)
     line = {"impl": "jaxray", **{k: v for k, v in row.items() if k != "ms_per_step_repeats"}}
     print(json.dumps(json_safe(line)))  # a NaN loss becomes null: the line stays valid JSON
+    return 0
+
+
+def _compile(args: argparse.Namespace, out: Optional[Path]) -> int:
+    """The compile report of one config (``jaxray.train.compile_report.report_for``): printed, and
+    written to ``out/compile.json``. Needs no data: the step is compiled from shapes."""
+    from jaxray.bench.throughput import make_spec
+    from jaxray.parallel.mesh import make_mesh
+    from jaxray.train import compile_report
+
+    size = throughput_size(args)
+    spec = make_spec(**{k: v for k, v in size.items() if k not in ("steps", "repeats", "warmup", "step",
+                                                                    "steps_per_call")})
+    if spec.devices > len(jax.devices()):
+        raise ValueError(f"--devices {spec.devices} is more than the {len(jax.devices())} available"
+                         + ("; add --cpu-devices N to force N host devices" if jax.devices()[0].platform == "cpu"
+                            else ""))
+    report = json_safe(compile_report.report_for(spec.trial, make_mesh(jax.devices()[:spec.devices])))
+    if out is not None:
+        (out / "compile.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report) if args.json else compile_report.render(report))
     return 0
 
 
@@ -183,6 +213,8 @@ def run(args: argparse.Namespace, out_for: OutFn) -> int:
         return _throughput(args, outs["throughput"])
     if args.command == "compare":
         return _compare(args, outs["compare"])
+    if args.command == "compile":
+        return _compile(args, outs["compile"])
     if args.command == "serve":
         return _serve(args, outs["serve"])
     if args.command == "decode":

@@ -62,7 +62,8 @@ class Spec:
 def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: Optional[int] = None,
               seq_len: int = 256, devices: int = 1, data_dir: Optional[str] = None,
               attention: Optional[str] = None, block_repeats: Optional[int] = None,
-              num_layers: Optional[int] = None, max_seq_len: Optional[int] = None, **timing: Any) -> Spec:
+              num_layers: Optional[int] = None, num_heads: Optional[int] = None,
+              max_seq_len: Optional[int] = None, **timing: Any) -> Spec:
     """A Spec from plain values, validated like a training config (ConfigError names the field);
     model keys left None keep their defaults. ``timing``: the remaining Spec fields (steps,
     repeats, warmup, step, steps_per_call, init_seed, evaluate).
@@ -72,7 +73,7 @@ def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: O
     model = {"workload": workload, "dtype": dtype, "width": width}
     if workload == "transformer":
         model.update(max_seq_len=max_seq_len or max(seq_len, 256), attention=attention or "auto",
-                     num_layers=num_layers)
+                     num_layers=num_layers, num_heads=num_heads)
     elif workload == "shared_block_mlp":
         model.update(block_repeats=block_repeats)
     model = {k: v for k, v in model.items() if v is not None}
@@ -198,7 +199,8 @@ def _row(spec: Spec, model: Model, n_params: int, timing, compile_s: float, loss
         "mfu": mfu.mfu(batch / seconds, per_example, env["device_kind"], cfg.dtype, spec.devices),
     }
     if cfg.workload == "transformer":
-        row.update(seq_len=trial.data.seq_len, tokens_per_sec=batch / seconds * tokens_per_example(trial),
+        row.update(seq_len=trial.data.seq_len, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+                   tokens_per_sec=batch / seconds * tokens_per_example(trial),
                    model_flops_per_token=mfu.flops_per_token(cfg, trial.data.seq_len),
                    attention=model.attention.implementation, attention_note=model.attention.reason)
     return row

@@ -1,6 +1,7 @@
 """The learning path's byte-level decoder (lab 7) in Flax NNX.
 
-Token plus learned position embeddings, ``num_layers`` pre-norm blocks (causal multi-head attention:
+Token plus learned position embeddings (``embed_tokens``, ``embed_positions``: no gather or scatter in
+a training step), ``num_layers`` pre-norm blocks (causal multi-head attention:
 block-skipping XLA attention or cuDNN's, GELU feed-forward of 4 x D), a final LayerNorm and a
 bias-free LM head. Params are float32; ``dtype`` is the compute dtype; logits come back float32.
 """
@@ -71,6 +72,28 @@ def cached_attention(query, keys, values, positions):
     scores = jnp.where(visible[:, None, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
     return jnp.einsum("bhs,bhsk->bhk", probs, values)[:, None]
+
+
+def embed_tokens(embed: nnx.Embed, tokens: jax.Array) -> jax.Array:
+    """tokens [B, T] int32 -> [B, T, D] in ``embed.dtype``, as ``embed(tokens)`` gives, through a
+    one-hot matmul rather than a gather.
+
+    A gather's gradient is a scatter-add into the [V, D] table, in the compute dtype. NVIDIA GPUs
+    have no 16-bit atomic add, so in bfloat16 XLA emits a compare-and-swap loop in which the B x T
+    updates to V = 256 rows serialise (openxla/xla#26371; jaxlib 0.10.2 to 0.11.0 do it for float32
+    too, openxla/xla#46225). The one-hot matmul's gradient is a matmul (tensor cores in bf16), and
+    its cost, 2 x V x D FLOPs per token each way, is that of the LM head. ``HIGHEST`` precision keeps
+    the float32 lookup exact on GPUs, whose float32 matmuls otherwise round inputs to TF32.
+    """
+    table = embed.embedding[...].astype(embed.dtype)  # [V, D]
+    one_hot = jax.nn.one_hot(tokens, table.shape[0], dtype=table.dtype)  # [B, T, V]
+    return jnp.dot(one_hot, table, precision=jax.lax.Precision.HIGHEST)
+
+
+def embed_positions(embed: nnx.Embed, length: int) -> jax.Array:
+    """Positions 0..length-1 -> [length, D] in ``embed.dtype``: a slice of the table, whose gradient
+    is a pad, not the scatter a gather of ``arange(length)`` would give."""
+    return embed.embedding[...][:length].astype(embed.dtype)
 
 
 def write_cache(cache: jax.Array, positions: jax.Array, entry: jax.Array) -> jax.Array:
@@ -158,7 +181,7 @@ class Transformer(nnx.Module):
     def prefill(self, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
         """tokens [B, T] int32 -> (logits [B, T, V] float32, cache): the cache holds, per layer,
         (keys, values) [B, H, T, K] in the compute dtype."""
-        x = self.token_embed(tokens) + self.pos_embed(jnp.arange(tokens.shape[1]))  # [B, T, D]
+        x = embed_tokens(self.token_embed, tokens) + embed_positions(self.pos_embed, tokens.shape[1])  # [B, T, D]
         cache = []
         for block in self.blocks:
             x, key, value = block.forward(x)
@@ -168,7 +191,7 @@ class Transformer(nnx.Module):
     def decode(self, tokens: jax.Array, positions: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """One token per row: tokens [B] int32 at ``positions`` [B] int32 (< S); ``cache`` per layer
         (keys, values) [B, H, S, K] with S = max_seq_len. Returns (logits [B, V] float32, cache with
-        this step's entries written)."""
+        this step's entries written). Inference only: its gathers have no gradient to scatter."""
         x = self.token_embed(tokens[:, None]) + self.pos_embed(positions[:, None])  # [B, 1, D]
         new_cache = []
         for block, (keys, values) in zip(self.blocks, cache):

@@ -15,6 +15,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxray import checkpoint
+from jaxray.train import compile_report
 from jaxray.config import TrialConfig, check_devices
 from jaxray.data.batching import Arrays
 from jaxray.models import build, param_count
@@ -35,6 +36,7 @@ class TrainResult:
     state: TrainState
     summary: dict[str, Any]
     history: list[dict[str, float]] = field(default_factory=list)
+    compile_report: dict[str, Any] = field(default_factory=dict)
 
 
 def tokens_per_example(trial: TrialConfig) -> int:
@@ -75,7 +77,7 @@ def _checkpoint_hook(trial: TrialConfig, history: list, save: SaveFn) -> Hook:
 
 def train(trial: TrialConfig, batches: Iterator[Arrays], eval_arrays: Arrays, mesh: Mesh,
           on_log: Sequence[LogFn] = (), resume: Optional[Path] = None, save: Optional[SaveFn] = None,
-          hooks: Sequence[Hook] = ()) -> TrainResult:
+          hooks: Sequence[Hook] = (), on_compile: Optional[Callable[[dict[str, Any]], None]] = None) -> TrainResult:
     """Train ``trial`` on ``batches`` (this process's rows of each global batch, from the first
     batch of the run) and evaluate.
 
@@ -84,7 +86,9 @@ def train(trial: TrialConfig, batches: Iterator[Arrays], eval_arrays: Arrays, me
     checkpoint (``jaxray.checkpoint.save_state``) to continue from: its state is restored onto this
     mesh, the batches it had consumed are skipped, and the run goes on from its step with the same
     data order, so it ends as an uninterrupted run would. ``save(step, state, history)`` is called
-    every ``train.checkpoint_every`` steps before the last; ``hooks`` run after those. Raises
+    every ``train.checkpoint_every`` steps before the last; ``hooks`` run after those.
+    ``on_compile(report)`` gets the step's compile report (``jaxray.train.compile_report``) before
+    the first step runs; the summary carries its ``peak_bytes_per_device``. Raises
     ConfigError before compiling if the global batch does not divide over the mesh's devices,
     CheckpointError if ``resume`` is damaged or holds another model.
     """
@@ -104,6 +108,10 @@ def train(trial: TrialConfig, batches: Iterator[Arrays], eval_arrays: Arrays, me
     sharded = (shard_batch(mesh, b) for b in batches)
     first = next(sharded)
     step_fn, compile_s = compile_train_step(model, tx, mesh, state, first)
+    report = {"config": compile_report.describe(trial, devices),
+              **compile_report.report(step_fn, compile_s, mesh.local_devices[0])}
+    if on_compile is not None:
+        on_compile(report)
     loop_hooks = [_log_hook(trial, history, on_log)]
     if save is not None and trial.train.checkpoint_every:
         loop_hooks.append(_checkpoint_hook(trial, history, save))
@@ -112,8 +120,8 @@ def train(trial: TrialConfig, batches: Iterator[Arrays], eval_arrays: Arrays, me
 
     held_out = evaluate(jit_eval_step(model, mesh), state.params, eval_arrays, eval_batch_size(trial, devices), mesh)
     summary = _summary(trial, devices, param_count(state.params), compile_s, timing, history, held_out)
-    summary["resumed_from_step"] = start
-    return TrainResult(state, summary, history)
+    summary.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))
+    return TrainResult(state, summary, history, report)
 
 
 def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> dict[str, Any]:

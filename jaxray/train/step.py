@@ -23,11 +23,20 @@ class TrainState(NamedTuple):
     step: jax.Array
 
 
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """logits [..., V] float32, labels [...] int32 -> cross-entropy [...] float32 (nats).
+
+    Against one-hot targets (``optax.softmax_cross_entropy``) rather than Optax's integer-label
+    version, whose ``take_along_axis`` has a scatter-add as gradient: on NVIDIA GPUs jaxlib 0.10.2
+    to 0.11.0 emit a compare-and-swap loop for it (openxla/xla#46225). Same value and gradient
+    (softmax - one_hot) up to float rounding."""
+    return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype))
+
+
 def classification_losses(logits: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
     """logits [B, 10] float32 -> per-example (cross-entropy [B], correct [B]) against ``batch["label"]``."""
     labels = batch["label"]
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    return loss, (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    return cross_entropy(logits, labels), (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
 
 
 def next_token_losses(logits: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
@@ -35,7 +44,7 @@ def next_token_losses(logits: jax.Array, batch: Batch) -> tuple[jax.Array, jax.A
     prediction: logits[:, :-1] against tokens[:, 1:] (T - 1 predictions per sequence)."""
     targets = batch["tokens"][:, 1:]
     logits = logits[:, :-1]
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(-1)
+    loss = cross_entropy(logits, targets).mean(-1)
     correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32).mean(-1)
     return loss, correct
 

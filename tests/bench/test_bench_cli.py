@@ -159,6 +159,8 @@ def test_decode_kv_cache_against_full_recompute_and_the_notebook(real_dir, refer
     (["compare", "--reference", "{bench}/reference_transformer.py", "--dtype", "bfloat16"], "runs float32 only"),
     (["batch-sweep", "--batches", "64,64"], "listed twice"),
     (["throughput", "--workload", "mlp", "--attention", "xla"], "applies to --workload transformer only"),
+    (["throughput", "--workload", "mlp", "--model-preset", "gpt2_small"], "applies to --workload transformer only"),
+    (["throughput", "--model-preset", "gpt3"], "argument --model-preset: invalid choice: 'gpt3'"),
     (["throughput", "--data-dir", "/nonexistent"], "is not a directory"),
     (["compare", "--reference", "README.md"], "cannot tell the workload"),
 ])
@@ -167,6 +169,26 @@ def test_bad_input_is_a_clear_error(real_dir, reference_dir, args, message):
     proc = bench(*args, "--out", "", data_dir=real_dir, timeout=120)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_model_preset_gpt2_small_sizes_the_step_and_its_flops():
+    """`throughput --model-preset gpt2_small` builds GPT-2 small's shape over 1024-byte windows (in
+    process: measuring it on 2 CPU cores would take minutes); options given still win. MFU's FLOPs by
+    hand, D 768, F 3072, L 12, V 256, T 1024: 12 * (4*589824 + 2*768*3072) + 768*256 = 85131264
+    weights -> x 6 = 510787584; causal attention 6 * 12 * 1024 * 768 = 56623104 -> 567410688 per token."""
+    from jaxray.bench import mfu
+    from jaxray.bench.__main__ import parse_args
+    from jaxray.bench.runner import throughput_size
+    from jaxray.bench.throughput import make_spec
+
+    args = parse_args(["throughput", "--model-preset", "gpt2_small", "--dtype", "bfloat16", "--batch", "16"])
+    trial = make_spec(**throughput_size(args)).trial
+    m = trial.model
+    assert (m.width, m.num_layers, m.num_heads, m.head_dim, m.max_seq_len) == (768, 12, 12, 64, 1024)
+    assert (m.dtype, m.attention, trial.train.global_batch, trial.data.seq_len) == ("bfloat16", "auto", 16, 1024)
+    assert mfu.flops_per_token(m, trial.data.seq_len) == 567410688
+    shorter = make_spec(**throughput_size(parse_args(["throughput", "--model-preset", "gpt2_small", "--seq-len", "256"])))
+    assert (shorter.trial.data.seq_len, shorter.trial.model.max_seq_len) == (256, 1024)
 
 
 def test_out_never_replaces_another_tools_summary(real_dir, tmp_path):
@@ -194,3 +216,24 @@ def test_a_failed_run_or_another_benchmark_leaves_saved_results_alone(real_dir, 
     (tmp_path / "afile").write_text("x")
     as_file = bench("throughput", "--workload", "mlp", "--out", tmp_path / "afile", data_dir=real_dir, timeout=120)
     assert as_file.returncode == 2 and "cannot be a results folder" in as_file.stderr
+
+
+def test_compile_prints_and_writes_the_report(real_dir, tmp_path):
+    proc = bench("compile", "--workload", "transformer", "--dtype", "bfloat16", "--batch", 4, "--width", 32,
+                 "--seq-len", 16, "--devices", 2, "--cpu-devices", 2, "--out", tmp_path, data_dir=real_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "per_device_batch 2, devices 2" in proc.stdout and "reports no memory limit" in proc.stdout
+    rep = json.loads((tmp_path / "compile.json").read_text())
+    assert rep["config"]["dtype"] == "bfloat16" and rep["ops"]["scatter"] == {}
+    assert rep["ops"]["collectives"].get("all-reduce", 0) >= 1  # the gradient all-reduce over 2 devices
+    assert rep["memory"]["peak_bytes"] > 0
+
+
+def test_compile_json_line_and_bad_input(real_dir):
+    proc = bench("compile", "--workload", "mlp", "--batch", 8, "--width", 16, "--json", "--out", "", data_dir=real_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["config"]["workload"] == "mlp"
+    bad = bench("compile", "--workload", "mlp", "--seq-len", 8, "--out", "", data_dir=real_dir)
+    assert bad.returncode == 2 and "--seq-len applies to --workload transformer only" in bad.stderr
+    bad = bench("compile", "--batch", 6, "--devices", 4, "--out", "", data_dir=real_dir)
+    assert bad.returncode == 2 and "global_batch 6 is not divisible by the device count 4" in bad.stderr

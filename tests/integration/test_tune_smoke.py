@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
 
 COMMON = ["trial", "workload", "global_batch", "dtype", "width", "steps", "devices", "ms_per_step", "compile_s",
-          "final_train_loss", "checkpoint"]
+          "peak_bytes_per_device", "final_train_loss", "checkpoint"]
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,17 @@ def test_summary_has_a_row_per_trial(smoke):
             assert row["steps"] == 4 and row["tokens_per_sec"] > 0
             assert row["val_loss"] < math.log(256) + 0.5
             assert row["val_perplexity"] == pytest.approx(math.exp(row["val_loss"]), rel=1e-6)
+
+
+def test_every_trial_writes_its_compile_report(smoke):
+    out, _ = smoke
+    rows = json.loads((out / "summary.json").read_text())
+    for row in rows:
+        report = json.loads((out / "train" / row["trial"] / "compile.json").read_text())
+        assert report["config"]["dtype"] == row["dtype"] and report["config"]["global_batch"] == row["global_batch"]
+        assert report["memory"]["peak_bytes"] == row["peak_bytes_per_device"] > 0
+        assert report["flops"] > 0 and report["ops"]["scatter"] == {}
+    assert "peak MiB/device" in (out / "summary.md").read_text()
 
 
 def test_ray_path_equals_the_in_memory_path(smoke, real_dir):

@@ -12,7 +12,7 @@ from jaxray.config import ModelConfig
 from jaxray.models import build
 from jaxray.models.transformer import causal_attention
 
-pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
+pytestmark = pytest.mark.gpu  # cuDNN attention needs an NVIDIA GPU; tests/conftest.py skips it elsewhere
 
 
 def _max_err(got, want) -> float:

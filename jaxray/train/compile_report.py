@@ -1,0 +1,199 @@
+"""What XLA knows about a compiled step before it runs: the compile report (``compile.json``).
+
+``report(compiled, compile_s)`` gathers, for one AOT-compiled program (``jax.jit(f).lower(...).compile()``):
+
+- ``compile_s``: seconds spent lowering and compiling (s);
+- ``flops`` and ``bytes_accessed``: XLA's cost analysis of one call (per device: the program is SPMD);
+- ``memory``: XLA's memory analysis per device, in bytes: ``argument_bytes``, ``output_bytes``,
+  ``alias_bytes`` (outputs that reuse donated arguments), ``temp_bytes`` (scratch), ``code_bytes``
+  and ``peak_bytes`` = argument + output - alias + temp (the "total memory size" of MaxText's
+  ``max_utils.print_compiled_memory_stats``: every buffer live at once, an upper bound); ``xla_peak_bytes``: XLA's own
+  ``peak_memory_in_bytes`` where jaxlib reports it (on CPU it leaves temporaries out);
+- ``device_memory_bytes``: the device's memory (``Device.memory_stats()["bytes_limit"]``; None on
+  CPUs, which report none) and ``fits``: whether ``peak_bytes`` is within it (None when unknown);
+- ``ops``: counts from the optimised HLO that explain speed: ``scatter`` and ``gather`` by element
+  type, ``collectives`` by opcode, ``custom_calls`` by target (cuDNN attention is
+  ``__cudnn$fmha...``), ``fusions`` by kind and ``dots``.
+
+``hlo_ops(text)`` parses any HLO text, so tests can count the scatters of a lowered, not yet
+compiled, program (``lowered.as_text(dialect="hlo")``).
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+               "collective-broadcast")
+# One HLO instruction: "%name = TYPE opcode(" (TYPE may be a tuple "(f32[2]{0}, s32[])").
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+([a-z][a-z0-9\-]*)\(", re.MULTILINE)
+_ELEMENT_TYPE = re.compile(r"\b([a-z]+[0-9]*)\[")
+_CUSTOM_CALL_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_FUSION_KIND = re.compile(r"\bkind=(k\w+)")
+
+
+def _element_types(type_text: str) -> list[str]:
+    return _ELEMENT_TYPE.findall(type_text)
+
+
+def hlo_ops(text: str) -> dict[str, Any]:
+    """Op counts of an HLO module's text (every computation, fused ones included).
+
+    Returns ``{"scatter": {dtype: n}, "gather": {dtype: n}, "collectives": {opcode: n},
+    "custom_calls": {target: n}, "fusions": {kind: n}, "dots": n}``; dtypes are HLO's names
+    (``bf16``, ``f16``, ``f32``, ``s32``); an async collective counts once (its ``-start``).
+    """
+    scatter, gather, collectives, fusions = Counter(), Counter(), Counter(), Counter()
+    custom_calls: Counter = Counter()
+    dots = 0
+    for line in text.splitlines():
+        match = _INSTRUCTION.match(line)
+        if not match:
+            continue
+        type_text, opcode = match.groups()
+        base = opcode.removesuffix("-start")
+        if opcode in ("scatter", "gather"):
+            (scatter if opcode == "scatter" else gather).update(set(_element_types(type_text)))
+        elif base in COLLECTIVES and not opcode.endswith("-done"):
+            collectives[base] += 1
+        elif opcode == "custom-call":
+            target = _CUSTOM_CALL_TARGET.search(line)
+            custom_calls[target.group(1) if target else "?"] += 1
+        elif opcode == "fusion":
+            kind = _FUSION_KIND.search(line)
+            fusions[kind.group(1) if kind else "?"] += 1
+        elif opcode == "dot":
+            dots += 1
+    return {"scatter": dict(scatter), "gather": dict(gather), "collectives": dict(collectives),
+            "custom_calls": dict(custom_calls), "fusions": dict(fusions), "dots": dots}
+
+
+def sixteen_bit_scatters(text: str) -> dict[str, int]:
+    """Scatters of ``text`` (HLO) whose element type is 16-bit (bf16, f16): {dtype: n}, empty when none.
+
+    On NVIDIA GPUs a 16-bit scatter-add has no native atomic and becomes a compare-and-swap loop
+    that serialises updates to the same row (openxla/xla#26371)."""
+    return {dtype: n for dtype, n in hlo_ops(text)["scatter"].items() if dtype in ("bf16", "f16")}
+
+
+def _cost(compiled) -> dict[str, Optional[float]]:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per program
+        cost = cost[0] if cost else {}
+    cost = cost or {}
+    return {"flops": cost.get("flops"), "bytes_accessed": cost.get("bytes accessed")}
+
+
+def _memory(compiled) -> dict[str, Optional[int]]:
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return {}
+    memory = {"argument_bytes": stats.argument_size_in_bytes, "output_bytes": stats.output_size_in_bytes,
+              "alias_bytes": stats.alias_size_in_bytes, "temp_bytes": stats.temp_size_in_bytes,
+              "code_bytes": stats.generated_code_size_in_bytes}
+    memory["peak_bytes"] = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
+                            + memory["temp_bytes"])
+    # XLA's own figure where jaxlib has it; on CPU it leaves temporaries out, so it is only recorded.
+    memory["xla_peak_bytes"] = getattr(stats, "peak_memory_in_bytes", None)
+    return memory
+
+
+def device_memory_bytes(device: Optional[jax.Device] = None) -> Optional[int]:
+    """The device's memory in bytes (what its allocator may use), or None where it reports none (CPU)."""
+    device = device or jax.devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - backends without memory stats raise various errors
+        return None
+    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def report(compiled, compile_s: float, device: Optional[jax.Device] = None) -> dict[str, Any]:
+    """The compile report of ``compiled`` (a ``jax.stages.Compiled``); see the module docstring."""
+    device = device or jax.devices()[0]
+    memory = _memory(compiled)
+    limit = device_memory_bytes(device)
+    peak = memory.get("peak_bytes")
+    return {"compile_s": compile_s, "platform": device.platform, "device_kind": device.device_kind,
+            **_cost(compiled), "memory": memory, "device_memory_bytes": limit,
+            "fits": None if limit is None or peak is None else peak <= limit,
+            "ops": hlo_ops(compiled.as_text())}
+
+
+def fits_text(rep: dict[str, Any]) -> str:
+    """One line on whether the program fits in the device's memory, e.g. "peak 1.20 GiB per device of
+    139.8 GiB: fits"."""
+    peak = rep["memory"].get("peak_bytes")
+    if peak is None:
+        return "peak memory unknown (no memory analysis on this backend)"
+    text = f"peak {peak / 2**30:.3g} GiB per device"
+    limit = rep["device_memory_bytes"]
+    if limit is None:
+        return f"{text}; the {rep['platform']} device reports no memory limit to compare with"
+    return f"{text} of {limit / 2**30:.4g} GiB: {'fits' if rep['fits'] else 'does NOT fit'}"
+
+
+def describe(trial, devices: int) -> dict[str, Any]:
+    """The config fields a compile report is read against (``trial``: a TrialConfig)."""
+    m, batch = trial.model, trial.train.global_batch
+    row = {"workload": m.workload, "dtype": m.dtype, "width": m.width, "global_batch": batch,
+           "per_device_batch": batch // devices, "devices": devices}
+    if m.workload == "transformer":
+        row.update(seq_len=trial.data.seq_len, num_layers=m.num_layers, num_heads=m.num_heads)
+    return row
+
+
+def _gib(n: Optional[float]) -> str:
+    return "?" if n is None else f"{n / 2**30:.3g} GiB"
+
+
+def render(rep: dict[str, Any]) -> str:
+    """The report as a few lines of text for a terminal."""
+    cfg, mem, ops = rep.get("config", {}), rep["memory"], rep["ops"]
+    head = ", ".join(f"{k} {v}" for k, v in cfg.items())
+    flops = rep.get("flops")
+    lines = [f"compile report ({head})" if head else "compile report",
+             f"  compile {rep['compile_s']:.2f} s on {rep['device_kind']} ({rep['platform']}); per device and "
+             f"step: {'?' if flops is None else f'{flops / 1e12:.4g} TFLOP'}, {_gib(rep.get('bytes_accessed'))} accessed",
+             f"  memory per device: arguments {_gib(mem.get('argument_bytes'))}, outputs {_gib(mem.get('output_bytes'))}"
+             f" (aliased to donated arguments {_gib(mem.get('alias_bytes'))}), temporaries {_gib(mem.get('temp_bytes'))}",
+             f"  {fits_text(rep)}",
+             f"  ops: scatter {ops['scatter'] or 'none'}; gather {ops['gather'] or 'none'}; collectives "
+             f"{ops['collectives'] or 'none'}; custom calls {ops['custom_calls'] or 'none'}; fusions "
+             f"{sum(ops['fusions'].values())} {ops['fusions'] or ''}; dots {ops['dots']}"]
+    return "\n".join(lines)
+
+
+def abstract_batch(trial, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """The shapes of one global batch of ``trial``: ``tokens`` [B, T] int32, or ``image`` [B, 784]
+    float32 and ``label`` [B] int32, sharded on ``data`` as training shards them."""
+    from jaxray.parallel.mesh import batch_sharding
+
+    b, sharding = trial.train.global_batch, batch_sharding(mesh)
+    if trial.model.workload == "transformer":
+        shapes = {"tokens": ((b, trial.data.seq_len), jnp.int32)}
+    else:
+        shapes = {"image": ((b, 784), jnp.float32), "label": ((b,), jnp.int32)}
+    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for k, (shape, dtype) in shapes.items()}
+
+
+def report_for(trial, mesh) -> dict[str, Any]:
+    """Compile ``trial``'s train step for ``mesh`` as training does, from shapes alone (no params or
+    batches are allocated, so a config too big for the device can still be reported), and return
+    its compile report with the config under ``config``. Raises ConfigError if the global batch
+    does not divide over the mesh's devices."""
+    from jaxray.config import check_devices
+    from jaxray.models import build
+    from jaxray.train.loop import compile_train_step
+    from jaxray.train.step import init_state, make_optimizer
+
+    check_devices(trial.train.global_batch, mesh.devices.size)
+    model = build(trial.model)
+    tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
+    state = jax.eval_shape(lambda key: init_state(model.init(key), tx), jax.random.key(trial.train.seed))
+    compiled, compile_s = compile_train_step(model, tx, mesh, state, abstract_batch(trial, mesh))
+    return {"config": describe(trial, mesh.devices.size), **report(compiled, compile_s, mesh.local_devices[0])}
