@@ -124,17 +124,24 @@ def report(compiled, compile_s: float, device: Optional[jax.Device] = None) -> d
             "ops": hlo_ops(compiled.as_text())}
 
 
+def _size(n: Optional[float]) -> str:
+    """Bytes as MiB below 1 GiB, else GiB ("?" when unknown)."""
+    if n is None:
+        return "?"
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
 def fits_text(rep: dict[str, Any]) -> str:
     """One line on whether the program fits in the device's memory, e.g. "peak 1.20 GiB per device of
-    139.8 GiB: fits"."""
+    139.80 GiB: fits"."""
     peak = rep["memory"].get("peak_bytes")
     if peak is None:
         return "peak memory unknown (no memory analysis on this backend)"
-    text = f"peak {peak / 2**30:.3g} GiB per device"
+    text = f"peak {_size(peak)} per device"
     limit = rep["device_memory_bytes"]
     if limit is None:
         return f"{text}; the {rep['platform']} device reports no memory limit to compare with"
-    return f"{text} of {limit / 2**30:.4g} GiB: {'fits' if rep['fits'] else 'does NOT fit'}"
+    return f"{text} of {_size(limit)}: {'fits' if rep['fits'] else 'does NOT fit'}"
 
 
 def describe(trial, devices: int) -> dict[str, Any]:
@@ -147,10 +154,6 @@ def describe(trial, devices: int) -> dict[str, Any]:
     return row
 
 
-def _gib(n: Optional[float]) -> str:
-    return "?" if n is None else f"{n / 2**30:.3g} GiB"
-
-
 def render(rep: dict[str, Any]) -> str:
     """The report as a few lines of text for a terminal."""
     cfg, mem, ops = rep.get("config", {}), rep["memory"], rep["ops"]
@@ -158,9 +161,9 @@ def render(rep: dict[str, Any]) -> str:
     flops = rep.get("flops")
     lines = [f"compile report ({head})" if head else "compile report",
              f"  compile {rep['compile_s']:.2f} s on {rep['device_kind']} ({rep['platform']}); per device and "
-             f"step: {'?' if flops is None else f'{flops / 1e12:.4g} TFLOP'}, {_gib(rep.get('bytes_accessed'))} accessed",
-             f"  memory per device: arguments {_gib(mem.get('argument_bytes'))}, outputs {_gib(mem.get('output_bytes'))}"
-             f" (aliased to donated arguments {_gib(mem.get('alias_bytes'))}), temporaries {_gib(mem.get('temp_bytes'))}",
+             f"step: {'?' if flops is None else f'{flops / 1e12:.4g} TFLOP'}, {_size(rep.get('bytes_accessed'))} accessed",
+             f"  memory per device: arguments {_size(mem.get('argument_bytes'))}, outputs {_size(mem.get('output_bytes'))}"
+             f" (aliased to donated arguments {_size(mem.get('alias_bytes'))}), temporaries {_size(mem.get('temp_bytes'))}",
              f"  {fits_text(rep)}",
              f"  ops: scatter {ops['scatter'] or 'none'}; gather {ops['gather'] or 'none'}; collectives "
              f"{ops['collectives'] or 'none'}; custom calls {ops['custom_calls'] or 'none'}; fusions "

@@ -59,7 +59,7 @@ def test_report_for_a_config_without_data(workload):
 
 def test_fits_compares_peak_with_the_device_memory():
     rep = {"memory": {"peak_bytes": 3 * 2**30}, "device_memory_bytes": 2 * 2**30, "fits": False, "platform": "gpu"}
-    assert fits_text(rep) == "peak 3 GiB per device of 2 GiB: does NOT fit"
+    assert fits_text(rep) == "peak 3.00 GiB per device of 2.00 GiB: does NOT fit"
 
 
 def test_training_reports_the_compile_before_the_first_step(real_dir):
