@@ -174,6 +174,8 @@ def _add_serve(sub) -> None:
     s.add_argument("--batch-sizes", type=positive_int_list, default=None,
                    help="batch sizes compiled, passed to jaxray.serve (e.g. 1,4,8,16)")
     s.add_argument("--chunk", type=positive_int, default=None, help="new tokens per decode call (to jaxray.serve)")
+    s.add_argument("--num-gpus", type=non_negative_float, default=None,
+                   help="GPUs Ray reserves for the replica (to jaxray.serve; default none)")
     s.add_argument("--startup-timeout", type=positive_int, default=600,
                    help="seconds the app may take to answer /healthz (compiles first; default 600)")
 

@@ -38,7 +38,7 @@ COLUMNS = [("clients", "clients", ""), ("requests", "requests", ""), ("req/s", "
            ("mean rows", "mean_rows", ".1f"),
            ("replica CPU %", "replica_cpu_pct", ".0f"), ("server CPU %", "server_cpu_pct", ".0f"),
            ("client CPU %", "client_cpu_pct", ".0f")]
-SERVER_OPTIONS = ("max_batch_size", "batch_wait_ms", "batch_sizes", "chunk")  # passed on only when given
+SERVER_OPTIONS = ("max_batch_size", "batch_wait_ms", "batch_sizes", "chunk", "num_gpus")  # passed on only when given
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn, Optional
 
 from pydantic import ValidationError
 
-from jaxray.cli import context_keep, int_list, port, positive_int
+from jaxray.cli import context_keep, int_list, non_negative_float, port, positive_int
 
 if TYPE_CHECKING:  # the app module imports Ray and JAX; the options are checked before either loads
     from jaxray.serve.app import AppArgs
@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests the replica holds at once (batch queue and decoding); more wait in Serve's proxy")
     p.add_argument("--compute-cpus", type=positive_int, default=None,
                    help="CPUs for JAX's compute threads in the replica (default: all but one, at least one)")
+    p.add_argument("--num-gpus", type=non_negative_float, default=0.0,
+                   help="GPUs Ray reserves for the replica (default 0: none reserved; see serve/README.md)")
     p.add_argument("--buckets", type=int_list, default=None, help="prompt lengths compiled (default 32,128,256)")
     p.add_argument("--batch-sizes", type=int_list, default=None, help="batch sizes compiled (default 1,4,16)")
     p.add_argument("--chunk", type=positive_int, default=None, help="new tokens per decode call (default 32)")
@@ -66,7 +68,7 @@ def app_args(args: argparse.Namespace, parser_error: Callable[[str], NoReturn]) 
     try:
         parsed = AppArgs(checkpoint=args.checkpoint, max_batch_size=args.max_batch_size,
                          batch_wait_ms=args.batch_wait_ms, max_ongoing_requests=args.max_ongoing_requests,
-                         compute_cpus=args.compute_cpus, engine=engine)
+                         compute_cpus=args.compute_cpus, num_gpus=args.num_gpus, engine=engine)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         option = "--" + str(first["loc"][-1] if first["loc"] else "args").replace("_", "-")

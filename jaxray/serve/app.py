@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
+import jax
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError
@@ -162,8 +163,9 @@ class JaxrayServer:
         self.compute_cpus = pin_compute(compute_cpus)
         self.engine = Engine.load(checkpoint, settings)
         report = self.engine.compile()
-        logger.info("jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s",
-                    report["programs"], report["compile_s"], self.engine.buckets, settings.batch_sizes, checkpoint)
+        logger.info("jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s",
+                    report["programs"], report["compile_s"], self.engine.buckets, settings.batch_sizes, checkpoint,
+                    jax.devices())
         self.model_name = Path(checkpoint).name
         self.limits = Limits(settings.max_new_tokens, settings.max_prompt_bytes, self.engine.config.vocab_size)
         self.batching = {"max_batch_size": max_batch_size, "batch_wait_ms": batch_wait_s * 1e3,
@@ -293,6 +295,10 @@ class AppArgs(BaseModel):
     max_ongoing_requests: PositiveInt = 256
     compute_cpus: Optional[PositiveInt] = Field(None, description="CPUs for JAX's compute threads in the replica "
                                                                   "(default: all but one, at least one)")
+    # Ray's ray_actor_options num_gpus: the replica is placed on a node with that many free GPUs and
+    # sees only them (CUDA_VISIBLE_DEVICES). 0 reserves none; Ray 2.60 then leaves the replica every
+    # GPU of its node, which suits one replica on a one-GPU machine but nothing shared.
+    num_gpus: NonNegativeFloat = Field(0.0, description="GPUs reserved per replica (0: none)")
     engine: EngineSettings = Field(default_factory=EngineSettings)
 
 
@@ -312,7 +318,8 @@ def build_app(args: AppArgs) -> Application:
         raise ValueError(f"max_batch_size {max_batch} exceeds max_ongoing_requests {args.max_ongoing_requests}: "
                          f"a batch could never fill")
     check_source(path, args.engine)  # a wrong workload or artifact settings: refused before Ray starts
-    server = JaxrayServer.options(max_ongoing_requests=args.max_ongoing_requests)
+    server = JaxrayServer.options(max_ongoing_requests=args.max_ongoing_requests,
+                                  **({"ray_actor_options": {"num_gpus": args.num_gpus}} if args.num_gpus else {}))
     return server.bind(str(path), args.engine, max_batch, args.batch_wait_ms / 1e3, args.compute_cpus)
 
 

@@ -102,3 +102,15 @@ def test_the_shipped_serve_config_is_valid():
     assert application.import_path == "jaxray.serve.app:app_builder" and application.route_prefix == "/"
     args = AppArgs.model_validate(application.args)
     assert args.checkpoint == "runs/demo" and args.max_batch_size == max(args.engine.batch_sizes)
+
+
+@pytest.mark.parametrize("num_gpus,expected", [(1, {"num_gpus": 1.0}), (0, {})])
+def test_num_gpus_reserves_gpus_for_the_replica(trained_transformer, num_gpus, expected):
+    application = app_builder({"checkpoint": str(trained_transformer), "num_gpus": num_gpus})
+    options = application._bound_deployment.ray_actor_options
+    assert {k: v for k, v in options.items() if k == "num_gpus"} == expected
+
+
+def test_num_gpus_must_not_be_negative():
+    with pytest.raises(ValueError, match="serve args: num_gpus"):
+        app_builder({"checkpoint": "x", "num_gpus": -1})

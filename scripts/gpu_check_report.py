@@ -1,0 +1,603 @@
+"""The report of ``scripts/gpu-check.sh``: reads what each step left behind, writes ``gpu-check.json``
+and ``gpu-check.md``. Standard library only, so it runs under a GPU host's bare ``python3`` too.
+
+    python3 scripts/gpu_check_report.py report OUTDIR    # after the steps; exit 1 if a step failed
+    python3 scripts/gpu_check_report.py exec CMD ARGS... # run CMD with SIGINT at its default
+
+``exec``: a script started in the background inherits SIGINT ignored (and Python then never raises
+KeyboardInterrupt); the steps run under ``timeout -s INT`` so that a step out of time stops cleanly
+(Tune saves its state, the serve benchmark stops its server), so SIGINT is reset before the exec.
+
+Inputs, all under OUTDIR (written by gpu-check.sh):
+
+- ``logs/steps.tsv``: one line per step: name, status (ran | skipped), exit code, start and end
+  (epoch s), timeout s, log path (relative to OUTDIR), the exit codes that count as success, optional
+  (0/1), a note, the command;
+- ``logs/run.json``: mode (gpu | cpu), budget, python, data dir, bundle, work folder, start time;
+- ``logs/gpu-samples.tsv`` (GPU only): epoch s, GPU utilization %, memory used MiB, every second;
+- each step's log (``logs/<step>.log``) and the benchmarks' ``summary.json`` under ``bench-<name>/``,
+  ``tune/``, ``serve/``, ``decode/``; the compile reports ``compile-<dtype>/compile.json`` and
+  ``tune/compile-<trial>.json`` (copied from the sweep's ``train/<trial>/compile.json``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+MIN_GPU_MIB = 500  # GPU memory a step must have used (nvidia-smi) to count as having run on the GPU
+BARS = {  # (figure, target, what): checked on a GPU run only
+    "tune_bf16_vs_fp32": (1.5, "tune: bfloat16 / float32 tokens/s of the lab-7 transformer in Ray Train"),
+    "serve_16_vs_1": (8.0, "serve: new tokens/s at 16 clients / at 1"),
+}
+
+
+# --------------------------------------------------------------------------- small helpers
+
+def load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def json_lines(path: Path) -> list[dict]:
+    """Every line of a log that is a JSON object (the commands that print one, e.g. --json)."""
+    found = []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return found
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                found.append(value)
+    return found
+
+
+def num(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        else None
+
+
+def ratio(a: Any, b: Any) -> Optional[float]:
+    a, b = num(a), num(b)
+    return a / b if a is not None and b else None
+
+
+def fmt(value: Any, spec: str = ",.0f") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        return format(value, spec) if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def mib(value: Any) -> str:
+    return "-" if num(value) is None else f"{value / 2**20:,.1f} MiB"
+
+
+def throughput(row: dict) -> tuple[Optional[float], str]:
+    if num(row.get("tokens_per_sec")) is not None:
+        return row["tokens_per_sec"], "tok/s"
+    return num(row.get("examples_per_sec")), "ex/s"
+
+
+def rows_of(summary: Any) -> list[dict]:
+    """A bench summary.json's rows, or a sweep summary.json (a list of rows)."""
+    if isinstance(summary, list):
+        return [r for r in summary if isinstance(r, dict)]
+    if isinstance(summary, dict):
+        return [r for r in summary.get("rows", []) if isinstance(r, dict)]
+    return []
+
+
+def row_problem(row: dict) -> Optional[str]:
+    return row.get("error") or row.get("skipped")
+
+
+# --------------------------------------------------------------------------- per-step figures
+
+def doctor_figures(log: Path, out: Path) -> dict:
+    doc = next(iter(json_lines(log)[::-1]), None)
+    if not doc:
+        return {"error": "no JSON line in the log"}
+    kinds = sorted({d.get("device_kind") for d in doc.get("devices", []) if isinstance(d, dict)} - {None})
+    return {k: doc.get(k) for k in ("backend", "device_count", "jax_version", "jaxlib_version", "cuda_version",
+                                    "cudnn_version", "driver_cuda_version", "cpu_only_reason", "backend_error")} \
+        | {"device_kinds": kinds}
+
+
+def precision_figures(log: Path, out: Path) -> dict:
+    rows = rows_of(load_json(out / "bench-precision" / "summary.json"))
+    if not rows:
+        return {"error": "no bench-precision/summary.json"}
+    figures: dict[str, Any] = {"rows": []}
+    by = {}
+    for r in rows:
+        value, unit = throughput(r)
+        by[(r.get("workload"), r.get("dtype"))] = value
+        figures["rows"].append({"workload": r.get("workload"), "dtype": r.get("dtype"), "throughput": value,
+                                "unit": unit, "ms_per_step": r.get("ms_per_step"), "mfu": r.get("mfu"),
+                                "compile_s": r.get("compile_s"), "test_accuracy": r.get("test_accuracy"),
+                                "val_loss": r.get("val_loss"), "problem": row_problem(r)})
+    figures["bf16_vs_fp32"] = {w: ratio(by.get((w, "bfloat16")), by.get((w, "float32")))
+                               for w in dict.fromkeys(w for w, _ in by)}
+    figures["device_kind"] = next((r.get("device_kind") for r in rows if r.get("device_kind")), None)
+    return figures
+
+
+def attention_figures(log: Path, out: Path) -> dict:
+    rows = rows_of(load_json(out / "bench-attention" / "summary.json"))
+    if not rows:
+        return {"error": "no bench-attention/summary.json"}
+    return {"rows": [{"requested": r.get("case"), "ran": r.get("attention"), "dtype": r.get("dtype"),
+                      "tokens_per_sec": r.get("tokens_per_sec"), "mfu": r.get("mfu"),
+                      "note": r.get("attention_note") or row_problem(r)} for r in rows]}
+
+
+def sweep_figures(log: Path, out: Path) -> dict:
+    rows = rows_of(load_json(out / "bench-batch-sweep" / "summary.json"))
+    if not rows:
+        return {"error": "no bench-batch-sweep/summary.json"}
+    measured = [r for r in rows if not row_problem(r)]
+    best = max(measured, key=lambda r: throughput(r)[0] or 0, default={})
+    mfus = [r["mfu"] for r in measured if num(r.get("mfu")) is not None]
+    return {"workload": rows[0].get("workload"), "dtype": best.get("dtype"),
+            "rows": [{"global_batch": r.get("global_batch"), "throughput": throughput(r)[0], "unit": throughput(r)[1],
+                      "mfu": r.get("mfu"), "problem": row_problem(r)} for r in rows],
+            "best_global_batch": best.get("global_batch"), "best_throughput": throughput(best)[0] if best else None,
+            "max_mfu": max(mfus) if mfus else None}
+
+
+def compile_summary(doc: dict) -> dict:
+    mem = doc.get("memory") or {}
+    ops = doc.get("ops") or {}
+    fusions = ops.get("fusions")
+    return {"compile_s": doc.get("compile_s"), "flops": doc.get("flops"), "bytes_accessed": doc.get("bytes_accessed"),
+            "argument_bytes": mem.get("argument_bytes"), "output_bytes": mem.get("output_bytes"),
+            "temp_bytes": mem.get("temp_bytes"), "peak_bytes": mem.get("peak_bytes"),
+            "device_memory_bytes": doc.get("device_memory_bytes"), "fits": doc.get("fits"),
+            "scatter": ops.get("scatter"), "gather": ops.get("gather"), "collectives": ops.get("collectives"),
+            "custom_calls": ops.get("custom_calls"),
+            "fusions": sum(fusions.values()) if isinstance(fusions, dict) else fusions,
+            "platform": doc.get("platform"), "device_kind": doc.get("device_kind")}
+
+
+def compile_figures(log: Path, out: Path, dtype: str) -> dict:
+    doc = load_json(out / f"compile-{dtype}" / "compile.json") or next(
+        (d for d in json_lines(log)[::-1] if "memory" in d or "compile_s" in d), None)
+    if not doc:
+        return {"error": "no compile report (compile JSON line or compile.json)"}
+    return {"dtype": dtype, **compile_summary(doc)}
+
+
+def tune_figures(log: Path, out: Path, mode: str) -> dict:
+    rows = rows_of(load_json(out / "tune" / "summary.json"))
+    figures: dict[str, Any] = {}
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        text = ""
+    worker_lines = sorted({re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
+                           for line in text.splitlines() if "jaxray worker rank" in line})
+    uuids = sorted({u for line in worker_lines for u in re.findall(r"GPU-[0-9a-fA-F-]{8,}", line)})
+    figures["worker_lines"] = worker_lines
+    figures["gpu_uuids"] = uuids
+    if mode == "gpu":
+        figures["gpu_line"] = "found" if uuids else "MISSING: no 'GPUs [GPU-...]' in the worker lines"
+    else:
+        figures["gpu_line"] = "not expected on CPU (use_gpu false; the worker logs no GPUs)"
+    if not rows:
+        figures["error"] = "no tune/summary.json"
+        return figures
+    by_dtype = {}
+    for r in rows:
+        by_dtype[r.get("dtype")] = {k: r.get(k) for k in (
+            "trial", "tokens_per_sec", "ms_per_step", "compile_s", "steps", "val_loss", "val_perplexity",
+            "final_train_loss", "peak_bytes_per_device", "error")}
+        doc = load_json(out / "tune" / f"compile-{r.get('trial')}.json")
+        if doc:
+            by_dtype[r.get("dtype")]["compile_json"] = compile_summary(doc)
+    figures["trials"] = by_dtype
+    figures["bf16_vs_fp32"] = ratio((by_dtype.get("bfloat16") or {}).get("tokens_per_sec"),
+                                    (by_dtype.get("float32") or {}).get("tokens_per_sec"))
+    return figures
+
+
+def serve_figures(log: Path, out: Path) -> dict:
+    summary = load_json(out / "serve" / "summary.json")
+    rows = rows_of(summary)
+    if not rows:
+        return {"error": "no serve/summary.json"}
+    by = {r.get("clients"): r for r in rows}
+    levels = {str(c): {k: r.get(k) for k in ("new_tokens_per_s", "rps", "p50_ms", "p95_ms", "errors_5xx", "dropped",
+                                             "mean_rows", "replica_cpu_pct")} for c, r in by.items()}
+    return {"levels": levels,
+            "new_tokens_per_s_1": (by.get(1) or {}).get("new_tokens_per_s"),
+            "new_tokens_per_s_16": (by.get(16) or {}).get("new_tokens_per_s"),
+            "ratio_16_vs_1": ratio((by.get(16) or {}).get("new_tokens_per_s"), (by.get(1) or {}).get("new_tokens_per_s")),
+            "errors_5xx": sum(r.get("errors_5xx") or 0 for r in rows), "dropped": sum(r.get("dropped") or 0 for r in rows)}
+
+
+def decode_figures(log: Path, out: Path) -> dict:
+    summary = load_json(out / "decode" / "summary.json")
+    rows = rows_of(summary)
+    if not rows:
+        return {"error": "no decode/summary.json"}
+    kv = {r.get("batch"): r.get("tokens_per_sec") for r in rows
+          if str(r.get("sampler", "")).startswith("kv-cache") and r.get("sampler") == rows[0].get("sampler")}
+    batches = sorted(b for b in kv if isinstance(b, int))
+    return {"new_tokens": rows[0].get("new_tokens"),
+            "kv_tokens_per_sec": {str(b): kv[b] for b in batches},
+            "largest_batch_vs_1": ratio(kv.get(batches[-1]), kv.get(1)) if batches else None,
+            "kv_vs_full": (summary or {}).get("summary", {}).get("kv_vs_full"),
+            "kv_vs_notebook": (summary or {}).get("summary", {}).get("kv_vs_notebook"),
+            "rows": [{"sampler": r.get("sampler"), "batch": r.get("batch"), "tokens_per_sec": r.get("tokens_per_sec"),
+                      "problem": row_problem(r)} for r in rows]}
+
+
+def pytest_figures(log: Path, out: Path) -> dict:
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return {"error": "no log"}
+    pattern = re.compile(r"\b\d+ (passed|failed|skipped|deselected|errors?|xfailed|xpassed)\b")
+    final = next((line.strip(" =") for line in reversed(lines) if pattern.search(line)), None)
+    counts = {m.group(2): int(m.group(1)) for m in re.finditer(r"(\d+) (passed|failed|skipped|deselected|errors?)",
+                                                               final or "")}
+    failed = [line.split(" ", 1)[1] for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    return {"result": final, **counts, **({"failures": failed[:20]} if failed else {})}
+
+
+def throughput_figures(log: Path, out: Path) -> dict:
+    line = next((d for d in json_lines(log)[::-1] if "ms_per_step" in d), None)
+    if not line:
+        return {"error": "no JSON line in the log"}
+    return {k: line.get(k) for k in ("workload", "dtype", "global_batch", "width", "num_layers", "seq_len", "params",
+                                     "tokens_per_sec", "ms_per_step", "mfu", "achieved_tflops", "compile_s",
+                                     "final_loss", "device_kind")}
+
+
+def figures_for(name: str, log: Path, out: Path, mode: str) -> dict:
+    if name == "doctor":
+        return doctor_figures(log, out)
+    if name == "precision":
+        return precision_figures(log, out)
+    if name == "attention":
+        return attention_figures(log, out)
+    if name == "batch-sweep":
+        return sweep_figures(log, out)
+    if name.startswith("compile-"):
+        return compile_figures(log, out, name.removeprefix("compile-"))
+    if name == "tune":
+        return tune_figures(log, out, mode)
+    if name == "serve":
+        return serve_figures(log, out)
+    if name == "decode":
+        return decode_figures(log, out)
+    if name.startswith("pytest"):
+        return pytest_figures(log, out)
+    if name.startswith("throughput"):
+        return throughput_figures(log, out)
+    return {}
+
+
+# --------------------------------------------------------------------------- GPU samples
+
+def gpu_samples(out: Path) -> list[tuple[float, float, float]]:
+    samples = []
+    try:
+        lines = (out / "logs" / "gpu-samples.tsv").read_text().splitlines()
+    except OSError:
+        return samples
+    for line in lines:
+        parts = re.split(r"[\s,]+", line.strip())
+        try:
+            samples.append((float(parts[0]), float(parts[1]), float(parts[2])))
+        except (IndexError, ValueError):
+            continue
+    return samples
+
+
+def gpu_use(samples: list[tuple[float, float, float]], start: float, end: float) -> Optional[dict]:
+    inside = [s for s in samples if start <= s[0] <= end]
+    if not inside:
+        return None
+    return {"max_util_pct": max(s[1] for s in inside), "max_memory_mib": max(s[2] for s in inside),
+            "samples": len(inside)}
+
+
+# --------------------------------------------------------------------------- the report
+
+def read_steps(out: Path) -> list[dict]:
+    steps = []
+    path = out / "logs" / "steps.tsv"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        parts = line.split("\t")
+        if len(parts) < 10:
+            continue
+        name, status, rc, start, end, limit, log, ok, optional, note = parts[:10]
+        command = "\t".join(parts[10:])
+        steps.append({"name": name, "status": status, "exit_code": int(rc) if rc.lstrip("-").isdigit() else None,
+                      "start": float(start), "end": float(end), "seconds": round(float(end) - float(start), 1),
+                      "timeout_s": int(limit) if limit.isdigit() else None, "log": log,
+                      "ok_codes": [int(c) for c in ok.split(",") if c.strip().lstrip("-").isdigit()],
+                      "optional": optional == "1", "note": note, "command": command})
+    return steps
+
+
+def log_tail(path: Path, lines: int = 15) -> list[str]:
+    """The log's last lines (ANSI colours removed): where a failed step says why."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [re.sub(r"\x1b\[[0-9;]*m", "", line)[:300] for line in text.splitlines()[-lines:]]
+
+
+def judge(step: dict) -> str:
+    """passed | failed | timed out | skipped."""
+    if step["status"] == "skipped":
+        return "skipped"
+    if step["exit_code"] in (124, 137):
+        return "timed out"
+    return "passed" if step["exit_code"] in step["ok_codes"] else "failed"
+
+
+def is_failure(step: dict) -> bool:
+    verdict = judge(step)
+    return verdict in ("failed", "timed out") or (verdict == "skipped" and not step["optional"])
+
+
+def environment(run: dict, steps: list[dict]) -> dict:
+    env = {"host": socket.gethostname(), "platform": platform.platform(), "report_python": sys.version.split()[0],
+           **run}
+    doctor = next((s.get("figures") for s in steps if s["name"] == "doctor"), None) or {}
+    for key in ("backend", "device_kinds", "device_count", "jax_version", "cuda_version", "cudnn_version"):
+        env.setdefault(key, doctor.get(key))
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,uuid,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        env["nvidia_smi"] = smi.stdout.strip().splitlines() if smi.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        env["nvidia_smi"] = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                                cwd=Path(__file__).resolve().parents[1])
+        env["git_commit"] = commit.stdout.strip() or None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=Path(__file__).resolve().parents[1])
+        env["git_dirty"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        env["git_commit"] = None
+    return env
+
+
+def bars(steps: list[dict], mode: str) -> list[dict]:
+    by = {s["name"]: s.get("figures") or {} for s in steps}
+    values = {"tune_bf16_vs_fp32": by.get("tune", {}).get("bf16_vs_fp32"),
+              "serve_16_vs_1": by.get("serve", {}).get("ratio_16_vs_1")}
+    result = []
+    for key, (target, what) in BARS.items():
+        value = values[key]
+        verdict = ("n/a on CPU" if mode != "gpu" else "no figure" if value is None
+                   else "met" if value >= target else "NOT met")
+        result.append({"name": key, "what": what, "value": value, "target": target, "verdict": verdict})
+    return result
+
+
+def checks(steps: list[dict], mode: str) -> list[dict]:
+    """Yes/no facts a GPU run must show (none on a CPU run): JAX saw the GPU, the Ray Train worker
+    owned it, and the sweep and the Serve replica put memory on it (nvidia-smi samples)."""
+    if mode != "gpu":
+        return []
+    by = {s["name"]: s for s in steps}
+
+    def used_gpu(name: str) -> Optional[bool]:
+        use = by.get(name, {}).get("gpu")
+        return None if use is None else use["max_memory_mib"] > MIN_GPU_MIB
+
+    facts = [("JAX's backend is gpu (doctor)", (by.get("doctor", {}).get("figures") or {}).get("backend") == "gpu"),
+             ("the Ray Train worker logs its GPU's UUID (tune)",
+              bool((by.get("tune", {}).get("figures") or {}).get("gpu_uuids"))),
+             (f"the sweep put > {MIN_GPU_MIB} MiB on the GPU (tune, nvidia-smi)", used_gpu("tune")),
+             (f"the Serve replica put > {MIN_GPU_MIB} MiB on the GPU (serve, nvidia-smi)", used_gpu("serve"))]
+    return [{"check": what, "verdict": "no samples" if ok is None else "yes" if ok else "NO"} for what, ok in facts]
+
+
+def headline(step: dict) -> str:
+    """The step's key figures in one table cell."""
+    f, name = step.get("figures") or {}, step["name"]
+    if step["status"] == "skipped":
+        return step["note"]
+    if f.get("error") and name not in ("tune",):
+        return f"({f['error']})"
+    if name == "doctor":
+        return (f"backend {f.get('backend')}, {f.get('device_count')} x {', '.join(f.get('device_kinds') or [])}, "
+                f"jax {f.get('jax_version')}, CUDA {f.get('cuda_version') or '-'}, cuDNN {f.get('cudnn_version') or '-'}")
+    if name == "precision":
+        return "bf16/fp32: " + ", ".join(f"{w} {fmt(v, '.2f')}x" for w, v in f.get("bf16_vs_fp32", {}).items())
+    if name == "tune":
+        t = f.get("trials") or {}
+        parts = [f"{d} {fmt((t.get(d) or {}).get('tokens_per_sec'))} tok/s" for d in ("float32", "bfloat16")]
+        return ", ".join(parts) + f", bf16/fp32 {fmt(f.get('bf16_vs_fp32'), '.2f')}x; GPU line: {f.get('gpu_line')}" \
+            + (f" ({f['error']})" if f.get("error") else "")
+    if name == "serve":
+        return (f"{fmt(f.get('new_tokens_per_s_1'))} / {fmt(f.get('new_tokens_per_s_16'))} new tok/s at 1 / 16 "
+                f"clients: {fmt(f.get('ratio_16_vs_1'), '.2f')}x; 5xx {f.get('errors_5xx')}, dropped {f.get('dropped')}")
+    if name.startswith("compile-"):
+        return (f"peak {mib(f.get('peak_bytes'))}, temp {mib(f.get('temp_bytes'))}, fits {fmt(f.get('fits'))}, "
+                f"scatter {json.dumps(f.get('scatter'))}, custom calls {json.dumps(f.get('custom_calls'))}, "
+                f"compile {fmt(f.get('compile_s'), '.1f')} s")
+    if name.startswith("pytest"):
+        return f.get("result") or "-"
+    if name == "decode":
+        kv = f.get("kv_tokens_per_sec") or {}
+        return (", ".join(f"batch {b} {fmt(v)} tok/s" for b, v in kv.items())
+                + f"; KV / full recompute {fmt(f.get('kv_vs_full'), '.1f')}x")
+    if name == "attention":
+        return ", ".join(f"{r['requested']}->{r['ran'] or 'refused'} {fmt(r['tokens_per_sec'])}"
+                         for r in f.get("rows", []))
+    if name == "batch-sweep":
+        return (f"{f.get('workload')}: best {fmt(f.get('best_throughput'))} at batch {f.get('best_global_batch')}, "
+                f"max MFU {fmt(f.get('max_mfu'), '.1%')}")
+    if name.startswith("throughput"):
+        return (f"{fmt(f.get('tokens_per_sec'))} tok/s, {fmt(f.get('ms_per_step'), '.1f')} ms/step, "
+                f"MFU {fmt(f.get('mfu'), '.1%')}, {fmt(f.get('params'))} params")
+    return ""
+
+
+def cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def details(step: dict) -> list[str]:
+    """Markdown lines with the step's figures in full (tables where there are rows)."""
+    f, name = step.get("figures") or {}, step["name"]
+    lines = [f"### {name}", "", f"`{cell(step['command'])}`", "",
+             f"{judge(step)}; exit {step['exit_code']}; {step['seconds']} s (timeout {step['timeout_s']} s); "
+             f"log `{step['log']}`" + (f"; {step['note']}" if step["note"] else ""), ""]
+    if step.get("gpu"):
+        g = step["gpu"]
+        lines += [f"GPU while it ran: up to {g['max_util_pct']:.0f} % utilization, {g['max_memory_mib']:,.0f} MiB "
+                  f"used ({g['samples']} samples).", ""]
+    if f.get("error"):
+        lines += [f"Figures: {f['error']}.", ""]
+    if step.get("log_tail"):
+        lines += ["Last lines of the log:", "", "```"] + step["log_tail"] + ["```", ""]
+    if name in ("precision", "batch-sweep") and f.get("rows"):
+        keys = ["workload", "dtype", "throughput", "unit", "ms_per_step", "mfu", "test_accuracy", "val_loss",
+                "problem"] if name == "precision" else ["global_batch", "throughput", "unit", "mfu", "problem"]
+        lines += table(f["rows"], keys)
+    elif name == "attention" and f.get("rows"):
+        lines += table(f["rows"], ["requested", "ran", "dtype", "tokens_per_sec", "mfu", "note"])
+    elif name == "decode" and f.get("rows"):
+        lines += table(f["rows"], ["sampler", "batch", "tokens_per_sec", "problem"])
+    elif name == "serve" and f.get("levels"):
+        lines += table([{"clients": c, **v} for c, v in f["levels"].items()],
+                       ["clients", "new_tokens_per_s", "rps", "p50_ms", "p95_ms", "errors_5xx", "dropped", "mean_rows",
+                        "replica_cpu_pct"])
+    elif name == "tune":
+        trials = f.get("trials") or {}
+        flat = [{"dtype": d, **{k: v for k, v in t.items() if k != "compile_json"},
+                 "compile_json_peak_bytes": (t.get("compile_json") or {}).get("peak_bytes"),
+                 "compile_json_scatter": (t.get("compile_json") or {}).get("scatter")} for d, t in trials.items()]
+        if flat:
+            lines += table(flat, ["dtype", "trial", "tokens_per_sec", "ms_per_step", "compile_s", "val_loss",
+                                  "peak_bytes_per_device", "compile_json_peak_bytes", "compile_json_scatter", "error"])
+        lines += [f"Worker lines ({len(f.get('worker_lines', []))}):", ""] + \
+                 [f"    {line}" for line in f.get("worker_lines", [])[:8]] + [""]
+    rest = {k: v for k, v in f.items() if k not in ("rows", "levels", "trials", "worker_lines", "error")}
+    if rest:
+        lines += ["```json", json.dumps(rest, indent=1, sort_keys=True), "```", ""]
+    return lines
+
+
+def table(rows: list[dict], keys: list[str]) -> list[str]:
+    def show(key: str, v: Any) -> str:
+        if key == "mfu" and num(v) is not None:
+            return f"{v:.1%}"
+        if "bytes" in key and num(v) is not None:
+            return mib(v)
+        if isinstance(v, float):
+            return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
+        if isinstance(v, (dict, list)):
+            return json.dumps(v)
+        return fmt(v)
+    out = ["| " + " | ".join(keys) + " |", "|" + "|".join("---" for _ in keys) + "|"]
+    out += ["| " + " | ".join(cell(show(k, r.get(k))) for k in keys) + " |" for r in rows]
+    return out + [""]
+
+
+def render(doc: dict) -> str:
+    env, steps = doc["environment"], doc["steps"]
+    lines = [f"# GPU check ({env.get('mode')} run, {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(env.get('started', 0)))})",
+             "",
+             f"{doc['result']}: {len(steps)} steps, {doc['failed']} failed; {doc['total_seconds']:.0f} s in all "
+             f"(budget {env.get('budget_s')} s).", ""]
+    smi = env.get("nvidia_smi")
+    lines += [f"- host {env.get('host')}, {env.get('platform')}",
+              f"- GPUs: {'; '.join(smi) if smi else 'none (nvidia-smi not available)'}",
+              f"- JAX: backend {env.get('backend')}, {env.get('device_count')} x {', '.join(env.get('device_kinds') or [])}, "
+              f"jax {env.get('jax_version')}, CUDA {env.get('cuda_version') or '-'}, cuDNN {env.get('cudnn_version') or '-'}",
+              f"- python: {env.get('python')} ({env.get('python_version')}); PYTHONPATH {env.get('pythonpath') or '-'}; "
+              f"bundle {env.get('bundle') or '-'}",
+              f"- data: {env.get('data_dir')}; work folder (checkpoints): {env.get('work_dir')}",
+              f"- commit {env.get('git_commit') or '-'}{' (with local changes)' if env.get('git_dirty') else ''}", ""]
+    lines += ["| step | result | exit | s | key figures |", "|---|---|---|---|---|"]
+    for s in steps:
+        lines.append(f"| {s['name']} | {judge(s)} | {'' if s['exit_code'] is None else s['exit_code']} | "
+                     f"{s['seconds']:.0f} | {cell(headline(s))} |")
+    lines += ["", "## Bars", "", "| figure | value | target | verdict |", "|---|---|---|---|"]
+    for b in doc["bars"]:
+        lines.append(f"| {b['what']} | {fmt(b['value'], '.2f')}x | >= {b['target']:g}x | {b['verdict']} |")
+    if doc.get("checks"):
+        lines += ["", "## Checks", "", "| check | verdict |", "|---|---|"]
+        lines += [f"| {c['check']} | {c['verdict']} |" for c in doc["checks"]]
+    lines += ["", "## Steps", ""]
+    for s in steps:
+        lines += details(s)
+    return "\n".join(lines) + "\n"
+
+
+def report(out: Path) -> int:
+    run = load_json(out / "logs" / "run.json") or {}
+    mode = run.get("mode", "gpu")
+    samples = gpu_samples(out)
+    steps = read_steps(out)
+    for s in steps:
+        if s["status"] == "ran":
+            s["figures"] = figures_for(s["name"], out / s["log"], out, mode)
+            s["gpu"] = gpu_use(samples, s["start"], s["end"])
+        s["result"] = judge(s)
+        if s["result"] in ("failed", "timed out"):
+            s["log_tail"] = log_tail(out / s["log"])
+    failed = [s["name"] for s in steps if is_failure(s)]
+    started = run.get("started") or (steps[0]["start"] if steps else time.time())
+    doc = {"written_by": "scripts/gpu-check.sh", "result": "FAILED" if failed else "passed", "failed": len(failed),
+           "failed_steps": failed,
+           "total_seconds": round(max([s["end"] for s in steps] or [time.time()]) - started, 1),
+           "environment": environment(run, steps), "steps": steps}
+    doc["bars"] = bars(steps, mode)
+    doc["checks"] = checks(steps, mode)
+    (out / "gpu-check.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (out / "gpu-check.md").write_text(render(doc))
+    print(f"[gpu-check] {doc['result']}: {len(steps)} steps, {len(failed)} failed"
+          + (f" ({', '.join(failed)})" if failed else "") + f"; {out / 'gpu-check.md'}")
+    return 1 if failed else 0
+
+
+def exec_with_default_sigint(argv: list[str]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    os.execvp(argv[0], argv)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "exec":
+        exec_with_default_sigint(argv[1:])
+    if len(argv) == 2 and argv[0] == "report":
+        return report(Path(argv[1]))
+    print(__doc__.split("\n\n")[1], file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
