@@ -9,8 +9,11 @@
   and ``peak_bytes`` = argument + output - alias + temp (the "total memory size" of MaxText's
   ``max_utils.print_compiled_memory_stats``: every buffer live at once, an upper bound); ``xla_peak_bytes``: XLA's own
   ``peak_memory_in_bytes`` where jaxlib reports it (on CPU it leaves temporaries out);
-- ``device_memory_bytes``: the device's memory (``Device.memory_stats()["bytes_limit"]``; None on
-  CPUs, which report none) and ``fits``: whether ``peak_bytes`` is within it (None when unknown);
+- ``device_memory_bytes``: the device's memory: its allocator's limit
+  (``Device.memory_stats()["bytes_limit"]``, GPUs), or the host's physical RAM for a CPU device,
+  which allocates from it and reports no limit (shared by every forced host device);
+  ``memory_source`` says which ("device" or "host RAM"), and ``fits``: whether ``peak_bytes`` is
+  within it (None when unknown);
 - ``ops``: counts from the optimised HLO that explain speed: ``scatter`` and ``gather`` by element
   type, ``collectives`` by opcode, ``custom_calls`` by target (cuDNN attention is
   ``__cudnn$fmha...``), ``fusions`` by kind and ``dots``.
@@ -20,6 +23,7 @@ compiled, program (``lowered.as_text(dialect="hlo")``).
 """
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from typing import Any, Optional
@@ -102,24 +106,29 @@ def _memory(compiled) -> dict[str, Optional[int]]:
     return memory
 
 
-def device_memory_bytes(device: Optional[jax.Device] = None) -> Optional[int]:
-    """The device's memory in bytes (what its allocator may use), or None where it reports none (CPU)."""
+def device_memory(device: Optional[jax.Device] = None) -> tuple[Optional[int], Optional[str]]:
+    """(bytes, source): what the device's allocator may use ("device"), else for a CPU device the
+    host's physical RAM ("host RAM"), else (None, None)."""
     device = device or jax.devices()[0]
     try:
         stats = device.memory_stats()
     except Exception:  # noqa: BLE001 - backends without memory stats raise various errors
-        return None
-    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+        stats = None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]), "device"
+    if device.platform == "cpu" and hasattr(os, "sysconf"):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "host RAM"
+    return None, None
 
 
 def report(compiled, compile_s: float, device: Optional[jax.Device] = None) -> dict[str, Any]:
     """The compile report of ``compiled`` (a ``jax.stages.Compiled``); see the module docstring."""
     device = device or jax.devices()[0]
     memory = _memory(compiled)
-    limit = device_memory_bytes(device)
+    limit, source = device_memory(device)
     peak = memory.get("peak_bytes")
     return {"compile_s": compile_s, "platform": device.platform, "device_kind": device.device_kind,
-            **_cost(compiled), "memory": memory, "device_memory_bytes": limit,
+            **_cost(compiled), "memory": memory, "device_memory_bytes": limit, "memory_source": source,
             "fits": None if limit is None or peak is None else peak <= limit,
             "ops": hlo_ops(compiled.as_text())}
 
@@ -133,15 +142,15 @@ def _size(n: Optional[float]) -> str:
 
 def fits_text(rep: dict[str, Any]) -> str:
     """One line on whether the program fits in the device's memory, e.g. "peak 1.20 GiB per device of
-    139.80 GiB: fits"."""
+    139.80 GiB (device): fits"."""
     peak = rep["memory"].get("peak_bytes")
     if peak is None:
         return "peak memory unknown (no memory analysis on this backend)"
     text = f"peak {_size(peak)} per device"
     limit = rep["device_memory_bytes"]
     if limit is None:
-        return f"{text}; the {rep['platform']} device reports no memory limit to compare with"
-    return f"{text} of {_size(limit)}: {'fits' if rep['fits'] else 'does NOT fit'}"
+        return f"{text}; the {rep['platform']} device reports no memory to compare with"
+    return f"{text} of {_size(limit)} ({rep.get('memory_source') or 'device'}): {'fits' if rep['fits'] else 'does NOT fit'}"
 
 
 def describe(trial, devices: int) -> dict[str, Any]:

@@ -222,7 +222,7 @@ def test_compile_prints_and_writes_the_report(real_dir, tmp_path):
     proc = bench("compile", "--workload", "transformer", "--dtype", "bfloat16", "--batch", 4, "--width", 32,
                  "--seq-len", 16, "--devices", 2, "--cpu-devices", 2, "--out", tmp_path, data_dir=real_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "per_device_batch 2, devices 2" in proc.stdout and "reports no memory limit" in proc.stdout
+    assert "per_device_batch 2, devices 2" in proc.stdout and "(host RAM): fits" in proc.stdout
     rep = json.loads((tmp_path / "compile.json").read_text())
     assert rep["config"]["dtype"] == "bfloat16" and rep["ops"]["scatter"] == {}
     assert rep["ops"]["collectives"].get("all-reduce", 0) >= 1  # the gradient all-reduce over 2 devices

@@ -52,14 +52,18 @@ def test_report_for_a_config_without_data(workload):
     assert rep["config"] == {"workload": workload, "dtype": "float32", "width": 32, "global_batch": 8,
                              "per_device_batch": 8, "devices": 1,
                              **({"seq_len": 16, "num_layers": 1, "num_heads": 4} if workload == "transformer" else {})}
-    assert rep["device_memory_bytes"] is None and rep["fits"] is None  # a CPU reports no memory limit
-    assert "reports no memory limit" in fits_text(rep) and "peak" in render(rep)
+    # A CPU device reports no limit: it is compared with the host's RAM.
+    assert rep["memory_source"] == "host RAM" and rep["device_memory_bytes"] > 2**30 and rep["fits"] is True
+    assert "(host RAM): fits" in fits_text(rep) and "peak" in render(rep)
     assert rep["ops"]["scatter"] == {} and rep["ops"]["dots"] > 0
 
 
 def test_fits_compares_peak_with_the_device_memory():
-    rep = {"memory": {"peak_bytes": 3 * 2**30}, "device_memory_bytes": 2 * 2**30, "fits": False, "platform": "gpu"}
-    assert fits_text(rep) == "peak 3.00 GiB per device of 2.00 GiB: does NOT fit"
+    rep = {"memory": {"peak_bytes": 3 * 2**30}, "device_memory_bytes": 2 * 2**30, "fits": False, "platform": "gpu",
+           "memory_source": "device"}
+    assert fits_text(rep) == "peak 3.00 GiB per device of 2.00 GiB (device): does NOT fit"
+    rep.update(device_memory_bytes=None, fits=None)
+    assert fits_text(rep) == "peak 3.00 GiB per device; the gpu device reports no memory to compare with"
 
 
 def test_training_reports_the_compile_before_the_first_step(real_dir):
