@@ -115,6 +115,21 @@ def init_ray() -> bool:
     return False
 
 
+def check_gpus(num_gpus: float, joined: bool) -> None:
+    """A replica that asks for more GPUs than the cluster has is never placed, and Serve would wait
+    for it: refuse that on the private Ray started here (ValueError), warn on a joined cluster,
+    which may add GPU nodes."""
+    import ray
+
+    have = ray.cluster_resources().get("GPU", 0)
+    if num_gpus <= have:
+        return
+    message = f"--num-gpus {num_gpus:g}: the Ray cluster has {have:g} GPU(s)"
+    if not joined:
+        raise ValueError(f"{message}; use --num-gpus 0 to serve on this machine's CPU")
+    print(f"warning: {message}; the replica waits for the cluster to add GPU nodes", file=sys.stderr)
+
+
 def ready_message(host: str, port: int) -> str:
     """The URL, the compile time the replica reported, and a curl example."""
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
@@ -143,6 +158,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     joined = init_ray()
     try:
+        check_gpus(args.num_gpus, joined)
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(app, name=APP_NAME, route_prefix="/")
         print(ready_message(args.host, args.port), flush=True)

@@ -2,7 +2,10 @@
 refuse bad settings and missing paths with messages naming them."""
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +117,14 @@ def test_num_gpus_reserves_gpus_for_the_replica(trained_transformer, num_gpus, e
 def test_num_gpus_must_not_be_negative():
     with pytest.raises(ValueError, match="serve args: num_gpus"):
         app_builder({"checkpoint": "x", "num_gpus": -1})
+
+
+def test_cli_refuses_more_gpus_than_its_private_ray_has(trained_transformer):
+    # A replica asking for a GPU the cluster lacks would never be placed; say so instead of waiting.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "jaxray.serve", "--checkpoint", str(trained_transformer),
+                           "--num-gpus", "1", "--port", str(port)], env={**os.environ, "RAY_ADDRESS": "local"},
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1 and "--num-gpus 1: the Ray cluster has 0 GPU(s)" in proc.stderr
