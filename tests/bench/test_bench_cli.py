@@ -45,6 +45,7 @@ def tiny_all(real_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # `bench all` at tiny sizes: ~2 min on 2 cores; make test-all runs it
 def test_all_writes_every_suite(tiny_all):
     expected = {"dispatch": ["dispatch.png"], "precision": ["precision.png"],
                 "devices": ["devices_throughput.png", "devices_transformer_loss.png"],
@@ -57,6 +58,7 @@ def test_all_writes_every_suite(tiny_all):
         assert row["device_kind"] and row["jax"] and row["jaxlib"] and row["input_shape"]
 
 
+@pytest.mark.slow  # `bench all` at tiny sizes: ~2 min on 2 cores; make test-all runs it
 def test_dispatch_and_precision_rows(tiny_all):
     d = rows(tiny_all / "dispatch")
     assert d["eager"]["step"] == "eager" and d["jit"]["step"] == "jit"
@@ -66,6 +68,7 @@ def test_dispatch_and_precision_rows(tiny_all):
     assert 0 <= p["mlp bfloat16"]["test_accuracy"] <= 1 and p["transformer float32"]["val_loss"] > 0
 
 
+@pytest.mark.slow  # `bench all` at tiny sizes: ~2 min on 2 cores; make test-all runs it
 def test_devices_keeps_the_per_device_batch(tiny_all):
     d = rows(tiny_all / "devices")
     one, four = d["mlp x1"], d["mlp x4"]
@@ -74,6 +77,7 @@ def test_devices_keeps_the_per_device_batch(tiny_all):
     assert four["global_batch"] == 64 and four["speedup_vs_1"] > 0
 
 
+@pytest.mark.slow  # `bench all` at tiny sizes: ~2 min on 2 cores; make test-all runs it
 def test_shard_map_matches_the_jit_step(tiny_all):
     d = rows(tiny_all / "shard-map")
     for workload in ("mlp", "transformer"):
@@ -85,6 +89,7 @@ def test_shard_map_matches_the_jit_step(tiny_all):
         assert math.isclose(row["final_loss"], d[f"{workload} jit"]["final_loss"], rel_tol=1e-5)
 
 
+@pytest.mark.slow  # `bench all` at tiny sizes: ~2 min on 2 cores; make test-all runs it
 def test_batch_sweep_skips_and_reports_failures(tiny_all):
     d = rows(tiny_all / "batch-sweep")
     assert "not divisible by 4" in d["batch 6"]["skipped"]
@@ -94,6 +99,7 @@ def test_batch_sweep_skips_and_reports_failures(tiny_all):
     assert "not divisible" in table and "ValueError" in table
 
 
+@pytest.mark.slow  # `bench all` at tiny sizes: ~2 min on 2 cores; make test-all runs it
 def test_attention_falls_back_on_cpu(tiny_all):
     d = rows(tiny_all / "attention")
     assert d["xla"]["attention"] == "xla" and d["xla"]["tokens_per_sec"] > 0
@@ -112,6 +118,7 @@ def test_throughput_prints_one_json_line_like_the_references(real_dir):
     assert row["tokens_per_sec"] == pytest.approx(row["examples_per_sec"] * 31)
 
 
+@pytest.mark.slow  # the learning path's own script runs beside jaxray: make test-all
 def test_compare_against_the_reference_mlp(real_dir, reference_dir, tmp_path):
     out = tmp_path / "compare"
     proc = bench("compare", "--reference", reference_dir / "reference_mlp.py", "--batch", "64", "--steps", "5", "--pairs", "1",
@@ -126,6 +133,7 @@ def test_compare_against_the_reference_mlp(real_dir, reference_dir, tmp_path):
     assert "median ratio" in proc.stdout
 
 
+@pytest.mark.slow  # the learning path's own script runs beside jaxray: make test-all
 def test_decode_kv_cache_against_full_recompute_and_the_notebook(real_dir, reference_dir, trained_transformer, tmp_path):
     out = tmp_path / "decode"
     proc = bench("decode", "--checkpoint", trained_transformer, "--new-tokens", "70", "--batch-sizes", "1,2",

@@ -21,6 +21,7 @@ def bench(*args, data_dir: Path, timeout=300) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # 150 MLP steps per feed through Ray Data: make test-all
 def test_mlp_streamed_and_prestaged_agree(real_dir, tmp_path):
     # Global batch 8192: 7 batches an epoch, so steps 1..8 cross one epoch boundary.
     out = tmp_path / "ingest"

@@ -119,6 +119,7 @@ def test_num_gpus_must_not_be_negative():
         app_builder({"checkpoint": "x", "num_gpus": -1})
 
 
+@pytest.mark.slow  # starts a private Ray: make test-all
 def test_cli_refuses_more_gpus_than_its_private_ray_has(trained_transformer):
     # A replica asking for a GPU the cluster lacks would never be placed; say so instead of waiting.
     with socket.socket() as probe:
