@@ -31,10 +31,12 @@ cpu=0 bundle="" data_dir="${JAXRAY_DATA_DIR:-}" budget="" work="" out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) cpu=1 ;;
-    --bundle) bundle="${2:?--bundle needs a folder}"; shift ;;
-    --data-dir) data_dir="${2:?--data-dir needs a folder}"; shift ;;
-    --budget) budget="${2:?--budget needs seconds}"; shift ;;
-    --work) work="${2:?--work needs a folder}"; shift ;;
+    --bundle|--data-dir|--budget|--work)
+      [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu-check: $1 needs a value" >&2; exit 2; }
+      case "$1" in
+        --bundle) bundle="$2" ;; --data-dir) data_dir="$2" ;; --budget) budget="$2" ;; --work) work="$2" ;;
+      esac
+      shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "gpu-check: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) [ -z "$out" ] || { echo "gpu-check: one OUTDIR only (got $out and $1)" >&2; exit 2; }; out="$1" ;;
@@ -42,17 +44,26 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -n "$out" ] || { usage >&2; exit 2; }
+# Every argument is checked before anything is created.
+if [ -n "$budget" ] && ! [[ "$budget" =~ ^[0-9]+$ ]]; then
+  echo "gpu-check: --budget must be a whole number of seconds, got '$budget'" >&2; exit 2
+fi
+if [ -n "$bundle" ]; then
+  [ -f "$bundle/install.sh" ] || { echo "gpu-check: --bundle $bundle holds no install.sh (build it with ../shared/tools/gpu-host-bundle.sh)" >&2; exit 2; }
+  bundle="$(cd "$bundle" && pwd)"
+fi
+if [ -e "$out" ] && [ ! -d "$out" ]; then echo "gpu-check: OUTDIR $out is a file" >&2; exit 2; fi
 t0=$(date +%s)
 root="$(cd "$(dirname "$0")/.." && pwd)"
 abs() { mkdir -p "$1" && (cd "$1" && pwd); }  # a folder given relative to where the script was called
-out="$(abs "$out")" || exit 2
 # OUTDIR is new, empty, or an earlier run's (it holds logs/run.json): only then are its folders replaced.
-if [ -n "$(ls -A "$out")" ] && [ ! -f "$out/logs/run.json" ]; then
+if [ -d "$out" ] && [ -n "$(ls -A "$out")" ] && [ ! -f "$out/logs/run.json" ]; then
   echo "gpu-check: $out is not empty and holds no earlier gpu-check run (logs/run.json); choose a new OUTDIR" >&2
   exit 2
 fi
-[ -z "$bundle" ] || bundle="$(cd "$bundle" && pwd)" || { echo "gpu-check: --bundle: no such folder" >&2; exit 2; }
-[ -n "$work" ] && work="$(abs "$work")" || work="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-work.XXXXXX")"
+out="$(abs "$out")" || exit 2
+[ -z "$work" ] || work="$(abs "$work")" || exit 2
+[ -z "$data_dir" ] || [ ! -d "$data_dir" ] || data_dir="$(cd "$data_dir" && pwd)"  # relative to the caller
 cd "$root"
 data_dir="${data_dir:-../shared/data}"
 [ -d "$data_dir" ] && data_dir="$(cd "$data_dir" && pwd)" || echo "gpu-check: warning: data folder $data_dir not found" >&2
@@ -130,6 +141,11 @@ elif [ -x .venv/bin/python ]; then
 else
   PY=python3
 fi
+if ! problem=$($PY -c "import jax, ray, jaxray" 2>&1); then
+  echo "gpu-check: $PY cannot import jax, ray and jaxray (${problem##*$'\n'}): run 'make install' here, or pass --bundle DIR on a GPU host" >&2
+  exit 2
+fi
+[ -n "$work" ] || work="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-work.XXXXXX")"
 $PY - "$out/logs/run.json" "$mode" "$budget" "$PY" "$data_dir" "$bundle" "$work" "$t0" <<'EOF'
 import json, os, subprocess, sys
 path, mode, budget, py, data, bundle, work, t0 = sys.argv[1:]

@@ -20,6 +20,7 @@ from jaxray.report import check_overwrite, json_safe
 OutFn = Callable[[argparse.Namespace, str], Optional[Path]]
 # The learning path's sampler script: beside the checkout, or beside the data folder.
 SAMPLER_SCRIPT = "reference_generate.py"
+COMPILE_WRITER = "jaxray.bench compile"
 
 
 def _sampler_script() -> Optional[Path]:
@@ -86,11 +87,23 @@ def _compile(args: argparse.Namespace, out: Optional[Path]) -> int:
         raise ValueError(f"--devices {spec.devices} is more than the {len(jax.devices())} available"
                          + ("; add --cpu-devices N to force N host devices" if jax.devices()[0].platform == "cpu"
                             else ""))
+    target = out / "compile.json" if out is not None else None
+    if target is not None and target.exists() and _owner(target) != COMPILE_WRITER:
+        # A trial's train/<trial>/compile.json records what that trial ran: never replace it.
+        raise ValueError(f"{target} exists and was not written by {COMPILE_WRITER}; choose another --out "
+                         f"(nothing was changed)")
     report = json_safe(compile_report.report_for(spec.trial, make_mesh(jax.devices()[:spec.devices])))
-    if out is not None:
-        (out / "compile.json").write_text(json.dumps(report, indent=2) + "\n")
+    if target is not None:
+        target.write_text(json.dumps({"written_by": COMPILE_WRITER, **report}, indent=2) + "\n")
     print(json.dumps(report) if args.json else compile_report.render(report))
     return 0
+
+
+def _owner(path: Path) -> Optional[str]:
+    try:
+        return json.loads(path.read_text()).get("written_by")
+    except (ValueError, AttributeError, OSError):
+        return None
 
 
 def _compare(args: argparse.Namespace, out: Optional[Path]) -> int:

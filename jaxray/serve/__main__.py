@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compute-cpus", type=positive_int, default=None,
                    help="CPUs for JAX's compute threads in the replica (default: all but one, at least one)")
     p.add_argument("--num-gpus", type=non_negative_float, default=0.0,
-                   help="GPUs Ray reserves for the replica (default 0: none reserved; see serve/README.md)")
+                   help="GPUs Ray reserves for the replica (0: none reserved; see serve/README.md)")
     p.add_argument("--buckets", type=int_list, default=None, help="prompt lengths compiled (default 32,128,256)")
     p.add_argument("--batch-sizes", type=int_list, default=None, help="batch sizes compiled (default 1,4,16)")
     p.add_argument("--chunk", type=positive_int, default=None, help="new tokens per decode call (default 32)")
@@ -115,9 +115,13 @@ def init_ray() -> bool:
     return False
 
 
+class GpuShortage(ValueError):
+    """--num-gpus asks for more GPUs than the private Ray started here has."""
+
+
 def check_gpus(num_gpus: float, joined: bool) -> None:
     """A replica that asks for more GPUs than the cluster has is never placed, and Serve would wait
-    for it: refuse that on the private Ray started here (ValueError), warn on a joined cluster,
+    for it: refuse that on the private Ray started here (GpuShortage), warn on a joined cluster,
     which may add GPU nodes."""
     import ray
 
@@ -126,7 +130,7 @@ def check_gpus(num_gpus: float, joined: bool) -> None:
         return
     message = f"--num-gpus {num_gpus:g}: the Ray cluster has {have:g} GPU(s)"
     if not joined:
-        raise ValueError(f"{message}; use --num-gpus 0 to serve on this machine's CPU")
+        raise GpuShortage(f"{message}; use --num-gpus 0 to serve on this machine's CPU")
     print(f"warning: {message}; the replica waits for the cluster to add GPU nodes", file=sys.stderr)
 
 
@@ -167,6 +171,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         print("stopping", file=sys.stderr)
         return 0
+    except GpuShortage as err:  # bad input, found once Ray is up
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except (RuntimeError, ValueError) as err:  # a replica that failed to start: Serve's message names why
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -27,12 +27,13 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional
+from typing import Annotated, Any, AsyncIterator, Optional, Union
 
 import jax
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, StrictFloat, StrictInt,
+                      ValidationError)
 from ray import serve
 from ray.serve import Application
 from starlette.exceptions import HTTPException
@@ -298,7 +299,9 @@ class AppArgs(BaseModel):
     # Ray's ray_actor_options num_gpus: the replica is placed on a node with that many free GPUs and
     # sees only them (CUDA_VISIBLE_DEVICES). 0 reserves none; Ray 2.60 then leaves the replica every
     # GPU of its node, which suits one replica on a one-GPU machine but nothing shared.
-    num_gpus: NonNegativeFloat = Field(0.0, description="GPUs reserved per replica (0: none)")
+    # Strict numbers: YAML's true would otherwise pass as 1.
+    num_gpus: Annotated[Union[StrictInt, StrictFloat], Field(ge=0, allow_inf_nan=False)] = Field(
+        0, description="GPUs reserved per replica (0: none)")
     engine: EngineSettings = Field(default_factory=EngineSettings)
 
 

@@ -193,6 +193,24 @@ def abstract_batch(trial, mesh) -> dict[str, jax.ShapeDtypeStruct]:
     return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for k, (shape, dtype) in shapes.items()}
 
 
+# XLA aborts the process (not an exception) when an array's element count overflows int64.
+MAX_ELEMENTS = 2**62
+
+
+def check_extents(trial) -> None:
+    """Raise ConfigError when the largest array of ``trial``'s step, about global batch x T x
+    max(4 D, V) elements for the transformer or global batch x max(D, 784) for the MLPs (and the
+    D x 4D weights), has more elements than XLA can index: it would abort the process."""
+    from jaxray.config import ConfigError
+
+    m, b = trial.model, trial.train.global_batch
+    rows = b * (trial.data.seq_len if m.workload == "transformer" else 1)
+    largest = max(rows * max(4 * m.width, m.vocab_size, 784), 4 * m.width * m.width)
+    if largest > MAX_ELEMENTS:
+        raise ConfigError(f"global_batch {b} and width {m.width} make arrays of ~{largest:.2e} elements, more than "
+                          f"XLA can index (2**62); choose smaller sizes")
+
+
 def report_for(trial, mesh) -> dict[str, Any]:
     """Compile ``trial``'s train step for ``mesh`` as training does, from shapes alone (no params or
     batches are allocated, so a config too big for the device can still be reported), and return
@@ -204,6 +222,7 @@ def report_for(trial, mesh) -> dict[str, Any]:
     from jaxray.train.step import init_state, make_optimizer
 
     check_devices(trial.train.global_batch, mesh.devices.size)
+    check_extents(trial)
     model = build(trial.model)
     tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
     state = jax.eval_shape(lambda key: init_state(model.init(key), tx), jax.random.key(trial.train.seed))

@@ -245,3 +245,20 @@ def test_compile_json_line_and_bad_input(real_dir):
     assert bad.returncode == 2 and "--seq-len applies to --workload transformer only" in bad.stderr
     bad = bench("compile", "--batch", 6, "--devices", 4, "--out", "", data_dir=real_dir)
     assert bad.returncode == 2 and "global_batch 6 is not divisible by the device count 4" in bad.stderr
+    # Sizes XLA cannot index abort the process inside XLA: refused first.
+    bad = bench("compile", "--workload", "mlp", "--batch", 10**12, "--width", 10**9, "--out", "", data_dir=real_dir)
+    assert bad.returncode == 2 and "more than XLA can index" in bad.stderr
+
+
+def test_compile_never_replaces_a_compile_json_it_did_not_write(real_dir, tmp_path):
+    trial = tmp_path / "train" / "mlp_b128_float32_w64"  # a sweep trial's own record
+    trial.mkdir(parents=True)
+    (trial / "compile.json").write_text('{"config": {"global_batch": 128}}')
+    bad = bench("compile", "--workload", "mlp", "--batch", 8, "--width", 16, "--out", trial, data_dir=real_dir)
+    assert bad.returncode == 2 and "was not written by jaxray.bench compile" in bad.stderr
+    assert (trial / "compile.json").read_text() == '{"config": {"global_batch": 128}}'
+    own = tmp_path / "own"
+    for _ in range(2):  # its own report is replaced
+        proc = bench("compile", "--workload", "mlp", "--batch", 8, "--width", 16, "--out", own, data_dir=real_dir)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((own / "compile.json").read_text())["written_by"] == "jaxray.bench compile"

@@ -114,9 +114,10 @@ def test_num_gpus_reserves_gpus_for_the_replica(trained_transformer, num_gpus, e
     assert {k: v for k, v in options.items() if k == "num_gpus"} == expected
 
 
-def test_num_gpus_must_not_be_negative():
+@pytest.mark.parametrize("value", [-1, True, "1", float("nan")])
+def test_num_gpus_must_be_a_number_not_below_zero(value):
     with pytest.raises(ValueError, match="serve args: num_gpus"):
-        app_builder({"checkpoint": "x", "num_gpus": -1})
+        app_builder({"checkpoint": "x", "num_gpus": value})
 
 
 @pytest.mark.slow  # starts a private Ray: make test-all
@@ -128,4 +129,4 @@ def test_cli_refuses_more_gpus_than_its_private_ray_has(trained_transformer):
     proc = subprocess.run([sys.executable, "-m", "jaxray.serve", "--checkpoint", str(trained_transformer),
                            "--num-gpus", "1", "--port", str(port)], env={**os.environ, "RAY_ADDRESS": "local"},
                           capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 1 and "--num-gpus 1: the Ray cluster has 0 GPU(s)" in proc.stderr
+    assert proc.returncode == 2 and "--num-gpus 1: the Ray cluster has 0 GPU(s)" in proc.stderr
