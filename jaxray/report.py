@@ -57,11 +57,11 @@ def write_reports(out_dir: str | Path, rows: list[dict], histories: dict[str, li
     return paths
 
 
-def check_overwrite(out_dir: str | Path, writer: str) -> None:
-    """Refuse to replace a ``summary.json`` in ``out_dir`` that ``writer`` (e.g. "jaxray.bench") did
+def check_overwrite(out_dir: str | Path, writer: str, name: str = "summary.json") -> None:
+    """Refuse to replace a ``summary.json`` (or ``name``) in ``out_dir`` that ``writer`` (e.g. "jaxray.bench") did
     not write, so pointing ``--out`` at a sweep's folder cannot destroy its results. Raises
     ValueError naming the file; a missing file, or one from the same writer, passes."""
-    path = Path(out_dir) / "summary.json"
+    path = Path(out_dir) / name
     if not path.exists():
         return
     try:

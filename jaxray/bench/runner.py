@@ -88,22 +88,13 @@ def _compile(args: argparse.Namespace, out: Optional[Path]) -> int:
                          + ("; add --cpu-devices N to force N host devices" if jax.devices()[0].platform == "cpu"
                             else ""))
     target = out / "compile.json" if out is not None else None
-    if target is not None and target.exists() and _owner(target) != COMPILE_WRITER:
-        # A trial's train/<trial>/compile.json records what that trial ran: never replace it.
-        raise ValueError(f"{target} exists and was not written by {COMPILE_WRITER}; choose another --out "
-                         f"(nothing was changed)")
+    if out is not None:  # a trial's train/<trial>/compile.json records what that trial ran: never replace it
+        check_overwrite(out, COMPILE_WRITER, "compile.json")
     report = json_safe(compile_report.report_for(spec.trial, make_mesh(jax.devices()[:spec.devices])))
     if target is not None:
         target.write_text(json.dumps({"written_by": COMPILE_WRITER, **report}, indent=2) + "\n")
     print(json.dumps(report) if args.json else compile_report.render(report))
     return 0
-
-
-def _owner(path: Path) -> Optional[str]:
-    try:
-        return json.loads(path.read_text()).get("written_by")
-    except (ValueError, AttributeError, OSError):
-        return None
 
 
 def _compare(args: argparse.Namespace, out: Optional[Path]) -> int:
