@@ -13,7 +13,7 @@ export JAXRAY_DATA_DIR := $(abspath ../shared/data)
 endif
 endif
 
-.PHONY: install demo test test-all clean
+.PHONY: install demo lint test test-all clean
 
 install: $(STAMP)
 
@@ -27,12 +27,17 @@ demo: install
 	$(PY) -m jaxray.tune --config tune_configs/demo.yaml --out runs/demo --overwrite
 	$(PY) -m jaxray.generate --checkpoint runs/demo --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --seed 0
 
+# make lint: ruff's lint rules and formatting (pyproject.toml [tool.ruff]); make test runs it first.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
 # make test: everything but the slowest integration tests (marked slow), under 15 minutes on 2
 # cores; make test-all (CI): all of them.
-test: install
+test: install lint
 	$(PY) -m pytest -q -m "not slow"
 
-test-all: install
+test-all: install lint
 	$(PY) -m pytest -q
 
 clean:

@@ -16,6 +16,7 @@ Layout of a checkpoint directory::
 A ``runs/<experiment>`` directory also resolves to a checkpoint: its ``summary.json`` names one per
 trial and ``resolve`` picks the best of a workload.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,8 +24,9 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -82,8 +84,9 @@ def _save_tree(path: Path, tree: Any) -> None:
         # arrays, with Orbax's barriers limited to itself (the others never call save).
         me = jax.process_index()
         tree = _local_copy(tree)
-        options = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me},
-                                                     barrier_sync_key_prefix=f"jaxray-save-{me}")
+        options = ocp.options.MultiprocessingOptions(
+            primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"jaxray-save-{me}"
+        )
     checkpointer = ocp.StandardCheckpointer(multiprocessing_options=options)
     checkpointer.save(path, tree)
     checkpointer.wait_until_finished()
@@ -98,12 +101,21 @@ def _sha256(path: Path) -> str:
 
 
 def _files(directory: Path) -> dict[str, str]:
-    return {str(f.relative_to(directory)): _sha256(f) for f in sorted(directory.rglob("*"))
-            if f.is_file() and f.name != TRAIN_STATE}
+    return {
+        str(f.relative_to(directory)): _sha256(f)
+        for f in sorted(directory.rglob("*"))
+        if f.is_file() and f.name != TRAIN_STATE
+    }
 
 
-def save_state(directory: str | Path, state: Any, trial: TrialConfig, history: list[dict],
-               position: dict[str, int], before_manifest: Optional[Callable[[], None]] = None) -> Path:
+def save_state(
+    directory: str | Path,
+    state: Any,
+    trial: TrialConfig,
+    history: list[dict],
+    position: dict[str, int],
+    before_manifest: Callable[[], None] | None = None,
+) -> Path:
     """Write the full train state under ``directory`` (see the module docstring): ``state`` a
     TrainState (params, opt_state, step), ``history`` the log rows so far, ``position`` the data
     position (``{"epoch", "batch_in_epoch"}``, may be empty). ``train_state.json`` is written last
@@ -114,10 +126,13 @@ def save_state(directory: str | Path, state: Any, trial: TrialConfig, history: l
     (directory / HISTORY_FILE).write_text(json.dumps(history))
     if before_manifest is not None:
         before_manifest()
-    doc = {"step": int(jax.device_get(_local_copy(state.step))),
-           "seed": trial.train.seed, **position,
-           "rng_key_data": np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist(),
-           "files": _files(directory)}
+    doc = {
+        "step": int(jax.device_get(_local_copy(state.step))),
+        "seed": trial.train.seed,
+        **position,
+        "rng_key_data": np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist(),
+        "files": _files(directory),
+    }
     tmp = directory / f".{TRAIN_STATE}.tmp"
     tmp.write_text(json.dumps(doc, indent=1))
     os.replace(tmp, directory / TRAIN_STATE)
@@ -131,7 +146,9 @@ def verify(directory: str | Path) -> dict[str, Any]:
     directory = Path(directory)
     path = directory / TRAIN_STATE
     if not path.is_file():
-        raise CheckpointError(f"{directory} is incomplete: {TRAIN_STATE} is missing (its save did not finish)")
+        raise CheckpointError(
+            f"{directory} is incomplete: {TRAIN_STATE} is missing (its save did not finish)"
+        )
     try:
         doc = json.loads(path.read_text())
         files = doc["files"]
@@ -142,8 +159,9 @@ def verify(directory: str | Path) -> dict[str, Any]:
         if not f.is_file():
             raise CheckpointError(f"{directory} is damaged: {rel} is missing")
         if _sha256(f) != digest:
-            raise CheckpointError(f"{directory} is damaged: {rel} does not match its checksum "
-                                  f"(truncated or overwritten)")
+            raise CheckpointError(
+                f"{directory} is damaged: {rel} does not match its checksum (truncated or overwritten)"
+            )
     return doc
 
 
@@ -158,19 +176,29 @@ def _check_shapes(path: Path, target: Any) -> None:
     """CheckpointError naming the first parameter whose saved shape differs from ``target``'s."""
     meta = ocp.StandardCheckpointer().metadata(path)
     meta = getattr(meta, "item_metadata", meta)
-    saved = {_names(k): v for k, v in jax.tree_util.tree_flatten_with_path(
-        getattr(meta, "tree", meta), is_leaf=lambda x: hasattr(x, "shape"))[0]}
+    saved = {
+        _names(k): v
+        for k, v in jax.tree_util.tree_flatten_with_path(
+            getattr(meta, "tree", meta), is_leaf=lambda x: hasattr(x, "shape")
+        )[0]
+    }
     for key, want in jax.tree_util.tree_flatten_with_path(target)[0]:
         name = "/".join(_names(key))
         have = saved.get(_names(key))
         if have is None:
-            raise CheckpointError(f"{path} has no parameter {name} (the model expects shape {tuple(want.shape)})")
+            raise CheckpointError(
+                f"{path} has no parameter {name} (the model expects shape {tuple(want.shape)})"
+            )
         if tuple(have.shape) != tuple(want.shape):
-            raise CheckpointError(f"{path}: parameter {name} has shape {tuple(have.shape)} in the checkpoint but "
-                                  f"{tuple(want.shape)} in the model (a different model config)")
+            raise CheckpointError(
+                f"{path}: parameter {name} has shape {tuple(have.shape)} in the checkpoint but "
+                f"{tuple(want.shape)} in the model (a different model config)"
+            )
 
 
-def restore_state(directory: str | Path, model: Model, tx, sharding: Sharding) -> tuple[Any, dict, list[dict]]:
+def restore_state(
+    directory: str | Path, model: Model, tx, sharding: Sharding
+) -> tuple[Any, dict, list[dict]]:
     """(TrainState, train_state.json, history) of a full-state checkpoint, every array placed with
     ``sharding`` (e.g. replicated over a mesh of any size: Orbax restores into abstract
     ``ShapeDtypeStruct`` targets that carry it, so a checkpoint saved on 1 device restores onto 4
@@ -203,8 +231,12 @@ def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -
             errors.append(str(err))
             continue
         if errors:
-            log.warning("checkpoint %s could not be used (%s); resuming from %s instead",
-                        candidates[0], errors[0], path)
+            log.warning(
+                "checkpoint %s could not be used (%s); resuming from %s instead",
+                candidates[0],
+                errors[0],
+                path,
+            )
         return value, path
     raise CheckpointError("no usable checkpoint: " + "; ".join(errors))
 
@@ -229,7 +261,7 @@ def load_trial_config(directory: str | Path) -> TrialConfig:
     return _load_config(directory, TRIAL_CONFIG, TrialConfig)
 
 
-def restore(directory: str | Path, sharding: Optional[Sharding] = None) -> tuple[Model, Any]:
+def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Model, Any]:
     """Rebuild the model from its config and restore params into an abstract target.
 
     The target is ``jax.eval_shape(model.init)``: ShapeDtypeStructs, each given ``sharding`` (default:
@@ -248,13 +280,15 @@ def restore(directory: str | Path, sharding: Optional[Sharding] = None) -> tuple
         params = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, target)
     except Exception as err:  # noqa: BLE001 - Orbax raises bare Exceptions for damaged or mismatched data
         reason = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-        raise CheckpointError(f"{directory / PARAMS_DIR} could not be restored into the model that "
-                              f"{MODEL_CONFIG} describes (a damaged file, or params of another shape): "
-                              f"{reason[:300]}") from None
+        raise CheckpointError(
+            f"{directory / PARAMS_DIR} could not be restored into the model that "
+            f"{MODEL_CONFIG} describes (a damaged file, or params of another shape): "
+            f"{reason[:300]}"
+        ) from None
     return model, params
 
 
-def resolve(path: str | Path, workload: Optional[str] = None) -> Path:
+def resolve(path: str | Path, workload: str | None = None) -> Path:
     """A checkpoint directory from ``path``: a checkpoint itself, a Ray Train run folder (its newest
     ``checkpoint_*``), or a ``runs/<experiment>`` directory
     whose ``summary.json`` gives the best trial of ``workload`` by its ``DEFAULT_METRIC`` (lowest
@@ -271,17 +305,23 @@ def resolve(path: str | Path, workload: Optional[str] = None) -> Path:
         return inside[-1]
     summary = path / "summary.json"
     if not summary.is_file():
-        raise CheckpointError(f"{path} is neither a checkpoint (no {MODEL_CONFIG}) nor an experiment "
-                              f"directory (no summary.json)")
+        raise CheckpointError(
+            f"{path} is neither a checkpoint (no {MODEL_CONFIG}) nor an experiment "
+            f"directory (no summary.json)"
+        )
     try:
         doc = json.loads(summary.read_text())
     except ValueError as err:
         raise CheckpointError(f"{summary} is damaged: {err}") from None
     if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
-        raise CheckpointError(f"{summary} is not a sweep summary (a list of trials from python -m jaxray.tune)")
+        raise CheckpointError(
+            f"{summary} is not a sweep summary (a list of trials from python -m jaxray.tune)"
+        )
     rows = [r for r in doc if r.get("checkpoint") and r.get("workload")]
     workloads = {r["workload"] for r in rows}
-    workload = workload or ("transformer" if "transformer" in workloads else next(iter(sorted(workloads)), None))
+    workload = workload or (
+        "transformer" if "transformer" in workloads else next(iter(sorted(workloads)), None)
+    )
     rows = [r for r in rows if r["workload"] == workload]
     if not rows:
         raise CheckpointError(f"{summary} has no trial with a checkpoint for workload {workload!r}")

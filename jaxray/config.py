@@ -8,11 +8,12 @@ Vocabulary used in every docstring of the package: B batch, T time (sequence), D
 H heads, K head dim, V vocab. "Global batch" is the batch of one optimizer step over all devices of
 all workers; "per-device batch" is global batch / (workers x devices per worker).
 """
+
 from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, model_validator
@@ -27,12 +28,18 @@ DTYPES: tuple[str, ...] = DType.__args__
 DEFAULT_WIDTH = {"mlp": 256, "shared_block_mlp": 1024, "transformer": 256}
 DEFAULT_LEARNING_RATE = {"mlp": 3e-3, "shared_block_mlp": 3e-4, "transformer": 3e-4}
 # What a sweep ranks trials by unless its YAML says otherwise.
-DEFAULT_METRIC = {"mlp": ("test_accuracy", "max"), "shared_block_mlp": ("test_accuracy", "max"),
-                  "transformer": ("val_loss", "min")}
+DEFAULT_METRIC = {
+    "mlp": ("test_accuracy", "max"),
+    "shared_block_mlp": ("test_accuracy", "max"),
+    "transformer": ("val_loss", "min"),
+}
 SEARCHABLE = ("global_batch", "dtype", "width")
 # Model keys a sweep may fix, per workload (others would be silently ignored by that model).
-MODEL_KEYS = {"mlp": (), "shared_block_mlp": ("block_repeats",),
-              "transformer": ("preset", "num_layers", "num_heads", "max_seq_len", "attention")}
+MODEL_KEYS = {
+    "mlp": (),
+    "shared_block_mlp": ("block_repeats",),
+    "transformer": ("preset", "num_layers", "num_heads", "max_seq_len", "attention"),
+}
 # Named transformer shapes a sweep's ``model: {preset: NAME}`` starts from (see SweepConfig).
 # "width" (D) is the grid's default d_model, since width is a searchable axis.
 MODEL_PRESETS: dict[str, dict[str, int]] = {
@@ -40,9 +47,11 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
     # 1024-token windows (~85M matmul weights; V = 256 instead of 50,257, so no big embedding).
     "gpt2_small": {"width": 768, "num_layers": 12, "num_heads": 12, "max_seq_len": 1024},
 }
-METRICS = {"mlp": ("test_accuracy", "test_loss", "final_train_loss"),
-           "shared_block_mlp": ("test_accuracy", "test_loss", "final_train_loss"),
-           "transformer": ("val_loss", "val_perplexity", "final_train_loss")}
+METRICS = {
+    "mlp": ("test_accuracy", "test_loss", "final_train_loss"),
+    "shared_block_mlp": ("test_accuracy", "test_loss", "final_train_loss"),
+    "transformer": ("val_loss", "val_perplexity", "final_train_loss"),
+}
 
 
 def _no_bool(value: Any) -> Any:
@@ -73,7 +82,7 @@ class ModelConfig(_Strict):
     """
 
     workload: Workload
-    width: Optional[PosInt] = None
+    width: PosInt | None = None
     dtype: DType = "float32"
     block_repeats: PosInt = 8
     num_layers: PosInt = 4
@@ -83,7 +92,7 @@ class ModelConfig(_Strict):
     attention: Attention = "auto"
 
     @model_validator(mode="after")
-    def _fill_and_check(self) -> "ModelConfig":
+    def _fill_and_check(self) -> ModelConfig:
         if self.width is None:
             object.__setattr__(self, "width", DEFAULT_WIDTH[self.workload])
         if self.workload == "transformer" and self.width % self.num_heads:
@@ -106,15 +115,15 @@ class TrainConfig(_Strict):
 
     steps: PosInt = 100
     global_batch: PosInt = 256
-    learning_rate: Optional[PosFloat] = None
+    learning_rate: PosFloat | None = None
     weight_decay: Annotated[float, BeforeValidator(_no_bool), Field(ge=0, allow_inf_nan=False)] = 1e-4
     seed: Annotated[int, Strict(), Field(ge=0)] = 0
     log_every: PosInt = 25
-    report_every: Optional[PosInt] = None
-    eval_batch: Optional[PosInt] = None
+    report_every: PosInt | None = None
+    eval_batch: PosInt | None = None
     # Full train state (params, optimizer state, step, data position) every this many steps and at
     # the end; None: only at the end. keep_checkpoints: the newest kept by Ray Train.
-    checkpoint_every: Optional[PosInt] = None
+    checkpoint_every: PosInt | None = None
     keep_checkpoints: PosInt = 3
 
     @property
@@ -134,13 +143,13 @@ class DataConfig(_Strict):
     ``parquet_cache_mib``: a training split whose decoded rows fit in this many MiB is read through
     Ray Data once and later epochs are reordered in host memory; 0 reads every epoch."""
 
-    data_dir: Optional[str] = None
+    data_dir: str | None = None
     seq_len: PosInt = 256
-    parquet: Optional[str] = None
+    parquet: str | None = None
     parquet_cache_mib: Annotated[int, Strict(), Field(ge=0)] = 1024
 
     @model_validator(mode="after")
-    def _check(self) -> "DataConfig":
+    def _check(self) -> DataConfig:
         if self.seq_len < 2:
             raise ValueError("seq_len must be >= 2 (next-byte prediction needs two tokens)")
         return self
@@ -169,7 +178,7 @@ class FaultConfig(_Strict):
     restore after a restart, damage the newest checkpoint (one of its array files is truncated), so
     the restore has to fall back to the one before."""
 
-    kill_at_step: Optional[PosInt] = None
+    kill_at_step: PosInt | None = None
     corrupt_latest_checkpoint: bool = False
 
 
@@ -183,7 +192,7 @@ class TrialConfig(_Strict):
     fault: FaultConfig = FaultConfig()
 
     @model_validator(mode="after")
-    def _check(self) -> "TrialConfig":
+    def _check(self) -> TrialConfig:
         m, d = self.model, self.data
         if m.workload == "transformer" and d.seq_len > m.max_seq_len:
             raise ValueError(f"data.seq_len {d.seq_len} exceeds model.max_seq_len {m.max_seq_len}")
@@ -192,18 +201,25 @@ class TrialConfig(_Strict):
 
             blockers = config_blockers(m.dtype, m.head_dim, self.workers.use_gpu)
             if blockers:
-                raise ValueError(f"model.attention 'cudnn' cannot run: {'; '.join(blockers)}; "
-                                 f"use 'auto' (cuDNN where it can run, else XLA) or 'xla'")
+                raise ValueError(
+                    f"model.attention 'cudnn' cannot run: {'; '.join(blockers)}; "
+                    f"use 'auto' (cuDNN where it can run, else XLA) or 'xla'"
+                )
         kill = self.fault.kill_at_step
         if kill is not None and kill >= self.train.steps:
-            raise ValueError(f"fault.kill_at_step {kill} must be below train.steps {self.train.steps} "
-                             f"(the worker dies after that step, then resumes)")
+            raise ValueError(
+                f"fault.kill_at_step {kill} must be below train.steps {self.train.steps} "
+                f"(the worker dies after that step, then resumes)"
+            )
         if kill is not None and self.workers.max_failures < 1:
-            raise ValueError("fault.kill_at_step needs workers.max_failures >= 1 (without a restart the run "
-                             "can only fail)")
+            raise ValueError(
+                "fault.kill_at_step needs workers.max_failures >= 1 (without a restart the run can only fail)"
+            )
         if self.fault.corrupt_latest_checkpoint and kill is None:
-            raise ValueError("fault.corrupt_latest_checkpoint needs fault.kill_at_step (it damages the newest "
-                             "checkpoint before the restore that follows the kill)")
+            raise ValueError(
+                "fault.corrupt_latest_checkpoint needs fault.kill_at_step (it damages the newest "
+                "checkpoint before the restore that follows the kill)"
+            )
         check_devices(self.train.global_batch, self.workers.total_devices)
         return self
 
@@ -217,19 +233,20 @@ def check_devices(global_batch: int, devices: int) -> int:
     if global_batch % devices:
         raise ConfigError(
             f"global_batch {global_batch} is not divisible by the device count {devices} "
-            f"(workers x devices_per_worker); choose a multiple of {devices}")
+            f"(workers x devices_per_worker); choose a multiple of {devices}"
+        )
     return global_batch // devices
 
 
 class SearchSpace(_Strict):
     """Grid values for the axes Tune sweeps; an axis left out keeps the sweep's fixed value."""
 
-    global_batch: Optional[list[PosInt]] = Field(None, min_length=1)
-    dtype: Optional[list[DType]] = Field(None, min_length=1)
-    width: Optional[list[PosInt]] = Field(None, min_length=1)
+    global_batch: list[PosInt] | None = Field(None, min_length=1)
+    dtype: list[DType] | None = Field(None, min_length=1)
+    width: list[PosInt] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
-    def _unique(self) -> "SearchSpace":
+    def _unique(self) -> SearchSpace:
         for axis in SEARCHABLE:
             values = getattr(self, axis) or []
             if len(set(values)) != len(values):
@@ -245,12 +262,12 @@ class EarlyStoppingConfig(_Strict):
 
     type: Literal["asha"] = "asha"
     metric: Literal["loss", "accuracy"] = "loss"
-    mode: Optional[Literal["min", "max"]] = None
+    mode: Literal["min", "max"] | None = None
     grace_period: PosInt = 100
     reduction_factor: Annotated[int, Strict(), Field(ge=2)] = 3
 
     @model_validator(mode="after")
-    def _mode(self) -> "EarlyStoppingConfig":
+    def _mode(self) -> EarlyStoppingConfig:
         if self.mode is None:
             object.__setattr__(self, "mode", "min" if self.metric == "loss" else "max")
         return self
@@ -268,15 +285,15 @@ class SweepConfig(_Strict):
     """
 
     workload: Workload
-    metric: Optional[str] = None
-    mode: Optional[Literal["min", "max"]] = None
+    metric: str | None = None
+    mode: Literal["min", "max"] | None = None
     model: dict[str, Any] = {}
     train: dict[str, Any] = {}
     search_space: SearchSpace = SearchSpace()
-    early_stopping: Optional[EarlyStoppingConfig] = None
+    early_stopping: EarlyStoppingConfig | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "SweepConfig":
+    def _check(self) -> SweepConfig:
         metric, mode = DEFAULT_METRIC[self.workload]
         if self.metric is None:
             object.__setattr__(self, "metric", metric)
@@ -284,19 +301,25 @@ class SweepConfig(_Strict):
         elif self.mode is None:
             object.__setattr__(self, "mode", "max" if self.metric == "test_accuracy" else "min")
         if self.metric not in METRICS[self.workload]:
-            raise ValueError(f"metric {self.metric!r} is not reported by workload {self.workload!r}; "
-                             f"allowed: {', '.join(METRICS[self.workload])}")
+            raise ValueError(
+                f"metric {self.metric!r} is not reported by workload {self.workload!r}; "
+                f"allowed: {', '.join(METRICS[self.workload])}"
+            )
         for key in ("workload", *SEARCHABLE):
             if key in self.model or key in self.train:
                 raise ValueError(f"{key!r} belongs at the sweep level or in search_space, not in model/train")
         unused = sorted(set(self.model) - set(MODEL_KEYS[self.workload]))
         if unused:
             allowed = ", ".join(MODEL_KEYS[self.workload]) or "none"
-            raise ValueError(f"model key(s) {', '.join(unused)} do not apply to workload {self.workload!r}; "
-                             f"allowed: {allowed}")
+            raise ValueError(
+                f"model key(s) {', '.join(unused)} do not apply to workload {self.workload!r}; "
+                f"allowed: {allowed}"
+            )
         preset = self.model.get("preset")
         if "preset" in self.model and not (isinstance(preset, str) and preset in MODEL_PRESETS):
-            raise ValueError(f"model.preset {preset!r} is not a known preset; allowed: {', '.join(MODEL_PRESETS)}")
+            raise ValueError(
+                f"model.preset {preset!r} is not a known preset; allowed: {', '.join(MODEL_PRESETS)}"
+            )
         return self
 
     def _preset(self) -> dict[str, int]:
@@ -312,9 +335,11 @@ class SweepConfig(_Strict):
         """The grid's values per searchable axis, in SEARCHABLE order; an axis not searched holds
         its default (width: the preset's, else the workload's)."""
         s = self.search_space
-        return {"global_batch": s.global_batch or [TrainConfig().global_batch],
-                "dtype": s.dtype or [ModelConfig.model_fields["dtype"].default],
-                "width": s.width or [self._preset().get("width", DEFAULT_WIDTH[self.workload])]}
+        return {
+            "global_batch": s.global_batch or [TrainConfig().global_batch],
+            "dtype": s.dtype or [ModelConfig.model_fields["dtype"].default],
+            "width": s.width or [self._preset().get("width", DEFAULT_WIDTH[self.workload])],
+        }
 
     def trial_dicts(self, base: dict[str, Any]) -> list[dict[str, Any]]:
         """The grid expanded into TrialConfig dicts (validate each with ``parse_trial``)."""
@@ -334,21 +359,27 @@ class ExperimentConfig(_Strict):
     workers: WorkersConfig = WorkersConfig()
     # None: derived from the cluster (``jaxray.tune.concurrent_trials``): as many trials as its GPUs
     # hold with use_gpu, else one (CPU trials sharing cores would time each other).
-    max_concurrent_trials: Optional[PosInt] = None
+    max_concurrent_trials: PosInt | None = None
     fault: FaultConfig = FaultConfig()
     sweeps: list[SweepConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _one_sweep_per_workload(self) -> "ExperimentConfig":
+    def _one_sweep_per_workload(self) -> ExperimentConfig:
         workloads = [s.workload for s in self.sweeps]
         repeated = sorted({w for w in workloads if workloads.count(w) > 1})
         if repeated:
-            raise ValueError(f"workload {', '.join(repeated)} appears in more than one sweep; put its grid "
-                             f"in one sweep (trial names and output folders are per workload and grid point)")
+            raise ValueError(
+                f"workload {', '.join(repeated)} appears in more than one sweep; put its grid "
+                f"in one sweep (trial names and output folders are per workload and grid point)"
+            )
         return self
 
     def base(self) -> dict[str, Any]:
-        return {"data": self.data.model_dump(), "workers": self.workers.model_dump(), "fault": self.fault.model_dump()}
+        return {
+            "data": self.data.model_dump(),
+            "workers": self.workers.model_dump(),
+            "fault": self.fault.model_dump(),
+        }
 
 
 def _allowed_keys(cls: type[BaseModel], loc: tuple) -> list[str]:
@@ -399,12 +430,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep)
 
 
-def load_experiment(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> ExperimentConfig:
+def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read and validate an experiment YAML, then expand every sweep so each trial is checked up front.
 
     Raises ConfigError for a missing file, invalid YAML, unknown keys, wrong types or values, and for
@@ -429,7 +462,9 @@ def load_experiment(path: str | Path, overrides: Optional[dict[str, Any]] = None
     exp = _validate(ExperimentConfig, raw, str(path))
     # Checked here, where the data is read, not in TrialConfig: workers get Ray Datasets, not files.
     if exp.data.data_dir is not None and not Path(exp.data.data_dir).is_dir():
-        raise ConfigError(f"invalid config {path}:\n  data.data_dir: {exp.data.data_dir!r} is not a directory")
+        raise ConfigError(
+            f"invalid config {path}:\n  data.data_dir: {exp.data.data_dir!r} is not a directory"
+        )
     for i, sweep in enumerate(exp.sweeps):
         for trial in sweep.trial_dicts(exp.base()):
             parse_trial(trial, str(path), prefix=f"sweeps.{i}.")

@@ -6,6 +6,7 @@ whenever it ran, because it is a diagnosis, not a gate (argparse exits 2 on bad 
 preview a multi-device mesh on a laptop (it does not replace a GPU backend that is present).
 jax is imported only inside the functions, after parsing, because XLA_FLAGS must be set before jax starts.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,10 +18,10 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from importlib import metadata
-from typing import Optional, Sequence
 
-from jaxray.cli import cpu_device_count
+from jaxray.argtypes import cpu_device_count
 
 ENV_VARS = ("XLA_FLAGS", "JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES")
 CUDA_PLUGINS = ("jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt")
@@ -34,22 +35,22 @@ ROWS_PER_DEVICE, FEATURES, HIDDEN = 8, 784, 256  # a Fashion-MNIST MLP's input b
 class Facts:
     """What the doctor checked: the only input of ``cpu_only_reason`` and the body of ``--json``."""
 
-    backend: Optional[str] = None  # jax.default_backend(); None when no backend started
-    backend_error: Optional[str] = None  # why jax.devices() raised, e.g. JAX_PLATFORMS=cuda without a GPU
+    backend: str | None = None  # jax.default_backend(); None when no backend started
+    backend_error: str | None = None  # why jax.devices() raised, e.g. JAX_PLATFORMS=cuda without a GPU
     devices: tuple[dict, ...] = ()  # {"id", "platform", "device_kind", "process_index"}, all processes
     process_count: int = 1
     jax_version: str = ""
     jaxlib_version: str = ""
     cuda_plugins: dict = dataclasses.field(default_factory=dict)  # installed distribution -> version
-    cuda_version: Optional[str] = None  # CUDA runtime the plugin loads, e.g. "12.8"
-    cudnn_version: Optional[str] = None
+    cuda_version: str | None = None  # CUDA runtime the plugin loads, e.g. "12.8"
+    cudnn_version: str | None = None
     nvidia_smi: str = "missing (not on PATH)"  # or "ok", or "failed: <why>"
-    driver_cuda_version: Optional[str] = None  # nvidia-smi's "CUDA Version": the newest the driver runs
+    driver_cuda_version: str | None = None  # nvidia-smi's "CUDA Version": the newest the driver runs
     topology: str = ""  # `nvidia-smi topo -m`, or why there is none
     env: dict = dataclasses.field(default_factory=dict)  # ENV_VARS -> value, None when unset
 
 
-def cpu_only_reason(facts: Facts) -> Optional[str]:
+def cpu_only_reason(facts: Facts) -> str | None:
     """Why JAX has no accelerator device, from checked facts; None when it has one.
 
     Checked in the order the fixes must happen: platform choice, install, driver, visibility, versions.
@@ -63,15 +64,21 @@ def cpu_only_reason(facts: Facts) -> Optional[str]:
         return f"CPU-only jaxlib: install the CUDA plugin ({GPU_INSTALL})"
     stale = {name: v for name, v in facts.cuda_plugins.items() if v != facts.jaxlib_version}
     if stale:  # JAX warns "... is not compatible with the installed jaxlib version" and skips the plugin
-        return f"CUDA plugin {stale} does not match jaxlib {facts.jaxlib_version}: reinstall it ({GPU_INSTALL})"
+        return (
+            f"CUDA plugin {stale} does not match jaxlib {facts.jaxlib_version}: reinstall it ({GPU_INSTALL})"
+        )
     if facts.nvidia_smi != "ok":
-        return (f"driver not visible (nvidia-smi {facts.nvidia_smi}): container without GPU access "
-                "(--gpus all / nvidia runtime) or driver not installed")
+        return (
+            f"driver not visible (nvidia-smi {facts.nvidia_smi}): container without GPU access "
+            "(--gpus all / nvidia runtime) or driver not installed"
+        )
     if facts.env.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
         return f"CUDA_VISIBLE_DEVICES={facts.env['CUDA_VISIBLE_DEVICES']!r} hides every GPU: unset it"
     plugin_cuda = facts.cuda_version or "/".join(facts.cuda_plugins)
-    return (f"driver/CUDA mismatch: compare nvidia-smi's CUDA version ({facts.driver_cuda_version or 'unknown'}) "
-            f"with the plugin's ({plugin_cuda}); the driver must support at least the plugin's CUDA")
+    return (
+        f"driver/CUDA mismatch: compare nvidia-smi's CUDA version ({facts.driver_cuda_version or 'unknown'}) "
+        f"with the plugin's ({plugin_cuda}); the driver must support at least the plugin's CUDA"
+    )
 
 
 def _run_smi(*args: str) -> tuple[str, str]:
@@ -99,7 +106,7 @@ def _installed(names: Sequence[str]) -> dict[str, str]:
     return found
 
 
-def _cuda_versions() -> tuple[Optional[str], Optional[str]]:
+def _cuda_versions() -> tuple[str | None, str | None]:
     """(CUDA runtime, cuDNN) versions, e.g. ("12.8", "9.8.0"); None where unknown.
 
     First the CUDA plugin's ``_versions`` module, which JAX itself reads (private, so any failure falls
@@ -113,8 +120,9 @@ def _cuda_versions() -> tuple[Optional[str], Optional[str]]:
             continue
         major, rest = divmod(cudnn, 10000 if cudnn >= 90000 else 1000)  # cuDNN 9 changed the encoding
         return f"{cuda // 1000}.{cuda % 1000 // 10}", f"{major}.{rest // 100}.{rest % 100}"
-    wheels = _installed(("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime", "nvidia-cudnn-cu12",
-                         "nvidia-cudnn-cu13"))
+    wheels = _installed(
+        ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime", "nvidia-cudnn-cu12", "nvidia-cudnn-cu13")
+    )
     cuda = next((v for k, v in wheels.items() if "runtime" in k), None)
     return cuda, next((v for k, v in wheels.items() if "cudnn" in k), None)
 
@@ -134,14 +142,28 @@ def collect() -> Facts:
     driver_cuda = re.search(r"CUDA Version:\s*([\d.]+)", header)
     cuda, cudnn = _cuda_versions()
     return Facts(
-        backend=backend, backend_error=error, process_count=jax.process_count() if devices else 1,
-        devices=tuple({"id": d.id, "platform": d.platform, "device_kind": d.device_kind,
-                       "process_index": d.process_index} for d in devices),
-        jax_version=jax.__version__, jaxlib_version=jaxlib.__version__,
-        cuda_plugins=_installed(CUDA_PLUGINS), cuda_version=cuda, cudnn_version=cudnn,
-        nvidia_smi=smi, driver_cuda_version=driver_cuda.group(1) if driver_cuda else None,
+        backend=backend,
+        backend_error=error,
+        process_count=jax.process_count() if devices else 1,
+        devices=tuple(
+            {
+                "id": d.id,
+                "platform": d.platform,
+                "device_kind": d.device_kind,
+                "process_index": d.process_index,
+            }
+            for d in devices
+        ),
+        jax_version=jax.__version__,
+        jaxlib_version=jaxlib.__version__,
+        cuda_plugins=_installed(CUDA_PLUGINS),
+        cuda_version=cuda,
+        cudnn_version=cudnn,
+        nvidia_smi=smi,
+        driver_cuda_version=driver_cuda.group(1) if driver_cuda else None,
         topology=topo if topo_status == "ok" else f"nvidia-smi {topo_status}",
-        env={k: os.environ.get(k) for k in ENV_VARS})
+        env={k: os.environ.get(k) for k in ENV_VARS},
+    )
 
 
 def print_facts(facts: Facts) -> None:
@@ -180,23 +202,31 @@ def check_mesh(show: bool) -> dict:
         jax.debug.visualize_array_sharding(batch)
         print(f"\nweight {list(weight.shape)} float32, {replicated(mesh).spec}:")
         jax.debug.visualize_array_sharding(weight)
-    return {"mesh_shape": dict(mesh.shape), "batch_shape": list(batch.shape),
-            "batch_shard_shape": list(batch.sharding.shard_shape(batch.shape)),
-            "batch_spec": str(batch_sharding(mesh).spec), "weight_shape": list(weight.shape),
-            "weight_shard_shape": list(weight.sharding.shard_shape(weight.shape)),
-            "weight_spec": str(replicated(mesh).spec)}
+    return {
+        "mesh_shape": dict(mesh.shape),
+        "batch_shape": list(batch.shape),
+        "batch_shard_shape": list(batch.sharding.shard_shape(batch.shape)),
+        "batch_spec": str(batch_sharding(mesh).spec),
+        "weight_shape": list(weight.shape),
+        "weight_shard_shape": list(weight.sharding.shard_shape(weight.shape)),
+        "weight_spec": str(replicated(mesh).spec),
+    }
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line; argparse exits 2 on bad arguments."""
     parser = argparse.ArgumentParser(prog="python -m jaxray.doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the facts as one JSON object")
-    parser.add_argument("--cpu-devices", type=cpu_device_count, metavar="N",
-                        help="force N host (CPU) devices, to preview a multi-device mesh on a laptop")
+    parser.add_argument(
+        "--cpu-devices",
+        type=cpu_device_count,
+        metavar="N",
+        help="force N host (CPU) devices, to preview a multi-device mesh on a laptop",
+    )
     return parser.parse_args(argv)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the checks and print them; 0 whenever it ran."""
     args = parse_args(argv)
     if args.cpu_devices:  # appended, so the user's own XLA_FLAGS survive; must precede `import jax`
@@ -213,8 +243,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not args.json:
             print(f"\nmesh failed: {mesh['mesh_error']}")
     if args.json:
-        print(json.dumps({**dataclasses.asdict(facts), "device_count": len(facts.devices),
-                          "cpu_only_reason": cpu_only_reason(facts), **mesh}))
+        print(
+            json.dumps(
+                {
+                    **dataclasses.asdict(facts),
+                    "device_count": len(facts.devices),
+                    "cpu_only_reason": cpu_only_reason(facts),
+                    **mesh,
+                }
+            )
+        )
     return 0
 
 

@@ -2,7 +2,7 @@
 
 MLP workloads (mlp, shared_block_mlp): test loss (nats) and accuracy over all 10,000 Fashion-MNIST
 test images (padded, masked eval batches, so none is dropped), a 10x10 confusion matrix from the
-per-image predictions, and two figures (``jaxray.eval_figures``). The transformer: validation loss
+per-image predictions, and two figures (``jaxray.reporting.eval_figures``). The transformer: validation loss
 in nats per byte, perplexity = exp(loss), bits per byte = loss / ln 2, byte accuracy, and a sampled
 text (``jaxray.generate``).
 
@@ -19,6 +19,7 @@ folder's name or, for a Ray Train ``checkpoint_*`` folder, its trial folder's na
   python -m jaxray.evaluate --checkpoint runs/demo --workload mlp
   python -m jaxray.evaluate --checkpoint runs/demo --prompt "JULIET:" --max-new-tokens 300
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,24 +28,25 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxray import checkpoint, eval_figures
+from jaxray import checkpoint
 from jaxray.config import WORKLOADS, ConfigError
 from jaxray.data.batching import Arrays, eval_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays
-from jaxray.generate import check_sampling, encode_prompt, generate, printable, prompt_window
+from jaxray.inference.sampling import check_sampling, encode_prompt, generate, printable, prompt_window
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
-from jaxray.report import check_overwrite, json_safe
-from jaxray.train.evaluate import evaluate
+from jaxray.reporting import eval_figures
+from jaxray.reporting.sweep import check_overwrite, json_safe
+from jaxray.train.held_out import evaluate
 from jaxray.train.loop import jit_eval_step
 from jaxray.train.run import eval_batch_size
 
@@ -63,13 +65,15 @@ def jit_predict_step(model: Model, mesh: Mesh):
     """The jitted predict step. Params replicated, batch sharded; predictions replicated so that
     every process reads the whole global batch's, in row order."""
     step = functools.partial(predict_step, apply=model.apply)
-    return jax.jit(step, in_shardings=(replicated(mesh), batch_sharding(mesh)), out_shardings=replicated(mesh))
+    return jax.jit(
+        step, in_shardings=(replicated(mesh), batch_sharding(mesh)), out_shardings=replicated(mesh)
+    )
 
 
 def predict(predict_fn, params: Any, arrays: Arrays, global_batch: int, mesh: Mesh) -> np.ndarray:
     """[N] int32 predicted class of every row of ``arrays``, in order, padding removed.
 
-    Batches exactly as ``jaxray.train.evaluate.evaluate`` (``eval_batches``, padded and masked).
+    Batches exactly as ``jaxray.train.held_out.evaluate`` (``eval_batches``, padded and masked).
     """
     # Dispatch every batch before reading any back, so the host never waits between batches.
     out = [predict_fn(params, shard_batch(mesh, b)) for b in eval_batches(arrays, global_batch)]
@@ -77,7 +81,9 @@ def predict(predict_fn, params: Any, arrays: Arrays, global_batch: int, mesh: Me
     return predictions[predictions >= 0]
 
 
-def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, num_classes: int = NUM_CLASSES) -> np.ndarray:
+def confusion_matrix(
+    labels: np.ndarray, predictions: np.ndarray, num_classes: int = NUM_CLASSES
+) -> np.ndarray:
     """[C, C] int64 counts, rows the true class, columns the predicted one.
 
     ``labels`` and ``predictions``: [N] ints in 0..C-1. Raises ValueError if their lengths differ
@@ -97,7 +103,9 @@ def default_out(directory: str | Path) -> Path:
     """``runs/eval/<name>``: the checkpoint folder's name, or its trial folder's when the folder is a
     Ray Train ``checkpoint_<timestamp>`` (a timestamp alone says nothing about the model)."""
     directory = Path(directory).absolute()
-    return DEFAULT_OUT_ROOT / (directory.parent.name if directory.name.startswith("checkpoint") else directory.name)
+    return DEFAULT_OUT_ROOT / (
+        directory.parent.name if directory.name.startswith("checkpoint") else directory.name
+    )
 
 
 def evaluate_classifier(model: Model, params: Any, held_out: Arrays, global_batch: int, mesh: Mesh) -> dict:
@@ -106,27 +114,55 @@ def evaluate_classifier(model: Model, params: Any, held_out: Arrays, global_batc
     metrics = evaluate(jit_eval_step(model, mesh), params, held_out, global_batch, mesh)
     predictions = predict(jit_predict_step(model, mesh), params, held_out, global_batch, mesh)
     matrix = confusion_matrix(held_out["label"], predictions)
-    return {"loss": metrics["loss"], "accuracy": metrics["accuracy"], "count": metrics["count"],
-            "dropped": len(held_out["label"]) - int(matrix.sum()), "confusion_matrix": matrix,
-            "predictions": predictions}
+    return {
+        "loss": metrics["loss"],
+        "accuracy": metrics["accuracy"],
+        "count": metrics["count"],
+        "dropped": len(held_out["label"]) - int(matrix.sum()),
+        "confusion_matrix": matrix,
+        "predictions": predictions,
+    }
 
 
-def evaluate_language_model(model: Model, params: Any, held_out: Arrays, global_batch: int, mesh: Mesh,
-                            prompt: str = "ROMEO:", max_new_tokens: int = 200, temperature: float = 0.8,
-                            seed: int = 0) -> dict:
+def evaluate_language_model(
+    model: Model,
+    params: Any,
+    held_out: Arrays,
+    global_batch: int,
+    mesh: Mesh,
+    prompt: str = "ROMEO:",
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    seed: int = 0,
+) -> dict:
     """Validation ``loss`` (nats per byte), ``perplexity`` = exp(loss), ``bits_per_byte`` = loss / ln 2,
     byte ``accuracy``, ``count`` (sequences) and a ``sample`` of ``max_new_tokens`` bytes after ``prompt``."""
     metrics = evaluate(jit_eval_step(model, mesh), params, held_out, global_batch, mesh)
     sample = generate(model, params, prompt, max_new_tokens, temperature, seed)
-    return {"loss": metrics["loss"], "perplexity": metrics["perplexity"],
-            "bits_per_byte": metrics["loss"] / math.log(2), "accuracy": metrics["accuracy"],
-            "count": metrics["count"], "prompt": prompt, "max_new_tokens": max_new_tokens,
-            "temperature": temperature, "seed": seed, "sample": sample}
+    return {
+        "loss": metrics["loss"],
+        "perplexity": metrics["perplexity"],
+        "bits_per_byte": metrics["loss"] / math.log(2),
+        "accuracy": metrics["accuracy"],
+        "count": metrics["count"],
+        "prompt": prompt,
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "sample": sample,
+    }
 
 
-def run(path: str | Path, out: Optional[str | Path] = None, data_dir: Optional[str] = None,
-        workload: Optional[str] = None, prompt: str = "ROMEO:", max_new_tokens: int = 200,
-        temperature: float = 0.8, seed: int = 0) -> dict:
+def run(
+    path: str | Path,
+    out: str | Path | None = None,
+    data_dir: str | None = None,
+    workload: str | None = None,
+    prompt: str = "ROMEO:",
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    seed: int = 0,
+) -> dict:
     """Evaluate the checkpoint ``path`` names (anything ``checkpoint.resolve`` accepts) and write
     summary.json (and the MLP figures) under ``out`` (default ``default_out``); returns the summary.
 
@@ -136,12 +172,16 @@ def run(path: str | Path, out: Optional[str | Path] = None, data_dir: Optional[s
     """
     check_sampling(max_new_tokens, temperature, None, seed=seed)
     prompt_window(encode_prompt(prompt), 1)  # an empty prompt fails here, not after the restore
-    if data_dir is not None and not Path(data_dir).is_dir():  # else a typo falls through to the default search
+    if (
+        data_dir is not None and not Path(data_dir).is_dir()
+    ):  # else a typo falls through to the default search
         raise ConfigError(f"--data-dir {data_dir} is not a directory")
     directory = checkpoint.resolve(path, workload).absolute()
     trial = checkpoint.load_trial_config(directory)
     if workload and trial.model.workload != workload:
-        raise checkpoint.CheckpointError(f"{directory} holds a {trial.model.workload} checkpoint, not {workload}")
+        raise checkpoint.CheckpointError(
+            f"{directory} holds a {trial.model.workload} checkpoint, not {workload}"
+        )
     out = Path(out or default_out(directory)).absolute()
     check_overwrite(out, WRITER)  # before any data is read: never replace another tool's summary
     try:
@@ -150,17 +190,26 @@ def run(path: str | Path, out: Optional[str | Path] = None, data_dir: Optional[s
         raise ConfigError(f"--out {out} cannot be a results folder: {err}") from None
     # The recorded folder may not exist on this machine: read_verified then searches on as usual.
     data_dir = data_dir or trial.data.data_dir
-    _, held_out = load_arrays(trial.model_copy(update={"data": trial.data.model_copy(update={"data_dir": data_dir})}))
+    _, held_out = load_arrays(
+        trial.model_copy(update={"data": trial.data.model_copy(update={"data_dir": data_dir})})
+    )
     mesh = make_mesh(jax.devices()[:1])  # one device: evaluation is small, and no batch must divide
     model, params = checkpoint.restore(directory, replicated(mesh))
     batch = eval_batch_size(trial, 1)
     out.mkdir(parents=True, exist_ok=True)
     head = {"checkpoint": str(directory), "workload": trial.model.workload, "data_dir": data_dir}
     if trial.model.workload == "transformer":
-        summary = head | {"seq_len": trial.data.seq_len} | evaluate_language_model(
-            model, params, held_out, batch, mesh, prompt, max_new_tokens, temperature, seed)
+        summary = (
+            head
+            | {"seq_len": trial.data.seq_len}
+            | evaluate_language_model(
+                model, params, held_out, batch, mesh, prompt, max_new_tokens, temperature, seed
+            )
+        )
     else:
-        summary = head | _classifier_files(evaluate_classifier(model, params, held_out, batch, mesh), held_out, out)
+        summary = head | _classifier_files(
+            evaluate_classifier(model, params, held_out, batch, mesh), held_out, out
+        )
     summary["summary_json"] = str(out / "summary.json")
     summary["written_by"] = WRITER
     # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
@@ -174,51 +223,86 @@ def _classifier_files(result: dict, held_out: Arrays, out: Path) -> dict:
     paths = {name: out / name for name in FIGURES}
     predictions = result.pop("predictions")
     eval_figures.plot_confusion_matrix(result["confusion_matrix"], CLASS_NAMES, paths[FIGURES[0]])
-    n = eval_figures.GRID_SIDE ** 2
-    eval_figures.plot_predictions_grid(held_out["image"][:n], held_out["label"][:n], predictions[:n], CLASS_NAMES,
-                                       paths[FIGURES[1]])
-    return result | {"class_names": list(CLASS_NAMES), "confusion_matrix_png": str(paths[FIGURES[0]]),
-                     "predictions_grid_png": str(paths[FIGURES[1]])}
+    n = eval_figures.GRID_SIDE**2
+    eval_figures.plot_predictions_grid(
+        held_out["image"][:n], held_out["label"][:n], predictions[:n], CLASS_NAMES, paths[FIGURES[1]]
+    )
+    return result | {
+        "class_names": list(CLASS_NAMES),
+        "confusion_matrix_png": str(paths[FIGURES[0]]),
+        "predictions_grid_png": str(paths[FIGURES[1]]),
+    }
 
 
 def format_summary(s: dict) -> str:
     """The lines ``main`` prints for a summary from ``run``."""
     lines = [f"checkpoint     {s['checkpoint']} ({s['workload']})"]
     if s["workload"] == "transformer":
-        lines += [f"val sequences  {s['count']} of {s['seq_len']} bytes ({s['seq_len'] - 1} predicted in each)",
-                  f"val loss       {s['loss']:.4f} nats/byte",
-                  f"perplexity     {s['perplexity']:.3f}", f"bits per byte  {s['bits_per_byte']:.4f}",
-                  f"byte accuracy  {s['accuracy']:.4f}",
-                  f"sample         ({s['max_new_tokens']} bytes, temperature {s['temperature']}, seed {s['seed']}):",
-                  printable(s["prompt"] + s["sample"])]
+        lines += [
+            f"val sequences  {s['count']} of {s['seq_len']} bytes ({s['seq_len'] - 1} predicted in each)",
+            f"val loss       {s['loss']:.4f} nats/byte",
+            f"perplexity     {s['perplexity']:.3f}",
+            f"bits per byte  {s['bits_per_byte']:.4f}",
+            f"byte accuracy  {s['accuracy']:.4f}",
+            f"sample         ({s['max_new_tokens']} bytes, temperature {s['temperature']}, seed {s['seed']}):",
+            printable(s["prompt"] + s["sample"]),
+        ]
     else:
         total = s["count"] + s["dropped"]
         dropped = "none dropped" if s["dropped"] == 0 else f"WARNING: {s['dropped']} DROPPED"
         correct = int(np.trace(s["confusion_matrix"]))
-        lines += [f"test images    {s['count']} evaluated of {total} ({dropped})",
-                  f"test loss      {s['loss']:.4f} nats", f"accuracy       {s['accuracy']:.4f} ({correct} correct)",
-                  f"figures        {s['confusion_matrix_png']}", f"               {s['predictions_grid_png']}"]
+        lines += [
+            f"test images    {s['count']} evaluated of {total} ({dropped})",
+            f"test loss      {s['loss']:.4f} nats",
+            f"accuracy       {s['accuracy']:.4f} ({correct} correct)",
+            f"figures        {s['confusion_matrix_png']}",
+            f"               {s['predictions_grid_png']}",
+        ]
     return "\n".join(lines + [f"summary        {s['summary_json']}"])
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxray.evaluate", description="Evaluate a saved checkpoint.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--checkpoint", required=True,
-                   help="a checkpoint folder, a train/<trial> folder, or runs/<experiment>")
-    p.add_argument("--workload", choices=WORKLOADS,
-                   help="in runs/<experiment>: whose best trial (default: the transformer if any)")
-    p.add_argument("--out", default=argparse.SUPPRESS,
-                   help="output folder (default: runs/eval/<checkpoint or trial folder name>)")
-    p.add_argument("--data-dir", help="data folder (default: the checkpoint's data.data_dir, else the usual search)")
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m jaxray.evaluate",
+        description="Evaluate a saved checkpoint.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a checkpoint folder, a train/<trial> folder, or runs/<experiment>",
+    )
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        help="in runs/<experiment>: whose best trial (default: the transformer if any)",
+    )
+    p.add_argument(
+        "--out",
+        default=argparse.SUPPRESS,
+        help="output folder (default: runs/eval/<checkpoint or trial folder name>)",
+    )
+    p.add_argument(
+        "--data-dir", help="data folder (default: the checkpoint's data.data_dir, else the usual search)"
+    )
     p.add_argument("--prompt", default="ROMEO:", help="transformer: text to continue")
     p.add_argument("--max-new-tokens", type=int, default=200, help="transformer: bytes to sample")
-    p.add_argument("--temperature", type=float, default=0.8, help="transformer: softmax temperature; 0 is greedy")
+    p.add_argument(
+        "--temperature", type=float, default=0.8, help="transformer: softmax temperature; 0 is greedy"
+    )
     p.add_argument("--seed", type=int, default=0, help="transformer: PRNG seed of the sample")
     args = p.parse_args(argv)
     try:
-        summary = run(args.checkpoint, getattr(args, "out", None), args.data_dir, args.workload, prompt=args.prompt,
-                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+        summary = run(
+            args.checkpoint,
+            getattr(args, "out", None),
+            args.data_dir,
+            args.workload,
+            prompt=args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+        )
     except (checkpoint.CheckpointError, ConfigError, ValueError, DataFileError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -2,7 +2,7 @@
 python -m jaxray.tune --resume runs/<experiment>: finish an interrupted one.
 
 Each sweep of the experiment YAML becomes one Ray Tune grid over global batch, compute dtype and
-model width; each trial is one Ray Train run (``jaxray.ray_train``). Results land in
+model width; each trial is one Ray Train run (``jaxray.raytrain.trainer``). Results land in
 ``runs/<experiment>/`` (``--out``): summary.json / summary.md, plots, TensorBoard event files and the
 trials' Orbax checkpoints. Joins a running cluster (``RAY_ADDRESS`` or a local ``ray start``),
 otherwise starts a local Ray in-process.
@@ -13,6 +13,7 @@ Tune experiment (``Tuner.restore``): finished trials keep their results and chec
 run again; unfinished and failed ones run again from the start; a sweep that never started runs as
 usual. The reports then cover every trial.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import ray
 import ray.data
@@ -31,7 +32,14 @@ import yaml
 from ray import tune
 
 from jaxray.checkpoint import HISTORY_FILE
-from jaxray.config import ConfigError, ExperimentConfig, SweepConfig, TrainConfig, load_experiment, parse_trial
+from jaxray.config import (
+    ConfigError,
+    ExperimentConfig,
+    SweepConfig,
+    TrainConfig,
+    load_experiment,
+    parse_trial,
+)
 from jaxray.data.batching import num_rows
 from jaxray.data.sources import DataFileError
 
@@ -46,39 +54,54 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LOG_ROW_KEYS = ("step", "examples", "loss", "accuracy", "grad_norm", "tokens", "perplexity")
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jaxray.tune", description=__doc__.replace("``", ""),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m jaxray.tune",
+        description=__doc__.replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--config", help="experiment YAML, e.g. tune_configs/demo.yaml")
-    what.add_argument("--resume", metavar="DIR",
-                      help=f"finish the interrupted run whose output folder is DIR (e.g. runs/demo), with the "
-                           f"config saved there ({EXPERIMENT_FILE}); finished trials are kept, not run again")
+    what.add_argument(
+        "--resume",
+        metavar="DIR",
+        help=f"finish the interrupted run whose output folder is DIR (e.g. runs/demo), with the "
+        f"config saved there ({EXPERIMENT_FILE}); finished trials are kept, not run again",
+    )
     p.add_argument("--out", help="output folder (default: runs/<experiment>)")
-    p.add_argument("--data-dir", help="folder with the data files (default: $JAXRAY_DATA_DIR, then the cache)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the results of an earlier run in the output folder (default: refuse)")
+    p.add_argument(
+        "--data-dir", help="folder with the data files (default: $JAXRAY_DATA_DIR, then the cache)"
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results of an earlier run in the output folder (default: refuse)",
+    )
     args = p.parse_args(argv)
     if args.resume is not None and args.out is not None:
         p.error("argument --out: not allowed with argument --resume (a resumed run writes into DIR)")
     if args.resume is not None and args.overwrite:
-        p.error("argument --overwrite: not allowed with argument --resume (resuming keeps everything in DIR; "
-                "to start over use --config FILE --out DIR --overwrite)")
+        p.error(
+            "argument --overwrite: not allowed with argument --resume (resuming keeps everything in DIR; "
+            "to start over use --config FILE --out DIR --overwrite)"
+        )
     return args
 
 
 def prepare_out(out: Path, overwrite: bool) -> None:
     """Refuse an output folder that is a file, or that holds an earlier run's results unless
     ``overwrite``; then remove only what jaxray writes there. Raises ConfigError."""
-    from jaxray.report import FILES
+    from jaxray.reporting.sweep import FILES
 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     ours = [out / name for name in (*FILES, *RUN_DIRS, EXPERIMENT_FILE) if (out / name).exists()]
     if ours and not overwrite:
         resume = f", --resume {out} to finish that run" if (out / EXPERIMENT_FILE).is_file() else ""
-        raise ConfigError(f"{out} already holds the results of an earlier run ({', '.join(p.name for p in ours)}); "
-                          f"pass --overwrite to replace them{resume}, or choose another --out")
+        raise ConfigError(
+            f"{out} already holds the results of an earlier run ({', '.join(p.name for p in ours)}); "
+            f"pass --overwrite to replace them{resume}, or choose another --out"
+        )
     for path in ours:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
@@ -93,12 +116,15 @@ def save_experiment(out: Path, exp: ExperimentConfig) -> Path:
         if value is not None and "://" not in value:
             config["data"][key] = str(Path(value).absolute())
     text = yaml.safe_dump(config, sort_keys=False)
-    path.write_text(f"# The resolved experiment config of this run, written by python -m jaxray.tune;\n"
-                    f"# python -m jaxray.tune --resume {out} reads it.\n{text}", encoding="utf-8")
+    path.write_text(
+        f"# The resolved experiment config of this run, written by python -m jaxray.tune;\n"
+        f"# python -m jaxray.tune --resume {out} reads it.\n{text}",
+        encoding="utf-8",
+    )
     return path
 
 
-def load_resume(out: Path, overrides: Optional[dict[str, Any]] = None) -> ExperimentConfig:
+def load_resume(out: Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """The experiment config saved in the output folder ``out`` of an earlier run. Raises
     ConfigError naming the path when ``out`` is missing, not a folder, or not a jaxray.tune output
     folder (no experiment.yaml), or when the saved config no longer validates."""
@@ -108,9 +134,11 @@ def load_resume(out: Path, overrides: Optional[dict[str, Any]] = None) -> Experi
         raise ConfigError(f"--resume {out} is a file, not a folder")
     saved = out / EXPERIMENT_FILE
     if not saved.is_file():
-        raise ConfigError(f"--resume {out}: {saved} is missing, so this is not the output folder of a "
-                          f"python -m jaxray.tune run that can be resumed (a run saves it before its first "
-                          f"trial)")
+        raise ConfigError(
+            f"--resume {out}: {saved} is missing, so this is not the output folder of a "
+            f"python -m jaxray.tune run that can be resumed (a run saves it before its first "
+            f"trial)"
+        )
     return load_experiment(saved, overrides)
 
 
@@ -120,8 +148,10 @@ def check_batches(exp: ExperimentConfig, rows: dict[str, int]) -> None:
     for i, sweep in enumerate(exp.sweeps):
         for batch in sweep.axes()["global_batch"]:
             if batch > rows[sweep.workload]:
-                raise ConfigError(f"sweeps.{i}.search_space.global_batch: {batch} is larger than the "
-                                  f"{rows[sweep.workload]} training rows of {sweep.workload}")
+                raise ConfigError(
+                    f"sweeps.{i}.search_space.global_batch: {batch} is larger than the "
+                    f"{rows[sweep.workload]} training rows of {sweep.workload}"
+                )
 
 
 def parquet_rows(exp: ExperimentConfig) -> dict[str, int]:
@@ -154,13 +184,19 @@ def run_trial(config: dict[str, Any], sweep: dict, base: dict, datasets: dict, o
     """Tune function trainable: one Ray Train run whose reports reach Tune via TuneReportCallback."""
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from jaxray.ray_train import make_trainer
+    from jaxray.raytrain.trainer import make_trainer
 
     sweep_cfg = SweepConfig.model_validate(sweep)
     trial = parse_trial(sweep_cfg.trial_dict(base, config["global_batch"], config["dtype"], config["width"]))
     name = trial_name(sweep_cfg.workload, config)
-    make_trainer(trial, datasets, storage_path=Path(out) / "train", name=name,
-                 tensorboard_dir=Path(out) / "tensorboard" / name, callbacks=[TuneReportCallback()]).fit()
+    make_trainer(
+        trial,
+        datasets,
+        storage_path=Path(out) / "train",
+        name=name,
+        tensorboard_dir=Path(out) / "tensorboard" / name,
+        callbacks=[TuneReportCallback()],
+    ).fit()
 
 
 def load_sweep_arrays(exp: ExperimentConfig) -> dict[str, tuple]:
@@ -195,12 +231,19 @@ def early_stopping(sweep: SweepConfig):
     from ray.tune.schedulers import ASHAScheduler
 
     steps = sweep.train.get("steps", TrainConfig().steps)
-    return ASHAScheduler(time_attr="step", metric=rule.metric, mode=rule.mode, max_t=steps,
-                         grace_period=min(rule.grace_period, steps), reduction_factor=rule.reduction_factor)
+    return ASHAScheduler(
+        time_attr="step",
+        metric=rule.metric,
+        mode=rule.mode,
+        max_t=steps,
+        grace_period=min(rule.grace_period, steps),
+        reduction_factor=rule.reduction_factor,
+    )
 
 
-def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: Optional[tuple], out: Path,
-              resume: bool = False) -> tuple[list[tuple[dict, list[dict]]], int]:
+def run_sweep(
+    exp: ExperimentConfig, sweep: SweepConfig, arrays: tuple | None, out: Path, resume: bool = False
+) -> tuple[list[tuple[dict, list[dict]]], int]:
     """Fit one sweep on its (train, held-out) arrays, fed to the workers as Ray Datasets, or (None,
     with ``data.parquet``) on its prepared Parquet folder. With ``resume`` a sweep whose Tune
     experiment exists under ``out/tune/<workload>`` is restored (``Tuner.restore``): its finished
@@ -214,7 +257,9 @@ def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: Optional[tuple]
     base = exp.base()
     # With data.parquet each worker streams its rows itself (jaxray.data.parquet): no dataset to pass.
     datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])} if arrays else {}
-    trainable = tune.with_parameters(run_trial, sweep=sweep.model_dump(), base=base, datasets=datasets, out=str(out))
+    trainable = tune.with_parameters(
+        run_trial, sweep=sweep.model_dump(), base=base, datasets=datasets, out=str(out)
+    )
     path = out / "tune" / sweep.workload
     if resume and tune.Tuner.can_restore(path):
         # Names, scheduler and concurrency come back from the saved experiment; the trainable (with
@@ -225,11 +270,14 @@ def run_sweep(exp: ExperimentConfig, sweep: SweepConfig, arrays: Optional[tuple]
     # Trial and run names derive from the grid point and the workload only, so the folders of an
     # interrupted sweep are found again by name (Tuner.restore).
     tuner = tune.Tuner(
-        trainable, param_space=grid(sweep),
-        tune_config=tune.TuneConfig(max_concurrent_trials=concurrent_trials(exp, ray.cluster_resources()),
-                                    scheduler=early_stopping(sweep),
-                                    trial_name_creator=lambda t: trial_name(sweep.workload, t.config),
-                                    trial_dirname_creator=lambda t: trial_name(sweep.workload, t.config)),
+        trainable,
+        param_space=grid(sweep),
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=concurrent_trials(exp, ray.cluster_resources()),
+            scheduler=early_stopping(sweep),
+            trial_name_creator=lambda t: trial_name(sweep.workload, t.config),
+            trial_dirname_creator=lambda t: trial_name(sweep.workload, t.config),
+        ),
         run_config=tune.RunConfig(name=sweep.workload, storage_path=str(out / "tune"), verbose=1),
     )
     return _fit(sweep, tuner)
@@ -243,8 +291,11 @@ def _fit(sweep: SweepConfig, tuner: tune.Tuner) -> tuple[list[tuple[dict, list[d
     try:
         saved = tune.ExperimentAnalysis(grid.experiment_path).trials
     except Exception as err:  # Tune already logged why its state was not saved; report what there is
-        print(f"warning: could not read the saved state of the {sweep.workload} sweep ({err}); "
-              f"taking it as complete", file=sys.stderr)
+        print(
+            f"warning: could not read the saved state of the {sweep.workload} sweep ({err}); "
+            f"taking it as complete",
+            file=sys.stderr,
+        )
         saved = []
     unfinished = sum(t.status not in ("TERMINATED", "ERROR") for t in saved)
     return [_collect(sweep, r) for r in grid], unfinished
@@ -262,8 +313,11 @@ def _collect(sweep: SweepConfig, result) -> tuple[dict, list[dict]]:
     if not metrics.get("final"):
         row["error"] = "trial ended without its final report"
         return row, []
-    keep = {k: v for k, v in metrics.items()
-            if k not in ("final", "checkpoint_path", *LOG_ROW_KEYS) and not _tune_key(k)}
+    keep = {
+        k: v
+        for k, v in metrics.items()
+        if k not in ("final", "checkpoint_path", *LOG_ROW_KEYS) and not _tune_key(k)
+    }
     checkpoint = metrics.get("checkpoint_path")
     row.update(keep, trial=name, checkpoint=checkpoint)
     history_file = Path(checkpoint or "") / HISTORY_FILE
@@ -271,12 +325,26 @@ def _collect(sweep: SweepConfig, result) -> tuple[dict, list[dict]]:
 
 
 def _tune_key(key: str) -> bool:
-    return key in ("timestamp", "time_this_iter_s", "time_total_s", "training_iteration", "trial_id", "date",
-                   "pid", "hostname", "node_ip", "time_since_restore", "iterations_since_restore",
-                   "done", "config", "checkpoint_dir_name", "experiment_tag") or key.startswith("config/")
+    return key in (
+        "timestamp",
+        "time_this_iter_s",
+        "time_total_s",
+        "training_iteration",
+        "trial_id",
+        "date",
+        "pid",
+        "hostname",
+        "node_ip",
+        "time_since_restore",
+        "iterations_since_restore",
+        "done",
+        "config",
+        "checkpoint_dir_name",
+        "experiment_tag",
+    ) or key.startswith("config/")
 
 
-def running_local_cluster() -> Optional[str]:
+def running_local_cluster() -> str | None:
     """The address of a live cluster started on this machine with ``ray start``, or None.
 
     Ray's ``address="auto"`` trusts the address file a ``ray start`` left behind and waits minutes
@@ -305,16 +373,22 @@ def init_ray(exp: ExperimentConfig) -> bool:
     ray.data.DataContext.get_current().enable_progress_bars = False
     runtime_env = {"env_vars": QUIET_ENV}
     address = os.environ.get("RAY_ADDRESS")
-    if not address and (address := running_local_cluster()) and (Path.home() / ".ray" / "auth_token").is_file():
+    if (
+        not address
+        and (address := running_local_cluster())
+        and (Path.home() / ".ray" / "auth_token").is_file()
+    ):
         # A `ray start` cluster of Ray 2.60 uses token auth; this user's token is the key to it.
         os.environ.setdefault("RAY_AUTH_MODE", "token")
     if address and address != "local":
         try:
             ray.init(address=address, runtime_env=runtime_env)
         except Exception as err:  # Ray raises ConnectionError, RuntimeError or its own auth errors
-            raise ConfigError(f"could not join the Ray cluster at {address}: {type(err).__name__}: {err}\n"
-                              f"With token auth set RAY_AUTH_MODE=token; to start a private local Ray "
-                              f"instead set RAY_ADDRESS=local") from None
+            raise ConfigError(
+                f"could not join the Ray cluster at {address}: {type(err).__name__}: {err}\n"
+                f"With token auth set RAY_AUTH_MODE=token; to start a private local Ray "
+                f"instead set RAY_ADDRESS=local"
+            ) from None
         return True
     # One CPU for each trial driver and each worker; Tune queues what does not fit.
     need = (exp.max_concurrent_trials or 1) * (1 + exp.workers.num_workers) + 1
@@ -331,14 +405,16 @@ def check_gpus(exp: ExperimentConfig, joined: bool) -> None:
     have = int(ray.cluster_resources().get("GPU", 0))
     if have >= w.devices_per_worker:
         return
-    message = (f"workers.use_gpu is true and each worker needs {w.devices_per_worker} GPU(s), but the Ray "
-               f"cluster has {have}; set workers.use_gpu: false to train on CPU")
+    message = (
+        f"workers.use_gpu is true and each worker needs {w.devices_per_worker} GPU(s), but the Ray "
+        f"cluster has {have}; set workers.use_gpu: false to train on CPU"
+    )
     if not joined:
         raise ConfigError(message)
     print(f"warning: {message}; waiting for the cluster to add GPU nodes", file=sys.stderr)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     resume = args.resume is not None
     overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
@@ -350,8 +426,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             exp = load_experiment(args.config, overrides)
             out = Path(args.out or Path("runs") / exp.experiment).absolute()
         arrays = {} if exp.data.parquet else load_sweep_arrays(exp)
-        check_batches(exp, parquet_rows(exp) if exp.data.parquet else
-                      {w: num_rows(train) for w, (train, _) in arrays.items()})
+        check_batches(
+            exp,
+            parquet_rows(exp)
+            if exp.data.parquet
+            else {w: num_rows(train) for w, (train, _) in arrays.items()},
+        )
         if not resume:
             prepare_out(out, args.overwrite)
         check_gpus(exp, init_ray(exp))
@@ -366,10 +446,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows, unfinished = run_sweep(exp, sweep, arrays.get(sweep.workload), out, resume)
         results += rows
         if unfinished:  # interrupted: no later sweep starts and no report is written
-            print(f"error: interrupted with {unfinished} trial(s) of the {sweep.workload} sweep unfinished; "
-                  f"the state is saved. Resume with: python -m jaxray.tune --resume {out}", file=sys.stderr)
+            print(
+                f"error: interrupted with {unfinished} trial(s) of the {sweep.workload} sweep unfinished; "
+                f"the state is saved. Resume with: python -m jaxray.tune --resume {out}",
+                file=sys.stderr,
+            )
             return INTERRUPTED
-    from jaxray.report import markdown_summary, write_reports
+    from jaxray.reporting.sweep import markdown_summary, write_reports
 
     rows = [row for row, _ in results]
     ranking = {s.workload: (s.metric, s.mode) for s in exp.sweeps}

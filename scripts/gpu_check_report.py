@@ -20,6 +20,7 @@ Inputs, all under OUTDIR (written by gpu-check.sh):
   ``tune/``, ``serve/``, ``decode/``; the compile reports ``compile-<dtype>/compile.json`` and
   ``tune/compile-<trial>.json`` (copied from the sweep's ``train/<trial>/compile.json``).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from gpu_check_figures import figures_for, fmt, load_json, mib, num  # beside this file: on sys.path
 
@@ -44,6 +45,7 @@ BARS = {  # (figure, target, what): checked on a GPU run only
 
 
 # --------------------------------------------------------------------------- GPU samples
+
 
 def gpu_samples(out: Path) -> list[tuple[float, float, float]]:
     samples = []
@@ -60,15 +62,19 @@ def gpu_samples(out: Path) -> list[tuple[float, float, float]]:
     return samples
 
 
-def gpu_use(samples: list[tuple[float, float, float]], start: float, end: float) -> Optional[dict]:
+def gpu_use(samples: list[tuple[float, float, float]], start: float, end: float) -> dict | None:
     inside = [s for s in samples if start <= s[0] <= end]
     if not inside:
         return None
-    return {"max_util_pct": max(s[1] for s in inside), "max_memory_mib": max(s[2] for s in inside),
-            "samples": len(inside)}
+    return {
+        "max_util_pct": max(s[1] for s in inside),
+        "max_memory_mib": max(s[2] for s in inside),
+        "samples": len(inside),
+    }
 
 
 # --------------------------------------------------------------------------- the report
+
 
 def read_steps(out: Path) -> list[dict]:
     steps = []
@@ -79,11 +85,22 @@ def read_steps(out: Path) -> list[dict]:
             continue
         name, status, rc, start, end, limit, log, ok, optional, note = parts[:10]
         command = "\t".join(parts[10:])
-        steps.append({"name": name, "status": status, "exit_code": int(rc) if rc.lstrip("-").isdigit() else None,
-                      "start": float(start), "end": float(end), "seconds": round(float(end) - float(start), 1),
-                      "timeout_s": int(limit) if limit.isdigit() else None, "log": log,
-                      "ok_codes": [int(c) for c in ok.split(",") if c.strip().lstrip("-").isdigit()],
-                      "optional": optional == "1", "note": note, "command": command})
+        steps.append(
+            {
+                "name": name,
+                "status": status,
+                "exit_code": int(rc) if rc.lstrip("-").isdigit() else None,
+                "start": float(start),
+                "end": float(end),
+                "seconds": round(float(end) - float(start), 1),
+                "timeout_s": int(limit) if limit.isdigit() else None,
+                "log": log,
+                "ok_codes": [int(c) for c in ok.split(",") if c.strip().lstrip("-").isdigit()],
+                "optional": optional == "1",
+                "note": note,
+                "command": command,
+            }
+        )
     return steps
 
 
@@ -111,23 +128,41 @@ def is_failure(step: dict) -> bool:
 
 
 def environment(run: dict, steps: list[dict]) -> dict:
-    env = {"host": socket.gethostname(), "platform": platform.platform(), "report_python": sys.version.split()[0],
-           **run}
+    env = {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "report_python": sys.version.split()[0],
+        **run,
+    }
     doctor = next((s.get("figures") for s in steps if s["name"] == "doctor"), None) or {}
     for key in ("backend", "device_kinds", "device_count", "jax_version", "cuda_version", "cudnn_version"):
         env.setdefault(key, doctor.get(key))
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,uuid,driver_version,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,uuid,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         env["nvidia_smi"] = smi.stdout.strip().splitlines() if smi.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         env["nvidia_smi"] = None
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                                cwd=Path(__file__).resolve().parents[1])
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         env["git_commit"] = commit.stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10, cwd=Path(__file__).resolve().parents[1])
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         env["git_dirty"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         env["git_commit"] = None
@@ -136,13 +171,22 @@ def environment(run: dict, steps: list[dict]) -> dict:
 
 def bars(steps: list[dict], mode: str) -> list[dict]:
     by = {s["name"]: s.get("figures") or {} for s in steps}
-    values = {"tune_bf16_vs_fp32": by.get("tune", {}).get("bf16_vs_fp32"),
-              "serve_16_vs_1": by.get("serve", {}).get("ratio_16_vs_1")}
+    values = {
+        "tune_bf16_vs_fp32": by.get("tune", {}).get("bf16_vs_fp32"),
+        "serve_16_vs_1": by.get("serve", {}).get("ratio_16_vs_1"),
+    }
     result = []
     for key, (target, what) in BARS.items():
         value = values[key]
-        verdict = ("n/a on CPU" if mode != "gpu" else "no figure" if value is None
-                   else "met" if value >= target else "NOT met")
+        verdict = (
+            "n/a on CPU"
+            if mode != "gpu"
+            else "no figure"
+            if value is None
+            else "met"
+            if value >= target
+            else "NOT met"
+        )
         result.append({"name": key, "what": what, "value": value, "target": target, "verdict": verdict})
     return result
 
@@ -154,16 +198,26 @@ def checks(steps: list[dict], mode: str) -> list[dict]:
         return []
     by = {s["name"]: s for s in steps}
 
-    def used_gpu(name: str) -> Optional[bool]:
+    def used_gpu(name: str) -> bool | None:
         use = by.get(name, {}).get("gpu")
         return None if use is None else use["max_memory_mib"] > MIN_GPU_MIB
 
-    facts = [("JAX's backend is gpu (doctor)", (by.get("doctor", {}).get("figures") or {}).get("backend") == "gpu"),
-             ("the Ray Train worker logs its GPU's UUID (tune)",
-              bool((by.get("tune", {}).get("figures") or {}).get("gpu_uuids"))),
-             (f"the sweep put > {MIN_GPU_MIB} MiB on the GPU (tune, nvidia-smi)", used_gpu("tune")),
-             (f"the Serve replica put > {MIN_GPU_MIB} MiB on the GPU (serve, nvidia-smi)", used_gpu("serve"))]
-    return [{"check": what, "verdict": "no samples" if ok is None else "yes" if ok else "NO"} for what, ok in facts]
+    facts = [
+        (
+            "JAX's backend is gpu (doctor)",
+            (by.get("doctor", {}).get("figures") or {}).get("backend") == "gpu",
+        ),
+        (
+            "the Ray Train worker logs its GPU's UUID (tune)",
+            bool((by.get("tune", {}).get("figures") or {}).get("gpu_uuids")),
+        ),
+        (f"the sweep put > {MIN_GPU_MIB} MiB on the GPU (tune, nvidia-smi)", used_gpu("tune")),
+        (f"the Serve replica put > {MIN_GPU_MIB} MiB on the GPU (serve, nvidia-smi)", used_gpu("serve")),
+    ]
+    return [
+        {"check": what, "verdict": "no samples" if ok is None else "yes" if ok else "NO"}
+        for what, ok in facts
+    ]
 
 
 def headline(step: dict) -> str:
@@ -174,37 +228,55 @@ def headline(step: dict) -> str:
     if f.get("error") and name not in ("tune",):
         return f"({f['error']})"
     if name == "doctor":
-        return (f"backend {f.get('backend')}, {f.get('device_count')} x {', '.join(f.get('device_kinds') or [])}, "
-                f"jax {f.get('jax_version')}, CUDA {f.get('cuda_version') or '-'}, cuDNN {f.get('cudnn_version') or '-'}")
+        return (
+            f"backend {f.get('backend')}, {f.get('device_count')} x {', '.join(f.get('device_kinds') or [])}, "
+            f"jax {f.get('jax_version')}, CUDA {f.get('cuda_version') or '-'}, cuDNN {f.get('cudnn_version') or '-'}"
+        )
     if name == "precision":
-        return "bf16/fp32: " + ", ".join(f"{w} {fmt(v, '.2f')}x" for w, v in f.get("bf16_vs_fp32", {}).items())
+        return "bf16/fp32: " + ", ".join(
+            f"{w} {fmt(v, '.2f')}x" for w, v in f.get("bf16_vs_fp32", {}).items()
+        )
     if name == "tune":
         t = f.get("trials") or {}
         parts = [f"{d} {fmt((t.get(d) or {}).get('tokens_per_sec'))} tok/s" for d in ("float32", "bfloat16")]
-        return ", ".join(parts) + f", bf16/fp32 {fmt(f.get('bf16_vs_fp32'), '.2f')}x; GPU line: {f.get('gpu_line')}" \
+        return (
+            ", ".join(parts)
+            + f", bf16/fp32 {fmt(f.get('bf16_vs_fp32'), '.2f')}x; GPU line: {f.get('gpu_line')}"
             + (f" ({f['error']})" if f.get("error") else "")
+        )
     if name == "serve":
-        return (f"{fmt(f.get('new_tokens_per_s_1'))} / {fmt(f.get('new_tokens_per_s_16'))} new tok/s at 1 / 16 "
-                f"clients: {fmt(f.get('ratio_16_vs_1'), '.2f')}x; 5xx {f.get('errors_5xx')}, dropped {f.get('dropped')}")
+        return (
+            f"{fmt(f.get('new_tokens_per_s_1'))} / {fmt(f.get('new_tokens_per_s_16'))} new tok/s at 1 / 16 "
+            f"clients: {fmt(f.get('ratio_16_vs_1'), '.2f')}x; 5xx {f.get('errors_5xx')}, dropped {f.get('dropped')}"
+        )
     if name.startswith("compile-"):
-        return (f"peak {mib(f.get('peak_bytes'))}, temp {mib(f.get('temp_bytes'))}, fits {fmt(f.get('fits'))}, "
-                f"scatter {json.dumps(f.get('scatter'))}, custom calls {json.dumps(f.get('custom_calls'))}, "
-                f"compile {fmt(f.get('compile_s'), '.1f')} s")
+        return (
+            f"peak {mib(f.get('peak_bytes'))}, temp {mib(f.get('temp_bytes'))}, fits {fmt(f.get('fits'))}, "
+            f"scatter {json.dumps(f.get('scatter'))}, custom calls {json.dumps(f.get('custom_calls'))}, "
+            f"compile {fmt(f.get('compile_s'), '.1f')} s"
+        )
     if name.startswith("pytest"):
         return f.get("result") or "-"
     if name == "decode":
         kv = f.get("kv_tokens_per_sec") or {}
-        return (", ".join(f"batch {b} {fmt(v)} tok/s" for b, v in kv.items())
-                + f"; KV / full recompute {fmt(f.get('kv_vs_full'), '.1f')}x")
+        return (
+            ", ".join(f"batch {b} {fmt(v)} tok/s" for b, v in kv.items())
+            + f"; KV / full recompute {fmt(f.get('kv_vs_full'), '.1f')}x"
+        )
     if name == "attention":
-        return ", ".join(f"{r['requested']}->{r['ran'] or 'refused'} {fmt(r['tokens_per_sec'])}"
-                         for r in f.get("rows", []))
+        return ", ".join(
+            f"{r['requested']}->{r['ran'] or 'refused'} {fmt(r['tokens_per_sec'])}" for r in f.get("rows", [])
+        )
     if name == "batch-sweep":
-        return (f"{f.get('workload')}: best {fmt(f.get('best_throughput'))} at batch {f.get('best_global_batch')}, "
-                f"max MFU {fmt(f.get('max_mfu'), '.1%')}")
+        return (
+            f"{f.get('workload')}: best {fmt(f.get('best_throughput'))} at batch {f.get('best_global_batch')}, "
+            f"max MFU {fmt(f.get('max_mfu'), '.1%')}"
+        )
     if name.startswith("throughput"):
-        return (f"{fmt(f.get('tokens_per_sec'))} tok/s, {fmt(f.get('ms_per_step'), '.1f')} ms/step, "
-                f"MFU {fmt(f.get('mfu'), '.1%')}, {fmt(f.get('params'))} params")
+        return (
+            f"{fmt(f.get('tokens_per_sec'))} tok/s, {fmt(f.get('ms_per_step'), '.1f')} ms/step, "
+            f"MFU {fmt(f.get('mfu'), '.1%')}, {fmt(f.get('params'))} params"
+        )
     return ""
 
 
@@ -215,39 +287,94 @@ def cell(text: Any) -> str:
 def details(step: dict) -> list[str]:
     """Markdown lines with the step's figures in full (tables where there are rows)."""
     f, name = step.get("figures") or {}, step["name"]
-    lines = [f"### {name}", "", f"`{cell(step['command'])}`", "",
-             f"{judge(step)}; exit {step['exit_code']}; {step['seconds']} s (timeout {step['timeout_s']} s); "
-             f"log `{step['log']}`" + (f"; {step['note']}" if step["note"] else ""), ""]
+    lines = [
+        f"### {name}",
+        "",
+        f"`{cell(step['command'])}`",
+        "",
+        f"{judge(step)}; exit {step['exit_code']}; {step['seconds']} s (timeout {step['timeout_s']} s); "
+        f"log `{step['log']}`" + (f"; {step['note']}" if step["note"] else ""),
+        "",
+    ]
     if step.get("gpu"):
         g = step["gpu"]
-        lines += [f"GPU while it ran: up to {g['max_util_pct']:.0f} % utilization, {g['max_memory_mib']:,.0f} MiB "
-                  f"used ({g['samples']} samples).", ""]
+        lines += [
+            f"GPU while it ran: up to {g['max_util_pct']:.0f} % utilization, {g['max_memory_mib']:,.0f} MiB "
+            f"used ({g['samples']} samples).",
+            "",
+        ]
     if f.get("error"):
         lines += [f"Figures: {f['error']}.", ""]
     if step.get("log_tail"):
         lines += ["Last lines of the log:", "", "```"] + step["log_tail"] + ["```", ""]
     if name in ("precision", "batch-sweep") and f.get("rows"):
-        keys = ["workload", "dtype", "throughput", "unit", "ms_per_step", "mfu", "test_accuracy", "val_loss",
-                "problem"] if name == "precision" else ["global_batch", "throughput", "unit", "mfu", "problem"]
+        keys = (
+            [
+                "workload",
+                "dtype",
+                "throughput",
+                "unit",
+                "ms_per_step",
+                "mfu",
+                "test_accuracy",
+                "val_loss",
+                "problem",
+            ]
+            if name == "precision"
+            else ["global_batch", "throughput", "unit", "mfu", "problem"]
+        )
         lines += table(f["rows"], keys)
     elif name == "attention" and f.get("rows"):
         lines += table(f["rows"], ["requested", "ran", "dtype", "tokens_per_sec", "mfu", "note"])
     elif name == "decode" and f.get("rows"):
         lines += table(f["rows"], ["sampler", "batch", "tokens_per_sec", "problem"])
     elif name == "serve" and f.get("levels"):
-        lines += table([{"clients": c, **v} for c, v in f["levels"].items()],
-                       ["clients", "new_tokens_per_s", "rps", "p50_ms", "p95_ms", "errors_5xx", "dropped", "mean_rows",
-                        "replica_cpu_pct"])
+        lines += table(
+            [{"clients": c, **v} for c, v in f["levels"].items()],
+            [
+                "clients",
+                "new_tokens_per_s",
+                "rps",
+                "p50_ms",
+                "p95_ms",
+                "errors_5xx",
+                "dropped",
+                "mean_rows",
+                "replica_cpu_pct",
+            ],
+        )
     elif name == "tune":
         trials = f.get("trials") or {}
-        flat = [{"dtype": d, **{k: v for k, v in t.items() if k != "compile_json"},
-                 "compile_json_peak_bytes": (t.get("compile_json") or {}).get("peak_bytes"),
-                 "compile_json_scatter": (t.get("compile_json") or {}).get("scatter")} for d, t in trials.items()]
+        flat = [
+            {
+                "dtype": d,
+                **{k: v for k, v in t.items() if k != "compile_json"},
+                "compile_json_peak_bytes": (t.get("compile_json") or {}).get("peak_bytes"),
+                "compile_json_scatter": (t.get("compile_json") or {}).get("scatter"),
+            }
+            for d, t in trials.items()
+        ]
         if flat:
-            lines += table(flat, ["dtype", "trial", "tokens_per_sec", "ms_per_step", "compile_s", "val_loss",
-                                  "peak_bytes_per_device", "compile_json_peak_bytes", "compile_json_scatter", "error"])
-        lines += [f"Worker lines ({len(f.get('worker_lines', []))}):", ""] + \
-                 [f"    {line}" for line in f.get("worker_lines", [])[:8]] + [""]
+            lines += table(
+                flat,
+                [
+                    "dtype",
+                    "trial",
+                    "tokens_per_sec",
+                    "ms_per_step",
+                    "compile_s",
+                    "val_loss",
+                    "peak_bytes_per_device",
+                    "compile_json_peak_bytes",
+                    "compile_json_scatter",
+                    "error",
+                ],
+            )
+        lines += (
+            [f"Worker lines ({len(f.get('worker_lines', []))}):", ""]
+            + [f"    {line}" for line in f.get("worker_lines", [])[:8]]
+            + [""]
+        )
     rest = {k: v for k, v in f.items() if k not in ("rows", "levels", "trials", "worker_lines", "error")}
     if rest:
         lines += ["```json", json.dumps(rest, indent=1, sort_keys=True), "```", ""]
@@ -265,6 +392,7 @@ def table(rows: list[dict], keys: list[str]) -> list[str]:
         if isinstance(v, (dict, list)):
             return json.dumps(v)
         return fmt(v)
+
     out = ["| " + " | ".join(keys) + " |", "|" + "|".join("---" for _ in keys) + "|"]
     out += ["| " + " | ".join(cell(show(k, r.get(k))) for k in keys) + " |" for r in rows]
     return out + [""]
@@ -272,23 +400,31 @@ def table(rows: list[dict], keys: list[str]) -> list[str]:
 
 def render(doc: dict) -> str:
     env, steps = doc["environment"], doc["steps"]
-    lines = [f"# GPU check ({env.get('mode')} run, {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(env.get('started', 0)))})",
-             "",
-             f"{doc['result']}: {len(steps)} steps, {doc['failed']} failed; {doc['total_seconds']:.0f} s in all "
-             f"(budget {env.get('budget_s')} s).", ""]
+    lines = [
+        f"# GPU check ({env.get('mode')} run, {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(env.get('started', 0)))})",
+        "",
+        f"{doc['result']}: {len(steps)} steps, {doc['failed']} failed; {doc['total_seconds']:.0f} s in all "
+        f"(budget {env.get('budget_s')} s).",
+        "",
+    ]
     smi = env.get("nvidia_smi")
-    lines += [f"- host {env.get('host')}, {env.get('platform')}",
-              f"- GPUs: {'; '.join(smi) if smi else 'none (nvidia-smi not available)'}",
-              f"- JAX: backend {env.get('backend')}, {env.get('device_count')} x {', '.join(env.get('device_kinds') or [])}, "
-              f"jax {env.get('jax_version')}, CUDA {env.get('cuda_version') or '-'}, cuDNN {env.get('cudnn_version') or '-'}",
-              f"- python: {env.get('python')} ({env.get('python_version')}); PYTHONPATH {env.get('pythonpath') or '-'}; "
-              f"bundle {env.get('bundle') or '-'}",
-              f"- data: {env.get('data_dir')}; work folder (checkpoints): {env.get('work_dir')}",
-              f"- commit {env.get('git_commit') or '-'}{' (with local changes)' if env.get('git_dirty') else ''}", ""]
+    lines += [
+        f"- host {env.get('host')}, {env.get('platform')}",
+        f"- GPUs: {'; '.join(smi) if smi else 'none (nvidia-smi not available)'}",
+        f"- JAX: backend {env.get('backend')}, {env.get('device_count')} x {', '.join(env.get('device_kinds') or [])}, "
+        f"jax {env.get('jax_version')}, CUDA {env.get('cuda_version') or '-'}, cuDNN {env.get('cudnn_version') or '-'}",
+        f"- python: {env.get('python')} ({env.get('python_version')}); PYTHONPATH {env.get('pythonpath') or '-'}; "
+        f"bundle {env.get('bundle') or '-'}",
+        f"- data: {env.get('data_dir')}; work folder (checkpoints): {env.get('work_dir')}",
+        f"- commit {env.get('git_commit') or '-'}{' (with local changes)' if env.get('git_dirty') else ''}",
+        "",
+    ]
     lines += ["| step | result | exit | s | key figures |", "|---|---|---|---|---|"]
     for s in steps:
-        lines.append(f"| {s['name']} | {judge(s)} | {'' if s['exit_code'] is None else s['exit_code']} | "
-                     f"{s['seconds']:.0f} | {cell(headline(s))} |")
+        lines.append(
+            f"| {s['name']} | {judge(s)} | {'' if s['exit_code'] is None else s['exit_code']} | "
+            f"{s['seconds']:.0f} | {cell(headline(s))} |"
+        )
     lines += ["", "## Bars", "", "| figure | value | target | verdict |", "|---|---|---|---|"]
     for b in doc["bars"]:
         lines.append(f"| {b['what']} | {fmt(b['value'], '.2f')}x | >= {b['target']:g}x | {b['verdict']} |")
@@ -315,16 +451,24 @@ def report(out: Path) -> int:
             s["log_tail"] = log_tail(out / s["log"])
     failed = [s["name"] for s in steps if is_failure(s)]
     started = run.get("started") or (steps[0]["start"] if steps else time.time())
-    doc = {"written_by": "scripts/gpu-check.sh", "result": "FAILED" if failed else "passed", "failed": len(failed),
-           "failed_steps": failed,
-           "total_seconds": round(max([s["end"] for s in steps] or [time.time()]) - started, 1),
-           "environment": environment(run, steps), "steps": steps}
+    doc = {
+        "written_by": "scripts/gpu-check.sh",
+        "result": "FAILED" if failed else "passed",
+        "failed": len(failed),
+        "failed_steps": failed,
+        "total_seconds": round(max([s["end"] for s in steps] or [time.time()]) - started, 1),
+        "environment": environment(run, steps),
+        "steps": steps,
+    }
     doc["bars"] = bars(steps, mode)
     doc["checks"] = checks(steps, mode)
     (out / "gpu-check.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     (out / "gpu-check.md").write_text(render(doc))
-    print(f"[gpu-check] {doc['result']}: {len(steps)} steps, {len(failed)} failed"
-          + (f" ({', '.join(failed)})" if failed else "") + f"; {out / 'gpu-check.md'}")
+    print(
+        f"[gpu-check] {doc['result']}: {len(steps)} steps, {len(failed)} failed"
+        + (f" ({', '.join(failed)})" if failed else "")
+        + f"; {out / 'gpu-check.md'}"
+    )
     return 1 if failed else 0
 
 

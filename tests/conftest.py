@@ -13,6 +13,7 @@ Two settings make the suite hold on an NVIDIA GPU as on the CPU:
 - tests marked ``gpu`` (``pytest -m gpu`` on a GPU host) are skipped, with the reason, where
   ``jax.default_backend()`` is not "gpu".
 """
+
 from __future__ import annotations
 
 import os
@@ -37,7 +38,9 @@ def pytest_collection_modifyitems(config, items) -> None:
     backend = jax.default_backend()
     if backend == "gpu":
         return
-    skip = pytest.mark.skip(reason=f"needs an NVIDIA GPU (marked gpu); jax's default backend here is {backend!r}")
+    skip = pytest.mark.skip(
+        reason=f"needs an NVIDIA GPU (marked gpu); jax's default backend here is {backend!r}"
+    )
     for item in gpu_tests:
         item.add_marker(skip)
 
@@ -47,8 +50,10 @@ def real_dir() -> Path:
     """The folder holding tinyshakespeare.txt and fashion-mnist/; fails (never skips) when unset."""
     value = os.environ.get("JAXRAY_DATA_DIR")
     if not value:
-        pytest.fail("JAXRAY_DATA_DIR is not set. These tests need the real data files: set it to the folder "
-                    "holding tinyshakespeare.txt and fashion-mnist/ (e.g. JAXRAY_DATA_DIR=../shared/data).")
+        pytest.fail(
+            "JAXRAY_DATA_DIR is not set. These tests need the real data files: set it to the folder "
+            "holding tinyshakespeare.txt and fashion-mnist/ (e.g. JAXRAY_DATA_DIR=../shared/data)."
+        )
     path = Path(value).resolve()
     if not (path / "tinyshakespeare.txt").is_file():
         pytest.fail(f"JAXRAY_DATA_DIR={value} does not hold tinyshakespeare.txt")
@@ -67,9 +72,11 @@ def trained_transformer(real_dir, tmp_path_factory) -> Path:
     from jaxray.parallel.mesh import make_mesh
     from jaxray.train.run import train
 
-    trial = TrialConfig(model=ModelConfig(workload="transformer", width=64, num_layers=2, num_heads=2, max_seq_len=64),
-                        train=TrainConfig(steps=60, global_batch=16, learning_rate=3e-3, log_every=20),
-                        data=DataConfig(seq_len=64, data_dir=str(real_dir)))
+    trial = TrialConfig(
+        model=ModelConfig(workload="transformer", width=64, num_layers=2, num_heads=2, max_seq_len=64),
+        train=TrainConfig(steps=60, global_batch=16, learning_rate=3e-3, log_every=20),
+        data=DataConfig(seq_len=64, data_dir=str(real_dir)),
+    )
     train_arrays, held_out = load_arrays(trial)
     result = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
     return checkpoint.save(tmp_path_factory.mktemp("trained") / "transformer", result.state.params, trial)
@@ -87,10 +94,15 @@ def restored(trained_transformer):
 def engine(restored):
     """A compiled engine over ``restored``: buckets 8 and 32 (and 64 = max_seq_len), batch sizes 1
     and 4, chunks of 16 tokens, at most 200 new tokens and 1000 prompt bytes."""
-    from jaxray.engine import Engine, EngineSettings
+    from jaxray.inference.engine import Engine, EngineSettings
 
     model, params = restored
-    engine = Engine.for_model(model, params, EngineSettings(buckets=(8, 32), batch_sizes=(1, 4), chunk=16,
-                                                            max_new_tokens=200, max_prompt_bytes=1000))
+    engine = Engine.for_model(
+        model,
+        params,
+        EngineSettings(
+            buckets=(8, 32), batch_sizes=(1, 4), chunk=16, max_new_tokens=200, max_prompt_bytes=1000
+        ),
+    )
     engine.compile()
     return engine

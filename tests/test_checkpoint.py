@@ -1,4 +1,5 @@
 """Orbax round trip: restored params give the same logits; bad paths give clear errors."""
+
 from __future__ import annotations
 
 import json
@@ -13,11 +14,14 @@ from jaxray.config import parse_trial
 from jaxray.models import build
 
 
-@pytest.mark.parametrize("workload,inputs", [
-    ("mlp", np.random.default_rng(0).random((4, 784), dtype=np.float32)),
-    ("shared_block_mlp", np.random.default_rng(1).random((4, 784), dtype=np.float32)),
-    ("transformer", np.random.default_rng(2).integers(0, 256, (2, 24)).astype(np.int32)),
-])
+@pytest.mark.parametrize(
+    "workload,inputs",
+    [
+        ("mlp", np.random.default_rng(0).random((4, 784), dtype=np.float32)),
+        ("shared_block_mlp", np.random.default_rng(1).random((4, 784), dtype=np.float32)),
+        ("transformer", np.random.default_rng(2).integers(0, 256, (2, 24)).astype(np.int32)),
+    ],
+)
 def test_round_trip_logits(tmp_path, workload, inputs):
     trial = parse_trial({"model": {"workload": workload, "width": 32, "num_layers": 2, "block_repeats": 2}})
     model = build(trial.model)
@@ -41,7 +45,9 @@ def test_resolve_experiment_dir_picks_best_trial(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps(rows))
     assert checkpoint.resolve(tmp_path).name == "b"
     assert checkpoint.resolve(tmp_path, workload="mlp").name == "m"
-    with pytest.raises(checkpoint.CheckpointError, match="no trial with a checkpoint for workload 'shared_block_mlp'"):
+    with pytest.raises(
+        checkpoint.CheckpointError, match="no trial with a checkpoint for workload 'shared_block_mlp'"
+    ):
         checkpoint.resolve(tmp_path, workload="shared_block_mlp")
 
 

@@ -3,6 +3,7 @@ take both L4s of a node; every Ray pod runs the image cluster/Dockerfile builds;
 `python -m jaxray.tune` on a config that exists, on the RayCluster's own spec; the runtime_env keeps
 the git history, outputs and data files out of the upload and what is left stays far below Ray's cap;
 the launcher config passes Ray's own validation and its GPU node type has 2 L4s."""
+
 from __future__ import annotations
 
 import re
@@ -46,8 +47,10 @@ def excluded(env: dict):
     return lambda rel: any(match(ROOT / p) for p in [Path(rel), *Path(rel).parents][:-1])
 
 
-@pytest.mark.parametrize("path", sorted(p.relative_to(CLUSTER).as_posix()
-                                        for p in CLUSTER.rglob("*") if p.suffix in (".yaml", ".yml")))
+@pytest.mark.parametrize(
+    "path",
+    sorted(p.relative_to(CLUSTER).as_posix() for p in CLUSTER.rglob("*") if p.suffix in (".yaml", ".yml")),
+)
 def test_yaml_parses(path):
     assert isinstance(load(path), dict)
 
@@ -68,8 +71,10 @@ def test_worker_group_takes_both_l4s_of_a_node():
 def test_every_ray_pod_runs_the_dockerfile_image():
     dockerfile = (CLUSTER / "Dockerfile").read_text()
     documented = re.search(r"docker build -f cluster/Dockerfile -t (\S+) \.", dockerfile).group(1)
-    for manifest, spec in (("raycluster", load("kuberay/raycluster.yaml")["spec"]),
-                           ("rayjob", load("kuberay/rayjob.yaml")["spec"]["rayClusterSpec"])):
+    for manifest, spec in (
+        ("raycluster", load("kuberay/raycluster.yaml")["spec"]),
+        ("rayjob", load("kuberay/rayjob.yaml")["spec"]["rayClusterSpec"]),
+    ):
         assert {c["image"] for c in containers(spec)} == {documented}, manifest
     assert "-e '.[gpu]'" in dockerfile
     extras = (ROOT / "pyproject.toml").read_text()
@@ -97,20 +102,41 @@ def test_runtime_env_leaves_out_git_runs_and_data_files():
     env = runtime_env()
     assert env["working_dir"] == "."
     out = excluded(env)
-    for path in (".git", ".git/HEAD", ".venv/bin/python", "runs/demo/summary.json", "checkpoints/a/b",
-                 "exports/x/manifest.json", "tinyshakespeare.txt", "data/fashion-mnist/t10k-labels-idx1-ubyte.gz",
-                 "fashion-mnist/train-images-idx3-ubyte", "arrays.npz", "jaxray/__pycache__/tune.cpython-311.pyc"):
+    for path in (
+        ".git",
+        ".git/HEAD",
+        ".venv/bin/python",
+        "runs/demo/summary.json",
+        "checkpoints/a/b",
+        "exports/x/manifest.json",
+        "tinyshakespeare.txt",
+        "data/fashion-mnist/t10k-labels-idx1-ubyte.gz",
+        "fashion-mnist/train-images-idx3-ubyte",
+        "arrays.npz",
+        "jaxray/__pycache__/tune.cpython-311.pyc",
+    ):
         assert out(path), path
-    for path in ("jaxray/tune.py", "jaxray/data/shakespeare.py", "tune_configs/smoke.yaml", "pyproject.toml",
-                 "cluster/runtime_env.yaml", "serve/config.yaml"):
+    for path in (
+        "jaxray/tune.py",
+        "jaxray/data/shakespeare.py",
+        "tune_configs/smoke.yaml",
+        "pyproject.toml",
+        "cluster/runtime_env.yaml",
+        "serve/config.yaml",
+    ):
         assert not out(path), path
 
 
 def test_upload_stays_far_below_ray_cap():
     """What the job would upload: the files git tracks plus the untracked ones it does not ignore
     (Ray honours .gitignore too), less the runtime_env's excludes, as Ray matches them."""
-    listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     out = excluded(runtime_env())
     upload = [p for p in listing.split("\0") if p and not out(p) and (ROOT / p).is_file()]
     assert "jaxray/tune.py" in upload and "tune_configs/smoke.yaml" in upload

@@ -1,4 +1,5 @@
 """Config parsing: good configs load, bad ones fail early with the field and allowed values named."""
+
 from __future__ import annotations
 
 import re
@@ -61,7 +62,14 @@ def preset_trials(tmp_path, model: str, text: str = PRESET_SWEEP) -> list:
 def test_gpt2_small_preset_expands(tmp_path):
     (trial,) = preset_trials(tmp_path, "{preset: gpt2_small}")
     m = trial.model
-    assert (m.width, m.num_layers, m.num_heads, m.max_seq_len, m.head_dim, m.ffn_dim) == (768, 12, 12, 1024, 64, 3072)
+    assert (m.width, m.num_layers, m.num_heads, m.max_seq_len, m.head_dim, m.ffn_dim) == (
+        768,
+        12,
+        12,
+        1024,
+        64,
+        3072,
+    )
     assert m.attention == "auto" and trial.data.seq_len == 1024
 
 
@@ -86,7 +94,9 @@ def test_an_unknown_preset_is_refused_with_the_allowed_names(tmp_path, preset):
     with pytest.raises(ConfigError) as err:
         preset_trials(tmp_path, f"{{preset: {preset}}}")
     message = str(err.value)
-    assert "sweeps.0: model.preset" in message and "is not a known preset; allowed: gpt2_small" in message, message
+    assert "sweeps.0: model.preset" in message and "is not a known preset; allowed: gpt2_small" in message, (
+        message
+    )
 
 
 def test_a_preset_applies_to_the_transformer_only(tmp_path):
@@ -106,37 +116,75 @@ def test_good_config_expands_grid(tmp_path):
     trials = exp.sweeps[0].trial_dicts(exp.base())
     assert len(trials) == 4
     assert {(t["train"]["global_batch"], t["model"]["dtype"]) for t in trials} == {
-        (256, "float32"), (256, "bfloat16"), (512, "float32"), (512, "bfloat16")}
+        (256, "float32"),
+        (256, "bfloat16"),
+        (512, "float32"),
+        (512, "bfloat16"),
+    }
     assert exp.sweeps[0].metric == "test_accuracy" and exp.sweeps[0].mode == "max"
 
 
-@pytest.mark.parametrize("old,new,expected", [
-    ("global_batch: [256, 512]", "global_batch: [256, 510]", "not divisible by the device count 4"),
-    ("dtype: [float32, bfloat16]", "dtype: [float32, float64]", "'float32', 'bfloat16' or 'float16'"),
-    ("workload: mlp", "workload: resnet", "'mlp', 'shared_block_mlp' or 'transformer'"),
-    ("train: {steps: 5}", "train: {stpes: 5}", "sweeps.0.train.stpes: unknown key; allowed: steps, global_batch"),
-    ("train: {steps: 5}", "train: {steps: 0}", "steps"),
-    ("train: {steps: 5}", "train: {steps: many}", "steps"),
-    ("experiment: t", "experiment: t\nexperimnet: u", "experimnet: unknown key"),
-    ("width: [64]", "width: [-3]", "width"),
-    ("train: {steps: 5}", "train: {steps: true}", "sweeps.0.train.steps: Input should be a valid integer"),
-    ("train: {steps: 5}", "train: {steps: 2.5}", "sweeps.0.train.steps: Input should be a valid integer"),
-    ("train: {steps: 5}", "train: {steps: 5, learning_rate: true}", "sweeps.0.train.learning_rate: a boolean is not a number"),
-    ("width: [64]", "width: [64, 64]", "width lists a value twice: [64, 64]"),
-    ("train: {steps: 5}", "train: {steps: 5}\n    model: {num_heads: 2}",
-     "model key(s) num_heads do not apply to workload 'mlp'; allowed: none"),
-    ("train: {steps: 5}", "train: {steps: 5}\n    metric: val_loss",
-     "allowed: test_accuracy, test_loss, final_train_loss"),
-    ("experiment: t", "experiment: t\nexperiment: u", "duplicate key 'experiment'"),
-    ("train: {steps: 5}", "train: {steps: 5}\n    early_stopping: {type: hyperband}",
-     "sweeps.0.early_stopping.type: Input should be 'asha'"),
-    ("train: {steps: 5}", "train: {steps: 5}\n    early_stopping: {metric: val_loss}",
-     "sweeps.0.early_stopping.metric: Input should be 'loss' or 'accuracy'"),
-    ("train: {steps: 5}", "train: {steps: 5}\n    early_stopping: {reduction_factor: 1}",
-     "sweeps.0.early_stopping.reduction_factor"),
-    ("train: {steps: 5}", "train: {steps: 5}\n    early_stopping: {grace: 3}", "early_stopping.grace: unknown key"),
-    ("experiment: t", "experiment: t\nmax_concurrent_trials: 0", "max_concurrent_trials"),
-])
+@pytest.mark.parametrize(
+    "old,new,expected",
+    [
+        ("global_batch: [256, 512]", "global_batch: [256, 510]", "not divisible by the device count 4"),
+        ("dtype: [float32, bfloat16]", "dtype: [float32, float64]", "'float32', 'bfloat16' or 'float16'"),
+        ("workload: mlp", "workload: resnet", "'mlp', 'shared_block_mlp' or 'transformer'"),
+        (
+            "train: {steps: 5}",
+            "train: {stpes: 5}",
+            "sweeps.0.train.stpes: unknown key; allowed: steps, global_batch",
+        ),
+        ("train: {steps: 5}", "train: {steps: 0}", "steps"),
+        ("train: {steps: 5}", "train: {steps: many}", "steps"),
+        ("experiment: t", "experiment: t\nexperimnet: u", "experimnet: unknown key"),
+        ("width: [64]", "width: [-3]", "width"),
+        (
+            "train: {steps: 5}",
+            "train: {steps: true}",
+            "sweeps.0.train.steps: Input should be a valid integer",
+        ),
+        ("train: {steps: 5}", "train: {steps: 2.5}", "sweeps.0.train.steps: Input should be a valid integer"),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5, learning_rate: true}",
+            "sweeps.0.train.learning_rate: a boolean is not a number",
+        ),
+        ("width: [64]", "width: [64, 64]", "width lists a value twice: [64, 64]"),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5}\n    model: {num_heads: 2}",
+            "model key(s) num_heads do not apply to workload 'mlp'; allowed: none",
+        ),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5}\n    metric: val_loss",
+            "allowed: test_accuracy, test_loss, final_train_loss",
+        ),
+        ("experiment: t", "experiment: t\nexperiment: u", "duplicate key 'experiment'"),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5}\n    early_stopping: {type: hyperband}",
+            "sweeps.0.early_stopping.type: Input should be 'asha'",
+        ),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5}\n    early_stopping: {metric: val_loss}",
+            "sweeps.0.early_stopping.metric: Input should be 'loss' or 'accuracy'",
+        ),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5}\n    early_stopping: {reduction_factor: 1}",
+            "sweeps.0.early_stopping.reduction_factor",
+        ),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5}\n    early_stopping: {grace: 3}",
+            "early_stopping.grace: unknown key",
+        ),
+        ("experiment: t", "experiment: t\nmax_concurrent_trials: 0", "max_concurrent_trials"),
+    ],
+)
 def test_bad_config_names_the_field(tmp_path, old, new, expected):
     assert old in GOOD
     with pytest.raises(ConfigError) as err:
@@ -181,8 +229,13 @@ def test_transformer_checks():
 
 
 def run_cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "jaxray.tune", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxray.tune", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cli_rejects_a_batch_larger_than_the_data(tmp_path, real_dir):
@@ -199,7 +252,9 @@ def test_cli_keeps_earlier_results_unless_overwrite(tmp_path, real_dir):
     (out / "summary.json").write_text("[]")
     (out / "notes.txt").write_text("mine")
     proc = run_cli("--config", ROOT / "tune_configs" / "smoke.yaml", "--data-dir", real_dir, "--out", out)
-    assert proc.returncode == 2 and "already holds the results of an earlier run (summary.json)" in proc.stderr
+    assert (
+        proc.returncode == 2 and "already holds the results of an earlier run (summary.json)" in proc.stderr
+    )
     assert (out / "summary.json").read_text() == "[]"
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
@@ -209,8 +264,12 @@ def test_cli_keeps_earlier_results_unless_overwrite(tmp_path, real_dir):
 
 def test_cli_rejects_bad_config_before_starting_ray(tmp_path):
     bad = write(tmp_path, GOOD.replace("global_batch: [256, 512]", "global_batch: [256, 510]"))
-    proc = subprocess.run([sys.executable, "-m", "jaxray.tune", "--config", str(bad), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxray.tune", "--config", str(bad), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "global_batch 510 is not divisible by the device count 4" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -219,9 +278,13 @@ def test_cli_rejects_bad_config_before_starting_ray(tmp_path):
 
 def test_cli_names_a_parquet_folder_that_is_not_prepared(tmp_path, real_dir):
     (tmp_path / "pq" / "fashion-mnist").mkdir(parents=True)  # a folder without a manifest
-    config = write(tmp_path, GOOD.replace("experiment: t", f"experiment: t\ndata: {{parquet: {tmp_path / 'pq'}}}"))
+    config = write(
+        tmp_path, GOOD.replace("experiment: t", f"experiment: t\ndata: {{parquet: {tmp_path / 'pq'}}}")
+    )
     proc = run_cli("--config", config, "--data-dir", real_dir, "--out", tmp_path / "o")
-    assert proc.returncode == 2 and "data.parquet:" in proc.stderr and "manifest.json" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "data.parquet:" in proc.stderr and "manifest.json" in proc.stderr, (
+        proc.stderr
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -234,18 +297,30 @@ def test_data_parquet_names_a_missing_folder_and_a_dataset_folder(tmp_path):
         parquet_folder(trial(tmp_path / "none"))
     (tmp_path / "fashion-mnist").mkdir()
     (tmp_path / "fashion-mnist" / "manifest.json").write_text("{}")
-    with pytest.raises(ManifestError, match="is one prepared dataset; data.parquet names the folder that holds "
-                                            "fashion-mnist and tinyshakespeare folders"):
+    with pytest.raises(
+        ManifestError,
+        match="is one prepared dataset; data.parquet names the folder that holds "
+        "fashion-mnist and tinyshakespeare folders",
+    ):
         parquet_folder(trial(tmp_path / "fashion-mnist"))
 
 
-@pytest.mark.parametrize("fault, workers, message", [
-    ({"kill_at_step": 5}, {}, "fault.kill_at_step needs workers.max_failures >= 1"),
-    ({"corrupt_latest_checkpoint": True}, {"max_failures": 1}, "fault.corrupt_latest_checkpoint needs fault.kill_at_step"),
-    ({"kill_at_step": 10}, {"max_failures": 1}, "fault.kill_at_step 10 must be below train.steps 10"),
-    ({"kill_at_step": 0}, {"max_failures": 1}, "fault.kill_at_step"),
-    ({"bogus": 1}, {"max_failures": 1}, "fault.bogus"),
-])
+@pytest.mark.parametrize(
+    "fault, workers, message",
+    [
+        ({"kill_at_step": 5}, {}, "fault.kill_at_step needs workers.max_failures >= 1"),
+        (
+            {"corrupt_latest_checkpoint": True},
+            {"max_failures": 1},
+            "fault.corrupt_latest_checkpoint needs fault.kill_at_step",
+        ),
+        ({"kill_at_step": 10}, {"max_failures": 1}, "fault.kill_at_step 10 must be below train.steps 10"),
+        ({"kill_at_step": 0}, {"max_failures": 1}, "fault.kill_at_step"),
+        ({"bogus": 1}, {"max_failures": 1}, "fault.bogus"),
+    ],
+)
 def test_fault_injection_that_cannot_work_is_refused(fault, workers, message):
     with pytest.raises(ConfigError, match=message):
-        parse_trial({"model": {"workload": "mlp"}, "train": {"steps": 10}, "workers": workers, "fault": fault})
+        parse_trial(
+            {"model": {"workload": "mlp"}, "train": {"steps": 10}, "workers": workers, "fault": fault}
+        )

@@ -1,4 +1,5 @@
 """jaxray.doctor: the CPU-only reason from facts (no GPU needed) and the CLI on 4 forced CPU devices."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,16 @@ PLUGIN = {"jax-cuda12-plugin": "0.10.2", "jax-cuda12-pjrt": "0.10.2"}
 
 def facts(**changes) -> Facts:
     """CPU-only facts where every check passes (plugin matches, driver visible); tests break one."""
-    base = Facts(backend="cpu", devices=CPU, jaxlib_version="0.10.2", cuda_plugins=PLUGIN, cuda_version="12.8",
-                 nvidia_smi="ok", driver_cuda_version="12.2", env={"JAX_PLATFORMS": None})
+    base = Facts(
+        backend="cpu",
+        devices=CPU,
+        jaxlib_version="0.10.2",
+        cuda_plugins=PLUGIN,
+        cuda_version="12.8",
+        nvidia_smi="ok",
+        driver_cuda_version="12.2",
+        env={"JAX_PLATFORMS": None},
+    )
     return dataclasses.replace(base, **changes)
 
 
@@ -30,7 +39,9 @@ def test_no_reason_with_an_accelerator():
 
 @pytest.mark.parametrize("platforms", ["cpu", "CPU", " cpu "])
 def test_jax_platforms_forcing_cpu(platforms):
-    assert cpu_only_reason(facts(env={"JAX_PLATFORMS": platforms})).startswith(f"JAX_PLATFORMS={platforms} forces")
+    assert cpu_only_reason(facts(env={"JAX_PLATFORMS": platforms})).startswith(
+        f"JAX_PLATFORMS={platforms} forces"
+    )
 
 
 def test_jax_platforms_allowing_cuda_is_not_the_reason():
@@ -42,8 +53,13 @@ def test_no_plugin_is_a_cpu_only_jaxlib():
 
 
 def test_no_plugin_when_the_cuda_backend_failed_to_start():
-    f = facts(backend=None, backend_error="AssertionError", devices=(), cuda_plugins={},
-              env={"JAX_PLATFORMS": "cuda"})
+    f = facts(
+        backend=None,
+        backend_error="AssertionError",
+        devices=(),
+        cuda_plugins={},
+        env={"JAX_PLATFORMS": "cuda"},
+    )
     assert cpu_only_reason(f).startswith("CPU-only jaxlib")
 
 
@@ -89,8 +105,13 @@ def test_bad_arguments_exit_2():
 def run_doctor(*args: str) -> subprocess.CompletedProcess:
     """``python -m jaxray.doctor --cpu-devices 4 *args`` on the CPU backend, without the caller's XLA_FLAGS."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "jaxray.doctor", "--cpu-devices", "4", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxray.doctor", "--cpu-devices", "4", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 

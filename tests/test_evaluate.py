@@ -1,6 +1,7 @@
 """python -m jaxray.evaluate on real checkpoints trained here for a few steps: every test image is
 counted once, the confusion matrix agrees with the accuracy, the language-model units agree, and
 bad input is a one-line error with exit code 2."""
+
 from __future__ import annotations
 
 import json
@@ -38,22 +39,37 @@ def _train_and_save(directory: Path, trial_dict: dict, held_out_rows=None):
 @pytest.fixture(scope="module")
 def mlp_checkpoint(real_dir, tmp_path_factory):
     """(checkpoint dir, TrainResult): 100 steps of the MLP at global batch 256; the result's
-    test_accuracy comes from jaxray.train.evaluate.evaluate over all 10,000 test images."""
+    test_accuracy comes from jaxray.train.held_out.evaluate over all 10,000 test images."""
     directory = tmp_path_factory.mktemp("mlp") / "mlp_ck"
-    result = _train_and_save(directory, {"model": {"workload": "mlp", "width": 128},
-                                         "data": {"data_dir": str(real_dir)},
-                                         "train": {"steps": 100, "global_batch": 256, "log_every": 50}})
+    result = _train_and_save(
+        directory,
+        {
+            "model": {"workload": "mlp", "width": 128},
+            "data": {"data_dir": str(real_dir)},
+            "train": {"steps": 100, "global_batch": 256, "log_every": 50},
+        },
+    )
     return directory, result
 
 
 @pytest.fixture(scope="module")
 def transformer_checkpoint(real_dir, tmp_path_factory):
     directory = tmp_path_factory.mktemp("lm") / "checkpoint_2026-01-01_00-00-00"
-    _train_and_save(directory, {"model": {"workload": "transformer", "width": 32, "num_layers": 1, "num_heads": 2,
-                                          "max_seq_len": 32},
-                                "data": {"data_dir": str(real_dir), "seq_len": 32},
-                                "train": {"steps": 20, "global_batch": 16, "log_every": 10, "eval_batch": 512}},
-                    held_out_rows=16)
+    _train_and_save(
+        directory,
+        {
+            "model": {
+                "workload": "transformer",
+                "width": 32,
+                "num_layers": 1,
+                "num_heads": 2,
+                "max_seq_len": 32,
+            },
+            "data": {"data_dir": str(real_dir), "seq_len": 32},
+            "train": {"steps": 20, "global_batch": 16, "log_every": 10, "eval_batch": 512},
+        },
+        held_out_rows=16,
+    )
     return directory
 
 
@@ -78,7 +94,9 @@ def test_cli_prints_the_count_and_writes_files(mlp_checkpoint, tmp_path, capsys)
     printed = capsys.readouterr().out
     assert "10000 evaluated of 10000 (none dropped)" in printed
     assert f"{trained.summary['test_accuracy']:.4f}" in printed
-    assert {"summary.json", "confusion_matrix.png", "predictions_grid.png"} <= {p.name for p in tmp_path.iterdir()}
+    assert {"summary.json", "confusion_matrix.png", "predictions_grid.png"} <= {
+        p.name for p in tmp_path.iterdir()
+    }
 
 
 def test_transformer_units_agree(transformer_checkpoint, real_dir, tmp_path):
@@ -99,7 +117,10 @@ def test_default_out_names_the_trial_for_a_ray_checkpoint(transformer_checkpoint
 def test_predict_keeps_row_order_and_drops_only_padding():
     model = build(ModelConfig(workload="mlp", width=8))
     params = model.init(jax.random.key(0))
-    arrays = {"image": np.random.default_rng(0).random((7, 784), dtype=np.float32), "label": np.zeros(7, np.int32)}
+    arrays = {
+        "image": np.random.default_rng(0).random((7, 784), dtype=np.float32),
+        "label": np.zeros(7, np.int32),
+    }
     mesh = make_mesh(jax.devices()[:1])
     got = predict(jit_predict_step(model, mesh), params, arrays, 4, mesh)  # batches of 4: one padded row
     np.testing.assert_array_equal(got, np.argmax(model.apply(params, arrays["image"]), -1))
@@ -112,12 +133,18 @@ def test_confusion_matrix_rows_are_true_classes():
         confusion_matrix(np.array([0, 1, 2]), np.array([0, 1]), num_classes=3)
 
 
-@pytest.mark.parametrize("extra,message", [
-    ([], "neither a checkpoint"),
-    (["--max-new-tokens", "0"], "max_new_tokens must be in 1..10000"),
-    (["--prompt", ""], "prompt is empty"),
-    (["--data-dir", "/nonexistent/jaxray-data"], "--data-dir /nonexistent/jaxray-data is not a directory"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        ([], "neither a checkpoint"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be in 1..10000"),
+        (["--prompt", ""], "prompt is empty"),
+        (
+            ["--data-dir", "/nonexistent/jaxray-data"],
+            "--data-dir /nonexistent/jaxray-data is not a directory",
+        ),
+    ],
+)
 def test_bad_input_is_one_error_line(tmp_path, capsys, extra, message):
     missing = tmp_path / "not_a_checkpoint"
     assert main(["--checkpoint", str(missing), *extra]) == 2

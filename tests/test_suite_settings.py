@@ -1,6 +1,7 @@
 """The suite-wide settings of tests/conftest.py: float32 matmuls compile at precision "highest" in
 the test process and in the subprocesses tests start (so float32 parity holds on a GPU, where the
 default is TF32), and ``gpu``-marked tests run only where JAX's backend is a GPU."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,8 +11,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-PROBE = ("import jax, jax.numpy as jnp; x = jnp.ones((4, 4), jnp.float32); "
-         "print(jax.config.jax_default_matmul_precision); print(jax.jit(jnp.dot).lower(x, x).as_text())")
+PROBE = (
+    "import jax, jax.numpy as jnp; x = jnp.ones((4, 4), jnp.float32); "
+    "print(jax.config.jax_default_matmul_precision); print(jax.jit(jnp.dot).lower(x, x).as_text())"
+)
 
 
 def test_float32_matmuls_compile_at_highest_precision():

@@ -14,6 +14,7 @@
 so a CPU-only machine shows N devices (default 4 for devices, shard-map, batch-sweep and all); the
 flag only affects the CPU backend, so GPU runs use their real devices.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,18 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Optional
 
+from jaxray.argtypes import (
+    cpu_device_count,
+    folder,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_int,
+    positive_int_list,
+)
 from jaxray.bench.loadtest import add_load_options, url_arg
 from jaxray.bench.presets import MODEL_SIZES  # imports no jax: --cpu-devices must act before JAX starts
-from jaxray.cli import (cpu_device_count, folder, non_negative_float, non_negative_int, port, positive_int,
-                        positive_int_list)
 
 SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
 FORCE_FLAG = "xla_force_host_platform_device_count"
@@ -38,49 +45,94 @@ def _batches(text: str) -> list[int]:
     try:
         return list(positive_int_list(text))
     except argparse.ArgumentTypeError as err:
-        raise argparse.ArgumentTypeError(str(err).replace("a value is listed", "a global batch is listed")) from None
+        raise argparse.ArgumentTypeError(
+            str(err).replace("a value is listed", "a global batch is listed")
+        ) from None
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--out", default=None, help="output folder (default runs/bench/<name>); '' writes nothing")
-    common.add_argument("--data-dir", type=folder, default=None,
-                        help="folder with the data files (default: JAXRAY_DATA_DIR, then jaxray's search order)")
-    common.add_argument("--cpu-devices", type=cpu_device_count, default=None,
-                        help=f"forced CPU device count (default {DEFAULT_CPU_DEVICES} for multi-device "
-                             "benchmarks, else unchanged)")
+    common.add_argument(
+        "--out", default=None, help="output folder (default runs/bench/<name>); '' writes nothing"
+    )
+    common.add_argument(
+        "--data-dir",
+        type=folder,
+        default=None,
+        help="folder with the data files (default: JAXRAY_DATA_DIR, then jaxray's search order)",
+    )
+    common.add_argument(
+        "--cpu-devices",
+        type=cpu_device_count,
+        default=None,
+        help=f"forced CPU device count (default {DEFAULT_CPU_DEVICES} for multi-device "
+        "benchmarks, else unchanged)",
+    )
     sized = argparse.ArgumentParser(add_help=False, parents=[common])
-    sized.add_argument("--preset", choices=("cpu", "gpu", "tiny"), default="cpu",
-                       help="sizes: cpu (2-core CPU, <= 10 min for all), gpu (the learning path's), tiny (seconds)")
-    p = argparse.ArgumentParser(prog="python -m jaxray.bench", description="The learning path's measurements.")
+    sized.add_argument(
+        "--preset",
+        choices=("cpu", "gpu", "tiny"),
+        default="cpu",
+        help="sizes: cpu (2-core CPU, <= 10 min for all), gpu (the learning path's), tiny (seconds)",
+    )
+    p = argparse.ArgumentParser(
+        prog="python -m jaxray.bench", description="The learning path's measurements."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for name in (*SUITE_NAMES, "all"):
-        s = sub.add_parser(name, parents=[sized], help=f"the {name} benchmark" if name != "all" else "every suite")
+        s = sub.add_parser(
+            name, parents=[sized], help=f"the {name} benchmark" if name != "all" else "every suite"
+        )
         if name == "batch-sweep":
-            s.add_argument("--batches", type=_batches, default=None, help="comma-separated global batches "
-                           "(default 256,512,1024,2048,4096)")
-    t = sub.add_parser("throughput", parents=[common], help="one workload at one config; prints one JSON line")
+            s.add_argument(
+                "--batches",
+                type=_batches,
+                default=None,
+                help="comma-separated global batches (default 256,512,1024,2048,4096)",
+            )
+    t = sub.add_parser(
+        "throughput", parents=[common], help="one workload at one config; prints one JSON line"
+    )
     t.add_argument("--workload", choices=("mlp", "shared_block_mlp", "transformer"), default="transformer")
     t.add_argument("--batch", type=positive_int, default=16, help="global batch")
     t.add_argument("--steps", type=positive_int, default=10, help="timed steps per repeat")
     t.add_argument("--repeats", type=positive_int, default=3, help="timed windows; the median is reported")
-    t.add_argument("--warmup", type=non_negative_int, default=1, help="untimed calls first (compile, first touch)")
+    t.add_argument(
+        "--warmup", type=non_negative_int, default=1, help="untimed calls first (compile, first touch)"
+    )
     t.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    t.add_argument("--width", type=positive_int, default=None, help="MLP width or d_model (default: the lab's)")
-    t.add_argument("--seq-len", type=positive_int, default=None, help="transformer sequence length T (default 256)")
+    t.add_argument(
+        "--width", type=positive_int, default=None, help="MLP width or d_model (default: the lab's)"
+    )
+    t.add_argument(
+        "--seq-len", type=positive_int, default=None, help="transformer sequence length T (default 256)"
+    )
     t.add_argument("--devices", type=positive_int, default=1, help="devices in the mesh")
     t.add_argument("--step", choices=("jit", "shard_map", "eager"), default="jit")
-    t.add_argument("--steps-per-call", type=positive_int, default=1, help="optimizer steps per dispatch (lax.scan)")
-    t.add_argument("--attention", choices=("auto", "xla", "cudnn"), default=None,
-                   help="transformer only (default auto)")
-    t.add_argument("--model-preset", choices=tuple(MODEL_SIZES), default=None,
-                   help="transformer shape; gpt2_small: 12 layers, 12 heads, d_model 768, max_seq_len and "
-                        "--seq-len 1024 (--width and --seq-len given still win)")
+    t.add_argument(
+        "--steps-per-call", type=positive_int, default=1, help="optimizer steps per dispatch (lax.scan)"
+    )
+    t.add_argument(
+        "--attention", choices=("auto", "xla", "cudnn"), default=None, help="transformer only (default auto)"
+    )
+    t.add_argument(
+        "--model-preset",
+        choices=tuple(MODEL_SIZES),
+        default=None,
+        help="transformer shape; gpt2_small: 12 layers, 12 heads, d_model 768, max_seq_len and "
+        "--seq-len 1024 (--width and --seq-len given still win)",
+    )
     t.add_argument("--json", action="store_true", help="print only the JSON line")
     c = sub.add_parser("compare", parents=[common], help="jaxray vs a reference script, A B A B")
-    c.add_argument("--reference", required=True, type=Path, help="e.g. ../shared/bench/reference_transformer.py")
-    c.add_argument("--workload", choices=("mlp", "transformer"), default=None, help="default: from the script name")
-    c.add_argument("--batch", type=positive_int, default=None, help="global batch (default 16 transformer, 512 MLP)")
+    c.add_argument(
+        "--reference", required=True, type=Path, help="e.g. ../shared/bench/reference_transformer.py"
+    )
+    c.add_argument(
+        "--workload", choices=("mlp", "transformer"), default=None, help="default: from the script name"
+    )
+    c.add_argument(
+        "--batch", type=positive_int, default=None, help="global batch (default 16 transformer, 512 MLP)"
+    )
     c.add_argument("--steps", type=positive_int, default=None, help="timed steps per run (default 10 / 100)")
     c.add_argument("--pairs", type=positive_int, default=3, help="A B pairs; the median ratio is reported")
     c.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="bfloat16: MLP only")
@@ -96,67 +148,140 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def _add_compile(sub, common: argparse.ArgumentParser) -> None:
     """``compile``: the compile report of one config's train step, without training
     (jaxray.train.compile_report)."""
-    c = sub.add_parser("compile", parents=[common],
-                       help="compile one config's train step and print XLA's report (FLOPs, memory per device, "
-                            "ops) without training; writes compile.json")
+    c = sub.add_parser(
+        "compile",
+        parents=[common],
+        help="compile one config's train step and print XLA's report (FLOPs, memory per device, "
+        "ops) without training; writes compile.json",
+    )
     c.add_argument("--workload", choices=("mlp", "shared_block_mlp", "transformer"), default="transformer")
     c.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     c.add_argument("--batch", type=positive_int, default=16, help="global batch (default 16)")
-    c.add_argument("--width", type=positive_int, default=None, help="MLP width or d_model (default: the lab's)")
-    c.add_argument("--seq-len", type=positive_int, default=None, help="transformer sequence length T (default 256)")
-    c.add_argument("--model-preset", choices=tuple(MODEL_SIZES), default=None,
-                   help="transformer shape, e.g. gpt2_small (explicit options win)")
+    c.add_argument(
+        "--width", type=positive_int, default=None, help="MLP width or d_model (default: the lab's)"
+    )
+    c.add_argument(
+        "--seq-len", type=positive_int, default=None, help="transformer sequence length T (default 256)"
+    )
+    c.add_argument(
+        "--model-preset",
+        choices=tuple(MODEL_SIZES),
+        default=None,
+        help="transformer shape, e.g. gpt2_small (explicit options win)",
+    )
     c.add_argument("--devices", type=positive_int, default=1, help="devices in the mesh (default 1)")
-    c.add_argument("--attention", choices=("auto", "xla", "cudnn"), default=None,
-                   help="transformer only (default auto)")
+    c.add_argument(
+        "--attention", choices=("auto", "xla", "cudnn"), default=None, help="transformer only (default auto)"
+    )
     c.add_argument("--json", action="store_true", help="print only the report as one JSON line")
 
 
 def _add_checkpoint(sub, common: argparse.ArgumentParser) -> None:
     """``checkpoint``: full-state checkpoint size, save/restore time and step-time cost (jaxray.bench.checkpointing)."""
-    c = sub.add_parser("checkpoint", parents=[common],
-                       help="full-state checkpoints: size, save/restore s, step-time cost of saving every N steps")
-    c.add_argument("--workload", choices=("mlp", "transformer", "all"), default="transformer",
-                   help="the cost run's workload (default transformer); size rows are for both lab models")
+    c = sub.add_parser(
+        "checkpoint",
+        parents=[common],
+        help="full-state checkpoints: size, save/restore s, step-time cost of saving every N steps",
+    )
+    c.add_argument(
+        "--workload",
+        choices=("mlp", "transformer", "all"),
+        default="transformer",
+        help="the cost run's workload (default transformer); size rows are for both lab models",
+    )
     c.add_argument("--every", type=positive_int, default=100, help="steps between checkpoints (default 100)")
     c.add_argument("--steps", type=positive_int, default=None, help="steps per run (default 2 x --every + 1)")
-    c.add_argument("--batch", type=positive_int, default=None, help="global batch (default 16 transformer, 512 MLP)")
-    c.add_argument("--width", type=positive_int, default=None,
-                   help="model width of the cost run (default 128 transformer, the lab's MLP)")
-    c.add_argument("--seq-len", type=positive_int, default=128, help="transformer sequence length (default 128)")
-    c.add_argument("--repeats", type=positive_int, default=3, help="alternating repeats; the median is reported")
+    c.add_argument(
+        "--batch", type=positive_int, default=None, help="global batch (default 16 transformer, 512 MLP)"
+    )
+    c.add_argument(
+        "--width",
+        type=positive_int,
+        default=None,
+        help="model width of the cost run (default 128 transformer, the lab's MLP)",
+    )
+    c.add_argument(
+        "--seq-len", type=positive_int, default=128, help="transformer sequence length (default 128)"
+    )
+    c.add_argument(
+        "--repeats", type=positive_int, default=3, help="alternating repeats; the median is reported"
+    )
 
 
 def _add_ingest(sub, common: argparse.ArgumentParser) -> None:
     """``ingest``: the step on pre-staged batches vs batches streamed from Parquet (jaxray.bench.ingest)."""
-    i = sub.add_parser("ingest", parents=[common], help="ms/step: pre-staged device batches vs Ray Data from Parquet")
-    i.add_argument("--workload", choices=("mlp", "transformer", "all"), default=None,
-                   help="default: all, or the workload of --parquet's dataset")
-    i.add_argument("--parquet", type=folder, default=None,
-                   help="a folder from python -m jaxray.data prepare (default: prepare one in a temporary folder)")
-    i.add_argument("--batch", type=positive_int, default=None, help="global batch (default 1024 MLP, 16 transformer)")
-    i.add_argument("--steps", type=positive_int, default=None,
-                   help="timed steps per repeat (default 150 MLP, 10 transformer)")
-    i.add_argument("--warmup", type=non_negative_int, default=None,
-                   help="untimed steps first (default 10 MLP, 2 transformer)")
+    i = sub.add_parser(
+        "ingest", parents=[common], help="ms/step: pre-staged device batches vs Ray Data from Parquet"
+    )
+    i.add_argument(
+        "--workload",
+        choices=("mlp", "transformer", "all"),
+        default=None,
+        help="default: all, or the workload of --parquet's dataset",
+    )
+    i.add_argument(
+        "--parquet",
+        type=folder,
+        default=None,
+        help="a folder from python -m jaxray.data prepare (default: prepare one in a temporary folder)",
+    )
+    i.add_argument(
+        "--batch", type=positive_int, default=None, help="global batch (default 1024 MLP, 16 transformer)"
+    )
+    i.add_argument(
+        "--steps",
+        type=positive_int,
+        default=None,
+        help="timed steps per repeat (default 150 MLP, 10 transformer)",
+    )
+    i.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=None,
+        help="untimed steps first (default 10 MLP, 2 transformer)",
+    )
     i.add_argument("--repeats", type=positive_int, default=3, help="A B repeats; the median is reported")
-    i.add_argument("--seq-len", type=positive_int, default=None, help="transformer sequence length T (default 256)")
-    i.add_argument("--prefetch-batches", type=non_negative_int, default=2,
-                   help="Ray Data blocks fetched ahead while an epoch is read (default 2)")
+    i.add_argument(
+        "--seq-len", type=positive_int, default=None, help="transformer sequence length T (default 256)"
+    )
+    i.add_argument(
+        "--prefetch-batches",
+        type=non_negative_int,
+        default=2,
+        help="Ray Data blocks fetched ahead while an epoch is read (default 2)",
+    )
 
 
 def _add_decode(sub, common: argparse.ArgumentParser) -> None:
     """``decode``: KV-cache sampler vs full-window recompute (jaxray.bench.decode)."""
-    d = sub.add_parser("decode", parents=[common], help="new tokens/s: KV-cache sampler vs full-window recompute")
-    d.add_argument("--new-tokens", type=positive_int, default=300, help="new tokens per request (default 300)")
-    d.add_argument("--batch-sizes", type=_batches, default=[1, 16], help="KV-cache batch sizes (default 1,16)")
-    d.add_argument("--repeats", type=positive_int, default=3, help="timed calls after the warm-up; median reported")
+    d = sub.add_parser(
+        "decode", parents=[common], help="new tokens/s: KV-cache sampler vs full-window recompute"
+    )
+    d.add_argument(
+        "--new-tokens", type=positive_int, default=300, help="new tokens per request (default 300)"
+    )
+    d.add_argument(
+        "--batch-sizes", type=_batches, default=[1, 16], help="KV-cache batch sizes (default 1,16)"
+    )
+    d.add_argument(
+        "--repeats", type=positive_int, default=3, help="timed calls after the warm-up; median reported"
+    )
     d.add_argument("--prompt", default="ROMEO:", help="prompt text (default ROMEO:)")
-    d.add_argument("--temperature", type=non_negative_float, default=0.8, help="sampling temperature; 0 is greedy")
-    d.add_argument("--checkpoint", type=folder, default=None,
-                   help="a transformer checkpoint or runs/<experiment> (default: the lab's model, fresh weights)")
-    d.add_argument("--reference", type=Path, default=None,
-                   help="the notebook sampler script (default ../shared/bench/reference_generate.py if present)")
+    d.add_argument(
+        "--temperature", type=non_negative_float, default=0.8, help="sampling temperature; 0 is greedy"
+    )
+    d.add_argument(
+        "--checkpoint",
+        type=folder,
+        default=None,
+        help="a transformer checkpoint or runs/<experiment> (default: the lab's model, fresh weights)",
+    )
+    d.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        help="the notebook sampler script (default ../shared/bench/reference_generate.py if present)",
+    )
     d.add_argument("--timeout", type=positive_int, default=900, help="seconds one notebook run may take")
 
 
@@ -165,19 +290,37 @@ def _add_serve(sub) -> None:
     s = sub.add_parser("serve", help="the Serve app under HTTP load from a second process (1..64 clients)")
     s.add_argument("--out", default=None, help="output folder (default runs/bench/serve); '' writes nothing")
     app = s.add_mutually_exclusive_group(required=True)
-    app.add_argument("--checkpoint", type=folder, help="start python -m jaxray.serve on this checkpoint or run folder")
-    app.add_argument("--url", type=url_arg, help="measure an app already running there instead (http://HOST:PORT)")
+    app.add_argument(
+        "--checkpoint", type=folder, help="start python -m jaxray.serve on this checkpoint or run folder"
+    )
+    app.add_argument(
+        "--url", type=url_arg, help="measure an app already running there instead (http://HOST:PORT)"
+    )
     add_load_options(s)
     s.add_argument("--port", type=port, default=8000, help="port of the app started here (default 8000)")
     s.add_argument("--max-batch-size", type=positive_int, default=None, help="passed to jaxray.serve")
     s.add_argument("--batch-wait-ms", type=non_negative_float, default=None, help="passed to jaxray.serve")
-    s.add_argument("--batch-sizes", type=positive_int_list, default=None,
-                   help="batch sizes compiled, passed to jaxray.serve (e.g. 1,4,8,16)")
-    s.add_argument("--chunk", type=positive_int, default=None, help="new tokens per decode call (to jaxray.serve)")
-    s.add_argument("--num-gpus", type=non_negative_float, default=None,
-                   help="GPUs Ray reserves for the replica (to jaxray.serve; default none)")
-    s.add_argument("--startup-timeout", type=positive_int, default=600,
-                   help="seconds the app may take to answer /healthz (compiles first; default 600)")
+    s.add_argument(
+        "--batch-sizes",
+        type=positive_int_list,
+        default=None,
+        help="batch sizes compiled, passed to jaxray.serve (e.g. 1,4,8,16)",
+    )
+    s.add_argument(
+        "--chunk", type=positive_int, default=None, help="new tokens per decode call (to jaxray.serve)"
+    )
+    s.add_argument(
+        "--num-gpus",
+        type=non_negative_float,
+        default=None,
+        help="GPUs Ray reserves for the replica (to jaxray.serve; default none)",
+    )
+    s.add_argument(
+        "--startup-timeout",
+        type=positive_int,
+        default=600,
+        help="seconds the app may take to answer /healthz (compiles first; default 600)",
+    )
 
 
 def set_cpu_devices(args: argparse.Namespace) -> None:
@@ -186,19 +329,21 @@ def set_cpu_devices(args: argparse.Namespace) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     has_count = FORCE_FLAG in flags
     default = DEFAULT_CPU_DEVICES if args.command in MULTI_DEVICE and not has_count else None
-    count = getattr(args, "cpu_devices", None) or default  # serve has no --cpu-devices: the server is its own process
+    count = (
+        getattr(args, "cpu_devices", None) or default
+    )  # serve has no --cpu-devices: the server is its own process
     if count:
         flags = re.sub(rf"--{FORCE_FLAG}=\S*", "", flags)
         os.environ["XLA_FLAGS"] = f"{flags} --{FORCE_FLAG}={count}".strip()
 
 
-def _out(args: argparse.Namespace, name: str) -> Optional[Path]:
+def _out(args: argparse.Namespace, name: str) -> Path | None:
     if args.out == "":
         return None
     return Path(args.out) if args.out else Path("runs/bench") / name
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_cpu_devices(args)
     from jaxray.bench import runner  # imports JAX: only after XLA_FLAGS is final

@@ -1,17 +1,19 @@
 """The benchmarks' PNG charts (matplotlib, headless): bars per case, throughput against global
 batch on a log2 axis, and transformer loss/perplexity against tokens processed."""
+
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
 import matplotlib
+
 matplotlib.use("Agg")  # benchmarks run on headless machines: never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from jaxray.bench.output import row_value  # noqa: E402
-from jaxray.report import compact, log2_batch_axis, save_figure  # noqa: E402
+from jaxray.reporting.sweep import compact, log2_batch_axis, save_figure  # noqa: E402
 
 
 def _throughput(row: dict) -> tuple[float | None, str]:
@@ -76,8 +78,11 @@ def loss_per_step(rows: list[dict], path: Path, kept: dict) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, m in kept.items():
         ax.plot(range(1, len(m.losses) + 1), m.losses, label=label)
-    ax.set(xlabel="step (warm-up first, then the timed windows)", ylabel="training loss (nats)",
-           title="Loss of every step run")
+    ax.set(
+        xlabel="step (warm-up first, then the timed windows)",
+        ylabel="training loss (nats)",
+        title="Loss of every step run",
+    )
     ax.grid(True, alpha=0.3)
     if kept:
         ax.legend(fontsize="small")

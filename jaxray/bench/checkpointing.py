@@ -13,6 +13,7 @@ cost.
   included (the loop's timed steps plus its hooks), median over repeats. Target (issue 6): <= 1.05x
   at every 100 steps on the transformer.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -21,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,9 +40,16 @@ from jaxray.train.run import train
 from jaxray.train.step import init_state, make_optimizer
 
 TARGET = 1.05
-COLUMNS = [("case", "case", ""), ("params", "params", ",.0f"), ("size MB", "size_mb", ".1f"),
-           ("save s", "save_s", ".3f"), ("restore s", "restore_s", ".3f"), ("every", "every", ""),
-           ("ms/step", "ms_per_step", ".2f"), ("x no checkpoints", "vs_none", ".3f")]
+COLUMNS = [
+    ("case", "case", ""),
+    ("params", "params", ",.0f"),
+    ("size MB", "size_mb", ".1f"),
+    ("save s", "save_s", ".3f"),
+    ("restore s", "restore_s", ".3f"),
+    ("every", "every", ""),
+    ("ms/step", "ms_per_step", ".2f"),
+    ("x no checkpoints", "vs_none", ".3f"),
+]
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ class CostRun:
     global_batch: int
     steps: int
     every: int
-    width: Optional[int] = None
+    width: int | None = None
     seq_len: int = 256
 
 
@@ -66,7 +74,7 @@ def _save_copy(folder: Path, state, trial, storage: Path) -> float:
     return time.perf_counter() - start
 
 
-def size_row(workload: str, repeats: int, data_dir: Optional[str]) -> dict[str, Any]:
+def size_row(workload: str, repeats: int, data_dir: str | None) -> dict[str, Any]:
     """Save/restore seconds and size of the lab model's full train state."""
     trial = make_spec(workload, 16 if workload == "transformer" else 512, data_dir=data_dir).trial
     model, tx = build(trial.model), make_optimizer(trial.learning_rate, trial.train.weight_decay)
@@ -75,9 +83,16 @@ def size_row(workload: str, repeats: int, data_dir: Optional[str]) -> dict[str, 
     # Fresh Adam moments are zeros, which Orbax's storage compresses to nothing; a trained state's
     # are not: give them noise so the size is a trained checkpoint's.
     rng = np.random.default_rng(0)
-    state = state._replace(opt_state=jax.tree.map(
-        lambda x: x + rng.standard_normal(x.shape).astype(x.dtype) * 1e-3 if jnp.issubdtype(x.dtype, jnp.floating)
-        and x.ndim else x, state.opt_state))
+    state = state._replace(
+        opt_state=jax.tree.map(
+            lambda x: (
+                x + rng.standard_normal(x.shape).astype(x.dtype) * 1e-3
+                if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim
+                else x
+            ),
+            state.opt_state,
+        )
+    )
     saves, restores = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats + 1):  # the first of each is warm-up (imports, Orbax's first use)
@@ -86,33 +101,56 @@ def size_row(workload: str, repeats: int, data_dir: Optional[str]) -> dict[str, 
             jax.block_until_ready(restore_state(Path(tmp) / f"stored{i}", model, tx, replicated(mesh))[0])
             restores.append(time.perf_counter() - start)
         size = sum(f.stat().st_size for f in (Path(tmp) / "stored0").rglob("*") if f.is_file())
-    return {"case": f"{workload} (lab size) save / restore", "workload": workload,
-            "params": param_count(state.params), "size_mb": size / 1e6, "save_s": statistics.median(saves[1:]),
-            "restore_s": statistics.median(restores[1:]), "repeats": repeats, **environment(1)}
+    return {
+        "case": f"{workload} (lab size) save / restore",
+        "workload": workload,
+        "params": param_count(state.params),
+        "size_mb": size / 1e6,
+        "save_s": statistics.median(saves[1:]),
+        "restore_s": statistics.median(restores[1:]),
+        "repeats": repeats,
+        **environment(1),
+    }
 
 
-def _ms_per_step(trial, every: Optional[int], arrays, held_out, tmp: Path) -> float:
+def _ms_per_step(trial, every: int | None, arrays, held_out, tmp: Path) -> float:
     """One run of ``trial`` with a checkpoint every ``every`` steps (None: none) saved under ``tmp``."""
     trial = trial.model_copy(update={"train": trial.train.model_copy(update={"checkpoint_every": every})})
 
     def save(step, state, history):
         _save_copy(tmp / f"local{step}", state, trial, tmp / f"stored{step}")
 
-    result = train(trial, train_batches(arrays, trial.train.global_batch, trial.train.seed), held_out,
-                   make_mesh(jax.devices()[:1]), save=save if every else None)
+    result = train(
+        trial,
+        train_batches(arrays, trial.train.global_batch, trial.train.seed),
+        held_out,
+        make_mesh(jax.devices()[:1]),
+        save=save if every else None,
+    )
     s = result.summary
     return s["ms_per_step"] + s["hook_s"] * 1e3 / (trial.train.steps - 1)
 
 
-def cost_rows(run: CostRun, repeats: int, data_dir: Optional[str]) -> list[dict[str, Any]]:
+def cost_rows(run: CostRun, repeats: int, data_dir: str | None) -> list[dict[str, Any]]:
     """ms/step without checkpoints and with one every ``run.every`` steps, alternately."""
-    spec = make_spec(run.workload, run.global_batch, width=run.width, seq_len=run.seq_len,
-                     max_seq_len=run.seq_len if run.workload == "transformer" else None, data_dir=data_dir)
-    trial = spec.trial.model_copy(update={"train": spec.trial.train.model_copy(
-        update={"steps": run.steps, "log_every": max(1, run.steps // 4)})})
+    spec = make_spec(
+        run.workload,
+        run.global_batch,
+        width=run.width,
+        seq_len=run.seq_len,
+        max_seq_len=run.seq_len if run.workload == "transformer" else None,
+        data_dir=data_dir,
+    )
+    trial = spec.trial.model_copy(
+        update={
+            "train": spec.trial.train.model_copy(
+                update={"steps": run.steps, "log_every": max(1, run.steps // 4)}
+            )
+        }
+    )
     arrays, held_out = load_arrays(trial)
-    held_out = {k: v[:run.global_batch] for k, v in held_out.items()}
-    times: dict[Optional[int], list[float]] = {None: [], run.every: []}
+    held_out = {k: v[: run.global_batch] for k, v in held_out.items()}
+    times: dict[int | None, list[float]] = {None: [], run.every: []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats):
             for every in times:
@@ -121,26 +159,55 @@ def cost_rows(run: CostRun, repeats: int, data_dir: Optional[str]) -> list[dict[
     rows = []
     for every, values in times.items():
         ms = statistics.median(values)
-        rows.append({"case": f"{run.workload} d{trial.model.width} batch {run.global_batch}, {run.steps} steps",
-                     "workload": run.workload, "every": every or "none", "ms_per_step": ms,
-                     "ms_per_step_repeats": values, "vs_none": ms / base, "steps": run.steps, **environment(1)})
+        rows.append(
+            {
+                "case": f"{run.workload} d{trial.model.width} batch {run.global_batch}, {run.steps} steps",
+                "workload": run.workload,
+                "every": every or "none",
+                "ms_per_step": ms,
+                "ms_per_step_repeats": values,
+                "vs_none": ms / base,
+                "steps": run.steps,
+                **environment(1),
+            }
+        )
     return rows
 
 
-def checkpoint_benchmark(runs: list[CostRun], repeats: int, data_dir: Optional[str] = None) -> Report:
+def checkpoint_benchmark(runs: list[CostRun], repeats: int, data_dir: str | None = None) -> Report:
     """The report described in the module docstring."""
-    cases = [Case(f"{w} size", {"case": f"{w} save / restore"}, lambda w=w: size_row(w, repeats, data_dir))
-             for w in ("mlp", "transformer")]
-    cases += [Case(f"{r.workload} every {r.every}", {"case": f"{r.workload} every {r.every}"},
-                   lambda r=r: {"rows": cost_rows(r, repeats, data_dir)}) for r in runs]
+    cases = [
+        Case(f"{w} size", {"case": f"{w} save / restore"}, lambda w=w: size_row(w, repeats, data_dir))
+        for w in ("mlp", "transformer")
+    ]
+    cases += [
+        Case(
+            f"{r.workload} every {r.every}",
+            {"case": f"{r.workload} every {r.every}"},
+            lambda r=r: {"rows": cost_rows(r, repeats, data_dir)},
+        )
+        for r in runs
+    ]
     results = run_cases(cases, "checkpoint")
     rows = [r for res in results for r in (res.pop("rows") if "rows" in res else [res])]
-    ratios = {f"{r['workload']}_every_{r['every']}": r["vs_none"] for r in rows if r.get("every") not in (None, "none")}
-    notes = [f"Target (issue 6): checkpointing every 100 steps costs <= {TARGET:g}x the step time without.",
-             "save s: Orbax writes of params and Optax state, configs, history and SHA-256 checksums, then the "
-             "copy into the run's storage that Ray Train's report makes; restore s: checksums verified and Orbax "
-             "restore onto the mesh. Medians after one warm-up.",
-             "ms/step: the loop's host time per step after the first, saves included; median over repeats, the "
-             "two runs alternating. The cost at another size is about save s / (every x step time)."]
-    return Report("checkpoint", "Checkpoints: size, save and restore time, step-time cost", rows, COLUMNS, notes,
-                  summary={**ratios, "target": TARGET})
+    ratios = {
+        f"{r['workload']}_every_{r['every']}": r["vs_none"]
+        for r in rows
+        if r.get("every") not in (None, "none")
+    }
+    notes = [
+        f"Target (issue 6): checkpointing every 100 steps costs <= {TARGET:g}x the step time without.",
+        "save s: Orbax writes of params and Optax state, configs, history and SHA-256 checksums, then the "
+        "copy into the run's storage that Ray Train's report makes; restore s: checksums verified and Orbax "
+        "restore onto the mesh. Medians after one warm-up.",
+        "ms/step: the loop's host time per step after the first, saves included; median over repeats, the "
+        "two runs alternating. The cost at another size is about save s / (every x step time).",
+    ]
+    return Report(
+        "checkpoint",
+        "Checkpoints: size, save and restore time, step-time cost",
+        rows,
+        COLUMNS,
+        notes,
+        summary={**ratios, "target": TARGET},
+    )

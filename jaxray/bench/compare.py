@@ -8,6 +8,7 @@ of the pairs' ratios, so a slow spell on a shared machine hits both sides of a p
 the same params and batches, so their final losses must agree to float tolerance: a faster step
 that computes something else would show here.
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,7 +18,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from tqdm import tqdm
 
@@ -34,7 +35,7 @@ LOSS_RTOL = 1e-4
 
 
 def infer_workload(script: Path) -> str:
-    """"transformer" or "mlp" from the reference script's name; ValueError if neither appears."""
+    """ "transformer" or "mlp" from the reference script's name; ValueError if neither appears."""
     for workload in TARGETS:
         if workload in script.name:
             return workload
@@ -70,22 +71,49 @@ def _run_json(cmd: list[str], env: dict[str, str], timeout_s: float, key: str) -
     return out
 
 
-def commands(script: Path, workload: str, batch: int, steps: int, dtype: str,
-             data_dir: Optional[str]) -> tuple[list[str], list[str]]:
+def commands(
+    script: Path, workload: str, batch: int, steps: int, dtype: str, data_dir: str | None
+) -> tuple[list[str], list[str]]:
     """(reference command, jaxray command) for one side-by-side run."""
     reference = [sys.executable, str(script), "--steps", str(steps), "--batch", str(batch)]
     if workload == "mlp":
         reference += ["--dtype", dtype]
-    ours = [sys.executable, "-m", "jaxray.bench", "throughput", "--json", "--workload", workload,
-            "--batch", str(batch), "--steps", str(steps), "--dtype", dtype, "--repeats", "1", "--warmup", "1",
-            "--out", ""]
+    ours = [
+        sys.executable,
+        "-m",
+        "jaxray.bench",
+        "throughput",
+        "--json",
+        "--workload",
+        workload,
+        "--batch",
+        str(batch),
+        "--steps",
+        str(steps),
+        "--dtype",
+        dtype,
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--out",
+        "",
+    ]
     if data_dir:
         ours += ["--data-dir", data_dir]
     return reference, ours
 
 
-def compare(script: Path, workload: str, batch: int, steps: int, pairs: int, dtype: str = "float32",
-            data_dir: Optional[str] = None, timeout_s: float = 900) -> Report:
+def compare(
+    script: Path,
+    workload: str,
+    batch: int,
+    steps: int,
+    pairs: int,
+    dtype: str = "float32",
+    data_dir: str | None = None,
+    timeout_s: float = 900,
+) -> Report:
     """Run ``pairs`` A/B pairs and report each run, the median ratio and the loss agreement.
 
     Raises RuntimeError if a run fails (its stderr is in the message) or prints no figure, and
@@ -104,13 +132,23 @@ def compare(script: Path, workload: str, batch: int, steps: int, pairs: int, dty
         ours = _run_json(ours_cmd, env, timeout_s, key)
         ratios.append(ours[key] / ref[key])
         for impl, out in (("reference", ref), ("jaxray", ours)):
-            rows.append({"pair": pair, "impl": impl, "run": f"{impl} #{pair}", "workload": workload,
-                         "global_batch": batch, "dtype": dtype,
-                         "steps": steps, key: out[key], "ms_per_step": out["ms_per_step"],
-                         "final_loss": out["final_loss"],
-                         "achieved_tflops": batch / (out["ms_per_step"] / 1e3) * per_example / 1e12,
-                         "ratio_vs_reference": ratios[-1] if impl == "jaxray" else None,
-                         **{k: ours[k] for k in ("device_kind", "devices", "jax", "jaxlib")}})
+            rows.append(
+                {
+                    "pair": pair,
+                    "impl": impl,
+                    "run": f"{impl} #{pair}",
+                    "workload": workload,
+                    "global_batch": batch,
+                    "dtype": dtype,
+                    "steps": steps,
+                    key: out[key],
+                    "ms_per_step": out["ms_per_step"],
+                    "final_loss": out["final_loss"],
+                    "achieved_tflops": batch / (out["ms_per_step"] / 1e3) * per_example / 1e12,
+                    "ratio_vs_reference": ratios[-1] if impl == "jaxray" else None,
+                    **{k: ours[k] for k in ("device_kind", "devices", "jax", "jaxlib")},
+                }
+            )
     return _report(script, workload, rows, ratios, key)
 
 
@@ -121,19 +159,38 @@ def _report(script: Path, workload: str, rows: list[dict], ratios: list[float], 
     worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in losses)
     unit = "tokens/s" if key == "tokens_per_sec" else "examples/s"
     tflops = statistics.median(row_value(r, "achieved_tflops") for r in rows if r["impl"] == "jaxray")
-    notes = [f"median ratio jaxray / reference ({unit}): **{median:.3f}x** over {len(ratios)} pair(s) "
-             f"(each: {', '.join(f'{x:.3f}' for x in ratios)})",
-             f"target >= {target:.2f}x: {'met' if median >= target else 'NOT met'}" if target else "no target set",
-             f"final loss agreement: worst relative difference {worst:.1e} (tolerance {LOSS_RTOL:.0e}): "
-             f"{'same numbers' if worst <= LOSS_RTOL else 'DIFFERENT numbers'}",
-             f"jaxray achieved {tflops * 1e3:.1f} GFLOP/s of model FLOPs (median)",
-             f"reference: {script}"]
-    columns = [("pair", "pair", ""), ("impl", "impl", ""), ("global batch", "global_batch", ""),
-               ("steps", "steps", ""), (unit, key, ",.0f"), ("ms/step", "ms_per_step", ".2f"),
-               ("GFLOP/s", lambda r: r["achieved_tflops"] * 1e3, ".1f"), ("final loss", "final_loss", ".6f"),
-               ("ratio", "ratio_vs_reference", ".3f")]
-    summary = {"median_ratio": median, "target": target, "met": target is None or median >= target,
-               "max_final_loss_rel_diff": worst}
-    return Report("compare", f"jaxray vs the learning path's {workload} step", rows, columns, notes,
-                  {"compare.png": functools.partial(charts.bars, label="run", title="reference vs jaxray, A B pairs")},
-                  summary=summary)
+    notes = [
+        f"median ratio jaxray / reference ({unit}): **{median:.3f}x** over {len(ratios)} pair(s) "
+        f"(each: {', '.join(f'{x:.3f}' for x in ratios)})",
+        f"target >= {target:.2f}x: {'met' if median >= target else 'NOT met'}" if target else "no target set",
+        f"final loss agreement: worst relative difference {worst:.1e} (tolerance {LOSS_RTOL:.0e}): "
+        f"{'same numbers' if worst <= LOSS_RTOL else 'DIFFERENT numbers'}",
+        f"jaxray achieved {tflops * 1e3:.1f} GFLOP/s of model FLOPs (median)",
+        f"reference: {script}",
+    ]
+    columns = [
+        ("pair", "pair", ""),
+        ("impl", "impl", ""),
+        ("global batch", "global_batch", ""),
+        ("steps", "steps", ""),
+        (unit, key, ",.0f"),
+        ("ms/step", "ms_per_step", ".2f"),
+        ("GFLOP/s", lambda r: r["achieved_tflops"] * 1e3, ".1f"),
+        ("final loss", "final_loss", ".6f"),
+        ("ratio", "ratio_vs_reference", ".3f"),
+    ]
+    summary = {
+        "median_ratio": median,
+        "target": target,
+        "met": target is None or median >= target,
+        "max_final_loss_rel_diff": worst,
+    }
+    return Report(
+        "compare",
+        f"jaxray vs the learning path's {workload} step",
+        rows,
+        columns,
+        notes,
+        {"compare.png": functools.partial(charts.bars, label="run", title="reference vs jaxray, A B pairs")},
+        summary=summary,
+    )

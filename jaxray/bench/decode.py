@@ -4,10 +4,10 @@ Samplers, side by side in one run on the same model (the lab's: d_model 256, 4 l
 max_seq_len 256, fresh weights unless ``--checkpoint``; speed does not depend on the weights), the
 same prompt and the same number of new tokens:
 
-* ``kv-cache``: ``jaxray.engine`` (prefill, then one cached decode step per token, the whole loop in
+* ``kv-cache``: ``jaxray.inference.engine`` (prefill, then one cached decode step per token, the whole loop in
   one compiled call), with the default window policy (context_keep = S // 2) and with
   context_keep = S (the exact sliding window: a re-prefill of S - 1 bytes per token past S);
-* ``full recompute``: ``jaxray.generate.sample``, the whole window per token, loop on device;
+* ``full recompute``: ``jaxray.inference.sampling.sample``, the whole window per token, loop on device;
 * ``notebook``: the learning path's sampler (``reference_generate.py``, run as its own process:
   the whole window per token and a host round trip per byte).
 
@@ -15,12 +15,13 @@ Each jaxray row is the median of ``repeats`` timed calls after a warm-up call (w
 the notebook row is the median of ``repeats`` runs of the script, each timing itself after its own
 warm-up. Ratios are tokens/s over the full-recompute row and over the notebook row.
 """
+
 from __future__ import annotations
 
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,17 +30,25 @@ from jaxray.bench import compare
 from jaxray.bench.output import Case, Report, run_cases
 from jaxray.bench.timing import environment, time_calls
 from jaxray.config import ModelConfig
-from jaxray.engine import Engine, EngineSettings, Request
-from jaxray.generate import prompt_window, sample
+from jaxray.inference.engine import Engine, EngineSettings, Request
+from jaxray.inference.sampling import prompt_window, sample
 
-LAB = ModelConfig(workload="transformer", width=256, num_layers=4, num_heads=4, max_seq_len=256, attention="xla")
+LAB = ModelConfig(
+    workload="transformer", width=256, num_layers=4, num_heads=4, max_seq_len=256, attention="xla"
+)
 TARGET = 20.0  # the issue's bar: KV-cache tokens/s over full-window tokens/s at 300 new tokens, batch 1
-COLUMNS = [("sampler", "sampler", ""), ("batch", "batch", ""), ("new tokens", "new_tokens", ""),
-           ("tokens/s", "tokens_per_sec", ",.0f"), ("ms/token", "ms_per_token", ".2f"),
-           ("x full recompute", "vs_full", ".1f"), ("x notebook", "vs_notebook", ".1f")]
+COLUMNS = [
+    ("sampler", "sampler", ""),
+    ("batch", "batch", ""),
+    ("new tokens", "new_tokens", ""),
+    ("tokens/s", "tokens_per_sec", ",.0f"),
+    ("ms/token", "ms_per_token", ".2f"),
+    ("x full recompute", "vs_full", ".1f"),
+    ("x notebook", "vs_notebook", ".1f"),
+]
 
 
-def load_model(checkpoint_path: Optional[str]):
+def load_model(checkpoint_path: str | None):
     """(model, params): the checkpoint's transformer, or the lab's with fresh weights."""
     from jaxray import checkpoint
     from jaxray.models import build
@@ -50,10 +59,23 @@ def load_model(checkpoint_path: Optional[str]):
     return model, model.init(jax.random.key(0))
 
 
-def _kv_case(model, params, prompt: bytes, new_tokens: int, batch: int, keep: Optional[int], temperature: float,
-             repeats: int) -> Case:
-    settings = EngineSettings(buckets=(min(len(prompt), model.config.max_seq_len),), batch_sizes=(batch,),
-                              chunk=new_tokens, max_new_tokens=new_tokens, context_keep=keep)
+def _kv_case(
+    model,
+    params,
+    prompt: bytes,
+    new_tokens: int,
+    batch: int,
+    keep: int | None,
+    temperature: float,
+    repeats: int,
+) -> Case:
+    settings = EngineSettings(
+        buckets=(min(len(prompt), model.config.max_seq_len),),
+        batch_sizes=(batch,),
+        chunk=new_tokens,
+        max_new_tokens=new_tokens,
+        context_keep=keep,
+    )
     label = f"kv-cache, context_keep {keep or model.config.max_seq_len // 2}"
 
     def run() -> dict[str, Any]:
@@ -70,19 +92,34 @@ def _full_case(model, params, prompt: bytes, new_tokens: int, temperature: float
     def run() -> dict[str, Any]:
         window, length = prompt_window(prompt, model.config.max_seq_len)
         logits_fn = jax.tree_util.Partial(model.apply, params)
-        call = lambda i: sample(logits_fn, jnp.asarray(window), jnp.int32(length), jax.random.key(i),  # noqa: E731
-                                jnp.float32(temperature), new_tokens)
+        call = lambda i: sample(
+            logits_fn,
+            jnp.asarray(window),
+            jnp.int32(length),
+            jax.random.key(i),  # noqa: E731
+            jnp.float32(temperature),
+            new_tokens,
+        )
         return _rates(time_calls(call, calls=1, repeats=repeats).median_s, new_tokens, 1)
 
-    label = "full recompute (jaxray.generate.sample)"
+    label = "full recompute (jaxray.inference.sampling.sample)"
     return Case(label, {"sampler": label, "batch": 1, "new_tokens": new_tokens}, run)
 
 
 def _notebook_case(script: Path, new_tokens: int, temperature: float, repeats: int, timeout_s: float) -> Case:
     def run() -> dict[str, Any]:
-        cmd = [sys.executable, str(script), "--new-tokens", str(new_tokens), "--temperature", str(temperature)]
-        rates = [compare._run_json(cmd, None, timeout_s, "new_tokens_per_sec")["new_tokens_per_sec"]
-                 for _ in range(repeats)]
+        cmd = [
+            sys.executable,
+            str(script),
+            "--new-tokens",
+            str(new_tokens),
+            "--temperature",
+            str(temperature),
+        ]
+        rates = [
+            compare._run_json(cmd, None, timeout_s, "new_tokens_per_sec")["new_tokens_per_sec"]
+            for _ in range(repeats)
+        ]
         return _rates(new_tokens / statistics.median(rates), new_tokens, 1)
 
     label = f"notebook ({script.name})"
@@ -90,12 +127,23 @@ def _notebook_case(script: Path, new_tokens: int, temperature: float, repeats: i
 
 
 def _rates(seconds: float, tokens: int, batch: int) -> dict[str, float]:
-    return {"seconds": seconds, "tokens_per_sec": tokens / seconds, "ms_per_token": seconds / (tokens / batch) * 1e3}
+    return {
+        "seconds": seconds,
+        "tokens_per_sec": tokens / seconds,
+        "ms_per_token": seconds / (tokens / batch) * 1e3,
+    }
 
 
-def decode_benchmark(new_tokens: int = 300, batch_sizes: tuple[int, ...] = (1, 16), repeats: int = 3,
-                     prompt: str = "ROMEO:", temperature: float = 0.8, reference: Optional[Path] = None,
-                     checkpoint_path: Optional[str] = None, timeout_s: float = 900) -> Report:
+def decode_benchmark(
+    new_tokens: int = 300,
+    batch_sizes: tuple[int, ...] = (1, 16),
+    repeats: int = 3,
+    prompt: str = "ROMEO:",
+    temperature: float = 0.8,
+    reference: Path | None = None,
+    checkpoint_path: str | None = None,
+    timeout_s: float = 900,
+) -> Report:
     """The report described in the module docstring. ``reference``: the notebook sampler script
     (its row is skipped, with a note, when None)."""
     model, params = load_model(checkpoint_path)
@@ -110,26 +158,47 @@ def decode_benchmark(new_tokens: int = 300, batch_sizes: tuple[int, ...] = (1, 1
     return _report(rows, model.config, new_tokens, len(encoded), reference)
 
 
-def _report(rows: list[dict], cfg: ModelConfig, new_tokens: int, prompt_bytes: int,
-            reference: Optional[Path]) -> Report:
-    def rate(prefix: str) -> Optional[float]:
-        return next((r.get("tokens_per_sec") for r in rows if r["sampler"].startswith(prefix) and r["batch"] == 1
-                     and not r.get("error")), None)
+def _report(
+    rows: list[dict], cfg: ModelConfig, new_tokens: int, prompt_bytes: int, reference: Path | None
+) -> Report:
+    def rate(prefix: str) -> float | None:
+        return next(
+            (
+                r.get("tokens_per_sec")
+                for r in rows
+                if r["sampler"].startswith(prefix) and r["batch"] == 1 and not r.get("error")
+            ),
+            None,
+        )
 
-    full, notebook, kv = rate("full recompute"), rate("notebook"), rate(f"kv-cache, context_keep {cfg.max_seq_len // 2}")
+    full, notebook, kv = (
+        rate("full recompute"),
+        rate("notebook"),
+        rate(f"kv-cache, context_keep {cfg.max_seq_len // 2}"),
+    )
     for r in rows:
         if r.get("tokens_per_sec"):
             r["vs_full"] = r["tokens_per_sec"] / full if full else None
             r["vs_notebook"] = r["tokens_per_sec"] / notebook if notebook else None
-    summary = {"kv_vs_full": kv / full if kv and full else None,
-               "kv_vs_notebook": kv / notebook if kv and notebook else None, "target": TARGET}
+    summary = {
+        "kv_vs_full": kv / full if kv and full else None,
+        "kv_vs_notebook": kv / notebook if kv and notebook else None,
+        "target": TARGET,
+    }
     fills = cfg.max_seq_len - prompt_bytes
-    window = (f"the window fills after {fills} new tokens, so the context_keep policy is exercised" if new_tokens > fills
-              else "the window never fills, so both context_keep rows do the same work")
-    notes = [f"Model: d_model {cfg.width}, {cfg.num_layers} layers, {cfg.num_heads} heads, max_seq_len "
-             f"{cfg.max_seq_len}, {cfg.dtype}; prompt {prompt_bytes} bytes + {new_tokens} new tokens: {window}.",
-             f"Target (issue 4): KV-cache >= {TARGET:g}x the full-window sampler's tokens/s at batch 1.",
-             "Batch > 1 rows count the tokens of every row: the throughput a server gets from batching."]
+    window = (
+        f"the window fills after {fills} new tokens, so the context_keep policy is exercised"
+        if new_tokens > fills
+        else "the window never fills, so both context_keep rows do the same work"
+    )
+    notes = [
+        f"Model: d_model {cfg.width}, {cfg.num_layers} layers, {cfg.num_heads} heads, max_seq_len "
+        f"{cfg.max_seq_len}, {cfg.dtype}; prompt {prompt_bytes} bytes + {new_tokens} new tokens: {window}.",
+        f"Target (issue 4): KV-cache >= {TARGET:g}x the full-window sampler's tokens/s at batch 1.",
+        "Batch > 1 rows count the tokens of every row: the throughput a server gets from batching.",
+    ]
     if reference is None:
         notes.append("The notebook row was skipped: no reference_generate.py found (pass --reference).")
-    return Report("decode", "Decode: KV cache vs full-window recompute", rows, COLUMNS, notes, summary=summary)
+    return Report(
+        "decode", "Decode: KV cache vs full-window recompute", rows, COLUMNS, notes, summary=summary
+    )

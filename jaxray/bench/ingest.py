@@ -19,6 +19,7 @@ per feed, its ratio to pre-staged (target: ray data <= 1.05 x pre-staged), the t
 the next batch, the epoch boundaries inside the timed window, and both final losses (equal when the
 batches are).
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,8 +28,9 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import jax
 
@@ -50,10 +52,16 @@ DATASET = {"mlp": "fashion-mnist", "transformer": "tinyshakespeare"}
 DEFAULTS = {"mlp": (1024, 10, 150), "transformer": (16, 2, 10)}
 SEED = 0
 STREAMED = {"ray data": CACHE_BYTES, "ray data, every epoch": 0}  # feed -> parquet_batches' cache_bytes
-COLUMNS = [("workload", "workload", ""), ("feed", "feed", ""), ("global batch", "global_batch", ""),
-           ("ms/step", "ms_per_step", ".2f"), ("x pre-staged", "vs_prestaged", ".3f"),
-           ("input wait ms/step", "input_wait_ms_per_step", ".2f"), ("epoch ends timed", "epoch_boundaries", ""),
-           ("final loss", "final_loss", ".6f")]
+COLUMNS = [
+    ("workload", "workload", ""),
+    ("feed", "feed", ""),
+    ("global batch", "global_batch", ""),
+    ("ms/step", "ms_per_step", ".2f"),
+    ("x pre-staged", "vs_prestaged", ".3f"),
+    ("input wait ms/step", "input_wait_ms_per_step", ".2f"),
+    ("epoch ends timed", "epoch_boundaries", ""),
+    ("final loss", "final_loss", ".6f"),
+]
 
 
 @dataclass(frozen=True)
@@ -68,17 +76,20 @@ class IngestSize:
     seq_len: int = 256
 
 
-def size_for(workload: str, batch: Optional[int], warmup: Optional[int], steps: Optional[int], repeats: int,
-             seq_len: Optional[int]) -> IngestSize:
+def size_for(
+    workload: str, batch: int | None, warmup: int | None, steps: int | None, repeats: int, seq_len: int | None
+) -> IngestSize:
     """The defaults of ``workload`` with the given values in their place."""
     b, w, s = DEFAULTS[workload]
-    return IngestSize(workload, batch or b, w if warmup is None else warmup, steps or s, repeats, seq_len or 256)
+    return IngestSize(
+        workload, batch or b, w if warmup is None else warmup, steps or s, repeats, seq_len or 256
+    )
 
 
 class _Run:
     """The compiled step, fresh states, and the batches of one workload."""
 
-    def __init__(self, size: IngestSize, folder: str, data_dir: Optional[str], prefetch_batches: int):
+    def __init__(self, size: IngestSize, folder: str, data_dir: str | None, prefetch_batches: int):
         spec = make_spec(size.workload, size.global_batch, seq_len=size.seq_len, data_dir=data_dir)
         self.size, self.trial, self.folder, self.prefetch = size, spec.trial, folder, prefetch_batches
         self.mesh = make_mesh(jax.devices()[:1])
@@ -91,7 +102,9 @@ class _Run:
         model = build(self.trial.model)
         self.tx = make_optimizer(self.trial.learning_rate, self.trial.train.weight_decay)
         self.params = jax.device_get(model.init(jax.random.key(INIT_SEED[size.workload])))
-        self.step, self.compile_s = compile_train_step(model, self.tx, self.mesh, self.fresh_state(), self.staged[0])
+        self.step, self.compile_s = compile_train_step(
+            model, self.tx, self.mesh, self.fresh_state(), self.staged[0]
+        )
 
     def fresh_state(self):
         return replicate(init_state(self.params, self.tx), self.mesh)  # the step donates it: one per run
@@ -119,8 +132,14 @@ class _Run:
         return self.timed(lambda i: shard_batch(self.mesh, next(batches)))
 
     def streamed(self, cache_bytes: int) -> tuple[float, float, float]:
-        stream: Iterator = parquet_batches(self.folder, "train", self.size.global_batch, SEED,
-                                           prefetch_batches=self.prefetch, cache_bytes=cache_bytes)
+        stream: Iterator = parquet_batches(
+            self.folder,
+            "train",
+            self.size.global_batch,
+            SEED,
+            prefetch_batches=self.prefetch,
+            cache_bytes=cache_bytes,
+        )
         try:
             return self.timed(lambda i: shard_batch(self.mesh, next(stream)))
         finally:
@@ -129,8 +148,11 @@ class _Run:
 
 def _rows(run: _Run) -> list[dict[str, Any]]:
     """Repeats of pre-staged then each Ray Data feed; one row per feed with the median."""
-    feeds = {"pre-staged": run.prestaged, "in memory": run.in_memory,
-             **{name: functools.partial(run.streamed, cache) for name, cache in STREAMED.items()}}
+    feeds = {
+        "pre-staged": run.prestaged,
+        "in memory": run.in_memory,
+        **{name: functools.partial(run.streamed, cache) for name, cache in STREAMED.items()},
+    }
     times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in feeds}
     for _ in range(run.size.repeats):
         for name, feed in feeds.items():
@@ -141,23 +163,37 @@ def _rows(run: _Run) -> list[dict[str, Any]]:
     rows = []
     for feed, runs in times.items():
         seconds = statistics.median(t for t, _, _ in runs)
-        row = {"workload": size.workload, "feed": feed, "global_batch": size.global_batch, "steps": size.steps,
-               "warmup_steps": size.warmup, "repeats": size.repeats, "ms_per_step": seconds * 1e3,
-               "ms_per_step_repeats": [t * 1e3 for t, _, _ in runs],
-               "input_wait_ms_per_step": statistics.median(w for _, w, _ in runs) * 1e3,
-               "epoch_boundaries": boundaries, "batches_per_epoch": run.per_epoch,
-               "examples_per_sec": size.global_batch / seconds, "final_loss": runs[0][2],
-               "final_losses": [loss for _, _, loss in runs], "compile_s": run.compile_s,
-               "dtype": trial.model.dtype, "width": trial.model.width, **environment(1)}
+        row = {
+            "workload": size.workload,
+            "feed": feed,
+            "global_batch": size.global_batch,
+            "steps": size.steps,
+            "warmup_steps": size.warmup,
+            "repeats": size.repeats,
+            "ms_per_step": seconds * 1e3,
+            "ms_per_step_repeats": [t * 1e3 for t, _, _ in runs],
+            "input_wait_ms_per_step": statistics.median(w for _, w, _ in runs) * 1e3,
+            "epoch_boundaries": boundaries,
+            "batches_per_epoch": run.per_epoch,
+            "examples_per_sec": size.global_batch / seconds,
+            "final_loss": runs[0][2],
+            "final_losses": [loss for _, _, loss in runs],
+            "compile_s": run.compile_s,
+            "dtype": trial.model.dtype,
+            "width": trial.model.width,
+            **environment(1),
+        }
         if size.workload == "transformer":
-            row.update(seq_len=size.seq_len, tokens_per_sec=row["examples_per_sec"] * tokens_per_example(trial))
+            row.update(
+                seq_len=size.seq_len, tokens_per_sec=row["examples_per_sec"] * tokens_per_example(trial)
+            )
         rows.append(row)
     for row in rows:
         row["vs_prestaged"] = row["ms_per_step"] / rows[0]["ms_per_step"]
     return rows
 
 
-def _folder(size: IngestSize, parquet: Optional[str], data_dir: Optional[str], tmp: str) -> str:
+def _folder(size: IngestSize, parquet: str | None, data_dir: str | None, tmp: str) -> str:
     """``parquet`` (a prepared folder of the workload's data, checked by the caller), else the
     workload's data prepared under ``tmp``."""
     if parquet is not None:
@@ -167,8 +203,12 @@ def _folder(size: IngestSize, parquet: Optional[str], data_dir: Optional[str], t
     return out
 
 
-def ingest_benchmark(sizes: list[IngestSize], parquet: Optional[str] = None, data_dir: Optional[str] = None,
-                     prefetch_batches: int = 2) -> Report:
+def ingest_benchmark(
+    sizes: list[IngestSize],
+    parquet: str | None = None,
+    data_dir: str | None = None,
+    prefetch_batches: int = 2,
+) -> Report:
     """The report described in the module docstring, one pair of rows per size. Starts a local Ray
     (all CPUs) unless one is running. ``parquet``: a prepared folder to read (one size only), else
     each dataset is prepared into a temporary folder, removed afterwards."""
@@ -178,6 +218,7 @@ def ingest_benchmark(sizes: list[IngestSize], parquet: Optional[str] = None, dat
         ray.init(include_dashboard=False, log_to_driver=False)
     tmp = tempfile.mkdtemp(prefix="jaxray-ingest-")
     try:
+
         def case(size: IngestSize) -> Case:
             def run() -> dict[str, Any]:
                 folder = _folder(size, parquet, data_dir, tmp)
@@ -193,23 +234,46 @@ def ingest_benchmark(sizes: list[IngestSize], parquet: Optional[str] = None, dat
 
 
 def _report(rows: list[dict[str, Any]]) -> Report:
-    ratios = {f"{r['workload']}_ratio" + ("" if r["feed"] == "ray data" else "_every_epoch"): r.get("vs_prestaged")
-              for r in rows if r.get("feed") in STREAMED}
-    notes = [f"Target (issue 5): ray data ms/step <= {TARGET:g} x pre-staged, same step, same batches.",
-             "ray data: a split that fits in 1 GiB decoded is read through Ray Data once and later epochs "
-             "reordered in host memory (the default); ray data, every epoch: cache_bytes=0; in memory: "
-             "train_batches over arrays already in host memory, each batch put on the device in the loop "
-             "(no Ray: the cost of gathering and placing a batch on the host).",
-             "Each repeat runs the feeds one after the other, from the same initial params; the "
-             "median over repeats is reported. Equal final losses show the streamed batches equal the "
-             "pre-staged ones (train_batches over the unshuffled arrays).",
-             "input wait: time the loop spent getting the next batch (for ray data: Ray Data plus "
-             "jax.device_put), per timed step; epoch ends timed: epoch boundaries inside the timed window."]
+    ratios = {
+        f"{r['workload']}_ratio" + ("" if r["feed"] == "ray data" else "_every_epoch"): r.get("vs_prestaged")
+        for r in rows
+        if r.get("feed") in STREAMED
+    }
+    notes = [
+        f"Target (issue 5): ray data ms/step <= {TARGET:g} x pre-staged, same step, same batches.",
+        "ray data: a split that fits in 1 GiB decoded is read through Ray Data once and later epochs "
+        "reordered in host memory (the default); ray data, every epoch: cache_bytes=0; in memory: "
+        "train_batches over arrays already in host memory, each batch put on the device in the loop "
+        "(no Ray: the cost of gathering and placing a batch on the host).",
+        "Each repeat runs the feeds one after the other, from the same initial params; the "
+        "median over repeats is reported. Equal final losses show the streamed batches equal the "
+        "pre-staged ones (train_batches over the unshuffled arrays).",
+        "input wait: time the loop spent getting the next batch (for ray data: Ray Data plus "
+        "jax.device_put), per timed step; epoch ends timed: epoch boundaries inside the timed window.",
+    ]
     for r in rows:
-        if r.get("feed") in STREAMED and r.get("final_losses") and r["final_losses"] != next(
-                (p["final_losses"] for p in rows if p["workload"] == r["workload"] and p["feed"] == "pre-staged"),
-                None):
-            notes.append(f"{r['workload']}, {r['feed']}: the final losses differ from pre-staged: the batches "
-                         "are not the same.")
-    return Report("ingest", "Ingest: pre-staged device batches vs Ray Data from Parquet", rows, COLUMNS, notes,
-                  summary={**ratios, "target": TARGET})
+        if (
+            r.get("feed") in STREAMED
+            and r.get("final_losses")
+            and r["final_losses"]
+            != next(
+                (
+                    p["final_losses"]
+                    for p in rows
+                    if p["workload"] == r["workload"] and p["feed"] == "pre-staged"
+                ),
+                None,
+            )
+        ):
+            notes.append(
+                f"{r['workload']}, {r['feed']}: the final losses differ from pre-staged: the batches "
+                "are not the same."
+            )
+    return Report(
+        "ingest",
+        "Ingest: pre-staged device batches vs Ray Data from Parquet",
+        rows,
+        COLUMNS,
+        notes,
+        summary={**ratios, "target": TARGET},
+    )

@@ -23,6 +23,7 @@ How the figures are counted (one row per level):
   short, a timeout) and ``errors_other`` (a 200 whose body is not the /generate JSON) count every
   request, warm-ups and the tail included: the check "zero 5xx, zero dropped" covers all of them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,13 +33,19 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Literal, Optional
+from typing import Literal
 from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
 
-from jaxray.cli import non_negative_float, non_negative_int, positive_float, positive_int, positive_int_list
+from jaxray.argtypes import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    positive_int_list,
+)
 
 Outcome = Literal["ok", "4xx", "5xx", "dropped", "other"]
 DROPPED_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
@@ -58,13 +65,17 @@ class LoadSettings:
     max_new_tokens: int = 64
     prompt: str = "ROMEO:"
     temperature: float = 0.8
-    top_k: Optional[int] = None
+    top_k: int | None = None
     seed: int = 0
     timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         check_url(self.url)
-        if not self.clients or any(n < 1 for n in self.clients) or len(set(self.clients)) != len(self.clients):
+        if (
+            not self.clients
+            or any(n < 1 for n in self.clients)
+            or len(set(self.clients)) != len(self.clients)
+        ):
             raise ValueError(f"clients must be distinct integers >= 1, got {self.clients}")
         for name in ("duration_s", "timeout_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
@@ -82,8 +93,12 @@ class LoadSettings:
 
     def payload(self, seed: int) -> dict:
         """The /generate JSON body for one request."""
-        body = {"prompt": self.prompt, "max_new_tokens": self.max_new_tokens,
-                "temperature": self.temperature, "seed": seed % 2**32}
+        body = {
+            "prompt": self.prompt,
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "seed": seed % 2**32,
+        }
         return body if self.top_k is None else {**body, "top_k": self.top_k}
 
 
@@ -113,7 +128,12 @@ def check_url(url: str) -> str:
         port = parts.port  # parses the port: raises ValueError when it is not a number in 0..65535
     except ValueError as err:
         raise ValueError(f"bad --url {url!r}: {err}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or port == 0:
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.path not in ("", "/")
+        or port == 0
+    ):
         raise ValueError(f"bad --url {url!r}: expected http://HOST:PORT (the app's base URL, no path)")
     return url
 
@@ -149,7 +169,9 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict, warmup: boo
         if not isinstance(tokens, int) or tokens < 0:
             raise ValueError(f"new_tokens is {tokens!r}")
     except (ValueError, KeyError, TypeError) as err:  # a 200 that is not the contract's answer
-        return Sample(start, end, "other", status, error=f"bad /generate body: {_describe(err)}", warmup=warmup)
+        return Sample(
+            start, end, "other", status, error=f"bad /generate body: {_describe(err)}", warmup=warmup
+        )
     return Sample(start, end, "ok", status, new_tokens=tokens, warmup=warmup)
 
 
@@ -160,8 +182,15 @@ def _describe(what: object) -> str:
     return lines[0][:200] if lines else ""
 
 
-async def _client(session, settings: LoadSettings, index: int, warm: asyncio.Barrier, start: asyncio.Event,
-                  window: list[float], samples: list[Sample]) -> None:
+async def _client(
+    session,
+    settings: LoadSettings,
+    index: int,
+    warm: asyncio.Barrier,
+    start: asyncio.Event,
+    window: list[float],
+    samples: list[Sample],
+) -> None:
     """One closed-loop client: a warm-up request, then (once every client is warm and the driver has
     set ``window`` = [start_s, end_s]) requests back to back until the window ends."""
     seed = settings.seed + index * SEED_STRIDE
@@ -186,8 +215,10 @@ async def run_level(settings: LoadSettings, clients: int) -> dict:
     samples: list[Sample] = []
     warm, start, window = asyncio.Barrier(clients + 1), asyncio.Event(), [0.0, 0.0]
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        tasks = [asyncio.create_task(_client(session, settings, i, warm, start, window, samples))
-                 for i in range(clients)]
+        tasks = [
+            asyncio.create_task(_client(session, settings, i, warm, start, window, samples))
+            for i in range(clients)
+        ]
         await warm.wait()  # every warm-up has answered (or failed): the window starts with N warm clients
         loop = asyncio.get_running_loop()
         cpu0, window[0] = time.process_time(), loop.time()
@@ -218,12 +249,23 @@ def summarize(samples: list[Sample], clients: int, start_s: float, end_s: float)
     p50, p95, p99 = np.percentile(latencies, [50, 95, 99]).tolist() if ok else (None, None, None)
     errors = [s for s in samples if s.outcome != "ok"]
     count = {kind: sum(s.outcome == kind for s in errors) for kind in ("4xx", "5xx", "dropped", "other")}
-    return {"clients": clients, "duration_s": duration, "requests": len(ok),
-            "rps": float(share.sum() / duration), "new_tokens": int(tokens.sum()),
-            "new_tokens_per_s": float((share * tokens).sum() / duration),
-            "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "mean_ms": float(latencies.mean()) if ok else None,
-            "errors_4xx": count["4xx"], "errors_5xx": count["5xx"], "dropped": count["dropped"],
-            "errors_other": count["other"], "first_error": errors[0].error if errors else ""}
+    return {
+        "clients": clients,
+        "duration_s": duration,
+        "requests": len(ok),
+        "rps": float(share.sum() / duration),
+        "new_tokens": int(tokens.sum()),
+        "new_tokens_per_s": float((share * tokens).sum() / duration),
+        "p50_ms": p50,
+        "p95_ms": p95,
+        "p99_ms": p99,
+        "mean_ms": float(latencies.mean()) if ok else None,
+        "errors_4xx": count["4xx"],
+        "errors_5xx": count["5xx"],
+        "dropped": count["dropped"],
+        "errors_other": count["other"],
+        "first_error": errors[0].error if errors else "",
+    }
 
 
 def _overlap(sample: Sample, start_s: float, end_s: float) -> float:
@@ -243,9 +285,12 @@ def run(settings: LoadSettings, progress: bool = True) -> dict:
         row = asyncio.run(run_level(settings, clients))
         rows.append(row)
         if progress:
-            print(f"clients={clients}: {row['rps']:.2f} req/s, {row['new_tokens_per_s']:.1f} new tokens/s, "
-                  f"p95 {row['p95_ms'] or float('nan'):.0f} ms, 4xx {row['errors_4xx']}, 5xx {row['errors_5xx']}, "
-                  f"dropped {row['dropped']}, client CPU {row['client_cpu_pct']:.0f}%", file=sys.stderr)
+            print(
+                f"clients={clients}: {row['rps']:.2f} req/s, {row['new_tokens_per_s']:.1f} new tokens/s, "
+                f"p95 {row['p95_ms'] or float('nan'):.0f} ms, 4xx {row['errors_4xx']}, 5xx {row['errors_5xx']}, "
+                f"dropped {row['dropped']}, client CPU {row['client_cpu_pct']:.0f}%",
+                file=sys.stderr,
+            )
     return {"settings": asdict(settings), "rows": rows}
 
 
@@ -267,29 +312,57 @@ def prompt_arg(text: str) -> str:
 def add_load_options(p: argparse.ArgumentParser) -> None:
     """The load options shared by this command and ``python -m jaxray.bench serve`` (not --url:
     required here, an alternative to --checkpoint there)."""
-    p.add_argument("--clients", type=positive_int_list, default=(1, 4, 16, 64),
-                   help="comma-separated concurrency levels (default 1,4,16,64)")
-    p.add_argument("--duration", type=positive_float, default=20.0, help="measured seconds per level (default 20)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="new tokens per request (default 64)")
-    p.add_argument("--prompt", type=prompt_arg, default="ROMEO:", help="the prompt of every request (default 'ROMEO:')")
+    p.add_argument(
+        "--clients",
+        type=positive_int_list,
+        default=(1, 4, 16, 64),
+        help="comma-separated concurrency levels (default 1,4,16,64)",
+    )
+    p.add_argument(
+        "--duration", type=positive_float, default=20.0, help="measured seconds per level (default 20)"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=positive_int, default=64, help="new tokens per request (default 64)"
+    )
+    p.add_argument(
+        "--prompt", type=prompt_arg, default="ROMEO:", help="the prompt of every request (default 'ROMEO:')"
+    )
     p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 is greedy (default 0.8)")
-    p.add_argument("--top-k", type=positive_int, default=None, help="sample from the k likeliest bytes (default all)")
+    p.add_argument(
+        "--top-k", type=positive_int, default=None, help="sample from the k likeliest bytes (default all)"
+    )
     p.add_argument("--seed", type=non_negative_int, default=0, help="first seed; each request gets its own")
-    p.add_argument("--timeout", type=positive_float, default=120.0,
-                   help="seconds a request may take before it counts as dropped (default 120)")
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=120.0,
+        help="seconds a request may take before it counts as dropped (default 120)",
+    )
 
 
 def settings_from(args: argparse.Namespace, url: str) -> LoadSettings:
     """LoadSettings from parsed ``add_load_options`` arguments (raises ValueError on a bad value)."""
-    return LoadSettings(url=url, clients=tuple(args.clients), duration_s=args.duration,
-                        max_new_tokens=args.max_new_tokens, prompt=args.prompt, temperature=args.temperature,
-                        top_k=args.top_k, seed=args.seed, timeout_s=args.timeout)
+    return LoadSettings(
+        url=url,
+        clients=tuple(args.clients),
+        duration_s=args.duration,
+        max_new_tokens=args.max_new_tokens,
+        prompt=args.prompt,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+        timeout_s=args.timeout,
+    )
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxray.bench.loadtest",
-                                description="Closed-loop HTTP load test of a running jaxray Serve app.")
-    p.add_argument("--url", type=url_arg, required=True, help="the Serve app's base URL, e.g. http://127.0.0.1:8000")
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m jaxray.bench.loadtest",
+        description="Closed-loop HTTP load test of a running jaxray Serve app.",
+    )
+    p.add_argument(
+        "--url", type=url_arg, required=True, help="the Serve app's base URL, e.g. http://127.0.0.1:8000"
+    )
     add_load_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (settings and a row per level)")
     args = p.parse_args(argv)

@@ -14,9 +14,8 @@ position goes through the model, though T - 1 of them are predicted), so
 
 MFU = achieved model FLOP/s / (devices x the device's peak FLOP/s for the compute dtype).
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from jaxray.config import ModelConfig
 from jaxray.models.mlp import IN_FEATURES, NUM_CLASSES
@@ -55,7 +54,7 @@ def flops_per_example(cfg: ModelConfig, seq_len: int = 0) -> float:
     return 6.0 * matmul_weights(cfg)
 
 
-def peak_flops(device_kind: str, dtype: str) -> Optional[float]:
+def peak_flops(device_kind: str, dtype: str) -> float | None:
     """Peak FLOP/s of one device of ``device_kind`` for ``dtype``; None when unknown (CPUs, other GPUs)."""
     for key, peaks in PEAK_TFLOPS.items():
         if key in device_kind:
@@ -63,7 +62,9 @@ def peak_flops(device_kind: str, dtype: str) -> Optional[float]:
     return None
 
 
-def mfu(examples_per_sec: float, per_example: float, device_kind: str, dtype: str, devices: int) -> Optional[float]:
+def mfu(
+    examples_per_sec: float, per_example: float, device_kind: str, dtype: str, devices: int
+) -> float | None:
     """Model FLOPs utilisation in [0, 1] (examples/s x FLOPs per example over the devices' peak), or
     None when the peak is unknown."""
     peak = peak_flops(device_kind, dtype)

@@ -9,17 +9,19 @@ Under ``out`` (default ``runs/bench/<name>/``):
 
 The same table and notes are printed to the terminal.
 """
+
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from tqdm import tqdm
 
-from jaxray.report import cell, finite, fmt, json_safe, short_error
+from jaxray.reporting.sweep import cell, finite, fmt, json_safe, short_error
 
 # summary.json's "written_by" is "jaxray.bench <name>": a folder is only ever overwritten by the same
 # benchmark (report.check_overwrite), never by another benchmark, a sweep or an evaluation.
@@ -28,8 +30,12 @@ WRITER = "jaxray.bench"
 # (header, row key, format spec); a callable key computes the cell from the row.
 Column = tuple[str, Any, str]
 THROUGHPUT: Column = ("throughput", lambda r: _throughput_cell(r), "")
-COMMON_COLUMNS: list[Column] = [THROUGHPUT, ("ms/step", "ms_per_step", ".2f"),
-                                ("TFLOP/s", "achieved_tflops", ".3f"), ("MFU", "mfu", ".1%")]
+COMMON_COLUMNS: list[Column] = [
+    THROUGHPUT,
+    ("ms/step", "ms_per_step", ".2f"),
+    ("TFLOP/s", "achieved_tflops", ".3f"),
+    ("MFU", "mfu", ".1%"),
+]
 
 
 @dataclass
@@ -108,8 +114,10 @@ def render(report: Report) -> str:
     notes = [f"- {n}" for n in report.notes]
     measured = [r for r in report.rows if "mfu" in r]
     if measured and all(r["mfu"] is None for r in measured):
-        notes.append(f"- MFU is blank: no peak FLOP/s is known for device kind {measured[0].get('device_kind')!r} "
-                     f"(jaxray.bench.mfu.PEAK_TFLOPS covers L4, A100, H100, H200); TFLOP/s is achieved model FLOPs.")
+        notes.append(
+            f"- MFU is blank: no peak FLOP/s is known for device kind {measured[0].get('device_kind')!r} "
+            f"(jaxray.bench.mfu.PEAK_TFLOPS covers L4, A100, H100, H200); TFLOP/s is achieved model FLOPs."
+        )
     return "\n".join([f"# {report.title}", "", markdown_table(report.rows, report.columns), *notes, ""])
 
 
@@ -118,8 +126,14 @@ def write_report(report: Report, out: Path, echo: bool = True) -> dict[str, Path
     Returns {file name: path}."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary.json": out / "summary.json", "summary.md": out / "summary.md"}
-    doc = {"written_by": f"{WRITER} {report.name}", "benchmark": report.name, "title": report.title,
-           "summary": report.summary, "notes": report.notes, "rows": report.rows}
+    doc = {
+        "written_by": f"{WRITER} {report.name}",
+        "benchmark": report.name,
+        "title": report.title,
+        "summary": report.summary,
+        "notes": report.notes,
+        "rows": report.rows,
+    }
     paths["summary.json"].write_text(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")
     text = render(report)
     paths["summary.md"].write_text(text)
@@ -132,6 +146,6 @@ def write_report(report: Report, out: Path, echo: bool = True) -> dict[str, Path
     return paths
 
 
-def row_value(row: dict, key: str) -> Optional[float]:
+def row_value(row: dict, key: str) -> float | None:
     """A finite float from ``row[key]``, else None (skipped and failed rows have none)."""
     return finite(row.get(key))

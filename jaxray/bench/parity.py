@@ -5,6 +5,7 @@ q.b to every score of a query, which softmax ignores), so what it receives is ro
 Adam scales up to learning-rate-sized steps; reduction order, not the data, then decides its
 value, and it can differ by up to about lr x steps between two correct implementations.
 """
+
 from __future__ import annotations
 
 from typing import Any

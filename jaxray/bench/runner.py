@@ -1,4 +1,5 @@
 """Runs a parsed ``python -m jaxray.bench`` command: builds the sizes, runs suites, writes reports."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,8 +7,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import jax
 
@@ -15,21 +16,21 @@ from jaxray.bench import compare, suites
 from jaxray.bench.output import WRITER, Report, render, write_report
 from jaxray.bench.presets import MODEL_SIZES, PRESETS
 from jaxray.bench.suites import suite_sizes
-from jaxray.report import check_overwrite, json_safe
+from jaxray.reporting.sweep import check_overwrite, json_safe
 
-OutFn = Callable[[argparse.Namespace, str], Optional[Path]]
+OutFn = Callable[[argparse.Namespace, str], Path | None]
 # The learning path's sampler script: beside the checkout, or beside the data folder.
 SAMPLER_SCRIPT = "reference_generate.py"
 COMPILE_WRITER = "jaxray.bench compile"
 
 
-def _sampler_script() -> Optional[Path]:
+def _sampler_script() -> Path | None:
     data = os.environ.get("JAXRAY_DATA_DIR")
     places = [Path("../shared/bench"), *([Path(data).parent / "bench"] if data else [])]
     return next((p / SAMPLER_SCRIPT for p in places if (p / SAMPLER_SCRIPT).is_file()), None)
 
 
-def _write(report: Report, out: Optional[Path], echo: bool = True) -> None:
+def _write(report: Report, out: Path | None, echo: bool = True) -> None:
     """Print and (with ``out``) write ``report``. A report where no case was measured is printed but
     never written: it must not replace earlier results in ``out``. Raises RuntimeError then."""
     measured = [r for r in report.rows if not r.get("error") and not r.get("skipped")]
@@ -48,11 +49,20 @@ def throughput_size(args: argparse.Namespace) -> dict:
     """``make_spec`` arguments from ``throughput``'s (or ``compile``'s) options: the ``--model-preset`` shape
     (``presets.MODEL_SIZES``), then every option given. Raises ValueError for a transformer-only
     option with another workload."""
-    size = {"workload": args.workload, "global_batch": args.batch, "dtype": args.dtype, "width": args.width,
-            "devices": args.devices}
+    size = {
+        "workload": args.workload,
+        "global_batch": args.batch,
+        "dtype": args.dtype,
+        "width": args.width,
+        "devices": args.devices,
+    }
     # Timing options (``compile`` has none: it only compiles).
     size.update({k: getattr(args, k, None) for k in ("steps", "repeats", "warmup", "step", "steps_per_call")})
-    transformer_only = {"seq_len": args.seq_len, "attention": args.attention, "model_preset": args.model_preset}
+    transformer_only = {
+        "seq_len": args.seq_len,
+        "attention": args.attention,
+        "model_preset": args.model_preset,
+    }
     given = [f"--{k.replace('_', '-')}" for k, v in transformer_only.items() if v is not None]
     if args.workload != "transformer" and given:
         raise ValueError(f"{', '.join(given)} applies to --workload transformer only, not {args.workload}")
@@ -60,7 +70,7 @@ def throughput_size(args: argparse.Namespace) -> dict:
     return {**MODEL_SIZES.get(args.model_preset, {}), **{k: v for k, v in size.items() if v is not None}}
 
 
-def _throughput(args: argparse.Namespace, out: Optional[Path]) -> int:
+def _throughput(args: argparse.Namespace, out: Path | None) -> int:
     size = throughput_size(args)
     suites.preload([size], args.data_dir)  # validates the size, then reads the data, before any compile
     report = suites.throughput(size, args.data_dir)
@@ -73,7 +83,7 @@ def _throughput(args: argparse.Namespace, out: Optional[Path]) -> int:
     return 0
 
 
-def _compile(args: argparse.Namespace, out: Optional[Path]) -> int:
+def _compile(args: argparse.Namespace, out: Path | None) -> int:
     """The compile report of one config (``jaxray.train.compile_report.report_for``): printed, and
     written to ``out/compile.json``. Needs no data: the step is compiled from shapes."""
     from jaxray.bench.throughput import make_spec
@@ -81,36 +91,45 @@ def _compile(args: argparse.Namespace, out: Optional[Path]) -> int:
     from jaxray.train import compile_report
 
     size = throughput_size(args)
-    spec = make_spec(**{k: v for k, v in size.items() if k not in ("steps", "repeats", "warmup", "step",
-                                                                    "steps_per_call")})
+    spec = make_spec(
+        **{k: v for k, v in size.items() if k not in ("steps", "repeats", "warmup", "step", "steps_per_call")}
+    )
     if spec.devices > len(jax.devices()):
-        raise ValueError(f"--devices {spec.devices} is more than the {len(jax.devices())} available"
-                         + ("; add --cpu-devices N to force N host devices" if jax.devices()[0].platform == "cpu"
-                            else ""))
+        raise ValueError(
+            f"--devices {spec.devices} is more than the {len(jax.devices())} available"
+            + ("; add --cpu-devices N to force N host devices" if jax.devices()[0].platform == "cpu" else "")
+        )
     target = out / "compile.json" if out is not None else None
     if out is not None:  # a trial's train/<trial>/compile.json records what that trial ran: never replace it
         check_overwrite(out, COMPILE_WRITER, "compile.json")
-    report = json_safe(compile_report.report_for(spec.trial, make_mesh(jax.devices()[:spec.devices])))
+    report = json_safe(compile_report.report_for(spec.trial, make_mesh(jax.devices()[: spec.devices])))
     if target is not None:
         target.write_text(json.dumps({"written_by": COMPILE_WRITER, **report}, indent=2) + "\n")
     print(json.dumps(report) if args.json else compile_report.render(report))
     return 0
 
 
-def _compare(args: argparse.Namespace, out: Optional[Path]) -> int:
+def _compare(args: argparse.Namespace, out: Path | None) -> int:
     if not args.reference.is_file():
         raise FileNotFoundError(f"--reference {args.reference}: not a file")
     workload = args.workload or compare.infer_workload(args.reference)
     compare.check(workload, args.dtype)
     suites.preload([{"workload": workload}], args.data_dir)  # jaxray's side can read its data
-    report = compare.compare(args.reference, workload, args.batch or compare.DEFAULT_BATCH[workload],
-                             args.steps or compare.DEFAULT_STEPS[workload], args.pairs, args.dtype, args.data_dir,
-                             args.timeout)
+    report = compare.compare(
+        args.reference,
+        workload,
+        args.batch or compare.DEFAULT_BATCH[workload],
+        args.steps or compare.DEFAULT_STEPS[workload],
+        args.pairs,
+        args.dtype,
+        args.data_dir,
+        args.timeout,
+    )
     _write(report, out)
     return 0
 
 
-def _serve(args: argparse.Namespace, out: Optional[Path]) -> int:
+def _serve(args: argparse.Namespace, out: Path | None) -> int:
     """The Serve app under HTTP load; 1 when any level saw a 5xx or a dropped connection."""
     from jaxray.bench import serving  # only this command needs it
 
@@ -120,26 +139,35 @@ def _serve(args: argparse.Namespace, out: Optional[Path]) -> int:
         shutil.copy(log, out / "serve.log")
     bad = [r for r in report.rows if r.get("errors_5xx") or r.get("dropped")]
     for r in bad:
-        print(f"failed: {r['case']}: {r['errors_5xx']} 5xx, {r['dropped']} dropped (first: {r['first_error']})")
+        print(
+            f"failed: {r['case']}: {r['errors_5xx']} 5xx, {r['dropped']} dropped (first: {r['first_error']})"
+        )
     return 1 if bad else 0
 
 
-def _decode(args: argparse.Namespace, out: Optional[Path]) -> int:
+def _decode(args: argparse.Namespace, out: Path | None) -> int:
     from jaxray.bench import decode  # only this command needs it
-    from jaxray.generate import check_sampling, encode_prompt, prompt_window
+    from jaxray.inference.sampling import check_sampling, encode_prompt, prompt_window
 
     check_sampling(args.new_tokens, args.temperature, None)
     prompt_window(encode_prompt(args.prompt), 1)
     if args.reference is not None and not args.reference.is_file():
         raise FileNotFoundError(f"--reference {args.reference}: not a file")
-    report = decode.decode_benchmark(args.new_tokens, tuple(args.batch_sizes), args.repeats, args.prompt,
-                                     args.temperature, args.reference or _sampler_script(), args.checkpoint,
-                                     args.timeout)
+    report = decode.decode_benchmark(
+        args.new_tokens,
+        tuple(args.batch_sizes),
+        args.repeats,
+        args.prompt,
+        args.temperature,
+        args.reference or _sampler_script(),
+        args.checkpoint,
+        args.timeout,
+    )
     _write(report, out)
     return 1 if report.failed else 0
 
 
-def _ingest(args: argparse.Namespace, out: Optional[Path]) -> int:
+def _ingest(args: argparse.Namespace, out: Path | None) -> int:
     from jaxray.bench import ingest  # only this command needs Ray Data
     from jaxray.data.manifest import read_manifest
 
@@ -149,34 +177,48 @@ def _ingest(args: argparse.Namespace, out: Optional[Path]) -> int:
         manifest = read_manifest(args.parquet)
         dataset, seq_len = manifest.dataset, seq_len or manifest.seq_len
         if seq_len != (manifest.seq_len or seq_len):
-            raise ValueError(f"--seq-len {seq_len}: --parquet {args.parquet} holds sequences of {manifest.seq_len}")
+            raise ValueError(
+                f"--seq-len {seq_len}: --parquet {args.parquet} holds sequences of {manifest.seq_len}"
+            )
         workload = next(w for w, d in ingest.DATASET.items() if d == dataset)
         if args.workload not in (None, workload):
-            raise ValueError(f"--parquet {args.parquet} holds {dataset}, the data of --workload {workload}, "
-                             f"not {args.workload}")
+            raise ValueError(
+                f"--parquet {args.parquet} holds {dataset}, the data of --workload {workload}, "
+                f"not {args.workload}"
+            )
         workloads = [workload]
     if args.seq_len is not None and "transformer" not in workloads:
         raise ValueError("--seq-len applies to the transformer only")
-    sizes = [ingest.size_for(w, args.batch, args.warmup, args.steps, args.repeats, seq_len) for w in workloads]
+    sizes = [
+        ingest.size_for(w, args.batch, args.warmup, args.steps, args.repeats, seq_len) for w in workloads
+    ]
     suites.preload([{"workload": s.workload, "seq_len": s.seq_len} for s in sizes], args.data_dir)
     report = ingest.ingest_benchmark(sizes, args.parquet, args.data_dir, args.prefetch_batches)
     _write(report, out)
     return 1 if report.failed else 0
 
 
-def _checkpoint(args: argparse.Namespace, out: Optional[Path]) -> int:
+def _checkpoint(args: argparse.Namespace, out: Path | None) -> int:
     from jaxray.bench import checkpointing
 
     workloads = ["mlp", "transformer"] if args.workload == "all" else [args.workload]
-    runs = [checkpointing.CostRun(w, args.batch or (16 if w == "transformer" else 512), args.steps or 2 * args.every + 1,
-                                  args.every, args.width or (128 if w == "transformer" else None), args.seq_len)
-            for w in workloads]
+    runs = [
+        checkpointing.CostRun(
+            w,
+            args.batch or (16 if w == "transformer" else 512),
+            args.steps or 2 * args.every + 1,
+            args.every,
+            args.width or (128 if w == "transformer" else None),
+            args.seq_len,
+        )
+        for w in workloads
+    ]
     report = checkpointing.checkpoint_benchmark(runs, args.repeats, args.data_dir)
     _write(report, out)
     return 1 if report.failed else 0
 
 
-def _suite(name: str, args: argparse.Namespace, out: Optional[Path]) -> Report:
+def _suite(name: str, args: argparse.Namespace, out: Path | None) -> Report:
     preset, devices = PRESETS[args.preset], len(jax.devices())
     if name == "throughput":
         report = suites.throughput(preset.throughput, args.data_dir)
@@ -188,7 +230,7 @@ def _suite(name: str, args: argparse.Namespace, out: Optional[Path]) -> Report:
     return report
 
 
-def _outs(args: argparse.Namespace, out_for: OutFn) -> dict[str, Optional[Path]]:
+def _outs(args: argparse.Namespace, out_for: OutFn) -> dict[str, Path | None]:
     """{benchmark name: output folder or None}, each checked up front so that no run can replace a
     summary.json another tool wrote (a sweep's ``runs/<experiment>``, an evaluation)."""
     if args.command == "all":
@@ -237,7 +279,9 @@ def run(args: argparse.Namespace, out_for: OutFn) -> int:
             continue
         texts.append(render(report))
         # A batch size that fails is a finding the sweep reports; anywhere else a failure is a bug.
-        failed += [] if name == "batch-sweep" else [f"{name}: {r['case']}: {r['error']}" for r in report.failed]
+        failed += (
+            [] if name == "batch-sweep" else [f"{name}: {r['case']}: {r['error']}" for r in report.failed]
+        )
     if args.command == "all":
         done = f"all benchmarks finished in {time.perf_counter() - start:.0f} s on {jax.devices()[0].device_kind}"
         print(done)
@@ -247,4 +291,3 @@ def run(args: argparse.Namespace, out_for: OutFn) -> int:
     for line in failed:
         print(f"failed: {line}")
     return 1 if failed else 0
-

@@ -7,6 +7,7 @@ The report has one row per concurrency level (see ``jaxray.bench.loadtest`` for 
 counted), ``summary.scaling_16_vs_1`` (new tokens/s at 16 clients / at 1) and, when 64 clients ran,
 ``summary.zero_errors_64`` (no 5xx and no dropped connection at 64 clients).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,25 +21,41 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
 
 import psutil
 
 from jaxray.bench.output import Report, row_value
-from jaxray.report import log2_batch_axis, save_figure
+from jaxray.reporting.sweep import log2_batch_axis, save_figure
 
 HOST = "127.0.0.1"
 STOP_GRACE_S = 30.0  # Serve and Ray get this long to shut down on SIGINT before they are signalled
-COLUMNS = [("clients", "clients", ""), ("requests", "requests", ""), ("req/s", "rps", ".2f"),
-           ("new tok/s", "new_tokens_per_s", ",.1f"), ("p50 ms", "p50_ms", ",.0f"), ("p95 ms", "p95_ms", ",.0f"),
-           ("p99 ms", "p99_ms", ",.0f"), ("4xx", "errors_4xx", ""), ("5xx", "errors_5xx", ""),
-           ("dropped", "dropped", ""), ("decode calls", "decode_calls", ""),
-           ("mean rows", "mean_rows", ".1f"),
-           ("replica CPU %", "replica_cpu_pct", ".0f"), ("server CPU %", "server_cpu_pct", ".0f"),
-           ("client CPU %", "client_cpu_pct", ".0f")]
-SERVER_OPTIONS = ("max_batch_size", "batch_wait_ms", "batch_sizes", "chunk", "num_gpus")  # passed on only when given
+COLUMNS = [
+    ("clients", "clients", ""),
+    ("requests", "requests", ""),
+    ("req/s", "rps", ".2f"),
+    ("new tok/s", "new_tokens_per_s", ",.1f"),
+    ("p50 ms", "p50_ms", ",.0f"),
+    ("p95 ms", "p95_ms", ",.0f"),
+    ("p99 ms", "p99_ms", ",.0f"),
+    ("4xx", "errors_4xx", ""),
+    ("5xx", "errors_5xx", ""),
+    ("dropped", "dropped", ""),
+    ("decode calls", "decode_calls", ""),
+    ("mean rows", "mean_rows", ".1f"),
+    ("replica CPU %", "replica_cpu_pct", ".0f"),
+    ("server CPU %", "server_cpu_pct", ".0f"),
+    ("client CPU %", "client_cpu_pct", ".0f"),
+]
+SERVER_OPTIONS = (
+    "max_batch_size",
+    "batch_wait_ms",
+    "batch_sizes",
+    "chunk",
+    "num_gpus",
+)  # passed on only when given
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -51,8 +68,10 @@ def port_in_use(host: str, port: int) -> bool:
 def check_port(port: int) -> None:
     """Raise ValueError when something already listens on HOST:port: the run would measure it."""
     if port_in_use(HOST, port):
-        raise ValueError(f"--port {port}: something already listens on {HOST}:{port}; pass --url to measure "
-                         "an app that is already running, or another --port")
+        raise ValueError(
+            f"--port {port}: something already listens on {HOST}:{port}; pass --url to measure "
+            "an app that is already running, or another --port"
+        )
 
 
 def healthy(url: str, timeout_s: float = 2.0) -> bool:
@@ -77,11 +96,15 @@ def wait_until_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: f
     start = time.monotonic()
     while not healthy(url):
         if proc.poll() is not None:
-            raise RuntimeError(f"python -m jaxray.serve exited with code {proc.returncode} before /healthz "
-                               f"answered; the end of {log}:\n{_log_tail(log)}")
+            raise RuntimeError(
+                f"python -m jaxray.serve exited with code {proc.returncode} before /healthz "
+                f"answered; the end of {log}:\n{_log_tail(log)}"
+            )
         if time.monotonic() - start > timeout_s:
-            raise RuntimeError(f"{url}/healthz did not answer 200 within {timeout_s:.0f} s (raise "
-                               f"--startup-timeout?); the end of {log}:\n{_log_tail(log)}")
+            raise RuntimeError(
+                f"{url}/healthz did not answer 200 within {timeout_s:.0f} s (raise "
+                f"--startup-timeout?); the end of {log}:\n{_log_tail(log)}"
+            )
         time.sleep(0.5)
     return time.monotonic() - start
 
@@ -166,7 +189,17 @@ def _name(p: psutil.Process) -> str:
 def serve_command(checkpoint: str, port: int, options: dict) -> list[str]:
     """The ``python -m jaxray.serve`` command line; ``options`` maps SERVER_OPTIONS to values
     (None: the server's default)."""
-    cmd = [sys.executable, "-m", "jaxray.serve", "--checkpoint", checkpoint, "--host", HOST, "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxray.serve",
+        "--checkpoint",
+        checkpoint,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+    ]
     for name in SERVER_OPTIONS:
         value = options.get(name)
         if value is not None:
@@ -195,8 +228,15 @@ def start_server(command: list[str], log: Path) -> subprocess.Popen:
     """Start ``command`` in a new session (so in a process group of its own), output to ``log``,
     in ``server_env()``, with SIGINT at its default whatever this process does with it."""
     with open(log, "w") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=server_env(), start_new_session=True, preexec_fn=_default_sigint)
+        return subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=server_env(),
+            start_new_session=True,
+            preexec_fn=_default_sigint,
+        )
 
 
 @contextmanager
@@ -222,9 +262,28 @@ def serve_app(command: list[str], port: int, log: Path, startup_timeout_s: float
 
 def loadtest_command(url: str, args, clients: int) -> list[str]:
     """The ``python -m jaxray.bench.loadtest ... --json`` line of one level, from the load options."""
-    cmd = [sys.executable, "-m", "jaxray.bench.loadtest", "--url", url, "--json", "--clients", str(clients),
-           "--duration", str(args.duration), "--max-new-tokens", str(args.max_new_tokens), "--prompt", args.prompt,
-           "--temperature", str(args.temperature), "--seed", str(args.seed), "--timeout", str(args.timeout)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxray.bench.loadtest",
+        "--url",
+        url,
+        "--json",
+        "--clients",
+        str(clients),
+        "--duration",
+        str(args.duration),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--prompt",
+        args.prompt,
+        "--temperature",
+        str(args.temperature),
+        "--seed",
+        str(args.seed),
+        "--timeout",
+        str(args.timeout),
+    ]
     return cmd + (["--top-k", str(args.top_k)] if args.top_k is not None else [])
 
 
@@ -233,8 +292,13 @@ def run_loadtest(url: str, args, clients: int) -> dict:
     returns its row. Raises RuntimeError when it fails or prints no JSON."""
     limit = args.duration + 2 * args.timeout + 60  # warm-ups and the tail may each take a timeout
     try:
-        proc = subprocess.run(loadtest_command(url, args, clients), stdout=subprocess.PIPE, stderr=None,
-                              text=True, timeout=limit)
+        proc = subprocess.run(
+            loadtest_command(url, args, clients),
+            stdout=subprocess.PIPE,
+            stderr=None,
+            text=True,
+            timeout=limit,
+        )
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"the load test with {clients} clients took longer than {limit:.0f} s") from None
     if proc.returncode != 0:
@@ -257,7 +321,10 @@ def cpu_seconds(root_pid: int) -> dict[str, float]:
     totals = {"replica": 0.0, "proxy": 0.0, "server": 0.0}
     for p in processes:
         try:
-            times, title = p.cpu_times(), " ".join(p.cmdline()[:1])  # Ray workers set their title, e.g. ray::ProxyActor
+            times, title = (
+                p.cpu_times(),
+                " ".join(p.cmdline()[:1]),
+            )  # Ray workers set their title, e.g. ray::ProxyActor
         except psutil.Error:
             continue
         used = times.user + times.system
@@ -267,7 +334,7 @@ def cpu_seconds(root_pid: int) -> dict[str, float]:
     return totals
 
 
-def served_counts(url: str) -> Optional[dict[str, int]]:
+def served_counts(url: str) -> dict[str, int] | None:
     """{"decode_calls", "rows_decoded"} the app's engine has run so far, from its ``GET /info``
     (``server.engine``); None when /info cannot be read or lacks them."""
     try:
@@ -278,7 +345,7 @@ def served_counts(url: str) -> Optional[dict[str, int]]:
         return None
 
 
-def batch_stats(before: Optional[dict], after: Optional[dict]) -> dict:
+def batch_stats(before: dict | None, after: dict | None) -> dict:
     """The decode calls run between two ``served_counts`` and their mean number of live requests
     (None when a count is missing or no call ran)."""
     if before is None or after is None:
@@ -288,7 +355,7 @@ def batch_stats(before: Optional[dict], after: Optional[dict]) -> dict:
     return {"decode_calls": calls, "mean_rows": rows / calls if calls > 0 else None}
 
 
-def measure(url: str, args, server_pid: Optional[int]) -> list[dict]:
+def measure(url: str, args, server_pid: int | None) -> list[dict]:
     """Every level in turn, one load-test process each. Each row also has the decode calls the
     replica ran during the level and their mean live requests (``batch_stats``, warm-ups included), and with
     ``server_pid`` (an app started here) the CPU its processes used in % of one core
@@ -296,10 +363,16 @@ def measure(url: str, args, server_pid: Optional[int]) -> list[dict]:
     warm-ups and tail included)."""
     rows = []
     for clients in args.clients:
-        counts0, cpu0, start = served_counts(url), cpu_seconds(server_pid) if server_pid else {}, time.monotonic()
+        counts0, cpu0, start = (
+            served_counts(url),
+            cpu_seconds(server_pid) if server_pid else {},
+            time.monotonic(),
+        )
         row = run_loadtest(url, args, clients)
         wall, cpu1 = time.monotonic() - start, cpu_seconds(server_pid) if server_pid else {}
-        row.update({f"{role}_cpu_pct": 100 * (cpu1[role] - cpu0[role]) / wall for role in cpu0 if role in cpu1})
+        row.update(
+            {f"{role}_cpu_pct": 100 * (cpu1[role] - cpu0[role]) / wall for role in cpu0 if role in cpu1}
+        )
         row.update(batch_stats(counts0, served_counts(url)))
         rows.append(row)
     return rows
@@ -311,12 +384,18 @@ def summarize(rows: list[dict]) -> dict:
     connection)."""
     by_clients = {r["clients"]: r for r in rows}
     one, sixteen = (row_value(by_clients.get(n, {}), "new_tokens_per_s") for n in (1, 16))
-    summary = {"scaling_16_vs_1": sixteen / one if one and sixteen is not None else None,
-               "scaling_target": 4.0}
+    summary = {
+        "scaling_16_vs_1": sixteen / one if one and sixteen is not None else None,
+        "scaling_target": 4.0,
+    }
     if 64 in by_clients:
         r = by_clients[64]
-        summary.update(zero_errors_64=r["errors_5xx"] == 0 and r["dropped"] == 0,
-                       errors_5xx_64=r["errors_5xx"], dropped_64=r["dropped"], duration_s_64=r["duration_s"])
+        summary.update(
+            zero_errors_64=r["errors_5xx"] == 0 and r["dropped"] == 0,
+            errors_5xx_64=r["errors_5xx"],
+            dropped_64=r["dropped"],
+            duration_s_64=r["duration_s"],
+        )
     return summary
 
 
@@ -335,10 +414,13 @@ def machine_note() -> str:
 
 def chart(rows: list[dict], path: Path) -> None:
     """New tokens/s and p95 latency (ms) against concurrent clients (log2 axis)."""
-    import matplotlib.pyplot as plt  # jaxray.report has set the Agg backend
+    import matplotlib.pyplot as plt  # jaxray.reporting.sweep has set the Agg backend
 
     fig, (tok_ax, lat_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, label in ((tok_ax, "new_tokens_per_s", "new tokens/s"), (lat_ax, "p95_ms", "p95 latency (ms)")):
+    for ax, key, label in (
+        (tok_ax, "new_tokens_per_s", "new tokens/s"),
+        (lat_ax, "p95_ms", "p95 latency (ms)"),
+    ):
         points = sorted((r["clients"], row_value(r, key)) for r in rows if row_value(r, key) is not None)
         if points:
             ax.plot(*zip(*points), marker="o")
@@ -359,41 +441,54 @@ def build_report(levels: list[dict], notes: list[str]) -> Report:
         if not r["requests"]:
             row["error"] = f"no request answered 200 (first error: {r['first_error'] or 'none'})"
         rows.append(row)
-    return Report(name="serve", title="Serve: HTTP load test (closed-loop clients on loopback)", rows=rows,
-                  columns=COLUMNS, notes=notes, charts={"serve_load.png": chart}, summary=summarize(rows))
+    return Report(
+        name="serve",
+        title="Serve: HTTP load test (closed-loop clients on loopback)",
+        rows=rows,
+        columns=COLUMNS,
+        notes=notes,
+        charts={"serve_load.png": chart},
+        summary=summarize(rows),
+    )
 
 
-def notes_for(args, app: dict, server_cmd: Optional[list[str]], summary: dict) -> list[str]:
+def notes_for(args, app: dict, server_cmd: list[str] | None, summary: dict) -> list[str]:
     """What the reader needs to judge the figures: machine, settings, how it was counted, results."""
-    server = (" ".join(["python", *server_cmd[1:]]) if server_cmd else f"an app already running at {app['url']}")
+    server = (
+        " ".join(["python", *server_cmd[1:]]) if server_cmd else f"an app already running at {app['url']}"
+    )
     if app.get("startup_s") is not None:
         server += f" (healthy {app['startup_s']:.0f} s after start)"
-    notes = [f"Machine: {machine_note()}; the server, the load generator and this driver share it.",
-             f"Server: {server}.",
-             f"Load: python -m jaxray.bench.loadtest in its own process; {args.duration:g} s measured per level "
-             f"after one warm-up request per client; every request asks for {args.max_new_tokens} new tokens "
-             f"after the prompt {args.prompt!r} (temperature {args.temperature:g}, top_k {args.top_k or 'all'}, "
-             f"its own seed); a request over {args.timeout:g} s counts as dropped.",
-             "req/s and new tok/s count each request for the part of it inside the measured window; latency is "
-             "client-side (request sent to body read); errors count every request, warm-ups included.",
-             f"CPU columns in % of one core ({os.cpu_count()} cores: {100 * (os.cpu_count() or 1)}% is all of them): "
-             "replica = Serve's replica, server = every process python -m jaxray.serve started (replica, HTTP "
-             "proxy, Ray), over the level's whole run (blank with --url); client = the load generator over the "
-             "measured window.",
-             "decode calls and mean rows: the engine's decode calls during the level (warm-ups included; "
-             "chunk tokens each) and their mean number of live requests (continuous batching), from the app's "
-             "GET /info (server.engine)."]
+    notes = [
+        f"Machine: {machine_note()}; the server, the load generator and this driver share it.",
+        f"Server: {server}.",
+        f"Load: python -m jaxray.bench.loadtest in its own process; {args.duration:g} s measured per level "
+        f"after one warm-up request per client; every request asks for {args.max_new_tokens} new tokens "
+        f"after the prompt {args.prompt!r} (temperature {args.temperature:g}, top_k {args.top_k or 'all'}, "
+        f"its own seed); a request over {args.timeout:g} s counts as dropped.",
+        "req/s and new tok/s count each request for the part of it inside the measured window; latency is "
+        "client-side (request sent to body read); errors count every request, warm-ups included.",
+        f"CPU columns in % of one core ({os.cpu_count()} cores: {100 * (os.cpu_count() or 1)}% is all of them): "
+        "replica = Serve's replica, server = every process python -m jaxray.serve started (replica, HTTP "
+        "proxy, Ray), over the level's whole run (blank with --url); client = the load generator over the "
+        "measured window.",
+        "decode calls and mean rows: the engine's decode calls during the level (warm-ups included; "
+        "chunk tokens each) and their mean number of live requests (continuous batching), from the app's "
+        "GET /info (server.engine).",
+    ]
     if summary.get("scaling_16_vs_1") is not None:
         notes.append(f"16 vs 1 client: {summary['scaling_16_vs_1']:.2f}x the new tokens/s (target >= 4x).")
     if "zero_errors_64" in summary:
-        notes.append(f"64 clients for {summary['duration_s_64']:.0f} s: {summary['errors_5xx_64']} 5xx, "
-                     f"{summary['dropped_64']} dropped ({'pass' if summary['zero_errors_64'] else 'FAIL'}).")
+        notes.append(
+            f"64 clients for {summary['duration_s_64']:.0f} s: {summary['errors_5xx_64']} 5xx, "
+            f"{summary['dropped_64']} dropped ({'pass' if summary['zero_errors_64'] else 'FAIL'})."
+        )
     if app.get("stopped"):
         notes.append(f"Shut-down: {app['stopped']}.")
     return notes
 
 
-def run(args) -> tuple[Report, Optional[Path]]:
+def run(args) -> tuple[Report, Path | None]:
     """Start the app (unless ``args.url``), load it from a second process, stop the app; returns the
     report and the server's log (None with ``--url``). The log is written to a temporary folder:
     a run that fails must not touch the results folder. Raises ValueError (port taken, ``--url`` not healthy)

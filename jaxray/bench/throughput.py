@@ -8,11 +8,13 @@ batches 0, 1, 2, ... so that on the same config the final loss is comparable num
 Params start from the learning path's seeds (``INIT_SEED``), which make jaxray's initial params
 equal to the reference scripts'.
 """
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -24,7 +26,7 @@ from jaxray.data.batching import Arrays, num_rows
 from jaxray.data.workloads import load_arrays
 from jaxray.models import Model, build, param_count
 from jaxray.parallel.mesh import make_mesh, needs_sync_per_step, replicate, shard_batch
-from jaxray.train.evaluate import evaluate
+from jaxray.train.held_out import evaluate
 from jaxray.train.loop import compile_shard_map_train_step, compile_train_step, jit_eval_step
 from jaxray.train.run import eval_batch_size, tokens_per_example
 from jaxray.train.step import LOSSES, init_state, make_optimizer, train_step
@@ -55,15 +57,25 @@ class Spec:
     warmup: int = 1
     step: StepKind = "jit"
     steps_per_call: int = 1
-    init_seed: Optional[int] = None
+    init_seed: int | None = None
     evaluate: bool = False
 
 
-def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: Optional[int] = None,
-              seq_len: int = 256, devices: int = 1, data_dir: Optional[str] = None,
-              attention: Optional[str] = None, block_repeats: Optional[int] = None,
-              num_layers: Optional[int] = None, num_heads: Optional[int] = None,
-              max_seq_len: Optional[int] = None, **timing: Any) -> Spec:
+def make_spec(
+    workload: str,
+    global_batch: int,
+    dtype: str = "float32",
+    width: int | None = None,
+    seq_len: int = 256,
+    devices: int = 1,
+    data_dir: str | None = None,
+    attention: str | None = None,
+    block_repeats: int | None = None,
+    num_layers: int | None = None,
+    num_heads: int | None = None,
+    max_seq_len: int | None = None,
+    **timing: Any,
+) -> Spec:
     """A Spec from plain values, validated like a training config (ConfigError names the field);
     model keys left None keep their defaults. ``timing``: the remaining Spec fields (steps,
     repeats, warmup, step, steps_per_call, init_seed, evaluate).
@@ -72,8 +84,12 @@ def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: O
     """
     model = {"workload": workload, "dtype": dtype, "width": width}
     if workload == "transformer":
-        model.update(max_seq_len=max_seq_len or max(seq_len, 256), attention=attention or "auto",
-                     num_layers=num_layers, num_heads=num_heads)
+        model.update(
+            max_seq_len=max_seq_len or max(seq_len, 256),
+            attention=attention or "auto",
+            num_layers=num_layers,
+            num_heads=num_heads,
+        )
     elif workload == "shared_block_mlp":
         model.update(block_repeats=block_repeats)
     model = {k: v for k, v in model.items() if v is not None}
@@ -81,17 +97,23 @@ def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: O
     workers = {"devices_per_worker": devices, "use_gpu": jax.devices()[0].platform == "gpu"}
     data = {"data_dir": data_dir, **({"seq_len": seq_len} if workload == "transformer" else {})}
     try:
-        trial = parse_trial({"model": model, "train": {"global_batch": global_batch}, "data": data,
-                             "workers": workers}, source="(bench)")
+        trial = parse_trial(
+            {"model": model, "train": {"global_batch": global_batch}, "data": data, "workers": workers},
+            source="(bench)",
+        )
     except ConfigError as err:
-        raise ConfigError(f"{err}\n  (bench options: --batch is train.global_batch, --devices is "
-                          f"workers.devices_per_worker, --width is model.width, --seq-len is data.seq_len)") from None
+        raise ConfigError(
+            f"{err}\n  (bench options: --batch is train.global_batch, --devices is "
+            f"workers.devices_per_worker, --width is model.width, --seq-len is data.seq_len)"
+        ) from None
     spec = Spec(trial, devices, **timing)
     if spec.step not in STEP_KINDS:
         raise ValueError(f"step must be one of {', '.join(STEP_KINDS)}, got {spec.step!r}")
     if min(spec.steps, spec.repeats, spec.steps_per_call) < 1 or spec.steps % spec.steps_per_call:
-        raise ValueError(f"steps ({spec.steps}) must be a positive multiple of steps_per_call "
-                         f"({spec.steps_per_call}), repeats >= 1")
+        raise ValueError(
+            f"steps ({spec.steps}) must be a positive multiple of steps_per_call "
+            f"({spec.steps_per_call}), repeats >= 1"
+        )
     if spec.steps_per_call > 1 and spec.step != "jit":
         raise ValueError("steps_per_call > 1 needs step 'jit'")
     return spec
@@ -113,11 +135,12 @@ def stage_batches(arrays: Arrays, spec: Spec, mesh) -> list[dict[str, jax.Array]
     batch, k = spec.trial.train.global_batch, spec.steps_per_call
     n_calls = min(spec.steps // k, num_rows(arrays) // (batch * k))
     if n_calls < 1:
-        raise ValueError(f"global batch {batch} x steps_per_call {k} is more than the {num_rows(arrays)} "
-                         f"training rows")
+        raise ValueError(
+            f"global batch {batch} x steps_per_call {k} is more than the {num_rows(arrays)} training rows"
+        )
     staged = []
     for c in range(n_calls):
-        rows = {name: a[c * batch * k:(c + 1) * batch * k] for name, a in arrays.items()}
+        rows = {name: a[c * batch * k : (c + 1) * batch * k] for name, a in arrays.items()}
         if k == 1:
             staged.append(shard_batch(mesh, rows))
         else:
@@ -128,13 +151,15 @@ def stage_batches(arrays: Arrays, spec: Spec, mesh) -> list[dict[str, jax.Array]
 
 def _compile(spec: Spec, model: Model, tx, mesh, state, batch) -> tuple[Callable, float]:
     if spec.step == "eager":
-        return functools.partial(train_step, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx), 0.0
+        return functools.partial(
+            train_step, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx
+        ), 0.0
     if spec.step == "shard_map":
         return compile_shard_map_train_step(model, tx, mesh, state, batch)
     return compile_train_step(model, tx, mesh, state, batch, steps_per_call=spec.steps_per_call)
 
 
-def measure(spec: Spec, data: Optional[tuple[Arrays, Arrays]] = None) -> Measurement:
+def measure(spec: Spec, data: tuple[Arrays, Arrays] | None = None) -> Measurement:
     """Compile and time ``spec``'s step on real batches (``data``: the (train, held-out) arrays,
     default ``load_arrays(spec.trial)``).
 
@@ -147,16 +172,23 @@ def measure(spec: Spec, data: Optional[tuple[Arrays, Arrays]] = None) -> Measure
     """
     trial = spec.trial
     if spec.devices > len(jax.devices()):
-        raise ValueError(f"devices {spec.devices} is more than the {len(jax.devices())} available"
-                         + ("; on a CPU add --cpu-devices N to force N host devices"
-                            if jax.devices()[0].platform == "cpu" else ""))
+        raise ValueError(
+            f"devices {spec.devices} is more than the {len(jax.devices())} available"
+            + (
+                "; on a CPU add --cpu-devices N to force N host devices"
+                if jax.devices()[0].platform == "cpu"
+                else ""
+            )
+        )
     check_devices(trial.train.global_batch, spec.devices)
-    mesh = make_mesh(jax.devices()[:spec.devices])
+    mesh = make_mesh(jax.devices()[: spec.devices])
     train_arrays, held_out = data if data is not None else load_arrays(trial)
     batches = stage_batches(train_arrays, spec, mesh)
     model = build(trial.model)
     tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
-    params = model.init(jax.random.key(INIT_SEED[trial.model.workload] if spec.init_seed is None else spec.init_seed))
+    params = model.init(
+        jax.random.key(INIT_SEED[trial.model.workload] if spec.init_seed is None else spec.init_seed)
+    )
     state = replicate(init_state(params, tx), mesh)
     step, compile_s = _compile(spec, model, tx, mesh, state, batches[0])
     losses: list[jax.Array] = []
@@ -177,32 +209,54 @@ def measure(spec: Spec, data: Optional[tuple[Arrays, Arrays]] = None) -> Measure
 
 
 def _held_out_scores(trial: TrialConfig, model: Model, mesh, params, held_out: Arrays) -> dict[str, float]:
-    scores = evaluate(jit_eval_step(model, mesh), params, held_out, eval_batch_size(trial, mesh.devices.size), mesh)
+    scores = evaluate(
+        jit_eval_step(model, mesh), params, held_out, eval_batch_size(trial, mesh.devices.size), mesh
+    )
     if trial.model.workload == "transformer":
         return {"val_loss": scores["loss"], "val_perplexity": scores["perplexity"]}
     return {"test_loss": scores["loss"], "test_accuracy": scores["accuracy"]}
 
 
-def _row(spec: Spec, model: Model, n_params: int, timing, compile_s: float, losses: list[float]) -> dict[str, Any]:
+def _row(
+    spec: Spec, model: Model, n_params: int, timing, compile_s: float, losses: list[float]
+) -> dict[str, Any]:
     trial, cfg = spec.trial, spec.trial.model
     batch, seconds = trial.train.global_batch, timing.median_s / spec.steps_per_call
     env = environment(spec.devices)
     per_example = mfu.flops_per_example(cfg, trial.data.seq_len)
     row = {
-        "workload": cfg.workload, "step": spec.step, "steps_per_call": spec.steps_per_call, **env,
-        "dtype": cfg.dtype, "global_batch": batch, "per_device_batch": batch // spec.devices,
-        "width": cfg.width, "params": n_params, "input_shape": _input_shape(trial),
-        "steps": spec.steps, "repeats": spec.repeats, "warmup_calls": spec.warmup,
-        "ms_per_step": seconds * 1e3, "ms_per_step_repeats": [t / spec.steps_per_call * 1e3 for t in timing.repeats_s],
-        "examples_per_sec": batch / seconds, "final_loss": losses[-1], "compile_s": compile_s,
-        "model_flops_per_example": per_example, "achieved_tflops": batch / seconds * per_example / 1e12,
+        "workload": cfg.workload,
+        "step": spec.step,
+        "steps_per_call": spec.steps_per_call,
+        **env,
+        "dtype": cfg.dtype,
+        "global_batch": batch,
+        "per_device_batch": batch // spec.devices,
+        "width": cfg.width,
+        "params": n_params,
+        "input_shape": _input_shape(trial),
+        "steps": spec.steps,
+        "repeats": spec.repeats,
+        "warmup_calls": spec.warmup,
+        "ms_per_step": seconds * 1e3,
+        "ms_per_step_repeats": [t / spec.steps_per_call * 1e3 for t in timing.repeats_s],
+        "examples_per_sec": batch / seconds,
+        "final_loss": losses[-1],
+        "compile_s": compile_s,
+        "model_flops_per_example": per_example,
+        "achieved_tflops": batch / seconds * per_example / 1e12,
         "mfu": mfu.mfu(batch / seconds, per_example, env["device_kind"], cfg.dtype, spec.devices),
     }
     if cfg.workload == "transformer":
-        row.update(seq_len=trial.data.seq_len, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
-                   tokens_per_sec=batch / seconds * tokens_per_example(trial),
-                   model_flops_per_token=mfu.flops_per_token(cfg, trial.data.seq_len),
-                   attention=model.attention.implementation, attention_note=model.attention.reason)
+        row.update(
+            seq_len=trial.data.seq_len,
+            num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads,
+            tokens_per_sec=batch / seconds * tokens_per_example(trial),
+            model_flops_per_token=mfu.flops_per_token(cfg, trial.data.seq_len),
+            attention=model.attention.implementation,
+            attention_note=model.attention.reason,
+        )
     return row
 
 

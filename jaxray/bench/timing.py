@@ -5,12 +5,14 @@ first-touch costs land there), then time ``repeats`` windows of ``calls`` calls 
 ``jax.block_until_ready`` on the last output before reading the clock (JAX dispatch is
 asynchronous: without it the clock measures dispatch, not compute), and report the median window.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jaxlib
@@ -48,5 +50,10 @@ def time_calls(call: Callable[[int], Any], calls: int, repeats: int, warmup: int
 def environment(devices: int) -> dict[str, Any]:
     """What a result depends on: platform, device kind, devices used, jax and jaxlib versions."""
     device = jax.devices()[0]
-    return {"platform": device.platform, "device_kind": device.device_kind, "devices": devices,
-            "jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    return {
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "devices": devices,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+    }

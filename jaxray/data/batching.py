@@ -4,10 +4,11 @@ step never recompiles), evaluation batches pad it and carry a mask (so no exampl
 Arrays are dicts of equal-length numpy arrays, e.g. ``{"image": [N, 784], "label": [N]}`` or
 ``{"tokens": [N, T]}``.
 """
+
 from __future__ import annotations
 
 import itertools
-from typing import Iterator, Mapping, Optional
+from collections.abc import Iterator, Mapping
 
 import jax
 import numpy as np
@@ -30,8 +31,9 @@ def epoch_order(rows: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(rows)
 
 
-def train_batches(arrays: Arrays, batch_size: int, seed: Optional[int] = None, process_index: int = 0,
-                  process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+def train_batches(
+    arrays: Arrays, batch_size: int, seed: int | None = None, process_index: int = 0, process_count: int = 1
+) -> Iterator[dict[str, np.ndarray]]:
     """Endless training batches, epoch after epoch; each epoch's partial last batch is dropped.
 
     ``seed`` None: every epoch in the arrays' order. Otherwise epoch e follows ``epoch_order(n,
@@ -52,7 +54,7 @@ def train_batches(arrays: Arrays, batch_size: int, seed: Optional[int] = None, p
         order = None if seed is None else epoch_order(n, seed, epoch)
         for i in range(per_epoch):
             start = i * batch_size + process_index * local
-            rows = slice(start, start + local) if order is None else order[start:start + local]
+            rows = slice(start, start + local) if order is None else order[start : start + local]
             yield {k: v[rows] for k, v in arrays.items()}
 
 

@@ -54,13 +54,11 @@ class FashionMNIST:
 def _check_size(raw: bytes, expected: int, name: str) -> None:
     if len(raw) < expected:
         raise DataFileError(
-            f"{name} is truncated: its header promises {expected} bytes, "
-            f"but it has {len(raw)}."
+            f"{name} is truncated: its header promises {expected} bytes, but it has {len(raw)}."
         )
     if len(raw) > expected:
         raise DataFileError(
-            f"{name} has trailing bytes: its header promises {expected} bytes, "
-            f"but it has {len(raw)}."
+            f"{name} has trailing bytes: its header promises {expected} bytes, but it has {len(raw)}."
         )
 
 
@@ -74,10 +72,7 @@ def _header(raw: bytes, n_fields: int, magic: int, name: str) -> tuple[int, ...]
         )
     size = 4 * n_fields
     if len(raw) < size:
-        raise DataFileError(
-            f"{name} is truncated: an IDX header needs {size} bytes, "
-            f"but it has {len(raw)}."
-        )
+        raise DataFileError(f"{name} is truncated: an IDX header needs {size} bytes, but it has {len(raw)}.")
     return struct.unpack(f">{n_fields}I", raw[:size])[1:]
 
 
@@ -94,9 +89,7 @@ def parse_idx_images(raw: bytes, name: str) -> np.ndarray:
     """
     n, rows, cols = _header(raw, 4, _IMAGES_MAGIC, name)
     if (rows, cols) != (IMAGE_SIDE, IMAGE_SIDE):
-        raise DataFileError(
-            f"{name} holds {rows}x{cols} images, expected {IMAGE_SIDE}x{IMAGE_SIDE}."
-        )
+        raise DataFileError(f"{name} holds {rows}x{cols} images, expected {IMAGE_SIDE}x{IMAGE_SIDE}.")
     _check_size(raw, 16 + n * rows * cols, name)
     return np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(n, rows, cols)
 
@@ -117,8 +110,7 @@ def parse_idx_labels(raw: bytes, name: str) -> np.ndarray:
     if n and labels.max() >= NUM_CLASSES:
         bad = int(np.argmax(labels >= NUM_CLASSES))
         raise DataFileError(
-            f"{name} has label {labels[bad]} at index {bad}; labels must be in "
-            f"0..{NUM_CLASSES - 1}."
+            f"{name} has label {labels[bad]} at index {bad}; labels must be in 0..{NUM_CLASSES - 1}."
         )
     return labels
 

@@ -10,13 +10,14 @@ Each Parquet file has a ``row`` int64 column (the global row id within its split
 data columns: ``tokens`` fixed_size_list<int32>[T], or ``image`` fixed_size_list<uint8>[784] (the
 stored bytes, read as float32 / 255) and ``label`` int32.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -47,7 +48,7 @@ class Manifest:
 
     root: str
     dataset: str
-    seq_len: Optional[int]
+    seq_len: int | None
     columns: dict[str, dict[str, Any]]
     splits: dict[str, SplitFiles]
     raw: dict[str, Any]
@@ -55,11 +56,13 @@ class Manifest:
     def split(self, name: str) -> SplitFiles:
         """The split ``name``; ManifestError naming the splits there are if it is not one."""
         if name not in self.splits:
-            raise ManifestError(f"{self.root}/{MANIFEST}: no split {name!r} (it has {', '.join(self.splits)})")
+            raise ManifestError(
+                f"{self.root}/{MANIFEST}: no split {name!r} (it has {', '.join(self.splits)})"
+            )
         return self.splits[name]
 
 
-def resolve(path_or_uri: str, filesystem: Optional[pafs.FileSystem] = None) -> tuple[pafs.FileSystem, str]:
+def resolve(path_or_uri: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for a local path or a URI pyarrow understands (``gs://``, ``s3://``,
     ``file://``); ``filesystem`` given: ``path_or_uri`` is a path inside it."""
     if filesystem is not None:
@@ -79,8 +82,9 @@ def file_sha256(fs: pafs.FileSystem, path: str) -> str:
     return digest.hexdigest()
 
 
-def read_manifest(path_or_uri: str, filesystem: Optional[pafs.FileSystem] = None,
-                  verify_checksums: bool = False) -> Manifest:
+def read_manifest(
+    path_or_uri: str, filesystem: pafs.FileSystem | None = None, verify_checksums: bool = False
+) -> Manifest:
     """Read and validate ``<folder>/manifest.json``: the format and version, a known dataset, its two
     splits, row counts that add up, every listed file present (and, with ``verify_checksums``, of
     the recorded SHA-256: reads every byte).
@@ -93,8 +97,9 @@ def read_manifest(path_or_uri: str, filesystem: Optional[pafs.FileSystem] = None
         with fs.open_input_stream(where) as f:
             raw = json.loads(f.read().decode("utf-8"))
     except FileNotFoundError:
-        raise ManifestError(f"{where} does not exist: is {path_or_uri} a folder written by "
-                            f"`python -m jaxray.data prepare`?") from None
+        raise ManifestError(
+            f"{where} does not exist: is {path_or_uri} a folder written by `python -m jaxray.data prepare`?"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ManifestError(f"{where} cannot be read as JSON: {err}") from None
     manifest = _parse(raw, where, root)
@@ -102,10 +107,14 @@ def read_manifest(path_or_uri: str, filesystem: Optional[pafs.FileSystem] = None
         for rel, rows, sha in split.files:
             path = f"{root}/{rel}"
             if fs.get_file_info(path).type != pafs.FileType.File:
-                raise ManifestError(f"{path} is listed in {where} (split {name}, {rows} rows) but does not exist")
+                raise ManifestError(
+                    f"{path} is listed in {where} (split {name}, {rows} rows) but does not exist"
+                )
             if verify_checksums and file_sha256(fs, path) != sha:
-                raise ManifestError(f"{path} does not match the SHA-256 recorded in {where}: the file changed "
-                                    f"after prepare; prepare the folder again")
+                raise ManifestError(
+                    f"{path} does not match the SHA-256 recorded in {where}: the file changed "
+                    f"after prepare; prepare the folder again"
+                )
     return manifest
 
 
@@ -116,28 +125,50 @@ def _parse(raw: Any, where: str, root: str) -> Manifest:
 
     need(isinstance(raw, dict), "expected a JSON object")
     need(raw.get("format") == FORMAT, f"format is {raw.get('format')!r}, expected {FORMAT!r}")
-    need(raw.get("format_version") == FORMAT_VERSION,
-         f"format_version is {raw.get('format_version')!r}; this jaxray reads {FORMAT_VERSION}")
+    need(
+        raw.get("format_version") == FORMAT_VERSION,
+        f"format_version is {raw.get('format_version')!r}; this jaxray reads {FORMAT_VERSION}",
+    )
     dataset = raw.get("dataset")
     need(dataset in SPLITS, f"dataset is {dataset!r}, expected one of {', '.join(SPLITS)}")
     seq_len = raw.get("seq_len")
-    need(seq_len is None if dataset == "fashion-mnist" else isinstance(seq_len, int) and seq_len >= 2,
-         f"seq_len {seq_len!r} does not fit dataset {dataset}")
+    need(
+        seq_len is None if dataset == "fashion-mnist" else isinstance(seq_len, int) and seq_len >= 2,
+        f"seq_len {seq_len!r} does not fit dataset {dataset}",
+    )
     columns = raw.get("columns")
-    need(isinstance(columns, dict) and all(isinstance(c, dict) and isinstance(c.get("shape"), list)
-                                           and c.get("dtype") in ("int32", "float32")
-                                           and c.get("stored", "uint8") == "uint8" for c in columns.values()),
-         "columns must map each name to {dtype: int32|float32, shape: [...], stored: uint8 (optional)}")
+    need(
+        isinstance(columns, dict)
+        and all(
+            isinstance(c, dict)
+            and isinstance(c.get("shape"), list)
+            and c.get("dtype") in ("int32", "float32")
+            and c.get("stored", "uint8") == "uint8"
+            for c in columns.values()
+        ),
+        "columns must map each name to {dtype: int32|float32, shape: [...], stored: uint8 (optional)}",
+    )
     splits_raw = raw.get("splits")
-    need(isinstance(splits_raw, dict) and sorted(splits_raw) == sorted(SPLITS[dataset]),
-         f"splits must be {' and '.join(SPLITS[dataset])}, got {sorted(splits_raw or {})}")
+    need(
+        isinstance(splits_raw, dict) and sorted(splits_raw) == sorted(SPLITS[dataset]),
+        f"splits must be {' and '.join(SPLITS[dataset])}, got {sorted(splits_raw or {})}",
+    )
     splits = {}
     for name, s in splits_raw.items():
         files = s.get("files") if isinstance(s, dict) else None
-        need(isinstance(files, list) and files and all(
-            isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("rows"), int)
-            and f["rows"] > 0 and isinstance(f.get("sha256"), str) for f in files),
-             f"split {name}: files must be a non-empty list of {{path, rows > 0, sha256}}")
+        need(
+            isinstance(files, list)
+            and files
+            and all(
+                isinstance(f, dict)
+                and isinstance(f.get("path"), str)
+                and isinstance(f.get("rows"), int)
+                and f["rows"] > 0
+                and isinstance(f.get("sha256"), str)
+                for f in files
+            ),
+            f"split {name}: files must be a non-empty list of {{path, rows > 0, sha256}}",
+        )
         total = sum(f["rows"] for f in files)
         need(s.get("rows") == total, f"split {name}: rows is {s.get('rows')!r} but its files hold {total}")
         splits[name] = SplitFiles(total, tuple((f["path"], f["rows"], f["sha256"]) for f in files))

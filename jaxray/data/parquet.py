@@ -35,13 +35,15 @@ time); a gathered batch is also a fresh array that ``jax.device_put`` can take w
 CPU (0.05 ms against 0.5 ms for a slice of an epoch buffer, 1024 images). Larger splits are read
 every epoch as above. Memory when cached: the split (N rows, decoded).
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
 import itertools
 import threading
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -71,8 +73,9 @@ def _planning(**settings: Any) -> Iterator[None]:
                 setattr(current, k, v)
 
 
-def parquet_dataset(path_or_uri: str, split: str, filesystem: Optional[pafs.FileSystem] = None,
-                    manifest: Optional[Manifest] = None) -> ray.data.Dataset:
+def parquet_dataset(
+    path_or_uri: str, split: str, filesystem: pafs.FileSystem | None = None, manifest: Manifest | None = None
+) -> ray.data.Dataset:
     """``ray.data.read_parquet`` over the files of ``split`` listed in the folder's manifest, in
     manifest order (rows in natural order: ``row`` 0..N-1). ``path_or_uri``: a local folder or a
     pyarrow filesystem URI (``gs://bucket/dir``); ``filesystem``: one to read it through instead.
@@ -88,16 +91,18 @@ def parquet_dataset(path_or_uri: str, split: str, filesystem: Optional[pafs.File
     manifest = manifest or read_manifest(root, fs)
     paths = [f"{root}/{rel}" for rel, _, _ in manifest.split(split).files]
     with _planning(use_datasource_v2=False, enable_progress_bars=False):
-        ds = ray.data.read_parquet(paths, filesystem=fs, partitioning=None, file_extensions=None,
-                                   override_num_blocks=len(paths))
+        ds = ray.data.read_parquet(
+            paths, filesystem=fs, partitioning=None, file_extensions=None, override_num_blocks=len(paths)
+        )
     ds.context.enable_progress_bars = False
     ds.context.execution_options.preserve_order = True
     return ds
 
 
 @functools.lru_cache(maxsize=4)
-def local_keys(rows: int, seed: int, epoch: int, global_batch: int, process_index: int,
-               process_count: int) -> np.ndarray:
+def local_keys(
+    rows: int, seed: int, epoch: int, global_batch: int, process_index: int, process_count: int
+) -> np.ndarray:
     """[rows] int64: each row's key in this process's stream for ``epoch`` (see the module
     docstring), -1 for rows of other processes and of the dropped tail. Cached: every read task of
     an epoch on a worker shares one computation."""
@@ -115,8 +120,14 @@ def _keep_mine(table: pa.Table, **keys_args) -> pa.Table:
     return table.drop_columns(["row"]).filter(pa.array(mine)).append_column("key", pa.array(keys[mine]))
 
 
-def _fill(tables: Iterator[pa.Table], key: str, total: int, columns: dict[str, dict[str, Any]], what: str,
-          stop: Optional[threading.Event] = None) -> Optional[dict[str, np.ndarray]]:
+def _fill(
+    tables: Iterator[pa.Table],
+    key: str,
+    total: int,
+    columns: dict[str, dict[str, Any]],
+    what: str,
+    stop: threading.Event | None = None,
+) -> dict[str, np.ndarray] | None:
     """Write each row of ``tables`` at its ``key`` column's value in ``{column: [total, *shape]}``
     arrays (decoded, see ``decode``); None if ``stop`` was set before every key came. Raises
     RuntimeError naming ``what`` if a key is missing or repeated (a bug, never a hang)."""
@@ -136,8 +147,9 @@ def _fill(tables: Iterator[pa.Table], key: str, total: int, columns: dict[str, d
     return out
 
 
-def split_arrays(path_or_uri: str, split: str, filesystem: Optional[pafs.FileSystem] = None,
-                 manifest: Optional[Manifest] = None) -> dict[str, np.ndarray]:
+def split_arrays(
+    path_or_uri: str, split: str, filesystem: pafs.FileSystem | None = None, manifest: Manifest | None = None
+) -> dict[str, np.ndarray]:
     """Every row of ``split`` in natural order, decoded as ``parquet_batches`` yields them
     (``{"tokens": [N, T] int32}`` or ``{"image": [N, 784] float32, "label": [N] int32}``), read
     through Ray Data in parallel. Raises ManifestError, or RuntimeError if a row is missing or
@@ -146,29 +158,51 @@ def split_arrays(path_or_uri: str, split: str, filesystem: Optional[pafs.FileSys
     manifest = manifest or read_manifest(root, fs)
     ds = parquet_dataset(root, split, fs, manifest)
     ds.context.execution_options.preserve_order = False  # blocks may come in any order: rows go by key
-    return _fill(ds.iter_batches(batch_size=None, batch_format="pyarrow"), "row", manifest.split(split).rows,
-                 manifest.columns, f"split {split}")
+    return _fill(
+        ds.iter_batches(batch_size=None, batch_format="pyarrow"),
+        "row",
+        manifest.split(split).rows,
+        manifest.columns,
+        f"split {split}",
+    )
 
 
 def decoded_bytes(manifest: Manifest, split: str) -> int:
     """Bytes of ``split``'s rows as ``split_arrays`` holds them (decoded dtypes)."""
-    row = sum(int(np.prod(c["shape"], dtype=np.int64)) * np.dtype(c["dtype"]).itemsize
-              for c in manifest.columns.values())
+    row = sum(
+        int(np.prod(c["shape"], dtype=np.int64)) * np.dtype(c["dtype"]).itemsize
+        for c in manifest.columns.values()
+    )
     return manifest.split(split).rows * row
 
 
-def epoch_arrays(path_or_uri: str, split: str, global_batch: int, seed: int, epoch: int, process_index: int = 0,
-                 process_count: int = 1, filesystem: Optional[pafs.FileSystem] = None,
-                 manifest: Optional[Manifest] = None, prefetch_blocks: int = 2,
-                 stop: Optional[threading.Event] = None) -> Optional[dict[str, np.ndarray]]:
+def epoch_arrays(
+    path_or_uri: str,
+    split: str,
+    global_batch: int,
+    seed: int,
+    epoch: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    filesystem: pafs.FileSystem | None = None,
+    manifest: Manifest | None = None,
+    prefetch_blocks: int = 2,
+    stop: threading.Event | None = None,
+) -> dict[str, np.ndarray] | None:
     """This process's rows of one epoch in batch order, ``{column: [(N // G) * L, *shape]}`` (see the
     module docstring), read through Ray Data; None if ``stop`` was set before the epoch was
     complete. Raises RuntimeError if a key is missing or repeated (a bug, never a hang)."""
     fs, root = resolve(path_or_uri, filesystem)
     manifest = manifest or read_manifest(root, fs)
     rows, local = manifest.split(split).rows, global_batch // process_count
-    keys_args = {"rows": rows, "seed": seed, "epoch": epoch, "global_batch": global_batch,
-                 "process_index": process_index, "process_count": process_count}
+    keys_args = {
+        "rows": rows,
+        "seed": seed,
+        "epoch": epoch,
+        "global_batch": global_batch,
+        "process_index": process_index,
+        "process_count": process_count,
+    }
     ds = parquet_dataset(root, split, fs, manifest)
     ds.context.execution_options.preserve_order = False  # blocks may come in any order: rows go by key
     ds = ds.map_batches(_keep_mine, batch_size=None, batch_format="pyarrow", fn_kwargs=keys_args)
@@ -202,10 +236,17 @@ class _Ahead:
         self._thread.join(timeout_s)
 
 
-def parquet_batches(path_or_uri: str, split: str, global_batch: int, seed: int, process_index: int = 0,
-                    process_count: int = 1, prefetch_batches: int = 2,
-                    filesystem: Optional[pafs.FileSystem] = None,
-                    cache_bytes: int = CACHE_BYTES) -> Iterator[dict[str, np.ndarray]]:
+def parquet_batches(
+    path_or_uri: str,
+    split: str,
+    global_batch: int,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    prefetch_batches: int = 2,
+    filesystem: pafs.FileSystem | None = None,
+    cache_bytes: int = CACHE_BYTES,
+) -> Iterator[dict[str, np.ndarray]]:
     """Endless batches of this process, epoch after epoch, equal to ``train_batches(arrays,
     global_batch, seed, process_index, process_count)`` over the folder's unshuffled arrays:
     ``{"tokens": [L, T] int32}`` or ``{"image": [L, 784] float32, "label": [L] int32}``, L =
@@ -232,13 +273,25 @@ def parquet_batches(path_or_uri: str, split: str, global_batch: int, seed: int, 
         raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
     local, per_epoch = global_batch // process_count, rows // global_batch
     if decoded_bytes(manifest, split) <= cache_bytes:
-        yield from train_batches(split_arrays(root, split, fs, manifest), global_batch, seed, process_index,
-                                 process_count)
+        yield from train_batches(
+            split_arrays(root, split, fs, manifest), global_batch, seed, process_index, process_count
+        )
         return
 
-    def epoch_rows(epoch: int, stop: threading.Event) -> Optional[dict[str, np.ndarray]]:
-        return epoch_arrays(root, split, global_batch, seed, epoch, process_index, process_count, fs, manifest,
-                            prefetch_batches, stop)
+    def epoch_rows(epoch: int, stop: threading.Event) -> dict[str, np.ndarray] | None:
+        return epoch_arrays(
+            root,
+            split,
+            global_batch,
+            seed,
+            epoch,
+            process_index,
+            process_count,
+            fs,
+            manifest,
+            prefetch_batches,
+            stop,
+        )
 
     pending = _Ahead(functools.partial(epoch_rows, 0))
     try:
@@ -246,7 +299,7 @@ def parquet_batches(path_or_uri: str, split: str, global_batch: int, seed: int, 
             arrays = pending.result()
             pending = _Ahead(functools.partial(epoch_rows, epoch + 1))
             for k in range(per_epoch):
-                yield {name: a[k * local:(k + 1) * local] for name, a in arrays.items()}
+                yield {name: a[k * local : (k + 1) * local] for name, a in arrays.items()}
     finally:  # closed (or dropped) by the consumer: stop reading the next epoch
         pending.cancel()
 

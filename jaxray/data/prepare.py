@@ -9,6 +9,7 @@ batches as ``train_batches`` over these arrays. The layout is in ``jaxray.data.m
 The folder is written beside ``out`` under a temporary name and renamed into place when complete,
 so a reader never sees half a folder; an ``out`` that exists and is not empty is refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +37,9 @@ DEFAULT_ROWS_PER_FILE = 8192
 DEFAULT_ROW_GROUP_ROWS = 1024  # a row group is what a reader decodes at once: small enough to stream
 
 
-def natural_splits(dataset: str, data_dir: Optional[str] = None, seq_len: int = DEFAULT_SEQ_LEN) -> dict[str, Arrays]:
+def natural_splits(
+    dataset: str, data_dir: str | None = None, seq_len: int = DEFAULT_SEQ_LEN
+) -> dict[str, Arrays]:
     """{split: arrays} in natural order: TinyShakespeare ``{"tokens": [N, seq_len] int32}`` (train
     and validation, text order), Fashion-MNIST ``{"image": [N, 784] float32, "label": [N] int32}``
     (train and test, file order). Raises DataFileError (files), ValueError (unknown dataset, seq_len)."""
@@ -45,8 +48,10 @@ def natural_splits(dataset: str, data_dir: Optional[str] = None, seq_len: int = 
         return {"train": {"tokens": seqs.train}, "validation": {"tokens": seqs.validation}}
     if dataset == "fashion-mnist":
         fm = load_fashion_mnist(data_dir)
-        return {"train": {"image": fm.train_images, "label": fm.train_labels},
-                "test": {"image": fm.test_images, "label": fm.test_labels}}
+        return {
+            "train": {"image": fm.train_images, "label": fm.train_labels},
+            "test": {"image": fm.test_images, "label": fm.test_labels},
+        }
     raise ValueError(f"unknown dataset {dataset!r}; expected one of {', '.join(DATASETS)}")
 
 
@@ -56,7 +61,7 @@ def source_checksums(dataset: str) -> dict[str, str]:
     return {name: known.sha256 for name, known in REGISTRY.items() if name.startswith(prefix)}
 
 
-def out_problem(out: Path) -> Optional[str]:
+def out_problem(out: Path) -> str | None:
     """Why ``out`` cannot receive a prepared folder (it exists and is not an empty directory), else None."""
     if out.is_dir():
         return None if not any(out.iterdir()) else f"{out} exists and is not empty; choose a new folder"
@@ -90,7 +95,9 @@ def stored(arrays: Arrays, columns: dict[str, dict[str, Any]]) -> Arrays:
         if spec.get("stored") == "uint8":
             out[name] = np.rint(arrays[name] * np.float32(255.0)).astype(np.uint8)
             if not np.array_equal(decode(out[name], spec), arrays[name]):
-                raise ValueError(f"column {name} is not a multiple of 1/255 everywhere: cannot store it as uint8")
+                raise ValueError(
+                    f"column {name} is not a multiple of 1/255 everywhere: cannot store it as uint8"
+                )
     return out
 
 
@@ -108,8 +115,9 @@ def to_table(arrays: Arrays, start: int, stop: int, metadata: bytes) -> pa.Table
     return pa.table(columns).replace_schema_metadata({b"jaxray": metadata})
 
 
-def write_split(arrays: Arrays, folder: Path, root: Path, rows_per_file: int, row_group_rows: int,
-                metadata: bytes) -> dict[str, Any]:
+def write_split(
+    arrays: Arrays, folder: Path, root: Path, rows_per_file: int, row_group_rows: int, metadata: bytes
+) -> dict[str, Any]:
     """Write ``arrays`` as ``folder/part-NNNNN.parquet`` files of ``rows_per_file`` rows (the last may
     be shorter) -> the split's manifest entry {"rows", "files": [{"path", "rows", "bytes", "sha256"}]}."""
     folder.mkdir(parents=True)
@@ -118,13 +126,25 @@ def write_split(arrays: Arrays, folder: Path, root: Path, rows_per_file: int, ro
         stop = min(n, start + rows_per_file)
         path = folder / f"part-{i:05d}.parquet"
         pq.write_table(to_table(arrays, start, stop, metadata), path, row_group_size=row_group_rows)
-        files.append({"path": path.relative_to(root).as_posix(), "rows": stop - start,
-                      "bytes": path.stat().st_size, "sha256": file_sha256(pafs.LocalFileSystem(), str(path))})
+        files.append(
+            {
+                "path": path.relative_to(root).as_posix(),
+                "rows": stop - start,
+                "bytes": path.stat().st_size,
+                "sha256": file_sha256(pafs.LocalFileSystem(), str(path)),
+            }
+        )
     return {"rows": n, "files": files}
 
 
-def prepare(dataset: str, out: str | os.PathLike, data_dir: Optional[str] = None, seq_len: int = DEFAULT_SEQ_LEN,
-            rows_per_file: int = DEFAULT_ROWS_PER_FILE, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS) -> dict:
+def prepare(
+    dataset: str,
+    out: str | os.PathLike,
+    data_dir: str | None = None,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+) -> dict:
     """Write ``dataset`` (see the module docstring) under ``out`` -> the manifest written.
 
     Raises ValueError if ``out`` exists and is not an empty folder (nothing is read or written
@@ -139,16 +159,24 @@ def prepare(dataset: str, out: str | os.PathLike, data_dir: Optional[str] = None
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         columns = column_specs(splits["train"])
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "dataset": dataset,
-                    "seq_len": seq_len if dataset == "tinyshakespeare" else None,
-                    "order": "natural: row i is row i of the unshuffled arrays; shuffled per epoch at read time",
-                    "columns": columns, "rows_per_file": rows_per_file, "row_group_rows": row_group_rows,
-                    "splits": {}, "sources": source_checksums(dataset),
-                    "versions": {"jaxray": metadata.version("jaxray"), "pyarrow": pa.__version__}}
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "dataset": dataset,
+            "seq_len": seq_len if dataset == "tinyshakespeare" else None,
+            "order": "natural: row i is row i of the unshuffled arrays; shuffled per epoch at read time",
+            "columns": columns,
+            "rows_per_file": rows_per_file,
+            "row_group_rows": row_group_rows,
+            "splits": {},
+            "sources": source_checksums(dataset),
+            "versions": {"jaxray": metadata.version("jaxray"), "pyarrow": pa.__version__},
+        }
         for split, arrays in splits.items():
             meta = json.dumps({"dataset": dataset, "split": split, "columns": columns}).encode()
-            manifest["splits"][split] = write_split(stored(arrays, columns), tmp / split, tmp, rows_per_file,
-                                                    row_group_rows, meta)
+            manifest["splits"][split] = write_split(
+                stored(arrays, columns), tmp / split, tmp, rows_per_file, row_group_rows, meta
+            )
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         umask = os.umask(0)
         os.umask(umask)

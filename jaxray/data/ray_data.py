@@ -3,9 +3,10 @@
 Columns keep their numpy dtypes and shapes (tensor columns through Ray's Arrow tensor extension),
 so what a worker sees is what the in-memory path sees, row for row and in the same order.
 """
+
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -29,8 +30,9 @@ def shard_batches(shard, batch_size: int, prefetch_batches: int = 2) -> Iterator
     """
     while True:
         produced = 0
-        for batch in shard.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=True,
-                                        prefetch_batches=prefetch_batches):
+        for batch in shard.iter_batches(
+            batch_size=batch_size, batch_format="numpy", drop_last=True, prefetch_batches=prefetch_batches
+        ):
             produced += 1
             yield batch
         if not produced:

@@ -56,10 +56,7 @@ def decode(tokens) -> str:
     if not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"decode expects integer tokens, got dtype {arr.dtype}")
     if arr.min() < 0 or arr.max() >= VOCAB_SIZE:
-        raise ValueError(
-            f"tokens must be bytes in 0..{VOCAB_SIZE - 1}, got range "
-            f"{arr.min()}..{arr.max()}"
-        )
+        raise ValueError(f"tokens must be bytes in 0..{VOCAB_SIZE - 1}, got range {arr.min()}..{arr.max()}")
     return arr.reshape(-1).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
 

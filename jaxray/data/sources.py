@@ -51,8 +51,7 @@ class KnownFile(NamedTuple):
 REGISTRY: dict[str, KnownFile] = {
     "tinyshakespeare.txt": KnownFile(
         "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
-        "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
-        "tinyshakespeare/input.txt",
+        "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
         False,
     ),
     "fashion-mnist/train-images-idx3-ubyte.gz": KnownFile(
@@ -167,9 +166,7 @@ def _verify(path: Path, known: KnownFile, fix: str | None = None) -> bytes:
         try:
             raw = gzip.decompress(raw)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-            raise DataFileError(
-                f"data file {path} is truncated or corrupt (gzip error: {e}). {fix}"
-            ) from e
+            raise DataFileError(f"data file {path} is truncated or corrupt (gzip error: {e}). {fix}") from e
     actual = hashlib.sha256(raw).hexdigest()
     if actual != known.sha256:
         raise DataFileError(
@@ -227,7 +224,9 @@ def _not_found_message(name: str, known: KnownFile, searched: list[Path], err: B
     lines += [f"  {p}" for p in searched]
     lines.append(f"and downloading {known.url} failed: {type(err).__name__}: {err}")
     lines.append("Supply the file in one of these ways:")
-    lines.append(f"  - pass --data-dir DIR (or set {DATA_DIR_ENV}=DIR) where DIR holds {name} or its basename;")
+    lines.append(
+        f"  - pass --data-dir DIR (or set {DATA_DIR_ENV}=DIR) where DIR holds {name} or its basename;"
+    )
     if name.startswith("fashion-mnist/"):
         lines.append(f"  - apt-get install dataset-fashion-mnist (installs into {SYSTEM_DIR});")
     lines.append(f"  - copy it to {cache_dir() / name};")

@@ -4,6 +4,7 @@
 test order as in the file) or ``{"tokens": [N, T] int32}`` (TinyShakespeare bytes; train order a
 seeded permutation, validation in text order).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,7 +29,11 @@ def load_arrays(trial: TrialConfig) -> tuple[Arrays, Arrays]:
 
 
 # The dataset each workload trains on (its splits, train and held-out, are ``manifest.SPLITS``).
-WORKLOAD_DATASET = {"transformer": "tinyshakespeare", "mlp": "fashion-mnist", "shared_block_mlp": "fashion-mnist"}
+WORKLOAD_DATASET = {
+    "transformer": "tinyshakespeare",
+    "mlp": "fashion-mnist",
+    "shared_block_mlp": "fashion-mnist",
+}
 
 
 def held_out_split(workload: str) -> str:
@@ -51,13 +56,17 @@ def parquet_folder(trial: TrialConfig):
     if fs.get_file_info(local).type == pafs.FileType.NotFound:
         raise ManifestError(f"{root} does not exist")
     if fs.get_file_info(f"{local}/{MANIFEST}").type == pafs.FileType.File:
-        raise ManifestError(f"{root} is one prepared dataset; data.parquet names the folder that holds "
-                            f"{' and '.join(sorted(SPLITS))} folders (its parent?)")
+        raise ManifestError(
+            f"{root} is one prepared dataset; data.parquet names the folder that holds "
+            f"{' and '.join(sorted(SPLITS))} folders (its parent?)"
+        )
     folder = f"{root}/{dataset}"
     manifest = read_manifest(folder)
     if manifest.dataset != dataset:
         raise ManifestError(f"{folder} holds {manifest.dataset}, not {dataset}")
     if manifest.seq_len is not None and manifest.seq_len != trial.data.seq_len:
-        raise ManifestError(f"{folder} holds sequences of {manifest.seq_len} bytes but data.seq_len is "
-                            f"{trial.data.seq_len}; prepare it with --seq-len {trial.data.seq_len}")
+        raise ManifestError(
+            f"{folder} holds sequences of {manifest.seq_len} bytes but data.seq_len is "
+            f"{trial.data.seq_len}; prepare it with --seq-len {trial.data.seq_len}"
+        )
     return folder, manifest

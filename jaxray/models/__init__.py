@@ -6,11 +6,13 @@ one jitted step, Orbax and sharding treat every family alike.
 
 Axis letters: B batch, T time, D model width, H heads, K head dim, V vocab.
 """
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -37,9 +39,9 @@ class Model:
     config: ModelConfig
     init: Callable[[jax.Array], Params]
     apply: Callable[[Params, jax.Array], jax.Array]
-    attention: Optional[AttentionChoice] = None
-    prefill: Optional[Callable[..., tuple]] = None
-    decode: Optional[Callable[..., tuple]] = None
+    attention: AttentionChoice | None = None
+    prefill: Callable[..., tuple] | None = None
+    decode: Callable[..., tuple] | None = None
 
 
 def compute_dtype(cfg: ModelConfig):
@@ -48,12 +50,22 @@ def compute_dtype(cfg: ModelConfig):
 
 def build_transformer(cfg: ModelConfig, rngs: nnx.Rngs, attention: str | None = None) -> Transformer:
     """The NNX transformer for ``cfg`` (``attention``: None, "xla" or "cudnn")."""
-    return Transformer(cfg.vocab_size, cfg.width, cfg.num_heads, cfg.num_layers, cfg.ffn_dim, cfg.max_seq_len,
-                       dtype=compute_dtype(cfg), attention=attention, rngs=rngs)
+    return Transformer(
+        cfg.vocab_size,
+        cfg.width,
+        cfg.num_heads,
+        cfg.num_layers,
+        cfg.ffn_dim,
+        cfg.max_seq_len,
+        dtype=compute_dtype(cfg),
+        attention=attention,
+        rngs=rngs,
+    )
 
 
-def resolve_attention(cfg: ModelConfig, requested: Optional[str] = None,
-                      device: Optional[jax.Device] = None) -> AttentionChoice:
+def resolve_attention(
+    cfg: ModelConfig, requested: str | None = None, device: jax.Device | None = None
+) -> AttentionChoice:
     """``requested`` (default ``cfg.attention``) decided for ``device`` (default: the first device).
     Raises AttentionError for "cudnn" where it cannot run."""
     device = device or jax.devices()[0]
@@ -79,7 +91,7 @@ def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
     return Model(cfg, init, apply, choice, prefill, decode)
 
 
-def build(cfg: ModelConfig, attention: Optional[str] = None) -> Model:
+def build(cfg: ModelConfig, attention: str | None = None) -> Model:
     """The Model for ``cfg.workload``. For the transformer ``attention`` ("xla", "cudnn" or "auto")
     overrides ``cfg.attention``, decided by ``resolve_attention``. Raises AttentionError for cuDNN
     attention where it cannot run."""
@@ -87,10 +99,14 @@ def build(cfg: ModelConfig, attention: Optional[str] = None) -> Model:
     if cfg.workload == "transformer":
         return _transformer(cfg, resolve_attention(cfg, attention))
     if cfg.workload == "mlp":
-        return Model(cfg, functools.partial(mlp.init, width=cfg.width),
-                     functools.partial(mlp.apply, dtype=dtype))
-    return Model(cfg, functools.partial(shared_block.init, width=cfg.width),
-                 functools.partial(shared_block.apply, block_repeats=cfg.block_repeats, dtype=dtype))
+        return Model(
+            cfg, functools.partial(mlp.init, width=cfg.width), functools.partial(mlp.apply, dtype=dtype)
+        )
+    return Model(
+        cfg,
+        functools.partial(shared_block.init, width=cfg.width),
+        functools.partial(shared_block.apply, block_repeats=cfg.block_repeats, dtype=dtype),
+    )
 
 
 def param_count(params: Params) -> int:

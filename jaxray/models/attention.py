@@ -10,10 +10,11 @@ cuDNN's conditions (from ``jax._src.cudnn.fused_attention_stablehlo`` in JAX 0.1
 of compute capability >= 8.0, bfloat16 or float16 inputs, head dim a multiple of 8 and <= 128
 (<= 256 from compute capability 9.0, Hopper).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 Requested = Literal["xla", "cudnn", "auto"]  # the order benchmarks show them in
 REQUESTS: tuple[str, ...] = Requested.__args__
@@ -41,12 +42,12 @@ class Target:
     (e.g. "9.0"; None off NVIDIA GPUs), the compute dtype name and the head dim K."""
 
     platform: str
-    compute_capability: Optional[str]
+    compute_capability: str | None
     dtype: str
     head_dim: int
 
 
-def _capability(text: Optional[str]) -> Optional[tuple[int, int]]:
+def _capability(text: str | None) -> tuple[int, int] | None:
     try:
         major, minor = str(text).split(".")[:2]
         return int(major), int(minor)
@@ -96,8 +97,9 @@ def choose(requested: str, target: Target) -> AttentionChoice:
         return AttentionChoice(requested, "cudnn")
     reason = "; ".join(blockers)
     if requested == "cudnn":
-        raise AttentionError(f"attention 'cudnn' cannot run here: {reason}. Use 'auto' (falls back to "
-                             f"XLA) or 'xla'")
+        raise AttentionError(
+            f"attention 'cudnn' cannot run here: {reason}. Use 'auto' (falls back to XLA) or 'xla'"
+        )
     return AttentionChoice(requested, "xla", reason)
 
 

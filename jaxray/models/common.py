@@ -1,4 +1,5 @@
 """Helpers shared by the PyTree models."""
+
 from __future__ import annotations
 
 import math

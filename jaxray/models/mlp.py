@@ -2,6 +2,7 @@
 
 ``width`` (D) is the first hidden width; the default 256 gives the lab's 784-256-128-10.
 """
+
 from __future__ import annotations
 
 import jax

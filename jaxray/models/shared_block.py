@@ -3,6 +3,7 @@
 The block's weights are shared across repeats and run under ``lax.scan`` so the compiled program
 holds one copy of the block; each repeat mixes ``h = 0.9 h + 0.1 gelu(h W + b)`` as in the lab.
 """
+
 from __future__ import annotations
 
 import jax
@@ -18,13 +19,18 @@ def init(key: jax.Array, width: int) -> dict[str, jax.Array]:
     """Float32 params: w_in [784, D], w_block [D, D], w_out [D, 10] (He-normal) and zero biases."""
     k_in, k_block, k_out = jax.random.split(key, 3)
     return {
-        "w_in": he_normal(k_in, IN_FEATURES, width), "b_in": jnp.zeros((width,), jnp.float32),
-        "w_block": he_normal(k_block, width, width), "b_block": jnp.zeros((width,), jnp.float32),
-        "w_out": he_normal(k_out, width, NUM_CLASSES), "b_out": jnp.zeros((NUM_CLASSES,), jnp.float32),
+        "w_in": he_normal(k_in, IN_FEATURES, width),
+        "b_in": jnp.zeros((width,), jnp.float32),
+        "w_block": he_normal(k_block, width, width),
+        "b_block": jnp.zeros((width,), jnp.float32),
+        "w_out": he_normal(k_out, width, NUM_CLASSES),
+        "b_out": jnp.zeros((NUM_CLASSES,), jnp.float32),
     }
 
 
-def apply(params: dict[str, jax.Array], images: jax.Array, block_repeats: int, dtype=jnp.float32) -> jax.Array:
+def apply(
+    params: dict[str, jax.Array], images: jax.Array, block_repeats: int, dtype=jnp.float32
+) -> jax.Array:
     """images [B, 784] float32 -> logits [B, 10] float32, computed in ``dtype``."""
     p = cast_params(params, dtype)
     h = jax.nn.gelu(images.astype(dtype) @ p["w_in"] + p["b_in"])

@@ -5,6 +5,7 @@ a training step), ``num_layers`` pre-norm blocks (causal multi-head attention:
 block-skipping XLA attention or cuDNN's, GELU feed-forward of 4 x D), a final LayerNorm and a
 bias-free LM head. Params are float32; ``dtype`` is the compute dtype; logits come back float32.
 """
+
 from __future__ import annotations
 
 import functools
@@ -13,7 +14,6 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
 
 # Per layer (keys, values), each [B, H, S, K]: the KV cache of ``Transformer.prefill`` / ``decode``.
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
@@ -48,8 +48,9 @@ def blocked_causal_attention(query, key, value, block: int = ATTENTION_BLOCK):
     outputs = []
     for start in range(0, t, block):
         stop = min(start + block, t)
-        scores = jnp.einsum("bqhk,bshk->bhqs", query[:, start:stop], key[:, :stop],
-                            preferred_element_type=jnp.float32)  # [B, H, rows, stop]
+        scores = jnp.einsum(
+            "bqhk,bshk->bhqs", query[:, start:stop], key[:, :stop], preferred_element_type=jnp.float32
+        )  # [B, H, rows, stop]
         visible = jnp.arange(start, stop)[:, None] >= jnp.arange(stop)[None, :]
         scores = jnp.where(visible, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
@@ -122,8 +123,15 @@ class Block(nnx.Module):
     def __init__(self, d_model: int, num_heads: int, ffn_dim: int, dtype, attention_fn, rngs: nnx.Rngs):
         dense = functools.partial(nnx.Linear, dtype=dtype, rngs=rngs)
         self.ln1 = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
-        self.attn = nnx.MultiHeadAttention(num_heads=num_heads, in_features=d_model, decode=False, dtype=dtype,
-                                           attention_fn=attention_fn, keep_rngs=False, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(
+            num_heads=num_heads,
+            in_features=d_model,
+            decode=False,
+            dtype=dtype,
+            attention_fn=attention_fn,
+            keep_rngs=False,
+            rngs=rngs,
+        )
         self.ln2 = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
         self.fc_up = dense(d_model, ffn_dim)
         self.fc_down = dense(ffn_dim, d_model)
@@ -135,8 +143,11 @@ class Block(nnx.Module):
         """Causal self-attention over all T positions: x [B, T, D] -> (x, keys, values [B, H, T, K])."""
         query, key, value = self._qkv(x)
         heads_first = (0, 2, 1, 3)
-        return (self._finish(x, self.attn.attention_fn(query, key, value)),
-                key.transpose(heads_first), value.transpose(heads_first))
+        return (
+            self._finish(x, self.attn.attention_fn(query, key, value)),
+            key.transpose(heads_first),
+            value.transpose(heads_first),
+        )
 
     def decode(self, x: jax.Array, positions: jax.Array, keys: jax.Array, values: jax.Array):
         """One new position per row: x [B, 1, D] at ``positions`` [B]; keys, values [B, H, S, K] this
@@ -164,14 +175,26 @@ class Transformer(nnx.Module):
     such a KV cache, so sampling need not recompute the window for each new token.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, ffn_dim: int,
-                 max_seq_len: int, dtype=jnp.float32, attention: str | None = None, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        num_heads: int,
+        num_layers: int,
+        ffn_dim: int,
+        max_seq_len: int,
+        dtype=jnp.float32,
+        attention: str | None = None,
+        *,
+        rngs: nnx.Rngs,
+    ):
         attention_fn = functools.partial(causal_attention, implementation=attention)
         self.max_seq_len = max_seq_len
         self.token_embed = nnx.Embed(vocab_size, d_model, dtype=dtype, rngs=rngs)
         self.pos_embed = nnx.Embed(max_seq_len, d_model, dtype=dtype, rngs=rngs)
-        self.blocks = nnx.List([Block(d_model, num_heads, ffn_dim, dtype, attention_fn, rngs)
-                                for _ in range(num_layers)])
+        self.blocks = nnx.List(
+            [Block(d_model, num_heads, ffn_dim, dtype, attention_fn, rngs) for _ in range(num_layers)]
+        )
         self.final_norm = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
         self.lm_head = nnx.Linear(d_model, vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
 
@@ -181,7 +204,9 @@ class Transformer(nnx.Module):
     def prefill(self, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
         """tokens [B, T] int32 -> (logits [B, T, V] float32, cache): the cache holds, per layer,
         (keys, values) [B, H, T, K] in the compute dtype."""
-        x = embed_tokens(self.token_embed, tokens) + embed_positions(self.pos_embed, tokens.shape[1])  # [B, T, D]
+        x = embed_tokens(self.token_embed, tokens) + embed_positions(
+            self.pos_embed, tokens.shape[1]
+        )  # [B, T, D]
         cache = []
         for block in self.blocks:
             x, key, value = block.forward(x)

@@ -5,18 +5,21 @@ every batch is split on its leading (batch) dimension (``P("data")``). With seve
 (Ray Train workers) ``jax.devices()`` lists each process's local devices contiguously, so each
 process feeds the rows of the global batch that live on its own devices.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 DATA_AXIS = "data"
 
 
-def make_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A 1-D mesh over ``devices`` (default: every device of every process) with axis ``data``.
 
     Devices are ordered by process, then id: each process's devices sit side by side on ``data``,
@@ -42,14 +45,18 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     return jax.device_put(tree, replicated(mesh))
 
 
-def shard_batch(mesh: Mesh, local_batch: Mapping[str, np.ndarray], stacked: bool = False) -> dict[str, jax.Array]:
+def shard_batch(
+    mesh: Mesh, local_batch: Mapping[str, np.ndarray], stacked: bool = False
+) -> dict[str, jax.Array]:
     """This process's rows ``{name: [B_local, ...]}`` -> global arrays ``[B_local x processes, ...]``
     (``stacked``: ``[K, B_local, ...]`` -> ``[K, B_local x processes, ...]``).
 
     Raises ValueError (from JAX) if B_local is not divisible by this process's device count.
     """
     sharding = batch_sharding(mesh, stacked)
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}
+    return {
+        k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()
+    }
 
 
 def needs_sync_per_step(mesh: Mesh) -> bool:

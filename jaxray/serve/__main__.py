@@ -9,6 +9,7 @@ agents linger for about a minute; send SIGINT from supervisors.
 
   python -m jaxray.serve --checkpoint runs/demo --port 8000 --max-batch-size 16 --batch-wait-ms 10
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,12 +19,13 @@ import socket
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NoReturn, Optional
+from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
-from jaxray.cli import context_keep, int_list, non_negative_float, port, positive_int
+from jaxray.argtypes import context_keep, int_list, non_negative_float, port, positive_int
 
 if TYPE_CHECKING:  # the app module imports Ray and JAX; the options are checked before either loads
     from jaxray.serve.app import AppArgs
@@ -32,28 +34,58 @@ APP_NAME = "jaxray"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jaxray.serve", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--checkpoint", required=True,
-                   help="a checkpoint folder, runs/<experiment> (its best transformer), or an export artifact")
+    p = argparse.ArgumentParser(
+        prog="python -m jaxray.serve",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a checkpoint folder, runs/<experiment> (its best transformer), or an export artifact",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=port, default=8000, help="HTTP port")
-    p.add_argument("--max-batch-size", type=positive_int, default=None,
-                   help="requests decoded together (default: the largest of --batch-sizes)")
+    p.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        default=None,
+        help="requests decoded together (default: the largest of --batch-sizes)",
+    )
     p.add_argument("--batch-wait-ms", type=float, default=10.0, help="how long a batch waits to fill, ms")
-    p.add_argument("--max-ongoing-requests", type=positive_int, default=256,
-                   help="requests the replica holds at once (batch queue and decoding); more wait in Serve's proxy")
-    p.add_argument("--compute-cpus", type=positive_int, default=None,
-                   help="CPUs for JAX's compute threads in the replica (default: all but one, at least one)")
-    p.add_argument("--num-gpus", type=non_negative_float, default=0.0,
-                   help="GPUs Ray reserves for the replica (0: none reserved; see serve/README.md)")
-    p.add_argument("--buckets", type=int_list, default=None, help="prompt lengths compiled (default 32,128,256)")
+    p.add_argument(
+        "--max-ongoing-requests",
+        type=positive_int,
+        default=256,
+        help="requests the replica holds at once (batch queue and decoding); more wait in Serve's proxy",
+    )
+    p.add_argument(
+        "--compute-cpus",
+        type=positive_int,
+        default=None,
+        help="CPUs for JAX's compute threads in the replica (default: all but one, at least one)",
+    )
+    p.add_argument(
+        "--num-gpus",
+        type=non_negative_float,
+        default=0.0,
+        help="GPUs Ray reserves for the replica (0: none reserved; see serve/README.md)",
+    )
+    p.add_argument(
+        "--buckets", type=int_list, default=None, help="prompt lengths compiled (default 32,128,256)"
+    )
     p.add_argument("--batch-sizes", type=int_list, default=None, help="batch sizes compiled (default 1,4,16)")
     p.add_argument("--chunk", type=positive_int, default=None, help="new tokens per decode call (default 32)")
     p.add_argument("--max-new-tokens", type=positive_int, default=None, help="cap per request (default 1024)")
-    p.add_argument("--max-prompt-bytes", type=positive_int, default=None, help="longest prompt (default 65536)")
-    p.add_argument("--context-keep", type=context_keep, default=None,
-                   help="bytes kept when the window slides (default max_seq_len // 2)")
+    p.add_argument(
+        "--max-prompt-bytes", type=positive_int, default=None, help="longest prompt (default 65536)"
+    )
+    p.add_argument(
+        "--context-keep",
+        type=context_keep,
+        default=None,
+        help="bytes kept when the window slides (default max_seq_len // 2)",
+    )
     return p
 
 
@@ -61,25 +93,41 @@ def app_args(args: argparse.Namespace, parser_error: Callable[[str], NoReturn]) 
     """The validated AppArgs; ``parser_error`` (exit 2) names the option of a bad value."""
     from jaxray.serve.app import AppArgs
 
-    engine = {k: v for k, v in (("buckets", args.buckets), ("batch_sizes", args.batch_sizes), ("chunk", args.chunk),
-                                ("max_new_tokens", args.max_new_tokens),
-                                ("max_prompt_bytes", args.max_prompt_bytes),
-                                ("context_keep", args.context_keep)) if v is not None}
+    engine = {
+        k: v
+        for k, v in (
+            ("buckets", args.buckets),
+            ("batch_sizes", args.batch_sizes),
+            ("chunk", args.chunk),
+            ("max_new_tokens", args.max_new_tokens),
+            ("max_prompt_bytes", args.max_prompt_bytes),
+            ("context_keep", args.context_keep),
+        )
+        if v is not None
+    }
     try:
-        parsed = AppArgs(checkpoint=args.checkpoint, max_batch_size=args.max_batch_size,
-                         batch_wait_ms=args.batch_wait_ms, max_ongoing_requests=args.max_ongoing_requests,
-                         compute_cpus=args.compute_cpus, num_gpus=args.num_gpus, engine=engine)
+        parsed = AppArgs(
+            checkpoint=args.checkpoint,
+            max_batch_size=args.max_batch_size,
+            batch_wait_ms=args.batch_wait_ms,
+            max_ongoing_requests=args.max_ongoing_requests,
+            compute_cpus=args.compute_cpus,
+            num_gpus=args.num_gpus,
+            engine=engine,
+        )
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         option = "--" + str(first["loc"][-1] if first["loc"] else "args").replace("_", "-")
         parser_error(f"{option}: {first['msg']}")
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     if args.compute_cpus and available and args.compute_cpus > available:  # the replica runs on this machine
-        parser_error(f"--compute-cpus: at most {available} (the CPUs available here), got {args.compute_cpus}")
+        parser_error(
+            f"--compute-cpus: at most {available} (the CPUs available here), got {args.compute_cpus}"
+        )
     return parsed
 
 
-def check_port(host: str, port: int) -> Optional[str]:
+def check_port(host: str, port: int) -> str | None:
     """None if ``host:port`` can be listened on, else why not."""
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
@@ -103,7 +151,9 @@ def init_ray() -> bool:
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
         if (Path.home() / ".ray" / "auth_token").is_file():
-            os.environ.setdefault("RAY_AUTH_MODE", "token")  # a `ray start` cluster of Ray 2.60 uses token auth
+            os.environ.setdefault(
+                "RAY_AUTH_MODE", "token"
+            )  # a `ray start` cluster of Ray 2.60 uses token auth
         ray.init(address=address)
         return True
     # Ray Serve's own throughput mode (fewer per-request log writes, gRPC to the replica): on 2
@@ -140,13 +190,15 @@ def ready_message(host: str, port: int) -> str:
     with urllib.request.urlopen(f"{url}/info", timeout=30) as reply:
         compiled = json.load(reply)
     body = json.dumps({"prompt": "ROMEO:", "max_new_tokens": 64, "temperature": 0})
-    return (f"jaxray is serving on {url} ({compiled['programs']} programs compiled in "
-            f"{compiled['compile_s']:.1f} s)\n"
-            f"  curl -s {url}/generate -H 'Content-Type: application/json' -d '{body}'\n"
-            f"Ctrl-C stops it.")
+    return (
+        f"jaxray is serving on {url} ({compiled['programs']} programs compiled in "
+        f"{compiled['compile_s']:.1f} s)\n"
+        f"  curl -s {url}/generate -H 'Content-Type: application/json' -d '{body}'\n"
+        f"Ctrl-C stops it."
+    )
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from jaxray.serve.app import build_app

@@ -1,4 +1,4 @@
-"""The Ray Serve application: one replica holding a compiled ``jaxray.engine.Engine`` behind FastAPI.
+"""The Ray Serve application: one replica holding a compiled ``jaxray.inference.engine.Engine`` behind FastAPI.
 
 Routes (``jaxray.serve.schema`` has the request shapes and the error format):
 
@@ -14,10 +14,11 @@ The replica loads and compiles every (bucket, batch size) program in ``__init__`
 routes traffic to it, so the first request runs the same compiled code as the tenth. Concurrent
 requests meet in ``@serve.batch`` async generators (stream and non-stream requests alike), whose
 groups ``jaxray.serve.scheduler`` admits into one running batch (continuous batching,
-``jaxray.batching``) on one worker thread, so the event loop keeps answering /healthz while it decodes.
+``jaxray.inference.batcher``) on one worker thread, so the event loop keeps answering /healthz while it decodes.
 
 ``serve run serve/config.yaml`` calls ``app_builder``; ``python -m jaxray.serve`` calls ``build_app``.
 """
+
 # No `from __future__ import annotations`: FastAPI reads the route signatures at runtime, and Serve's
 # class-based views cannot resolve string annotations such as "HttpRequest" from this module.
 import asyncio
@@ -26,27 +27,45 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any, AsyncIterator, Optional, Union
+from typing import Annotated, Any
 
 import jax
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, StrictFloat, StrictInt,
-                      ValidationError)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveInt,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+)
 from ray import serve
 from ray.serve import Application
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 
-from jaxray.engine import Engine, EngineSettings, Request, check_source
+from jaxray.inference.engine import Engine, EngineSettings, Request, check_source
 from jaxray.serve.scheduler import Scheduler
-from jaxray.serve.schema import (ApiError, CompletionRequest, GenerateRequest, GenerateResponse, Limits,
-                                 completion_object, parse, sse)
+from jaxray.serve.schema import (
+    ApiError,
+    CompletionRequest,
+    GenerateRequest,
+    GenerateResponse,
+    Limits,
+    completion_object,
+    parse,
+    sse,
+)
 
 logger = logging.getLogger("ray.serve")
-api = FastAPI(title="jaxray", description="Byte-level transformer text generation on Ray Serve",
-              redirect_slashes=False)  # /generate/ is a JSON 404, not a bodiless 307
+api = FastAPI(
+    title="jaxray", description="Byte-level transformer text generation on Ray Serve", redirect_slashes=False
+)  # /generate/ is a JSON 404, not a bodiless 307
 ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed")
 MERGED_BATCHES = 16  # Serve batches in flight at once, merged by the scheduler
 
@@ -60,9 +79,15 @@ async def _refused(_: HttpRequest, err: ApiError) -> JSONResponse:
 async def _no_route(http: HttpRequest, err: HTTPException) -> JSONResponse:
     # FastAPI's 404/405 as the same error shape as every other refusal.
     field = "method" if err.status_code == 405 else "path"
-    return JSONResponse(ApiError(err.status_code, field, f"{err.detail}: {http.method} {http.url.path}",
-                                 "GET /healthz, GET /info, POST /generate, POST /v1/completions").body(),
-                        status_code=err.status_code)
+    return JSONResponse(
+        ApiError(
+            err.status_code,
+            field,
+            f"{err.detail}: {http.method} {http.url.path}",
+            "GET /healthz, GET /info, POST /generate, POST /v1/completions",
+        ).body(),
+        status_code=err.status_code,
+    )
 
 
 @api.exception_handler(Exception)
@@ -72,7 +97,7 @@ async def _failed(_: HttpRequest, err: Exception) -> JSONResponse:
     return JSONResponse(ApiError(500, "engine", f"{type(err).__name__}: {err}").body(), status_code=500)
 
 
-def pin_compute(cpus: Optional[int]) -> list[int]:
+def pin_compute(cpus: int | None) -> list[int]:
     """Restrict the calling thread, and so every thread it starts later, to ``cpus`` of the CPUs this
     process may use (None: all but one, at least one); returns them (sorted).
 
@@ -89,14 +114,21 @@ def pin_compute(cpus: Optional[int]) -> list[int]:
     available = sorted(os.sched_getaffinity(0))
     count = max(1, len(available) - 1) if cpus is None else cpus
     if not 1 <= count <= len(available):
-        raise ValueError(f"compute_cpus must be in 1..{len(available)} (the CPUs this replica may use), got {cpus}")
+        raise ValueError(
+            f"compute_cpus must be in 1..{len(available)} (the CPUs this replica may use), got {cpus}"
+        )
     os.sched_setaffinity(0, available[:count])
     return available[:count]
 
 
 def _body_schema(model: type[BaseModel]) -> dict:
     """OpenAPI ``requestBody`` for a route that parses its body itself (see ``parse``)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
 
 
 async def read_body(http: HttpRequest, limit: int) -> bytes:
@@ -159,18 +191,35 @@ class JaxrayServer:
     request of a batch waits for company; compute_cpus: CPUs for JAX's compute threads (``pin_compute``).
     """
 
-    def __init__(self, checkpoint: str, settings: EngineSettings, max_batch_size: int, batch_wait_s: float,
-                 compute_cpus: Optional[int] = None):
+    def __init__(
+        self,
+        checkpoint: str,
+        settings: EngineSettings,
+        max_batch_size: int,
+        batch_wait_s: float,
+        compute_cpus: int | None = None,
+    ):
         self.compute_cpus = pin_compute(compute_cpus)
         self.engine = Engine.load(checkpoint, settings)
         report = self.engine.compile()
-        logger.info("jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s",
-                    report["programs"], report["compile_s"], self.engine.buckets, settings.batch_sizes, checkpoint,
-                    jax.devices())
+        logger.info(
+            "jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s",
+            report["programs"],
+            report["compile_s"],
+            self.engine.buckets,
+            settings.batch_sizes,
+            checkpoint,
+            jax.devices(),
+        )
         self.model_name = Path(checkpoint).name
-        self.limits = Limits(settings.max_new_tokens, settings.max_prompt_bytes, self.engine.config.vocab_size)
-        self.batching = {"max_batch_size": max_batch_size, "batch_wait_ms": batch_wait_s * 1e3,
-                         "compute_cpus": self.compute_cpus}
+        self.limits = Limits(
+            settings.max_new_tokens, settings.max_prompt_bytes, self.engine.config.vocab_size
+        )
+        self.batching = {
+            "max_batch_size": max_batch_size,
+            "batch_wait_ms": batch_wait_s * 1e3,
+            "compute_cpus": self.compute_cpus,
+        }
         self._batch.set_max_batch_size(max_batch_size)
         self._batch.set_batch_wait_timeout_s(batch_wait_s)
         self.scheduler = Scheduler(self.engine, max_batch_size)
@@ -183,9 +232,15 @@ class JaxrayServer:
 
     @api.get("/info")
     async def info(self) -> dict[str, Any]:
-        return {**self.engine.info(),
-                "server": {**self.batching, "limits": vars(self.limits), "served": dict(self.served),
-                           "engine": self.scheduler.stats()}}
+        return {
+            **self.engine.info(),
+            "server": {
+                **self.batching,
+                "limits": vars(self.limits),
+                "served": dict(self.served),
+                "engine": self.scheduler.stats(),
+            },
+        }
 
     @api.post("/generate", response_model=GenerateResponse, openapi_extra=_body_schema(GenerateRequest))
     async def generate(self, http: HttpRequest):
@@ -195,10 +250,13 @@ class JaxrayServer:
         chunks = _Counted(self._tokens(engine_req))
         usage = {"prompt_tokens": self.engine.prompt_tokens(engine_req)}
         if req.stream:
-            return StreamingResponse(self._generate_events(chunks, usage, start), media_type="text/event-stream")
+            return StreamingResponse(
+                self._generate_events(chunks, usage, start), media_type="text/event-stream"
+            )
         text = "".join([piece async for piece in decoded(chunks)])
-        return GenerateResponse(text=text, new_tokens=chunks.count, **usage,
-                                latency_ms=(time.perf_counter() - start) * 1e3).model_dump()
+        return GenerateResponse(
+            text=text, new_tokens=chunks.count, **usage, latency_ms=(time.perf_counter() - start) * 1e3
+        ).model_dump()
 
     @api.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(self, http: HttpRequest):
@@ -207,18 +265,30 @@ class JaxrayServer:
         chunks = _Counted(self._tokens(engine_req))
         completion_id = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
-            return StreamingResponse(self._completion_events(chunks, completion_id), media_type="text/event-stream")
+            return StreamingResponse(
+                self._completion_events(chunks, completion_id), media_type="text/event-stream"
+            )
         text = "".join([piece async for piece in decoded(chunks)])
         prompt_tokens = self.engine.prompt_tokens(engine_req)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": chunks.count,
-                 "total_tokens": prompt_tokens + chunks.count}
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": chunks.count,
+            "total_tokens": prompt_tokens + chunks.count,
+        }
         # Generation stops only at the token budget (no stop sequences), hence "length".
         return completion_object(completion_id, self.model_name, text, "length", usage)
 
-    def _engine_request(self, req: GenerateRequest | CompletionRequest, new_tokens: int, cap_field: str) -> Request:
+    def _engine_request(
+        self, req: GenerateRequest | CompletionRequest, new_tokens: int, cap_field: str
+    ) -> Request:
         """The engine's Request; ``Engine.check`` has the last word (ApiError naming the field)."""
-        engine_req = Request(prompt=req.prompt.encode("utf-8"), max_new_tokens=new_tokens,
-                             temperature=req.temperature, top_k=req.top_k, seed=req.seed)
+        engine_req = Request(
+            prompt=req.prompt.encode("utf-8"),
+            max_new_tokens=new_tokens,
+            temperature=req.temperature,
+            top_k=req.top_k,
+            seed=req.seed,
+        )
         try:
             self.engine.check(engine_req)
         except ValueError as err:
@@ -269,8 +339,14 @@ class JaxrayServer:
                 yield piece
                 return
             yield sse({"text": piece})
-        yield sse({"done": True, **usage, "new_tokens": chunks.count,
-                   "latency_ms": (time.perf_counter() - start) * 1e3})
+        yield sse(
+            {
+                "done": True,
+                **usage,
+                "new_tokens": chunks.count,
+                "latency_ms": (time.perf_counter() - start) * 1e3,
+            }
+        )
 
     async def _completion_events(self, chunks: _Counted, completion_id: str) -> AsyncIterator[bytes]:
         async for piece in _guarded(decoded(chunks)):
@@ -287,21 +363,25 @@ class AppArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    checkpoint: str = Field(description="checkpoint dir, runs/<experiment>, or export artifact; relative "
-                                        "paths are read from the directory Serve was started in")
-    max_batch_size: Optional[PositiveInt] = Field(None, description="default: max(engine.batch_sizes)")
+    checkpoint: str = Field(
+        description="checkpoint dir, runs/<experiment>, or export artifact; relative "
+        "paths are read from the directory Serve was started in"
+    )
+    max_batch_size: PositiveInt | None = Field(None, description="default: max(engine.batch_sizes)")
     batch_wait_ms: NonNegativeFloat = Field(10.0, description="how long a batch waits to fill, ms")
     # Requests the replica holds at once (queued for a batch or decoding). More wait in Serve's proxy,
     # where they would queue ahead of /healthz; waiting in the replica costs only a coroutine.
     max_ongoing_requests: PositiveInt = 256
-    compute_cpus: Optional[PositiveInt] = Field(None, description="CPUs for JAX's compute threads in the replica "
-                                                                  "(default: all but one, at least one)")
+    compute_cpus: PositiveInt | None = Field(
+        None, description="CPUs for JAX's compute threads in the replica (default: all but one, at least one)"
+    )
     # Ray's ray_actor_options num_gpus: the replica is placed on a node with that many free GPUs and
     # sees only them (CUDA_VISIBLE_DEVICES). 0 reserves none; Ray 2.60 then leaves the replica every
     # GPU of its node, which suits one replica on a one-GPU machine but nothing shared.
     # Strict numbers: YAML's true would otherwise pass as 1.
-    num_gpus: Annotated[Union[StrictInt, StrictFloat], Field(ge=0, allow_inf_nan=False)] = Field(
-        0, description="GPUs reserved per replica (0: none)")
+    num_gpus: Annotated[StrictInt | StrictFloat, Field(ge=0, allow_inf_nan=False)] = Field(
+        0, description="GPUs reserved per replica (0: none)"
+    )
     engine: EngineSettings = Field(default_factory=EngineSettings)
 
 
@@ -310,19 +390,27 @@ def build_app(args: AppArgs) -> Application:
     or ``max_batch_size`` exceeds the largest compiled batch size or ``max_ongoing_requests``."""
     path = Path(args.checkpoint).expanduser().absolute()
     if not path.exists():
-        raise ValueError(f"checkpoint {args.checkpoint} does not exist (looked for {path}; relative paths are "
-                         f"read from {os.getcwd()})")
+        raise ValueError(
+            f"checkpoint {args.checkpoint} does not exist (looked for {path}; relative paths are "
+            f"read from {os.getcwd()})"
+        )
     largest = max(args.engine.batch_sizes)
     max_batch = args.max_batch_size or largest
     if max_batch > largest:
-        raise ValueError(f"max_batch_size {max_batch} exceeds the largest compiled batch size {largest} "
-                         f"(engine.batch_sizes {args.engine.batch_sizes})")
+        raise ValueError(
+            f"max_batch_size {max_batch} exceeds the largest compiled batch size {largest} "
+            f"(engine.batch_sizes {args.engine.batch_sizes})"
+        )
     if max_batch > args.max_ongoing_requests:
-        raise ValueError(f"max_batch_size {max_batch} exceeds max_ongoing_requests {args.max_ongoing_requests}: "
-                         f"a batch could never fill")
+        raise ValueError(
+            f"max_batch_size {max_batch} exceeds max_ongoing_requests {args.max_ongoing_requests}: "
+            f"a batch could never fill"
+        )
     check_source(path, args.engine)  # a wrong workload or artifact settings: refused before Ray starts
-    server = JaxrayServer.options(max_ongoing_requests=args.max_ongoing_requests,
-                                  **({"ray_actor_options": {"num_gpus": args.num_gpus}} if args.num_gpus else {}))
+    server = JaxrayServer.options(
+        max_ongoing_requests=args.max_ongoing_requests,
+        **({"ray_actor_options": {"num_gpus": args.num_gpus}} if args.num_gpus else {}),
+    )
     return server.bind(str(path), args.engine, max_batch, args.batch_wait_ms / 1e3, args.compute_cpus)
 
 

@@ -1,4 +1,4 @@
-"""The replica's engine loop: continuous batching (``jaxray.batching``) fed by Serve's batches.
+"""The replica's engine loop: continuous batching (``jaxray.inference.batcher``) fed by Serve's batches.
 
 Ray Serve's ``@serve.batch`` forms the next batch as soon as the previous one *starts* (the batch
 queue is read again while the first batch still holds its concurrency permit), so under load it
@@ -8,15 +8,16 @@ and between two decode calls the loop admits every waiting group that fits in th
 running batch, so requests join it within one chunk instead of waiting for a whole batch to end.
 Requests of one group are admitted together, so each handler still yields one list per step.
 """
+
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, Optional
 
-from jaxray.batching import Batcher, Update
-from jaxray.engine import Engine, Request
+from jaxray.inference.batcher import Batcher, Update
+from jaxray.inference.engine import Engine, Request
 
 _DONE = object()
 
@@ -37,7 +38,7 @@ class Scheduler:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="jaxray-engine")
         self._waiting: deque[_Group] = deque()
         self._wake = asyncio.Event()
-        self._driver: Optional[asyncio.Task] = None
+        self._driver: asyncio.Task | None = None
 
     async def run(self, requests: list[Request]) -> AsyncIterator[list[list[int]]]:
         """Yields, step by step, the new tokens of each of ``requests`` ([] for one that is finished
@@ -58,8 +59,13 @@ class Scheduler:
     def stats(self) -> dict[str, float]:
         """Decode calls so far, the live requests they decoded in all, and their mean."""
         calls, rows = self.batcher.decode_calls, self.batcher.rows_decoded
-        return {"decode_calls": calls, "rows_decoded": rows, "mean_rows": rows / calls if calls else 0.0,
-                "admit_s": self.batcher.admit_s, "decode_s": self.batcher.decode_s}
+        return {
+            "decode_calls": calls,
+            "rows_decoded": rows,
+            "mean_rows": rows / calls if calls else 0.0,
+            "admit_s": self.batcher.admit_s,
+            "decode_s": self.batcher.decode_s,
+        }
 
     def _admissible(self) -> list[_Group]:
         """The waiting groups, oldest first, that fit in the free rows (stopping at the first that does not)."""
@@ -83,7 +89,7 @@ class Scheduler:
             if self.batcher.live:
                 await self._run(loop, None, self.batcher.decode)
 
-    async def _run(self, loop, admitted: Optional[list[_Group]], call, *args) -> None:
+    async def _run(self, loop, admitted: list[_Group] | None, call, *args) -> None:
         """``call`` on the engine thread, its updates sent to their groups. On an engine error every
         group involved (``admitted``, or all live ones) gets the error and the running batch is reset."""
         try:

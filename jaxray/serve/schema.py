@@ -15,12 +15,13 @@ route or method) with the body::
 ``field`` names the request field (``body`` for a body that is not a JSON object); ``type`` and
 ``param`` repeat it in the OpenAI error shape so OpenAI clients show the message.
 """
+
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Optional
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -34,9 +35,9 @@ OPENAI_DEFAULT_TEMPERATURE = 1.0
 class Limits:
     """What a request may ask of this server (from EngineSettings and the model config)."""
 
-    max_new_tokens: int      # cap on new tokens per request
-    max_prompt_bytes: int    # UTF-8 bytes of the prompt
-    vocab_size: int = 256    # top_k is 1..vocab_size
+    max_new_tokens: int  # cap on new tokens per request
+    max_prompt_bytes: int  # UTF-8 bytes of the prompt
+    vocab_size: int = 256  # top_k is 1..vocab_size
 
     @property
     def max_body_bytes(self) -> int:
@@ -54,8 +55,15 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The JSON error body (see the module docstring)."""
-        return {"error": {"field": self.field, "message": self.message, "allowed": self.allowed,
-                          "type": "invalid_request_error", "param": self.field}}
+        return {
+            "error": {
+                "field": self.field,
+                "message": self.message,
+                "allowed": self.allowed,
+                "type": "invalid_request_error",
+                "param": self.field,
+            }
+        }
 
 
 def _limits(info: ValidationInfo) -> Limits:
@@ -83,7 +91,7 @@ def _check_cap(value: int, info: ValidationInfo) -> int:
     return value
 
 
-def _check_top_k(value: Optional[int], info: ValidationInfo) -> Optional[int]:
+def _check_top_k(value: int | None, info: ValidationInfo) -> int | None:
     vocab = _limits(info).vocab_size
     if value is not None and not 1 <= value <= vocab:
         raise ValueError(f"top_k must be in 1..{vocab} or null, got {value}")
@@ -111,7 +119,7 @@ class _Sampling(BaseModel):
 
 
 Prompt = Annotated[str, Field(description="text to continue; only its last max_seq_len bytes are read")]
-TopK = Annotated[Optional[int], Field(description="sample from the k most likely bytes; null: all")]
+TopK = Annotated[int | None, Field(description="sample from the k most likely bytes; null: all")]
 Stream = Annotated[bool, Field(description="stream server-sent events as the bytes are produced")]
 
 
@@ -133,7 +141,7 @@ class CompletionRequest(_Sampling):
     """``POST /v1/completions``: the OpenAI completions request, one string prompt, one choice.
     ``model`` is accepted (OpenAI clients require it) and otherwise ignored."""
 
-    model: Optional[str] = None
+    model: str | None = None
     prompt: Prompt
     max_tokens: int = OPENAI_DEFAULT_MAX_TOKENS
     temperature: Temperature = OPENAI_DEFAULT_TEMPERATURE
@@ -159,9 +167,10 @@ def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:
     cap = f"an integer in 1..{limits.max_new_tokens}"
     words = {
         "body": f"a JSON object of at most {limits.max_body_bytes} bytes with the fields "
-                f"{', '.join(model.model_fields)}",
+        f"{', '.join(model.model_fields)}",
         "prompt": f"a non-empty string of at most {limits.max_prompt_bytes} UTF-8 bytes",
-        "max_new_tokens": cap, "max_tokens": cap,
+        "max_new_tokens": cap,
+        "max_tokens": cap,
         "temperature": "a finite number >= 0 (0 is greedy)",
         "top_k": f"an integer in 1..{limits.vocab_size}, or null for all",
         "seed": f"an integer in 0..{MAX_SEED}",
@@ -179,8 +188,12 @@ def parse(model: type[_Sampling], body: bytes, limits: Limits) -> _Sampling:
     object; ApiError(413) when ``body`` is over ``limits.max_body_bytes``.
     """
     if len(body) > limits.max_body_bytes:
-        raise ApiError(413, "body", f"request body is over the limit of {limits.max_body_bytes} bytes",
-                       allowed(model, "body", limits))
+        raise ApiError(
+            413,
+            "body",
+            f"request body is over the limit of {limits.max_body_bytes} bytes",
+            allowed(model, "body", limits),
+        )
     try:
         return model.model_validate_json(body, context=limits)
     except ValidationError as err:
@@ -206,15 +219,24 @@ def _api_error(model: type[BaseModel], error: dict, limits: Limits) -> ApiError:
 def sse(data: Any) -> bytes:
     """One server-sent event carrying ``data`` as JSON (or a bare string such as ``[DONE]``)."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-    return f"data: {payload}\n\n".encode("utf-8")
+    return f"data: {payload}\n\n".encode()
 
 
-def completion_object(completion_id: str, model: str, text: str, finish_reason: Optional[str],
-                      usage: Optional[dict] = None, chunk: bool = False) -> dict[str, Any]:
+def completion_object(
+    completion_id: str,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    usage: dict | None = None,
+    chunk: bool = False,
+) -> dict[str, Any]:
     """An OpenAI ``text_completion`` object (one choice); ``usage`` only on the non-stream answer.
     OpenAI streams chunks with the same object name and ``finish_reason: null`` until the last."""
     body: dict[str, Any] = {
-        "id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
+        "id": completion_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
     }
     if usage is not None and not chunk:

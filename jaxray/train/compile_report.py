@@ -21,18 +21,25 @@
 ``hlo_ops(text)`` parses any HLO text, so tests can count the scatters of a lowered, not yet
 compiled, program (``lowered.as_text(dialect="hlo")``).
 """
+
 from __future__ import annotations
 
 import os
 import re
 from collections import Counter
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-               "collective-broadcast")
+COLLECTIVES = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+)
 # One HLO instruction: "%name = TYPE opcode(" (TYPE may be a tuple "(f32[2]{0}, s32[])").
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+([a-z][a-z0-9\-]*)\(", re.MULTILINE)
 _ELEMENT_TYPE = re.compile(r"\b([a-z]+[0-9]*)\[")
@@ -72,8 +79,14 @@ def hlo_ops(text: str) -> dict[str, Any]:
             fusions[kind.group(1) if kind else "?"] += 1
         elif opcode == "dot":
             dots += 1
-    return {"scatter": dict(scatter), "gather": dict(gather), "collectives": dict(collectives),
-            "custom_calls": dict(custom_calls), "fusions": dict(fusions), "dots": dots}
+    return {
+        "scatter": dict(scatter),
+        "gather": dict(gather),
+        "collectives": dict(collectives),
+        "custom_calls": dict(custom_calls),
+        "fusions": dict(fusions),
+        "dots": dots,
+    }
 
 
 def sixteen_bit_scatters(text: str) -> dict[str, int]:
@@ -84,7 +97,7 @@ def sixteen_bit_scatters(text: str) -> dict[str, int]:
     return {dtype: n for dtype, n in hlo_ops(text)["scatter"].items() if dtype in ("bf16", "f16")}
 
 
-def _cost(compiled) -> dict[str, Optional[float]]:
+def _cost(compiled) -> dict[str, float | None]:
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per program
         cost = cost[0] if cost else {}
@@ -92,21 +105,26 @@ def _cost(compiled) -> dict[str, Optional[float]]:
     return {"flops": cost.get("flops"), "bytes_accessed": cost.get("bytes accessed")}
 
 
-def _memory(compiled) -> dict[str, Optional[int]]:
+def _memory(compiled) -> dict[str, int | None]:
     stats = compiled.memory_analysis()
     if stats is None:
         return {}
-    memory = {"argument_bytes": stats.argument_size_in_bytes, "output_bytes": stats.output_size_in_bytes,
-              "alias_bytes": stats.alias_size_in_bytes, "temp_bytes": stats.temp_size_in_bytes,
-              "code_bytes": stats.generated_code_size_in_bytes}
-    memory["peak_bytes"] = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
-                            + memory["temp_bytes"])
+    memory = {
+        "argument_bytes": stats.argument_size_in_bytes,
+        "output_bytes": stats.output_size_in_bytes,
+        "alias_bytes": stats.alias_size_in_bytes,
+        "temp_bytes": stats.temp_size_in_bytes,
+        "code_bytes": stats.generated_code_size_in_bytes,
+    }
+    memory["peak_bytes"] = (
+        memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"] + memory["temp_bytes"]
+    )
     # XLA's own figure where jaxlib has it; on CPU it leaves temporaries out, so it is only recorded.
     memory["xla_peak_bytes"] = getattr(stats, "peak_memory_in_bytes", None)
     return memory
 
 
-def device_memory(device: Optional[jax.Device] = None) -> tuple[Optional[int], Optional[str]]:
+def device_memory(device: jax.Device | None = None) -> tuple[int | None, str | None]:
     """(bytes, source): what the device's allocator may use ("device"), else for a CPU device the
     host's physical RAM ("host RAM"), else (None, None)."""
     device = device or jax.devices()[0]
@@ -121,19 +139,26 @@ def device_memory(device: Optional[jax.Device] = None) -> tuple[Optional[int], O
     return None, None
 
 
-def report(compiled, compile_s: float, device: Optional[jax.Device] = None) -> dict[str, Any]:
+def report(compiled, compile_s: float, device: jax.Device | None = None) -> dict[str, Any]:
     """The compile report of ``compiled`` (a ``jax.stages.Compiled``); see the module docstring."""
     device = device or jax.devices()[0]
     memory = _memory(compiled)
     limit, source = device_memory(device)
     peak = memory.get("peak_bytes")
-    return {"compile_s": compile_s, "platform": device.platform, "device_kind": device.device_kind,
-            **_cost(compiled), "memory": memory, "device_memory_bytes": limit, "memory_source": source,
-            "fits": None if limit is None or peak is None else peak <= limit,
-            "ops": hlo_ops(compiled.as_text())}
+    return {
+        "compile_s": compile_s,
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        **_cost(compiled),
+        "memory": memory,
+        "device_memory_bytes": limit,
+        "memory_source": source,
+        "fits": None if limit is None or peak is None else peak <= limit,
+        "ops": hlo_ops(compiled.as_text()),
+    }
 
 
-def _size(n: Optional[float]) -> str:
+def _size(n: float | None) -> str:
     """Bytes as MiB below 1 GiB, else GiB ("?" when unknown)."""
     if n is None:
         return "?"
@@ -156,8 +181,14 @@ def fits_text(rep: dict[str, Any]) -> str:
 def describe(trial, devices: int) -> dict[str, Any]:
     """The config fields a compile report is read against (``trial``: a TrialConfig)."""
     m, batch = trial.model, trial.train.global_batch
-    row = {"workload": m.workload, "dtype": m.dtype, "width": m.width, "global_batch": batch,
-           "per_device_batch": batch // devices, "devices": devices}
+    row = {
+        "workload": m.workload,
+        "dtype": m.dtype,
+        "width": m.width,
+        "global_batch": batch,
+        "per_device_batch": batch // devices,
+        "devices": devices,
+    }
     if m.workload == "transformer":
         row.update(seq_len=trial.data.seq_len, num_layers=m.num_layers, num_heads=m.num_heads)
     return row
@@ -168,15 +199,17 @@ def render(rep: dict[str, Any]) -> str:
     cfg, mem, ops = rep.get("config", {}), rep["memory"], rep["ops"]
     head = ", ".join(f"{k} {v}" for k, v in cfg.items())
     flops = rep.get("flops")
-    lines = [f"compile report ({head})" if head else "compile report",
-             f"  compile {rep['compile_s']:.2f} s on {rep['device_kind']} ({rep['platform']}); per device and "
-             f"step: {'?' if flops is None else f'{flops / 1e12:.4g} TFLOP'}, {_size(rep.get('bytes_accessed'))} accessed",
-             f"  memory per device: arguments {_size(mem.get('argument_bytes'))}, outputs {_size(mem.get('output_bytes'))}"
-             f" (aliased to donated arguments {_size(mem.get('alias_bytes'))}), temporaries {_size(mem.get('temp_bytes'))}",
-             f"  {fits_text(rep)}",
-             f"  ops: scatter {ops['scatter'] or 'none'}; gather {ops['gather'] or 'none'}; collectives "
-             f"{ops['collectives'] or 'none'}; custom calls {ops['custom_calls'] or 'none'}; fusions "
-             f"{sum(ops['fusions'].values())} {ops['fusions'] or ''}; dots {ops['dots']}"]
+    lines = [
+        f"compile report ({head})" if head else "compile report",
+        f"  compile {rep['compile_s']:.2f} s on {rep['device_kind']} ({rep['platform']}); per device and "
+        f"step: {'?' if flops is None else f'{flops / 1e12:.4g} TFLOP'}, {_size(rep.get('bytes_accessed'))} accessed",
+        f"  memory per device: arguments {_size(mem.get('argument_bytes'))}, outputs {_size(mem.get('output_bytes'))}"
+        f" (aliased to donated arguments {_size(mem.get('alias_bytes'))}), temporaries {_size(mem.get('temp_bytes'))}",
+        f"  {fits_text(rep)}",
+        f"  ops: scatter {ops['scatter'] or 'none'}; gather {ops['gather'] or 'none'}; collectives "
+        f"{ops['collectives'] or 'none'}; custom calls {ops['custom_calls'] or 'none'}; fusions "
+        f"{sum(ops['fusions'].values())} {ops['fusions'] or ''}; dots {ops['dots']}",
+    ]
     return "\n".join(lines)
 
 
@@ -207,8 +240,10 @@ def check_extents(trial) -> None:
     rows = b * (trial.data.seq_len if m.workload == "transformer" else 1)
     largest = max(rows * max(4 * m.width, m.vocab_size, 784), 4 * m.width * m.width)
     if largest > MAX_ELEMENTS:
-        raise ConfigError(f"global_batch {b} and width {m.width} make arrays of ~{largest:.2e} elements, more than "
-                          f"XLA can index (2**62); choose smaller sizes")
+        raise ConfigError(
+            f"global_batch {b} and width {m.width} make arrays of ~{largest:.2e} elements, more than "
+            f"XLA can index (2**62); choose smaller sizes"
+        )
 
 
 def report_for(trial, mesh) -> dict[str, Any]:
@@ -227,4 +262,7 @@ def report_for(trial, mesh) -> dict[str, Any]:
     tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
     state = jax.eval_shape(lambda key: init_state(model.init(key), tx), jax.random.key(trial.train.seed))
     compiled, compile_s = compile_train_step(model, tx, mesh, state, abstract_batch(trial, mesh))
-    return {"config": describe(trial, mesh.devices.size), **report(compiled, compile_s, mesh.local_devices[0])}
+    return {
+        "config": describe(trial, mesh.devices.size),
+        **report(compiled, compile_s, mesh.local_devices[0]),
+    }

@@ -6,12 +6,13 @@ remaining steps and is read only after ``jax.block_until_ready``. Input-pipeline
 steps is inside the timed window; host time spent in hooks (logging, Ray reports, TensorBoard)
 after the device has finished is not, and is reported as ``hook_s``.
 """
+
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import jax
 from jax.sharding import Mesh
@@ -47,8 +48,9 @@ class LoopTiming:
         return self.timed_s / self.timed_steps if self.timed_steps else float("nan")
 
 
-def compile_train_step(model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array],
-                       steps_per_call: int = 1):
+def compile_train_step(
+    model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array], steps_per_call: int = 1
+):
     """AOT-compile the auto-sharded train step for these shapes and shardings -> (compiled step,
     compile seconds).
 
@@ -63,20 +65,28 @@ def compile_train_step(model: Model, tx, mesh: Mesh, state: TrainState, batch: d
     return _compile_step(step, mesh, state, batch)
 
 
-def compile_shard_map_train_step(model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array]):
+def compile_shard_map_train_step(
+    model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array]
+):
     """AOT-compile the explicit ``shard_map`` train step (``jaxray.train.shard_map_step``) -> (compiled
     step, compile seconds), with the same shardings and donation as ``compile_train_step``."""
-    step = functools.partial(shard_map_train_step, mesh=mesh, apply=model.apply,
-                             loss_fn=LOSSES[model.config.workload], tx=tx)
+    step = functools.partial(
+        shard_map_train_step, mesh=mesh, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx
+    )
     return _compile_step(step, mesh, state, batch)
 
 
-def _compile_step(step: Callable, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array],
-                  stacked: bool = False):
+def _compile_step(
+    step: Callable, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array], stacked: bool = False
+):
     """jit ``step(state, batch) -> (state, metrics)`` with the state replicated and donated, the batch
     sharded on ``data`` and the outputs replicated; lower and compile ahead of time, timed."""
-    jitted = jax.jit(step, in_shardings=(replicated(mesh), batch_sharding(mesh, stacked)),
-                     out_shardings=(replicated(mesh), replicated(mesh)), donate_argnums=0)
+    jitted = jax.jit(
+        step,
+        in_shardings=(replicated(mesh), batch_sharding(mesh, stacked)),
+        out_shardings=(replicated(mesh), replicated(mesh)),
+        donate_argnums=0,
+    )
     start = time.perf_counter()
     compiled = jitted.lower(state, batch).compile()
     return compiled, time.perf_counter() - start
@@ -85,11 +95,20 @@ def _compile_step(step: Callable, mesh: Mesh, state: TrainState, batch: dict[str
 def jit_eval_step(model: Model, mesh: Mesh):
     """The jitted masked eval step (params replicated, batch sharded, sums replicated)."""
     step = functools.partial(eval_step, apply=model.apply, loss_fn=LOSSES[model.config.workload])
-    return jax.jit(step, in_shardings=(replicated(mesh), batch_sharding(mesh)), out_shardings=replicated(mesh))
+    return jax.jit(
+        step, in_shardings=(replicated(mesh), batch_sharding(mesh)), out_shardings=replicated(mesh)
+    )
 
 
-def run_loop(step_fn: Callable, state: TrainState, batches: Iterator[dict[str, jax.Array]], num_steps: int,
-             hooks: tuple[Hook, ...] = (), sync_each_step: bool = False, start: int = 0) -> tuple[TrainState, LoopTiming]:
+def run_loop(
+    step_fn: Callable,
+    state: TrainState,
+    batches: Iterator[dict[str, jax.Array]],
+    num_steps: int,
+    hooks: tuple[Hook, ...] = (),
+    sync_each_step: bool = False,
+    start: int = 0,
+) -> tuple[TrainState, LoopTiming]:
     """Run steps ``start + 1 .. num_steps`` of ``step_fn(state, batch) -> (state, metrics)`` over
     ``batches`` (``start``: the step a restored ``state`` had reached; hooks see global step numbers).
 

@@ -1,26 +1,28 @@
 """One training run, independent of Ray: build the model, compile, loop, evaluate, summarise.
 
-The Ray Train worker (``jaxray.ray_train``) is a thin adapter around ``train``; tests and
+The Ray Train worker (``jaxray.raytrain.trainer``) is a thin adapter around ``train``; tests and
 benchmarks call it directly with in-memory batches.
 """
+
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
 from jaxray import checkpoint
-from jaxray.train import compile_report
 from jaxray.config import TrialConfig, check_devices
 from jaxray.data.batching import Arrays
 from jaxray.models import build, param_count
 from jaxray.parallel.mesh import needs_sync_per_step, replicate, replicated, shard_batch
-from jaxray.train.evaluate import evaluate
+from jaxray.train import compile_report
+from jaxray.train.held_out import evaluate
 from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
 from jaxray.train.step import TrainState, init_state, make_optimizer
 
@@ -47,7 +49,9 @@ def tokens_per_example(trial: TrialConfig) -> int:
 def eval_batch_size(trial: TrialConfig, devices: int) -> int:
     """``train.eval_batch`` (default: 1000 images, or the training global batch of sequences),
     rounded up to a multiple of the device count."""
-    size = trial.train.eval_batch or (trial.train.global_batch if trial.model.workload == "transformer" else 1000)
+    size = trial.train.eval_batch or (
+        trial.train.global_batch if trial.model.workload == "transformer" else 1000
+    )
     return -(-size // devices) * devices
 
 
@@ -55,8 +59,11 @@ def _log_hook(trial: TrialConfig, history: list, on_log: Sequence[LogFn]) -> Hoo
     per_example = tokens_per_example(trial)
 
     def log(step: int, state: TrainState, metrics: dict[str, jax.Array]) -> None:
-        row = {"step": step, "examples": step * trial.train.global_batch,
-               **{k: float(v) for k, v in jax.device_get(metrics).items()}}
+        row = {
+            "step": step,
+            "examples": step * trial.train.global_batch,
+            **{k: float(v) for k, v in jax.device_get(metrics).items()},
+        }
         if per_example:
             row["tokens"] = row["examples"] * per_example
             row["perplexity"] = float(np.exp(row["loss"]))
@@ -75,9 +82,17 @@ def _checkpoint_hook(trial: TrialConfig, history: list, save: SaveFn) -> Hook:
     return Hook(trial.train.checkpoint_every, fn)
 
 
-def train(trial: TrialConfig, batches: Iterator[Arrays], eval_arrays: Arrays, mesh: Mesh,
-          on_log: Sequence[LogFn] = (), resume: Optional[Path] = None, save: Optional[SaveFn] = None,
-          hooks: Sequence[Hook] = (), on_compile: Optional[Callable[[dict[str, Any]], None]] = None) -> TrainResult:
+def train(
+    trial: TrialConfig,
+    batches: Iterator[Arrays],
+    eval_arrays: Arrays,
+    mesh: Mesh,
+    on_log: Sequence[LogFn] = (),
+    resume: Path | None = None,
+    save: SaveFn | None = None,
+    hooks: Sequence[Hook] = (),
+    on_compile: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainResult:
     """Train ``trial`` on ``batches`` (this process's rows of each global batch, from the first
     batch of the run) and evaluate.
 
@@ -108,17 +123,28 @@ def train(trial: TrialConfig, batches: Iterator[Arrays], eval_arrays: Arrays, me
     sharded = (shard_batch(mesh, b) for b in batches)
     first = next(sharded)
     step_fn, compile_s = compile_train_step(model, tx, mesh, state, first)
-    report = {"config": compile_report.describe(trial, devices),
-              **compile_report.report(step_fn, compile_s, mesh.local_devices[0])}
+    report = {
+        "config": compile_report.describe(trial, devices),
+        **compile_report.report(step_fn, compile_s, mesh.local_devices[0]),
+    }
     if on_compile is not None:
         on_compile(report)
     loop_hooks = [_log_hook(trial, history, on_log)]
     if save is not None and trial.train.checkpoint_every:
         loop_hooks.append(_checkpoint_hook(trial, history, save))
-    state, timing = run_loop(step_fn, state, itertools.chain([first], sharded), trial.train.steps,
-                             hooks=(*loop_hooks, *hooks), sync_each_step=needs_sync_per_step(mesh), start=start)
+    state, timing = run_loop(
+        step_fn,
+        state,
+        itertools.chain([first], sharded),
+        trial.train.steps,
+        hooks=(*loop_hooks, *hooks),
+        sync_each_step=needs_sync_per_step(mesh),
+        start=start,
+    )
 
-    held_out = evaluate(jit_eval_step(model, mesh), state.params, eval_arrays, eval_batch_size(trial, devices), mesh)
+    held_out = evaluate(
+        jit_eval_step(model, mesh), state.params, eval_arrays, eval_batch_size(trial, devices), mesh
+    )
     summary = _summary(trial, devices, param_count(state.params), compile_s, timing, history, held_out)
     summary.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))
     return TrainResult(state, summary, history, report)
@@ -127,17 +153,31 @@ def train(trial: TrialConfig, batches: Iterator[Arrays], eval_arrays: Arrays, me
 def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> dict[str, Any]:
     m, t = trial.model, trial.train
     row: dict[str, Any] = {
-        "workload": m.workload, "global_batch": t.global_batch, "per_device_batch": t.global_batch // devices,
-        "dtype": m.dtype, "width": m.width, "steps": t.steps, "devices": devices, "params": n_params,
+        "workload": m.workload,
+        "global_batch": t.global_batch,
+        "per_device_batch": t.global_batch // devices,
+        "dtype": m.dtype,
+        "width": m.width,
+        "steps": t.steps,
+        "devices": devices,
+        "params": n_params,
         "examples_per_sec": t.global_batch / timing.seconds_per_step,
-        "ms_per_step": timing.seconds_per_step * 1e3, "compile_s": compile_s, "warmup_s": timing.warmup_s,
+        "ms_per_step": timing.seconds_per_step * 1e3,
+        "compile_s": compile_s,
+        "warmup_s": timing.warmup_s,
         "hook_s": timing.hook_s,
         "final_train_loss": history[-1]["loss"],
     }
     if m.workload == "transformer":
         row["tokens_per_sec"] = row["examples_per_sec"] * tokens_per_example(trial)
-        row.update(val_loss=held_out["loss"], val_perplexity=held_out["perplexity"],
-                   val_accuracy=held_out["accuracy"], val_sequences=held_out["count"])
+        row.update(
+            val_loss=held_out["loss"],
+            val_perplexity=held_out["perplexity"],
+            val_accuracy=held_out["accuracy"],
+            val_sequences=held_out["count"],
+        )
     else:
-        row.update(test_loss=held_out["loss"], test_accuracy=held_out["accuracy"], test_examples=held_out["count"])
+        row.update(
+            test_loss=held_out["loss"], test_accuracy=held_out["accuracy"], test_examples=held_out["count"]
+        )
     return row

@@ -17,21 +17,29 @@ holds the same number of rows: the ``data`` sharding splits the batch evenly, an
 invariant, and ``out_specs=P()`` only accepts invariant outputs, so an average left out is an error
 at trace time rather than silently diverging copies.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import optax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from jaxray.parallel.mesh import DATA_AXIS
 from jaxray.train.step import Batch, LossFn, TrainState, apply_gradients, loss_and_grads
 
 
-def local_train_step(state: TrainState, batch: Batch, *, apply: Callable, loss_fn: LossFn,
-                     tx: optax.GradientTransformation, axis: str = DATA_AXIS
-                     ) -> tuple[TrainState, dict[str, jax.Array]]:
+def local_train_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    apply: Callable,
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    axis: str = DATA_AXIS,
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """The per-device body: ``batch`` is this device's slice; returns the same state on every device.
 
     The params are cast to varying before differentiating, so the gradients are this device's own
@@ -47,16 +55,25 @@ def local_train_step(state: TrainState, batch: Batch, *, apply: Callable, loss_f
     return apply_gradients(state, grads, loss, accuracy, tx=tx)
 
 
-def shard_map_train_step(state: TrainState, batch: Batch, *, mesh: Mesh, apply: Callable, loss_fn: LossFn,
-                         tx: optax.GradientTransformation, axis: str = DATA_AXIS
-                         ) -> tuple[TrainState, dict[str, jax.Array]]:
+def shard_map_train_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    mesh: Mesh,
+    apply: Callable,
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    axis: str = DATA_AXIS,
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """One AdamW step on the mean loss of the global ``batch`` (leading dimension sharded on ``axis``).
 
     ``state`` is replicated over ``mesh``; returns the new replicated state and float32 scalar metrics
     ``loss``, ``accuracy`` and ``grad_norm``, as ``train_step`` does. Call it under ``jax.jit``.
     """
+
     def body(state, batch):
         return local_train_step(state, batch, apply=apply, loss_fn=loss_fn, tx=tx, axis=axis)
 
-    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(axis)), out_specs=(P(), P()),
-                         check_vma=True)(state, batch)
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(axis)), out_specs=(P(), P()), check_vma=True)(
+        state, batch
+    )

@@ -4,9 +4,11 @@ Batches are dicts: ``{"image": [B, 784] float32, "label": [B] int32}`` for the M
 ``{"tokens": [B, T] int32}`` for the transformer; eval batches add ``"mask": [B] float32`` (1 for a
 real row, 0 for padding) so every example is counted and none twice. Metrics stay on device.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,8 +56,11 @@ def model_inputs(batch: Batch) -> jax.Array:
 
 
 LossFn = Callable[[jax.Array, Batch], tuple[jax.Array, jax.Array]]
-LOSSES: dict[str, LossFn] = {"mlp": classification_losses, "shared_block_mlp": classification_losses,
-                             "transformer": next_token_losses}
+LOSSES: dict[str, LossFn] = {
+    "mlp": classification_losses,
+    "shared_block_mlp": classification_losses,
+    "transformer": next_token_losses,
+}
 
 
 def make_optimizer(learning_rate: float, weight_decay: float) -> optax.GradientTransformation:
@@ -67,9 +72,11 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
 
 
-def loss_and_grads(params: Any, batch: Batch, *, apply: Callable,
-                   loss_fn: LossFn) -> tuple[tuple[jax.Array, jax.Array], Any]:
+def loss_and_grads(
+    params: Any, batch: Batch, *, apply: Callable, loss_fn: LossFn
+) -> tuple[tuple[jax.Array, jax.Array], Any]:
     """((mean loss, mean accuracy) over ``batch``, gradient of the mean loss w.r.t. ``params``)."""
+
     def mean_loss(params):
         loss, correct = loss_fn(apply(params, model_inputs(batch)), batch)
         return loss.mean(), correct.mean()
@@ -77,8 +84,9 @@ def loss_and_grads(params: Any, batch: Batch, *, apply: Callable,
     return jax.value_and_grad(mean_loss, has_aux=True)(params)
 
 
-def apply_gradients(state: TrainState, grads: Any, loss: jax.Array, accuracy: jax.Array, *,
-                    tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+def apply_gradients(
+    state: TrainState, grads: Any, loss: jax.Array, accuracy: jax.Array, *, tx: optax.GradientTransformation
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """The optimizer update for ``grads`` -> (new state, metrics ``loss``, ``accuracy``, ``grad_norm``)."""
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -86,8 +94,9 @@ def apply_gradients(state: TrainState, grads: Any, loss: jax.Array, accuracy: ja
     return TrainState(params, opt_state, state.step + 1), metrics
 
 
-def train_step(state: TrainState, batch: Batch, *, apply: Callable, loss_fn: LossFn,
-               tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(
+    state: TrainState, batch: Batch, *, apply: Callable, loss_fn: LossFn, tx: optax.GradientTransformation
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """One AdamW step on the mean loss of ``batch``.
 
     Returns the new state and float32 scalar metrics: ``loss``, ``accuracy`` and ``grad_norm``

@@ -1,5 +1,6 @@
 """`python -m jaxray.bench` end to end at tiny sizes on real data, in fresh processes (4 forced
 CPU devices), plus its errors for bad input."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-
 @pytest.fixture(scope="module")
 def reference_dir(real_dir) -> Path:
     """The learning path's reference scripts: shared/bench beside the data folder (or the checkout)."""
@@ -27,8 +27,14 @@ def reference_dir(real_dir) -> Path:
 def bench(*args, data_dir: Path, timeout=600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAX_PLATFORMS="cpu", JAXRAY_DATA_DIR=str(data_dir))
-    return subprocess.run([sys.executable, "-m", "jaxray.bench", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxray.bench", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def rows(folder: Path) -> dict[str, dict]:
@@ -47,10 +53,15 @@ def tiny_all(real_dir, tmp_path_factory) -> Path:
 
 @pytest.mark.slow  # `bench all` at tiny sizes: ~2 min on 2 cores; make test-all runs it
 def test_all_writes_every_suite(tiny_all):
-    expected = {"dispatch": ["dispatch.png"], "precision": ["precision.png"],
-                "devices": ["devices_throughput.png", "devices_transformer_loss.png"],
-                "shard-map": ["shard_map.png"], "batch-sweep": ["throughput_vs_batch.png"],
-                "attention": ["attention.png"], "throughput": ["loss_per_step.png"]}
+    expected = {
+        "dispatch": ["dispatch.png"],
+        "precision": ["precision.png"],
+        "devices": ["devices_throughput.png", "devices_transformer_loss.png"],
+        "shard-map": ["shard_map.png"],
+        "batch-sweep": ["throughput_vs_batch.png"],
+        "attention": ["attention.png"],
+        "throughput": ["loss_per_step.png"],
+    }
     for suite, pngs in expected.items():
         for name in ["summary.json", "summary.md", *pngs]:
             assert (tiny_all / suite / name).stat().st_size > 0, f"{suite}/{name}"
@@ -108,8 +119,25 @@ def test_attention_falls_back_on_cpu(tiny_all):
 
 
 def test_throughput_prints_one_json_line_like_the_references(real_dir):
-    proc = bench("throughput", "--json", "--workload", "transformer", "--width", "32", "--seq-len", "32",
-                 "--batch", "4", "--steps", "2", "--repeats", "2", "--out", "", data_dir=real_dir)
+    proc = bench(
+        "throughput",
+        "--json",
+        "--workload",
+        "transformer",
+        "--width",
+        "32",
+        "--seq-len",
+        "32",
+        "--batch",
+        "4",
+        "--steps",
+        "2",
+        "--repeats",
+        "2",
+        "--out",
+        "",
+        data_dir=real_dir,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1
@@ -121,8 +149,20 @@ def test_throughput_prints_one_json_line_like_the_references(real_dir):
 @pytest.mark.slow  # the learning path's own script runs beside jaxray: make test-all
 def test_compare_against_the_reference_mlp(real_dir, reference_dir, tmp_path):
     out = tmp_path / "compare"
-    proc = bench("compare", "--reference", reference_dir / "reference_mlp.py", "--batch", "64", "--steps", "5", "--pairs", "1",
-                 "--out", out, data_dir=real_dir)
+    proc = bench(
+        "compare",
+        "--reference",
+        reference_dir / "reference_mlp.py",
+        "--batch",
+        "64",
+        "--steps",
+        "5",
+        "--pairs",
+        "1",
+        "--out",
+        out,
+        data_dir=real_dir,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((out / "summary.json").read_text())
     assert doc["summary"]["median_ratio"] > 0
@@ -134,15 +174,35 @@ def test_compare_against_the_reference_mlp(real_dir, reference_dir, tmp_path):
 
 
 @pytest.mark.slow  # the learning path's own script runs beside jaxray: make test-all
-def test_decode_kv_cache_against_full_recompute_and_the_notebook(real_dir, reference_dir, trained_transformer, tmp_path):
+def test_decode_kv_cache_against_full_recompute_and_the_notebook(
+    real_dir, reference_dir, trained_transformer, tmp_path
+):
     out = tmp_path / "decode"
-    proc = bench("decode", "--checkpoint", trained_transformer, "--new-tokens", "70", "--batch-sizes", "1,2",
-                 "--repeats", "1", "--reference", reference_dir / "reference_generate.py", "--out", out, data_dir=real_dir)
+    proc = bench(
+        "decode",
+        "--checkpoint",
+        trained_transformer,
+        "--new-tokens",
+        "70",
+        "--batch-sizes",
+        "1,2",
+        "--repeats",
+        "1",
+        "--reference",
+        reference_dir / "reference_generate.py",
+        "--out",
+        out,
+        data_dir=real_dir,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "summary.json").read_text())
     assert [(r["sampler"], r["batch"]) for r in doc["rows"]] == [
-        ("kv-cache, context_keep 32", 1), ("kv-cache, context_keep 32", 2), ("kv-cache, context_keep 64", 1),
-        ("full recompute (jaxray.generate.sample)", 1), ("notebook (reference_generate.py)", 1)]
+        ("kv-cache, context_keep 32", 1),
+        ("kv-cache, context_keep 32", 2),
+        ("kv-cache, context_keep 64", 1),
+        ("full recompute (jaxray.inference.sampling.sample)", 1),
+        ("notebook (reference_generate.py)", 1),
+    ]
     for row in doc["rows"]:
         assert not row.get("error") and row["tokens_per_sec"] > 0 and row["new_tokens"] == 70
         assert row["vs_full"] > 0 and row["vs_notebook"] > 0
@@ -150,28 +210,42 @@ def test_decode_kv_cache_against_full_recompute_and_the_notebook(real_dir, refer
     assert "the window fills after 58 new tokens" in (out / "summary.md").read_text()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["decode", "--new-tokens", "0"], "expected a positive integer"),
-    (["decode", "--temperature", "-1"], "expected a number >= 0"),
-    (["decode", "--checkpoint", "/nonexistent"], "is not a directory"),
-    (["decode", "--reference", "/nonexistent/reference_generate.py"], "not a file"),
-    (["decode", "--prompt", ""], "prompt is empty"),
-    (["decode", "--batch-sizes", "1,1"], "listed twice"),
-    (["throughput", "--workload", "mlp", "--batch", "6", "--devices", "4", "--cpu-devices", "4"],
-     "global_batch 6 is not divisible by the device count 4"),
-    (["throughput", "--steps", "0"], "expected a positive integer"),
-    (["throughput", "--workload", "mlp", "--steps", "5", "--steps-per-call", "2"], "multiple of steps_per_call"),
-    (["throughput", "--dtype", "float64"], "invalid choice"),
-    (["batch-sweep", "--batches", "256,abc"], "expected a positive integer"),
-    (["compare", "--reference", "/nonexistent/reference.py"], "not a file"),
-    (["compare", "--reference", "{bench}/reference_transformer.py", "--dtype", "bfloat16"], "runs float32 only"),
-    (["batch-sweep", "--batches", "64,64"], "listed twice"),
-    (["throughput", "--workload", "mlp", "--attention", "xla"], "applies to --workload transformer only"),
-    (["throughput", "--workload", "mlp", "--model-preset", "gpt2_small"], "applies to --workload transformer only"),
-    (["throughput", "--model-preset", "gpt3"], "argument --model-preset: invalid choice: 'gpt3'"),
-    (["throughput", "--data-dir", "/nonexistent"], "is not a directory"),
-    (["compare", "--reference", "README.md"], "cannot tell the workload"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["decode", "--new-tokens", "0"], "expected a positive integer"),
+        (["decode", "--temperature", "-1"], "expected a number >= 0"),
+        (["decode", "--checkpoint", "/nonexistent"], "is not a directory"),
+        (["decode", "--reference", "/nonexistent/reference_generate.py"], "not a file"),
+        (["decode", "--prompt", ""], "prompt is empty"),
+        (["decode", "--batch-sizes", "1,1"], "listed twice"),
+        (
+            ["throughput", "--workload", "mlp", "--batch", "6", "--devices", "4", "--cpu-devices", "4"],
+            "global_batch 6 is not divisible by the device count 4",
+        ),
+        (["throughput", "--steps", "0"], "expected a positive integer"),
+        (
+            ["throughput", "--workload", "mlp", "--steps", "5", "--steps-per-call", "2"],
+            "multiple of steps_per_call",
+        ),
+        (["throughput", "--dtype", "float64"], "invalid choice"),
+        (["batch-sweep", "--batches", "256,abc"], "expected a positive integer"),
+        (["compare", "--reference", "/nonexistent/reference.py"], "not a file"),
+        (
+            ["compare", "--reference", "{bench}/reference_transformer.py", "--dtype", "bfloat16"],
+            "runs float32 only",
+        ),
+        (["batch-sweep", "--batches", "64,64"], "listed twice"),
+        (["throughput", "--workload", "mlp", "--attention", "xla"], "applies to --workload transformer only"),
+        (
+            ["throughput", "--workload", "mlp", "--model-preset", "gpt2_small"],
+            "applies to --workload transformer only",
+        ),
+        (["throughput", "--model-preset", "gpt3"], "argument --model-preset: invalid choice: 'gpt3'"),
+        (["throughput", "--data-dir", "/nonexistent"], "is not a directory"),
+        (["compare", "--reference", "README.md"], "cannot tell the workload"),
+    ],
+)
 def test_bad_input_is_a_clear_error(real_dir, reference_dir, args, message):
     args = [a.format(bench=reference_dir) for a in args]
     proc = bench(*args, "--out", "", data_dir=real_dir, timeout=120)
@@ -193,9 +267,16 @@ def test_model_preset_gpt2_small_sizes_the_step_and_its_flops():
     trial = make_spec(**throughput_size(args)).trial
     m = trial.model
     assert (m.width, m.num_layers, m.num_heads, m.head_dim, m.max_seq_len) == (768, 12, 12, 64, 1024)
-    assert (m.dtype, m.attention, trial.train.global_batch, trial.data.seq_len) == ("bfloat16", "auto", 16, 1024)
+    assert (m.dtype, m.attention, trial.train.global_batch, trial.data.seq_len) == (
+        "bfloat16",
+        "auto",
+        16,
+        1024,
+    )
     assert mfu.flops_per_token(m, trial.data.seq_len) == 567410688
-    shorter = make_spec(**throughput_size(parse_args(["throughput", "--model-preset", "gpt2_small", "--seq-len", "256"])))
+    shorter = make_spec(
+        **throughput_size(parse_args(["throughput", "--model-preset", "gpt2_small", "--seq-len", "256"]))
+    )
     assert (shorter.trial.data.seq_len, shorter.trial.model.max_seq_len) == (256, 1024)
 
 
@@ -203,32 +284,93 @@ def test_out_never_replaces_another_tools_summary(real_dir, tmp_path):
     sweep = tmp_path / "runs" / "demo"
     sweep.mkdir(parents=True)
     (sweep / "summary.json").write_text('[{"trial": "mlp_b256"}]')
-    proc = bench("throughput", "--workload", "mlp", "--width", "32", "--batch", "32", "--steps", "2",
-                 "--out", sweep, data_dir=real_dir, timeout=120)
+    proc = bench(
+        "throughput",
+        "--workload",
+        "mlp",
+        "--width",
+        "32",
+        "--batch",
+        "32",
+        "--steps",
+        "2",
+        "--out",
+        sweep,
+        data_dir=real_dir,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "was not written by jaxray.bench" in proc.stderr
     assert (sweep / "summary.json").read_text() == '[{"trial": "mlp_b256"}]'
 
 
 def test_a_failed_run_or_another_benchmark_leaves_saved_results_alone(real_dir, tmp_path):
     out = tmp_path / "tp"
-    good = bench("throughput", "--workload", "mlp", "--width", "32", "--batch", "32", "--steps", "2",
-                 "--repeats", "1", "--out", out, data_dir=real_dir, timeout=120)
+    good = bench(
+        "throughput",
+        "--workload",
+        "mlp",
+        "--width",
+        "32",
+        "--batch",
+        "32",
+        "--steps",
+        "2",
+        "--repeats",
+        "1",
+        "--out",
+        out,
+        data_dir=real_dir,
+        timeout=120,
+    )
     assert good.returncode == 0, good.stderr[-2000:]
     saved = (out / "summary.json").read_text()
-    too_big = bench("throughput", "--workload", "mlp", "--width", "32", "--batch", "100000", "--steps", "2",
-                    "--out", out, data_dir=real_dir, timeout=120)
+    too_big = bench(
+        "throughput",
+        "--workload",
+        "mlp",
+        "--width",
+        "32",
+        "--batch",
+        "100000",
+        "--steps",
+        "2",
+        "--out",
+        out,
+        data_dir=real_dir,
+        timeout=120,
+    )
     assert too_big.returncode == 2 and "more than the 60000 training rows" in too_big.stderr
     other = bench("dispatch", "--preset", "tiny", "--out", out, data_dir=real_dir, timeout=120)
     assert other.returncode == 2 and "was not written by jaxray.bench dispatch" in other.stderr
     assert (out / "summary.json").read_text() == saved
     (tmp_path / "afile").write_text("x")
-    as_file = bench("throughput", "--workload", "mlp", "--out", tmp_path / "afile", data_dir=real_dir, timeout=120)
+    as_file = bench(
+        "throughput", "--workload", "mlp", "--out", tmp_path / "afile", data_dir=real_dir, timeout=120
+    )
     assert as_file.returncode == 2 and "cannot be a results folder" in as_file.stderr
 
 
 def test_compile_prints_and_writes_the_report(real_dir, tmp_path):
-    proc = bench("compile", "--workload", "transformer", "--dtype", "bfloat16", "--batch", 4, "--width", 32,
-                 "--seq-len", 16, "--devices", 2, "--cpu-devices", 2, "--out", tmp_path, data_dir=real_dir)
+    proc = bench(
+        "compile",
+        "--workload",
+        "transformer",
+        "--dtype",
+        "bfloat16",
+        "--batch",
+        4,
+        "--width",
+        32,
+        "--seq-len",
+        16,
+        "--devices",
+        2,
+        "--cpu-devices",
+        2,
+        "--out",
+        tmp_path,
+        data_dir=real_dir,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "per_device_batch 2, devices 2" in proc.stdout and "(host RAM): fits" in proc.stdout
     rep = json.loads((tmp_path / "compile.json").read_text())
@@ -238,7 +380,9 @@ def test_compile_prints_and_writes_the_report(real_dir, tmp_path):
 
 
 def test_compile_json_line_and_bad_input(real_dir):
-    proc = bench("compile", "--workload", "mlp", "--batch", 8, "--width", 16, "--json", "--out", "", data_dir=real_dir)
+    proc = bench(
+        "compile", "--workload", "mlp", "--batch", 8, "--width", 16, "--json", "--out", "", data_dir=real_dir
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["config"]["workload"] == "mlp"
     bad = bench("compile", "--workload", "mlp", "--seq-len", 8, "--out", "", data_dir=real_dir)
@@ -246,7 +390,9 @@ def test_compile_json_line_and_bad_input(real_dir):
     bad = bench("compile", "--batch", 6, "--devices", 4, "--out", "", data_dir=real_dir)
     assert bad.returncode == 2 and "global_batch 6 is not divisible by the device count 4" in bad.stderr
     # Sizes XLA cannot index abort the process inside XLA: refused first.
-    bad = bench("compile", "--workload", "mlp", "--batch", 10**12, "--width", 10**9, "--out", "", data_dir=real_dir)
+    bad = bench(
+        "compile", "--workload", "mlp", "--batch", 10**12, "--width", 10**9, "--out", "", data_dir=real_dir
+    )
     assert bad.returncode == 2 and "more than XLA can index" in bad.stderr
 
 
@@ -254,11 +400,15 @@ def test_compile_never_replaces_a_compile_json_it_did_not_write(real_dir, tmp_pa
     trial = tmp_path / "train" / "mlp_b128_float32_w64"  # a sweep trial's own record
     trial.mkdir(parents=True)
     (trial / "compile.json").write_text('{"config": {"global_batch": 128}}')
-    bad = bench("compile", "--workload", "mlp", "--batch", 8, "--width", 16, "--out", trial, data_dir=real_dir)
+    bad = bench(
+        "compile", "--workload", "mlp", "--batch", 8, "--width", 16, "--out", trial, data_dir=real_dir
+    )
     assert bad.returncode == 2 and "was not written by jaxray.bench compile" in bad.stderr
     assert (trial / "compile.json").read_text() == '{"config": {"global_batch": 128}}'
     own = tmp_path / "own"
     for _ in range(2):  # its own report is replaced
-        proc = bench("compile", "--workload", "mlp", "--batch", 8, "--width", 16, "--out", own, data_dir=real_dir)
+        proc = bench(
+            "compile", "--workload", "mlp", "--batch", 8, "--width", 16, "--out", own, data_dir=real_dir
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((own / "compile.json").read_text())["written_by"] == "jaxray.bench compile"

@@ -4,6 +4,7 @@ what it counts against a stand-in server.
 The aiohttp server here is a stand-in with the /generate contract, used only to check what the
 client counts (answers, 5xx, dropped connections); it is never a benchmark. The real Serve app
 under load is tested end to end elsewhere."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,13 +19,15 @@ from jaxray.bench.loadtest import LoadSettings, Sample, summarize
 
 
 def test_summarize_counts_the_window_share_and_excludes_warmups():
-    samples = [Sample(-1.0, 0.0, "ok", 200, new_tokens=10, warmup=True),  # warm-up: no throughput, no latency
-               Sample(0.0, 1.0, "ok", 200, new_tokens=10),                # wholly inside
-               Sample(9.0, 11.0, "ok", 200, new_tokens=20),               # half inside: counts 0.5 and 10 tokens
-               Sample(1.0, 1.5, "5xx", 500, error="HTTP 500: boom"),
-               Sample(2.0, 2.1, "dropped", error="ServerDisconnectedError"),
-               Sample(-0.5, -0.4, "4xx", 422, warmup=True),              # warm-up errors still count
-               Sample(3.0, 3.2, "other", 200)]
+    samples = [
+        Sample(-1.0, 0.0, "ok", 200, new_tokens=10, warmup=True),  # warm-up: no throughput, no latency
+        Sample(0.0, 1.0, "ok", 200, new_tokens=10),  # wholly inside
+        Sample(9.0, 11.0, "ok", 200, new_tokens=20),  # half inside: counts 0.5 and 10 tokens
+        Sample(1.0, 1.5, "5xx", 500, error="HTTP 500: boom"),
+        Sample(2.0, 2.1, "dropped", error="ServerDisconnectedError"),
+        Sample(-0.5, -0.4, "4xx", 422, warmup=True),  # warm-up errors still count
+        Sample(3.0, 3.2, "other", 200),
+    ]
     row = summarize(samples, clients=4, start_s=0.0, end_s=10.0)
     assert row["clients"] == 4 and row["duration_s"] == 10.0 and row["requests"] == 2
     assert row["rps"] == pytest.approx(1.5 / 10) and row["new_tokens"] == 30
@@ -43,17 +46,31 @@ def test_summarize_without_answers_has_no_latency():
         summarize([], 1, 5.0, 5.0)
 
 
-@pytest.mark.parametrize("status, outcome", [(200, "ok"), (204, "ok"), (404, "4xx"), (429, "4xx"),
-                                             (500, "5xx"), (503, "5xx"), (302, "other")])
+@pytest.mark.parametrize(
+    "status, outcome",
+    [(200, "ok"), (204, "ok"), (404, "4xx"), (429, "4xx"), (500, "5xx"), (503, "5xx"), (302, "other")],
+)
 def test_outcome_of(status, outcome):
     assert loadtest.outcome_of(status) == outcome
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("url", "localhost:8000", "bad --url"), ("url", "http://127.0.0.1:8000/generate", "no path"),
-    ("url", "http://127.0.0.1:99999", "bad --url"), ("clients", (1, 1), "distinct"), ("clients", (), "distinct"),
-    ("duration_s", 0.0, "duration_s"), ("timeout_s", float("inf"), "timeout_s"), ("max_new_tokens", 0, "max_new"),
-    ("prompt", "", "prompt"), ("temperature", -1.0, "temperature"), ("top_k", 0, "top_k"), ("seed", 2**32, "seed")])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("url", "localhost:8000", "bad --url"),
+        ("url", "http://127.0.0.1:8000/generate", "no path"),
+        ("url", "http://127.0.0.1:99999", "bad --url"),
+        ("clients", (1, 1), "distinct"),
+        ("clients", (), "distinct"),
+        ("duration_s", 0.0, "duration_s"),
+        ("timeout_s", float("inf"), "timeout_s"),
+        ("max_new_tokens", 0, "max_new"),
+        ("prompt", "", "prompt"),
+        ("temperature", -1.0, "temperature"),
+        ("top_k", 0, "top_k"),
+        ("seed", 2**32, "seed"),
+    ],
+)
 def test_settings_reject_bad_values(field, value, message):
     kwargs = {"url": "http://127.0.0.1:8000", field: value}
     with pytest.raises(ValueError, match=message):
@@ -62,18 +79,28 @@ def test_settings_reject_bad_values(field, value, message):
 
 def test_payload_gives_each_request_its_seed():
     s = LoadSettings(url="http://127.0.0.1:8000", top_k=5)
-    assert s.payload(2**32 + 3) == {"prompt": "ROMEO:", "max_new_tokens": 64, "temperature": 0.8, "seed": 3,
-                                    "top_k": 5}
+    assert s.payload(2**32 + 3) == {
+        "prompt": "ROMEO:",
+        "max_new_tokens": 64,
+        "temperature": 0.8,
+        "seed": 3,
+        "top_k": 5,
+    }
     assert "top_k" not in LoadSettings(url="http://127.0.0.1:8000").payload(0)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--clients", "1,4"], "--url"), (["--url", "ftp://x:1"], "--url"),
-    (["--url", "http://127.0.0.1:8000", "--clients", "0"], "--clients"),
-    (["--url", "http://127.0.0.1:8000", "--clients", "4,4"], "listed twice"),
-    (["--url", "http://127.0.0.1:8000", "--duration", "-1"], "--duration"),
-    (["--url", "http://127.0.0.1:8000", "--temperature", "nan"], "--temperature"),
-    (["--url", "http://127.0.0.1:8000", "--prompt", ""], "--prompt")])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--clients", "1,4"], "--url"),
+        (["--url", "ftp://x:1"], "--url"),
+        (["--url", "http://127.0.0.1:8000", "--clients", "0"], "--clients"),
+        (["--url", "http://127.0.0.1:8000", "--clients", "4,4"], "listed twice"),
+        (["--url", "http://127.0.0.1:8000", "--duration", "-1"], "--duration"),
+        (["--url", "http://127.0.0.1:8000", "--temperature", "nan"], "--temperature"),
+        (["--url", "http://127.0.0.1:8000", "--prompt", ""], "--prompt"),
+    ],
+)
 def test_loadtest_cli_rejects_bad_input(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         loadtest.main(args)
@@ -86,7 +113,13 @@ class StandIn:
     connection closed without an answer) when k % drop_every == 0."""
 
     def __init__(self, delay_s: float = 0.02, fail_every: int = 0, drop_every: int = 0):
-        self.delay_s, self.fail_every, self.drop_every, self.seen, self.seeds = delay_s, fail_every, drop_every, 0, []
+        self.delay_s, self.fail_every, self.drop_every, self.seen, self.seeds = (
+            delay_s,
+            fail_every,
+            drop_every,
+            0,
+            [],
+        )
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -99,8 +132,14 @@ class StandIn:
             return web.Response()
         if self.fail_every and k % self.fail_every == 0:
             return web.Response(status=500, text="boom")
-        return web.json_response({"text": "x" * body["max_new_tokens"], "prompt_tokens": len(body["prompt"]),
-                                  "new_tokens": body["max_new_tokens"], "latency_ms": self.delay_s * 1e3})
+        return web.json_response(
+            {
+                "text": "x" * body["max_new_tokens"],
+                "prompt_tokens": len(body["prompt"]),
+                "new_tokens": body["max_new_tokens"],
+                "latency_ms": self.delay_s * 1e3,
+            }
+        )
 
 
 async def _against(stand_in: StandIn, clients: int, duration_s: float) -> dict:
@@ -112,8 +151,9 @@ async def _against(stand_in: StandIn, clients: int, duration_s: float) -> dict:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
     try:
-        settings = LoadSettings(url=f"http://127.0.0.1:{port}", clients=(clients,), duration_s=duration_s,
-                                max_new_tokens=8)
+        settings = LoadSettings(
+            url=f"http://127.0.0.1:{port}", clients=(clients,), duration_s=duration_s, max_new_tokens=8
+        )
         return await loadtest.run_level(settings, clients)
     finally:
         await runner.cleanup()

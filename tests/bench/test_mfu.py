@@ -1,4 +1,5 @@
 """MFU arithmetic against values worked out by hand (see the numbers in each test)."""
+
 import pytest
 
 from jaxray.bench import mfu

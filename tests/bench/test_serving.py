@@ -1,6 +1,7 @@
 """The `python -m jaxray.bench serve` driver (jaxray/bench/serving.py): stopping the server and
 everything it started, the report, and the command's errors for bad input (before any process
 starts). The end-to-end run against the real Serve app is tested elsewhere."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,10 @@ def _stubborn_server() -> subprocess.Popen:
     """A leader (the 'server') with a child in its group and a grandchild in a session of its own (as
     Ray's workers are); both children ignore SIGINT and SIGTERM."""
     stubborn = ["sh", "-c", "trap '' INT TERM; sleep 60"]
-    script = (f"import subprocess, time; subprocess.Popen({stubborn!r}); "
-              f"subprocess.Popen({stubborn!r}, start_new_session=True); time.sleep(60)")
+    script = (
+        f"import subprocess, time; subprocess.Popen({stubborn!r}); "
+        f"subprocess.Popen({stubborn!r}, start_new_session=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     deadline = time.monotonic() + 10
     while len(psutil.Process(proc.pid).children(recursive=True)) < 4 and time.monotonic() < deadline:
@@ -60,8 +63,11 @@ def _pgid(p: psutil.Process) -> int:
 
 def test_stop_server_on_sigint_like_ctrl_c():
     # SIGINT back to its default in the child: a test run started in the background inherits it ignored.
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
-                            preexec_fn=serving._default_sigint)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        start_new_session=True,
+        preexec_fn=serving._default_sigint,
+    )
     time.sleep(0.3)  # past the interpreter's start, so SIGINT is a KeyboardInterrupt
     assert serving.stop_server(proc, grace_s=10.0).endswith("exited on SIGINT (as Ctrl-C)")
     assert proc.returncode == -signal.SIGINT  # Python exits so after an unhandled KeyboardInterrupt
@@ -70,8 +76,10 @@ def test_stop_server_on_sigint_like_ctrl_c():
 def test_the_server_gets_sigint_even_when_this_process_ignores_it(tmp_path):
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for a command a script starts with '&'
     try:
-        proc = serving.start_server([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
-                                    tmp_path / "server.log")
+        proc = serving.start_server(
+            [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+            tmp_path / "server.log",
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 10
@@ -82,17 +90,47 @@ def test_the_server_gets_sigint_even_when_this_process_ignores_it(tmp_path):
 
 
 def test_serve_command_passes_only_given_options():
-    cmd = serving.serve_command("runs/demo", 8001, {"max_batch_size": 16, "batch_wait_ms": None,
-                                                    "batch_sizes": (1, 8, 16), "chunk": None})
-    assert cmd[1:] == ["-m", "jaxray.serve", "--checkpoint", "runs/demo", "--host", "127.0.0.1", "--port", "8001",
-                       "--max-batch-size", "16", "--batch-sizes", "1,8,16"]
+    cmd = serving.serve_command(
+        "runs/demo",
+        8001,
+        {"max_batch_size": 16, "batch_wait_ms": None, "batch_sizes": (1, 8, 16), "chunk": None},
+    )
+    assert cmd[1:] == [
+        "-m",
+        "jaxray.serve",
+        "--checkpoint",
+        "runs/demo",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8001",
+        "--max-batch-size",
+        "16",
+        "--batch-sizes",
+        "1,8,16",
+    ]
 
 
 def _row(clients: int, tok_s: float, **extra) -> dict:
-    return {"clients": clients, "duration_s": 20.0, "requests": 10, "rps": 1.0, "new_tokens": 640,
-            "new_tokens_per_s": tok_s, "p50_ms": 100.0, "p95_ms": 200.0, "p99_ms": 300.0, "mean_ms": 120.0,
-            "errors_4xx": 0, "errors_5xx": 0, "dropped": 0, "errors_other": 0, "first_error": "",
-            "client_cpu_pct": 5.0, **extra}
+    return {
+        "clients": clients,
+        "duration_s": 20.0,
+        "requests": 10,
+        "rps": 1.0,
+        "new_tokens": 640,
+        "new_tokens_per_s": tok_s,
+        "p50_ms": 100.0,
+        "p95_ms": 200.0,
+        "p99_ms": 300.0,
+        "mean_ms": 120.0,
+        "errors_4xx": 0,
+        "errors_5xx": 0,
+        "dropped": 0,
+        "errors_other": 0,
+        "first_error": "",
+        "client_cpu_pct": 5.0,
+        **extra,
+    }
 
 
 def test_report_summary_and_chart(tmp_path):
@@ -108,17 +146,26 @@ def test_report_summary_and_chart(tmp_path):
 
 
 def bench_serve(*args, timeout=60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jaxray.bench", "serve", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxray.bench", "serve", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--checkpoint", "no/such/run"], "--checkpoint"),
-    ([], "one of the arguments --checkpoint --url is required"),
-    (["--checkpoint", ".", "--url", "http://127.0.0.1:8000"], "not allowed with argument"),
-    (["--checkpoint", ".", "--clients", "1,0"], "--clients"),
-    (["--checkpoint", ".", "--port", "70000"], "--port"),
-    (["--url", "127.0.0.1:8000"], "--url")])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--checkpoint", "no/such/run"], "--checkpoint"),
+        ([], "one of the arguments --checkpoint --url is required"),
+        (["--checkpoint", ".", "--url", "http://127.0.0.1:8000"], "not allowed with argument"),
+        (["--checkpoint", ".", "--clients", "1,0"], "--clients"),
+        (["--checkpoint", ".", "--port", "70000"], "--port"),
+        (["--url", "127.0.0.1:8000"], "--url"),
+    ],
+)
 def test_bench_serve_rejects_bad_input_before_starting_anything(args, message):
     proc = bench_serve(*args)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
@@ -168,9 +215,15 @@ def info_server():
 
 def test_served_counts_reads_the_apps_info(info_server):
     url = f"http://127.0.0.1:{info_server.server_address[1]}"
-    _Info.body = json.dumps({"model": {}, "server": {"served": {"batches": 9, "requests": 40, "largest_batch": 4},
-                                                     "engine": {"decode_calls": 5, "rows_decoded": 40,
-                                                                "mean_rows": 8.0}}}).encode()
+    _Info.body = json.dumps(
+        {
+            "model": {},
+            "server": {
+                "served": {"batches": 9, "requests": 40, "largest_batch": 4},
+                "engine": {"decode_calls": 5, "rows_decoded": 40, "mean_rows": 8.0},
+            },
+        }
+    ).encode()
     assert serving.served_counts(url) == {"decode_calls": 5, "rows_decoded": 40}
     _Info.body = json.dumps({"server": {"served": {"requests": 40}}}).encode()  # an app without the counts
     assert serving.served_counts(url) is None

@@ -1,4 +1,5 @@
 """The benchmark clock: warm-up calls first, then `repeats` windows of `calls`, median reported."""
+
 import jax.numpy as jnp
 import pytest
 

@@ -1,4 +1,5 @@
 """Fixtures of the data tests."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ import ray
 def local_ray():
     """A local Ray on 2 CPUs for one test module, shut down after it."""
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    # What jaxray.ray_train's DataConfig sets for the workers: without it Ray Data may hand blocks
+    # What jaxray.raytrain.trainer's DataConfig sets for the workers: without it Ray Data may hand blocks
     # over out of order (test_ray_data failed about once in several runs before).
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     yield

@@ -1,5 +1,6 @@
 """``parquet_batches`` through Ray Data gives ``train_batches``' batches, row for row and in order,
 for every process, epoch after epoch, whatever the Parquet files' sizes."""
+
 from __future__ import annotations
 
 import itertools
@@ -12,8 +13,14 @@ import pytest
 
 from jaxray.data.batching import train_batches
 from jaxray.data.manifest import MANIFEST, file_sha256, read_manifest, resolve
-from jaxray.data.parquet import (CACHE_BYTES, decoded_bytes, local_keys, parquet_batches, parquet_dataset,
-                                 split_arrays)
+from jaxray.data.parquet import (
+    CACHE_BYTES,
+    decoded_bytes,
+    local_keys,
+    parquet_batches,
+    parquet_dataset,
+    split_arrays,
+)
 from jaxray.data.prepare import to_table
 
 pytestmark = pytest.mark.ray
@@ -41,8 +48,17 @@ def within(seconds: float, fn):
 
 def assert_same_batches(folder, arrays, global_batch, process_count, batches, cache_bytes=0):
     for p in range(process_count):
-        got = within(300, lambda: list(itertools.islice(parquet_batches(
-            str(folder), "train", global_batch, SEED, p, process_count, cache_bytes=cache_bytes), batches)))
+        got = within(
+            300,
+            lambda: list(
+                itertools.islice(
+                    parquet_batches(
+                        str(folder), "train", global_batch, SEED, p, process_count, cache_bytes=cache_bytes
+                    ),
+                    batches,
+                )
+            ),
+        )
         want = itertools.islice(train_batches(arrays, global_batch, SEED, p, process_count), batches)
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert g.keys() == w.keys(), i
@@ -109,15 +125,20 @@ def test_parquet_dataset_reads_a_uri_in_natural_order(local_ray, ts_parquet):
     folder, splits = ts_parquet
     ds = parquet_dataset(f"file://{folder}", "validation")
     batch = ds.take_batch(10_000, batch_format="pyarrow")
-    np.testing.assert_array_equal(batch.column("row").to_numpy(), np.arange(len(splits["validation"]["tokens"])))
+    np.testing.assert_array_equal(
+        batch.column("row").to_numpy(), np.arange(len(splits["validation"]["tokens"]))
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"global_batch": 8000}, "batch size 8000 is larger than the 7842 rows"),
-    ({"global_batch": 1000, "process_count": 3}, "batch size 1000 does not divide over 3 processes"),
-    ({"global_batch": 1024, "process_index": 2, "process_count": 2}, "process_index 2 is not in 0..1"),
-    ({"global_batch": 1024, "cache_bytes": -1}, "cache_bytes must be >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"global_batch": 8000}, "batch size 8000 is larger than the 7842 rows"),
+        ({"global_batch": 1000, "process_count": 3}, "batch size 1000 does not divide over 3 processes"),
+        ({"global_batch": 1024, "process_index": 2, "process_count": 2}, "process_index 2 is not in 0..1"),
+        ({"global_batch": 1024, "cache_bytes": -1}, "cache_bytes must be >= 0, got -1"),
+    ],
+)
 def test_impossible_sizes_are_refused(ts_parquet, kwargs, message):
     with pytest.raises(ValueError, match=message):
         next(parquet_batches(str(ts_parquet[0]), "train", seed=SEED, **kwargs))

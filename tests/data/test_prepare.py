@@ -1,5 +1,6 @@
 """``python -m jaxray.data prepare`` on the real files: natural order, the manifest and its checks,
 and bad options refused (exit 2) before anything is read or written."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,9 @@ from jaxray.data.__main__ import main
 from jaxray.data.manifest import ManifestError, read_manifest
 from jaxray.data.parquet import decode
 
-TS_SEQ_LEN = 128  # as the ts_parquet fixture (tests/data/conftest.py) writes it: 2000 rows a file, groups of 500
+TS_SEQ_LEN = (
+    128  # as the ts_parquet fixture (tests/data/conftest.py) writes it: 2000 rows a file, groups of 500
+)
 
 
 def _read_split(folder, split) -> pa.Table:
@@ -45,7 +48,9 @@ def test_tinyshakespeare_is_written_in_natural_order(ts_parquet):
     meta = json.loads(first.schema_arrow.metadata[b"jaxray"])
     assert meta == {"dataset": "tinyshakespeare", "split": "train", "columns": manifest.columns}
     raw = manifest.raw
-    assert raw["sources"] == {"tinyshakespeare.txt": "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"}
+    assert raw["sources"] == {
+        "tinyshakespeare.txt": "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    }
     assert raw["versions"]["pyarrow"] == pa.__version__
     assert not [p for p in folder.parent.iterdir() if p.name.endswith(".tmp")]  # the temp folder was renamed
 
@@ -60,9 +65,14 @@ def test_fashion_mnist_is_written_in_file_order(fm_parquet):
         table = _read_split(folder, split)
         assert table.schema.field("label").type == pa.int32()
         image = table.column("image").combine_chunks().flatten().to_numpy().reshape(-1, 784)
-        assert image.dtype == np.uint8 and manifest.columns["image"] == {"dtype": "float32", "shape": [784],
-                                                                         "stored": "uint8"}
-        np.testing.assert_array_equal(decode(image, manifest.columns["image"]), arrays["image"])  # bit for bit
+        assert image.dtype == np.uint8 and manifest.columns["image"] == {
+            "dtype": "float32",
+            "shape": [784],
+            "stored": "uint8",
+        }
+        np.testing.assert_array_equal(
+            decode(image, manifest.columns["image"]), arrays["image"]
+        )  # bit for bit
         np.testing.assert_array_equal(table.column("label").to_numpy(), arrays["label"])
 
 
@@ -93,12 +103,18 @@ def test_manifest_errors_name_the_file(ts_copy, tmp_path):
         read_manifest(str(ts_copy))
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda m: m["splits"]["train"].update(rows=5), "split train: rows is 5 but its files hold 7842"),
-    (lambda m: m.update(dataset="mnist"), "dataset is 'mnist', expected one of tinyshakespeare, fashion-mnist"),
-    (lambda m: m["splits"].pop("validation"), "splits must be train and validation"),
-    (lambda m: m.update(format_version=9), "format_version is 9; this jaxray reads 1"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m["splits"]["train"].update(rows=5), "split train: rows is 5 but its files hold 7842"),
+        (
+            lambda m: m.update(dataset="mnist"),
+            "dataset is 'mnist', expected one of tinyshakespeare, fashion-mnist",
+        ),
+        (lambda m: m["splits"].pop("validation"), "splits must be train and validation"),
+        (lambda m: m.update(format_version=9), "format_version is 9; this jaxray reads 1"),
+    ],
+)
 def test_inconsistent_manifest_is_refused(ts_copy, edit, message):
     _edit_manifest(ts_copy, edit)
     with pytest.raises(ManifestError, match=f"{ts_copy}/manifest.json: {message}"):
@@ -111,21 +127,37 @@ def test_unknown_split_is_named(ts_parquet):
 
 
 def _snapshot(folder):
-    return sorted((str(p.relative_to(folder)), p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*"))
+    return sorted(
+        (str(p.relative_to(folder)), p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*")
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--dataset", "mnist"],
-     "argument --dataset: invalid choice: 'mnist' (choose from 'tinyshakespeare', 'fashion-mnist')"),
-    (["--dataset", "tinyshakespeare", "--seq-len", "0"], "argument --seq-len: expected a positive integer, got 0"),
-    (["--dataset", "tinyshakespeare", "--seq-len", "1"], "argument --seq-len: expected an integer >= 2"),
-    (["--dataset", "fashion-mnist", "--seq-len", "64"],
-     "argument --seq-len: applies to --dataset tinyshakespeare only"),
-    (["--dataset", "fashion-mnist", "--rows-per-file", "10", "--row-group-rows", "20"],
-     "argument --row-group-rows: 20 is more than --rows-per-file 10"),
-    (["--dataset", "tinyshakespeare", "--rows-per-file", "-3"],
-     "argument --rows-per-file: expected a positive integer"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--dataset", "mnist"],
+            "argument --dataset: invalid choice: 'mnist' (choose from 'tinyshakespeare', 'fashion-mnist')",
+        ),
+        (
+            ["--dataset", "tinyshakespeare", "--seq-len", "0"],
+            "argument --seq-len: expected a positive integer, got 0",
+        ),
+        (["--dataset", "tinyshakespeare", "--seq-len", "1"], "argument --seq-len: expected an integer >= 2"),
+        (
+            ["--dataset", "fashion-mnist", "--seq-len", "64"],
+            "argument --seq-len: applies to --dataset tinyshakespeare only",
+        ),
+        (
+            ["--dataset", "fashion-mnist", "--rows-per-file", "10", "--row-group-rows", "20"],
+            "argument --row-group-rows: 20 is more than --rows-per-file 10",
+        ),
+        (
+            ["--dataset", "tinyshakespeare", "--rows-per-file", "-3"],
+            "argument --rows-per-file: expected a positive integer",
+        ),
+    ],
+)
 def test_bad_options_exit_2_before_any_work(tmp_path, capsys, args, message):
     out = tmp_path / "new"
     with pytest.raises(SystemExit) as exit_info:
@@ -150,9 +182,28 @@ def test_command_line_writes_an_empty_folder(real_dir, tmp_path):
     out = tmp_path / "ts"
     out.mkdir()  # an empty folder is fine
     env = {**os.environ, "JAXRAY_DATA_DIR": str(real_dir)}
-    done = subprocess.run([sys.executable, "-m", "jaxray.data", "prepare", "--dataset", "tinyshakespeare",
-                           "--out", str(out), "--seq-len", "512"], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxray.data",
+            "prepare",
+            "--dataset",
+            "tinyshakespeare",
+            "--out",
+            str(out),
+            "--seq-len",
+            "512",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
-    assert f"wrote {out}: tinyshakespeare, train 1960 rows in 1 files, validation 218 rows in 1 files" in done.stdout
+    assert (
+        f"wrote {out}: tinyshakespeare, train 1960 rows in 1 files, validation 218 rows in 1 files"
+        in done.stdout
+    )
     assert read_manifest(str(out)).seq_len == 512
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ts"]

@@ -1,4 +1,5 @@
 """The Ray Data path yields the same fixed-shape batches, in the same order, as the in-memory path."""
+
 from __future__ import annotations
 
 import itertools
@@ -19,7 +20,9 @@ def test_ray_batches_equal_in_memory_batches(local_ray):
     got = list(itertools.islice(shard_batches(ds.iterator(), 4), 5))  # two epochs and a bit, tail dropped
     want = list(itertools.islice(train_batches(arrays, 4), 5))
     for g, w in zip(got, want):
-        assert g["image"].shape == (4, 3, 2) and g["image"].dtype == np.float32 and g["label"].dtype == np.int32
+        assert (
+            g["image"].shape == (4, 3, 2) and g["image"].dtype == np.float32 and g["label"].dtype == np.int32
+        )
         np.testing.assert_array_equal(g["image"], w["image"])
         np.testing.assert_array_equal(g["label"], w["label"])
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -68,6 +67,7 @@ def test_real_train_is_seeded_permutation_validation_unshuffled(text, seqs):
     np.testing.assert_array_equal(seqs.train, unshuffled[:3921][order])
     np.testing.assert_array_equal(seqs.validation, unshuffled[3921:])
     assert not np.array_equal(seqs.train, unshuffled[:3921])
+
     # Independently of the exact RNG call: same multiset of rows.
     def sort_rows(a):
         return a[np.lexsort(a.T[::-1])]

@@ -1,5 +1,6 @@
 """Helpers for the tests that start their own Ray head and submit the smoke sweep to it with
 `ray job submit` (test_local_head.py)."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,11 @@ def head_env() -> dict[str, str]:
     """This process's environment with the venv first on PATH, without RAY_ADDRESS (the job must go
     to the test's head) and JAXRAY_DATA_DIR (the README's flow passes --data-dir instead). The head
     stops without Ray's drain on SIGTERM, which after a job waits out its 30 s timeout."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+    }
     for name in ("RAY_ADDRESS", "JAXRAY_DATA_DIR"):
         env.pop(name, None)
     return env
@@ -60,11 +64,31 @@ def submit_smoke(address: str, env: dict[str, str], upload: list[str], data_dir:
     """`ray job submit` (token auth) of tune_configs/smoke.yaml to ``address``, from the repository
     root, with ``upload`` naming what to ship (``--working-dir DIR`` or ``--runtime-env FILE``).
     Checks that the job SUCCEEDED and wrote 3 trial rows without errors; returns its submission id."""
-    proc = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", address, *upload, "--",
-                           "python", "-m", "jaxray.tune", "--config", "tune_configs/smoke.yaml",
-                           "--data-dir", str(data_dir), "--out", str(out)],
-                          cwd=ROOT, env={**env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            str(BIN / "ray"),
+            "job",
+            "submit",
+            "--address",
+            address,
+            *upload,
+            "--",
+            "python",
+            "-m",
+            "jaxray.tune",
+            "--config",
+            "tune_configs/smoke.yaml",
+            "--data-dir",
+            str(data_dir),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env={**env, "RAY_AUTH_MODE": "token"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-2000:])
     succeeded = re.search(r"Job '(\S+)' succeeded", proc.stdout)  # printed only for JobStatus.SUCCEEDED
     assert succeeded, proc.stdout[-4000:]

@@ -6,6 +6,7 @@ every local device, on the global batches ``train_batches(arrays, global_batch)`
 evaluates on the first ``eval_rows`` held-out rows (a key of TRIAL_JSON beside ``trial``), and
 writes the final params (flattened, ``jax.tree_util.keystr`` keys) and the logged losses to OUT_NPZ.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,22 +25,31 @@ from jaxray.train.run import train
 
 def flat_params(params) -> dict[str, np.ndarray]:
     """``{keystr(path): array}`` of every leaf: the same keys for live and restored params."""
-    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+    return {
+        jax.tree_util.keystr(path): np.asarray(leaf)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+    }
 
 
 def main(trial_json: str, out: str) -> None:
     spec = json.loads(open(trial_json).read())
     trial = parse_trial(spec["trial"])
     if trial.data.parquet:
-        splits = natural_splits(WORKLOAD_DATASET[trial.model.workload], trial.data.data_dir, trial.data.seq_len)
+        splits = natural_splits(
+            WORKLOAD_DATASET[trial.model.workload], trial.data.data_dir, trial.data.seq_len
+        )
         train_arrays, held_out = splits["train"], splits[held_out_split(trial.model.workload)]
         seed = trial.train.seed
     else:
         (train_arrays, held_out), seed = load_arrays(trial), None
-    held_out = {k: v[:spec["eval_rows"]] for k, v in held_out.items()}
+    held_out = {k: v[: spec["eval_rows"]] for k, v in held_out.items()}
     result = train(trial, train_batches(train_arrays, trial.train.global_batch, seed), held_out, make_mesh())
-    np.savez(out, losses=np.array([row["loss"] for row in result.history]), devices=jax.device_count(),
-             **{f"param:{k}": v for k, v in flat_params(result.state.params).items()})
+    np.savez(
+        out,
+        losses=np.array([row["loss"] for row in result.history]),
+        devices=jax.device_count(),
+        **{f"param:{k}": v for k, v in flat_params(result.state.params).items()},
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ cluster/runtime_env.yaml` of the smoke sweep (token auth), cluster/local-down.sh
 and after local-down.sh no process of that head is alive and its ports are free. The head gets free
 ports and its own pid file (runs/ray-head-<dashboard port>.pid), so no other Ray on the machine is
 touched."""
+
 from __future__ import annotations
 
 import re
@@ -47,8 +48,9 @@ def port_free(port: int) -> bool:
 
 
 def run_script(name: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(ROOT / "cluster" / name), *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [str(ROOT / "cluster" / name), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture
@@ -58,8 +60,15 @@ def local_head():
     dashboard, gcs = free_port(), free_port()
     env = {**head_env(), "RAY_DASHBOARD_PORT": str(dashboard), "VENV": str(BIN.parent)}
     pid_file = ROOT / "runs" / f"ray-head-{dashboard}.pid"
-    up = run_script("local-up.sh", env, f"--port={gcs}", "--num-cpus=4", f"--ray-client-server-port={free_port()}",
-                    f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}")
+    up = run_script(
+        "local-up.sh",
+        env,
+        f"--port={gcs}",
+        "--num-cpus=4",
+        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+    )
     try:
         assert up.returncode == 0, (up.stdout[-2000:], up.stderr[-4000:])
         yield f"http://127.0.0.1:{dashboard}", env, int(pid_file.read_text()), (dashboard, gcs)

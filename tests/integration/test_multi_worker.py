@@ -1,6 +1,7 @@
 """Two Ray Train workers x 2 forced CPU devices train as one 4-device JAX program (jax.distributed with
 gloo collectives, the coordinator address broadcast by Ray Train): on the real data, the logged
 losses and the final params equal a single-process run on 4 devices over the same global batches."""
+
 from __future__ import annotations
 
 import json
@@ -17,16 +18,18 @@ from jaxray import checkpoint
 from jaxray.config import parse_trial
 from jaxray.data.ray_data import to_dataset
 from jaxray.data.workloads import load_arrays
-from jaxray.ray_train import make_trainer
+from jaxray.raytrain.trainer import make_trainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
 EVAL_ROWS = 64
 TRIALS = {  # small models, 6 steps, a global batch of 4 devices x 8 (MLP) or x 2 (transformer) rows
     "mlp": {"model": {"workload": "mlp", "width": 32}, "train": {"global_batch": 32}},
-    "transformer": {"model": {"workload": "transformer", "width": 32, "num_layers": 1, "num_heads": 2,
-                              "max_seq_len": 32},
-                    "data": {"seq_len": 32}, "train": {"global_batch": 8}},
+    "transformer": {
+        "model": {"workload": "transformer", "width": 32, "num_layers": 1, "num_heads": 2, "max_seq_len": 32},
+        "data": {"seq_len": 32},
+        "train": {"global_batch": 8},
+    },
 }
 # Same arithmetic, but the all-reduce of 2 processes (gloo) and of 4 devices in one process may sum
 # in a different order; Adam's normalised updates carry such rounding into the params (observed:
@@ -40,8 +43,12 @@ NOISE_ONLY = "['key']['bias']"
 
 def trial_dict(workload: str, data_dir: Path, workers: dict, **data) -> dict:
     spec = TRIALS[workload]
-    return {"model": spec["model"], "data": {"data_dir": str(data_dir), **spec.get("data", {}), **data},
-            "train": {"steps": 6, "log_every": 1, "learning_rate": 3e-3, **spec["train"]}, "workers": workers}
+    return {
+        "model": spec["model"],
+        "data": {"data_dir": str(data_dir), **spec.get("data", {}), **data},
+        "train": {"steps": 6, "log_every": 1, "learning_rate": 3e-3, **spec["train"]},
+        "workers": workers,
+    }
 
 
 def single_process(trial: dict, tmp_path: Path) -> dict[str, np.ndarray]:
@@ -49,8 +56,13 @@ def single_process(trial: dict, tmp_path: Path) -> dict[str, np.ndarray]:
     spec, out = tmp_path / "reference.json", tmp_path / "reference.npz"
     spec.write_text(json.dumps({"trial": trial, "eval_rows": EVAL_ROWS}))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    proc = subprocess.run([sys.executable, str(HERE / "single_process_reference.py"), str(spec), str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "single_process_reference.py"), str(spec), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return dict(np.load(out))
 
@@ -68,13 +80,19 @@ def parquet(real_dir, tmp_path_factory) -> Path:
     from jaxray.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("parquet")
-    prepare("tinyshakespeare", root / "tinyshakespeare", str(real_dir), TRIALS["transformer"]["data"]["seq_len"],
-            rows_per_file=3000)
+    prepare(
+        "tinyshakespeare",
+        root / "tinyshakespeare",
+        str(real_dir),
+        TRIALS["transformer"]["data"]["seq_len"],
+        rows_per_file=3000,
+    )
     return root
 
 
-@pytest.mark.parametrize("workload,source", [("mlp", "memory"), ("transformer", "memory"),
-                                             ("transformer", "parquet")])
+@pytest.mark.parametrize(
+    "workload,source", [("mlp", "memory"), ("transformer", "memory"), ("transformer", "parquet")]
+)
 def test_two_workers_are_one_four_device_program(workload, source, real_dir, tmp_path, local_ray, request):
     """memory: Ray Datasets of the in-memory arrays, unsplit, each worker taking its rows of every
     global batch; parquet: each worker streaming its rows from the prepared files (data.parquet)."""
@@ -91,8 +109,9 @@ def test_two_workers_are_one_four_device_program(workload, source, real_dir, tmp
     assert result.error is None, result.error
     assert result.metrics["devices"] == 4  # one mesh over both workers' devices
 
-    reference = single_process(trial_dict(workload, real_dir, {"num_workers": 1, "devices_per_worker": 4}, **data),
-                               tmp_path)
+    reference = single_process(
+        trial_dict(workload, real_dir, {"num_workers": 1, "devices_per_worker": 4}, **data), tmp_path
+    )
     assert int(reference["devices"]) == 4
     history = json.loads((Path(result.checkpoint.path) / checkpoint.HISTORY_FILE).read_text())
     np.testing.assert_allclose([row["loss"] for row in history], reference["losses"], **LOSS_TOL)

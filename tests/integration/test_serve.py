@@ -2,6 +2,7 @@
 real Ray Serve replica on loopback, real HTTP. Greedy text equals the full-recompute sampler,
 streams equal their non-stream answers, concurrent requests batch without changing results, and
 every bad input is a 4xx JSON error naming its field while the server stays up."""
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,10 @@ from ray import serve
 
 from jaxray import checkpoint
 from jaxray.config import parse_trial
-from jaxray.engine import gather_shapes
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
-from jaxray.generate import generate as full_recompute
+from jaxray.inference.engine import gather_shapes
+from jaxray.inference.sampling import generate as full_recompute
 from jaxray.parallel.mesh import make_mesh
 from jaxray.serve.app import app_builder
 from jaxray.train.run import train
@@ -28,17 +29,37 @@ from jaxray.train.run import train
 pytestmark = pytest.mark.ray
 
 MAX_SEQ_LEN = 64
-ENGINE = {"buckets": [16, 64], "batch_sizes": [1, 4], "chunk": 8, "max_new_tokens": 200, "max_prompt_bytes": 1024}
+ENGINE = {
+    "buckets": [16, 64],
+    "batch_sizes": [1, 4],
+    "chunk": 8,
+    "max_new_tokens": 200,
+    "max_prompt_bytes": 1024,
+}
 
 
 @pytest.fixture(scope="module")
 def trained(real_dir, tmp_path_factory) -> Path:
     """A checkpoint of 30 steps of a one-layer, width-32 transformer on real TinyShakespeare."""
-    trial = parse_trial({"model": {"workload": "transformer", "width": 32, "num_layers": 1, "num_heads": 2,
-                                   "max_seq_len": MAX_SEQ_LEN},
-                         "data": {"data_dir": str(real_dir), "seq_len": MAX_SEQ_LEN},
-                         "train": {"steps": 30, "global_batch": 16, "log_every": 10, "eval_batch": 16,
-                                   "learning_rate": 3e-3}})
+    trial = parse_trial(
+        {
+            "model": {
+                "workload": "transformer",
+                "width": 32,
+                "num_layers": 1,
+                "num_heads": 2,
+                "max_seq_len": MAX_SEQ_LEN,
+            },
+            "data": {"data_dir": str(real_dir), "seq_len": MAX_SEQ_LEN},
+            "train": {
+                "steps": 30,
+                "global_batch": 16,
+                "log_every": 10,
+                "eval_batch": 16,
+                "learning_rate": 3e-3,
+            },
+        }
+    )
     train_arrays, held_out = load_arrays(trial)
     held_out = {k: v[:16] for k, v in held_out.items()}  # evaluation is not under test: keep it short
     result = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
@@ -58,8 +79,13 @@ def url(trained) -> str:
     port = _free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(app_builder({"checkpoint": str(trained), "max_batch_size": 4, "batch_wait_ms": 50,
-                               "engine": ENGINE}), name="jaxray", route_prefix="/")
+        serve.run(
+            app_builder(
+                {"checkpoint": str(trained), "max_batch_size": 4, "batch_wait_ms": 50, "engine": ENGINE}
+            ),
+            name="jaxray",
+            route_prefix="/",
+        )
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
@@ -68,7 +94,9 @@ def url(trained) -> str:
 
 def post(url: str, path: str, body, **kwargs) -> requests.Response:
     data = body if isinstance(body, bytes) else json.dumps(body)
-    return requests.post(url + path, data=data, headers={"Content-Type": "application/json"}, timeout=60, **kwargs)
+    return requests.post(
+        url + path, data=data, headers={"Content-Type": "application/json"}, timeout=60, **kwargs
+    )
 
 
 def events(response: requests.Response) -> list:
@@ -77,7 +105,7 @@ def events(response: requests.Response) -> list:
     out = []
     for line in response.iter_lines(decode_unicode=False):
         if line.startswith(b"data: "):
-            payload = line[len(b"data: "):].decode("utf-8")
+            payload = line[len(b"data: ") :].decode("utf-8")
             out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
 
@@ -118,13 +146,17 @@ def test_openai_completions(url):
     assert answer["usage"] == {"prompt_tokens": 5, "completion_tokens": 24, "total_tokens": 29}
     chunks = events(post(url, "/v1/completions", {**body, "stream": True}, stream=True))
     assert chunks[-1] == "[DONE]" and chunks[-2]["choices"][0]["finish_reason"] == "length"
-    assert all(c["object"] == "text_completion" and c["choices"][0]["finish_reason"] is None for c in chunks[:-2])
+    assert all(
+        c["object"] == "text_completion" and c["choices"][0]["finish_reason"] is None for c in chunks[:-2]
+    )
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == ours["text"]
 
 
 def test_concurrent_requests_batch_without_changing_results(url):
-    bodies = [{"prompt": p, "max_new_tokens": 16 + 4 * i, "temperature": 0.9, "seed": i}
-              for i, p in enumerate(["ROMEO:", "JULIET:", "To be", "O", "What, ho!", "A" * 70, "\n", "Sir,"])]
+    bodies = [
+        {"prompt": p, "max_new_tokens": 16 + 4 * i, "temperature": 0.9, "seed": i}
+        for i, p in enumerate(["ROMEO:", "JULIET:", "To be", "O", "What, ho!", "A" * 70, "\n", "Sir,"])
+    ]
     alone = [post(url, "/generate", b).json()["text"] for b in bodies]
     with ThreadPoolExecutor(8) as pool:
         together = list(pool.map(lambda b: post(url, "/generate", b), bodies))
@@ -132,8 +164,12 @@ def test_concurrent_requests_batch_without_changing_results(url):
     assert [r.json()["text"] for r in together] == alone
     assert together[5].json()["prompt_tokens"] == MAX_SEQ_LEN  # a 70-byte prompt keeps its last 64
     server = requests.get(url + "/info", timeout=10).json()["server"]
-    assert server["served"]["largest_batch"] > 1 and server["engine"]["mean_rows"] > 1  # decode calls were shared
-    assert len(server["compute_cpus"]) == max(1, len(os.sched_getaffinity(0)) - 1)  # pinned before JAX started
+    assert (
+        server["served"]["largest_batch"] > 1 and server["engine"]["mean_rows"] > 1
+    )  # decode calls were shared
+    assert len(server["compute_cpus"]) == max(
+        1, len(os.sched_getaffinity(0)) - 1
+    )  # pinned before JAX started
 
 
 def test_invalid_utf8_is_replaced_never_a_500(url):

@@ -1,6 +1,7 @@
 """`python -m jaxray.tune --resume DIR` after Ctrl+C: a 2-trial sweep is interrupted (SIGINT to the
 driver) once its first trial has finished; the resumed run trains only the second trial, keeps the
 first one's files untouched and writes the reports of both. Starts its own local Ray (RAY_ADDRESS=local)."""
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,9 @@ TRIALS = ("mlp_b64_float32_w64", "mlp_b128_float32_w64")
 def final_report(out: Path, trial: str) -> dict | None:
     """The trial's final report in Tune's result.json, or None while it has not arrived."""
     path = out / "tune" / "mlp" / trial / "result.json"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    rows = (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    )
     return next((r for r in rows if r.get("final")), None)
 
 
@@ -54,7 +57,9 @@ def interrupt_after_first_trial(cmd: list[str], env: dict, out: Path, log: Path)
     started (so Tune has marked the first one finished), send SIGINT to the driver. Returns (exit
     code, the finished trial); SIGKILLs the group if the driver does not exit within 120 s."""
     with log.open("w") as sink:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 240
         first = None
@@ -78,8 +83,12 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
     config, out = tmp_path / "two.yaml", tmp_path / "out"
     config.write_text(TWO_TRIALS)
     env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
-    rc, first = interrupt_after_first_trial([sys.executable, "-m", "jaxray.tune", "--config", str(config),
-                                             "--out", str(out)], env, out, tmp_path / "first.log")
+    rc, first = interrupt_after_first_trial(
+        [sys.executable, "-m", "jaxray.tune", "--config", str(config), "--out", str(out)],
+        env,
+        out,
+        tmp_path / "first.log",
+    )
     second = next(t for t in TRIALS if t != first)
     first_log = (tmp_path / "first.log").read_text()
     assert rc == 130, first_log[-3000:]
@@ -93,8 +102,14 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
     before_all = {p for p in out.rglob("*")}
     assert (Path(checkpoint) / "history.json").is_file() and before_first
 
-    proc = subprocess.run([sys.executable, "-m", "jaxray.tune", "--resume", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxray.tune", "--resume", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     assert f"resuming the mlp sweep from {out / 'tune' / 'mlp'}" in proc.stderr
 

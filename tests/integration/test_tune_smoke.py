@@ -1,5 +1,6 @@
 """End to end: `python -m jaxray.tune` on smoke.yaml through Ray Tune and Ray Train on the real data,
 then `python -m jaxray.generate` on its result. Starts its own local Ray (RAY_ADDRESS=local)."""
+
 from __future__ import annotations
 
 import json
@@ -14,16 +15,34 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
 
-COMMON = ["trial", "workload", "global_batch", "dtype", "width", "steps", "devices", "ms_per_step", "compile_s",
-          "peak_bytes_per_device", "final_train_loss", "checkpoint"]
+COMMON = [
+    "trial",
+    "workload",
+    "global_batch",
+    "dtype",
+    "width",
+    "steps",
+    "devices",
+    "ms_per_step",
+    "compile_s",
+    "peak_bytes_per_device",
+    "final_train_loss",
+    "checkpoint",
+]
 
 
 @pytest.fixture(scope="module")
 def smoke(real_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
     env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
-    proc = subprocess.run([sys.executable, "-m", "jaxray.tune", "--config", "tune_configs/smoke.yaml",
-                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxray.tune", "--config", "tune_configs/smoke.yaml", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     return out, proc
 
@@ -31,8 +50,11 @@ def smoke(real_dir, tmp_path_factory):
 def test_summary_has_a_row_per_trial(smoke):
     out, _ = smoke
     rows = json.loads((out / "summary.json").read_text())
-    assert sorted(r["trial"] for r in rows) == ["mlp_b128_bfloat16_w64", "mlp_b128_float32_w64",
-                                                "transformer_b8_float32_w32"]
+    assert sorted(r["trial"] for r in rows) == [
+        "mlp_b128_bfloat16_w64",
+        "mlp_b128_float32_w64",
+        "transformer_b8_float32_w32",
+    ]
     for row in rows:
         assert set(COMMON) <= set(row), set(COMMON) - set(row)
         assert not row.get("error")
@@ -52,7 +74,10 @@ def test_every_trial_writes_its_compile_report(smoke):
     rows = json.loads((out / "summary.json").read_text())
     for row in rows:
         report = json.loads((out / "train" / row["trial"] / "compile.json").read_text())
-        assert report["config"]["dtype"] == row["dtype"] and report["config"]["global_batch"] == row["global_batch"]
+        assert (
+            report["config"]["dtype"] == row["dtype"]
+            and report["config"]["global_batch"] == row["global_batch"]
+        )
         assert report["memory"]["peak_bytes"] == row["peak_bytes_per_device"] > 0
         assert report["flops"] > 0 and report["ops"]["scatter"] == {}
     assert "peak MiB/device" in (out / "summary.md").read_text()
@@ -67,12 +92,16 @@ def test_ray_path_equals_the_in_memory_path(smoke, real_dir):
     from jaxray.train.run import train
 
     out, _ = smoke
-    row = next(r for r in json.loads((out / "summary.json").read_text()) if r["trial"] == "mlp_b128_float32_w64")
+    row = next(
+        r for r in json.loads((out / "summary.json").read_text()) if r["trial"] == "mlp_b128_float32_w64"
+    )
     trial = TrialConfig.model_validate_json((Path(row["checkpoint"]) / "trial_config.json").read_text())
     history = json.loads((Path(row["checkpoint"]) / "history.json").read_text())
     train_arrays, held_out = load_arrays(trial)
     local = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
-    assert [h["loss"] for h in history] == pytest.approx([h["loss"] for h in local.history], rel=1e-6, abs=1e-6)
+    assert [h["loss"] for h in history] == pytest.approx(
+        [h["loss"] for h in local.history], rel=1e-6, abs=1e-6
+    )
     assert row["test_accuracy"] == pytest.approx(local.summary["test_accuracy"], abs=1e-6)
 
 
@@ -89,7 +118,23 @@ def test_reports_plots_and_tensorboard(smoke):
 
 def test_generate_from_the_experiment(smoke):
     out, _ = smoke
-    proc = subprocess.run([sys.executable, "-m", "jaxray.generate", "--checkpoint", str(out), "--prompt", "ROMEO:",
-                           "--max-new-tokens", "20", "--temperature", "0"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxray.generate",
+            "--checkpoint",
+            str(out),
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "20",
+            "--temperature",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("ROMEO:") and len(proc.stdout.rstrip("\n")) >= len("ROMEO:") + 1

@@ -1,4 +1,5 @@
 """The cuDNN-or-XLA decision, unit-tested without a GPU, and the errors a user sees."""
+
 import jax
 import pytest
 
@@ -17,13 +18,16 @@ def test_auto_picks_cudnn_where_it_can_run():
     assert choose("cudnn", gpu(cc="9.0", head_dim=256)).implementation == "cudnn"
 
 
-@pytest.mark.parametrize("target, why", [
-    (Target("cpu", None, "bfloat16", 64), "needs an NVIDIA GPU"),
-    (gpu(cc="7.5"), "compute capability 7.5 is below 8.0"),
-    (gpu(dtype="float32"), "dtype float32"),
-    (gpu(head_dim=60), "head dim 60"),
-    (gpu(cc="8.6", head_dim=256), "up to 128"),  # 256 needs Hopper (9.0)
-])
+@pytest.mark.parametrize(
+    "target, why",
+    [
+        (Target("cpu", None, "bfloat16", 64), "needs an NVIDIA GPU"),
+        (gpu(cc="7.5"), "compute capability 7.5 is below 8.0"),
+        (gpu(dtype="float32"), "dtype float32"),
+        (gpu(head_dim=60), "head dim 60"),
+        (gpu(cc="8.6", head_dim=256), "up to 128"),  # 256 needs Hopper (9.0)
+    ],
+)
 def test_auto_falls_back_to_xla_and_says_why(target, why):
     choice = choose("auto", target)
     assert choice.implementation == "xla" and why in choice.reason
@@ -32,7 +36,7 @@ def test_auto_falls_back_to_xla_and_says_why(target, why):
 
 
 def test_xla_is_always_allowed_and_unknown_requests_are_errors():
-    assert choose("xla", Target("cpu", None, "float32", 7)) .implementation == "xla"
+    assert choose("xla", Target("cpu", None, "float32", 7)).implementation == "xla"
     with pytest.raises(AttentionError, match="one of xla, cudnn, auto"):
         choose("flash", gpu())
 
@@ -66,8 +70,10 @@ def test_blocked_causal_attention_equals_jax_causal_attention(seq_len):
     def grads(fn):
         return jax.grad(lambda q, k, v: (fn(q, k, v) ** 2).sum(), (0, 1, 2))(q, k, v)
 
-    for ours, theirs in zip(grads(blocked_causal_attention),
-                            grads(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))):
+    for ours, theirs in zip(
+        grads(blocked_causal_attention),
+        grads(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+    ):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=2e-5)
 
 
@@ -75,7 +81,13 @@ def test_a_sweep_asking_for_cudnn_without_gpu_workers_fails_before_ray():
     with pytest.raises(ConfigError, match=r"model.attention 'cudnn' cannot run: it needs GPU workers"):
         parse_trial({"model": {"workload": "transformer", "dtype": "bfloat16", "attention": "cudnn"}})
     with pytest.raises(ConfigError, match="dtype float32 is not bfloat16 or float16"):
-        parse_trial({"model": {"workload": "transformer", "attention": "cudnn"}, "workers": {"use_gpu": True}})
-    ok = parse_trial({"model": {"workload": "transformer", "dtype": "bfloat16", "attention": "cudnn"},
-                      "workers": {"use_gpu": True}})
+        parse_trial(
+            {"model": {"workload": "transformer", "attention": "cudnn"}, "workers": {"use_gpu": True}}
+        )
+    ok = parse_trial(
+        {
+            "model": {"workload": "transformer", "dtype": "bfloat16", "attention": "cudnn"},
+            "workers": {"use_gpu": True},
+        }
+    )
     assert ok.model.attention == "cudnn"

@@ -1,11 +1,11 @@
 """On an NVIDIA GPU (skipped elsewhere): cuDNN flash attention in bfloat16 is as close to a float32
 XLA reference as the bfloat16 XLA attention is, alone and inside the lab-7 transformer, and ``auto``
 picks it there. Run on the device machine; CPU CI skips these."""
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from jaxray.config import ModelConfig
@@ -21,7 +21,9 @@ def _max_err(got, want) -> float:
 
 def test_cudnn_attention_is_as_accurate_as_xla_in_bfloat16():
     # Lab 7's shapes: batch 8, T 256, 4 heads of 64.
-    q, k, v = (jax.random.normal(key, (8, 256, 4, 64), jnp.float32) for key in jax.random.split(jax.random.key(0), 3))
+    q, k, v = (
+        jax.random.normal(key, (8, 256, 4, 64), jnp.float32) for key in jax.random.split(jax.random.key(0), 3)
+    )
     reference = causal_attention(q, k, v)  # XLA, float32
     bf16 = [x.astype(jnp.bfloat16) for x in (q, k, v)]
     cudnn_err = _max_err(causal_attention(*bf16, implementation="cudnn"), reference)

@@ -1,4 +1,5 @@
 """Model families: output shapes and dtypes, float32 params in every compute dtype."""
+
 from __future__ import annotations
 
 import jax
@@ -10,11 +11,14 @@ from jaxray.models import build, param_count
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("workload,inputs,out", [
-    ("mlp", jnp.zeros((3, 784)), (3, 10)),
-    ("shared_block_mlp", jnp.zeros((3, 784)), (3, 10)),
-    ("transformer", jnp.zeros((3, 17), jnp.int32), (3, 17, 256)),
-])
+@pytest.mark.parametrize(
+    "workload,inputs,out",
+    [
+        ("mlp", jnp.zeros((3, 784)), (3, 10)),
+        ("shared_block_mlp", jnp.zeros((3, 784)), (3, 10)),
+        ("transformer", jnp.zeros((3, 17), jnp.int32), (3, 17, 256)),
+    ],
+)
 def test_output_shapes_and_dtypes(workload, inputs, out, dtype):
     model = build(ModelConfig(workload=workload, width=32, dtype=dtype, block_repeats=3, num_layers=2))
     params = model.init(jax.random.key(0))

@@ -6,6 +6,7 @@ params live. ``four_device_parity.py DATA_DIR shard_map``: on the 4-device mesh,
 auto-sharded step and the explicit ``shard_map`` step from the same init on the same batches and
 prints one JSON line with both runs' per-step metrics and their final param differences.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,15 +28,21 @@ SHARD_MAP_STEPS = 5
 # Global batch 64 (16 rows per device) for the MLP, 8 (2 per device) for the transformer.
 SHARD_MAP_TRIALS = {
     "mlp": {"model": {"workload": "mlp"}, "train": {"global_batch": 64}},
-    "transformer": {"model": {"workload": "transformer", "width": 64, "num_layers": 2, "max_seq_len": 64},
-                    "train": {"global_batch": 8}},
+    "transformer": {
+        "model": {"workload": "transformer", "width": 64, "num_layers": 2, "max_seq_len": 64},
+        "train": {"global_batch": 8},
+    },
 }
 
 
 def run(workload: str, data_dir: str) -> dict:
-    trial = parse_trial({"model": {"workload": workload, "width": 32, "num_layers": 1, "max_seq_len": 32},
-                         "data": {"data_dir": data_dir, "seq_len": 32},
-                         "train": {"steps": 4, "global_batch": 16, "log_every": 1}})
+    trial = parse_trial(
+        {
+            "model": {"workload": workload, "width": 32, "num_layers": 1, "max_seq_len": 32},
+            "data": {"data_dir": data_dir, "seq_len": 32},
+            "train": {"steps": 4, "global_batch": 16, "log_every": 1},
+        }
+    )
     train_arrays, held_out = load_arrays(trial)
     held_out = {k: v[:64] for k, v in held_out.items()}
     results = {}
@@ -52,7 +59,8 @@ def run(workload: str, data_dir: str) -> dict:
         "batch_shards": [tuple(s.data.shape) for s in first.addressable_shards],
         "batch_spec": list(first.sharding.spec),
         "params_replicated": bool(leaf.sharding.is_fully_replicated) and len(leaf.sharding.device_set) == 4,
-        "loss_1": [r["loss"] for r in one.history], "loss_4": [r["loss"] for r in four.history],
+        "loss_1": [r["loss"] for r in one.history],
+        "loss_4": [r["loss"] for r in four.history],
         **param_diffs(one.state.params, four.state.params),
         "eval_1": one.summary.get("test_loss", one.summary.get("val_loss")),
         "eval_4": four.summary.get("test_loss", four.summary.get("val_loss")),
@@ -61,8 +69,13 @@ def run(workload: str, data_dir: str) -> dict:
 
 def run_shard_map(workload: str, data_dir: str) -> dict:
     spec = SHARD_MAP_TRIALS[workload]
-    trial = parse_trial({"model": spec["model"], "data": {"data_dir": data_dir, "seq_len": 64},
-                         "train": {"steps": SHARD_MAP_STEPS, **spec["train"]}})
+    trial = parse_trial(
+        {
+            "model": spec["model"],
+            "data": {"data_dir": data_dir, "seq_len": 64},
+            "train": {"steps": SHARD_MAP_STEPS, **spec["train"]},
+        }
+    )
     train_arrays, _ = load_arrays(trial)
     model = build(trial.model)
     tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)

@@ -1,5 +1,6 @@
 """Data parallelism on 4 forced CPU devices equals the 1-device step on the same global batch, and the
 explicit ``shard_map`` step equals the auto-sharded one."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,13 @@ SM_STEPS = 5
 
 def _run_script(real_dir, *mode: str) -> dict:
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(real_dir), *mode], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(real_dir), *mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

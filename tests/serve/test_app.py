@@ -1,5 +1,6 @@
 """The app's arguments without starting Ray: ``app_builder`` (serve run) and ``python -m jaxray.serve``
 refuse bad settings and missing paths with messages naming them."""
+
 from __future__ import annotations
 
 import os
@@ -16,14 +17,17 @@ from jaxray.serve.app import app_builder
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("args,match", [
-    ({}, "serve args: checkpoint: Field required"),
-    ({"checkpoint": "x", "bogus": 1}, "serve args: bogus: Extra inputs are not permitted"),
-    ({"checkpoint": "x", "engine": {"chunks": 3}}, "serve args: engine.chunks"),
-    ({"checkpoint": "x", "batch_wait_ms": -1}, "serve args: batch_wait_ms"),
-    ({"checkpoint": "x", "max_batch_size": 0}, "serve args: max_batch_size"),
-    ({"checkpoint": "x", "compute_cpus": 0}, "serve args: compute_cpus"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ({}, "serve args: checkpoint: Field required"),
+        ({"checkpoint": "x", "bogus": 1}, "serve args: bogus: Extra inputs are not permitted"),
+        ({"checkpoint": "x", "engine": {"chunks": 3}}, "serve args: engine.chunks"),
+        ({"checkpoint": "x", "batch_wait_ms": -1}, "serve args: batch_wait_ms"),
+        ({"checkpoint": "x", "max_batch_size": 0}, "serve args: max_batch_size"),
+        ({"checkpoint": "x", "compute_cpus": 0}, "serve args: compute_cpus"),
+    ],
+)
 def test_app_builder_refuses_bad_args(args, match):
     with pytest.raises(ValueError, match=match):
         app_builder(args)
@@ -31,28 +35,41 @@ def test_app_builder_refuses_bad_args(args, match):
 
 def test_app_builder_names_a_missing_checkpoint_and_a_batch_too_big(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=f"checkpoint runs/none does not exist \\(looked for {tmp_path}/runs/none"):
+    with pytest.raises(
+        ValueError, match=f"checkpoint runs/none does not exist \\(looked for {tmp_path}/runs/none"
+    ):
         app_builder({"checkpoint": "runs/none"})
     with pytest.raises(ValueError, match="max_batch_size 8 exceeds the largest compiled batch size 4"):
         app_builder({"checkpoint": ".", "max_batch_size": 8, "engine": {"batch_sizes": [1, 4]}})
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["--checkpoint", "no/such/dir"], "checkpoint no/such/dir does not exist"),
-    (["--checkpoint", ".", "--buckets", "32,0"], "--buckets: expected comma-separated positive integers"),
-    (["--checkpoint", ".", "--max-batch-size", "32"], "max_batch_size 32 exceeds the largest compiled batch size 16"),
-    (["--checkpoint", ".", "--batch-sizes", "1,4", "--max-ongoing-requests", "2"],
-     "max_batch_size 4 exceeds max_ongoing_requests 2"),
-    (["--checkpoint", ".", "--chunk", "0"], "--chunk: expected a positive integer"),
-    (["--checkpoint", ".", "--context-keep", "1"], "--context-keep: expected an integer >= 2"),
-    (["--checkpoint", ".", "--port", "70000"], "--port: expected a TCP port 1..65535"),
-    (["--checkpoint", "."], "is neither a checkpoint"),
-    (["--checkpoint", ".", "--port", "0"], "--port: expected a positive integer"),
-    (["--checkpoint", ".", "--batch-wait-ms", "-5"], "--batch-wait-ms: Input should be greater than or equal to 0"),
-    (["--checkpoint", ".", "--batch-wait-ms", "inf"], "--batch-wait-ms: Input should be a finite number"),
-    (["--checkpoint", ".", "--compute-cpus", "0"], "--compute-cpus: expected a positive integer"),
-    (["--checkpoint", ".", "--compute-cpus", "999"], "--compute-cpus: at most"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--checkpoint", "no/such/dir"], "checkpoint no/such/dir does not exist"),
+        (["--checkpoint", ".", "--buckets", "32,0"], "--buckets: expected comma-separated positive integers"),
+        (
+            ["--checkpoint", ".", "--max-batch-size", "32"],
+            "max_batch_size 32 exceeds the largest compiled batch size 16",
+        ),
+        (
+            ["--checkpoint", ".", "--batch-sizes", "1,4", "--max-ongoing-requests", "2"],
+            "max_batch_size 4 exceeds max_ongoing_requests 2",
+        ),
+        (["--checkpoint", ".", "--chunk", "0"], "--chunk: expected a positive integer"),
+        (["--checkpoint", ".", "--context-keep", "1"], "--context-keep: expected an integer >= 2"),
+        (["--checkpoint", ".", "--port", "70000"], "--port: expected a TCP port 1..65535"),
+        (["--checkpoint", "."], "is neither a checkpoint"),
+        (["--checkpoint", ".", "--port", "0"], "--port: expected a positive integer"),
+        (
+            ["--checkpoint", ".", "--batch-wait-ms", "-5"],
+            "--batch-wait-ms: Input should be greater than or equal to 0",
+        ),
+        (["--checkpoint", ".", "--batch-wait-ms", "inf"], "--batch-wait-ms: Input should be a finite number"),
+        (["--checkpoint", ".", "--compute-cpus", "0"], "--compute-cpus: expected a positive integer"),
+        (["--checkpoint", ".", "--compute-cpus", "999"], "--compute-cpus: at most"),
+    ],
+)
 def test_cli_refuses_bad_options_before_ray_starts(argv, match, capsys):
     with pytest.raises(SystemExit) as caught:
         main(argv)
@@ -78,7 +95,7 @@ def test_pin_compute_pins_the_calling_thread_only():
     thread = threading.Thread(target=pinned)
     thread.start()
     thread.join()
-    assert seen["default"] == seen["mask"] == available[:max(1, len(available) - 1)]
+    assert seen["default"] == seen["mask"] == available[: max(1, len(available) - 1)]
     assert sorted(os.sched_getaffinity(0)) == available  # this thread is untouched
 
 
@@ -126,7 +143,21 @@ def test_cli_refuses_more_gpus_than_its_private_ray_has(trained_transformer):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-m", "jaxray.serve", "--checkpoint", str(trained_transformer),
-                           "--num-gpus", "1", "--port", str(port)], env={**os.environ, "RAY_ADDRESS": "local"},
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxray.serve",
+            "--checkpoint",
+            str(trained_transformer),
+            "--num-gpus",
+            "1",
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, "RAY_ADDRESS": "local"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 2 and "--num-gpus 1: the Ray cluster has 0 GPU(s)" in proc.stderr

@@ -1,13 +1,21 @@
 """Request validation without a server: every bad input is an ApiError naming its field, the error
 body has one shape, and good requests parse with the documented defaults."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from jaxray.serve.schema import (ApiError, CompletionRequest, GenerateRequest, Limits, completion_object, parse,
-                                 sse)
+from jaxray.serve.schema import (
+    ApiError,
+    CompletionRequest,
+    GenerateRequest,
+    Limits,
+    completion_object,
+    parse,
+    sse,
+)
 
 LIMITS = Limits(max_new_tokens=100, max_prompt_bytes=50)
 
@@ -64,16 +72,19 @@ def test_generate_refuses_bad_input_naming_the_field(body, field):
     assert error["message"] and error["allowed"]
 
 
-@pytest.mark.parametrize("body,field", [
-    (b'{"prompt": "a", "max_tokens": 0}', "max_tokens"),
-    (b'{"prompt": "a", "max_tokens": 101}', "max_tokens"),
-    (b'{"prompt": "a", "max_new_tokens": 5}', "max_new_tokens"),
-    (b'{"prompt": "a", "model": 3}', "model"),
-    (b'{"prompt": ["a", "b"]}', "prompt"),  # OpenAI's list-of-prompts form is not served
-    (b'{"prompt": "a", "n": 2}', "n"),
-    (b'{"prompt": "a", "temperature": NaN}', "temperature"),
-    (b'{"max_tokens": 5}', "prompt"),
-])
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        (b'{"prompt": "a", "max_tokens": 0}', "max_tokens"),
+        (b'{"prompt": "a", "max_tokens": 101}', "max_tokens"),
+        (b'{"prompt": "a", "max_new_tokens": 5}', "max_new_tokens"),
+        (b'{"prompt": "a", "model": 3}', "model"),
+        (b'{"prompt": ["a", "b"]}', "prompt"),  # OpenAI's list-of-prompts form is not served
+        (b'{"prompt": "a", "n": 2}', "n"),
+        (b'{"prompt": "a", "temperature": NaN}', "temperature"),
+        (b'{"max_tokens": 5}', "prompt"),
+    ],
+)
 def test_completions_refuse_bad_input_naming_the_field(body, field):
     with pytest.raises(ApiError) as caught:
         parse(CompletionRequest, body, LIMITS)
@@ -88,7 +99,9 @@ def test_limits_in_messages():
     with pytest.raises(ApiError) as caught:
         parse(GenerateRequest, b'{"prompt": "a", "foo": 1}', LIMITS)
     assert caught.value.message == "unknown field 'foo'"
-    assert caught.value.allowed == "one of the fields prompt, max_new_tokens, temperature, top_k, seed, stream"
+    assert (
+        caught.value.allowed == "one of the fields prompt, max_new_tokens, temperature, top_k, seed, stream"
+    )
     with pytest.raises(ApiError) as caught:  # a field of the other route is unknown here, and said so
         parse(GenerateRequest, b'{"prompt": "a", "max_tokens": 5}', LIMITS)
     assert caught.value.allowed.startswith("one of the fields prompt, max_new_tokens")
@@ -105,8 +118,12 @@ def test_good_requests_and_defaults():
     req = parse(GenerateRequest, b'{"prompt": "ROMEO:"}', LIMITS)
     assert (req.temperature, req.top_k, req.seed, req.stream) == (0.8, None, 0, False)
     assert req.new_tokens(LIMITS) == 100  # the default 128 lowered to the cap
-    req = parse(GenerateRequest, b'{"prompt": "\\u00e9t\\u00e9", "max_new_tokens": 7, "temperature": 0, '
-                                 b'"top_k": 256, "seed": 4294967295, "stream": true}', LIMITS)
+    req = parse(
+        GenerateRequest,
+        b'{"prompt": "\\u00e9t\\u00e9", "max_new_tokens": 7, "temperature": 0, '
+        b'"top_k": 256, "seed": 4294967295, "stream": true}',
+        LIMITS,
+    )
     assert req.prompt == "\u00e9t\u00e9" and req.new_tokens(LIMITS) == 7 and req.temperature == 0.0
     assert req.top_k == 256 and req.stream
     req = parse(CompletionRequest, b'{"model": "any", "prompt": "a", "top_k": null}', LIMITS)
@@ -114,8 +131,9 @@ def test_good_requests_and_defaults():
 
 
 def test_openai_shapes():
-    body = completion_object("cmpl-1", "demo", "hi", "length",
-                             {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4})
+    body = completion_object(
+        "cmpl-1", "demo", "hi", "length", {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    )
     assert body["object"] == "text_completion" and body["usage"]["total_tokens"] == 4
     assert body["choices"] == [{"text": "hi", "index": 0, "logprobs": None, "finish_reason": "length"}]
     assert "usage" not in completion_object("cmpl-1", "demo", "hi", None, {"prompt_tokens": 1}, chunk=True)

@@ -2,6 +2,7 @@
 a full-state checkpoint at step K, continue there to step N, then restore that checkpoint onto a
 mesh of ``--restore-devices`` devices and continue to N. Prints one JSON line: both runs' logged
 losses after K."""
+
 import argparse
 import json
 import os
@@ -13,10 +14,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
+from jaxray.checkpoint import save_state  # noqa: E402
 from jaxray.config import DataConfig, ModelConfig, TrainConfig, TrialConfig  # noqa: E402
 from jaxray.data.batching import train_batches  # noqa: E402
 from jaxray.data.workloads import load_arrays  # noqa: E402
-from jaxray.checkpoint import save_state  # noqa: E402
 from jaxray.parallel.mesh import make_mesh  # noqa: E402
 from jaxray.train.run import train  # noqa: E402
 
@@ -25,9 +26,11 @@ p.add_argument("--save-devices", type=int, required=True)
 p.add_argument("--restore-devices", type=int, required=True)
 a = p.parse_args()
 K, N = 6, 12
-trial = TrialConfig(model=ModelConfig(workload="transformer", width=64, num_layers=2, num_heads=2, max_seq_len=64),
-                    train=TrainConfig(steps=N, global_batch=16, learning_rate=3e-3, log_every=1, checkpoint_every=K),
-                    data=DataConfig(seq_len=64))
+trial = TrialConfig(
+    model=ModelConfig(workload="transformer", width=64, num_layers=2, num_heads=2, max_seq_len=64),
+    train=TrainConfig(steps=N, global_batch=16, learning_rate=3e-3, log_every=1, checkpoint_every=K),
+    data=DataConfig(seq_len=64),
+)
 train_arrays, held_out = load_arrays(trial)
 saved = {}
 
@@ -40,12 +43,20 @@ def batches():
     return train_batches(train_arrays, 16, trial.train.seed)
 
 
-first = train(trial, batches(), held_out, make_mesh(jax.devices()[:a.save_devices]), save=save)
-second = train(trial, batches(), held_out, make_mesh(jax.devices()[:a.restore_devices]), resume=saved[K])
-print(json.dumps({"continued": [r["loss"] for r in first.history if r["step"] > K],
-                  "restored": [r["loss"] for r in second.history if r["step"] > K],
-                  "restored_steps": [r["step"] for r in second.history],
-                  "devices": [len(first.state.params and jax.tree.leaves(first.state.params)[0].sharding.device_set),
-                              len(jax.tree.leaves(second.state.params)[0].sharding.device_set)],
-                  "resumed_from_step": second.summary["resumed_from_step"]}))
+first = train(trial, batches(), held_out, make_mesh(jax.devices()[: a.save_devices]), save=save)
+second = train(trial, batches(), held_out, make_mesh(jax.devices()[: a.restore_devices]), resume=saved[K])
+print(
+    json.dumps(
+        {
+            "continued": [r["loss"] for r in first.history if r["step"] > K],
+            "restored": [r["loss"] for r in second.history if r["step"] > K],
+            "restored_steps": [r["step"] for r in second.history],
+            "devices": [
+                len(first.state.params and jax.tree.leaves(first.state.params)[0].sharding.device_set),
+                len(jax.tree.leaves(second.state.params)[0].sharding.device_set),
+            ],
+            "resumed_from_step": second.summary["resumed_from_step"],
+        }
+    )
+)
 sys.stdout.flush()

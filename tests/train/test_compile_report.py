@@ -1,4 +1,5 @@
 """The compile report: HLO op counts, XLA's cost and memory analysis, and what training records."""
+
 from __future__ import annotations
 
 import itertools
@@ -33,25 +34,45 @@ ENTRY %main {
 
 def test_hlo_ops_counts_what_explains_speed():
     ops = hlo_ops(HLO)
-    assert ops == {"scatter": {"bf16": 1}, "gather": {"f32": 1}, "collectives": {"all-reduce": 1, "all-gather": 1},
-                   "custom_calls": {"__cudnn$fmhaSoftmax": 1}, "fusions": {"kLoop": 1, "kInput": 1}, "dots": 1}
+    assert ops == {
+        "scatter": {"bf16": 1},
+        "gather": {"f32": 1},
+        "collectives": {"all-reduce": 1, "all-gather": 1},
+        "custom_calls": {"__cudnn$fmhaSoftmax": 1},
+        "fusions": {"kLoop": 1, "kInput": 1},
+        "dots": 1,
+    }
     assert sixteen_bit_scatters(HLO) == {"bf16": 1}
     assert sixteen_bit_scatters(HLO.replace("bf16", "f32")) == {}
 
 
 @pytest.mark.parametrize("workload", ["mlp", "transformer"])
 def test_report_for_a_config_without_data(workload):
-    trial = parse_trial({"model": {"workload": workload, "width": 32, "num_layers": 1, "max_seq_len": 16},
-                         "data": {"seq_len": 16}, "train": {"global_batch": 8}})
+    trial = parse_trial(
+        {
+            "model": {"workload": workload, "width": 32, "num_layers": 1, "max_seq_len": 16},
+            "data": {"seq_len": 16},
+            "train": {"global_batch": 8},
+        }
+    )
     rep = report_for(trial, make_mesh())
     mem = rep["memory"]
-    assert mem["peak_bytes"] == mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"] + mem["temp_bytes"]
+    assert (
+        mem["peak_bytes"]
+        == mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"] + mem["temp_bytes"]
+    )
     # The donated state is updated in place: its outputs alias the arguments.
     assert 0 < mem["alias_bytes"] <= mem["output_bytes"] and mem["argument_bytes"] > 0
     assert rep["flops"] > 0 and rep["bytes_accessed"] > 0 and rep["compile_s"] > 0
-    assert rep["config"] == {"workload": workload, "dtype": "float32", "width": 32, "global_batch": 8,
-                             "per_device_batch": 8, "devices": 1,
-                             **({"seq_len": 16, "num_layers": 1, "num_heads": 4} if workload == "transformer" else {})}
+    assert rep["config"] == {
+        "workload": workload,
+        "dtype": "float32",
+        "width": 32,
+        "global_batch": 8,
+        "per_device_batch": 8,
+        "devices": 1,
+        **({"seq_len": 16, "num_layers": 1, "num_heads": 4} if workload == "transformer" else {}),
+    }
     # A CPU device reports no limit: it is compared with the host's RAM.
     assert rep["memory_source"] == "host RAM" and rep["device_memory_bytes"] > 2**30 and rep["fits"] is True
     assert "(host RAM): fits" in fits_text(rep) and "peak" in render(rep)
@@ -59,22 +80,40 @@ def test_report_for_a_config_without_data(workload):
 
 
 def test_fits_compares_peak_with_the_device_memory():
-    rep = {"memory": {"peak_bytes": 3 * 2**30}, "device_memory_bytes": 2 * 2**30, "fits": False, "platform": "gpu",
-           "memory_source": "device"}
+    rep = {
+        "memory": {"peak_bytes": 3 * 2**30},
+        "device_memory_bytes": 2 * 2**30,
+        "fits": False,
+        "platform": "gpu",
+        "memory_source": "device",
+    }
     assert fits_text(rep) == "peak 3.00 GiB per device of 2.00 GiB (device): does NOT fit"
     rep.update(device_memory_bytes=None, fits=None)
     assert fits_text(rep) == "peak 3.00 GiB per device; the gpu device reports no memory to compare with"
 
 
 def test_training_reports_the_compile_before_the_first_step(real_dir):
-    trial = parse_trial({"model": {"workload": "mlp", "width": 16}, "data": {"data_dir": str(real_dir)},
-                         "train": {"steps": 3, "global_batch": 8, "log_every": 1}})
+    trial = parse_trial(
+        {
+            "model": {"workload": "mlp", "width": 16},
+            "data": {"data_dir": str(real_dir)},
+            "train": {"steps": 3, "global_batch": 8, "log_every": 1},
+        }
+    )
     arrays, held_out = load_arrays(trial)
     events = []
-    result = train(trial, train_batches(arrays, 8), {k: v[:64] for k, v in held_out.items()}, make_mesh(), on_log=[lambda row: events.append("log")],
-                   on_compile=lambda rep: events.append(rep))
+    result = train(
+        trial,
+        train_batches(arrays, 8),
+        {k: v[:64] for k, v in held_out.items()},
+        make_mesh(),
+        on_log=[lambda row: events.append("log")],
+        on_compile=lambda rep: events.append(rep),
+    )
     assert isinstance(events[0], dict) and events[1:] == ["log"] * 3
     assert result.compile_report is events[0]
     assert result.summary["peak_bytes_per_device"] == events[0]["memory"]["peak_bytes"] > 0
-    assert list(itertools.islice(result.compile_report["config"].items(), 2)) == [("workload", "mlp"),
-                                                                                 ("dtype", "float32")]
+    assert list(itertools.islice(result.compile_report["config"].items(), 2)) == [
+        ("workload", "mlp"),
+        ("dtype", "float32"),
+    ]

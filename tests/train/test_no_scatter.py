@@ -4,6 +4,7 @@ compare-and-swap loop, which made the bf16 transformer step 5x slower than float
 The embeddings' one-hot lookup and the one-hot cross-entropy must equal the gather and integer-label
 versions they replace (``nnx.Embed.__call__``, ``optax.softmax_cross_entropy_with_integer_labels``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,12 +24,16 @@ from jaxray.train.step import LOSSES, cross_entropy, init_state, make_optimizer,
 
 
 def _lowered_train_step(workload: str, dtype: str):
-    cfg = ModelConfig(workload=workload, width=32, dtype=dtype, num_layers=1, num_heads=2, block_repeats=2,
-                      max_seq_len=16)
+    cfg = ModelConfig(
+        workload=workload, width=32, dtype=dtype, num_layers=1, num_heads=2, block_repeats=2, max_seq_len=16
+    )
     model, tx = build(cfg), make_optimizer(1e-3, 1e-4)
     state = init_state(model.init(jax.random.key(0)), tx)
-    batch = ({"tokens": jnp.zeros((4, 16), jnp.int32)} if workload == "transformer"
-             else {"image": jnp.zeros((4, 784), jnp.float32), "label": jnp.zeros((4,), jnp.int32)})
+    batch = (
+        {"tokens": jnp.zeros((4, 16), jnp.int32)}
+        if workload == "transformer"
+        else {"image": jnp.zeros((4, 784), jnp.float32), "label": jnp.zeros((4,), jnp.int32)}
+    )
     step = functools.partial(train_step, apply=model.apply, loss_fn=LOSSES[workload], tx=tx)
     return jax.jit(step).lower(state, batch)
 
@@ -44,10 +49,13 @@ def test_train_step_has_no_16_bit_scatter(workload, dtype):
 
 def test_the_check_sees_a_bf16_scatter():
     """The detector itself: a bf16 embedding gather's gradient is the scatter the test forbids."""
+
     def loss(table, tokens):
         return jnp.take(table.astype(jnp.bfloat16), tokens, axis=0).astype(jnp.float32).sum()
 
-    text = jax.jit(jax.grad(loss)).lower(jnp.ones((256, 8)), jnp.zeros((4, 5), jnp.int32)).as_text(dialect="hlo")
+    text = (
+        jax.jit(jax.grad(loss)).lower(jnp.ones((256, 8)), jnp.zeros((4, 5), jnp.int32)).as_text(dialect="hlo")
+    )
     assert sixteen_bit_scatters(text) == {"bf16": 1}
 
 
@@ -58,8 +66,9 @@ def test_one_hot_embedding_equals_the_gather(dtype):
     got, want = embed_tokens(embed, tokens), embed(tokens)
     assert got.dtype == want.dtype == jnp.dtype(dtype)
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))  # exact
-    np.testing.assert_array_equal(np.asarray(embed_positions(embed, 7), np.float32),
-                                  np.asarray(embed(jnp.arange(7)), np.float32))
+    np.testing.assert_array_equal(
+        np.asarray(embed_positions(embed, 7), np.float32), np.asarray(embed(jnp.arange(7)), np.float32)
+    )
 
 
 def test_one_hot_embedding_gradient_equals_the_gathers():

@@ -2,6 +2,7 @@
 uninterrupted one (transformer on TinyShakespeare, MLP on Fashion-MNIST), a checkpoint restores
 onto a mesh of another size and training continues with the same losses, and incomplete, damaged
 or mismatched checkpoints are clear errors (or a fallback to the previous one)."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,6 @@ import jax
 import numpy as np
 import pytest
 
-from jaxray import checkpoint
 from jaxray.checkpoint import CheckpointError, restore_latest, save_state, verify
 from jaxray.config import DataConfig, ModelConfig, TrainConfig, TrialConfig
 from jaxray.data.batching import train_batches
@@ -30,23 +30,35 @@ TRIALS = {
     "transformer": TrialConfig(
         model=ModelConfig(workload="transformer", width=64, num_layers=2, num_heads=2, max_seq_len=64),
         train=TrainConfig(steps=12, global_batch=16, learning_rate=3e-3, log_every=3, checkpoint_every=4),
-        data=DataConfig(seq_len=64)),
+        data=DataConfig(seq_len=64),
+    ),
     # 60000 / 4096 = 14 batches an epoch: the 20 steps cross an epoch boundary after the checkpoint.
-    "mlp": TrialConfig(model=ModelConfig(workload="mlp", width=64),
-                       train=TrainConfig(steps=20, global_batch=4096, log_every=5, checkpoint_every=8)),
+    "mlp": TrialConfig(
+        model=ModelConfig(workload="mlp", width=64),
+        train=TrainConfig(steps=20, global_batch=4096, log_every=5, checkpoint_every=8),
+    ),
 }
 
 
 def run(trial, tmp_path, resume=None):
-    arrays, held_out = load_arrays(trial.model_copy(update={"data": trial.data.model_copy(
-        update={"data_dir": os.environ["JAXRAY_DATA_DIR"]})}))
+    arrays, held_out = load_arrays(
+        trial.model_copy(
+            update={"data": trial.data.model_copy(update={"data_dir": os.environ["JAXRAY_DATA_DIR"]})}
+        )
+    )
     saved = {}
 
     def save(step, state, history):
         saved[step] = save_state(tmp_path / f"step_{step}", state, trial, history, {"epoch": 0})
 
-    result = train(trial, train_batches(arrays, trial.train.global_batch, trial.train.seed), held_out,
-                   make_mesh(jax.devices()[:1]), save=None if resume else save, resume=resume)
+    result = train(
+        trial,
+        train_batches(arrays, trial.train.global_batch, trial.train.seed),
+        held_out,
+        make_mesh(jax.devices()[:1]),
+        save=None if resume else save,
+        resume=resume,
+    )
     return result, saved
 
 
@@ -102,19 +114,35 @@ def checkpoint_state(saved):
 
 def test_restoring_into_another_model_names_the_parameter_and_shapes(real_dir, tmp_path):
     _, saved = run(TRIALS["transformer"], tmp_path)
-    wider = TRIALS["transformer"].model_copy(update={"model": TRIALS["transformer"].model.model_copy(
-        update={"width": 128})})
-    with pytest.raises(CheckpointError, match=r"parameter blocks/0/attn/key/bias has shape \(2, 32\) in the "
-                                              r"checkpoint but \(2, 64\) in the model"):
+    wider = TRIALS["transformer"].model_copy(
+        update={"model": TRIALS["transformer"].model.model_copy(update={"width": 128})}
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"parameter blocks/0/attn/key/bias has shape \(2, 32\) in the "
+        r"checkpoint but \(2, 64\) in the model",
+    ):
         run(wider, tmp_path, resume=saved[4])
 
 
 @pytest.mark.parametrize("save_devices, restore_devices", [(1, 4), (4, 1)])
 def test_restore_onto_another_mesh_continues_with_the_same_loss(real_dir, save_devices, restore_devices):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, str(HERE / "resume_on_mesh.py"), "--save-devices", str(save_devices),
-                           "--restore-devices", str(restore_devices)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "resume_on_mesh.py"),
+            "--save-devices",
+            str(save_devices),
+            "--restore-devices",
+            str(restore_devices),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["devices"] == [save_devices, restore_devices] and out["resumed_from_step"] == 6

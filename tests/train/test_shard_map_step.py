@@ -1,5 +1,6 @@
 """The explicit shard_map step on a 1-device mesh equals ``train_step`` (the 4-device parity with the
 auto-sharded step is in tests/parallel/test_data_parallel.py)."""
+
 from __future__ import annotations
 
 import jax
@@ -22,9 +23,13 @@ RTOL, ATOL = 1e-6, 1e-7
 
 @pytest.mark.parametrize("workload,batch", [("mlp", 32), ("transformer", 4)])
 def test_one_device_shard_map_step_equals_train_step(real_dir, workload, batch):
-    trial = parse_trial({"model": {"workload": workload, "width": 32, "num_layers": 1, "max_seq_len": 32},
-                         "data": {"data_dir": str(real_dir), "seq_len": 32},
-                         "train": {"steps": STEPS, "global_batch": batch}})
+    trial = parse_trial(
+        {
+            "model": {"workload": workload, "width": 32, "num_layers": 1, "max_seq_len": 32},
+            "data": {"data_dir": str(real_dir), "seq_len": 32},
+            "train": {"steps": STEPS, "global_batch": batch},
+        }
+    )
     train_arrays, _ = load_arrays(trial)
     model = build(trial.model)
     tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
@@ -45,7 +50,8 @@ def test_one_device_shard_map_step_equals_train_step(real_dir, workload, batch):
     (state, metrics), (sm_state, sm_metrics) = runs
     assert int(sm_state.step) == int(state.step) == STEPS
     for key in ("loss", "accuracy", "grad_norm"):
-        np.testing.assert_allclose([m[key] for m in sm_metrics], [m[key] for m in metrics], rtol=RTOL, atol=ATOL,
-                                   err_msg=key)
+        np.testing.assert_allclose(
+            [m[key] for m in sm_metrics], [m[key] for m in metrics], rtol=RTOL, atol=ATOL, err_msg=key
+        )
     for got, want in zip(jax.tree.leaves(sm_state.params), jax.tree.leaves(state.params)):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)

@@ -1,4 +1,5 @@
 """train_step / eval_step: gradient tree, masked sums, real-data learning."""
+
 from __future__ import annotations
 
 import itertools
@@ -21,8 +22,11 @@ from jaxray.train.step import LOSSES, eval_step, model_inputs
 def test_gradient_tree_matches_params(workload):
     model = build(ModelConfig(workload=workload, width=16, num_layers=1, block_repeats=2))
     params = model.init(jax.random.key(0))
-    batch = ({"tokens": jnp.ones((2, 8), jnp.int32)} if workload == "transformer"
-             else {"image": jnp.ones((2, 784)), "label": jnp.array([1, 2])})
+    batch = (
+        {"tokens": jnp.ones((2, 8), jnp.int32)}
+        if workload == "transformer"
+        else {"image": jnp.ones((2, 784)), "label": jnp.array([1, 2])}
+    )
 
     def loss(p):
         return LOSSES[workload](model.apply(p, model_inputs(batch)), batch)[0].mean()
@@ -50,10 +54,13 @@ def test_train_batches_drop_the_partial_tail_and_cycle():
 
 @pytest.mark.parametrize("workload,steps,batch", [("mlp", 60, 128), ("transformer", 30, 8)])
 def test_a_few_steps_on_real_data_lower_the_loss(real_dir, workload, steps, batch):
-    trial = parse_trial({"model": {"workload": workload, "width": 64, "num_layers": 1, "max_seq_len": 64},
-                         "data": {"data_dir": str(real_dir), "seq_len": 64},
-                         "train": {"steps": steps, "global_batch": batch, "log_every": 10,
-                                   "learning_rate": 3e-3}})
+    trial = parse_trial(
+        {
+            "model": {"workload": workload, "width": 64, "num_layers": 1, "max_seq_len": 64},
+            "data": {"data_dir": str(real_dir), "seq_len": 64},
+            "train": {"steps": steps, "global_batch": batch, "log_every": 10, "learning_rate": 3e-3},
+        }
+    )
     train_arrays, held_out = load_arrays(trial)
     held_out = {k: v[:500] for k, v in held_out.items()}
     result = train(trial, train_batches(train_arrays, batch), held_out, make_mesh())

@@ -1,5 +1,6 @@
 """Sampling: deterministic at temperature 0, equal to a host-side full-recompute greedy loop,
 prompt clipping and the sliding window, and clear errors."""
+
 from __future__ import annotations
 
 import jax
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxray.config import ModelConfig
-from jaxray.generate import generate, prompt_window, sample
+from jaxray.inference.sampling import generate, prompt_window, sample
 from jaxray.models import build
 
 
@@ -25,7 +26,7 @@ def host_greedy(model, params, prompt: bytes, n: int) -> list[int]:
         context = tokens[-size:]
         logits = model.apply(params, jnp.asarray([context + [0] * (size - len(context))], jnp.int32))
         tokens.append(int(jnp.argmax(logits[0, len(context) - 1])))
-    return tokens[len(prompt):]
+    return tokens[len(prompt) :]
 
 
 def test_greedy_is_deterministic_and_matches_full_recompute(tiny):
@@ -34,8 +35,14 @@ def test_greedy_is_deterministic_and_matches_full_recompute(tiny):
     b = generate(model, params, "ROMEO:", 30, temperature=0.0, seed=123)
     assert a == b
     window, length = prompt_window(b"ROMEO:", 16)
-    ours = sample(jax.tree_util.Partial(model.apply, params), jnp.asarray(window), jnp.int32(length),
-                  jax.random.key(0), jnp.float32(0.0), 30)
+    ours = sample(
+        jax.tree_util.Partial(model.apply, params),
+        jnp.asarray(window),
+        jnp.int32(length),
+        jax.random.key(0),
+        jnp.float32(0.0),
+        30,
+    )
     # 30 new tokens after a 6-byte prompt run past the 16-byte window: the slide is exercised too.
     assert ours.tolist() == host_greedy(model, params, b"ROMEO:", 30)
 
@@ -60,17 +67,20 @@ def test_invalid_utf8_becomes_replacement_chars(tiny):
     assert isinstance(text, str)  # decoding never raises; random bytes are mostly invalid UTF-8
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"prompt": ""}, "prompt is empty"),
-    ({"max_new_tokens": 0}, "max_new_tokens must be in 1..10000"),
-    ({"temperature": -1.0}, "temperature must be"),
-    ({"temperature": float("nan")}, "temperature must be"),
-    ({"top_k": 0}, "top_k must be in 1..256"),
-    ({"max_new_tokens": 10**20}, "max_new_tokens must be in 1..10000"),
-    ({"seed": 10**30}, "seed must be in 0..4294967295"),
-    ({"seed": -1}, "seed must be in"),
-    ({"prompt": "\udcff\udcfe"}, "prompt is not valid Unicode text"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"prompt": ""}, "prompt is empty"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be in 1..10000"),
+        ({"temperature": -1.0}, "temperature must be"),
+        ({"temperature": float("nan")}, "temperature must be"),
+        ({"top_k": 0}, "top_k must be in 1..256"),
+        ({"max_new_tokens": 10**20}, "max_new_tokens must be in 1..10000"),
+        ({"seed": 10**30}, "seed must be in 0..4294967295"),
+        ({"seed": -1}, "seed must be in"),
+        ({"prompt": "\udcff\udcfe"}, "prompt is not valid Unicode text"),
+    ],
+)
 def test_bad_arguments(tiny, kwargs, match):
     model, params = tiny
     args = {"prompt": "hi", "max_new_tokens": 5, "temperature": 0.5, **kwargs}
@@ -80,12 +90,13 @@ def test_bad_arguments(tiny, kwargs, match):
 
 def test_top_k_one_is_greedy(tiny):
     model, params = tiny
-    assert generate(model, params, "ab", 12, temperature=1.5, seed=4, top_k=1) == \
-        generate(model, params, "ab", 12, temperature=0.0)
+    assert generate(model, params, "ab", 12, temperature=1.5, seed=4, top_k=1) == generate(
+        model, params, "ab", 12, temperature=0.0
+    )
 
 
 def test_printable_keeps_text_and_hides_control_bytes():
-    from jaxray.generate import printable
+    from jaxray.inference.sampling import printable
 
     assert printable("ROMEO:\n\tthou é") == "ROMEO:\n\tthou é"
     assert printable("a\x1b[31mb\r\x00") == "a\ufffd[31mb\ufffd\ufffd"

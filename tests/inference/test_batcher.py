@@ -1,11 +1,12 @@
 """Continuous batching on a checkpoint trained on the real TinyShakespeare bytes: requests that join
 and leave a running batch get the tokens they get alone, and the batch follows its live rows."""
+
 from __future__ import annotations
 
 import pytest
 
-from jaxray.batching import Batcher
-from jaxray.engine import Request
+from jaxray.inference.batcher import Batcher
+from jaxray.inference.engine import Request
 
 REQUESTS = {  # ticket -> request: greedy and sampled, top-k, both prompt buckets, 1 to 150 new tokens
     "romeo": Request(b"ROMEO:", 150, 0.0),  # outlives the others: the batch shrinks back to one row

@@ -1,4 +1,5 @@
 """TensorBoard event files for a training run (tensorboardX)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,7 +32,7 @@ class TensorBoardLogger:
         self._writer.flush()
         self._writer.close()
 
-    def __enter__(self) -> "TensorBoardLogger":
+    def __enter__(self) -> TensorBoardLogger:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,14 +11,16 @@ Units: throughput in examples/s or tokens/s, ``ms_per_step`` in milliseconds, ``
 seconds, ``peak_bytes_per_device`` in bytes (shown in MiB: XLA's memory analysis of the compiled
 step, ``jaxray.train.compile_report``), losses in nats (cross-entropy), perplexity = exp(val_loss).
 """
+
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import matplotlib
+
 matplotlib.use("Agg")  # reports are written from headless Ray drivers: never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullLocator  # noqa: E402
@@ -27,18 +29,50 @@ from jaxray.config import DEFAULT_METRIC  # noqa: E402
 
 Ranking = dict[str, tuple[str, str]]  # workload -> (metric, "min" | "max")
 
-KEY_ORDER = ("trial", "workload", "global_batch", "dtype", "width", "steps", "devices",
-             "examples_per_sec", "tokens_per_sec", "ms_per_step", "compile_s", "peak_bytes_per_device",
-             "final_train_loss",
-             "test_accuracy", "val_loss", "val_perplexity", "checkpoint")
+KEY_ORDER = (
+    "trial",
+    "workload",
+    "global_batch",
+    "dtype",
+    "width",
+    "steps",
+    "devices",
+    "examples_per_sec",
+    "tokens_per_sec",
+    "ms_per_step",
+    "compile_s",
+    "peak_bytes_per_device",
+    "final_train_loss",
+    "test_accuracy",
+    "val_loss",
+    "val_perplexity",
+    "checkpoint",
+)
 FILES = ("summary.json", "summary.md", "throughput_vs_batch.png", "loss_curves.png")
 WORKLOAD_ORDER = ("mlp", "shared_block_mlp", "transformer")
-HEADER = ("trial", "workload", "global batch", "dtype", "width", "steps", "devices", "throughput",
-          "ms/step", "compile s", "peak MiB/device", "final train loss", "test acc", "val loss", "val ppl", "checkpoint")
+HEADER = (
+    "trial",
+    "workload",
+    "global batch",
+    "dtype",
+    "width",
+    "steps",
+    "devices",
+    "throughput",
+    "ms/step",
+    "compile s",
+    "peak MiB/device",
+    "final train loss",
+    "test acc",
+    "val loss",
+    "val ppl",
+    "checkpoint",
+)
 
 
-def write_reports(out_dir: str | Path, rows: list[dict], histories: dict[str, list[dict]],
-                  ranking: Optional[Ranking] = None) -> dict[str, Path]:
+def write_reports(
+    out_dir: str | Path, rows: list[dict], histories: dict[str, list[dict]], ranking: Ranking | None = None
+) -> dict[str, Path]:
     """Writes summary.json, summary.md, throughput_vs_batch.png and loss_curves.png under out_dir.
 
     ``histories`` maps a trial name to its logged rows (``step``, ``examples``, ``loss``, and
@@ -49,8 +83,9 @@ def write_reports(out_dir: str | Path, rows: list[dict], histories: dict[str, li
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in FILES}
     # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
-    paths["summary.json"].write_text(json.dumps([json_safe(ordered_row(r)) for r in rows], indent=2,
-                                                allow_nan=False) + "\n")
+    paths["summary.json"].write_text(
+        json.dumps([json_safe(ordered_row(r)) for r in rows], indent=2, allow_nan=False) + "\n"
+    )
     paths["summary.md"].write_text(markdown_summary(rows, ranking))
     plot_throughput(rows, paths["throughput_vs_batch.png"])
     plot_loss_curves(rows, histories, paths["loss_curves.png"])
@@ -69,8 +104,9 @@ def check_overwrite(out_dir: str | Path, writer: str, name: str = "summary.json"
     except (ValueError, AttributeError, OSError):
         owner = None
     if owner != writer:
-        raise ValueError(f"{path} exists and was not written by {writer}; choose another --out "
-                         f"(nothing was changed)")
+        raise ValueError(
+            f"{path} exists and was not written by {writer}; choose another --out (nothing was changed)"
+        )
 
 
 def ordered_row(row: dict) -> dict:
@@ -94,7 +130,7 @@ def json_safe(value: Any) -> Any:
     return str(value)  # Paths and anything else: keep something readable
 
 
-def _num(value: Any) -> Optional[float]:
+def _num(value: Any) -> float | None:
     """The value as a float, or None when missing or not a number (NaN/inf are kept)."""
     try:
         return None if value is None or isinstance(value, (bool, str)) else float(value)
@@ -102,7 +138,7 @@ def _num(value: Any) -> Optional[float]:
         return None
 
 
-def finite(value: Any) -> Optional[float]:
+def finite(value: Any) -> float | None:
     """The value as a float when it is a finite number, else None (missing, text, NaN, inf)."""
     v = _num(value)  # None for missing and for NaN/inf: what plots and rankings need
     return v if v is not None and math.isfinite(v) else None
@@ -113,14 +149,14 @@ def fmt(value: Any, spec: str) -> str:
     return "" if v is None else format(v, spec)  # NaN/inf show as "nan"/"inf": a diverged run
 
 
-def _throughput(row: dict) -> tuple[Optional[float], str]:
+def _throughput(row: dict) -> tuple[float | None, str]:
     """(value, unit) of the row's throughput: tokens/s for the transformer, examples/s otherwise."""
     if row.get("workload") == "transformer" or "tokens_per_sec" in row:
         return _num(row.get("tokens_per_sec")), "tok/s"
     return _num(row.get("examples_per_sec")), "ex/s"
 
 
-def _mib(n: Any) -> Optional[float]:
+def _mib(n: Any) -> float | None:
     v = _num(n)
     return None if v is None else v / 2**20
 
@@ -131,20 +167,30 @@ def cell(text: Any) -> str:  # a "|" or newline inside a cell would break the ta
 
 def short_error(error: Any, limit: int = 80) -> str:
     text = next((ln.strip() for ln in str(error).splitlines() if ln.strip()), "")  # not the traceback
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _table_row(row: dict, with_error: bool) -> list[str]:
     value, unit = _throughput(row)
     ckpt = row.get("checkpoint")
-    cells = [row.get("trial", ""), row.get("workload", ""), row.get("global_batch", ""),
-             row.get("dtype", ""), row.get("width", ""), row.get("steps", ""), row.get("devices", ""),
-             "" if value is None else f"{fmt(value, ',.0f')} {unit}",
-             fmt(row.get("ms_per_step"), ".2f"), fmt(row.get("compile_s"), ".1f"),
-             fmt(_mib(row.get("peak_bytes_per_device")), ",.1f"),
-             fmt(row.get("final_train_loss"), ".4f"), fmt(row.get("test_accuracy"), ".4f"),
-             fmt(row.get("val_loss"), ".4f"), fmt(row.get("val_perplexity"), ".2f"),
-             "/".join(Path(str(ckpt)).parts[-2:]) if ckpt else ""]
+    cells = [
+        row.get("trial", ""),
+        row.get("workload", ""),
+        row.get("global_batch", ""),
+        row.get("dtype", ""),
+        row.get("width", ""),
+        row.get("steps", ""),
+        row.get("devices", ""),
+        "" if value is None else f"{fmt(value, ',.0f')} {unit}",
+        fmt(row.get("ms_per_step"), ".2f"),
+        fmt(row.get("compile_s"), ".1f"),
+        fmt(_mib(row.get("peak_bytes_per_device")), ",.1f"),
+        fmt(row.get("final_train_loss"), ".4f"),
+        fmt(row.get("test_accuracy"), ".4f"),
+        fmt(row.get("val_loss"), ".4f"),
+        fmt(row.get("val_perplexity"), ".2f"),
+        "/".join(Path(str(ckpt)).parts[-2:]) if ckpt else "",
+    ]
     if with_error:
         cells.append(short_error(row["error"]) if row.get("error") else "")
     return [cell("" if c is None else c) for c in cells]
@@ -164,7 +210,7 @@ def _workloads(rows: list[dict]) -> list[str]:
     return [w for w in WORKLOAD_ORDER if w in present] + sorted(present - set(WORKLOAD_ORDER))
 
 
-def best_per_workload(rows: list[dict], ranking: Optional[Ranking] = None) -> list[str]:
+def best_per_workload(rows: list[dict], ranking: Ranking | None = None) -> list[str]:
     """One Markdown bullet per workload: its best trial by ``ranking`` (default: highest
     test_accuracy for the MLPs, lowest val_loss for the transformer)."""
     ranking = {**DEFAULT_METRIC, **(ranking or {})}
@@ -174,8 +220,11 @@ def best_per_workload(rows: list[dict], ranking: Optional[Ranking] = None) -> li
         name, better = key.replace("_", " "), (max if mode == "max" else min)
         scored = [r for r in rows if r.get("workload", "?") == w and finite(r.get(key)) is not None]
         best = better(scored, key=lambda r: finite(r[key])) if scored else None
-        lines.append(f"- **{w}**: no trial finished with a finite {name}" if best is None else
-                     f"- **{w}**: `{best.get('trial')}`, {name} {finite(best[key]):.4f} ({_describe(best)})")
+        lines.append(
+            f"- **{w}**: no trial finished with a finite {name}"
+            if best is None
+            else f"- **{w}**: `{best.get('trial')}`, {name} {finite(best[key]):.4f} ({_describe(best)})"
+        )
     return lines
 
 
@@ -183,14 +232,23 @@ def _describe(row: dict) -> str:
     return f"{row.get('dtype', '?')}, width {row.get('width', '?')}, batch {row.get('global_batch', '?')}"
 
 
-def markdown_summary(rows: list[dict], ranking: Optional[Ranking] = None) -> str:
+def markdown_summary(rows: list[dict], ranking: Ranking | None = None) -> str:
     """The whole summary.md: heading, trial counts, table, best trial per workload."""
     failed = sum(1 for r in rows if r.get("error"))
-    return "\n".join([
-        "# Sweep results", "",
-        f"{len(rows)} trial(s), {failed} failed. Throughput in examples/s (ex/s, MLPs) or tokens/s "
-        "(tok/s, transformer); losses are cross-entropy in nats.", "",
-        markdown_table(rows), "## Best per workload", "", *best_per_workload(rows, ranking), ""])
+    return "\n".join(
+        [
+            "# Sweep results",
+            "",
+            f"{len(rows)} trial(s), {failed} failed. Throughput in examples/s (ex/s, MLPs) or tokens/s "
+            "(tok/s, transformer); losses are cross-entropy in nats.",
+            "",
+            markdown_table(rows),
+            "## Best per workload",
+            "",
+            *best_per_workload(rows, ranking),
+            "",
+        ]
+    )
 
 
 def _subplots(n: int, title: str):
@@ -249,8 +307,11 @@ def plot_throughput(rows: list[dict], path: Path) -> None:
             ax.plot(*zip(*points), marker="o", label=label)
         log2_batch_axis(ax, sorted({x for pts in series.values() for x, _ in pts}))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,.0f}" if abs(y) >= 100 else f"{y:g}"))
-        ax.set(title=w, xlabel="global batch (examples per step, log2)",
-               ylabel="throughput (tokens/s)" if w == "transformer" else "throughput (examples/s)")
+        ax.set(
+            title=w,
+            xlabel="global batch (examples per step, log2)",
+            ylabel="throughput (tokens/s)" if w == "transformer" else "throughput (examples/s)",
+        )
         _finish(ax, bool(series), "no finished trials")
     if not workloads:
         _finish(axes[0], False, "no trials")

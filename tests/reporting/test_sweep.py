@@ -1,4 +1,5 @@
-"""jaxray.report: file formats of the sweep report, from hand-written rows (no training)."""
+"""jaxray.reporting.sweep: file formats of the sweep report, from hand-written rows (no training)."""
+
 from __future__ import annotations
 
 import json
@@ -6,24 +7,49 @@ import math
 
 import pytest
 
-from jaxray.report import KEY_ORDER, markdown_table, write_reports
+from jaxray.reporting.sweep import KEY_ORDER, markdown_table, write_reports
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FILES = ("summary.json", "summary.md", "throughput_vs_batch.png", "loss_curves.png")
 
 
 def mlp_row(trial, batch, dtype="float32", width=256, acc=0.85, **extra):
-    return {"trial": trial, "workload": "mlp", "global_batch": batch, "dtype": dtype, "width": width,
-            "steps": 200, "devices": 1, "examples_per_sec": 123456.789, "ms_per_step": 2.3456,
-            "compile_s": 1.234, "final_train_loss": 0.41234, "test_accuracy": acc,
-            "checkpoint": f"/runs/exp/{trial}/checkpoint_000000", **extra}
+    return {
+        "trial": trial,
+        "workload": "mlp",
+        "global_batch": batch,
+        "dtype": dtype,
+        "width": width,
+        "steps": 200,
+        "devices": 1,
+        "examples_per_sec": 123456.789,
+        "ms_per_step": 2.3456,
+        "compile_s": 1.234,
+        "final_train_loss": 0.41234,
+        "test_accuracy": acc,
+        "checkpoint": f"/runs/exp/{trial}/checkpoint_000000",
+        **extra,
+    }
 
 
 def transformer_row(trial, batch, val_loss=1.75, **extra):
-    return {"trial": trial, "workload": "transformer", "global_batch": batch, "dtype": "bfloat16",
-            "width": 128, "steps": 300, "devices": 1, "tokens_per_sec": 2345678.0, "ms_per_step": 11.5,
-            "compile_s": 4.56, "final_train_loss": 1.6, "val_loss": val_loss,
-            "val_perplexity": math.exp(val_loss), "checkpoint": None, **extra}
+    return {
+        "trial": trial,
+        "workload": "transformer",
+        "global_batch": batch,
+        "dtype": "bfloat16",
+        "width": 128,
+        "steps": 300,
+        "devices": 1,
+        "tokens_per_sec": 2345678.0,
+        "ms_per_step": 11.5,
+        "compile_s": 4.56,
+        "final_train_loss": 1.6,
+        "val_loss": val_loss,
+        "val_perplexity": math.exp(val_loss),
+        "checkpoint": None,
+        **extra,
+    }
 
 
 def history(n=5, tokens=False):
@@ -42,16 +68,29 @@ def assert_png(path):
 
 @pytest.fixture
 def mixed(tmp_path):
-    rows = [mlp_row("mlp_a", 256, width=512, per_device_batch=256, params=1000),
-            mlp_row("mlp_b", 1024, acc=0.91),
-            mlp_row("mlp_c", 256, acc=0.80),
-            {"trial": "sb_fail", "workload": "shared_block_mlp", "global_batch": 512,
-             "dtype": "float16", "width": 256, "error": "RuntimeError: out of memory | bad\ntraceback"},
-            mlp_row("sb_ok", 512, dtype="bfloat16", acc=float("nan")) | {"workload": "shared_block_mlp"},
-            transformer_row("tf_a", 32, val_loss=1.9, val_accuracy=0.4),
-            transformer_row("tf_b", 64, val_loss=1.7)]
-    histories = {"mlp_a": history(), "mlp_b": history(), "tf_a": history(tokens=True),
-                 "tf_b": history(tokens=True), "sb_fail": []}
+    rows = [
+        mlp_row("mlp_a", 256, width=512, per_device_batch=256, params=1000),
+        mlp_row("mlp_b", 1024, acc=0.91),
+        mlp_row("mlp_c", 256, acc=0.80),
+        {
+            "trial": "sb_fail",
+            "workload": "shared_block_mlp",
+            "global_batch": 512,
+            "dtype": "float16",
+            "width": 256,
+            "error": "RuntimeError: out of memory | bad\ntraceback",
+        },
+        mlp_row("sb_ok", 512, dtype="bfloat16", acc=float("nan")) | {"workload": "shared_block_mlp"},
+        transformer_row("tf_a", 32, val_loss=1.9, val_accuracy=0.4),
+        transformer_row("tf_b", 64, val_loss=1.7),
+    ]
+    histories = {
+        "mlp_a": history(),
+        "mlp_b": history(),
+        "tf_a": history(tokens=True),
+        "tf_b": history(tokens=True),
+        "sb_fail": [],
+    }
     return rows, histories, write_reports(tmp_path / "out", rows, histories)
 
 
@@ -70,8 +109,8 @@ def test_summary_json_key_order_and_round_trip(mixed):
     assert [r["trial"] for r in loaded] == [r["trial"] for r in rows]
     first = loaded[0]
     listed = [k for k in KEY_ORDER if k in first]
-    assert list(first)[:len(listed)] == listed
-    assert list(first)[len(listed):] == ["per_device_batch", "params"]
+    assert list(first)[: len(listed)] == listed
+    assert list(first)[len(listed) :] == ["per_device_batch", "params"]
     assert first["examples_per_sec"] == pytest.approx(123456.789)
     tf = loaded[5]
     assert list(tf)[-1] == "val_accuracy"
@@ -80,8 +119,10 @@ def test_summary_json_key_order_and_round_trip(mixed):
 
 
 def test_nan_and_inf_become_null(tmp_path):
-    row = mlp_row("div", 128, acc=float("nan")) | {"final_train_loss": float("inf"),
-                                                    "extra": [float("-inf"), 1.0]}
+    row = mlp_row("div", 128, acc=float("nan")) | {
+        "final_train_loss": float("inf"),
+        "extra": [float("-inf"), 1.0],
+    }
     paths = write_reports(tmp_path, [row], {"div": history()})
     text = paths["summary.json"].read_text()
     assert "NaN" not in text and "Infinity" not in text
@@ -128,8 +169,9 @@ def test_single_trial_sweep(tmp_path):
 
 
 def test_no_histories_and_all_failed(tmp_path):
-    rows = [{"trial": "x", "workload": "mlp", "global_batch": 64, "dtype": "float32", "width": 8,
-             "error": "boom"}]
+    rows = [
+        {"trial": "x", "workload": "mlp", "global_batch": 64, "dtype": "float32", "width": 8, "error": "boom"}
+    ]
     paths = write_reports(tmp_path, rows, {})
     assert "boom" in paths["summary.md"].read_text()
     assert paths["throughput_vs_batch.png"].read_bytes()[:8] == PNG_SIGNATURE

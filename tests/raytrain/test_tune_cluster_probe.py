@@ -1,4 +1,5 @@
 """A stale `ray start` address file must not make `python -m jaxray.tune` wait for a dead cluster."""
+
 from __future__ import annotations
 
 import socket

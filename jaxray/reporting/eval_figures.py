@@ -1,20 +1,22 @@
 """The two figures ``python -m jaxray.evaluate`` writes for a Fashion-MNIST classifier.
 
-    confusion_matrix.png   rows true class, columns predicted; cells show row-normalised percentages
-    predictions_grid.png   the first 25 test images titled "pred: X / true: Y", green if right, red if wrong
+confusion_matrix.png   rows true class, columns predicted; cells show row-normalised percentages
+predictions_grid.png   the first 25 test images titled "pred: X / true: Y", green if right, red if wrong
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
+
 matplotlib.use("Agg")  # evaluation runs on headless machines: never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxray.data.fashion_mnist import IMAGE_SIDE  # noqa: E402
-from jaxray.report import save_figure  # noqa: E402
+from jaxray.reporting.sweep import save_figure  # noqa: E402
 
 GRID_SIDE = 5  # the predictions grid is GRID_SIDE x GRID_SIDE images
 
@@ -36,17 +38,28 @@ def plot_confusion_matrix(matrix: np.ndarray, class_names: Sequence[str], path: 
     for i in range(n):
         for j in range(n):
             # White text on dark cells, or the diagonal's large values would be unreadable.
-            ax.text(j, i, f"{percent[i, j]:.1f}", ha="center", va="center", fontsize=8,
-                    color="white" if percent[i, j] > 50 else "black")
+            ax.text(
+                j,
+                i,
+                f"{percent[i, j]:.1f}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if percent[i, j] > 50 else "black",
+            )
     ax.set_xticks(range(n), class_names, rotation=45, ha="right")
     ax.set_yticks(range(n), class_names)
-    ax.set(xlabel="predicted class", ylabel="true class",
-           title=f"Confusion matrix, row-normalised (%), {int(matrix.sum())} test images")
+    ax.set(
+        xlabel="predicted class",
+        ylabel="true class",
+        title=f"Confusion matrix, row-normalised (%), {int(matrix.sum())} test images",
+    )
     save_figure(fig, path)
 
 
-def plot_predictions_grid(images: np.ndarray, labels: np.ndarray, predictions: np.ndarray,
-                          class_names: Sequence[str], path: Path) -> None:
+def plot_predictions_grid(
+    images: np.ndarray, labels: np.ndarray, predictions: np.ndarray, class_names: Sequence[str], path: Path
+) -> None:
     """Writes the first GRID_SIDE**2 of ``images`` ([N, 784] float32 in [0, 1]) in a grid, each titled
     "pred: X / true: Y" (broken after the slash so long class names fit) in green when
     ``predictions`` ([N] int) matches ``labels`` ([N] int), else red."""
@@ -57,7 +70,10 @@ def plot_predictions_grid(images: np.ndarray, labels: np.ndarray, predictions: n
             continue
         ax.imshow(images[k].reshape(IMAGE_SIDE, IMAGE_SIDE), cmap="gray_r", vmin=0, vmax=1)
         right = predictions[k] == labels[k]
-        ax.set_title(f"pred: {class_names[predictions[k]]} /\ntrue: {class_names[labels[k]]}",
-                     fontsize=8, color="green" if right else "red")
-    fig.suptitle(f"First {min(len(images), GRID_SIDE ** 2)} test images (green: correct, red: wrong)")
+        ax.set_title(
+            f"pred: {class_names[predictions[k]]} /\ntrue: {class_names[labels[k]]}",
+            fontsize=8,
+            color="green" if right else "red",
+        )
+    fig.suptitle(f"First {min(len(images), GRID_SIDE**2)} test images (green: correct, red: wrong)")
     save_figure(fig, path)

@@ -1,4 +1,5 @@
 """Evaluation over a whole held-out set (Fashion-MNIST test images, TinyShakespeare validation bytes)."""
+
 from __future__ import annotations
 
 import math
@@ -29,5 +30,9 @@ def evaluate(eval_fn, params, arrays: Arrays, global_batch: int, mesh: Mesh) -> 
     if count != num_rows(arrays):
         raise ValueError(f"evaluated {count} rows, expected {num_rows(arrays)}")
     loss = float(totals["loss_sum"]) / count
-    return {"loss": loss, "accuracy": float(totals["correct_sum"]) / count, "perplexity": math.exp(loss),
-            "count": count}
+    return {
+        "loss": loss,
+        "accuracy": float(totals["correct_sum"]) / count,
+        "perplexity": math.exp(loss),
+        "count": count,
+    }

@@ -8,6 +8,7 @@ With several workers they form one JAX program: on GPU the JaxTrainer backend in
 address broadcast from rank 0 with Ray Train's collective helper). The mesh spans every device of
 every process, and each worker feeds the rows of each global batch that its own devices hold.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +18,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 import ray.train
@@ -30,7 +32,9 @@ from jaxray.data.ray_data import shard_batches
 
 # Beside the trial's checkpoints (``train/<trial>/``): what XLA knows about its compiled step.
 COMPILE_FILE = "compile.json"
-FAULT_PAUSE_S = 10.0  # before an injected exit: several of Ray Train's 2 s health-check polls, also under load
+FAULT_PAUSE_S = (
+    10.0  # before an injected exit: several of Ray Train's 2 s health-check polls, also under load
+)
 
 
 def worker_env(workers: WorkersConfig) -> dict[str, str]:
@@ -40,8 +44,11 @@ def worker_env(workers: WorkersConfig) -> dict[str, str]:
     if workers.use_gpu:
         # Several JAX processes may share a GPU in small tests; preallocation would starve them.
         return {**quiet, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    return {**quiet, "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={workers.devices_per_worker}"}
+    return {
+        **quiet,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={workers.devices_per_worker}",
+    }
 
 
 def join_cpu_program(rank: int, world: int) -> None:
@@ -70,8 +77,10 @@ def describe_worker(rank: int) -> str:
     GPUs' UUIDs (so two workers sharing a GPU show the same UUID)."""
     import jax
 
-    line = (f"jaxray worker rank {rank}: JAX process {jax.process_index()} of {jax.process_count()}, "
-            f"local devices {jax.local_devices()}")
+    line = (
+        f"jaxray worker rank {rank}: JAX process {jax.process_index()} of {jax.process_count()}, "
+        f"local devices {jax.local_devices()}"
+    )
     if jax.default_backend() == "gpu":
         line += f", GPUs {gpu_uuids()}"
     return line
@@ -81,8 +90,13 @@ def gpu_uuids() -> list[str]:
     """UUIDs of the GPUs this process may use (``CUDA_VISIBLE_DEVICES`` order) from ``nvidia-smi``;
     [] when it cannot be asked."""
     try:
-        listing = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20, check=True).stdout
+        listing = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     uuids = dict(line.split(", ", 1) for line in listing.strip().splitlines() if ", " in line)
@@ -90,8 +104,9 @@ def gpu_uuids() -> list[str]:
     return [uuids.get(i.strip(), i.strip()) for i in visible.split(",")] if visible else list(uuids.values())
 
 
-def rank_batches(shard, global_batch: int, rank: int, world: int,
-                 prefetch_batches: int = 2) -> Iterator[dict[str, np.ndarray]]:
+def rank_batches(
+    shard, global_batch: int, rank: int, world: int, prefetch_batches: int = 2
+) -> Iterator[dict[str, np.ndarray]]:
     """This worker's rows of every global batch from an unsplit dataset iterator, endlessly: rows
     ``[rank * L, (rank + 1) * L)`` of each ``global_batch``-row batch (L = global_batch / world),
     the rows its own devices hold under the ``data`` sharding. Every worker gets the same number of
@@ -99,10 +114,12 @@ def rank_batches(shard, global_batch: int, rank: int, world: int,
     process. Raises ValueError if the dataset holds fewer rows than one global batch."""
     local = global_batch // world
     for batch in shard_batches(shard, global_batch, prefetch_batches):
-        yield {k: v[rank * local:(rank + 1) * local] for k, v in batch.items()}
+        yield {k: v[rank * local : (rank + 1) * local] for k, v in batch.items()}
 
 
-def parquet_data(trial: TrialConfig, rank: int, world: int) -> tuple[Iterator[dict[str, np.ndarray]], dict, int]:
+def parquet_data(
+    trial: TrialConfig, rank: int, world: int
+) -> tuple[Iterator[dict[str, np.ndarray]], dict, int]:
     """(this worker's training batches, the whole held-out split, the training rows) from
     ``data.parquet``: Ray Data streams the prepared files, each epoch in the order ``train.seed``
     draws, and the worker keeps its rows of every global batch
@@ -111,8 +128,15 @@ def parquet_data(trial: TrialConfig, rank: int, world: int) -> tuple[Iterator[di
     from jaxray.data.workloads import held_out_split, parquet_folder
 
     folder, manifest = parquet_folder(trial)
-    batches = parquet_batches(folder, "train", trial.train.global_batch, trial.train.seed, rank, world,
-                              cache_bytes=trial.data.parquet_cache_mib << 20)
+    batches = parquet_batches(
+        folder,
+        "train",
+        trial.train.global_batch,
+        trial.train.seed,
+        rank,
+        world,
+        cache_bytes=trial.data.parquet_cache_mib << 20,
+    )
     held_out = split_arrays(folder, held_out_split(trial.model.workload), manifest=manifest)
     return batches, held_out, manifest.split("train").rows
 
@@ -128,8 +152,10 @@ def _check_local_devices(trial: TrialConfig) -> None:
 
     found = jax.local_device_count()
     if found != trial.workers.devices_per_worker:
-        raise ConfigError(f"workers.devices_per_worker is {trial.workers.devices_per_worker} but this worker "
-                          f"sees {found} {jax.default_backend()} device(s): {jax.local_devices()}")
+        raise ConfigError(
+            f"workers.devices_per_worker is {trial.workers.devices_per_worker} but this worker "
+            f"sees {found} {jax.default_backend()} device(s): {jax.local_devices()}"
+        )
 
 
 def _reporter(every: int, steps: int):
@@ -148,7 +174,7 @@ def checkpoint_name(step: int, attempt: int) -> str:
     return f"checkpoint_step_{step:08d}_attempt{attempt}"
 
 
-def count_attempt(path: Optional[str]) -> int:
+def count_attempt(path: str | None) -> int:
     """This worker group's attempt number (1 for the first start; Ray Train restarts add one),
     counted in the file ``path`` (rank 0 calls it once per start); 1 without a file."""
     if not path:
@@ -168,7 +194,7 @@ def damage(checkpoint_dir: Path) -> Path:
     return victim
 
 
-def resume_point(trial: TrialConfig, rank: int, attempt: int) -> tuple[Optional[Path], list[str], int]:
+def resume_point(trial: TrialConfig, rank: int, attempt: int) -> tuple[Path | None, list[str], int]:
     """The checkpoint this worker group continues from: the newest of the run's checkpoints that is
     complete and undamaged (``checkpoint.verify``), starting from ``ray.train.get_checkpoint()``;
     None on a fresh start. Rank 0 decides (after the ``corrupt_latest_checkpoint`` fault, if set)
@@ -189,7 +215,7 @@ def resume_point(trial: TrialConfig, rank: int, attempt: int) -> tuple[Optional[
         candidates = [newest] + [c for c in candidates if c.name < newest.name]
         try:
             _, path = checkpoint.restore_latest(candidates, checkpoint.verify)
-            chosen, skipped = str(path), [c.name for c in candidates[:candidates.index(path)]]
+            chosen, skipped = str(path), [c.name for c in candidates[: candidates.index(path)]]
         except checkpoint.CheckpointError as err:  # every one damaged: start over rather than fail
             checkpoint.log.warning("%s; starting again from step 0", err)
             skipped = [c.name for c in candidates]
@@ -218,7 +244,7 @@ def _fault_hooks(trial: TrialConfig, rank: int, attempt: int) -> tuple:
     return (Hook(kill, lambda step, state, metrics: _die(step) if step == kill else None),)
 
 
-def _saver(trial: TrialConfig, rank: int, attempt: int, rows_per_epoch: Optional[int]):
+def _saver(trial: TrialConfig, rank: int, attempt: int, rows_per_epoch: int | None):
     """``save(step, state, history, row=None)`` for ``train`` and for the final checkpoint: rank 0
     writes the full state with Orbax into a local folder and every rank reports it to Ray Train (a
     barrier) with ``row`` (default: the last log row), which copies it to the run's storage and
@@ -226,35 +252,45 @@ def _saver(trial: TrialConfig, rank: int, attempt: int, rows_per_epoch: Optional
     once and lost a checkpoint on a kill, before ``_die``'s pause existed)."""
     from jaxray import checkpoint
 
-    def save(step: int, state, history: list[dict], row: Optional[dict] = None) -> None:
+    def save(step: int, state, history: list[dict], row: dict | None = None) -> None:
         ckpt = None
         if rank == 0:
             die = trial.fault.kill_at_step == step and attempt == 1
-            folder = checkpoint.save_state(tempfile.mkdtemp(prefix="jaxray-ckpt-"), state, trial, history,
-                                           position(step, rows_per_epoch), (lambda: _die(step)) if die else None)
+            folder = checkpoint.save_state(
+                tempfile.mkdtemp(prefix="jaxray-ckpt-"),
+                state,
+                trial,
+                history,
+                position(step, rows_per_epoch),
+                (lambda: _die(step)) if die else None,
+            )
             ckpt = Checkpoint.from_directory(folder)
         if row is None:
             row = {**(history[-1] if history else {}), "step": step}
-        ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=checkpoint_name(step, attempt),
-                         delete_local_checkpoint_after_upload=True)
+        ray.train.report(
+            row,
+            checkpoint=ckpt,
+            checkpoint_dir_name=checkpoint_name(step, attempt),
+            delete_local_checkpoint_after_upload=True,
+        )
 
     return save
 
 
-def position(step: int, batches_per_epoch: Optional[int]) -> dict[str, int]:
+def position(step: int, batches_per_epoch: int | None) -> dict[str, int]:
     """The data position after ``step`` batches: epoch and batch index within it (when known)."""
     if not batches_per_epoch:
         return {}
     return {"epoch": step // batches_per_epoch, "batch_in_epoch": step % batches_per_epoch}
 
 
-def _compile_writer(path: Optional[str]):
+def _compile_writer(path: str | None):
     """``on_compile`` for ``train``: the report as JSON at ``path`` (temp file, then rename), or None."""
     if not path:
         return None
 
     def write(report: dict) -> None:
-        from jaxray.report import json_safe
+        from jaxray.reporting.sweep import json_safe
 
         file = Path(path)
         file.parent.mkdir(parents=True, exist_ok=True)
@@ -280,7 +316,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import jax
 
     from jaxray.parallel.mesh import make_mesh
-    from jaxray.tensorboard import TensorBoardLogger
+    from jaxray.reporting.tensorboard import TensorBoardLogger
     from jaxray.train.run import train
 
     trial = parse_trial(config["trial"])
@@ -307,9 +343,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     tb_dir = config.get("tensorboard_dir") if rank == 0 else None
     with TensorBoardLogger(tb_dir) if tb_dir else contextlib.nullcontext() as tb:
         on_log = [_reporter(trial.train.report_interval, trial.train.steps)] + ([tb] if tb else [])
-        result = train(trial, batches, held_out, mesh, on_log=on_log, resume=resume, save=save,
-                       hooks=_fault_hooks(trial, rank, attempt),
-                       on_compile=_compile_writer(config.get("compile_file") if rank == 0 else None))
+        result = train(
+            trial,
+            batches,
+            held_out,
+            mesh,
+            on_log=on_log,
+            resume=resume,
+            save=save,
+            hooks=_fault_hooks(trial, rank, attempt),
+            on_compile=_compile_writer(config.get("compile_file") if rank == 0 else None),
+        )
         # A count, not the names (Tune's TensorBoard logger takes numbers only); the names are in
         # the worker log's warning.
         result.summary.update(restarts=attempt - 1, skipped_checkpoints=len(skipped))
@@ -317,7 +361,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             tb.add_final(result.summary, trial.train.steps)
     # The final checkpoint with the summary, and the last logged row too (step, loss, ...):
     # schedulers such as ASHA read them in every report.
-    save(trial.train.steps, result.state, result.history, row={**result.history[-1], **result.summary, "final": True})
+    save(
+        trial.train.steps,
+        result.state,
+        result.history,
+        row={**result.history[-1], **result.summary, "final": True},
+    )
     if world > 1 and not trial.workers.use_gpu:
         jax.distributed.shutdown()  # JaxTrainer's backend only shuts down what it started (GPU, TPU)
 
@@ -330,8 +379,14 @@ def _ordered_ingest():
     return options
 
 
-def make_trainer(trial: TrialConfig, datasets: dict, storage_path: str | Path, name: str,
-                 tensorboard_dir: Optional[str | Path] = None, callbacks: Optional[list] = None) -> JaxTrainer:
+def make_trainer(
+    trial: TrialConfig,
+    datasets: dict,
+    storage_path: str | Path,
+    name: str,
+    tensorboard_dir: str | Path | None = None,
+    callbacks: list | None = None,
+) -> JaxTrainer:
     """A JaxTrainer for one trial. ``datasets``: ``{"train": Dataset, "eval": Dataset}``, both given
     whole to every worker: each takes its rows of every global batch of ``train`` and of ``eval``."""
     w = trial.workers
@@ -340,18 +395,26 @@ def make_trainer(trial: TrialConfig, datasets: dict, storage_path: str | Path, n
     attempts = Path(storage_path) / f"{name}.attempts.json"
     return JaxTrainer(
         train_loop_per_worker,
-        train_loop_config={"trial": trial.model_dump(),
-                           "tensorboard_dir": str(tensorboard_dir) if tensorboard_dir else None,
-                           "attempts_file": str(attempts),
-                           "compile_file": str(Path(storage_path) / name / COMPILE_FILE),
-                           "train_rows": datasets["train"].count() if "train" in datasets else None},
-        scaling_config=ScalingConfig(num_workers=w.num_workers, use_gpu=w.use_gpu, resources_per_worker=resources),
+        train_loop_config={
+            "trial": trial.model_dump(),
+            "tensorboard_dir": str(tensorboard_dir) if tensorboard_dir else None,
+            "attempts_file": str(attempts),
+            "compile_file": str(Path(storage_path) / name / COMPILE_FILE),
+            "train_rows": datasets["train"].count() if "train" in datasets else None,
+        },
+        scaling_config=ScalingConfig(
+            num_workers=w.num_workers, use_gpu=w.use_gpu, resources_per_worker=resources
+        ),
         # Unsplit: each worker takes its rows of every global batch (``rank_batches``), so the global
         # batches are the same whatever the number of workers.
         dataset_config=DataConfig(datasets_to_split=[], execution_options=_ordered_ingest()),
         datasets=datasets,
-        run_config=RunConfig(name=name, storage_path=str(storage_path), callbacks=callbacks or [],
-                             worker_runtime_env={"env_vars": worker_env(w)},
-                             failure_config=FailureConfig(max_failures=w.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=trial.train.keep_checkpoints)),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(storage_path),
+            callbacks=callbacks or [],
+            worker_runtime_env={"env_vars": worker_env(w)},
+            failure_config=FailureConfig(max_failures=w.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=trial.train.keep_checkpoints),
+        ),
     )

@@ -11,15 +11,16 @@ which requests shared its batch (tested against ``Engine.generate`` of the reque
 
 One thread drives a ``Batcher`` (``jaxray.serve.scheduler`` does, from the replica's event loop).
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Hashable, Optional
 
 import numpy as np
 
-from jaxray.engine import Engine, Request
+from jaxray.inference.engine import Engine, Request
 
 
 @dataclass
@@ -38,14 +39,16 @@ class Batcher:
     return ``Update``s. Not thread-safe: call both from one thread.
     """
 
-    def __init__(self, engine: Engine, max_batch_size: Optional[int] = None):
+    def __init__(self, engine: Engine, max_batch_size: int | None = None):
         max_batch_size = max_batch_size or engine.max_batch_size
         if not 1 <= max_batch_size <= engine.max_batch_size:
-            raise ValueError(f"max_batch_size must be in 1..{engine.max_batch_size} (the largest compiled "
-                             f"batch size), got {max_batch_size}")
+            raise ValueError(
+                f"max_batch_size must be in 1..{engine.max_batch_size} (the largest compiled "
+                f"batch size), got {max_batch_size}"
+            )
         self.engine, self.max_batch_size = engine, max_batch_size
         self.state = None
-        self.rows: list[Optional[Hashable]] = []  # the ticket of each row of ``state``; None: free
+        self.rows: list[Hashable | None] = []  # the ticket of each row of ``state``; None: free
         self._left: dict[Hashable, int] = {}  # tokens each live request still expects
         self.decode_calls = self.rows_decoded = 0
         self.admit_s = self.decode_s = 0.0  # time spent in each, seconds
@@ -65,15 +68,19 @@ class Batcher:
         running batch. Returns each one's first token. ``tickets`` name the requests in updates
         (distinct from every live one). Raises ValueError when they do not fit."""
         if not 1 <= len(requests) <= self.free or len(tickets) != len(requests):
-            raise ValueError(f"admit takes 1..{self.free} requests (free rows) with one ticket each, got "
-                             f"{len(requests)} requests and {len(tickets)} tickets")
+            raise ValueError(
+                f"admit takes 1..{self.free} requests (free rows) with one ticket each, got "
+                f"{len(requests)} requests and {len(tickets)} tickets"
+            )
         begin = time.perf_counter()
         fresh, first = self.engine.start(requests)
         live = self._live_rows()
         joined = live + [len(self.rows) + i for i in range(len(requests))]  # rows of (running, fresh) joined
         target = self.engine.batch_for(len(joined))
         # With nothing running the fresh batch already has the right size (batch_for of the same count).
-        self.state = fresh if self.state is None else self.engine.gather([self.state, fresh], *_index(joined, target))
+        self.state = (
+            fresh if self.state is None else self.engine.gather([self.state, fresh], *_index(joined, target))
+        )
         self.rows = [self.rows[i] for i in live] + list(tickets) + [None] * (target - len(joined))
         updates = []
         for ticket, request, token in zip(tickets, requests, first):
@@ -95,7 +102,7 @@ class Batcher:
         for row, ticket in enumerate(self.rows):
             if ticket is not None:
                 self._left[ticket] -= int(counts[row])
-                updates.append(Update(ticket, out[row, :counts[row]].tolist(), self._left[ticket] <= 0))
+                updates.append(Update(ticket, out[row, : counts[row]].tolist(), self._left[ticket] <= 0))
         self._drop_finished()
         self.decode_s += time.perf_counter() - begin
         return updates
@@ -129,5 +136,5 @@ class Batcher:
 def _index(rows: list[int], target: int) -> tuple[np.ndarray, np.ndarray]:
     """``gather`` arguments taking ``rows`` then finished padding up to ``target`` rows."""
     index = np.zeros(target, np.int32)
-    index[:len(rows)] = rows
+    index[: len(rows)] = rows
     return index, np.arange(target) < len(rows)

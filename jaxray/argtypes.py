@@ -1,5 +1,6 @@
 """Argument types shared by the command lines (argparse turns their errors into exit code 2 with
 the option's name). Nothing here imports JAX: parsing happens before XLA_FLAGS is final."""
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,9 @@ def cpu_device_count(text: str) -> int:
     """A forced CPU device count, 1..MAX_CPU_DEVICES."""
     value = positive_int(text)
     if value > MAX_CPU_DEVICES:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_CPU_DEVICES} forced CPU devices, got {value}")
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_CPU_DEVICES} forced CPU devices, got {value}"
+        )
     return value
 
 
@@ -51,7 +54,9 @@ def int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(positive_int(part) for part in text.split(","))
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers, got {text!r}"
+        ) from None
 
 
 def positive_int_list(text: str) -> tuple[int, ...]:
@@ -95,5 +100,7 @@ def context_keep(text: str) -> int:
     max_seq_len, is checked against the model)."""
     value = positive_int(text)
     if value < 2:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2 (bytes kept when the window is full), got {value}")
+        raise argparse.ArgumentTypeError(
+            f"expected an integer >= 2 (bytes kept when the window is full), got {value}"
+        )
     return value

@@ -8,7 +8,7 @@ artifact and used where jaxray is not installed. An artifact directory holds::
     weights.npz            the float32 params, one array per leaf, named by its key path
     logits.exported        tokens [b, S] int32 -> logits [b, S, V] float32 (b symbolic)
     start_b{P}_n{B}.exported, decode_n{B}.exported
-                           the serving engine's programs (``jaxray.decoding``) per prompt bucket P
+                           the serving engine's programs (``jaxray.inference.kv_decode``) per prompt bucket P
                            and batch size B, as serialized ``jax.export.Exported`` (StableHLO)
 
 Every exported function takes the flat list of weights (the manifest's ``weights.leaves`` order)
@@ -19,14 +19,16 @@ first; the decode state is a flat tuple (the manifest's ``state_leaves``)::
     state, first = art.start(tokens, lengths, seeds, temperature, top_k, max_new)
     state, new, counts = art.decode(state, np.int32(art.manifest["chunk"]))
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -74,22 +76,26 @@ class Artifact:
         tokens = np.asarray(tokens)
         size, vocab = self.manifest["max_seq_len"], self.manifest["vocab_size"]
         if tokens.ndim != 2 or not 1 <= tokens.shape[1] <= size or tokens.shape[0] < 1:
-            raise ValueError(f"tokens must be [B, T] with B >= 1 and 1 <= T <= {size}, got shape {tokens.shape}")
+            raise ValueError(
+                f"tokens must be [B, T] with B >= 1 and 1 <= T <= {size}, got shape {tokens.shape}"
+            )
         if not np.issubdtype(tokens.dtype, np.integer) or tokens.min() < 0 or tokens.max() >= vocab:
             raise ValueError(f"tokens must be integers in 0..{vocab - 1}")
         padded = np.zeros((tokens.shape[0], size), np.int32)
-        padded[:, :tokens.shape[1]] = tokens
-        return np.asarray(self.program(("logits", None, None))(padded))[:, :tokens.shape[1]]
+        padded[:, : tokens.shape[1]] = tokens
+        return np.asarray(self.program(("logits", None, None))(padded))[:, : tokens.shape[1]]
 
     def start(self, tokens, lengths, seeds, temperature, top_k, max_new_tokens):
-        """``jaxray.decoding.start`` for tokens [B, P] int32 (P a bucket, B a batch size); lengths,
+        """``jaxray.inference.kv_decode.start`` for tokens [B, P] int32 (P a bucket, B a batch size); lengths,
         top_k, max_new_tokens [B] int32; seeds [B] uint32; temperature [B] float32.
         Returns (state: tuple of arrays, first [B] int32)."""
         batch, bucket = np.shape(tokens)
-        return self.program(("start", bucket, batch))(tokens, lengths, seeds, temperature, top_k, max_new_tokens)
+        return self.program(("start", bucket, batch))(
+            tokens, lengths, seeds, temperature, top_k, max_new_tokens
+        )
 
     def decode(self, state, max_steps):
-        """``jaxray.decoding.decode``: state from ``start``/``decode``, max_steps () int32.
+        """``jaxray.inference.kv_decode.decode``: state from ``start``/``decode``, max_steps () int32.
         Returns (state, tokens [B, chunk] int32, counts [B] int32)."""
         return self.program(("decode", None, np.shape(state[0])[0]))(state, max_steps)
 
@@ -115,8 +121,10 @@ def read_manifest(directory: str | Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"{path} is not a {FORMAT} manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{path} has format_version {manifest.get('format_version')!r}; "
-                            f"this loader reads {FORMAT_VERSION}")
+        raise ArtifactError(
+            f"{path} has format_version {manifest.get('format_version')!r}; "
+            f"this loader reads {FORMAT_VERSION}"
+        )
     return manifest
 
 
@@ -136,8 +144,9 @@ def check_versions(manifest: dict) -> None:
     backward compatibility for a while, but numerics and support windows may differ)."""
     minor = lambda version: tuple(str(version).split(".")[:2])  # noqa: E731
     if minor(manifest.get("jax", "")) != minor(jax.__version__):
-        warnings.warn(f"artifact exported with jax {manifest.get('jax')}; running jax {jax.__version__}",
-                      stacklevel=3)
+        warnings.warn(
+            f"artifact exported with jax {manifest.get('jax')}; running jax {jax.__version__}", stacklevel=3
+        )
 
 
 def load_weights(path: Path, leaves: list[dict]) -> list:
@@ -150,8 +159,10 @@ def load_weights(path: Path, leaves: list[dict]) -> list:
                 raise ArtifactError(f"{path} has no array {leaf['name']!r}")
             array = npz[leaf["name"]]
             if list(array.shape) != leaf["shape"] or str(array.dtype) != leaf["dtype"]:
-                raise ArtifactError(f"{path}: {leaf['name']} is {array.dtype}{list(array.shape)}, "
-                                    f"the manifest says {leaf['dtype']}{leaf['shape']}")
+                raise ArtifactError(
+                    f"{path}: {leaf['name']} is {array.dtype}{list(array.shape)}, "
+                    f"the manifest says {leaf['dtype']}{leaf['shape']}"
+                )
             out.append(jax.device_put(array))
     return out
 
@@ -173,12 +184,15 @@ def load_artifact(directory: str | Path) -> Artifact:
     check_versions(manifest)
     platform = jax.export.default_export_platform()
     if platform not in manifest["platforms"]:
-        raise ArtifactError(f"{directory} was exported for {', '.join(manifest['platforms'])}; "
-                            f"this machine runs {platform}")
+        raise ArtifactError(
+            f"{directory} was exported for {', '.join(manifest['platforms'])}; this machine runs {platform}"
+        )
     exported = {}
     for entry in manifest["functions"].values():
         try:
-            exported[_key(entry)] = jax.export.deserialize(bytearray((directory / entry["file"]).read_bytes()))
+            exported[_key(entry)] = jax.export.deserialize(
+                bytearray((directory / entry["file"]).read_bytes())
+            )
         except Exception as err:  # noqa: BLE001 - deserialize raises assorted errors for unreadable blobs
             raise ArtifactError(f"{directory / entry['file']} could not be deserialized: {err}") from None
     weights = load_weights(directory / manifest["weights"]["file"], manifest["weights"]["leaves"])

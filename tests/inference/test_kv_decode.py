@@ -1,5 +1,6 @@
 """KV-cache decoding against the full forward and the full-recompute sampler, on a checkpoint
 trained on the real TinyShakespeare bytes; the engine's batching, streaming, AOT and errors."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxray.batching import Batcher
-from jaxray.engine import Engine, EngineSettings, Request, gather_shapes
-from jaxray.generate import generate, kv_generate
+from jaxray.inference.batcher import Batcher
+from jaxray.inference.engine import Engine, EngineSettings, Request, gather_shapes, kv_generate
+from jaxray.inference.sampling import generate
 
 TOL = 1e-5  # float32 logits; the two paths sum attention in a different order
 
@@ -23,7 +24,7 @@ def real_tokens(n: int) -> jnp.ndarray:
 
 
 def test_draw_follows_the_softmax_and_never_picks_an_excluded_token():
-    from jaxray.decoding import draw
+    from jaxray.inference.sampling import draw
 
     logits = jnp.array([2.0, 0.5, -jnp.inf, 1.0, 0.0])
     keys = jax.random.split(jax.random.key(0), 40_000)
@@ -43,8 +44,13 @@ def test_prefill_and_decode_steps_equal_the_full_forward(restored):
     logits, cache = jax.jit(model.prefill)(params, tokens[:, :40])
     decode = jax.jit(model.decode)
     assert float(jnp.abs(logits - full[:, :40]).max()) < TOL
-    cache = tuple((jnp.pad(k, ((0, 0), (0, 0), (0, size - 40), (0, 0))),
-                   jnp.pad(v, ((0, 0), (0, 0), (0, size - 40), (0, 0)))) for k, v in cache)
+    cache = tuple(
+        (
+            jnp.pad(k, ((0, 0), (0, 0), (0, size - 40), (0, 0))),
+            jnp.pad(v, ((0, 0), (0, 0), (0, size - 40), (0, 0))),
+        )
+        for k, v in cache
+    )
     for position in range(40, size):
         step, cache = decode(params, tokens[:, position], jnp.array([position]), cache)
         assert float(jnp.abs(step[0] - full[0, position]).max()) < TOL, position
@@ -84,8 +90,11 @@ def test_default_window_policy_matches_inside_the_window(restored):
 
 
 def test_each_row_of_a_batch_equals_the_row_alone(engine):
-    requests = [Request(b"ROMEO:", 40, 0.0), Request(b"First Citizen:\nBefore we proceed", 25, 0.8, 10, 5),
-                Request(b"x", 1, 1.0, None, 9)]
+    requests = [
+        Request(b"ROMEO:", 40, 0.0),
+        Request(b"First Citizen:\nBefore we proceed", 25, 0.8, 10, 5),
+        Request(b"x", 1, 1.0, None, 9),
+    ]
     together = engine.generate(requests)
     assert [len(c.tokens) for c in together] == [40, 25, 1]
     for request, completion in zip(requests, together):
@@ -105,7 +114,8 @@ def test_nothing_compiles_after_compile(engine):
     """AOT: requests of every bucket and batch size run on programs compiled up front."""
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
-        lambda event, seconds, **_: compiles.append(event) if "backend_compile" in event else None)
+        lambda event, seconds, **_: compiles.append(event) if "backend_compile" in event else None
+    )
     programs = len(engine.compiled)
     engine.generate([Request(b"a" * 30, 20, 0.5)] * 3)
     engine.generate([Request(b"b" * 200, 5, 0.0)])  # longer than max_seq_len: its tail is read
@@ -118,17 +128,20 @@ def test_nothing_compiles_after_compile(engine):
     assert compiles == [] and len(engine.compiled) == programs == 2 * 3 + 2 + len(gather_shapes((1, 4)))
 
 
-@pytest.mark.parametrize("request_,match", [
-    (Request(b"", 5), "prompt is empty"),
-    (Request(b"x" * 1001, 5), "prompt is 1001 bytes; the limit is 1000"),
-    (Request(b"x", 0), "max_new_tokens must be in 1..200"),
-    (Request(b"x", 201), "max_new_tokens must be in 1..200"),
-    (Request(b"x", 5, -0.5), "temperature must be"),
-    (Request(b"x", 5, float("nan")), "temperature must be"),
-    (Request(b"x", 5, 1.0, 257), "top_k must be in 1..256"),
-    (Request(b"x", 5, 1.0, 0), "top_k must be in 1..256"),
-    (Request(b"x", 5, 1.0, None, 2**32), "seed must be in 0..4294967295"),
-])
+@pytest.mark.parametrize(
+    "request_,match",
+    [
+        (Request(b"", 5), "prompt is empty"),
+        (Request(b"x" * 1001, 5), "prompt is 1001 bytes; the limit is 1000"),
+        (Request(b"x", 0), "max_new_tokens must be in 1..200"),
+        (Request(b"x", 201), "max_new_tokens must be in 1..200"),
+        (Request(b"x", 5, -0.5), "temperature must be"),
+        (Request(b"x", 5, float("nan")), "temperature must be"),
+        (Request(b"x", 5, 1.0, 257), "top_k must be in 1..256"),
+        (Request(b"x", 5, 1.0, 0), "top_k must be in 1..256"),
+        (Request(b"x", 5, 1.0, None, 2**32), "seed must be in 0..4294967295"),
+    ],
+)
 def test_bad_requests(engine, request_, match):
     with pytest.raises(ValueError, match=match):
         engine.check(request_)
@@ -149,12 +162,43 @@ def test_bad_settings(restored):
 
 def test_cli_samplers_agree(trained_transformer):
     def run(*extra):
-        proc = subprocess.run([sys.executable, "-m", "jaxray.generate", "--checkpoint", str(trained_transformer),
-                               "--prompt", "ROMEO:", "--max-new-tokens", "40", "--temperature", "0", *extra],
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "jaxray.generate",
+                "--checkpoint",
+                str(trained_transformer),
+                "--prompt",
+                "ROMEO:",
+                "--max-new-tokens",
+                "40",
+                "--temperature",
+                "0",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         return proc.stdout
+
     assert run() == run("--sampler", "full")
-    bad = subprocess.run([sys.executable, "-m", "jaxray.generate", "--checkpoint", str(trained_transformer),
-                          "--sampler", "full", "--context-keep", "8"], capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxray.generate",
+            "--checkpoint",
+            str(trained_transformer),
+            "--sampler",
+            "full",
+            "--context-keep",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "--context-keep applies to --sampler kv only" in bad.stderr

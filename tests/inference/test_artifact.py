@@ -3,6 +3,7 @@ needs no jaxray model code, Flax or Orbax, and bad inputs are refused without to
 
 Params come from init: this is a parity test of the export, not of training.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,14 +16,16 @@ import jax
 import numpy as np
 import pytest
 
-from jaxray import checkpoint, export
-from jaxray.batching import Batcher
+from jaxray import checkpoint
+from jaxray import export as export_cli
 from jaxray.config import parse_trial
-from jaxray.engine import Engine, EngineSettings, Request
-from jaxray.export_loader import ArtifactError, load_artifact, sha256
+from jaxray.inference.artifact import load_engine
+from jaxray.inference.artifact_loader import ArtifactError, load_artifact, sha256
+from jaxray.inference.batcher import Batcher
+from jaxray.inference.engine import Engine, EngineSettings, Request
 from jaxray.models import build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = EngineSettings(buckets=(8, 32), batch_sizes=(1, 2), chunk=8)
 OPTIONS = ["--buckets", "8,32", "--batch-sizes", "1,2", "--chunk", "8"]
 TOKENS = np.random.default_rng(0).integers(0, 256, (3, 32)).astype(np.int32)
@@ -31,7 +34,7 @@ TOKENS = np.random.default_rng(0).integers(0, 256, (3, 32)).astype(np.int32)
 LOADER = """
 import json, sys
 import numpy as np
-from jaxray.export_loader import load_artifact
+from jaxray.inference.artifact_loader import load_artifact
 art = load_artifact(sys.argv[1])
 tokens = np.load(sys.argv[2])
 np.save(sys.argv[3], art.logits(tokens))
@@ -56,8 +59,13 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def artifact(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("export") / "artifact"
-    proc = subprocess.run([sys.executable, "-m", "jaxray.export", "--checkpoint", str(tiny[2]), "--out", str(out),
-                           *OPTIONS], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxray.export", "--checkpoint", str(tiny[2]), "--out", str(out), *OPTIONS],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "attention: xla" in proc.stdout and "not portable" in proc.stdout
     return out
@@ -69,8 +77,15 @@ def test_manifest_describes_the_artifact(artifact):
     assert {"cpu", "cuda"} <= set(manifest["platforms"]) and manifest["jax"] == jax.__version__
     assert (manifest["buckets"], manifest["batch_sizes"], manifest["chunk"]) == ([8, 32], [1, 2], 8)
     assert manifest["context_keep"] == 16 and manifest["vocab_size"] == 256
-    assert sorted(manifest["functions"]) == ["decode_n1", "decode_n2", "logits", "start_b32_n1", "start_b32_n2",
-                                             "start_b8_n1", "start_b8_n2"]
+    assert sorted(manifest["functions"]) == [
+        "decode_n1",
+        "decode_n2",
+        "logits",
+        "start_b32_n1",
+        "start_b32_n2",
+        "start_b8_n1",
+        "start_b8_n2",
+    ]
     assert manifest["functions"]["logits"]["outputs"] == ["float32[b,32,256]"]
     for entry in [manifest["weights"], *manifest["functions"].values()]:
         assert sha256(artifact / entry["file"]) == entry["sha256"]
@@ -79,11 +94,23 @@ def test_manifest_describes_the_artifact(artifact):
 def test_loader_logits_equal_the_live_model_without_jaxray_models(tiny, artifact, tmp_path):
     model, params, _ = tiny
     np.save(tmp_path / "tokens.npy", TOKENS)
-    proc = subprocess.run([sys.executable, "-c", LOADER, str(artifact), str(tmp_path / "tokens.npy"),
-                           str(tmp_path / "full.npy"), str(tmp_path / "short.npy")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LOADER,
+            str(artifact),
+            str(tmp_path / "tokens.npy"),
+            str(tmp_path / "full.npy"),
+            str(tmp_path / "short.npy"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.splitlines()[-1]) == ["jaxray", "jaxray.export_loader"]
+    assert json.loads(proc.stdout.splitlines()[-1]) == ["jaxray", "jaxray.inference", "jaxray.inference.artifact_loader"]
     for file, tokens in (("full.npy", TOKENS), ("short.npy", TOKENS[:2, :20])):
         exported = np.load(tmp_path / file)
         live = np.asarray(model.apply(params, tokens))
@@ -93,8 +120,10 @@ def test_loader_logits_equal_the_live_model_without_jaxray_models(tiny, artifact
 
 def test_artifact_engine_samples_like_the_live_engine(tiny, artifact):
     model, params, _ = tiny
-    requests = [Request(b"ROMEO:", 40, temperature=0.0),  # past max_seq_len: the window slides
-                Request(b"To be, or not", 12, temperature=0.9, top_k=20, seed=3)]
+    requests = [
+        Request(b"ROMEO:", 40, temperature=0.0),  # past max_seq_len: the window slides
+        Request(b"To be, or not", 12, temperature=0.9, top_k=20, seed=3),
+    ]
     live = Engine.for_model(model, params, SETTINGS).generate(requests)
     served = Engine.load(artifact)  # detects the artifact; settings default to the exported ones
     assert served.settings.context_keep == 16 and served.buckets == (8, 32)
@@ -109,21 +138,30 @@ def test_artifact_engine_samples_like_the_live_engine(tiny, artifact):
     art = load_artifact(artifact)  # the loader's own start/decode, greedy
     tokens = np.zeros((1, 8), np.int32)
     tokens[0, :6] = np.frombuffer(b"ROMEO:", np.uint8)
-    state, first = art.start(tokens, np.array([6], np.int32), np.zeros(1, np.uint32), np.zeros(1, np.float32),
-                             np.array([256], np.int32), np.array([9], np.int32))
+    state, first = art.start(
+        tokens,
+        np.array([6], np.int32),
+        np.zeros(1, np.uint32),
+        np.zeros(1, np.float32),
+        np.array([256], np.int32),
+        np.array([9], np.int32),
+    )
     _, new, counts = art.decode(state, np.int32(8))
-    assert [int(first[0])] + np.asarray(new)[0, :int(counts[0])].tolist() == live[0].tokens[:9]
+    assert [int(first[0])] + np.asarray(new)[0, : int(counts[0])].tolist() == live[0].tokens[:9]
 
 
-@pytest.mark.parametrize("settings,match", [
-    (EngineSettings(buckets=(8, 32), batch_sizes=(4,), chunk=8), r"batch_sizes \[4\] were not exported"),
-    (EngineSettings(buckets=(16,), batch_sizes=(1,), chunk=8), r"buckets \[16\] were not exported"),
-    (EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=16), "chunk 16 differs"),
-    (EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=8, context_keep=32), "context_keep 32 differs"),
-])
+@pytest.mark.parametrize(
+    "settings,match",
+    [
+        (EngineSettings(buckets=(8, 32), batch_sizes=(4,), chunk=8), r"batch_sizes \[4\] were not exported"),
+        (EngineSettings(buckets=(16,), batch_sizes=(1,), chunk=8), r"buckets \[16\] were not exported"),
+        (EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=16), "chunk 16 differs"),
+        (EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=8, context_keep=32), "context_keep 32 differs"),
+    ],
+)
 def test_settings_the_artifact_lacks_are_named(artifact, settings, match):
     with pytest.raises(ValueError, match=match):
-        export.load_engine(artifact, settings)
+        load_engine(artifact, settings)
 
 
 def test_damaged_or_incomplete_artifacts_are_named(artifact, tmp_path):
@@ -142,13 +180,16 @@ def test_damaged_or_incomplete_artifacts_are_named(artifact, tmp_path):
 
 def test_bad_checkpoints_are_refused_before_writing(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    assert export.main(["--checkpoint", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+    assert export_cli.main(["--checkpoint", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
     assert "nowhere is neither a checkpoint" in capsys.readouterr().err
     mlp = _trial("mlp")
     checkpoint.save(tmp_path / "mlp", build(mlp.model).init(jax.random.key(0)), mlp)
-    assert export.main(["--checkpoint", str(tmp_path / "mlp"), "--out", str(out)]) == 2
-    assert "holds an MLP checkpoint, not a transformer: only a transformer can be exported" in capsys.readouterr().err
-    assert export.main(["--checkpoint", str(tiny[2]), "--out", str(out), "--context-keep", "33"]) == 2
+    assert export_cli.main(["--checkpoint", str(tmp_path / "mlp"), "--out", str(out)]) == 2
+    assert (
+        "holds an MLP checkpoint, not a transformer: only a transformer can be exported"
+        in capsys.readouterr().err
+    )
+    assert export_cli.main(["--checkpoint", str(tiny[2]), "--out", str(out), "--context-keep", "33"]) == 2
     assert "context_keep must be in 2..32" in capsys.readouterr().err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["mlp"]
 
@@ -157,8 +198,13 @@ def test_a_non_empty_out_is_never_overwritten(tiny, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    proc = subprocess.run([sys.executable, "-m", "jaxray.export", "--checkpoint", str(tiny[2]), "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxray.export", "--checkpoint", str(tiny[2]), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 2 and f"--out {out} exists and is not an empty directory" in proc.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in out.iterdir()] == ["keep.txt"]
     assert (out / "keep.txt").read_text() == "precious"
@@ -166,7 +212,10 @@ def test_a_non_empty_out_is_never_overwritten(tiny, tmp_path):
 
 def test_bad_option_values_name_the_option(tiny, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        export.main(["--checkpoint", str(tiny[2]), "--out", str(tmp_path / "o"), "--buckets", "8,x"])
+        export_cli.main(["--checkpoint", str(tiny[2]), "--out", str(tmp_path / "o"), "--buckets", "8,x"])
     assert exit_info.value.code == 2 and "--buckets" in capsys.readouterr().err
-    assert export.main(["--checkpoint", str(tiny[2]), "--out", str(tmp_path / "o"), "--chunk", "10000000"]) == 2
+    assert (
+        export_cli.main(["--checkpoint", str(tiny[2]), "--out", str(tmp_path / "o"), "--chunk", "10000000"])
+        == 2
+    )
     assert "--chunk:" in capsys.readouterr().err and not (tmp_path / "o").exists()

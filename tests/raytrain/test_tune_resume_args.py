@@ -1,5 +1,6 @@
 """`python -m jaxray.tune --resume DIR` on bad input: clear errors, exit code 2, before Ray starts,
 and nothing in DIR touched. (The resume itself: tests/integration/test_tune_resume.py.)"""
+
 from __future__ import annotations
 
 import re
@@ -12,12 +13,13 @@ import pytest
 from jaxray.config import ConfigError, load_experiment
 from jaxray.tune import EXPERIMENT_FILE, load_resume, main, parse_args, prepare_out, save_experiment
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tune(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jaxray.tune", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxray.tune", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_resume_of_a_missing_folder(tmp_path):
@@ -49,12 +51,24 @@ def test_resume_of_a_file_or_a_damaged_config(tmp_path, capsys):
     assert (tmp_path / EXPERIMENT_FILE).read_text().startswith("experiment: x")
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--config", "tune_configs/smoke.yaml", "--resume", "runs/smoke"], "argument --resume: not allowed with argument --config"),
-    (["--resume", "runs/smoke", "--out", "runs/other"], "argument --out: not allowed with argument --resume"),
-    (["--resume", "runs/smoke", "--overwrite"], "argument --overwrite: not allowed with argument --resume"),
-    ([], "one of the arguments --config --resume is required"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--config", "tune_configs/smoke.yaml", "--resume", "runs/smoke"],
+            "argument --resume: not allowed with argument --config",
+        ),
+        (
+            ["--resume", "runs/smoke", "--out", "runs/other"],
+            "argument --out: not allowed with argument --resume",
+        ),
+        (
+            ["--resume", "runs/smoke", "--overwrite"],
+            "argument --overwrite: not allowed with argument --resume",
+        ),
+        ([], "one of the arguments --config --resume is required"),
+    ],
+)
 def test_conflicting_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse_args(argv)
@@ -75,8 +89,12 @@ def test_saved_config_round_trips(tmp_path, monkeypatch):
 
 def test_a_new_run_into_a_resumable_folder_points_to_resume(tmp_path):
     save_experiment(tmp_path, load_experiment(ROOT / "tune_configs/smoke.yaml"))
-    with pytest.raises(ConfigError, match=re.escape(f"(experiment.yaml); pass --overwrite to replace them, "
-                                                    f"--resume {tmp_path} to finish that run")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            f"(experiment.yaml); pass --overwrite to replace them, --resume {tmp_path} to finish that run"
+        ),
+    ):
         prepare_out(tmp_path, overwrite=False)
     prepare_out(tmp_path, overwrite=True)
     assert not (tmp_path / EXPERIMENT_FILE).exists()

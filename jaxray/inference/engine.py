@@ -11,26 +11,29 @@ as the tenth.
   [done] = engine.generate([Request(b"ROMEO:", max_new_tokens=100, temperature=0.8)])
   print(done.text)
 """
+
 from __future__ import annotations
 
 import functools
 import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from jaxray import decoding
 from jaxray.config import ModelConfig
 from jaxray.data.shakespeare import decode as decode_bytes
-from jaxray.generate import check_sampling
+from jaxray.inference import kv_decode
+from jaxray.inference.sampling import check_sampling, encode_prompt, prompt_window
 
 log = logging.getLogger(__name__)
+
 
 class EngineSettings(BaseModel):
     """What a replica compiles and accepts.
@@ -39,7 +42,7 @@ class EngineSettings(BaseModel):
     batch_sizes: batch sizes compiled, a batch pads to the next one; chunk: new tokens per decode
     call (the streaming granularity); max_new_tokens: the per-request cap; max_prompt_bytes: longer
     prompts are refused (only the last max_seq_len bytes are read anyway); context_keep: tokens kept
-    when a row's window is full (``jaxray.decoding``; default max_seq_len // 2, max_seq_len makes
+    when a row's window is full (``jaxray.inference.kv_decode``; default max_seq_len // 2, max_seq_len makes
     long outputs equal the full-recompute sampler's).
     """
 
@@ -50,7 +53,7 @@ class EngineSettings(BaseModel):
     chunk: int = Field(32, gt=0, le=100_000, strict=True)
     max_new_tokens: int = Field(1024, gt=0, le=100_000, strict=True)
     max_prompt_bytes: int = Field(65536, gt=0, strict=True)
-    context_keep: Optional[int] = Field(None, ge=2, strict=True)
+    context_keep: int | None = Field(None, ge=2, strict=True)
 
     @field_validator("buckets", "batch_sizes")
     @classmethod
@@ -68,7 +71,7 @@ class Request:
     prompt: bytes
     max_new_tokens: int
     temperature: float = 0.8
-    top_k: Optional[int] = None
+    top_k: int | None = None
     seed: int = 0
 
 
@@ -88,7 +91,7 @@ class Completion:
 @dataclass
 class Programs:
     """Uncompiled programs: ``start(params, tokens, lengths, seeds, temperature, top_k, max_new)`` and
-    ``decode(params, state, max_steps)``, as in ``jaxray.decoding`` with the model bound."""
+    ``decode(params, state, max_steps)``, as in ``jaxray.inference.kv_decode`` with the model bound."""
 
     start: Callable[..., tuple]
     decode: Callable[..., tuple]
@@ -97,8 +100,10 @@ class Programs:
 def programs_for(model, chunk: int, keep: int) -> Programs:
     """``Programs`` of a live ``jaxray.models.Model`` (the transformer)."""
     size = model.config.max_seq_len
-    return Programs(functools.partial(decoding.start, model.prefill, max_seq_len=size),
-                    functools.partial(decoding.decode, model.prefill, model.decode, chunk=chunk, keep=keep))
+    return Programs(
+        functools.partial(kv_decode.start, model.prefill, max_seq_len=size),
+        functools.partial(kv_decode.decode, model.prefill, model.decode, chunk=chunk, keep=keep),
+    )
 
 
 @dataclass
@@ -114,12 +119,13 @@ class Engine:
     compile_s: float = 0.0
 
     @classmethod
-    def load(cls, path: str | Path, settings: Optional[EngineSettings] = None) -> "Engine":
+    def load(cls, path: str | Path, settings: EngineSettings | None = None) -> Engine:
         """The engine for a checkpoint, a Ray Train run folder, ``runs/<experiment>`` (its best
         transformer) or a ``python -m jaxray.export`` artifact (``jaxray.export.load_engine``).
         Raises CheckpointError (a ValueError) naming the path when it holds no transformer checkpoint."""
         if (Path(path) / "manifest.json").is_file():  # an export artifact
-            from jaxray.export import load_engine
+            from jaxray.inference.artifact import load_engine
+
             return load_engine(path, settings)
         from jaxray import checkpoint
 
@@ -128,7 +134,7 @@ class Engine:
         return cls.for_model(model, params, settings, source=str(resolved))
 
     @classmethod
-    def for_model(cls, model, params, settings: Optional[EngineSettings] = None, source: str = "") -> "Engine":
+    def for_model(cls, model, params, settings: EngineSettings | None = None, source: str = "") -> Engine:
         settings = settings or EngineSettings()
         keep = check_keep(settings, model.config.max_seq_len)
         return cls(model.config, params, settings, programs_for(model, settings.chunk, keep), source)
@@ -147,7 +153,7 @@ class Engine:
         it); idempotent. Returns {"compile_s", "programs"}.
 
         Programs: ``start`` per (bucket, batch size), ``decode`` per batch size, and the row
-        ``gather`` programs continuous batching uses (``jaxray.batching``): a running batch of any
+        ``gather`` programs continuous batching uses (``jaxray.inference.batcher``): a running batch of any
         size joined with a fresh one into any size that holds the fresh rows, or shrunk alone."""
         if not self.compiled:
             begin = time.perf_counter()
@@ -160,32 +166,43 @@ class Engine:
             for sizes, target in gather_shapes(self.settings.batch_sizes):
                 self.gather([states[b] for b in sizes], np.zeros(target, np.int32), np.zeros(target, bool))
             self.compile_s = time.perf_counter() - begin
-            log.info("compiled %d programs in %.1f s (buckets %s, batch sizes %s)", len(self.compiled),
-                     self.compile_s, self.buckets, self.settings.batch_sizes)
+            log.info(
+                "compiled %d programs in %.1f s (buckets %s, batch sizes %s)",
+                len(self.compiled),
+                self.compile_s,
+                self.buckets,
+                self.settings.batch_sizes,
+            )
         return {"compile_s": self.compile_s, "programs": len(self.compiled)}
 
     def batch_for(self, rows: int) -> int:
         """The smallest compiled batch size that holds ``rows`` (1..max_batch_size)."""
         return next(b for b in self.settings.batch_sizes if b >= rows)
 
-    def start(self, requests: list[Request]) -> tuple[decoding.DecodeState, np.ndarray]:
+    def start(self, requests: list[Request]) -> tuple[kv_decode.DecodeState, np.ndarray]:
         """Prefill already checked ``requests`` (1..max_batch_size) at the smallest batch size and
         prompt bucket that hold them: (DecodeState of that batch, padding rows finished; first new
         token of each request [len(requests)] int32)."""
         batch = self.batch_for(len(requests))
         bucket = next(b for b in self.buckets if b >= max(map(self.prompt_tokens, requests)))
-        state, first = self._program("start", bucket, batch)(self.params, *self._inputs(requests, bucket, batch))
-        return state, np.asarray(first)[:len(requests)]
+        state, first = self._program("start", bucket, batch)(
+            self.params, *self._inputs(requests, bucket, batch)
+        )
+        return state, np.asarray(first)[: len(requests)]
 
-    def decode(self, state: decoding.DecodeState) -> tuple[decoding.DecodeState, np.ndarray, np.ndarray]:
+    def decode(self, state: kv_decode.DecodeState) -> tuple[kv_decode.DecodeState, np.ndarray, np.ndarray]:
         """Up to ``chunk`` more tokens for every unfinished row: (state, tokens [B, chunk] int32,
         counts [B] int32), row b's new tokens being ``tokens[b, :counts[b]]``."""
         batch = state.pending.shape[0]
-        state, out, counts = self._program("decode", None, batch)(self.params, state, np.int32(self.settings.chunk))
+        state, out, counts = self._program("decode", None, batch)(
+            self.params, state, np.int32(self.settings.chunk)
+        )
         return state, np.asarray(out), np.asarray(counts)
 
-    def gather(self, states: list[decoding.DecodeState], index: np.ndarray, valid: np.ndarray) -> decoding.DecodeState:
-        """``decoding.gather_rows`` compiled for these batch sizes: index, valid [B'] with B' a
+    def gather(
+        self, states: list[kv_decode.DecodeState], index: np.ndarray, valid: np.ndarray
+    ) -> kv_decode.DecodeState:
+        """``kv_decode.gather_rows`` compiled for these batch sizes: index, valid [B'] with B' a
         compiled batch size (see ``gather_shapes``)."""
         sizes = tuple(s.pending.shape[0] for s in states)
         return self._program("gather", sizes, len(index))(tuple(states), index, valid)
@@ -198,7 +215,7 @@ class Engine:
             if kind == "gather":
                 states = tuple(self._decode_args(b)[0] for b in shape)
                 index, valid = jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), bool)
-                self.compiled[key] = jax.jit(decoding.gather_rows).lower(states, index, valid).compile()
+                self.compiled[key] = jax.jit(kv_decode.gather_rows).lower(states, index, valid).compile()
             else:
                 args = self._start_args(shape, batch) if kind == "start" else self._decode_args(batch)
                 self.compiled[key] = jax.jit(getattr(self.programs, kind)).lower(self.params, *args).compile()
@@ -206,8 +223,14 @@ class Engine:
 
     def _start_args(self, bucket: int, batch: int) -> tuple:
         spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-        return (spec((batch, bucket), jnp.int32), spec((batch,), jnp.int32), spec((batch,), jnp.uint32),
-                spec((batch,), jnp.float32), spec((batch,), jnp.int32), spec((batch,), jnp.int32))
+        return (
+            spec((batch, bucket), jnp.int32),
+            spec((batch,), jnp.int32),
+            spec((batch,), jnp.uint32),
+            spec((batch,), jnp.float32),
+            spec((batch,), jnp.int32),
+            spec((batch,), jnp.int32),
+        )
 
     def _decode_args(self, batch: int) -> tuple:
         state, _ = jax.eval_shape(self.programs.start, self.params, *self._start_args(self.buckets[0], batch))
@@ -218,9 +241,17 @@ class Engine:
         if not request.prompt:
             raise ValueError("prompt is empty: give at least one character")
         if len(request.prompt) > self.settings.max_prompt_bytes:
-            raise ValueError(f"prompt is {len(request.prompt)} bytes; the limit is {self.settings.max_prompt_bytes}")
-        check_sampling(request.max_new_tokens, request.temperature, request.top_k, self.config.vocab_size,
-                       request.seed, cap=self.settings.max_new_tokens)
+            raise ValueError(
+                f"prompt is {len(request.prompt)} bytes; the limit is {self.settings.max_prompt_bytes}"
+            )
+        check_sampling(
+            request.max_new_tokens,
+            request.temperature,
+            request.top_k,
+            self.config.vocab_size,
+            request.seed,
+            cap=self.settings.max_new_tokens,
+        )
 
     def generate(self, requests: list[Request]) -> list[Completion]:
         """Every request's new tokens (at most ``max_batch_size`` requests). Raises ValueError as ``check``."""
@@ -249,7 +280,7 @@ class Engine:
         left = [r.max_new_tokens - 1 for r in requests]
         while max(left) > 0:
             state, out, counts = self.decode(state)
-            yield [out[i, :counts[i]].tolist() for i in range(len(requests))]
+            yield [out[i, : counts[i]].tolist() for i in range(len(requests))]
             left = [n - int(c) for n, c in zip(left, counts)]
 
     def _inputs(self, requests: list[Request], bucket: int, batch: int) -> tuple:
@@ -259,19 +290,26 @@ class Engine:
         temperature, top_k = np.zeros(batch, np.float32), np.full(batch, self.config.vocab_size, np.int32)
         max_new = np.zeros(batch, np.int32)
         for i, r in enumerate(requests):
-            tail = np.frombuffer(r.prompt[-self.config.max_seq_len:], np.uint8)
-            tokens[i, :len(tail)], lengths[i], seeds[i] = tail, len(tail), r.seed
+            tail = np.frombuffer(r.prompt[-self.config.max_seq_len :], np.uint8)
+            tokens[i, : len(tail)], lengths[i], seeds[i] = tail, len(tail), r.seed
             temperature[i], max_new[i] = r.temperature, r.max_new_tokens
             top_k[i] = r.top_k or self.config.vocab_size
         return tokens, lengths, seeds, temperature, top_k, max_new
 
     def info(self) -> dict:
         """JSON-able description: model config, source, settings, devices and compile time."""
-        return {"model": self.config.model_dump(), "checkpoint": self.source,
-                "settings": self.settings.model_dump(), "buckets": list(self.buckets),
-                "context_keep": check_keep(self.settings, self.config.max_seq_len),
-                "devices": [str(d) for d in jax.devices()], "backend": jax.default_backend(),
-                "jax": jax.__version__, "compile_s": self.compile_s, "programs": len(self.compiled)}
+        return {
+            "model": self.config.model_dump(),
+            "checkpoint": self.source,
+            "settings": self.settings.model_dump(),
+            "buckets": list(self.buckets),
+            "context_keep": check_keep(self.settings, self.config.max_seq_len),
+            "devices": [str(d) for d in jax.devices()],
+            "backend": jax.default_backend(),
+            "jax": jax.__version__,
+            "compile_s": self.compile_s,
+            "programs": len(self.compiled),
+        }
 
 
 def check_keep(settings: EngineSettings, max_seq_len: int) -> int:
@@ -286,9 +324,16 @@ def gather_shapes(batch_sizes: tuple[int, ...]) -> list[tuple[tuple[int, ...], i
     """(joined batch sizes, target batch size) of every ``gather`` program continuous batching can
     call: a running batch B joined with a fresh batch b into any B' >= b (the fresh rows must fit),
     or a running batch alone shrunk to any smaller B'."""
-    joins = [((running, fresh), target) for running in batch_sizes for fresh in batch_sizes
-             for target in batch_sizes if target >= fresh]
-    return joins + [((running,), target) for running in batch_sizes for target in batch_sizes if target < running]
+    joins = [
+        ((running, fresh), target)
+        for running in batch_sizes
+        for fresh in batch_sizes
+        for target in batch_sizes
+        if target >= fresh
+    ]
+    return joins + [
+        ((running,), target) for running in batch_sizes for target in batch_sizes if target < running
+    ]
 
 
 def compiled_buckets(settings: EngineSettings, max_seq_len: int) -> tuple[int, ...]:
@@ -296,7 +341,7 @@ def compiled_buckets(settings: EngineSettings, max_seq_len: int) -> tuple[int, .
     return tuple(sorted({b for b in settings.buckets if b < max_seq_len} | {max_seq_len}))
 
 
-def check_source(path: str | Path, settings: Optional[EngineSettings] = None, purpose: str = "served") -> Path:
+def check_source(path: str | Path, settings: EngineSettings | None = None, purpose: str = "served") -> Path:
     """What ``Engine.load`` would serve (``purpose`` "exported": what ``jaxray.export`` would export),
     checked without loading any weights, so a command can refuse a bad path before it starts
     anything: the resolved checkpoint, or the artifact directory (serving only).
@@ -304,15 +349,48 @@ def check_source(path: str | Path, settings: Optional[EngineSettings] = None, pu
     from jaxray import checkpoint
 
     if purpose == "served" and (Path(path) / "manifest.json").is_file():
-        from jaxray.export import settings_for
-        from jaxray.export_loader import read_manifest
+        from jaxray.inference.artifact import settings_for
+        from jaxray.inference.artifact_loader import read_manifest
 
         settings_for(read_manifest(path), settings)
         return Path(path)
     resolved = checkpoint.resolve(path, workload="transformer")
     cfg = checkpoint.load_model_config(resolved)
     if cfg.workload != "transformer":
-        raise checkpoint.CheckpointError(f"{resolved} holds an {cfg.workload.upper()} checkpoint, not a "
-                                         f"transformer: only a transformer can be {purpose}")
+        raise checkpoint.CheckpointError(
+            f"{resolved} holds an {cfg.workload.upper()} checkpoint, not a "
+            f"transformer: only a transformer can be {purpose}"
+        )
     check_keep(settings or EngineSettings(), cfg.max_seq_len)
     return resolved
+
+
+def kv_generate(
+    model,
+    params,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float = 0.8,
+    seed: int = 0,
+    top_k: int | None = None,
+    context_keep: int | None = None,
+) -> str:
+    """As ``generate``, with the KV-cache sampler in one compiled call: equal to ``generate`` token
+    for token while prompt + output fit in max_seq_len, and beyond when ``context_keep`` is
+    max_seq_len (see ``jaxray.inference.kv_decode`` for the window policy; default max_seq_len // 2). Raises
+    ValueError as ``generate``, or for ``context_keep`` outside 2..max_seq_len."""
+    check_sampling(max_new_tokens, temperature, top_k, model.config.vocab_size, seed)
+    encoded = encode_prompt(prompt)
+    prompt_window(encoded, 1)  # the empty-prompt error
+    size = model.config.max_seq_len
+    settings = EngineSettings(
+        buckets=(min(len(encoded), size),),
+        batch_sizes=(1,),
+        chunk=max_new_tokens,
+        max_new_tokens=max_new_tokens,
+        max_prompt_bytes=max(len(encoded), 1),
+        context_keep=context_keep,
+    )
+    engine = Engine.for_model(model, params, settings)
+    [done] = engine.generate([Request(encoded, max_new_tokens, temperature, top_k, seed)])
+    return done.text

@@ -8,7 +8,7 @@ code runs from a live model, under ``jax.export`` and in the serving engine:
   every row has all its tokens, so a caller streams by calling it again with the returned state.
 
 Rows of a batch are independent: each has its own prompt length, temperature, top-k, seed and
-token budget. Sampling follows ``jaxray.generate.sample`` (the full-recompute sampler) key for key,
+token budget. Sampling follows ``jaxray.inference.sampling.sample`` (the full-recompute sampler) key for key,
 so both give the same tokens for the same seed; greedy (temperature 0) equality is tested.
 
 Context window policy: a row's cache holds at most S = max_seq_len positions (learned absolute
@@ -19,13 +19,16 @@ for every token past the window: exactly the full-recompute sampler's sliding wi
 at its cost. A smaller ``keep`` (the engine's default is S // 2) buys S - keep cheap steps per
 re-prefill, and the model then sees between keep and S bytes of context.
 """
+
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from jaxray.inference.sampling import next_tokens
 from jaxray.models.transformer import KVCache
 
 
@@ -52,55 +55,10 @@ class DecodeState(NamedTuple):
     top_k: jax.Array
 
 
-Prefill = Callable[[object, jax.Array], tuple]  # (params, tokens [B, T]) -> (logits [B, T, V], cache [.., T, ..])
+Prefill = Callable[
+    [object, jax.Array], tuple
+]  # (params, tokens [B, T]) -> (logits [B, T, V], cache [.., T, ..])
 Decode = Callable[[object, jax.Array, jax.Array, KVCache], tuple]  # (params, tokens, positions, cache)
-
-
-def next_tokens(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top_k: jax.Array):
-    """Sample one token per row. logits [B, V] float32; rng [B, 2] uint32 key data; temperature [B];
-    top_k [B] int32. Returns (tokens [B] int32, rng [B, 2]).
-
-    Row b: split its key; argmax when temperature <= 0, else a categorical draw at ``temperature``
-    among its ``top_k`` largest logits (ties at the k-th value are kept); see ``draw``. The same key
-    schedule as ``jaxray.generate.sample``.
-    """
-    logits = jnp.where(top_k_mask(logits, top_k), logits, -jnp.inf)
-
-    def row(logits, key_data, temperature):
-        key, subkey = jax.random.split(jax.random.wrap_key_data(key_data))
-        return draw(logits, subkey, temperature), jax.random.key_data(key)
-
-    return jax.vmap(row)(logits, rng, temperature)
-
-
-def draw(logits: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Array:
-    """One token from logits [V] float32 (-inf: excluded): argmax when temperature <= 0, else a
-    draw from softmax(logits / temperature) by inverting its CDF at one uniform number.
-
-    One random number per token rather than ``jax.random.categorical``'s V Gumbel draws: the
-    threefry work for those took about a tenth of a batch-16 decode step on CPU. Both samplers
-    (this module and ``jaxray.generate``) draw this way, so they agree for the same seed.
-    """
-    probs = jax.nn.softmax(logits / jnp.maximum(temperature, 1e-6))
-    cdf = jnp.cumsum(probs)
-    above = cdf > jax.random.uniform(key) * cdf[-1]  # the first token whose CDF passes u is drawn
-    greedy = jnp.argmax(logits)  # also where rounding left no CDF entry above u
-    drawn = jnp.where(above.any(), jnp.argmax(above), greedy)
-    return jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
-
-
-def top_k_mask(logits: jax.Array, top_k: jax.Array) -> jax.Array:
-    """[B, V] bool: the logits of row b among its top_k[b] largest (ties at the k-th value kept).
-
-    A logit is kept when fewer than k logits are larger: the same set as ``logits >= (k-th largest)``,
-    without a sort (XLA's CPU sort took most of a decode step at batch 16). Skipped entirely when no
-    row restricts (top_k = V everywhere).
-    """
-    def ranked(logits):
-        larger = (logits[:, None, :] > logits[:, :, None]).sum(axis=-1)  # [B, V]: count of larger logits
-        return larger < top_k[:, None]
-
-    return jax.lax.cond(jnp.any(top_k < logits.shape[-1]), ranked, lambda l: jnp.ones(l.shape, bool), logits)
 
 
 def _pad_cache(cache: KVCache, size: int) -> KVCache:
@@ -109,8 +67,17 @@ def _pad_cache(cache: KVCache, size: int) -> KVCache:
     return tuple((pad(k), pad(v)) for k, v in cache)
 
 
-def start(prefill: Prefill, params, tokens: jax.Array, lengths: jax.Array, seeds: jax.Array,
-          temperature: jax.Array, top_k: jax.Array, max_new_tokens: jax.Array, max_seq_len: int):
+def start(
+    prefill: Prefill,
+    params,
+    tokens: jax.Array,
+    lengths: jax.Array,
+    seeds: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    max_new_tokens: jax.Array,
+    max_seq_len: int,
+):
     """Prefill prompts and sample each row's first new token.
 
     tokens [B, P] int32, row b's prompt in ``tokens[b, :lengths[b]]`` (1 <= length <= P <= S),
@@ -123,15 +90,23 @@ def start(prefill: Prefill, params, tokens: jax.Array, lengths: jax.Array, seeds
     rng = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(seeds)
     first, rng = next_tokens(last, rng, temperature, top_k)
     context = jnp.pad(tokens, ((0, 0), (0, max_seq_len - tokens.shape[1])))
-    state = DecodeState(_pad_cache(cache, max_seq_len), context, lengths.astype(jnp.int32), first,
-                        max_new_tokens - 1, rng, temperature, top_k)
+    state = DecodeState(
+        _pad_cache(cache, max_seq_len),
+        context,
+        lengths.astype(jnp.int32),
+        first,
+        max_new_tokens - 1,
+        rng,
+        temperature,
+        top_k,
+    )
     return state, first
 
 
 def gather_rows(states: tuple[DecodeState, ...], index: jax.Array, valid: jax.Array) -> DecodeState:
     """A batch of rows taken from ``states`` joined along the batch axis (rows of ``states[0]``
     first): row i is joined row ``index[i]`` (``index`` [B'] int32), or a finished padding row where
-    ``valid[i]`` ([B'] bool) is False. Continuous batching (``jaxray.batching``) adds new requests to
+    ``valid[i]`` ([B'] bool) is False. Continuous batching (``jaxray.inference.batcher``) adds new requests to
     a running batch and drops finished ones this way, on device; rows are independent, so a row
     decodes the same tokens whichever batch holds it."""
     joined = jax.tree.map(lambda *rows: jnp.concatenate(rows), *states)
@@ -142,18 +117,26 @@ def gather_rows(states: tuple[DecodeState, ...], index: jax.Array, valid: jax.Ar
 def _slide(prefill: Prefill, params, state: DecodeState, full: jax.Array, keep: int) -> DecodeState:
     """Rows where ``full`` [B] is set restart from their newest ``keep - 1`` context tokens."""
     size = state.context.shape[1]
-    tail = state.context[:, size - keep + 1:]  # [B, keep - 1]
+    tail = state.context[:, size - keep + 1 :]  # [B, keep - 1]
     _, cache = prefill(params, tail)
     cache = _pad_cache(cache, size)
     choose = lambda new, old: jnp.where(full.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)  # noqa: E731
     return state._replace(
         cache=jax.tree.map(choose, cache, state.cache),
         context=choose(jnp.pad(tail, ((0, 0), (0, size - keep + 1))), state.context),
-        positions=jnp.where(full, keep - 1, state.positions))
+        positions=jnp.where(full, keep - 1, state.positions),
+    )
 
 
-def decode(prefill: Prefill, decode_step: Decode, params, state: DecodeState, max_steps: jax.Array,
-           chunk: int, keep: int):
+def decode(
+    prefill: Prefill,
+    decode_step: Decode,
+    params,
+    state: DecodeState,
+    max_steps: jax.Array,
+    chunk: int,
+    keep: int,
+):
     """Up to ``min(max_steps, chunk)`` decode steps, fewer once no row has tokens to sample.
 
     ``keep`` (2..S, static) is the context window policy of the module docstring. Returns
@@ -179,10 +162,13 @@ def decode(prefill: Prefill, decode_step: Decode, params, state: DecodeState, ma
         logits, cache = decode_step(params, state.pending, at, state.cache)
         token, rng = next_tokens(logits, state.rng, state.temperature, state.top_k)
         state = state._replace(
-            cache=cache, context=state.context.at[rows, at].set(state.pending),
+            cache=cache,
+            context=state.context.at[rows, at].set(state.pending),
             positions=jnp.where(active, state.positions + 1, state.positions),
-            pending=jnp.where(active, token, state.pending), remaining=state.remaining - active,
-            rng=jnp.where(active[:, None], rng, state.rng))
+            pending=jnp.where(active, token, state.pending),
+            remaining=state.remaining - active,
+            rng=jnp.where(active[:, None], rng, state.rng),
+        )
         return i + 1, state, out.at[:, i].set(token)
 
     def slide_then_steps(carry):
@@ -190,7 +176,9 @@ def decode(prefill: Prefill, decode_step: Decode, params, state: DecodeState, ma
         # cache was copied on every step.
         i, state, out = carry
         full = (state.remaining > 0) & (state.positions >= size)
-        state = jax.lax.cond(jnp.any(full), lambda s: _slide(prefill, params, s, full, keep), lambda s: s, state)
+        state = jax.lax.cond(
+            jnp.any(full), lambda s: _slide(prefill, params, s, full, keep), lambda s: s, state
+        )
         return jax.lax.while_loop(window_left, step, (i, state, out))
 
     before = state.remaining

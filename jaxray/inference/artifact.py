@@ -1,0 +1,274 @@
+"""The export artifact writer: a trained transformer through ``jax.export`` (CLI: ``python -m jaxray.export``).
+
+Writes an artifact directory (layout in ``jaxray.inference.artifact_loader``): the full forward ``logits`` and
+the serving engine's ``start`` program per (prompt bucket, batch size) and ``decode`` program per
+batch size, as serialized StableHLO, with the float32 weights beside them in ``weights.npz`` and a
+``manifest.json``. Params are an argument of every function, never constants baked into the
+programs, and travel as a flat list of leaves so that ``jaxray.inference.artifact_loader`` can run the artifact
+without jaxray's model code, Flax or Orbax. ``load_engine`` serves an artifact with ``Engine``.
+
+The export always uses the XLA attention implementation: cuDNN attention lowers to custom calls
+tied to NVIDIA GPUs and a cuDNN version, so it would not run on other platforms. The programs are
+lowered for this machine's platform plus CPU and CUDA.
+
+  python -m jaxray.export --checkpoint runs/demo --out exports/demo --buckets 32,128,256 \\
+      --batch-sizes 1,4,16 --chunk 32
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxray import checkpoint
+from jaxray.config import ModelConfig
+from jaxray.inference import artifact_loader, kv_decode
+from jaxray.inference.artifact_loader import FORMAT, FORMAT_VERSION, MANIFEST, sha256
+from jaxray.inference.engine import (
+    Engine,
+    EngineSettings,
+    Programs,
+    check_keep,
+    check_source,
+    compiled_buckets,
+)
+from jaxray.models import build
+
+WEIGHTS = "weights.npz"
+PORTABLE_PLATFORMS = ("cpu", "cuda")
+ATTENTION_NOTE = (
+    "exported with the XLA attention implementation: cuDNN attention lowers to custom "
+    "calls that are not portable across platforms and cuDNN versions"
+)
+
+
+class ExportError(ValueError):
+    """An export that cannot be written; the message names the option at fault."""
+
+
+def check_out(out: Path) -> None:
+    """ExportError naming --out when it exists and is not an empty directory (never overwritten)."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(
+            f"--out {out} exists and is not an empty directory; an export never overwrites, "
+            f"choose a new folder"
+        )
+
+
+def platforms() -> tuple[str, ...]:
+    """This machine's lowering platform, then CPU and CUDA (XLA attention has no custom calls)."""
+    return tuple(dict.fromkeys((jax.export.default_export_platform(),) + PORTABLE_PLATFORMS))
+
+
+def named_weights(params: Any) -> dict[str, np.ndarray]:
+    """The params' leaves on the host, in flattening order, named by key path ("blocks/0/ln1/scale/value").
+    ExportError if a leaf is not float32 (jaxray keeps params float32; npz cannot hold bfloat16)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(params)
+    out = {jax.tree_util.keystr(path, simple=True, separator="/"): np.asarray(leaf) for path, leaf in flat}
+    odd = [name for name, leaf in out.items() if leaf.dtype != np.float32]
+    if odd:
+        raise ExportError(f"params must be float32; {odd[0]} is {out[odd[0]].dtype}")
+    return out
+
+
+def _spec(x) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def export_programs(model, params, engine: Engine, targets: tuple[str, ...]) -> dict[str, tuple[dict, Any]]:
+    """``{file stem: (manifest entry, jax.export.Exported)}`` for ``logits`` (batch symbolic, T = S),
+    every ``start_b{bucket}_n{batch}`` and every ``decode_n{batch}`` of ``engine``.
+
+    Each function takes the flat list of weights first and unflattens it inside, and the decode
+    state travels as a flat tuple, so the artifact's pytrees are plain lists and tuples.
+    """
+    treedef = jax.tree.structure(params)
+    weights = [_spec(x) for x in jax.tree.leaves(params)]
+    unflatten = functools.partial(jax.tree.unflatten, treedef)
+    state_tree = jax.tree.structure(engine._decode_args(engine.settings.batch_sizes[0])[0])
+
+    def logits(leaves, tokens):
+        return model.apply(unflatten(leaves), tokens)
+
+    def start(leaves, *args):
+        state, first = engine.programs.start(unflatten(leaves), *args)
+        return tuple(jax.tree.leaves(state)), first
+
+    def decode(leaves, state, max_steps):
+        state = jax.tree.unflatten(state_tree, state)
+        state, tokens, counts = engine.programs.decode(unflatten(leaves), state, max_steps)
+        return tuple(jax.tree.leaves(state)), tokens, counts
+
+    def export(fn, *args):
+        return jax.export.export(jax.jit(fn), platforms=targets)(weights, *args)
+
+    (batch,) = jax.export.symbolic_shape("b")
+    tokens = jax.ShapeDtypeStruct((batch, model.config.max_seq_len), jnp.int32)
+    out = {"logits": ({"kind": "logits"}, export(logits, tokens))}
+    for size in engine.settings.batch_sizes:
+        for bucket in engine.buckets:
+            entry = {"kind": "start", "bucket": bucket, "batch": size}
+            out[f"start_b{bucket}_n{size}"] = (entry, export(start, *engine._start_args(bucket, size)))
+        state, max_steps = engine._decode_args(size)
+        out[f"decode_n{size}"] = (
+            {"kind": "decode", "batch": size},
+            export(decode, tuple(jax.tree.leaves(state)), max_steps),
+        )
+    return out
+
+
+def _aval(aval) -> str:
+    """ "int32[b,128]": dtype and shape (symbolic dims by name)."""
+    return f"{aval.dtype}[{','.join(str(d) for d in aval.shape)}]"
+
+
+def base_manifest(
+    cfg: ModelConfig, engine: Engine, source: Path, weights: dict[str, np.ndarray], targets: tuple[str, ...]
+) -> dict:
+    """manifest.json less the files' sha256s and the functions (``write_artifact`` adds them)."""
+    state, _ = engine._decode_args(engine.settings.batch_sizes[0])
+    state_names = [
+        jax.tree_util.keystr(p, simple=True, separator="/")
+        for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]
+    ]
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "jax": jax.__version__,
+        "jaxlib": importlib.metadata.version("jaxlib"),
+        "checkpoint": str(source),
+        "model": cfg.model_dump(),
+        "attention": "xla",
+        "attention_note": ATTENTION_NOTE,
+        "platforms": list(targets),
+        "max_seq_len": cfg.max_seq_len,
+        "vocab_size": cfg.vocab_size,
+        "buckets": list(engine.buckets),
+        "batch_sizes": list(engine.settings.batch_sizes),
+        "chunk": engine.settings.chunk,
+        "context_keep": check_keep(engine.settings, cfg.max_seq_len),
+        "calling_convention": "every function takes weights.leaves (in order) first; the decode "
+        "state is a flat tuple in state_leaves order",
+        "weights": {
+            "file": WEIGHTS,
+            "leaves": [
+                {"name": name, "shape": list(leaf.shape), "dtype": str(leaf.dtype)}
+                for name, leaf in weights.items()
+            ],
+        },
+        "state_leaves": state_names,
+        "functions": {},
+    }
+
+
+def write_artifact(out: Path, manifest: dict, weights: dict[str, np.ndarray], programs: dict) -> None:
+    """Write the artifact into a temporary sibling of ``out``, then rename it to ``out`` (an absent
+    or empty directory), so a failed export leaves nothing behind and never touches existing files."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        np.savez(tmp / WEIGHTS, **weights)
+        manifest["weights"]["sha256"] = sha256(tmp / WEIGHTS)
+        for stem, (entry, exported) in programs.items():
+            file = f"{stem}.exported"
+            (tmp / file).write_bytes(exported.serialize())
+            n_weights = len(weights)
+            manifest["functions"][stem] = {
+                **entry,
+                "file": file,
+                "sha256": sha256(tmp / file),
+                "inputs": [_aval(a) for a in exported.in_avals[n_weights:]],
+                "outputs": [_aval(a) for a in exported.out_avals],
+            }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        os.rename(tmp, out)  # POSIX: replaces an empty directory, fails on a non-empty one
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def export_checkpoint(path: str | Path, out: str | Path, settings: EngineSettings | None = None) -> dict:
+    """Export the transformer at ``path`` (a checkpoint, run folder or ``runs/<experiment>``, its
+    best transformer) to the new directory ``out``, for ``settings``' buckets, batch sizes, chunk
+    and context_keep (default ``EngineSettings()``). Returns the manifest.
+
+    Raises ExportError naming --out when it exists and is not empty, CheckpointError naming the
+    path when it holds no transformer checkpoint, ValueError for a context_keep outside
+    2..max_seq_len; all before anything is restored or written.
+    """
+    out, settings = Path(out), settings or EngineSettings()
+    check_out(out)
+    source = check_source(path, settings, purpose="exported")
+    _, params = checkpoint.restore(source)
+    cfg = checkpoint.load_model_config(source).model_copy(update={"attention": "xla"})
+    model = build(cfg, attention="xla")
+    engine = Engine.for_model(model, params, settings, source=str(source))
+    weights, targets = named_weights(params), platforms()
+    manifest = base_manifest(cfg, engine, source, weights, targets)
+    write_artifact(out, manifest, weights, export_programs(model, params, engine, targets))
+    return manifest
+
+
+def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:
+    """``settings`` checked against an artifact (None: the artifact's own). Every bucket and batch
+    size must have been exported; chunk and context_keep are compiled into the decode programs and
+    must be equal. Raises ValueError naming the setting."""
+    size, keep = manifest["max_seq_len"], manifest["context_keep"]
+    if settings is None:
+        return EngineSettings(
+            buckets=tuple(manifest["buckets"]),
+            batch_sizes=tuple(manifest["batch_sizes"]),
+            chunk=manifest["chunk"],
+            context_keep=keep,
+        )
+    buckets = set(compiled_buckets(settings, size))
+    for name, wanted in (("buckets", buckets), ("batch_sizes", set(settings.batch_sizes))):
+        missing = sorted(wanted - set(manifest[name]))
+        if missing:
+            raise ValueError(f"{name} {missing} were not exported: the artifact has {manifest[name]}")
+    if settings.chunk != manifest["chunk"]:
+        raise ValueError(f"chunk {settings.chunk} differs from the artifact's {manifest['chunk']}")
+    if check_keep(settings, size) != keep:
+        raise ValueError(f"context_keep {check_keep(settings, size)} differs from the artifact's {keep}")
+    return settings
+
+
+def _start(exported: dict, state_tree, params, tokens, *args):
+    batch, bucket = tokens.shape
+    leaves, first = exported[("start", bucket, batch)].call(params, tokens, *args)
+    return jax.tree.unflatten(state_tree, leaves), first
+
+
+def _decode(exported: dict, state_tree, params, state, max_steps):
+    leaves = tuple(jax.tree.leaves(state))
+    leaves, tokens, counts = exported[("decode", None, leaves[0].shape[0])].call(params, leaves, max_steps)
+    return jax.tree.unflatten(state_tree, leaves), tokens, counts
+
+
+def load_engine(path: str | Path, settings: EngineSettings | None = None) -> Engine:
+    """An ``Engine`` whose programs call an artifact's exported functions; its params are the
+    artifact's flat weights. The artifact's flat decode state becomes a ``DecodeState`` again, so
+    the engine (continuous batching included) handles it as a live model's. Raises ArtifactError
+    (a ValueError) for a damaged artifact, ValueError naming the setting when ``settings`` asks for
+    programs the artifact lacks (see ``settings_for``)."""
+    artifact = artifact_loader.load_artifact(path)
+    config = ModelConfig.model_validate(artifact.manifest["model"])
+    settings = settings_for(artifact.manifest, settings)
+    layers = tuple((None, None) for _ in range(config.num_layers))
+    state_tree = jax.tree.structure(kv_decode.DecodeState(layers, *[None] * 7), is_leaf=lambda x: x is None)
+    programs = Programs(
+        functools.partial(_start, artifact.exported, state_tree),
+        functools.partial(_decode, artifact.exported, state_tree),
+    )
+    return Engine(config, artifact.weights, settings, programs, source=str(path))

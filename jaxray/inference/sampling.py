@@ -1,0 +1,198 @@
+"""Byte-level sampling: the checks, prompt window and encoding shared by every sampler, the
+per-token draw and top-k mask, and the learning path's full-recompute sampler.
+
+``sample`` is pure over a ``tokens_to_logits`` callback (testable without a model). It recomputes the
+full fixed-size window for every new byte (the learning path's recipe) but keeps the whole loop on
+device in one ``lax.fori_loop``: one compiled program per (window, max_new_tokens), the same at
+every step, and no host round trip per byte. Prompts longer than the window keep their last
+``max_seq_len`` bytes; once the window is full it slides by one byte per new token. The KV-cache
+sampler (``jaxray.inference.kv_decode``) draws with the same ``draw`` and key schedule, so both give
+the same tokens for the same seed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxray.data.shakespeare import decode
+
+# One call samples up to this many bytes (the whole loop is one compiled program, so the cap bounds
+# its run time); seeds are 32-bit.
+MAX_NEW_TOKENS = 10_000
+MAX_SEED = 2**32 - 1
+
+# [1, T] int32 -> [1, T, V] float32, as a jax.tree_util.Partial so params travel as traced leaves.
+TokensToLogits = Callable[[jax.Array], jax.Array]
+
+
+def _next_token(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: int | None) -> jax.Array:
+    """logits [V] float32 -> int32 token: argmax when temperature <= 0, else a draw at ``temperature``
+    from the ``top_k`` most likely (all when None); ``draw``."""
+    if top_k is not None:
+        kth = jax.lax.top_k(logits, top_k)[0][-1]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    return draw(logits, key, temperature)
+
+
+@functools.partial(jax.jit, static_argnames=("max_new_tokens", "top_k"))
+def sample(
+    tokens_to_logits: TokensToLogits,
+    window: jax.Array,
+    length: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array,
+    max_new_tokens: int,
+    top_k: int | None = None,
+) -> jax.Array:
+    """Sample ``max_new_tokens`` bytes after the prompt held in ``window``.
+
+    window: [T] int32, the prompt in ``window[:length]`` (1 <= length <= T), zeros after it.
+    Returns [max_new_tokens] int32. Causal attention means the padding after position
+    ``length - 1`` never changes the logits read there.
+    """
+    size = window.shape[0]
+
+    def step(i, carry):
+        window, length, key, out = carry
+        key, subkey = jax.random.split(key)
+        logits = tokens_to_logits(window[None])[0, length - 1]
+        token = _next_token(logits, subkey, temperature, top_k)
+        appended = window.at[jnp.minimum(length, size - 1)].set(token)
+        slid = jnp.roll(window, -1).at[size - 1].set(token)
+        window = jnp.where(length < size, appended, slid)
+        return window, jnp.minimum(length + 1, size), key, out.at[i].set(token)
+
+    out = jnp.zeros((max_new_tokens,), jnp.int32)
+    return jax.lax.fori_loop(0, max_new_tokens, step, (window, length, key, out))[3]
+
+
+def prompt_window(prompt: bytes, max_seq_len: int) -> tuple[np.ndarray, int]:
+    """The prompt's last ``max_seq_len`` bytes left-aligned in a [max_seq_len] int32 window, and its length.
+
+    Raises ValueError for an empty prompt.
+    """
+    if not prompt:
+        raise ValueError("prompt is empty: give at least one character")
+    tail = np.frombuffer(prompt[-max_seq_len:], np.uint8).astype(np.int32)
+    window = np.zeros((max_seq_len,), np.int32)
+    window[: len(tail)] = tail
+    return window, len(tail)
+
+
+def check_sampling(
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    vocab_size: int = 256,
+    seed: int = 0,
+    cap: int = MAX_NEW_TOKENS,
+) -> None:
+    """ValueError naming the argument if ``max_new_tokens`` is outside 1..cap (default
+    MAX_NEW_TOKENS), ``temperature`` is negative or not finite, ``top_k`` is outside 1..vocab_size,
+    or ``seed`` outside 0..2**32 - 1."""
+    if not 1 <= max_new_tokens <= cap:
+        raise ValueError(f"max_new_tokens must be in 1..{cap}, got {max_new_tokens}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be in 0..{MAX_SEED}, got {seed}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and not 1 <= top_k <= vocab_size:
+        raise ValueError(f"top_k must be in 1..{vocab_size}, got {top_k}")
+
+
+def encode_prompt(prompt: str) -> bytes:
+    """``prompt`` as UTF-8 bytes. ValueError naming the prompt if it holds lone surrogates (text a
+    shell decoded from invalid UTF-8), which have no UTF-8 form."""
+    try:
+        return prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"prompt is not valid Unicode text ({err.reason} at position {err.start}); pass UTF-8 text"
+        ) from None
+
+
+def generate(
+    model,
+    params,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float = 0.8,
+    seed: int = 0,
+    top_k: int | None = None,
+) -> str:
+    """The text sampled after ``prompt`` (the prompt itself not included). Invalid UTF-8 in the
+    sampled bytes becomes U+FFFD. Raises ValueError for an empty prompt, ``max_new_tokens`` < 1,
+    a negative or non-finite temperature, or ``top_k`` outside 1..vocab."""
+    check_sampling(max_new_tokens, temperature, top_k, model.config.vocab_size, seed)
+    window, length = prompt_window(encode_prompt(prompt), model.config.max_seq_len)
+    tokens_to_logits = jax.tree_util.Partial(model.apply, params)
+    new = sample(
+        tokens_to_logits,
+        jnp.asarray(window),
+        jnp.int32(length),
+        jax.random.key(seed),
+        jnp.float32(temperature),
+        max_new_tokens,
+        top_k,
+    )
+    return decode(np.asarray(new))
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: control characters other than newline and tab (an
+    undertrained model samples bytes such as ESC or carriage return) become U+FFFD."""
+    return "".join(c if c in "\n\t" or c.isprintable() else "\ufffd" for c in text)
+
+
+def next_tokens(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top_k: jax.Array):
+    """Sample one token per row. logits [B, V] float32; rng [B, 2] uint32 key data; temperature [B];
+    top_k [B] int32. Returns (tokens [B] int32, rng [B, 2]).
+
+    Row b: split its key; argmax when temperature <= 0, else a categorical draw at ``temperature``
+    among its ``top_k`` largest logits (ties at the k-th value are kept); see ``draw``. The same key
+    schedule as ``jaxray.generate.sample``.
+    """
+    logits = jnp.where(top_k_mask(logits, top_k), logits, -jnp.inf)
+
+    def row(logits, key_data, temperature):
+        key, subkey = jax.random.split(jax.random.wrap_key_data(key_data))
+        return draw(logits, subkey, temperature), jax.random.key_data(key)
+
+    return jax.vmap(row)(logits, rng, temperature)
+
+
+def draw(logits: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Array:
+    """One token from logits [V] float32 (-inf: excluded): argmax when temperature <= 0, else a
+    draw from softmax(logits / temperature) by inverting its CDF at one uniform number.
+
+    One random number per token rather than ``jax.random.categorical``'s V Gumbel draws: the
+    threefry work for those took about a tenth of a batch-16 decode step on CPU. Both samplers
+    (``sample`` and ``jaxray.inference.kv_decode``) draw this way, so they agree for the same seed.
+    """
+    probs = jax.nn.softmax(logits / jnp.maximum(temperature, 1e-6))
+    cdf = jnp.cumsum(probs)
+    above = cdf > jax.random.uniform(key) * cdf[-1]  # the first token whose CDF passes u is drawn
+    greedy = jnp.argmax(logits)  # also where rounding left no CDF entry above u
+    drawn = jnp.where(above.any(), jnp.argmax(above), greedy)
+    return jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
+
+
+def top_k_mask(logits: jax.Array, top_k: jax.Array) -> jax.Array:
+    """[B, V] bool: the logits of row b among its top_k[b] largest (ties at the k-th value kept).
+
+    A logit is kept when fewer than k logits are larger: the same set as ``logits >= (k-th largest)``,
+    without a sort (XLA's CPU sort took most of a decode step at batch 16). Skipped entirely when no
+    row restricts (top_k = V everywhere).
+    """
+
+    def ranked(logits):
+        larger = (logits[:, None, :] > logits[:, :, None]).sum(axis=-1)  # [B, V]: count of larger logits
+        return larger < top_k[:, None]
+
+    return jax.lax.cond(jnp.any(top_k < logits.shape[-1]), ranked, lambda l: jnp.ones(l.shape, bool), logits)
