@@ -21,7 +21,7 @@ if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q 'ray start --head'; t
 else
   echo "the head of $state.pid (pid $pid) had already ended"
 fi
-address_file="$("${VENV:-.venv}/bin/python" -c 'from ray._common.utils import get_ray_address_file as f; print(f(None))')"
+address_file="$("${VENV:-.venv}/bin/python" -c 'from jaxray.raytrain.cluster import ray_address_file; print(ray_address_file())')"
 if [ -s "$state.address" ] && [ -f "$address_file" ] && [ "$(cat "$address_file")" = "$(cat "$state.address")" ]; then
   rm -f "$address_file"
 fi

@@ -14,7 +14,7 @@ Layout of a checkpoint directory::
                          whose files do not match it is damaged (``verify``)
 
 A ``runs/<experiment>`` directory also resolves to a checkpoint: its ``summary.json`` names one per
-trial and ``resolve`` picks the best of a workload.
+trial and ``resolve`` picks the best of a workload, as ``jaxray.runs`` ranks them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,7 +32,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Sharding
 
-from jaxray.config import DEFAULT_METRIC, ModelConfig, TrialConfig
+from jaxray import runs
+from jaxray.config import ModelConfig, TrialConfig
 from jaxray.models import Model, build
 
 PARAMS_DIR = "params"
@@ -196,27 +196,23 @@ def _check_shapes(path: Path, target: Any) -> None:
             )
 
 
-def restore_state(
-    directory: str | Path, model: Model, tx, sharding: Sharding
-) -> tuple[Any, dict, list[dict]]:
-    """(TrainState, train_state.json, history) of a full-state checkpoint, every array placed with
-    ``sharding`` (e.g. replicated over a mesh of any size: Orbax restores into abstract
-    ``ShapeDtypeStruct`` targets that carry it, so a checkpoint saved on 1 device restores onto 4
-    and back). Raises CheckpointError when the checkpoint is incomplete or damaged (``verify``) or
-    was saved for another model (naming the parameter and both shapes)."""
-    from jaxray.train.step import TrainState, init_state
-
+def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[dict]]:
+    """(train state, train_state.json, history) of a full-state checkpoint, restored into
+    ``target``: the train state as ``jax.ShapeDtypeStruct`` leaves that carry the shardings wanted
+    (``jaxray.train.step.abstract_state``; a NamedTuple with ``params``, ``opt_state`` and
+    ``step``, whose type the result has). Orbax places every array as its target says, so a
+    checkpoint saved on 1 device restores onto a mesh of 4 and back. Raises CheckpointError when
+    the checkpoint is incomplete or damaged (``verify``) or was saved for another model (naming the
+    parameter and both shapes)."""
     directory = Path(directory).absolute()
     doc = verify(directory)
-    abstract = jax.eval_shape(lambda: init_state(model.init(jax.random.key(0)), tx))
-    target = _abstract(abstract, sharding)
     _check_shapes(directory / PARAMS_DIR, target.params)
     checkpointer = ocp.StandardCheckpointer()
     params = checkpointer.restore(directory / PARAMS_DIR, target.params)
     opt_state = checkpointer.restore(directory / OPT_STATE_DIR, target.opt_state)
-    step = jax.device_put(np.asarray(doc["step"], abstract.step.dtype), sharding)
+    step = jax.device_put(np.asarray(doc["step"], target.step.dtype), target.step.sharding)
     history = json.loads((directory / HISTORY_FILE).read_text())
-    return TrainState(params, opt_state, step), doc, history
+    return target._replace(params=params, opt_state=opt_state, step=step), doc, history
 
 
 def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -> tuple[Any, Path]:
@@ -290,10 +286,9 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
 
 def resolve(path: str | Path, workload: str | None = None) -> Path:
     """A checkpoint directory from ``path``: a checkpoint itself, a Ray Train run folder (its newest
-    ``checkpoint_*``), or a ``runs/<experiment>`` directory
-    whose ``summary.json`` gives the best trial of ``workload`` by its ``DEFAULT_METRIC`` (lowest
-    val_loss for the transformer, highest test_accuracy for the MLPs; default workload: the
-    transformer if the sweep has one).
+    ``checkpoint_*``), or a ``runs/<experiment>`` run folder: the checkpoint of its best trial of
+    ``workload`` (``jaxray.runs.best_checkpoint``: the trial ``summary.md`` names, ranked by the
+    metric the sweep saved; default workload: the transformer if the sweep has one).
 
     Raises CheckpointError naming the path and what was looked for.
     """
@@ -303,37 +298,12 @@ def resolve(path: str | Path, workload: str | None = None) -> Path:
     inside = sorted(p.parent for p in path.glob(f"checkpoint_*/{MODEL_CONFIG}"))
     if inside:  # a Ray Train run folder: its newest checkpoint (names carry a timestamp)
         return inside[-1]
-    summary = path / "summary.json"
-    if not summary.is_file():
+    if not (path / runs.SUMMARY_JSON).is_file():
         raise CheckpointError(
             f"{path} is neither a checkpoint (no {MODEL_CONFIG}) nor an experiment "
-            f"directory (no summary.json)"
+            f"directory (no {runs.SUMMARY_JSON})"
         )
     try:
-        doc = json.loads(summary.read_text())
-    except ValueError as err:
-        raise CheckpointError(f"{summary} is damaged: {err}") from None
-    if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
-        raise CheckpointError(
-            f"{summary} is not a sweep summary (a list of trials from python -m jaxray.tune)"
-        )
-    rows = [r for r in doc if r.get("checkpoint") and r.get("workload")]
-    workloads = {r["workload"] for r in rows}
-    workload = workload or (
-        "transformer" if "transformer" in workloads else next(iter(sorted(workloads)), None)
-    )
-    rows = [r for r in rows if r["workload"] == workload]
-    if not rows:
-        raise CheckpointError(f"{summary} has no trial with a checkpoint for workload {workload!r}")
-    best = min(rows, key=_rank_key)
-    return Path(best["checkpoint"])
-
-
-def _rank_key(row: dict) -> float:
-    """Smaller is better: the workload's default ranking metric (``DEFAULT_METRIC``), missing or
-    non-finite values last."""
-    metric, mode = DEFAULT_METRIC[row["workload"]]
-    value = row.get(metric)
-    if value is None or not math.isfinite(value):
-        return math.inf
-    return -value if mode == "max" else value
+        return runs.best_checkpoint(path, workload)
+    except runs.RunFolderError as err:
+        raise CheckpointError(str(err)) from None

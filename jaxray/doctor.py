@@ -4,7 +4,8 @@ Run it first wherever training will run (laptop, GPU box, container, Ray worker 
 whenever it ran, because it is a diagnosis, not a gate (argparse exits 2 on bad arguments).
 ``--json`` prints the facts as one JSON object for CI logs; ``--cpu-devices N`` forces N host devices to
 preview a multi-device mesh on a laptop (it does not replace a GPU backend that is present).
-jax is imported only inside the functions, after parsing, because XLA_FLAGS must be set before jax starts.
+jax is imported only inside the functions, after parsing, because XLA_FLAGS must be set before jax
+starts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from importlib import metadata
+
+import numpy as np
 
 from jaxray.argtypes import cpu_device_count
 
@@ -82,7 +85,8 @@ def cpu_only_reason(facts: Facts) -> str | None:
 
 
 def _run_smi(*args: str) -> tuple[str, str]:
-    """(status, stdout) of ``nvidia-smi *args``; status is "ok", "missing (not on PATH)" or "failed: <why>"."""
+    """(status, stdout) of ``nvidia-smi *args``; status is "ok", "missing (not on PATH)" or
+    "failed: <why>"."""
     if shutil.which("nvidia-smi") is None:
         return "missing (not on PATH)", ""
     try:
@@ -129,8 +133,9 @@ def _cuda_versions() -> tuple[str | None, str | None]:
 
 def collect() -> Facts:
     """Query jax, pip metadata, nvidia-smi and the environment. Imports jax."""
+    # deferred: jax reads XLA_FLAGS once, when it loads; main sets --cpu-devices' flag before this runs
     import jax
-    import jaxlib
+    import jaxlib  # deferred with jax, which it loads
 
     try:
         devices = jax.devices()
@@ -187,9 +192,9 @@ def print_facts(facts: Facts) -> None:
 
 def check_mesh(show: bool) -> dict:
     """Build the data mesh and place a batch and a weight on it; ``show`` prints how they shard."""
-    import jax
-    import numpy as np
+    import jax  # deferred: jax must not load before main has set XLA_FLAGS
 
+    # deferred: imports jax (see above)
     from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 
     mesh = make_mesh()

@@ -2,9 +2,9 @@
 
 MLP workloads (mlp, shared_block_mlp): test loss (nats) and accuracy over all 10,000 Fashion-MNIST
 test images (padded, masked eval batches, so none is dropped), a 10x10 confusion matrix from the
-per-image predictions, and two figures (``jaxray.reporting.eval_figures``). The transformer: validation loss
-in nats per byte, perplexity = exp(loss), bits per byte = loss / ln 2, byte accuracy, and a sampled
-text (``jaxray.generate``).
+per-image predictions, and two figures (``jaxray.reporting.eval_figures``). The transformer:
+validation loss in nats per byte, perplexity = exp(loss), bits per byte = loss / ln 2, byte
+accuracy, and a sampled text (``jaxray.inference.sampling.generate``).
 
 The data folder is ``--data-dir``, else the one recorded in the checkpoint's trial_config.json, else
 the search order of ``jaxray.data.sources``. Files go under ``--out``, by default
@@ -45,13 +45,14 @@ from jaxray.inference.sampling import check_sampling, encode_prompt, generate, p
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 from jaxray.reporting import eval_figures
-from jaxray.reporting.sweep import check_overwrite, json_safe
+from jaxray.reporting.format import json_safe
+from jaxray.runs import check_overwrite
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import jit_eval_step
 from jaxray.train.run import eval_batch_size
 
 DEFAULT_OUT_ROOT = Path("runs") / "eval"
-WRITER = "jaxray.evaluate"  # summary.json's "written_by": what --out may overwrite (report.check_overwrite)
+WRITER = "jaxray.evaluate"  # summary.json's "written_by": what --out may overwrite (runs.check_overwrite)
 FIGURES = ("confusion_matrix.png", "predictions_grid.png")
 
 
@@ -172,9 +173,7 @@ def run(
     """
     check_sampling(max_new_tokens, temperature, None, seed=seed)
     prompt_window(encode_prompt(prompt), 1)  # an empty prompt fails here, not after the restore
-    if (
-        data_dir is not None and not Path(data_dir).is_dir()
-    ):  # else a typo falls through to the default search
+    if data_dir is not None and not Path(data_dir).is_dir():  # else a typo falls to the default search
         raise ConfigError(f"--data-dir {data_dir} is not a directory")
     directory = checkpoint.resolve(path, workload).absolute()
     trial = checkpoint.load_trial_config(directory)
@@ -182,12 +181,7 @@ def run(
         raise checkpoint.CheckpointError(
             f"{directory} holds a {trial.model.workload} checkpoint, not {workload}"
         )
-    out = Path(out or default_out(directory)).absolute()
-    check_overwrite(out, WRITER)  # before any data is read: never replace another tool's summary
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"--out {out} cannot be a results folder: {err}") from None
+    out = _results_folder(out or default_out(directory))
     # The recorded folder may not exist on this machine: read_verified then searches on as usual.
     data_dir = data_dir or trial.data.data_dir
     _, held_out = load_arrays(
@@ -196,7 +190,6 @@ def run(
     mesh = make_mesh(jax.devices()[:1])  # one device: evaluation is small, and no batch must divide
     model, params = checkpoint.restore(directory, replicated(mesh))
     batch = eval_batch_size(trial, 1)
-    out.mkdir(parents=True, exist_ok=True)
     head = {"checkpoint": str(directory), "workload": trial.model.workload, "data_dir": data_dir}
     if trial.model.workload == "transformer":
         summary = (
@@ -210,6 +203,23 @@ def run(
         summary = head | _classifier_files(
             evaluate_classifier(model, params, held_out, batch, mesh), held_out, out
         )
+    return _write_summary(summary, out)
+
+
+def _results_folder(out: str | Path) -> Path:
+    """``out``, absolute and created. Checked before any data is read, so that an evaluation never
+    replaces another tool's summary.json (ValueError); ConfigError if it cannot be created."""
+    out = Path(out).absolute()
+    check_overwrite(out, WRITER)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--out {out} cannot be a results folder: {err}") from None
+    return out
+
+
+def _write_summary(summary: dict, out: Path) -> dict:
+    """Writes ``out/summary.json``; returns ``summary`` with its path and ``written_by``."""
     summary["summary_json"] = str(out / "summary.json")
     summary["written_by"] = WRITER
     # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
@@ -244,7 +254,8 @@ def format_summary(s: dict) -> str:
             f"perplexity     {s['perplexity']:.3f}",
             f"bits per byte  {s['bits_per_byte']:.4f}",
             f"byte accuracy  {s['accuracy']:.4f}",
-            f"sample         ({s['max_new_tokens']} bytes, temperature {s['temperature']}, seed {s['seed']}):",
+            f"sample         ({s['max_new_tokens']} bytes, temperature {s['temperature']}, "
+            f"seed {s['seed']}):",
             printable(s["prompt"] + s["sample"]),
         ]
     else:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from jaxray import argtypes, checkpoint
 from jaxray.inference.engine import kv_generate
 from jaxray.inference.sampling import check_sampling, encode_prompt, generate, printable, prompt_window
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m jaxray.generate",
         description="Sample text from a trained transformer.",
@@ -49,34 +50,38 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="kv: bytes kept when the window is full (2..max_seq_len; default max_seq_len // 2)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def checked_checkpoint(args: argparse.Namespace) -> Path:
+    """The transformer checkpoint ``args`` name, every option checked before anything is restored.
+    Raises ValueError naming the option, CheckpointError naming the path."""
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, seed=args.seed)
+    prompt_window(encode_prompt(args.prompt), 1)  # an empty prompt fails before the restore
+    path = checkpoint.resolve(args.checkpoint, workload="transformer")
+    workload = checkpoint.load_model_config(path).workload
+    if workload != "transformer":
+        raise checkpoint.CheckpointError(
+            f"{path} holds a {workload} checkpoint; generation needs a transformer"
+        )
+    if args.context_keep is not None and args.sampler == "full":
+        raise ValueError("--context-keep applies to --sampler kv only")
+    return path
+
+
+def sample_text(args: argparse.Namespace) -> str:
+    """The text sampled after ``args.prompt`` by the chosen sampler (the prompt not included)."""
+    model, params = checkpoint.restore(checked_checkpoint(args))
+    sampling = (args.prompt, args.max_new_tokens, args.temperature, args.seed, args.top_k)
+    if args.sampler == "kv":
+        return kv_generate(model, params, *sampling, args.context_keep)
+    return generate(model, params, *sampling)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        check_sampling(args.max_new_tokens, args.temperature, args.top_k, seed=args.seed)
-        prompt_window(encode_prompt(args.prompt), 1)  # an empty prompt fails before the restore
-        path = checkpoint.resolve(args.checkpoint, workload="transformer")
-        workload = checkpoint.load_model_config(path).workload
-        if workload != "transformer":
-            raise checkpoint.CheckpointError(
-                f"{path} holds a {workload} checkpoint; generation needs a transformer"
-            )
-        if args.context_keep is not None and args.sampler == "full":
-            raise ValueError("--context-keep applies to --sampler kv only")
-        model, params = checkpoint.restore(path)
-        if args.sampler == "kv":
-            text = kv_generate(
-                model,
-                params,
-                args.prompt,
-                args.max_new_tokens,
-                args.temperature,
-                args.seed,
-                args.top_k,
-                args.context_keep,
-            )
-        else:
-            text = generate(
-                model, params, args.prompt, args.max_new_tokens, args.temperature, args.seed, args.top_k
-            )
+        text = sample_text(args)
     except (checkpoint.CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -180,7 +180,7 @@ else
   preset=gpu tune_yaml=tune_configs/gpu_check.yaml serve_load=(--duration 10)
   serve_gpus=(--num-gpus 1)  # Ray reserves the GPU for the replica, as on a cluster
   compile_size=(--batch 64)
-  pytest_files=(tests/test_decoding.py tests/test_export.py tests/models)
+  pytest_files=(tests/inference tests/models)
   decode_opts=()
   sweep_opts=()
   gpt2_opts=(--dtype bfloat16 --batch 16)

@@ -220,6 +220,15 @@ def checks(steps: list[dict], mode: str) -> list[dict]:
     ]
 
 
+def jax_summary(f: dict) -> str:
+    """The JAX line of doctor-style facts: backend, devices, jax, CUDA and cuDNN versions."""
+    return (
+        f"backend {f.get('backend')}, {f.get('device_count')} x {', '.join(f.get('device_kinds') or [])}, "
+        f"jax {f.get('jax_version')}, CUDA {f.get('cuda_version') or '-'}, "
+        f"cuDNN {f.get('cudnn_version') or '-'}"
+    )
+
+
 def headline(step: dict) -> str:
     """The step's key figures in one table cell."""
     f, name = step.get("figures") or {}, step["name"]
@@ -228,10 +237,7 @@ def headline(step: dict) -> str:
     if f.get("error") and name not in ("tune",):
         return f"({f['error']})"
     if name == "doctor":
-        return (
-            f"backend {f.get('backend')}, {f.get('device_count')} x {', '.join(f.get('device_kinds') or [])}, "
-            f"jax {f.get('jax_version')}, CUDA {f.get('cuda_version') or '-'}, cuDNN {f.get('cudnn_version') or '-'}"
-        )
+        return jax_summary(f)
     if name == "precision":
         return "bf16/fp32: " + ", ".join(
             f"{w} {fmt(v, '.2f')}x" for w, v in f.get("bf16_vs_fp32", {}).items()
@@ -247,7 +253,8 @@ def headline(step: dict) -> str:
     if name == "serve":
         return (
             f"{fmt(f.get('new_tokens_per_s_1'))} / {fmt(f.get('new_tokens_per_s_16'))} new tok/s at 1 / 16 "
-            f"clients: {fmt(f.get('ratio_16_vs_1'), '.2f')}x; 5xx {f.get('errors_5xx')}, dropped {f.get('dropped')}"
+            f"clients: {fmt(f.get('ratio_16_vs_1'), '.2f')}x; 5xx {f.get('errors_5xx')}, "
+            f"dropped {f.get('dropped')}"
         )
     if name.startswith("compile-"):
         return (
@@ -269,8 +276,8 @@ def headline(step: dict) -> str:
         )
     if name == "batch-sweep":
         return (
-            f"{f.get('workload')}: best {fmt(f.get('best_throughput'))} at batch {f.get('best_global_batch')}, "
-            f"max MFU {fmt(f.get('max_mfu'), '.1%')}"
+            f"{f.get('workload')}: best {fmt(f.get('best_throughput'))} "
+            f"at batch {f.get('best_global_batch')}, max MFU {fmt(f.get('max_mfu'), '.1%')}"
         )
     if name.startswith("throughput"):
         return (
@@ -400,8 +407,9 @@ def table(rows: list[dict], keys: list[str]) -> list[str]:
 
 def render(doc: dict) -> str:
     env, steps = doc["environment"], doc["steps"]
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(env.get("started", 0)))
     lines = [
-        f"# GPU check ({env.get('mode')} run, {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(env.get('started', 0)))})",
+        f"# GPU check ({env.get('mode')} run, {started})",
         "",
         f"{doc['result']}: {len(steps)} steps, {doc['failed']} failed; {doc['total_seconds']:.0f} s in all "
         f"(budget {env.get('budget_s')} s).",
@@ -411,10 +419,9 @@ def render(doc: dict) -> str:
     lines += [
         f"- host {env.get('host')}, {env.get('platform')}",
         f"- GPUs: {'; '.join(smi) if smi else 'none (nvidia-smi not available)'}",
-        f"- JAX: backend {env.get('backend')}, {env.get('device_count')} x {', '.join(env.get('device_kinds') or [])}, "
-        f"jax {env.get('jax_version')}, CUDA {env.get('cuda_version') or '-'}, cuDNN {env.get('cudnn_version') or '-'}",
-        f"- python: {env.get('python')} ({env.get('python_version')}); PYTHONPATH {env.get('pythonpath') or '-'}; "
-        f"bundle {env.get('bundle') or '-'}",
+        f"- JAX: {jax_summary(env)}",
+        f"- python: {env.get('python')} ({env.get('python_version')}); "
+        f"PYTHONPATH {env.get('pythonpath') or '-'}; bundle {env.get('bundle') or '-'}",
         f"- data: {env.get('data_dir')}; work folder (checkpoints): {env.get('work_dir')}",
         f"- commit {env.get('git_commit') or '-'}{' (with local changes)' if env.get('git_dirty') else ''}",
         "",

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxray.config import MODEL_PRESETS, ConfigError, load_experiment, parse_trial
+from jaxray.config import ConfigError, parse_trial
+from jaxray.config.experiment import MODEL_PRESETS, load_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = """

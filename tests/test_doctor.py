@@ -103,7 +103,8 @@ def test_bad_arguments_exit_2():
 
 
 def run_doctor(*args: str) -> subprocess.CompletedProcess:
-    """``python -m jaxray.doctor --cpu-devices 4 *args`` on the CPU backend, without the caller's XLA_FLAGS."""
+    """``python -m jaxray.doctor --cpu-devices 4 *args`` on the CPU backend, without the caller's
+    XLA_FLAGS."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
         [sys.executable, "-m", "jaxray.doctor", "--cpu-devices", "4", *args],

@@ -34,6 +34,7 @@ from jaxray.argtypes import (
 )
 from jaxray.bench.loadtest import add_load_options, url_arg
 from jaxray.bench.presets import MODEL_SIZES  # imports no jax: --cpu-devices must act before JAX starts
+from jaxray.data.sources import DataFileError  # imports no jax either
 
 SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
 FORCE_FLAG = "xla_force_host_platform_device_count"
@@ -51,6 +52,25 @@ def _batches(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; argparse exits 2 (naming the option) on a bad one."""
+    common = _common_options()
+    p = argparse.ArgumentParser(
+        prog="python -m jaxray.bench", description="The learning path's measurements."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_suites(sub, _sized_options(common))
+    _add_throughput(sub, common)
+    _add_compare(sub, common)
+    _add_serve(sub)
+    _add_decode(sub, common)
+    _add_ingest(sub, common)
+    _add_checkpoint(sub, common)
+    _add_compile(sub, common)
+    return p.parse_args(argv)
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every sub-command but ``serve`` takes: --out, --data-dir, --cpu-devices."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--out", default=None, help="output folder (default runs/bench/<name>); '' writes nothing"
@@ -68,6 +88,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"forced CPU device count (default {DEFAULT_CPU_DEVICES} for multi-device "
         "benchmarks, else unchanged)",
     )
+    return common
+
+
+def _sized_options(common: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``common`` plus --preset: the options of the suites and ``all``."""
     sized = argparse.ArgumentParser(add_help=False, parents=[common])
     sized.add_argument(
         "--preset",
@@ -75,10 +100,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="cpu",
         help="sizes: cpu (2-core CPU, <= 10 min for all), gpu (the learning path's), tiny (seconds)",
     )
-    p = argparse.ArgumentParser(
-        prog="python -m jaxray.bench", description="The learning path's measurements."
-    )
-    sub = p.add_subparsers(dest="command", required=True)
+    return sized
+
+
+def _add_suites(sub, sized: argparse.ArgumentParser) -> None:
+    """One sub-command per suite (``SUITE_NAMES``) and ``all``; ``batch-sweep`` adds --batches."""
     for name in (*SUITE_NAMES, "all"):
         s = sub.add_parser(
             name, parents=[sized], help=f"the {name} benchmark" if name != "all" else "every suite"
@@ -90,6 +116,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 default=None,
                 help="comma-separated global batches (default 256,512,1024,2048,4096)",
             )
+
+
+def _add_throughput(sub, common: argparse.ArgumentParser) -> None:
+    """``throughput``: one workload at one config, one JSON line (jaxray.bench.suites.throughput)."""
     t = sub.add_parser(
         "throughput", parents=[common], help="one workload at one config; prints one JSON line"
     )
@@ -123,6 +153,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--seq-len 1024 (--width and --seq-len given still win)",
     )
     t.add_argument("--json", action="store_true", help="print only the JSON line")
+
+
+def _add_compare(sub, common: argparse.ArgumentParser) -> None:
+    """``compare``: jaxray against a reference script, runs alternating A B (jaxray.bench.compare)."""
     c = sub.add_parser("compare", parents=[common], help="jaxray vs a reference script, A B A B")
     c.add_argument(
         "--reference", required=True, type=Path, help="e.g. ../shared/bench/reference_transformer.py"
@@ -137,12 +171,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--pairs", type=positive_int, default=3, help="A B pairs; the median ratio is reported")
     c.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="bfloat16: MLP only")
     c.add_argument("--timeout", type=positive_int, default=900, help="seconds one run may take")
-    _add_serve(sub)
-    _add_decode(sub, common)
-    _add_ingest(sub, common)
-    _add_checkpoint(sub, common)
-    _add_compile(sub, common)
-    return p.parse_args(argv)
 
 
 def _add_compile(sub, common: argparse.ArgumentParser) -> None:
@@ -177,7 +205,8 @@ def _add_compile(sub, common: argparse.ArgumentParser) -> None:
 
 
 def _add_checkpoint(sub, common: argparse.ArgumentParser) -> None:
-    """``checkpoint``: full-state checkpoint size, save/restore time and step-time cost (jaxray.bench.checkpointing)."""
+    """``checkpoint``: full-state checkpoint size, save/restore time and step-time cost
+    (jaxray.bench.checkpointing)."""
     c = sub.add_parser(
         "checkpoint",
         parents=[common],
@@ -329,9 +358,8 @@ def set_cpu_devices(args: argparse.Namespace) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     has_count = FORCE_FLAG in flags
     default = DEFAULT_CPU_DEVICES if args.command in MULTI_DEVICE and not has_count else None
-    count = (
-        getattr(args, "cpu_devices", None) or default
-    )  # serve has no --cpu-devices: the server is its own process
+    # serve has no --cpu-devices: the server is its own process
+    count = getattr(args, "cpu_devices", None) or default
     if count:
         flags = re.sub(rf"--{FORCE_FLAG}=\S*", "", flags)
         os.environ["XLA_FLAGS"] = f"{flags} --{FORCE_FLAG}={count}".strip()
@@ -347,7 +375,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_cpu_devices(args)
     from jaxray.bench import runner  # imports JAX: only after XLA_FLAGS is final
-    from jaxray.data.sources import DataFileError
 
     try:
         return runner.run(args, _out)

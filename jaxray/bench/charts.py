@@ -1,5 +1,6 @@
 """The benchmarks' PNG charts (matplotlib, headless): bars per case, throughput against global
-batch on a log2 axis, and transformer loss/perplexity against tokens processed."""
+batch on a log2 axis, transformer loss/perplexity against tokens processed, and the Serve load
+test's new tokens/s and latency against concurrent clients."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from jaxray.bench.output import row_value  # noqa: E402
-from jaxray.reporting.sweep import compact, log2_batch_axis, save_figure  # noqa: E402
+from jaxray.reporting.figures import compact, log2_batch_axis, save_figure  # noqa: E402
 
 
 def _throughput(row: dict) -> tuple[float | None, str]:
@@ -86,4 +87,22 @@ def loss_per_step(rows: list[dict], path: Path, kept: dict) -> None:
     ax.grid(True, alpha=0.3)
     if kept:
         ax.legend(fontsize="small")
+    save_figure(fig, path)
+
+
+def serve_load(rows: list[dict], path: Path) -> None:
+    """New tokens/s and p95 latency (ms) against concurrent clients (log2 axis)."""
+    fig, (tok_ax, lat_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in (
+        (tok_ax, "new_tokens_per_s", "new tokens/s"),
+        (lat_ax, "p95_ms", "p95 latency (ms)"),
+    ):
+        points = sorted((r["clients"], row_value(r, key)) for r in rows if row_value(r, key) is not None)
+        if points:
+            ax.plot(*zip(*points), marker="o")
+            log2_batch_axis(ax, [p[0] for p in points])
+        ax.set(xlabel="concurrent clients (log2)", ylabel=label, title=f"{label} vs clients")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle("jaxray Serve under closed-loop HTTP load")
     save_figure(fig, path)

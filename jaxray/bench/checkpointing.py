@@ -37,7 +37,7 @@ from jaxray.data.workloads import load_arrays
 from jaxray.models import build, param_count
 from jaxray.parallel.mesh import make_mesh, replicate, replicated
 from jaxray.train.run import train
-from jaxray.train.step import init_state, make_optimizer
+from jaxray.train.step import abstract_state, init_state, make_optimizer
 
 TARGET = 1.05
 COLUMNS = [
@@ -98,7 +98,9 @@ def size_row(workload: str, repeats: int, data_dir: str | None) -> dict[str, Any
         for i in range(repeats + 1):  # the first of each is warm-up (imports, Orbax's first use)
             saves.append(_save_copy(Path(tmp) / f"local{i}", state, trial, Path(tmp) / f"stored{i}"))
             start = time.perf_counter()
-            jax.block_until_ready(restore_state(Path(tmp) / f"stored{i}", model, tx, replicated(mesh))[0])
+            jax.block_until_ready(
+                restore_state(Path(tmp) / f"stored{i}", abstract_state(model, tx, replicated(mesh)))[0]
+            )
             restores.append(time.perf_counter() - start)
         size = sum(f.stat().st_size for f in (Path(tmp) / "stored0").rglob("*") if f.is_file())
     return {

@@ -4,8 +4,8 @@ Samplers, side by side in one run on the same model (the lab's: d_model 256, 4 l
 max_seq_len 256, fresh weights unless ``--checkpoint``; speed does not depend on the weights), the
 same prompt and the same number of new tokens:
 
-* ``kv-cache``: ``jaxray.inference.engine`` (prefill, then one cached decode step per token, the whole loop in
-  one compiled call), with the default window policy (context_keep = S // 2) and with
+* ``kv-cache``: ``jaxray.inference.engine`` (prefill, then one cached decode step per token, the
+  whole loop in one compiled call), with the default window policy (context_keep = S // 2) and with
   context_keep = S (the exact sliding window: a re-prefill of S - 1 bytes per token past S);
 * ``full recompute``: ``jaxray.inference.sampling.sample``, the whole window per token, loop on device;
 * ``notebook``: the learning path's sampler (``reference_generate.py``, run as its own process:
@@ -26,12 +26,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxray import checkpoint
 from jaxray.bench import compare
 from jaxray.bench.output import Case, Report, run_cases
 from jaxray.bench.timing import environment, time_calls
 from jaxray.config import ModelConfig
 from jaxray.inference.engine import Engine, EngineSettings, Request
 from jaxray.inference.sampling import prompt_window, sample
+from jaxray.models import build
 
 LAB = ModelConfig(
     workload="transformer", width=256, num_layers=4, num_heads=4, max_seq_len=256, attention="xla"
@@ -50,9 +52,6 @@ COLUMNS = [
 
 def load_model(checkpoint_path: str | None):
     """(model, params): the checkpoint's transformer, or the lab's with fresh weights."""
-    from jaxray import checkpoint
-    from jaxray.models import build
-
     if checkpoint_path:
         return checkpoint.restore(checkpoint.resolve(checkpoint_path, workload="transformer"))
     model = build(LAB)
@@ -92,14 +91,13 @@ def _full_case(model, params, prompt: bytes, new_tokens: int, temperature: float
     def run() -> dict[str, Any]:
         window, length = prompt_window(prompt, model.config.max_seq_len)
         logits_fn = jax.tree_util.Partial(model.apply, params)
-        call = lambda i: sample(
-            logits_fn,
-            jnp.asarray(window),
-            jnp.int32(length),
-            jax.random.key(i),  # noqa: E731
-            jnp.float32(temperature),
-            new_tokens,
-        )
+
+        def call(i: int) -> jax.Array:
+            key = jax.random.key(i)
+            return sample(
+                logits_fn, jnp.asarray(window), jnp.int32(length), key, jnp.float32(temperature), new_tokens
+            )
+
         return _rates(time_calls(call, calls=1, repeats=repeats).median_s, new_tokens, 1)
 
     label = "full recompute (jaxray.inference.sampling.sample)"

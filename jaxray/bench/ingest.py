@@ -15,9 +15,9 @@ arrays; the pre-staged side takes them from ``train_batches`` itself), alternate
 
 Each repeat runs ``warmup`` untimed steps (the stream's first epoch is read and sorted there), then
 times ``steps`` steps, reading the clock after ``block_until_ready``. Reported: the median ms/step
-per feed, its ratio to pre-staged (target: ray data <= 1.05 x pre-staged), the time the loop spent waiting for
-the next batch, the epoch boundaries inside the timed window, and both final losses (equal when the
-batches are).
+per feed, its ratio to pre-staged (target: ray data <= 1.05 x pre-staged), the time the loop spent
+waiting for the next batch, the epoch boundaries inside the timed window, and both final losses
+(equal when the batches are).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import ray
 
 from jaxray.bench.output import Case, Report, run_cases
 from jaxray.bench.throughput import INIT_SEED, make_spec
@@ -212,8 +213,6 @@ def ingest_benchmark(
     """The report described in the module docstring, one pair of rows per size. Starts a local Ray
     (all CPUs) unless one is running. ``parquet``: a prepared folder to read (one size only), else
     each dataset is prepared into a temporary folder, removed afterwards."""
-    import ray
-
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
     tmp = tempfile.mkdtemp(prefix="jaxray-ingest-")

@@ -287,8 +287,9 @@ def run(settings: LoadSettings, progress: bool = True) -> dict:
         if progress:
             print(
                 f"clients={clients}: {row['rps']:.2f} req/s, {row['new_tokens_per_s']:.1f} new tokens/s, "
-                f"p95 {row['p95_ms'] or float('nan'):.0f} ms, 4xx {row['errors_4xx']}, 5xx {row['errors_5xx']}, "
-                f"dropped {row['dropped']}, client CPU {row['client_cpu_pct']:.0f}%",
+                f"p95 {row['p95_ms'] or float('nan'):.0f} ms, 4xx {row['errors_4xx']}, "
+                f"5xx {row['errors_5xx']}, dropped {row['dropped']}, "
+                f"client CPU {row['client_cpu_pct']:.0f}%",
                 file=sys.stderr,
             )
     return {"settings": asdict(settings), "rows": rows}

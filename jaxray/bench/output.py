@@ -21,10 +21,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from jaxray.reporting.sweep import cell, finite, fmt, json_safe, short_error
+from jaxray.reporting.format import cell, finite, fmt, json_safe, short_error
 
 # summary.json's "written_by" is "jaxray.bench <name>": a folder is only ever overwritten by the same
-# benchmark (report.check_overwrite), never by another benchmark, a sweep or an evaluation.
+# benchmark (runs.check_overwrite), never by another benchmark, a sweep or an evaluation.
 WRITER = "jaxray.bench"
 
 # (header, row key, format spec); a callable key computes the cell from the row.

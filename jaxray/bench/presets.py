@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxray.config import MODEL_PRESETS
+from jaxray.config.experiment import MODEL_PRESETS
 
 Size = dict[str, Any]
 

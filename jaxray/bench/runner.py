@@ -12,11 +12,17 @@ from pathlib import Path
 
 import jax
 
-from jaxray.bench import compare, suites
+from jaxray.bench import checkpointing, compare, decode, serving, suites
 from jaxray.bench.output import WRITER, Report, render, write_report
 from jaxray.bench.presets import MODEL_SIZES, PRESETS
 from jaxray.bench.suites import suite_sizes
-from jaxray.reporting.sweep import check_overwrite, json_safe
+from jaxray.bench.throughput import make_spec
+from jaxray.data.manifest import read_manifest
+from jaxray.inference.sampling import check_sampling, encode_prompt, prompt_window
+from jaxray.parallel.mesh import make_mesh
+from jaxray.reporting.format import json_safe
+from jaxray.runs import check_overwrite
+from jaxray.train import compile_report
 
 OutFn = Callable[[argparse.Namespace, str], Path | None]
 # The learning path's sampler script: beside the checkout, or beside the data folder.
@@ -86,10 +92,6 @@ def _throughput(args: argparse.Namespace, out: Path | None) -> int:
 def _compile(args: argparse.Namespace, out: Path | None) -> int:
     """The compile report of one config (``jaxray.train.compile_report.report_for``): printed, and
     written to ``out/compile.json``. Needs no data: the step is compiled from shapes."""
-    from jaxray.bench.throughput import make_spec
-    from jaxray.parallel.mesh import make_mesh
-    from jaxray.train import compile_report
-
     size = throughput_size(args)
     spec = make_spec(
         **{k: v for k, v in size.items() if k not in ("steps", "repeats", "warmup", "step", "steps_per_call")}
@@ -131,8 +133,6 @@ def _compare(args: argparse.Namespace, out: Path | None) -> int:
 
 def _serve(args: argparse.Namespace, out: Path | None) -> int:
     """The Serve app under HTTP load; 1 when any level saw a 5xx or a dropped connection."""
-    from jaxray.bench import serving  # only this command needs it
-
     report, log = serving.run(args)
     _write(report, out)
     if out is not None and log is not None:
@@ -146,9 +146,6 @@ def _serve(args: argparse.Namespace, out: Path | None) -> int:
 
 
 def _decode(args: argparse.Namespace, out: Path | None) -> int:
-    from jaxray.bench import decode  # only this command needs it
-    from jaxray.inference.sampling import check_sampling, encode_prompt, prompt_window
-
     check_sampling(args.new_tokens, args.temperature, None)
     prompt_window(encode_prompt(args.prompt), 1)
     if args.reference is not None and not args.reference.is_file():
@@ -168,8 +165,7 @@ def _decode(args: argparse.Namespace, out: Path | None) -> int:
 
 
 def _ingest(args: argparse.Namespace, out: Path | None) -> int:
-    from jaxray.bench import ingest  # only this command needs Ray Data
-    from jaxray.data.manifest import read_manifest
+    from jaxray.bench import ingest  # imports Ray Data (about 1.5 s): only this command needs it
 
     workloads = ["mlp", "transformer"] if args.workload in (None, "all") else [args.workload]
     seq_len = args.seq_len
@@ -199,8 +195,6 @@ def _ingest(args: argparse.Namespace, out: Path | None) -> int:
 
 
 def _checkpoint(args: argparse.Namespace, out: Path | None) -> int:
-    from jaxray.bench import checkpointing
-
     workloads = ["mlp", "transformer"] if args.workload == "all" else [args.workload]
     runs = [
         checkpointing.CostRun(
@@ -283,7 +277,8 @@ def run(args: argparse.Namespace, out_for: OutFn) -> int:
             [] if name == "batch-sweep" else [f"{name}: {r['case']}: {r['error']}" for r in report.failed]
         )
     if args.command == "all":
-        done = f"all benchmarks finished in {time.perf_counter() - start:.0f} s on {jax.devices()[0].device_kind}"
+        took = time.perf_counter() - start
+        done = f"all benchmarks finished in {took:.0f} s on {jax.devices()[0].device_kind}"
         print(done)
         base = next(iter(outs.values()))
         if base is not None:  # every table in one file, beside the per-benchmark folders

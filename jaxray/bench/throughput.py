@@ -25,6 +25,7 @@ from jaxray.config import ConfigError, TrialConfig, check_devices, parse_trial
 from jaxray.data.batching import Arrays, num_rows
 from jaxray.data.workloads import load_arrays
 from jaxray.models import Model, build, param_count
+from jaxray.parallel.checks import check_attention
 from jaxray.parallel.mesh import make_mesh, needs_sync_per_step, replicate, shard_batch
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import compile_shard_map_train_step, compile_train_step, jit_eval_step
@@ -101,6 +102,7 @@ def make_spec(
             {"model": model, "train": {"global_batch": global_batch}, "data": data, "workers": workers},
             source="(bench)",
         )
+        check_attention(trial, source="(bench)")
     except ConfigError as err:
         raise ConfigError(
             f"{err}\n  (bench options: --batch is train.global_batch, --devices is "

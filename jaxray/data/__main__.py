@@ -23,6 +23,7 @@ from jaxray.data.prepare import (
     out_problem,
     prepare,
 )
+from jaxray.data.sources import DataFileError
 
 
 def seq_len_arg(text: str) -> int:
@@ -68,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         s.error(f"argument --seq-len: applies to --dataset tinyshakespeare only, not {args.dataset}")
     if args.row_group_rows > args.rows_per_file:
         s.error(
-            f"argument --row-group-rows: {args.row_group_rows} is more than --rows-per-file {args.rows_per_file}"
+            f"argument --row-group-rows: {args.row_group_rows} is more than "
+            f"--rows-per-file {args.rows_per_file}"
         )
     problem = out_problem(args.out)
     if problem:
@@ -78,8 +80,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from jaxray.data.sources import DataFileError
-
     try:
         manifest = prepare(
             args.dataset,

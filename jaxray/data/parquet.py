@@ -51,6 +51,7 @@ import pyarrow.fs as pafs
 import ray.data
 
 from jaxray.data.batching import epoch_order, train_batches
+from jaxray.data.columns import column_values
 from jaxray.data.manifest import Manifest, read_manifest, resolve
 
 _PLANNING_LOCK = threading.Lock()
@@ -129,8 +130,9 @@ def _fill(
     stop: threading.Event | None = None,
 ) -> dict[str, np.ndarray] | None:
     """Write each row of ``tables`` at its ``key`` column's value in ``{column: [total, *shape]}``
-    arrays (decoded, see ``decode``); None if ``stop`` was set before every key came. Raises
-    RuntimeError naming ``what`` if a key is missing or repeated (a bug, never a hang)."""
+    arrays (decoded: ``jaxray.data.columns.decode_column``); None if ``stop`` was set before every
+    key came. Raises RuntimeError naming ``what`` if a key is missing or repeated (a bug, never a
+    hang)."""
     out = {name: np.empty((total, *c["shape"]), c["dtype"]) for name, c in columns.items()}
     filled = np.zeros(total, bool)
     for table in tables:
@@ -236,6 +238,20 @@ class _Ahead:
         self._thread.join(timeout_s)
 
 
+def _check_batching(
+    rows: int, global_batch: int, process_index: int, process_count: int, cache_bytes: int
+) -> None:
+    """Raise ValueError (as ``train_batches``) for a batching ``parquet_batches`` cannot serve."""
+    if rows < global_batch:
+        raise ValueError(f"batch size {global_batch} is larger than the {rows} rows of the dataset")
+    if global_batch % process_count:
+        raise ValueError(f"batch size {global_batch} does not divide over {process_count} processes")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} is not in 0..{process_count - 1}")
+    if cache_bytes < 0:
+        raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
+
+
 def parquet_batches(
     path_or_uri: str,
     split: str,
@@ -250,10 +266,11 @@ def parquet_batches(
     """Endless batches of this process, epoch after epoch, equal to ``train_batches(arrays,
     global_batch, seed, process_index, process_count)`` over the folder's unshuffled arrays:
     ``{"tokens": [L, T] int32}`` or ``{"image": [L, 784] float32, "label": [L] int32}``, L =
-    global_batch / process_count (read every epoch: views of the epoch buffer, do not write to them). Needs a running
-    Ray (``ray.init``). ``prefetch_batches``: Ray Data blocks fetched ahead while an epoch is read.
-    ``cache_bytes``: a split whose decoded rows fit (``decoded_bytes``) is read once and later
-    epochs gathered from memory; 0 reads every epoch through Ray Data (module docstring).
+    global_batch / process_count (read every epoch: views of the epoch buffer, do not write to
+    them). Needs a running Ray (``ray.init``). ``prefetch_batches``: Ray Data blocks fetched ahead
+    while an epoch is read. ``cache_bytes``: a split whose decoded rows fit (``decoded_bytes``) is
+    read once and later epochs gathered from memory; 0 reads every epoch through Ray Data (module
+    docstring).
 
     Raises ManifestError, or ValueError (as ``train_batches``) if the split has fewer rows than one
     global batch, ``global_batch`` does not divide over ``process_count``, ``process_index`` is
@@ -262,65 +279,44 @@ def parquet_batches(
     """
     fs, root = resolve(path_or_uri, filesystem)
     manifest = read_manifest(root, fs)
-    rows = manifest.split(split).rows
-    if rows < global_batch:
-        raise ValueError(f"batch size {global_batch} is larger than the {rows} rows of the dataset")
-    if global_batch % process_count:
-        raise ValueError(f"batch size {global_batch} does not divide over {process_count} processes")
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} is not in 0..{process_count - 1}")
-    if cache_bytes < 0:
-        raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
-    local, per_epoch = global_batch // process_count, rows // global_batch
+    _check_batching(manifest.split(split).rows, global_batch, process_index, process_count, cache_bytes)
     if decoded_bytes(manifest, split) <= cache_bytes:
         yield from train_batches(
             split_arrays(root, split, fs, manifest), global_batch, seed, process_index, process_count
         )
         return
+    epoch_rows = functools.partial(
+        epoch_arrays,
+        root,
+        split,
+        global_batch,
+        seed,
+        process_index=process_index,
+        process_count=process_count,
+        filesystem=fs,
+        manifest=manifest,
+        prefetch_blocks=prefetch_batches,
+    )
+    yield from _epochs_ahead(
+        epoch_rows, manifest.split(split).rows // global_batch, global_batch // process_count
+    )
 
-    def epoch_rows(epoch: int, stop: threading.Event) -> dict[str, np.ndarray] | None:
-        return epoch_arrays(
-            root,
-            split,
-            global_batch,
-            seed,
-            epoch,
-            process_index,
-            process_count,
-            fs,
-            manifest,
-            prefetch_batches,
-            stop,
-        )
 
-    pending = _Ahead(functools.partial(epoch_rows, 0))
+def _epochs_ahead(
+    epoch_rows: Callable[..., dict[str, np.ndarray] | None], per_epoch: int, local: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """Batches of ``local`` rows, ``per_epoch`` per epoch, from ``epoch_rows(epoch, stop=...)``,
+    each epoch read on a background thread while the one before is consumed."""
+
+    def read(epoch: int, stop: threading.Event) -> dict[str, np.ndarray] | None:
+        return epoch_rows(epoch, stop=stop)
+
+    pending = _Ahead(functools.partial(read, 0))
     try:
         for epoch in itertools.count():
             arrays = pending.result()
-            pending = _Ahead(functools.partial(epoch_rows, epoch + 1))
+            pending = _Ahead(functools.partial(read, epoch + 1))
             for k in range(per_epoch):
                 yield {name: a[k * local : (k + 1) * local] for name, a in arrays.items()}
     finally:  # closed (or dropped) by the consumer: stop reading the next epoch
         pending.cancel()
-
-
-def column_numpy(column: pa.ChunkedArray, shape: list[int]) -> np.ndarray:
-    """A plain or fixed_size_list Arrow column -> [rows, *shape] numpy array (zero-copy where Arrow
-    allows: no nulls, one chunk)."""
-    array = column.combine_chunks()
-    if shape:
-        array = array.flatten()  # the values of the rows in this (possibly sliced) array
-    return array.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
-
-
-def decode(values: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
-    """Stored values -> what readers return (``spec``: a manifest column): ``uint8`` bytes become
-    float32 ``x / 255`` (as the Fashion-MNIST loader computes them), other columns stay as they are."""
-    if spec.get("stored") == "uint8":
-        return values.astype(np.float32) / np.float32(255.0)
-    return values
-
-
-def column_values(table: pa.Table, name: str, spec: dict[str, Any]) -> np.ndarray:
-    """Column ``name`` of an Arrow table -> [rows, *shape] numpy of the manifest dtype."""
-    return decode(column_numpy(table.column(name), spec["shape"]), spec)

@@ -26,6 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from jaxray.data.batching import Arrays, num_rows
+from jaxray.data.columns import column_specs, stored
 from jaxray.data.fashion_mnist import load_fashion_mnist
 from jaxray.data.manifest import FORMAT, FORMAT_VERSION, MANIFEST, SPLITS, file_sha256
 from jaxray.data.shakespeare import load_shakespeare
@@ -68,37 +69,6 @@ def out_problem(out: Path) -> str | None:
     if out.exists():
         return f"{out} exists and is not a folder"
     return None
-
-
-# Fashion-MNIST pixels are the IDX bytes divided by 255 (jaxray.data.fashion_mnist): stored as those
-# bytes, a quarter of float32's size (an epoch streams 4x faster), and divided again when read
-# (``jaxray.data.parquet.decode``), which gives the same float32 values bit for bit.
-STORED = {"image": "uint8"}
-
-
-def column_specs(arrays: Arrays) -> dict[str, dict[str, Any]]:
-    """{column: {"dtype": "int32"|"float32", "shape": [per-row dims]}} plus ``"stored": "uint8"``
-    for a column kept as bytes (``STORED``): dtype is what readers return."""
-    specs = {k: {"dtype": str(v.dtype), "shape": list(v.shape[1:])} for k, v in arrays.items()}
-    for name in specs.keys() & STORED.keys():
-        specs[name]["stored"] = STORED[name]
-    return specs
-
-
-def stored(arrays: Arrays, columns: dict[str, dict[str, Any]]) -> Arrays:
-    """``arrays`` as written: ``uint8`` columns back to their bytes (round(x * 255)). Raises
-    ValueError if decoding those bytes would not give the original floats exactly."""
-    from jaxray.data.parquet import decode
-
-    out = dict(arrays)
-    for name, spec in columns.items():
-        if spec.get("stored") == "uint8":
-            out[name] = np.rint(arrays[name] * np.float32(255.0)).astype(np.uint8)
-            if not np.array_equal(decode(out[name], spec), arrays[name]):
-                raise ValueError(
-                    f"column {name} is not a multiple of 1/255 everywhere: cannot store it as uint8"
-                )
-    return out
 
 
 def to_table(arrays: Arrays, start: int, stop: int, metadata: bytes) -> pa.Table:

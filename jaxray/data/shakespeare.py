@@ -38,7 +38,7 @@ def encode(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
 
-def decode(tokens) -> str:
+def bytes_to_text(tokens) -> str:
     """Decode a 1-D sequence of byte tokens (list, NumPy or JAX array) to text.
 
     Invalid UTF-8 (e.g. a sample cut mid-character) becomes U+FFFD replacement
@@ -52,9 +52,9 @@ def decode(tokens) -> str:
     if arr.size == 0:
         return ""
     if arr.ndim > 1:
-        raise ValueError(f"decode expects a 1-D token sequence, got shape {arr.shape}")
+        raise ValueError(f"bytes_to_text expects a 1-D token sequence, got shape {arr.shape}")
     if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"decode expects integer tokens, got dtype {arr.dtype}")
+        raise ValueError(f"bytes_to_text expects integer tokens, got dtype {arr.dtype}")
     if arr.min() < 0 or arr.max() >= VOCAB_SIZE:
         raise ValueError(f"tokens must be bytes in 0..{VOCAB_SIZE - 1}, got range {arr.min()}..{arr.max()}")
     return arr.reshape(-1).astype(np.uint8).tobytes().decode("utf-8", errors="replace")

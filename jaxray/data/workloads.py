@@ -13,6 +13,7 @@ import pyarrow.fs as pafs
 from jaxray.config import TrialConfig
 from jaxray.data.batching import Arrays
 from jaxray.data.fashion_mnist import load_fashion_mnist
+from jaxray.data.manifest import MANIFEST, SPLITS, Manifest, ManifestError, read_manifest, resolve
 from jaxray.data.shakespeare import load_shakespeare
 
 
@@ -38,18 +39,14 @@ WORKLOAD_DATASET = {
 
 def held_out_split(workload: str) -> str:
     """The held-out split's name in a prepared folder: ``validation`` or ``test``."""
-    from jaxray.data.manifest import SPLITS
-
     return SPLITS[WORKLOAD_DATASET[workload]][1]
 
 
-def parquet_folder(trial: TrialConfig):
+def parquet_folder(trial: TrialConfig) -> tuple[str, Manifest]:
     """(folder, Manifest) of ``trial``'s prepared Parquet data: ``data.parquet``/<dataset>.
 
     Raises ManifestError when the folder is missing or damaged, holds another dataset, or (the
     transformer) sequences of another length than ``data.seq_len``."""
-    from jaxray.data.manifest import MANIFEST, SPLITS, ManifestError, read_manifest, resolve
-
     dataset = WORKLOAD_DATASET[trial.model.workload]
     root = trial.data.parquet.rstrip("/")
     fs, local = resolve(root)

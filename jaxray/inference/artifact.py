@@ -1,11 +1,12 @@
-"""The export artifact writer: a trained transformer through ``jax.export`` (CLI: ``python -m jaxray.export``).
+"""The export artifact writer: a trained transformer through ``jax.export`` (``python -m jaxray.export``).
 
-Writes an artifact directory (layout in ``jaxray.inference.artifact_loader``): the full forward ``logits`` and
-the serving engine's ``start`` program per (prompt bucket, batch size) and ``decode`` program per
-batch size, as serialized StableHLO, with the float32 weights beside them in ``weights.npz`` and a
-``manifest.json``. Params are an argument of every function, never constants baked into the
-programs, and travel as a flat list of leaves so that ``jaxray.inference.artifact_loader`` can run the artifact
-without jaxray's model code, Flax or Orbax. ``load_engine`` serves an artifact with ``Engine``.
+Writes an artifact directory (layout in ``jaxray.inference.artifact_loader``): the full forward
+``logits`` and the serving engine's ``start`` program per (prompt bucket, batch size) and
+``decode_chunk`` program per batch size (``decode_n{B}``), as serialized StableHLO, with the float32
+weights beside them in ``weights.npz`` and a ``manifest.json``. Params are an argument of every
+function, never constants baked into the programs, and travel as a flat list of leaves so that
+``jaxray.inference.artifact_loader`` can run the artifact without jaxray's model code, Flax or
+Orbax. ``jaxray.inference.load.load_engine`` serves an artifact with ``Engine``.
 
 The export always uses the XLA attention implementation: cuDNN attention lowers to custom calls
 tied to NVIDIA GPUs and a cuDNN version, so it would not run on other platforms. The programs are
@@ -32,16 +33,9 @@ import numpy as np
 
 from jaxray import checkpoint
 from jaxray.config import ModelConfig
-from jaxray.inference import artifact_loader, kv_decode
-from jaxray.inference.artifact_loader import FORMAT, FORMAT_VERSION, MANIFEST, sha256
-from jaxray.inference.engine import (
-    Engine,
-    EngineSettings,
-    Programs,
-    check_keep,
-    check_source,
-    compiled_buckets,
-)
+from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, FORMAT, FORMAT_VERSION, sha256
+from jaxray.inference.engine import Engine, EngineSettings, check_keep
+from jaxray.inference.load import check_checkpoint
 from jaxray.models import build
 
 WEIGHTS = "weights.npz"
@@ -87,7 +81,7 @@ def _spec(x) -> jax.ShapeDtypeStruct:
 
 def export_programs(model, params, engine: Engine, targets: tuple[str, ...]) -> dict[str, tuple[dict, Any]]:
     """``{file stem: (manifest entry, jax.export.Exported)}`` for ``logits`` (batch symbolic, T = S),
-    every ``start_b{bucket}_n{batch}`` and every ``decode_n{batch}`` of ``engine``.
+    every ``start_b{bucket}_n{batch}`` and every ``decode_n{batch}`` (``decode_chunk``) of ``engine``.
 
     Each function takes the flat list of weights first and unflattens it inside, and the decode
     state travels as a flat tuple, so the artifact's pytrees are plain lists and tuples.
@@ -95,7 +89,7 @@ def export_programs(model, params, engine: Engine, targets: tuple[str, ...]) -> 
     treedef = jax.tree.structure(params)
     weights = [_spec(x) for x in jax.tree.leaves(params)]
     unflatten = functools.partial(jax.tree.unflatten, treedef)
-    state_tree = jax.tree.structure(engine._decode_args(engine.settings.batch_sizes[0])[0])
+    state_tree = jax.tree.structure(engine.decode_chunk_args(engine.settings.batch_sizes[0])[0])
 
     def logits(leaves, tokens):
         return model.apply(unflatten(leaves), tokens)
@@ -104,9 +98,9 @@ def export_programs(model, params, engine: Engine, targets: tuple[str, ...]) -> 
         state, first = engine.programs.start(unflatten(leaves), *args)
         return tuple(jax.tree.leaves(state)), first
 
-    def decode(leaves, state, max_steps):
+    def decode_chunk(leaves, state, max_steps):
         state = jax.tree.unflatten(state_tree, state)
-        state, tokens, counts = engine.programs.decode(unflatten(leaves), state, max_steps)
+        state, tokens, counts = engine.programs.decode_chunk(unflatten(leaves), state, max_steps)
         return tuple(jax.tree.leaves(state)), tokens, counts
 
     def export(fn, *args):
@@ -118,11 +112,11 @@ def export_programs(model, params, engine: Engine, targets: tuple[str, ...]) -> 
     for size in engine.settings.batch_sizes:
         for bucket in engine.buckets:
             entry = {"kind": "start", "bucket": bucket, "batch": size}
-            out[f"start_b{bucket}_n{size}"] = (entry, export(start, *engine._start_args(bucket, size)))
-        state, max_steps = engine._decode_args(size)
-        out[f"decode_n{size}"] = (
+            out[f"start_b{bucket}_n{size}"] = (entry, export(start, *engine.start_args(bucket, size)))
+        state, max_steps = engine.decode_chunk_args(size)
+        out[f"decode_n{size}"] = (  # "decode" names the program in the artifact's format
             {"kind": "decode", "batch": size},
-            export(decode, tuple(jax.tree.leaves(state)), max_steps),
+            export(decode_chunk, tuple(jax.tree.leaves(state)), max_steps),
         )
     return out
 
@@ -136,7 +130,7 @@ def base_manifest(
     cfg: ModelConfig, engine: Engine, source: Path, weights: dict[str, np.ndarray], targets: tuple[str, ...]
 ) -> dict:
     """manifest.json less the files' sha256s and the functions (``write_artifact`` adds them)."""
-    state, _ = engine._decode_args(engine.settings.batch_sizes[0])
+    state, _ = engine.decode_chunk_args(engine.settings.batch_sizes[0])
     state_names = [
         jax.tree_util.keystr(p, simple=True, separator="/")
         for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]
@@ -190,7 +184,7 @@ def write_artifact(out: Path, manifest: dict, weights: dict[str, np.ndarray], pr
                 "inputs": [_aval(a) for a in exported.in_avals[n_weights:]],
                 "outputs": [_aval(a) for a in exported.out_avals],
             }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / ARTIFACT_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         tmp.chmod(0o755)  # mkdtemp makes it private
         os.rename(tmp, out)  # POSIX: replaces an empty directory, fails on a non-empty one
     except BaseException:
@@ -209,7 +203,7 @@ def export_checkpoint(path: str | Path, out: str | Path, settings: EngineSetting
     """
     out, settings = Path(out), settings or EngineSettings()
     check_out(out)
-    source = check_source(path, settings, purpose="exported")
+    source = check_checkpoint(path, settings, purpose="exported")
     _, params = checkpoint.restore(source)
     cfg = checkpoint.load_model_config(source).model_copy(update={"attention": "xla"})
     model = build(cfg, attention="xla")
@@ -218,57 +212,3 @@ def export_checkpoint(path: str | Path, out: str | Path, settings: EngineSetting
     manifest = base_manifest(cfg, engine, source, weights, targets)
     write_artifact(out, manifest, weights, export_programs(model, params, engine, targets))
     return manifest
-
-
-def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:
-    """``settings`` checked against an artifact (None: the artifact's own). Every bucket and batch
-    size must have been exported; chunk and context_keep are compiled into the decode programs and
-    must be equal. Raises ValueError naming the setting."""
-    size, keep = manifest["max_seq_len"], manifest["context_keep"]
-    if settings is None:
-        return EngineSettings(
-            buckets=tuple(manifest["buckets"]),
-            batch_sizes=tuple(manifest["batch_sizes"]),
-            chunk=manifest["chunk"],
-            context_keep=keep,
-        )
-    buckets = set(compiled_buckets(settings, size))
-    for name, wanted in (("buckets", buckets), ("batch_sizes", set(settings.batch_sizes))):
-        missing = sorted(wanted - set(manifest[name]))
-        if missing:
-            raise ValueError(f"{name} {missing} were not exported: the artifact has {manifest[name]}")
-    if settings.chunk != manifest["chunk"]:
-        raise ValueError(f"chunk {settings.chunk} differs from the artifact's {manifest['chunk']}")
-    if check_keep(settings, size) != keep:
-        raise ValueError(f"context_keep {check_keep(settings, size)} differs from the artifact's {keep}")
-    return settings
-
-
-def _start(exported: dict, state_tree, params, tokens, *args):
-    batch, bucket = tokens.shape
-    leaves, first = exported[("start", bucket, batch)].call(params, tokens, *args)
-    return jax.tree.unflatten(state_tree, leaves), first
-
-
-def _decode(exported: dict, state_tree, params, state, max_steps):
-    leaves = tuple(jax.tree.leaves(state))
-    leaves, tokens, counts = exported[("decode", None, leaves[0].shape[0])].call(params, leaves, max_steps)
-    return jax.tree.unflatten(state_tree, leaves), tokens, counts
-
-
-def load_engine(path: str | Path, settings: EngineSettings | None = None) -> Engine:
-    """An ``Engine`` whose programs call an artifact's exported functions; its params are the
-    artifact's flat weights. The artifact's flat decode state becomes a ``DecodeState`` again, so
-    the engine (continuous batching included) handles it as a live model's. Raises ArtifactError
-    (a ValueError) for a damaged artifact, ValueError naming the setting when ``settings`` asks for
-    programs the artifact lacks (see ``settings_for``)."""
-    artifact = artifact_loader.load_artifact(path)
-    config = ModelConfig.model_validate(artifact.manifest["model"])
-    settings = settings_for(artifact.manifest, settings)
-    layers = tuple((None, None) for _ in range(config.num_layers))
-    state_tree = jax.tree.structure(kv_decode.DecodeState(layers, *[None] * 7), is_leaf=lambda x: x is None)
-    programs = Programs(
-        functools.partial(_start, artifact.exported, state_tree),
-        functools.partial(_decode, artifact.exported, state_tree),
-    )
-    return Engine(config, artifact.weights, settings, programs, source=str(path))

@@ -17,7 +17,7 @@ first; the decode state is a flat tuple (the manifest's ``state_leaves``)::
     art = load_artifact("exports/demo")
     logits = art.logits(np.array([[72, 105]], np.int32))          # [1, 2, 256] float32
     state, first = art.start(tokens, lengths, seeds, temperature, top_k, max_new)
-    state, new, counts = art.decode(state, np.int32(art.manifest["chunk"]))
+    state, new, counts = art.decode_chunk(state, np.int32(art.manifest["chunk"]))
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 
 FORMAT = "jaxray-export"
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+ARTIFACT_MANIFEST = "manifest.json"  # not jaxray.data.manifest's: that one describes a Parquet dataset
 
 
 class ArtifactError(ValueError):
@@ -94,9 +94,10 @@ class Artifact:
             tokens, lengths, seeds, temperature, top_k, max_new_tokens
         )
 
-    def decode(self, state, max_steps):
-        """``jaxray.inference.kv_decode.decode``: state from ``start``/``decode``, max_steps () int32.
-        Returns (state, tokens [B, chunk] int32, counts [B] int32)."""
+    def decode_chunk(self, state, max_steps):
+        """``jaxray.inference.kv_decode.decode_chunk`` (the artifact's ``decode_n{B}`` program): state
+        from ``start``/``decode_chunk``, max_steps () int32. Returns (state, tokens [B, chunk] int32,
+        counts [B] int32)."""
         return self.program(("decode", None, np.shape(state[0])[0]))(state, max_steps)
 
 
@@ -109,11 +110,11 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_manifest(directory: str | Path) -> dict:
+def read_artifact_manifest(directory: str | Path) -> dict:
     """manifest.json of an artifact. Raises ArtifactError if missing, damaged or of another format."""
-    path = Path(directory) / MANIFEST
+    path = Path(directory) / ARTIFACT_MANIFEST
     if not path.is_file():
-        raise ArtifactError(f"{directory} is not an export artifact: {MANIFEST} is missing")
+        raise ArtifactError(f"{directory} is not an export artifact: {ARTIFACT_MANIFEST} is missing")
     try:
         manifest = json.loads(path.read_text())
     except ValueError as err:
@@ -136,7 +137,7 @@ def verify_files(directory: Path, manifest: dict) -> None:
         if not path.is_file():
             raise ArtifactError(f"{path} is missing")
         if sha256(path) != entry["sha256"]:
-            raise ArtifactError(f"{path} is damaged: its sha256 is not the one in {MANIFEST}")
+            raise ArtifactError(f"{path} is damaged: its sha256 is not the one in {ARTIFACT_MANIFEST}")
 
 
 def check_versions(manifest: dict) -> None:
@@ -179,7 +180,7 @@ def load_artifact(directory: str | Path) -> Artifact:
     for this machine's platform. Warns when the JAX minor version differs from the exporter's.
     """
     directory = Path(directory)
-    manifest = read_manifest(directory)
+    manifest = read_artifact_manifest(directory)
     verify_files(directory, manifest)
     check_versions(manifest)
     platform = jax.export.default_export_platform()

@@ -3,7 +3,7 @@
 A batch that runs to completion keeps late arrivals waiting for its longest request, and under
 steady load it splits the clients into groups that take turns: with 16 closed-loop HTTP clients the
 engine ran alternating batches of ~8 requests, each in the 16-row program. Here the running batch
-is one ``DecodeState``: between two ``decode`` calls (``chunk`` tokens each) new requests are
+is one ``DecodeState``: between two ``step`` calls (``chunk`` tokens each) new requests are
 prefilled and joined to it, and rows that finished are dropped, both on device with the engine's
 compiled ``gather`` programs, the batch size following the number of live rows (the smallest
 compiled size that holds them). Rows are independent, so a request's tokens do not depend on
@@ -35,8 +35,9 @@ class Update:
 class Batcher:
     """The running batch of an ``Engine`` (compiled) with at most ``max_batch_size`` live rows.
 
-    ``admit`` adds requests, ``decode`` advances every live row by up to ``chunk`` tokens; both
-    return ``Update``s. Not thread-safe: call both from one thread.
+    ``admit`` adds requests, ``step`` (one scheduling step: one ``Engine.decode_chunk`` call)
+    advances every live row by up to ``chunk`` tokens; both return ``Update``s. Not thread-safe:
+    call both from one thread.
     """
 
     def __init__(self, engine: Engine, max_batch_size: int | None = None):
@@ -51,7 +52,7 @@ class Batcher:
         self.rows: list[Hashable | None] = []  # the ticket of each row of ``state``; None: free
         self._left: dict[Hashable, int] = {}  # tokens each live request still expects
         self.decode_calls = self.rows_decoded = 0
-        self.admit_s = self.decode_s = 0.0  # time spent in each, seconds
+        self.admit_s = self.decode_s = 0.0  # time spent in admit and step, seconds
 
     @property
     def live(self) -> int:
@@ -90,14 +91,14 @@ class Batcher:
         self.admit_s += time.perf_counter() - begin
         return updates
 
-    def decode(self) -> list[Update]:
-        """One ``Engine.decode`` call over the running batch: the new tokens of every live request
-        (nothing when there is none). Finished requests leave the batch."""
+    def step(self) -> list[Update]:
+        """One ``Engine.decode_chunk`` call over the running batch: the new tokens of every live
+        request (nothing when there is none). Finished requests leave the batch."""
         if not self.live:
             return []
         self.decode_calls, self.rows_decoded = self.decode_calls + 1, self.rows_decoded + self.live
         begin = time.perf_counter()
-        self.state, out, counts = self.engine.decode(self.state)
+        self.state, out, counts = self.engine.decode_chunk(self.state)
         updates = []
         for row, ticket in enumerate(self.rows):
             if ticket is not None:
@@ -118,7 +119,8 @@ class Batcher:
         return [i for i, ticket in enumerate(self.rows) if ticket is not None]
 
     def _drop_finished(self) -> None:
-        """Free the rows of finished requests, shrinking the batch to the smallest size that holds the rest."""
+        """Free the rows of finished requests, shrinking the batch to the smallest size that holds
+        the rest."""
         for row, ticket in enumerate(self.rows):
             if ticket is not None and self._left[ticket] <= 0:
                 del self._left[ticket]

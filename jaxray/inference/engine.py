@@ -3,10 +3,11 @@
 Requests of one batch are padded to the smallest compiled batch size that holds them, and their
 prompts to the smallest length bucket that holds the longest, so no request ever compiles:
 ``compile()`` lowers and compiles every (bucket, batch) ``start`` program and every batch's
-``decode`` program up front (``jit(...).lower(...).compile()``), and the first request runs as fast
-as the tenth.
+``decode_chunk`` program up front (``jit(...).lower(...).compile()``), and the first request runs
+as fast as the tenth. An engine runs a live model's programs (``Engine.for_model``) or an export
+artifact's; ``jaxray.inference.load`` picks between them for a path.
 
-  engine = Engine.load("runs/demo")          # a checkpoint, a run folder or runs/<experiment>
+  engine = load_engine("runs/demo")          # jaxray.inference.load: a checkpoint, run folder, artifact
   engine.compile()
   [done] = engine.generate([Request(b"ROMEO:", max_new_tokens=100, temperature=0.8)])
   print(done.text)
@@ -19,7 +20,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jaxray.config import ModelConfig
-from jaxray.data.shakespeare import decode as decode_bytes
+from jaxray.data.shakespeare import bytes_to_text
 from jaxray.inference import kv_decode
 from jaxray.inference.sampling import check_sampling, encode_prompt, prompt_window
 
@@ -85,16 +85,17 @@ class Completion:
     @property
     def text(self) -> str:
         """The new bytes as UTF-8; invalid sequences become U+FFFD."""
-        return decode_bytes(np.asarray(self.tokens, np.int32))
+        return bytes_to_text(np.asarray(self.tokens, np.int32))
 
 
 @dataclass
 class Programs:
     """Uncompiled programs: ``start(params, tokens, lengths, seeds, temperature, top_k, max_new)`` and
-    ``decode(params, state, max_steps)``, as in ``jaxray.inference.kv_decode`` with the model bound."""
+    ``decode_chunk(params, state, max_steps)``, as in ``jaxray.inference.kv_decode`` with the model
+    bound."""
 
     start: Callable[..., tuple]
-    decode: Callable[..., tuple]
+    decode_chunk: Callable[..., tuple]
 
 
 def programs_for(model, chunk: int, keep: int) -> Programs:
@@ -102,7 +103,7 @@ def programs_for(model, chunk: int, keep: int) -> Programs:
     size = model.config.max_seq_len
     return Programs(
         functools.partial(kv_decode.start, model.prefill, max_seq_len=size),
-        functools.partial(kv_decode.decode, model.prefill, model.decode, chunk=chunk, keep=keep),
+        functools.partial(kv_decode.decode_chunk, model.prefill, model.decode_step, chunk=chunk, keep=keep),
     )
 
 
@@ -119,22 +120,10 @@ class Engine:
     compile_s: float = 0.0
 
     @classmethod
-    def load(cls, path: str | Path, settings: EngineSettings | None = None) -> Engine:
-        """The engine for a checkpoint, a Ray Train run folder, ``runs/<experiment>`` (its best
-        transformer) or a ``python -m jaxray.export`` artifact (``jaxray.export.load_engine``).
-        Raises CheckpointError (a ValueError) naming the path when it holds no transformer checkpoint."""
-        if (Path(path) / "manifest.json").is_file():  # an export artifact
-            from jaxray.inference.artifact import load_engine
-
-            return load_engine(path, settings)
-        from jaxray import checkpoint
-
-        resolved = check_source(path, settings)
-        model, params = checkpoint.restore(resolved)
-        return cls.for_model(model, params, settings, source=str(resolved))
-
-    @classmethod
     def for_model(cls, model, params, settings: EngineSettings | None = None, source: str = "") -> Engine:
+        """The engine of a live transformer ``model`` (``jaxray.models.Model``) and its params; ``source``
+        names where they came from (``info``). Raises ValueError for a context_keep outside
+        2..max_seq_len."""
         settings = settings or EngineSettings()
         keep = check_keep(settings, model.config.max_seq_len)
         return cls(model.config, params, settings, programs_for(model, settings.chunk, keep), source)
@@ -152,7 +141,7 @@ class Engine:
         pays one-time costs: the first HTTP request took twice as long as the next ones without
         it); idempotent. Returns {"compile_s", "programs"}.
 
-        Programs: ``start`` per (bucket, batch size), ``decode`` per batch size, and the row
+        Programs: ``start`` per (bucket, batch size), ``decode_chunk`` per batch size, and the row
         ``gather`` programs continuous batching uses (``jaxray.inference.batcher``): a running batch of any
         size joined with a fresh one into any size that holds the fresh rows, or shrunk alone."""
         if not self.compiled:
@@ -190,11 +179,13 @@ class Engine:
         )
         return state, np.asarray(first)[: len(requests)]
 
-    def decode(self, state: kv_decode.DecodeState) -> tuple[kv_decode.DecodeState, np.ndarray, np.ndarray]:
+    def decode_chunk(
+        self, state: kv_decode.DecodeState
+    ) -> tuple[kv_decode.DecodeState, np.ndarray, np.ndarray]:
         """Up to ``chunk`` more tokens for every unfinished row: (state, tokens [B, chunk] int32,
         counts [B] int32), row b's new tokens being ``tokens[b, :counts[b]]``."""
         batch = state.pending.shape[0]
-        state, out, counts = self._program("decode", None, batch)(
+        state, out, counts = self._program("decode_chunk", None, batch)(
             self.params, state, np.int32(self.settings.chunk)
         )
         return state, np.asarray(out), np.asarray(counts)
@@ -208,32 +199,34 @@ class Engine:
         return self._program("gather", sizes, len(index))(tuple(states), index, valid)
 
     def _program(self, kind: str, shape, batch: int):
-        """The compiled program ``kind``: start (shape = bucket), decode, or gather (shape = the
+        """The compiled program ``kind``: start (shape = bucket), decode_chunk, or gather (shape = the
         joined states' batch sizes), for ``batch`` rows."""
         key = (kind, shape, batch)
         if key not in self.compiled:
             if kind == "gather":
-                states = tuple(self._decode_args(b)[0] for b in shape)
+                states = tuple(self.decode_chunk_args(b)[0] for b in shape)
                 index, valid = jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), bool)
                 self.compiled[key] = jax.jit(kv_decode.gather_rows).lower(states, index, valid).compile()
             else:
-                args = self._start_args(shape, batch) if kind == "start" else self._decode_args(batch)
+                args = self.start_args(shape, batch) if kind == "start" else self.decode_chunk_args(batch)
                 self.compiled[key] = jax.jit(getattr(self.programs, kind)).lower(self.params, *args).compile()
         return self.compiled[key]
 
-    def _start_args(self, bucket: int, batch: int) -> tuple:
-        spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-        return (
-            spec((batch, bucket), jnp.int32),
-            spec((batch,), jnp.int32),
-            spec((batch,), jnp.uint32),
-            spec((batch,), jnp.float32),
-            spec((batch,), jnp.int32),
-            spec((batch,), jnp.int32),
-        )
+    def start_args(self, bucket: int, batch: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+        """The abstract arguments after params of the ``start`` program for prompt bucket ``bucket``
+        and ``batch`` rows, in order: tokens [batch, bucket] int32, lengths [batch] int32, seeds
+        [batch] uint32, temperature [batch] float32, top_k [batch] int32, max_new_tokens [batch]
+        int32. What ``compile`` lowers, and what ``jaxray.inference.artifact`` exports."""
+        per_row = [jnp.int32, jnp.uint32, jnp.float32, jnp.int32, jnp.int32]
+        tokens = jax.ShapeDtypeStruct((batch, bucket), jnp.int32)
+        return (tokens, *(jax.ShapeDtypeStruct((batch,), dtype) for dtype in per_row))
 
-    def _decode_args(self, batch: int) -> tuple:
-        state, _ = jax.eval_shape(self.programs.start, self.params, *self._start_args(self.buckets[0], batch))
+    def decode_chunk_args(self, batch: int) -> tuple[kv_decode.DecodeState, jax.ShapeDtypeStruct]:
+        """The abstract arguments after params of the ``decode_chunk`` program for ``batch`` rows:
+        (a ``DecodeState`` of ``jax.ShapeDtypeStruct`` leaves, max_steps () int32). The state's
+        shapes do not depend on the prompt bucket (the cache always holds max_seq_len positions).
+        What ``compile`` lowers, and what ``jaxray.inference.artifact`` exports."""
+        state, _ = jax.eval_shape(self.programs.start, self.params, *self.start_args(self.buckets[0], batch))
         return state, jax.ShapeDtypeStruct((), jnp.int32)
 
     def check(self, request: Request) -> None:
@@ -254,7 +247,8 @@ class Engine:
         )
 
     def generate(self, requests: list[Request]) -> list[Completion]:
-        """Every request's new tokens (at most ``max_batch_size`` requests). Raises ValueError as ``check``."""
+        """Every request's new tokens (at most ``max_batch_size`` requests). Raises ValueError as
+        ``check``."""
         done = [Completion([], self.prompt_tokens(r)) for r in requests]
         for chunk in self.stream(requests):
             for completion, tokens in zip(done, chunk):
@@ -279,20 +273,21 @@ class Engine:
         yield [[int(token)] for token in first]
         left = [r.max_new_tokens - 1 for r in requests]
         while max(left) > 0:
-            state, out, counts = self.decode(state)
+            state, out, counts = self.decode_chunk(state)
             yield [out[i, : counts[i]].tolist() for i in range(len(requests))]
             left = [n - int(c) for n, c in zip(left, counts)]
 
-    def _inputs(self, requests: list[Request], bucket: int, batch: int) -> tuple:
-        """Host arrays for ``start``; padding rows get a one-byte prompt and no tokens to sample."""
+    def _inputs(self, requests: list[Request], bucket: int, batch: int) -> tuple[np.ndarray, ...]:
+        """Host arrays for ``start`` (shapes as ``start_args``): row i holds request i's prompt
+        window (``prompt_window``); padding rows get a one-byte prompt and no tokens to sample."""
         tokens = np.zeros((batch, bucket), np.int32)
         lengths, seeds = np.ones(batch, np.int32), np.zeros(batch, np.uint32)
         temperature, top_k = np.zeros(batch, np.float32), np.full(batch, self.config.vocab_size, np.int32)
         max_new = np.zeros(batch, np.int32)
         for i, r in enumerate(requests):
-            tail = np.frombuffer(r.prompt[-self.config.max_seq_len :], np.uint8)
-            tokens[i, : len(tail)], lengths[i], seeds[i] = tail, len(tail), r.seed
-            temperature[i], max_new[i] = r.temperature, r.max_new_tokens
+            window, lengths[i] = prompt_window(r.prompt, self.config.max_seq_len)
+            tokens[i] = window[:bucket]  # the bucket holds the prompt: only padding zeros are cut
+            seeds[i], temperature[i], max_new[i] = r.seed, r.temperature, r.max_new_tokens
             top_k[i] = r.top_k or self.config.vocab_size
         return tokens, lengths, seeds, temperature, top_k, max_new
 
@@ -339,30 +334,6 @@ def gather_shapes(batch_sizes: tuple[int, ...]) -> list[tuple[tuple[int, ...], i
 def compiled_buckets(settings: EngineSettings, max_seq_len: int) -> tuple[int, ...]:
     """The prompt buckets compiled: settings' below max_seq_len, and max_seq_len itself."""
     return tuple(sorted({b for b in settings.buckets if b < max_seq_len} | {max_seq_len}))
-
-
-def check_source(path: str | Path, settings: EngineSettings | None = None, purpose: str = "served") -> Path:
-    """What ``Engine.load`` would serve (``purpose`` "exported": what ``jaxray.export`` would export),
-    checked without loading any weights, so a command can refuse a bad path before it starts
-    anything: the resolved checkpoint, or the artifact directory (serving only).
-    Raises CheckpointError / ArtifactError / ValueError naming the path or the setting."""
-    from jaxray import checkpoint
-
-    if purpose == "served" and (Path(path) / "manifest.json").is_file():
-        from jaxray.inference.artifact import settings_for
-        from jaxray.inference.artifact_loader import read_manifest
-
-        settings_for(read_manifest(path), settings)
-        return Path(path)
-    resolved = checkpoint.resolve(path, workload="transformer")
-    cfg = checkpoint.load_model_config(resolved)
-    if cfg.workload != "transformer":
-        raise checkpoint.CheckpointError(
-            f"{resolved} holds an {cfg.workload.upper()} checkpoint, not a "
-            f"transformer: only a transformer can be {purpose}"
-        )
-    check_keep(settings or EngineSettings(), cfg.max_seq_len)
-    return resolved
 
 
 def kv_generate(

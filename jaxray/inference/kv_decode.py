@@ -1,10 +1,10 @@
 """Sampling with a KV cache: a prefill of the prompt, then one cached decode step per new token.
 
-Pure functions over the model's ``prefill`` / ``decode`` pair (``jaxray.models.Model``), so the same
-code runs from a live model, under ``jax.export`` and in the serving engine:
+Pure functions over the model's ``prefill`` / ``decode_step`` pair (``jaxray.models.Model``), so the
+same code runs from a live model, under ``jax.export`` and in the serving engine:
 
 * ``start`` prefills prompts of one length bucket and samples each row's first new token;
-* ``decode`` runs up to ``chunk`` decode steps in one ``lax.while_loop``, stopping early once
+* ``decode_chunk`` runs up to ``chunk`` decode steps in one ``lax.while_loop``, stopping early once
   every row has all its tokens, so a caller streams by calling it again with the returned state.
 
 Rows of a batch are independent: each has its own prompt length, temperature, top-k, seed and
@@ -55,10 +55,10 @@ class DecodeState(NamedTuple):
     top_k: jax.Array
 
 
-Prefill = Callable[
-    [object, jax.Array], tuple
-]  # (params, tokens [B, T]) -> (logits [B, T, V], cache [.., T, ..])
-Decode = Callable[[object, jax.Array, jax.Array, KVCache], tuple]  # (params, tokens, positions, cache)
+# (params, tokens [B, T]) -> (logits [B, T, V], cache [.., T, ..])
+Prefill = Callable[[object, jax.Array], tuple]
+# (params, tokens [B], positions [B], cache) -> (logits [B, V], cache): one cached step per row
+DecodeStep = Callable[[object, jax.Array, jax.Array, KVCache], tuple]
 
 
 def _pad_cache(cache: KVCache, size: int) -> KVCache:
@@ -128,9 +128,9 @@ def _slide(prefill: Prefill, params, state: DecodeState, full: jax.Array, keep: 
     )
 
 
-def decode(
+def decode_chunk(
     prefill: Prefill,
-    decode_step: Decode,
+    decode_step: DecodeStep,
     params,
     state: DecodeState,
     max_steps: jax.Array,

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxray.data.shakespeare import decode
+from jaxray.data.shakespeare import bytes_to_text
 
 # One call samples up to this many bytes (the whole loop is one compiled program, so the cap bounds
 # its run time); seeds are 32-bit.
@@ -141,7 +141,7 @@ def generate(
         max_new_tokens,
         top_k,
     )
-    return decode(np.asarray(new))
+    return bytes_to_text(np.asarray(new))
 
 
 def printable(text: str) -> str:
@@ -156,7 +156,7 @@ def next_tokens(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top_k
 
     Row b: split its key; argmax when temperature <= 0, else a categorical draw at ``temperature``
     among its ``top_k`` largest logits (ties at the k-th value are kept); see ``draw``. The same key
-    schedule as ``jaxray.generate.sample``.
+    schedule as ``sample``.
     """
     logits = jnp.where(top_k_mask(logits, top_k), logits, -jnp.inf)
 
@@ -195,4 +195,4 @@ def top_k_mask(logits: jax.Array, top_k: jax.Array) -> jax.Array:
         larger = (logits[:, None, :] > logits[:, :, None]).sum(axis=-1)  # [B, V]: count of larger logits
         return larger < top_k[:, None]
 
-    return jax.lax.cond(jnp.any(top_k < logits.shape[-1]), ranked, lambda l: jnp.ones(l.shape, bool), logits)
+    return jax.lax.cond(jnp.any(top_k < logits.shape[-1]), ranked, lambda x: jnp.ones(x.shape, bool), logits)

@@ -4,7 +4,10 @@
 ``nnx.Param`` variables for the transformer); ``apply(params, inputs) -> logits`` float32 is pure, so
 one jitted step, Orbax and sharding treat every family alike.
 
-Axis letters: B batch, T time, D model width, H heads, K head dim, V vocab.
+Vocabulary of every docstring in the package (defined here only): axis letters B batch, T time
+(sequence), S max_seq_len (a KV cache's length), D model width, H heads, K head dim, V vocab.
+"Global batch" is the batch of one optimizer step over all devices of all workers; "per-device
+batch" is global batch / (workers x devices per worker).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,9 +33,9 @@ Params = Any
 class Model:
     """A model family's pure functions. ``apply`` takes images [B, 784] float32 or tokens [B, T] int32.
 
-    The transformer also has the KV-cache pair (see ``Transformer.prefill`` / ``decode``):
+    The transformer also has the KV-cache pair (see ``Transformer.prefill`` / ``decode_step``):
     ``prefill(params, tokens [B, T]) -> (logits [B, T, V], cache)`` and
-    ``decode(params, tokens [B], positions [B], cache) -> (logits [B, V], cache)``, where the cache
+    ``decode_step(params, tokens [B], positions [B], cache) -> (logits [B, V], cache)``, where the cache
     holds per layer (keys, values) [B, H, T or S, K] (``transformer.KVCache``).
     """
 
@@ -41,7 +44,7 @@ class Model:
     apply: Callable[[Params, jax.Array], jax.Array]
     attention: AttentionChoice | None = None
     prefill: Callable[..., tuple] | None = None
-    decode: Callable[..., tuple] | None = None
+    decode_step: Callable[..., tuple] | None = None
 
 
 def compute_dtype(cfg: ModelConfig):
@@ -85,10 +88,10 @@ def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
     def prefill(params, tokens):
         return nnx.merge(graphdef, params).prefill(tokens)
 
-    def decode(params, tokens, positions, cache):
-        return nnx.merge(graphdef, params).decode(tokens, positions, cache)
+    def decode_step(params, tokens, positions, cache):
+        return nnx.merge(graphdef, params).decode_step(tokens, positions, cache)
 
-    return Model(cfg, init, apply, choice, prefill, decode)
+    return Model(cfg, init, apply, choice, prefill, decode_step)
 
 
 def build(cfg: ModelConfig, attention: str | None = None) -> Model:

@@ -73,7 +73,8 @@ def cudnn_blockers(target: Target) -> list[str]:
 
 def config_blockers(dtype: str, head_dim: int, use_gpu: bool) -> list[str]:
     """What rules out cuDNN attention before any device is seen: no GPU workers, the compute
-    dtype, a head dim no GPU supports (the compute capability is checked on the worker)."""
+    dtype, a head dim no GPU supports (the compute capability is checked on the worker).
+    ``jaxray.parallel.checks.check_attention`` refuses a trial with these."""
     blockers = [] if use_gpu else ["it needs GPU workers (workers.use_gpu: true)"]
     if dtype not in CUDNN_DTYPES:
         blockers.append(f"dtype {dtype} is not bfloat16 or float16")

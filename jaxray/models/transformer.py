@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-# Per layer (keys, values), each [B, H, S, K]: the KV cache of ``Transformer.prefill`` / ``decode``.
+# Per layer (keys, values), each [B, H, S, K]: the KV cache of ``Transformer.prefill`` / ``decode_step``.
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
 
 # Query rows per block of the XLA causal attention: 64 cut the lab's step time most on CPU (T = 256).
@@ -149,7 +149,7 @@ class Block(nnx.Module):
             value.transpose(heads_first),
         )
 
-    def decode(self, x: jax.Array, positions: jax.Array, keys: jax.Array, values: jax.Array):
+    def decode_step(self, x: jax.Array, positions: jax.Array, keys: jax.Array, values: jax.Array):
         """One new position per row: x [B, 1, D] at ``positions`` [B]; keys, values [B, H, S, K] this
         layer's cache. Returns (x [B, 1, D], keys, values) with this step's entries written at
         ``positions`` (in place inside a loop: each layer's cache is its own array, since slicing one
@@ -171,7 +171,7 @@ class Block(nnx.Module):
 class Transformer(nnx.Module):
     """tokens [B, T] int32 (T <= max_seq_len) -> logits [B, T, V] float32.
 
-    ``prefill`` also returns every layer's keys and values, and ``decode`` appends one position to
+    ``prefill`` also returns every layer's keys and values, and ``decode_step`` appends one position to
     such a KV cache, so sampling need not recompute the window for each new token.
     """
 
@@ -213,14 +213,16 @@ class Transformer(nnx.Module):
             cache.append((key, value))
         return self._logits(x), tuple(cache)
 
-    def decode(self, tokens: jax.Array, positions: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    def decode_step(
+        self, tokens: jax.Array, positions: jax.Array, cache: KVCache
+    ) -> tuple[jax.Array, KVCache]:
         """One token per row: tokens [B] int32 at ``positions`` [B] int32 (< S); ``cache`` per layer
         (keys, values) [B, H, S, K] with S = max_seq_len. Returns (logits [B, V] float32, cache with
         this step's entries written). Inference only: its gathers have no gradient to scatter."""
         x = self.token_embed(tokens[:, None]) + self.pos_embed(positions[:, None])  # [B, 1, D]
         new_cache = []
         for block, (keys, values) in zip(self.blocks, cache):
-            x, keys, values = block.decode(x, positions, keys, values)
+            x, keys, values = block.decode_step(x, positions, keys, values)
             new_cache.append((keys, values))
         return self._logits(x)[:, 0], tuple(new_cache)
 

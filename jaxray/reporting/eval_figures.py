@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxray.data.fashion_mnist import IMAGE_SIDE  # noqa: E402
-from jaxray.reporting.sweep import save_figure  # noqa: E402
+from jaxray.reporting.figures import save_figure  # noqa: E402
 
 GRID_SIDE = 5  # the predictions grid is GRID_SIDE x GRID_SIDE images
 

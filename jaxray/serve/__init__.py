@@ -1,6 +1,8 @@
 """The Ray Serve application for the trained transformer (see ``serve/README.md``).
 
   jaxray.serve.schema    request/response models, limits, the error format (no Ray, no JAX)
+  jaxray.serve.routes    the FastAPI app, its error handlers, body reading, SSE streams (no Ray, no JAX)
+  jaxray.serve.scheduler continuous batching fed by Serve's batches, on one engine thread
   jaxray.serve.app       the deployment, its routes and ``app_builder`` for ``serve run serve/config.yaml``
   python -m jaxray.serve --checkpoint PATH   the same app from one command
 

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def app_args(args: argparse.Namespace, parser_error: Callable[[str], NoReturn]) -> AppArgs:
     """The validated AppArgs; ``parser_error`` (exit 2) names the option of a bad value."""
-    from jaxray.serve.app import AppArgs
+    from jaxray.serve.app import AppArgs  # deferred: the app module loads Ray and JAX; --help stays fast
 
     engine = {
         k: v
@@ -146,7 +146,7 @@ def init_ray() -> bool:
     Never joins on its own: another user's or another test's Ray on the same machine (with its own
     auth token) would make ``ray.init`` retry forever instead of serving.
     """
-    import ray
+    import ray  # deferred: ray is heavy; --help and option errors stay fast
 
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
@@ -173,7 +173,7 @@ def check_gpus(num_gpus: float, joined: bool) -> None:
     """A replica that asks for more GPUs than the cluster has is never placed, and Serve would wait
     for it: refuse that on the private Ray started here (GpuShortage), warn on a joined cluster,
     which may add GPU nodes."""
-    import ray
+    import ray  # deferred: ray is heavy; --help and option errors stay fast
 
     have = ray.cluster_resources().get("GPU", 0)
     if num_gpus <= have:
@@ -201,7 +201,7 @@ def ready_message(host: str, port: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from jaxray.serve.app import build_app
+    from jaxray.serve.app import build_app  # deferred: loads Ray and JAX, after --help has exited
 
     if problem := check_port(args.host, args.port):
         parser.error(f"--port: {problem}")
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
 
-    from ray import serve
+    from ray import serve  # deferred: ray is heavy; --help and option errors stay fast
 
     joined = init_ray()
     try:
@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stop(joined: bool) -> None:
     """Remove our app; stop Serve and Ray only if this process started them."""
-    import ray
-    from ray import serve
+    import ray  # deferred: ray is heavy; --help and option errors stay fast
+    from ray import serve  # deferred: as ray
 
     try:
         serve.delete(APP_NAME) if joined else serve.shutdown()

@@ -1,20 +1,14 @@
-"""The Ray Serve application: one replica holding a compiled ``jaxray.inference.engine.Engine`` behind FastAPI.
+"""The Ray Serve application: one replica holding a compiled ``jaxray.inference.engine.Engine``.
 
-Routes (``jaxray.serve.schema`` has the request shapes and the error format):
-
-  POST /generate         {"prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream"}
-                         -> {"text", "prompt_tokens", "new_tokens", "latency_ms"}, or with
-                         "stream": true server-sent events ``data: {"text": ...}`` and a last
-                         ``data: {"done": true, "prompt_tokens", "new_tokens", "latency_ms"}``
-  POST /v1/completions   the OpenAI completions shape; streams OpenAI chunks and ``data: [DONE]``
-  GET  /healthz          {"status": "ok"}
-  GET  /info             model config, checkpoint, engine settings, JAX devices, compile time
+The routes (``/generate``, ``/v1/completions``, ``/healthz``, ``/info``) are the replica's methods,
+on the FastAPI app of ``jaxray.serve.routes``, which lists them and holds the HTTP side they share.
 
 The replica loads and compiles every (bucket, batch size) program in ``__init__``, before Serve
 routes traffic to it, so the first request runs the same compiled code as the tenth. Concurrent
 requests meet in ``@serve.batch`` async generators (stream and non-stream requests alike), whose
 groups ``jaxray.serve.scheduler`` admits into one running batch (continuous batching,
-``jaxray.inference.batcher``) on one worker thread, so the event loop keeps answering /healthz while it decodes.
+``jaxray.inference.batcher``) on one worker thread, so the event loop keeps answering /healthz
+while it decodes.
 
 ``serve run serve/config.yaml`` calls ``app_builder``; ``python -m jaxray.serve`` calls ``build_app``.
 """
@@ -22,7 +16,6 @@ groups ``jaxray.serve.scheduler`` admits into one running batch (continuous batc
 # No `from __future__ import annotations`: FastAPI reads the route signatures at runtime, and Serve's
 # class-based views cannot resolve string annotations such as "HttpRequest" from this module.
 import asyncio
-import codecs
 import logging
 import os
 import time
@@ -32,8 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import jax
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -46,10 +38,20 @@ from pydantic import (
 )
 from ray import serve
 from ray.serve import Application
-from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 
-from jaxray.inference.engine import Engine, EngineSettings, Request, check_source
+from jaxray.inference.engine import EngineSettings, Request
+from jaxray.inference.load import check_source, load_engine
+from jaxray.serve.routes import (
+    Counted,
+    api,
+    body_schema,
+    completion_events,
+    decoded,
+    drain,
+    generate_events,
+    read_body,
+)
 from jaxray.serve.scheduler import Scheduler
 from jaxray.serve.schema import (
     ApiError,
@@ -59,42 +61,11 @@ from jaxray.serve.schema import (
     Limits,
     completion_object,
     parse,
-    sse,
 )
 
 logger = logging.getLogger("ray.serve")
-api = FastAPI(
-    title="jaxray", description="Byte-level transformer text generation on Ray Serve", redirect_slashes=False
-)  # /generate/ is a JSON 404, not a bodiless 307
 ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed")
 MERGED_BATCHES = 16  # Serve batches in flight at once, merged by the scheduler
-
-
-@api.exception_handler(ApiError)
-async def _refused(_: HttpRequest, err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
-
-
-@api.exception_handler(HTTPException)
-async def _no_route(http: HttpRequest, err: HTTPException) -> JSONResponse:
-    # FastAPI's 404/405 as the same error shape as every other refusal.
-    field = "method" if err.status_code == 405 else "path"
-    return JSONResponse(
-        ApiError(
-            err.status_code,
-            field,
-            f"{err.detail}: {http.method} {http.url.path}",
-            "GET /healthz, GET /info, POST /generate, POST /v1/completions",
-        ).body(),
-        status_code=err.status_code,
-    )
-
-
-@api.exception_handler(Exception)
-async def _failed(_: HttpRequest, err: Exception) -> JSONResponse:
-    # A bug or an engine failure: still the JSON error shape (the replica itself stays up).
-    logger.exception("jaxray: request failed")
-    return JSONResponse(ApiError(500, "engine", f"{type(err).__name__}: {err}").body(), status_code=500)
 
 
 def pin_compute(cpus: int | None) -> list[int]:
@@ -121,74 +92,15 @@ def pin_compute(cpus: int | None) -> list[int]:
     return available[:count]
 
 
-def _body_schema(model: type[BaseModel]) -> dict:
-    """OpenAPI ``requestBody`` for a route that parses its body itself (see ``parse``)."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
-        }
-    }
-
-
-async def read_body(http: HttpRequest, limit: int) -> bytes:
-    """The request body, but stop reading once it is past ``limit`` bytes (``parse`` then refuses
-    it with 413): a client cannot make the replica buffer an arbitrarily large body."""
-    body = bytearray()
-    async for part in http.stream():
-        body += part
-        if len(body) > limit:
-            break
-    return bytes(body)
-
-
-async def decoded(chunks: AsyncIterator[list[int]]) -> AsyncIterator[str]:
-    """Text pieces of a token stream. The incremental decoder holds back a character split across
-    chunks (rather than emitting U+FFFD for each half); bytes that are not UTF-8 become U+FFFD."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    async for tokens in chunks:
-        if text := decoder.decode(bytes(tokens)):
-            yield text
-    if tail := decoder.decode(b"", final=True):
-        yield tail
-
-
-async def _guarded(pieces: AsyncIterator[str]) -> AsyncIterator[str | bytes]:
-    """``pieces``, then an SSE error event (bytes) if the engine fails mid-stream: the status line
-    is already sent, so the error can only travel in the stream."""
-    try:
-        async for piece in pieces:
-            yield piece
-    except Exception as err:  # noqa: BLE001 - reported to the client and the log, the server stays up
-        logger.exception("jaxray: generation failed mid-stream")
-        yield b"event: error\n" + sse(ApiError(500, "engine", f"{type(err).__name__}: {err}").body())
-
-
-async def _drain(results: AsyncIterator) -> None:
-    async for _ in results:
-        pass
-
-
-class _Counted:
-    """Wraps a token-chunk stream and counts the tokens that went through it."""
-
-    def __init__(self, chunks: AsyncIterator[list[int]]):
-        self.chunks, self.count = chunks, 0
-
-    async def __aiter__(self) -> AsyncIterator[list[int]]:
-        async for tokens in self.chunks:
-            self.count += len(tokens)
-            yield tokens
-
-
 @serve.deployment
 @serve.ingress(api)
 class JaxrayServer:
     """One replica: the engine, its compiled programs, and the HTTP routes over them.
 
-    checkpoint: an absolute path ``Engine.load`` accepts; settings: the engine's; max_batch_size:
-    requests decoded together (<= max(settings.batch_sizes)); batch_wait_s: how long the first
-    request of a batch waits for company; compute_cpus: CPUs for JAX's compute threads (``pin_compute``).
+    checkpoint: an absolute path ``jaxray.inference.load.load_engine`` accepts; settings: the
+    engine's; max_batch_size: requests decoded together (<= max(settings.batch_sizes));
+    batch_wait_s: how long the first request of a batch waits for company; compute_cpus: CPUs for
+    JAX's compute threads (``pin_compute``).
     """
 
     def __init__(
@@ -200,7 +112,7 @@ class JaxrayServer:
         compute_cpus: int | None = None,
     ):
         self.compute_cpus = pin_compute(compute_cpus)
-        self.engine = Engine.load(checkpoint, settings)
+        self.engine = load_engine(checkpoint, settings)
         report = self.engine.compile()
         logger.info(
             "jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s",
@@ -242,32 +154,29 @@ class JaxrayServer:
             },
         }
 
-    @api.post("/generate", response_model=GenerateResponse, openapi_extra=_body_schema(GenerateRequest))
+    @api.post("/generate", response_model=GenerateResponse, openapi_extra=body_schema(GenerateRequest))
     async def generate(self, http: HttpRequest):
         start = time.perf_counter()
         req = parse(GenerateRequest, await read_body(http, self.limits.max_body_bytes), self.limits)
         engine_req = self._engine_request(req, req.new_tokens(self.limits), "max_new_tokens")
-        chunks = _Counted(self._tokens(engine_req))
+        chunks = Counted(self._tokens(engine_req))
         usage = {"prompt_tokens": self.engine.prompt_tokens(engine_req)}
         if req.stream:
-            return StreamingResponse(
-                self._generate_events(chunks, usage, start), media_type="text/event-stream"
-            )
+            return StreamingResponse(generate_events(chunks, usage, start), media_type="text/event-stream")
         text = "".join([piece async for piece in decoded(chunks)])
         return GenerateResponse(
             text=text, new_tokens=chunks.count, **usage, latency_ms=(time.perf_counter() - start) * 1e3
         ).model_dump()
 
-    @api.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+    @api.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
     async def completions(self, http: HttpRequest):
         req = parse(CompletionRequest, await read_body(http, self.limits.max_body_bytes), self.limits)
         engine_req = self._engine_request(req, req.new_tokens(self.limits), "max_tokens")
-        chunks = _Counted(self._tokens(engine_req))
+        chunks = Counted(self._tokens(engine_req))
         completion_id = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
-            return StreamingResponse(
-                self._completion_events(chunks, completion_id), media_type="text/event-stream"
-            )
+            events = completion_events(chunks, completion_id, self.model_name)
+            return StreamingResponse(events, media_type="text/event-stream")
         text = "".join([piece async for piece in decoded(chunks)])
         prompt_tokens = self.engine.prompt_tokens(engine_req)
         usage = {
@@ -309,7 +218,7 @@ class JaxrayServer:
             # Serve ends this request's result stream only at the batch's next yield or end: read
             # that last item in the background (so asyncio has no unretrieved StopAsyncIteration to
             # log) rather than hold the response until the longest request of the batch is done.
-            task = asyncio.get_running_loop().create_task(_drain(results))
+            task = asyncio.get_running_loop().create_task(drain(results))
             self._draining.add(task)
             task.add_done_callback(self._draining.discard)
 
@@ -332,30 +241,6 @@ class JaxrayServer:
                 remaining[i] -= len(tokens)
                 out.append((tokens, remaining[i] <= 0))
             yield out
-
-    async def _generate_events(self, chunks: _Counted, usage: dict, start: float) -> AsyncIterator[bytes]:
-        async for piece in _guarded(decoded(chunks)):
-            if isinstance(piece, bytes):  # the error event ends the stream
-                yield piece
-                return
-            yield sse({"text": piece})
-        yield sse(
-            {
-                "done": True,
-                **usage,
-                "new_tokens": chunks.count,
-                "latency_ms": (time.perf_counter() - start) * 1e3,
-            }
-        )
-
-    async def _completion_events(self, chunks: _Counted, completion_id: str) -> AsyncIterator[bytes]:
-        async for piece in _guarded(decoded(chunks)):
-            if isinstance(piece, bytes):  # the error event ends the stream
-                yield piece
-                return
-            yield sse(completion_object(completion_id, self.model_name, piece, None, chunk=True))
-        yield sse(completion_object(completion_id, self.model_name, "", "length", chunk=True))
-        yield sse("[DONE]")
 
 
 class AppArgs(BaseModel):

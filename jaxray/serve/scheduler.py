@@ -68,7 +68,8 @@ class Scheduler:
         }
 
     def _admissible(self) -> list[_Group]:
-        """The waiting groups, oldest first, that fit in the free rows (stopping at the first that does not)."""
+        """The waiting groups, oldest first, that fit in the free rows (stopping at the first that
+        does not)."""
         groups, free = [], self.batcher.free
         while self._waiting and len(self._waiting[0].requests) <= free:
             groups.append(self._waiting.popleft())
@@ -87,7 +88,7 @@ class Scheduler:
                 requests = [r for group in groups for r in group.requests]
                 await self._run(loop, groups, self.batcher.admit, requests, tickets)
             if self.batcher.live:
-                await self._run(loop, None, self.batcher.decode)
+                await self._run(loop, None, self.batcher.step)
 
     async def _run(self, loop, admitted: list[_Group] | None, call, *args) -> None:
         """``call`` on the engine thread, its updates sent to their groups. On an engine error every

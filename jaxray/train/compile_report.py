@@ -7,8 +7,9 @@
 - ``memory``: XLA's memory analysis per device, in bytes: ``argument_bytes``, ``output_bytes``,
   ``alias_bytes`` (outputs that reuse donated arguments), ``temp_bytes`` (scratch), ``code_bytes``
   and ``peak_bytes`` = argument + output - alias + temp (the "total memory size" of MaxText's
-  ``max_utils.print_compiled_memory_stats``: every buffer live at once, an upper bound); ``xla_peak_bytes``: XLA's own
-  ``peak_memory_in_bytes`` where jaxlib reports it (on CPU it leaves temporaries out);
+  ``max_utils.print_compiled_memory_stats``: every buffer live at once, an upper bound);
+  ``xla_peak_bytes``: XLA's own ``peak_memory_in_bytes`` where jaxlib reports it (on CPU it leaves
+  temporaries out);
 - ``device_memory_bytes``: the device's memory: its allocator's limit
   (``Device.memory_stats()["bytes_limit"]``, GPUs), or the host's physical RAM for a CPU device,
   which allocates from it and reports no limit (shared by every forced host device);
@@ -31,6 +32,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from jaxray.config import ConfigError
+from jaxray.models import build
+from jaxray.parallel.checks import check_trial
+from jaxray.parallel.mesh import batch_sharding
+from jaxray.train.loop import compile_train_step
+from jaxray.train.step import init_state, make_optimizer
 
 COLLECTIVES = (
     "all-reduce",
@@ -175,7 +183,8 @@ def fits_text(rep: dict[str, Any]) -> str:
     limit = rep["device_memory_bytes"]
     if limit is None:
         return f"{text}; the {rep['platform']} device reports no memory to compare with"
-    return f"{text} of {_size(limit)} ({rep.get('memory_source') or 'device'}): {'fits' if rep['fits'] else 'does NOT fit'}"
+    verdict = "fits" if rep["fits"] else "does NOT fit"
+    return f"{text} of {_size(limit)} ({rep.get('memory_source') or 'device'}): {verdict}"
 
 
 def describe(trial, devices: int) -> dict[str, Any]:
@@ -202,9 +211,11 @@ def render(rep: dict[str, Any]) -> str:
     lines = [
         f"compile report ({head})" if head else "compile report",
         f"  compile {rep['compile_s']:.2f} s on {rep['device_kind']} ({rep['platform']}); per device and "
-        f"step: {'?' if flops is None else f'{flops / 1e12:.4g} TFLOP'}, {_size(rep.get('bytes_accessed'))} accessed",
-        f"  memory per device: arguments {_size(mem.get('argument_bytes'))}, outputs {_size(mem.get('output_bytes'))}"
-        f" (aliased to donated arguments {_size(mem.get('alias_bytes'))}), temporaries {_size(mem.get('temp_bytes'))}",
+        f"step: {'?' if flops is None else f'{flops / 1e12:.4g} TFLOP'}, "
+        f"{_size(rep.get('bytes_accessed'))} accessed",
+        f"  memory per device: arguments {_size(mem.get('argument_bytes'))}, "
+        f"outputs {_size(mem.get('output_bytes'))} (aliased to donated arguments "
+        f"{_size(mem.get('alias_bytes'))}), temporaries {_size(mem.get('temp_bytes'))}",
         f"  {fits_text(rep)}",
         f"  ops: scatter {ops['scatter'] or 'none'}; gather {ops['gather'] or 'none'}; collectives "
         f"{ops['collectives'] or 'none'}; custom calls {ops['custom_calls'] or 'none'}; fusions "
@@ -216,8 +227,6 @@ def render(rep: dict[str, Any]) -> str:
 def abstract_batch(trial, mesh) -> dict[str, jax.ShapeDtypeStruct]:
     """The shapes of one global batch of ``trial``: ``tokens`` [B, T] int32, or ``image`` [B, 784]
     float32 and ``label`` [B] int32, sharded on ``data`` as training shards them."""
-    from jaxray.parallel.mesh import batch_sharding
-
     b, sharding = trial.train.global_batch, batch_sharding(mesh)
     if trial.model.workload == "transformer":
         shapes = {"tokens": ((b, trial.data.seq_len), jnp.int32)}
@@ -234,8 +243,6 @@ def check_extents(trial) -> None:
     """Raise ConfigError when the largest array of ``trial``'s step, about global batch x T x
     max(4 D, V) elements for the transformer or global batch x max(D, 784) for the MLPs (and the
     D x 4D weights), has more elements than XLA can index: it would abort the process."""
-    from jaxray.config import ConfigError
-
     m, b = trial.model, trial.train.global_batch
     rows = b * (trial.data.seq_len if m.workload == "transformer" else 1)
     largest = max(rows * max(4 * m.width, m.vocab_size, 784), 4 * m.width * m.width)
@@ -250,13 +257,9 @@ def report_for(trial, mesh) -> dict[str, Any]:
     """Compile ``trial``'s train step for ``mesh`` as training does, from shapes alone (no params or
     batches are allocated, so a config too big for the device can still be reported), and return
     its compile report with the config under ``config``. Raises ConfigError if the global batch
-    does not divide over the mesh's devices."""
-    from jaxray.config import check_devices
-    from jaxray.models import build
-    from jaxray.train.loop import compile_train_step
-    from jaxray.train.step import init_state, make_optimizer
-
-    check_devices(trial.train.global_batch, mesh.devices.size)
+    does not divide over the mesh's devices, the arrays are too big for XLA to index, or the trial
+    asks for cuDNN attention that cannot run (``jaxray.parallel.checks.check_trial``)."""
+    check_trial(trial, mesh.devices.size)
     check_extents(trial)
     model = build(trial.model)
     tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)

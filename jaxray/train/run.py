@@ -1,6 +1,6 @@
 """One training run, independent of Ray: build the model, compile, loop, evaluate, summarise.
 
-The Ray Train worker (``jaxray.raytrain.trainer``) is a thin adapter around ``train``; tests and
+The Ray Train worker (``jaxray.raytrain.worker``) is a thin adapter around ``train``; tests and
 benchmarks call it directly with in-memory batches.
 """
 
@@ -17,14 +17,15 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxray import checkpoint
-from jaxray.config import TrialConfig, check_devices
+from jaxray.config import TrialConfig
 from jaxray.data.batching import Arrays
-from jaxray.models import build, param_count
+from jaxray.models import Model, build, param_count
+from jaxray.parallel.checks import check_trial
 from jaxray.parallel.mesh import needs_sync_per_step, replicate, replicated, shard_batch
 from jaxray.train import compile_report
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
-from jaxray.train.step import TrainState, init_state, make_optimizer
+from jaxray.train.step import TrainState, abstract_state, init_state, make_optimizer
 
 LogFn = Callable[[dict[str, float]], None]
 # save(step, state, history so far): a full-state checkpoint at every ``train.checkpoint_every`` steps.
@@ -103,24 +104,18 @@ def train(
     data order, so it ends as an uninterrupted run would. ``save(step, state, history)`` is called
     every ``train.checkpoint_every`` steps before the last; ``hooks`` run after those.
     ``on_compile(report)`` gets the step's compile report (``jaxray.train.compile_report``) before
-    the first step runs; the summary carries its ``peak_bytes_per_device``. Raises
-    ConfigError before compiling if the global batch does not divide over the mesh's devices,
-    CheckpointError if ``resume`` is damaged or holds another model.
+    the first step runs; the summary carries its ``peak_bytes_per_device``. Raises ConfigError
+    before compiling if the global batch does not divide over the mesh's devices or the trial asks
+    for cuDNN attention that cannot run (``jaxray.parallel.checks.check_trial``), CheckpointError
+    if ``resume`` is damaged or holds another model.
     """
     devices = mesh.devices.size
-    check_devices(trial.train.global_batch, devices)
+    check_trial(trial, devices)
     model = build(trial.model)
     tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
-    history: list[dict[str, float]] = []
-    start = 0
-    if resume is not None:
-        state, doc, history = checkpoint.restore_state(resume, model, tx, replicated(mesh))
-        start = doc["step"]
-        batches = itertools.islice(batches, start, None)  # the data position: the batches already trained on
-    else:
-        state = replicate(init_state(model.init(jax.random.key(trial.train.seed)), tx), mesh)
-
-    sharded = (shard_batch(mesh, b) for b in batches)
+    state, start, history = _initial_state(trial, model, tx, mesh, resume)
+    # The data position: a resumed run skips the batches it had already trained on.
+    sharded = (shard_batch(mesh, b) for b in itertools.islice(batches, start, None))
     first = next(sharded)
     step_fn, compile_s = compile_train_step(model, tx, mesh, state, first)
     report = {
@@ -148,6 +143,17 @@ def train(
     summary = _summary(trial, devices, param_count(state.params), compile_s, timing, history, held_out)
     summary.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))
     return TrainResult(state, summary, history, report)
+
+
+def _initial_state(
+    trial: TrialConfig, model: Model, tx, mesh: Mesh, resume: Path | None
+) -> tuple[TrainState, int, list[dict[str, float]]]:
+    """(state replicated over ``mesh``, the step it has reached, the log rows so far): restored from
+    the full-state checkpoint ``resume``, else freshly initialised from ``train.seed`` at step 0."""
+    if resume is None:
+        return replicate(init_state(model.init(jax.random.key(trial.train.seed)), tx), mesh), 0, []
+    state, doc, history = checkpoint.restore_state(resume, abstract_state(model, tx, replicated(mesh)))
+    return state, doc["step"], history
 
 
 def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> dict[str, Any]:

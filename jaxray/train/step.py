@@ -13,6 +13,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Sharding
+
+from jaxray.models import Model
 
 Batch = dict[str, jax.Array]
 
@@ -70,6 +73,14 @@ def make_optimizer(learning_rate: float, weight_decay: float) -> optax.GradientT
 
 def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+
+
+def abstract_state(model: Model, tx: optax.GradientTransformation, sharding: Sharding) -> TrainState:
+    """The TrainState of ``model`` and ``tx`` as ``jax.ShapeDtypeStruct`` leaves (shapes and dtypes
+    from ``jax.eval_shape``: nothing is allocated), each carrying ``sharding``: the target that
+    ``jaxray.checkpoint.restore_state`` places a saved state into."""
+    shapes = jax.eval_shape(lambda: init_state(model.init(jax.random.key(0)), tx))
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes)
 
 
 def loss_and_grads(

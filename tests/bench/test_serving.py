@@ -1,114 +1,24 @@
-"""The `python -m jaxray.bench serve` driver (jaxray/bench/serving.py): stopping the server and
-everything it started, the report, and the command's errors for bad input (before any process
-starts). The end-to-end run against the real Serve app is tested elsewhere."""
+"""The `python -m jaxray.bench serve` driver (jaxray/bench/serving.py): the report and its chart,
+the app's counts, and the command's errors for bad input (before any process starts). Starting and
+stopping the server: test_server_process.py; the end-to-end run against the real Serve app is tested
+elsewhere."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import psutil
 import pytest
 
 from jaxray.bench import serving
+from jaxray.bench.charts import serve_load
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _stubborn_server() -> subprocess.Popen:
-    """A leader (the 'server') with a child in its group and a grandchild in a session of its own (as
-    Ray's workers are); both children ignore SIGINT and SIGTERM."""
-    stubborn = ["sh", "-c", "trap '' INT TERM; sleep 60"]
-    script = (
-        f"import subprocess, time; subprocess.Popen({stubborn!r}); "
-        f"subprocess.Popen({stubborn!r}, start_new_session=True); time.sleep(60)"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    deadline = time.monotonic() + 10
-    while len(psutil.Process(proc.pid).children(recursive=True)) < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return proc
-
-
-def test_stop_server_leaves_no_process_behind():
-    proc = _stubborn_server()
-    tree = psutil.Process(proc.pid).children(recursive=True)
-    how = serving.stop_server(proc, grace_s=1.0)
-    assert "SIGKILL" in how and how.endswith("none is left"), how
-    assert not [p for p in tree if _running(p)]
-    assert not [p for p in psutil.process_iter() if _running(p) and _pgid(p) == proc.pid]
-
-
-def _running(p: psutil.Process) -> bool:  # a zombie has exited: only its parent has not read its status yet
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _pgid(p: psutil.Process) -> int:
-    try:
-        return os.getpgid(p.pid)
-    except ProcessLookupError:
-        return -1
-
-
-def test_stop_server_on_sigint_like_ctrl_c():
-    # SIGINT back to its default in the child: a test run started in the background inherits it ignored.
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"],
-        start_new_session=True,
-        preexec_fn=serving._default_sigint,
-    )
-    time.sleep(0.3)  # past the interpreter's start, so SIGINT is a KeyboardInterrupt
-    assert serving.stop_server(proc, grace_s=10.0).endswith("exited on SIGINT (as Ctrl-C)")
-    assert proc.returncode == -signal.SIGINT  # Python exits so after an unhandled KeyboardInterrupt
-
-
-def test_the_server_gets_sigint_even_when_this_process_ignores_it(tmp_path):
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for a command a script starts with '&'
-    try:
-        proc = serving.start_server(
-            [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
-            tmp_path / "server.log",
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    deadline = time.monotonic() + 10
-    while "up" not in (tmp_path / "server.log").read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)  # a process group of its own
-    assert serving.stop_server(proc, grace_s=10.0).endswith("exited on SIGINT (as Ctrl-C)")
-
-
-def test_serve_command_passes_only_given_options():
-    cmd = serving.serve_command(
-        "runs/demo",
-        8001,
-        {"max_batch_size": 16, "batch_wait_ms": None, "batch_sizes": (1, 8, 16), "chunk": None},
-    )
-    assert cmd[1:] == [
-        "-m",
-        "jaxray.serve",
-        "--checkpoint",
-        "runs/demo",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "8001",
-        "--max-batch-size",
-        "16",
-        "--batch-sizes",
-        "1,8,16",
-    ]
 
 
 def _row(clients: int, tok_s: float, **extra) -> dict:
@@ -139,7 +49,7 @@ def test_report_summary_and_chart(tmp_path):
     assert report.summary["scaling_16_vs_1"] == pytest.approx(4.5)
     assert report.summary["zero_errors_64"] is False and report.summary["dropped_64"] == 1
     assert not report.failed
-    serving.chart(report.rows, tmp_path / "serve_load.png")
+    serve_load(report.rows, tmp_path / "serve_load.png")
     assert (tmp_path / "serve_load.png").stat().st_size > 0
     failed = serving.build_report([_row(1, 0.0, requests=0, first_error="HTTP 500: x")], [])
     assert "HTTP 500: x" in failed.rows[0]["error"] and failed.summary["scaling_16_vs_1"] is None

@@ -48,17 +48,11 @@ def within(seconds: float, fn):
 
 def assert_same_batches(folder, arrays, global_batch, process_count, batches, cache_bytes=0):
     for p in range(process_count):
-        got = within(
-            300,
-            lambda: list(
-                itertools.islice(
-                    parquet_batches(
-                        str(folder), "train", global_batch, SEED, p, process_count, cache_bytes=cache_bytes
-                    ),
-                    batches,
-                )
-            ),
+        # A generator: nothing is read until ``within`` takes from it.
+        stream = parquet_batches(
+            str(folder), "train", global_batch, SEED, p, process_count, cache_bytes=cache_bytes
         )
+        got = within(300, lambda s=stream: list(itertools.islice(s, batches)))
         want = itertools.islice(train_batches(arrays, global_batch, SEED, p, process_count), batches)
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert g.keys() == w.keys(), i

@@ -15,12 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from jaxray.data.__main__ import main
+from jaxray.data.columns import decode_column
 from jaxray.data.manifest import ManifestError, read_manifest
-from jaxray.data.parquet import decode
 
-TS_SEQ_LEN = (
-    128  # as the ts_parquet fixture (tests/data/conftest.py) writes it: 2000 rows a file, groups of 500
-)
+# As the ts_parquet fixture (tests/data/conftest.py) writes it: 2000 rows a file, groups of 500.
+TS_SEQ_LEN = 128
 
 
 def _read_split(folder, split) -> pa.Table:
@@ -70,9 +69,8 @@ def test_fashion_mnist_is_written_in_file_order(fm_parquet):
             "shape": [784],
             "stored": "uint8",
         }
-        np.testing.assert_array_equal(
-            decode(image, manifest.columns["image"]), arrays["image"]
-        )  # bit for bit
+        # bit for bit
+        np.testing.assert_array_equal(decode_column(image, manifest.columns["image"]), arrays["image"])
         np.testing.assert_array_equal(table.column("label").to_numpy(), arrays["label"])
 
 

@@ -8,7 +8,7 @@ import pytest
 from jaxray.data.shakespeare import (
     VOCAB_SIZE,
     ByteSequences,
-    decode,
+    bytes_to_text,
     encode,
     load_shakespeare,
     split_sequences,
@@ -31,27 +31,27 @@ def test_real_round_trip(text):
     tokens = encode(text)
     assert tokens.dtype == np.int32 and tokens.shape == (N_BYTES,)
     assert 0 <= tokens.min() and tokens.max() < VOCAB_SIZE
-    assert decode(tokens) == text
+    assert bytes_to_text(tokens) == text
 
 
 def test_non_ascii_round_trip():
     s = "Ophélie — ∑ 🎭"
     assert len(encode(s)) == len(s.encode("utf-8"))
-    assert decode(encode(s)) == s
-    assert decode(list(encode(s))) == s
+    assert bytes_to_text(encode(s)) == s
+    assert bytes_to_text(list(encode(s))) == s
 
 
-def test_decode_invalid_utf8_never_raises():
+def test_bytes_to_text_never_raises_on_invalid_utf8():
     cut = encode("é")[:1]  # half of a two-byte character
-    assert decode(cut) == "\ufffd"
-    assert decode(np.array([0xFF, 0x41], dtype=np.int32)) == "\ufffdA"
-    assert decode([]) == ""
+    assert bytes_to_text(cut) == "\ufffd"
+    assert bytes_to_text(np.array([0xFF, 0x41], dtype=np.int32)) == "\ufffdA"
+    assert bytes_to_text([]) == ""
 
 
 @pytest.mark.parametrize("bad", [[256], [-1], [[65, 66]], [0.5]])
-def test_decode_rejects_non_byte_tokens(bad):
+def test_bytes_to_text_rejects_non_byte_tokens(bad):
     with pytest.raises(ValueError):
-        decode(bad)
+        bytes_to_text(bad)
 
 
 def test_real_split_sizes(seqs):

@@ -30,14 +30,14 @@ def test_requests_joining_a_running_batch_get_their_tokens_alone(engine):
     tokens, done, sizes = {}, set(), []
     collect(batcher.admit([REQUESTS["romeo"]], ["romeo"]), tokens, done)
     sizes.append(len(batcher.rows))
-    collect(batcher.decode(), tokens, done)
+    collect(batcher.step(), tokens, done)
     collect(batcher.admit([REQUESTS[t] for t in ("citizen", "one")], ["citizen", "one"]), tokens, done)
     sizes.append(len(batcher.rows))
-    collect(batcher.decode(), tokens, done)
+    collect(batcher.step(), tokens, done)
     collect(batcher.admit([REQUESTS["king"]], ["king"]), tokens, done)
     waiting = ["juliet"]
     while batcher.live:
-        collect(batcher.decode(), tokens, done)
+        collect(batcher.step(), tokens, done)
         sizes.append(len(batcher.rows))
         if waiting and batcher.free:
             collect(batcher.admit([REQUESTS[waiting[0]]], [waiting.pop()]), tokens, done)
@@ -46,7 +46,7 @@ def test_requests_joining_a_running_batch_get_their_tokens_alone(engine):
         [alone] = engine.generate([request])
         assert tokens[ticket] == alone.tokens, ticket
     assert sizes[:2] == [1, 4] and sizes[-1] == 0 and 1 in sizes[2:]  # grew to 4 rows, then shrank to 1
-    assert batcher.decode() == [] and batcher.decode_calls > 0
+    assert batcher.step() == [] and batcher.decode_calls > 0
     assert batcher.rows_decoded / batcher.decode_calls > 1  # rows shared decode calls
 
 

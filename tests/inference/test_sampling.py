@@ -1,14 +1,15 @@
 """Sampling: deterministic at temperature 0, equal to a host-side full-recompute greedy loop,
-prompt clipping and the sliding window, and clear errors."""
+prompt clipping and the sliding window, the per-token draw, and clear errors."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxray.config import ModelConfig
-from jaxray.inference.sampling import generate, prompt_window, sample
+from jaxray.inference.sampling import draw, generate, printable, prompt_window, sample
 from jaxray.models import build
 
 
@@ -95,8 +96,18 @@ def test_top_k_one_is_greedy(tiny):
     )
 
 
-def test_printable_keeps_text_and_hides_control_bytes():
-    from jaxray.inference.sampling import printable
+def test_draw_follows_the_softmax_and_never_picks_an_excluded_token():
+    logits = jnp.array([2.0, 0.5, -jnp.inf, 1.0, 0.0])
+    keys = jax.random.split(jax.random.key(0), 40_000)
+    draws = jax.vmap(draw, in_axes=(None, 0, None))
+    for temperature in (1.0, 0.5):
+        tokens = np.asarray(draws(logits, keys, jnp.float32(temperature)))
+        frequencies = np.bincount(tokens, minlength=5) / len(tokens)
+        expected = np.asarray(jax.nn.softmax(logits / temperature))
+        assert frequencies[2] == 0 and np.abs(frequencies - expected).max() < 0.01, (frequencies, expected)
+    assert int(draw(logits, keys[0], jnp.float32(0.0))) == 0  # greedy
 
+
+def test_printable_keeps_text_and_hides_control_bytes():
     assert printable("ROMEO:\n\tthou é") == "ROMEO:\n\tthou é"
     assert printable("a\x1b[31mb\r\x00") == "a\ufffd[31mb\ufffd\ufffd"

@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from jaxray.raytrain.cluster import ray_address_file
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin/: its `ray` and `python`
 
@@ -53,9 +55,7 @@ def head_env() -> dict[str, str]:
 def forget_cluster(gcs_port: int) -> None:
     """Remove the address file our head left behind (only if it is ours), so no later `ray.init`
     tries to join the cluster this test just stopped."""
-    from ray._common.utils import get_ray_address_file
-
-    marker = Path(get_ray_address_file(None))
+    marker = ray_address_file()
     if marker.is_file() and marker.read_text().strip().endswith(f":{gcs_port}"):
         marker.unlink()
 

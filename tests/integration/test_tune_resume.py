@@ -99,7 +99,7 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
     saved = (out / "experiment.yaml").read_text()
     checkpoint = final_report(out, first)["checkpoint_path"]
     before_first = files(out, first)
-    before_all = {p for p in out.rglob("*")}
+    before_all = set(out.rglob("*"))
     assert (Path(checkpoint) / "history.json").is_file() and before_first
 
     proc = subprocess.run(
@@ -124,6 +124,6 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
     assert files(out, first) == before_first
     assert final_report(out, second)["checkpoint_path"] == rows[second]["checkpoint"]
     # Nothing saved before the resume was removed.
-    assert before_all <= {p for p in out.rglob("*")}
+    assert before_all <= set(out.rglob("*"))
     assert (out / "experiment.yaml").read_text() == saved
     assert {"summary.md", "loss_curves.png"} <= {p.name for p in out.iterdir()}

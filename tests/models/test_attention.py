@@ -75,19 +75,3 @@ def test_blocked_causal_attention_equals_jax_causal_attention(seq_len):
         grads(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
     ):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=2e-5)
-
-
-def test_a_sweep_asking_for_cudnn_without_gpu_workers_fails_before_ray():
-    with pytest.raises(ConfigError, match=r"model.attention 'cudnn' cannot run: it needs GPU workers"):
-        parse_trial({"model": {"workload": "transformer", "dtype": "bfloat16", "attention": "cudnn"}})
-    with pytest.raises(ConfigError, match="dtype float32 is not bfloat16 or float16"):
-        parse_trial(
-            {"model": {"workload": "transformer", "attention": "cudnn"}, "workers": {"use_gpu": True}}
-        )
-    ok = parse_trial(
-        {
-            "model": {"workload": "transformer", "dtype": "bfloat16", "attention": "cudnn"},
-            "workers": {"use_gpu": True},
-        }
-    )
-    assert ok.model.attention == "cudnn"

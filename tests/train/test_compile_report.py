@@ -29,7 +29,7 @@ ENTRY %main {
   %fusion.5 = f32[64]{0} fusion(f32[64]{0} %g), kind=kInput, calls=%other
   ROOT %dot.9 = f32[64,64]{1,0} dot(f32[64,8]{1,0} %a, f32[8,64]{1,0} %b), lhs_contracting_dims={1}
 }
-"""
+"""  # noqa: E501 - XLA's own line lengths: the parser must read them unbroken
 
 
 def test_hlo_ops_counts_what_explains_speed():

@@ -1,5 +1,6 @@
-"""`python -m jaxray.tune --resume DIR` on bad input: clear errors, exit code 2, before Ray starts,
-and nothing in DIR touched. (The resume itself: tests/integration/test_tune_resume.py.)"""
+"""`python -m jaxray.tune`, the CLI and its folder policy: `--resume DIR` on bad input ends with a
+clear error and exit code 2 before Ray starts, nothing in DIR touched; conflicting arguments; the
+saved experiment.yaml round-trips. (The resume itself: tests/integration/test_tune_resume.py.)"""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from jaxray.config import ConfigError, load_experiment
-from jaxray.tune import EXPERIMENT_FILE, load_resume, main, parse_args, prepare_out, save_experiment
+from jaxray.config import ConfigError
+from jaxray.config.experiment import load_experiment
+from jaxray.runs import EXPERIMENT_FILE
+from jaxray.tune import load_resume, main, parse_args, prepare_out, save_experiment
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tune(*args: str) -> subprocess.CompletedProcess:

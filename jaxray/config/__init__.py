@@ -1,0 +1,256 @@
+"""Typed configs of one trial (model, train, data, workers, fault), parsed from Tune dicts and
+validated in one place; ``jaxray.config.experiment`` holds the sweep and experiment configs and
+reads the YAML.
+
+Every config is a frozen pydantic model with ``extra="forbid"``: a misspelled key is rejected with
+its name and the allowed ones, a bad value with the field's path and the allowed values, before Ray
+starts or anything compiles. ``check_devices`` holds the checks that need the device count; what
+needs more than the config (whether cuDNN attention can run) is ``jaxray.parallel.checks``.
+
+The axis letters and batch terms of every docstring are defined once, in ``jaxray.models``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, model_validator
+
+Workload = Literal["mlp", "shared_block_mlp", "transformer"]
+DType = Literal["float32", "bfloat16", "float16"]
+Attention = Literal["auto", "xla", "cudnn"]
+WORKLOADS: tuple[str, ...] = Workload.__args__
+DTYPES: tuple[str, ...] = DType.__args__
+
+# The learning path's defaults (labs 4, 6 and 7).
+DEFAULT_WIDTH = {"mlp": 256, "shared_block_mlp": 1024, "transformer": 256}
+DEFAULT_LEARNING_RATE = {"mlp": 3e-3, "shared_block_mlp": 3e-4, "transformer": 3e-4}
+
+
+def _no_bool(value: Any) -> Any:
+    # YAML's true/false would otherwise pass as 1/0 (pydantic's lax mode accepts bools as numbers).
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number")
+    return value
+
+
+# Integers are strict (no 2.5, "10" or true); floats accept YAML's 3e-3, which PyYAML reads as text.
+PosInt = Annotated[int, Strict(), Field(gt=0)]
+PosFloat = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, allow_inf_nan=False)]
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the field and what is allowed."""
+
+
+class FrozenConfig(BaseModel):
+    """Base of every config: unknown keys are errors, values cannot change after validation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(FrozenConfig):
+    """Model hyper-parameters. ``width`` is the MLP hidden width or the transformer's d_model (D).
+
+    ``attention`` (transformer only): "xla", "cudnn" (an error where cuDNN cannot run) or "auto"
+    (cuDNN where it can run, else XLA); see ``jaxray.models.attention``.
+    """
+
+    workload: Workload
+    width: PosInt | None = None
+    dtype: DType = "float32"
+    block_repeats: PosInt = 8
+    num_layers: PosInt = 4
+    num_heads: PosInt = 4
+    max_seq_len: PosInt = 256
+    vocab_size: Literal[256] = 256
+    attention: Attention = "auto"
+
+    @model_validator(mode="after")
+    def _fill_and_check(self) -> ModelConfig:
+        if self.width is None:
+            object.__setattr__(self, "width", DEFAULT_WIDTH[self.workload])
+        if self.workload == "transformer" and self.width % self.num_heads:
+            raise ValueError(f"width (d_model) {self.width} must be divisible by num_heads {self.num_heads}")
+        if self.workload == "mlp" and self.width < 2:
+            raise ValueError("width must be >= 2 for mlp (the second hidden layer is width // 2)")
+        return self
+
+    @property
+    def ffn_dim(self) -> int:
+        return 4 * self.width
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.num_heads
+
+
+class TrainConfig(FrozenConfig):
+    """Optimisation and loop settings. ``learning_rate`` defaults to the learning path's per workload."""
+
+    steps: PosInt = 100
+    global_batch: PosInt = 256
+    learning_rate: PosFloat | None = None
+    weight_decay: Annotated[float, BeforeValidator(_no_bool), Field(ge=0, allow_inf_nan=False)] = 1e-4
+    seed: Annotated[int, Strict(), Field(ge=0)] = 0
+    log_every: PosInt = 25
+    report_every: PosInt | None = None
+    eval_batch: PosInt | None = None
+    # Full train state (params, optimizer state, step, data position) every this many steps and at
+    # the end; None: only at the end. keep_checkpoints: the newest kept by Ray Train.
+    checkpoint_every: PosInt | None = None
+    keep_checkpoints: PosInt = 3
+
+    @property
+    def report_interval(self) -> int:
+        """Steps between ``ray.train.report`` calls: ``report_every`` or about four reports per run.
+
+        Each report is a barrier across workers that costs about a second here, so it is kept rarer
+        than ``log_every`` (history and TensorBoard)."""
+        return self.report_every or max(self.log_every, -(-self.steps // 4))
+
+
+class DataConfig(FrozenConfig):
+    """Where the data files are (None: the search order of ``jaxray.data.sources``) and the sequence
+    length. ``parquet``: a folder or pyarrow URI (``gs://...``) holding ``tinyshakespeare/`` and/or
+    ``fashion-mnist/`` as ``python -m jaxray.data prepare`` writes them; training then streams
+    them through Ray Data, each epoch in the order ``train.seed`` draws (``jaxray.data.parquet``).
+    ``parquet_cache_mib``: a training split whose decoded rows fit in this many MiB is read through
+    Ray Data once and later epochs are reordered in host memory; 0 reads every epoch."""
+
+    data_dir: str | None = None
+    seq_len: PosInt = 256
+    parquet: str | None = None
+    parquet_cache_mib: Annotated[int, Strict(), Field(ge=0)] = 1024
+
+    @model_validator(mode="after")
+    def _check(self) -> DataConfig:
+        if self.seq_len < 2:
+            raise ValueError("seq_len must be >= 2 (next-byte prediction needs two tokens)")
+        return self
+
+
+class WorkersConfig(FrozenConfig):
+    """Ray Train scaling: ``num_workers`` JAX processes, each owning ``devices_per_worker`` devices."""
+
+    num_workers: PosInt = 1
+    devices_per_worker: PosInt = 1
+    use_gpu: bool = False
+    # Ray Train restarts the worker group this many times after a worker dies; the loop resumes
+    # from the last checkpoint (``train.checkpoint_every``).
+    max_failures: Annotated[int, Strict(), Field(ge=0)] = 0
+
+    @property
+    def total_devices(self) -> int:
+        return self.num_workers * self.devices_per_worker
+
+
+class FaultConfig(FrozenConfig):
+    """Fault injection for tests of recovery. ``kill_at_step``: the worker of rank 0 ends its process
+    (``os._exit``) once, right after step K; at a checkpoint step, in the middle of that checkpoint's
+    save (Orbax has written the arrays, the manifest and the report to Ray are not done). The
+    restarted worker does not kill itself again. ``corrupt_latest_checkpoint``: before the first
+    restore after a restart, damage the newest checkpoint (one of its array files is truncated), so
+    the restore has to fall back to the one before."""
+
+    kill_at_step: PosInt | None = None
+    corrupt_latest_checkpoint: bool = False
+
+
+class TrialConfig(FrozenConfig):
+    """Everything one Ray Train run needs; it travels to the workers as a plain dict."""
+
+    model: ModelConfig
+    train: TrainConfig = TrainConfig()
+    data: DataConfig = DataConfig()
+    workers: WorkersConfig = WorkersConfig()
+    fault: FaultConfig = FaultConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> TrialConfig:
+        m, d = self.model, self.data
+        if m.workload == "transformer" and d.seq_len > m.max_seq_len:
+            raise ValueError(f"data.seq_len {d.seq_len} exceeds model.max_seq_len {m.max_seq_len}")
+        kill = self.fault.kill_at_step
+        if kill is not None and kill >= self.train.steps:
+            raise ValueError(
+                f"fault.kill_at_step {kill} must be below train.steps {self.train.steps} "
+                f"(the worker dies after that step, then resumes)"
+            )
+        if kill is not None and self.workers.max_failures < 1:
+            raise ValueError(
+                "fault.kill_at_step needs workers.max_failures >= 1 (without a restart the run can only fail)"
+            )
+        if self.fault.corrupt_latest_checkpoint and kill is None:
+            raise ValueError(
+                "fault.corrupt_latest_checkpoint needs fault.kill_at_step (it damages the newest "
+                "checkpoint before the restore that follows the kill)"
+            )
+        check_devices(self.train.global_batch, self.workers.total_devices)
+        return self
+
+    @property
+    def learning_rate(self) -> float:
+        return self.train.learning_rate or DEFAULT_LEARNING_RATE[self.model.workload]
+
+
+def check_devices(global_batch: int, devices: int) -> int:
+    """Per-device batch for ``global_batch`` over ``devices``; ConfigError unless it divides evenly."""
+    if global_batch % devices:
+        raise ConfigError(
+            f"global_batch {global_batch} is not divisible by the device count {devices} "
+            f"(workers x devices_per_worker); choose a multiple of {devices}"
+        )
+    return global_batch // devices
+
+
+def _allowed_keys(cls: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names of the model that sits at ``loc`` below ``cls`` (for "unknown key" errors)."""
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = cls.model_fields[part].annotation
+        inner = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)]
+        models = [a for a in inner if issubclass(a, BaseModel)]
+        if not models:
+            return []
+        cls = models[0]
+    return list(cls.model_fields)
+
+
+def _where(prefix: str, loc: tuple = ()) -> str:
+    return (prefix + ".".join(str(p) for p in loc)).rstrip(".") or "(top level)"
+
+
+def _format(err: ValidationError, source: str, root: type[BaseModel], prefix: str = "") -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key; allowed: {', '.join(_allowed_keys(root, e['loc'][:-1]))}"
+        lines.append(f"  {_where(prefix, e['loc'])}: {msg}")
+    return "\n".join(lines)
+
+
+def invalid(source: str, message: str, prefix: str = "") -> ConfigError:
+    """The ConfigError of a check made after parsing, worded as ``validate`` words its own:
+    "invalid config SOURCE:" then the field path (``prefix`` without its last dot, or "(top
+    level)") and ``message``."""
+    return ConfigError(f"invalid config {source}:\n  {_where(prefix)}: {message}")
+
+
+def validate(cls: type[BaseModel], data: Any, source: str, prefix: str = ""):
+    """``cls.model_validate(data)``; ConfigError whose message starts with ``source`` and gives each
+    field's path after ``prefix``."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format(err, source, cls, prefix)) from None
+    except ConfigError as err:
+        raise ConfigError(f"invalid config {source}: {prefix}{err}") from None
+
+
+def parse_trial(data: dict[str, Any], source: str = "(trial)", prefix: str = "") -> TrialConfig:
+    """A TrialConfig from a plain dict (what Tune and the workers pass around). Raises ConfigError
+    whose message starts with ``source`` and gives each field's path after ``prefix``."""
+    return validate(TrialConfig, data, source, prefix)

@@ -1,0 +1,252 @@
+"""The experiment YAML: one sweep (a grid over global batch, dtype and width) per workload, shared
+data and worker settings; ``load_experiment`` reads and validates it, every grid point included.
+
+Sweeps rank their trials by ``metric`` (default ``DEFAULT_METRIC``); ``jaxray.runs`` reads that
+ranking back from a run folder's ``experiment.yaml``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, Strict, model_validator
+
+from jaxray.config import (
+    DEFAULT_WIDTH,
+    ConfigError,
+    DataConfig,
+    DType,
+    FaultConfig,
+    FrozenConfig,
+    ModelConfig,
+    PosInt,
+    TrainConfig,
+    WorkersConfig,
+    Workload,
+    parse_trial,
+    validate,
+)
+
+# What a sweep ranks trials by unless its YAML says otherwise.
+DEFAULT_METRIC = {
+    "mlp": ("test_accuracy", "max"),
+    "shared_block_mlp": ("test_accuracy", "max"),
+    "transformer": ("val_loss", "min"),
+}
+SEARCHABLE = ("global_batch", "dtype", "width")
+# Model keys a sweep may fix, per workload (others would be silently ignored by that model).
+MODEL_KEYS = {
+    "mlp": (),
+    "shared_block_mlp": ("block_repeats",),
+    "transformer": ("preset", "num_layers", "num_heads", "max_seq_len", "attention"),
+}
+# Named transformer shapes a sweep's ``model: {preset: NAME}`` starts from (see SweepConfig).
+# "width" (D) is the grid's default d_model, since width is a searchable axis.
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    # GPT-2 small (Radford et al. 2019) on bytes: 12 layers, 12 heads of K = 64, D 768, ffn 3072,
+    # 1024-token windows (~85M matmul weights; V = 256 instead of 50,257, so no big embedding).
+    "gpt2_small": {"width": 768, "num_layers": 12, "num_heads": 12, "max_seq_len": 1024},
+}
+METRICS = {
+    "mlp": ("test_accuracy", "test_loss", "final_train_loss"),
+    "shared_block_mlp": ("test_accuracy", "test_loss", "final_train_loss"),
+    "transformer": ("val_loss", "val_perplexity", "final_train_loss"),
+}
+
+
+class SearchSpace(FrozenConfig):
+    """Grid values for the axes Tune sweeps; an axis left out keeps the sweep's fixed value."""
+
+    global_batch: list[PosInt] | None = Field(None, min_length=1)
+    dtype: list[DType] | None = Field(None, min_length=1)
+    width: list[PosInt] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> SearchSpace:
+        for axis in SEARCHABLE:
+            values = getattr(self, axis) or []
+            if len(set(values)) != len(values):
+                raise ValueError(f"{axis} lists a value twice: {values}")
+        return self
+
+
+class EarlyStoppingConfig(FrozenConfig):
+    """ASHA (``ray.tune.schedulers.ASHAScheduler``): at steps grace_period, grace_period x
+    reduction_factor, ... a trial goes on only if its ``metric`` is in the best 1 / reduction_factor
+    of the trials that reached that step. ``metric`` is one the trials report while they train
+    (the training ``loss`` or ``accuracy``; held-out metrics arrive only at the end)."""
+
+    type: Literal["asha"] = "asha"
+    metric: Literal["loss", "accuracy"] = "loss"
+    mode: Literal["min", "max"] | None = None
+    grace_period: PosInt = 100
+    reduction_factor: Annotated[int, Strict(), Field(ge=2)] = 3
+
+    @model_validator(mode="after")
+    def _mode(self) -> EarlyStoppingConfig:
+        if self.mode is None:
+            object.__setattr__(self, "mode", "min" if self.metric == "loss" else "max")
+        return self
+
+
+class SweepConfig(FrozenConfig):
+    """One workload's grid: fixed model/train settings plus the search space; ranked by ``metric``;
+    optional ASHA early stopping for long sweeps.
+
+    ``model: {preset: NAME}`` (transformer) starts from ``MODEL_PRESETS[NAME]``: its num_layers,
+    num_heads and max_seq_len, each overridden by the same key given in ``model``, and its width as
+    the grid's width when ``search_space.width`` is not given. ``model`` keeps the preset's name
+    (the sweep re-validates as written); ``model_settings()`` is the expanded mapping. An unknown
+    name is a ConfigError naming ``model.preset`` and the allowed names.
+    """
+
+    workload: Workload
+    metric: str | None = None
+    mode: Literal["min", "max"] | None = None
+    model: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+    search_space: SearchSpace = SearchSpace()
+    early_stopping: EarlyStoppingConfig | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> SweepConfig:
+        metric, mode = DEFAULT_METRIC[self.workload]
+        if self.metric is None:
+            object.__setattr__(self, "metric", metric)
+            object.__setattr__(self, "mode", self.mode or mode)
+        elif self.mode is None:
+            object.__setattr__(self, "mode", "max" if self.metric == "test_accuracy" else "min")
+        if self.metric not in METRICS[self.workload]:
+            raise ValueError(
+                f"metric {self.metric!r} is not reported by workload {self.workload!r}; "
+                f"allowed: {', '.join(METRICS[self.workload])}"
+            )
+        for key in ("workload", *SEARCHABLE):
+            if key in self.model or key in self.train:
+                raise ValueError(f"{key!r} belongs at the sweep level or in search_space, not in model/train")
+        unused = sorted(set(self.model) - set(MODEL_KEYS[self.workload]))
+        if unused:
+            allowed = ", ".join(MODEL_KEYS[self.workload]) or "none"
+            raise ValueError(
+                f"model key(s) {', '.join(unused)} do not apply to workload {self.workload!r}; "
+                f"allowed: {allowed}"
+            )
+        preset = self.model.get("preset")
+        if "preset" in self.model and not (isinstance(preset, str) and preset in MODEL_PRESETS):
+            raise ValueError(
+                f"model.preset {preset!r} is not a known preset; allowed: {', '.join(MODEL_PRESETS)}"
+            )
+        return self
+
+    def _preset(self) -> dict[str, int]:
+        return MODEL_PRESETS.get(self.model.get("preset"), {})
+
+    def model_settings(self) -> dict[str, Any]:
+        """The sweep's fixed model keys with its preset expanded (keys given in ``model`` win);
+        without width, which is a grid axis (``axes``)."""
+        preset = {k: v for k, v in self._preset().items() if k != "width"}
+        return {**preset, **{k: v for k, v in self.model.items() if k != "preset"}}
+
+    def axes(self) -> dict[str, list]:
+        """The grid's values per searchable axis, in SEARCHABLE order; an axis not searched holds
+        its default (width: the preset's, else the workload's)."""
+        s = self.search_space
+        return {
+            "global_batch": s.global_batch or [TrainConfig().global_batch],
+            "dtype": s.dtype or [ModelConfig.model_fields["dtype"].default],
+            "width": s.width or [self._preset().get("width", DEFAULT_WIDTH[self.workload])],
+        }
+
+    def trial_dicts(self, base: dict[str, Any]) -> list[dict[str, Any]]:
+        """The grid expanded into TrialConfig dicts (validate each with ``parse_trial``)."""
+        return [self.trial_dict(base, *point) for point in itertools.product(*self.axes().values())]
+
+    def trial_dict(self, base: dict[str, Any], global_batch: int, dtype: str, width: int) -> dict[str, Any]:
+        """One grid point as a TrialConfig dict: ``base`` (data, workers) plus this sweep's settings."""
+        model = {**self.model_settings(), "workload": self.workload, "dtype": dtype, "width": width}
+        return {**base, "model": model, "train": {**self.train, "global_batch": global_batch}}
+
+
+class ExperimentConfig(FrozenConfig):
+    """A Tune experiment: shared data and worker settings, and one sweep per workload."""
+
+    experiment: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    data: DataConfig = DataConfig()
+    workers: WorkersConfig = WorkersConfig()
+    # None: derived from the cluster (``jaxray.raytrain.sweep.concurrent_trials``): as many trials as its GPUs
+    # hold with use_gpu, else one (CPU trials sharing cores would time each other).
+    max_concurrent_trials: PosInt | None = None
+    fault: FaultConfig = FaultConfig()
+    sweeps: list[SweepConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_sweep_per_workload(self) -> ExperimentConfig:
+        workloads = [s.workload for s in self.sweeps]
+        repeated = sorted({w for w in workloads if workloads.count(w) > 1})
+        if repeated:
+            raise ValueError(
+                f"workload {', '.join(repeated)} appears in more than one sweep; put its grid "
+                f"in one sweep (trial names and output folders are per workload and grid point)"
+            )
+        return self
+
+    def base(self) -> dict[str, Any]:
+        return {
+            "data": self.data.model_dump(),
+            "workers": self.workers.model_dump(),
+            "fault": self.fault.model_dump(),
+        }
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read and validate an experiment YAML, then expand every sweep so each trial is checked up front.
+
+    Raises ConfigError for a missing file, invalid YAML, unknown keys, wrong types or values, and for
+    any grid point that cannot run (for example a global batch the device count does not divide).
+    Whether the attention a grid point asks for can run is not decided here (it needs the model
+    code): ``jaxray.parallel.checks.check_experiment``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path} is not UTF-8 text: {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"invalid YAML in {path}: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"invalid config {path}: the top level must be a mapping, got {type(raw).__name__}")
+    for key, value in (overrides or {}).items():
+        section, _, field = key.partition(".")
+        if not isinstance(raw.get(section), dict):
+            raw[section] = {}
+        raw[section][field] = value
+    exp = validate(ExperimentConfig, raw, str(path))
+    # Checked here, where the data is read, not in TrialConfig: workers get Ray Datasets, not files.
+    if exp.data.data_dir is not None and not Path(exp.data.data_dir).is_dir():
+        raise ConfigError(
+            f"invalid config {path}:\n  data.data_dir: {exp.data.data_dir!r} is not a directory"
+        )
+    for i, sweep in enumerate(exp.sweeps):
+        for trial in sweep.trial_dicts(exp.base()):
+            parse_trial(trial, str(path), prefix=f"sweeps.{i}.")
+    return exp

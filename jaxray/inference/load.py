@@ -1,0 +1,127 @@
+"""Where an engine comes from: the one dispatch between a checkpoint and an export artifact.
+
+A path that holds ``manifest.json`` is a ``python -m jaxray.export`` artifact: its exported
+programs (read by ``jaxray.inference.artifact_loader``) run in an ``Engine``, and its flat decode
+state becomes a ``DecodeState`` again, so the engine (continuous batching included) handles it as
+a live model's. Any other path is a checkpoint, a Ray Train run folder or ``runs/<experiment>``
+(its best transformer), restored with Orbax into a live model. ``check_source`` says what
+``load_engine`` would load without loading any weights, so a command can refuse a bad path before
+it starts anything.
+
+  engine = load_engine("runs/demo")          # or "exports/demo"
+  engine.compile()
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jax
+
+from jaxray import checkpoint
+from jaxray.config import ModelConfig
+from jaxray.inference import kv_decode
+from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest
+from jaxray.inference.engine import Engine, EngineSettings, Programs, check_keep, compiled_buckets
+
+
+def is_artifact(path: str | Path) -> bool:
+    """Whether ``path`` is an export artifact directory (it holds the artifact's manifest.json)."""
+    return (Path(path) / ARTIFACT_MANIFEST).is_file()
+
+
+def check_checkpoint(
+    path: str | Path, settings: EngineSettings | None = None, purpose: str = "served"
+) -> Path:
+    """The transformer checkpoint ``path`` (a checkpoint, run folder or ``runs/<experiment>``)
+    resolves to, checked without restoring it; ``purpose`` ("served", "exported") words the refusal.
+
+    Raises CheckpointError (a ValueError) naming the path when it holds no checkpoint or one of
+    another workload, ValueError for a ``settings.context_keep`` outside 2..max_seq_len.
+    """
+    resolved = checkpoint.resolve(path, workload="transformer")
+    cfg = checkpoint.load_model_config(resolved)
+    if cfg.workload != "transformer":
+        raise checkpoint.CheckpointError(
+            f"{resolved} holds an {cfg.workload.upper()} checkpoint, not a "
+            f"transformer: only a transformer can be {purpose}"
+        )
+    check_keep(settings or EngineSettings(), cfg.max_seq_len)
+    return resolved
+
+
+def check_source(path: str | Path, settings: EngineSettings | None = None) -> Path:
+    """What ``load_engine`` would serve, checked without loading any weights: the artifact
+    directory (``settings`` checked against it, see ``settings_for``) or the resolved checkpoint.
+    Raises ArtifactError / CheckpointError / ValueError naming the path or the setting."""
+    if is_artifact(path):
+        settings_for(read_artifact_manifest(path), settings)
+        return Path(path)
+    return check_checkpoint(path, settings)
+
+
+def load_engine(path: str | Path, settings: EngineSettings | None = None) -> Engine:
+    """The engine for a checkpoint, a Ray Train run folder, ``runs/<experiment>`` (its best
+    transformer) or an export artifact (``engine_from_artifact``); ``settings`` default to
+    ``EngineSettings()`` for a checkpoint and to the exported ones for an artifact. Raises as
+    ``check_source``, and ArtifactError for a damaged artifact."""
+    if is_artifact(path):
+        return engine_from_artifact(path, settings)
+    resolved = check_checkpoint(path, settings)
+    model, params = checkpoint.restore(resolved)
+    return Engine.for_model(model, params, settings, source=str(resolved))
+
+
+def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:
+    """``settings`` checked against an artifact's manifest (None: the artifact's own). Every bucket
+    and batch size must have been exported; chunk and context_keep are compiled into the decode
+    programs and must be equal. Raises ValueError naming the setting."""
+    size, keep = manifest["max_seq_len"], manifest["context_keep"]
+    if settings is None:
+        return EngineSettings(
+            buckets=tuple(manifest["buckets"]),
+            batch_sizes=tuple(manifest["batch_sizes"]),
+            chunk=manifest["chunk"],
+            context_keep=keep,
+        )
+    buckets = set(compiled_buckets(settings, size))
+    for name, wanted in (("buckets", buckets), ("batch_sizes", set(settings.batch_sizes))):
+        missing = sorted(wanted - set(manifest[name]))
+        if missing:
+            raise ValueError(f"{name} {missing} were not exported: the artifact has {manifest[name]}")
+    if settings.chunk != manifest["chunk"]:
+        raise ValueError(f"chunk {settings.chunk} differs from the artifact's {manifest['chunk']}")
+    if check_keep(settings, size) != keep:
+        raise ValueError(f"context_keep {check_keep(settings, size)} differs from the artifact's {keep}")
+    return settings
+
+
+def _start(exported: dict, state_tree, params, tokens, *args):
+    """``Programs.start`` over the artifact's ``start_b{bucket}_n{batch}`` for tokens [batch, bucket]."""
+    batch, bucket = tokens.shape
+    leaves, first = exported[("start", bucket, batch)].call(params, tokens, *args)
+    return jax.tree.unflatten(state_tree, leaves), first
+
+
+def _decode_chunk(exported: dict, state_tree, params, state, max_steps):
+    """``Programs.decode_chunk`` over the artifact's ``decode_n{batch}``, the state flattened for it."""
+    leaves = tuple(jax.tree.leaves(state))
+    leaves, tokens, counts = exported[("decode", None, leaves[0].shape[0])].call(params, leaves, max_steps)
+    return jax.tree.unflatten(state_tree, leaves), tokens, counts
+
+
+def engine_from_artifact(path: str | Path, settings: EngineSettings | None = None) -> Engine:
+    """An ``Engine`` whose programs call an artifact's exported functions; its params are the
+    artifact's flat weights. Raises ArtifactError (a ValueError) for a damaged artifact, ValueError
+    naming the setting when ``settings`` asks for programs the artifact lacks (``settings_for``)."""
+    artifact = load_artifact(path)
+    config = ModelConfig.model_validate(artifact.manifest["model"])
+    settings = settings_for(artifact.manifest, settings)
+    layers = tuple((None, None) for _ in range(config.num_layers))
+    state_tree = jax.tree.structure(kv_decode.DecodeState(layers, *[None] * 7), is_leaf=lambda x: x is None)
+    programs = Programs(
+        functools.partial(_start, artifact.exported, state_tree),
+        functools.partial(_decode_chunk, artifact.exported, state_tree),
+    )
+    return Engine(config, artifact.weights, settings, programs, source=str(path))

@@ -1,0 +1,188 @@
+"""Where the Ray cluster is, and how a trial's workers become one JAX program.
+
+Driver side: ``init_ray`` joins ``RAY_ADDRESS`` or a live ``ray start`` cluster of this machine
+(``running_local_cluster``: the address file ``ray start`` writes, probed over TCP), otherwise
+starts a private local Ray; ``check_gpus`` refuses GPU workers on a cluster that has none.
+
+Worker side: each worker is one JAX process that owns ``devices_per_worker`` devices. With several
+workers on GPU the JaxTrainer backend initialises ``jax.distributed`` itself; on CPU
+``cpu_program`` does (gloo collectives, the coordinator address broadcast from rank 0 with Ray
+Train's collective helper). The mesh then spans every device of every process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import ray
+import ray.data
+from ray.train.collective import broadcast_from_rank_zero
+
+from jaxray.config import ConfigError, WorkersConfig
+from jaxray.config.experiment import ExperimentConfig
+
+# Ray Data's per-dataset progress bars would flood the log of every trial.
+QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
+
+
+def ray_address_file() -> Path:
+    """The file in which ``ray start`` records its cluster's ``host:port`` (the "latest cluster
+    started on this machine" that ``ray.init()`` looks for): ``ray/ray_current_cluster`` under
+    ``$RAY_TMPDIR``, else ``$TMPDIR`` (Linux), else ``/tmp``, Ray's default temp folder."""
+    if "RAY_TMPDIR" in os.environ:
+        root = os.environ["RAY_TMPDIR"]
+    elif sys.platform.startswith("linux"):
+        root = os.environ.get("TMPDIR", "/tmp")
+    else:
+        root = "/tmp"
+    return Path(root) / "ray" / "ray_current_cluster"
+
+
+def running_local_cluster(address_file: Path | None = None) -> str | None:
+    """The ``host:port`` of a live cluster started on this machine with ``ray start``, or None.
+
+    ``address_file``: where ``ray start`` wrote it (default ``ray_address_file()``). Ray's
+    ``address="auto"`` trusts that file and waits minutes for a cluster that was killed; a
+    one-second TCP probe of its GCS port tells live from stale. A missing, empty or unparsable
+    file means no cluster.
+    """
+    try:
+        address = (address_file or ray_address_file()).read_text().strip()
+    except OSError:
+        return None
+    host, _, port = address.rpartition(":")
+    if not host:
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+    except (OSError, ValueError):
+        return None
+    return address
+
+
+def init_ray(exp: ExperimentConfig) -> bool:
+    """Join ``RAY_ADDRESS`` or a live ``ray start`` cluster on this machine; otherwise (or with
+    ``RAY_ADDRESS=local``) start a local Ray sized for the sweep. Returns True if it joined a
+    cluster. Raises ConfigError naming the address when joining fails."""
+    os.environ.update(QUIET_ENV)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    runtime_env = {"env_vars": QUIET_ENV}
+    address = os.environ.get("RAY_ADDRESS")
+    if (
+        not address
+        and (address := running_local_cluster())
+        and (Path.home() / ".ray" / "auth_token").is_file()
+    ):
+        # A `ray start` cluster of Ray 2.60 uses token auth; this user's token is the key to it.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    if address and address != "local":
+        try:
+            ray.init(address=address, runtime_env=runtime_env)
+        except Exception as err:  # Ray raises ConnectionError, RuntimeError or its own auth errors
+            raise ConfigError(
+                f"could not join the Ray cluster at {address}: {type(err).__name__}: {err}\n"
+                f"With token auth set RAY_AUTH_MODE=token; to start a private local Ray "
+                f"instead set RAY_ADDRESS=local"
+            ) from None
+        return True
+    # One CPU for each trial driver and each worker; Tune queues what does not fit.
+    need = (exp.max_concurrent_trials or 1) * (1 + exp.workers.num_workers) + 1
+    ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), runtime_env=runtime_env)
+    return False
+
+
+def check_gpus(exp: ExperimentConfig, joined: bool) -> None:
+    """With ``use_gpu`` the workers wait for GPUs; on a cluster that has too few (and, when started
+    here, never will) Tune would wait forever, so say so now. A joined cluster may autoscale: warn.
+    Raises ConfigError (a cluster started here without enough GPUs)."""
+    w = exp.workers
+    if not w.use_gpu:
+        return
+    have = int(ray.cluster_resources().get("GPU", 0))
+    if have >= w.devices_per_worker:
+        return
+    message = (
+        f"workers.use_gpu is true and each worker needs {w.devices_per_worker} GPU(s), but the Ray "
+        f"cluster has {have}; set workers.use_gpu: false to train on CPU"
+    )
+    if not joined:
+        raise ConfigError(message)
+    print(f"warning: {message}; waiting for the cluster to add GPU nodes", file=sys.stderr)
+
+
+def join_cpu_program(rank: int, world: int) -> None:
+    """Make this worker process ``rank`` of one ``world``-process JAX program on CPU. Call before
+    JAX's backend starts (any device query starts it).
+
+    Rank 0 picks a free port on its node and Ray Train broadcasts ``host:port`` to every worker
+    (``ray.train.collective.broadcast_from_rank_zero``, also a barrier); CPU collectives go through
+    gloo (``jax_cpu_collectives_implementation``), as JAX's multi-process CPU backend needs.
+    """
+    address = None
+    if rank == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            address = f"{ray.util.get_node_ip_address()}:{probe.getsockname()[1]}"
+    address = broadcast_from_rank_zero(address)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(address, num_processes=world, process_id=rank)
+
+
+@contextlib.contextmanager
+def cpu_program(workers: WorkersConfig, rank: int, world: int) -> Iterator[None]:
+    """Inside: this worker is ``rank`` of one ``world``-process JAX program (``join_cpu_program``)
+    when several workers train on CPU; on GPU, or alone, nothing to do. Enter before JAX's backend
+    starts."""
+    joined = world > 1 and not workers.use_gpu
+    if joined:
+        join_cpu_program(rank, world)
+    yield
+    if joined:
+        jax.distributed.shutdown()  # JaxTrainer's backend only shuts down what it started (GPU, TPU)
+
+
+def check_local_devices(workers: WorkersConfig) -> None:
+    """Raises ConfigError when this process sees other than ``workers.devices_per_worker`` devices."""
+    found = jax.local_device_count()
+    if found != workers.devices_per_worker:
+        raise ConfigError(
+            f"workers.devices_per_worker is {workers.devices_per_worker} but this worker "
+            f"sees {found} {jax.default_backend()} device(s): {jax.local_devices()}"
+        )
+
+
+def describe_worker(rank: int) -> str:
+    """One log line: Ray rank, JAX process index and count, local devices and, on GPU, the physical
+    GPUs' UUIDs (so two workers sharing a GPU show the same UUID)."""
+    line = (
+        f"jaxray worker rank {rank}: JAX process {jax.process_index()} of {jax.process_count()}, "
+        f"local devices {jax.local_devices()}"
+    )
+    if jax.default_backend() == "gpu":
+        line += f", GPUs {gpu_uuids()}"
+    return line
+
+
+def gpu_uuids() -> list[str]:
+    """UUIDs of the GPUs this process may use (``CUDA_VISIBLE_DEVICES`` order) from ``nvidia-smi``;
+    [] when it cannot be asked."""
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    uuids = dict(line.split(", ", 1) for line in listing.strip().splitlines() if ", " in line)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [uuids.get(i.strip(), i.strip()) for i in visible.split(",")] if visible else list(uuids.values())

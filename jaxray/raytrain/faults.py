@@ -1,0 +1,62 @@
+"""Fault injection for the fault-tolerance tests (``fault`` in the trial config): a worker process
+that exits at a step, in the middle of a checkpoint's save, and a damaged newest checkpoint.
+
+Each fault fires on the first attempt of the worker group only (``damages_latest``: on the second,
+before the restore), so Ray Train's restart then runs undisturbed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from jaxray.config import TrialConfig
+from jaxray.train.loop import Hook
+
+# Before an injected exit: several of Ray Train's 2 s health-check polls, also under load.
+FAULT_PAUSE_S = 10.0
+EXIT_CODE = 17  # of a worker process killed by ``die``
+
+
+def die(step: int) -> None:
+    """End this worker process at once (no cleanup, exit code 17), after ``FAULT_PAUSE_S``."""
+    # Ray Train's controller collects reports (and registers their checkpoints) when it polls the
+    # workers, every 2 s: a worker that dies sooner after a report loses that report. The pause
+    # makes the injected fault the same on every run: every checkpoint reported before it counts.
+    time.sleep(FAULT_PAUSE_S)
+    print(f"jaxray fault injection: worker process exits at step {step}", flush=True)
+    os._exit(EXIT_CODE)
+
+
+def fault_hooks(trial: TrialConfig, rank: int, attempt: int) -> tuple[Hook, ...]:
+    """The ``fault.kill_at_step`` hook: rank 0, first attempt only, and not at a checkpoint step
+    (there the save itself dies half-way, ``kill_in_save``); () otherwise."""
+    kill, every = trial.fault.kill_at_step, trial.train.checkpoint_every
+    if kill is None or rank != 0 or attempt != 1 or (every and kill % every == 0):
+        return ()
+    return (Hook(kill, lambda step, state, metrics: die(step) if step == kill else None),)
+
+
+def kill_in_save(trial: TrialConfig, step: int, attempt: int) -> Callable[[], None] | None:
+    """What the save of the checkpoint at ``step`` runs after writing the arrays and before its
+    manifest (``checkpoint.save_state``'s ``before_manifest``): ``die`` when ``fault.kill_at_step``
+    is this step on the first attempt, else None."""
+    if trial.fault.kill_at_step == step and attempt == 1:
+        return lambda: die(step)
+    return None
+
+
+def damages_latest(trial: TrialConfig, attempt: int) -> bool:
+    """Whether ``fault.corrupt_latest_checkpoint`` damages the newest checkpoint now: on the first
+    restart (attempt 2), before rank 0 picks the one to restore."""
+    return trial.fault.corrupt_latest_checkpoint and attempt == 2
+
+
+def damage(checkpoint_dir: Path) -> Path:
+    """Truncate the largest file of a checkpoint to half its size; returns that file's path."""
+    victim = max((f for f in checkpoint_dir.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    with victim.open("r+b") as f:
+        f.truncate(victim.stat().st_size // 2)
+    return victim

@@ -1,0 +1,89 @@
+"""Which checkpoint a (restarted) worker group continues from, and how its checkpoints are named.
+
+Ray Train keeps the run's checkpoints as ``checkpoint_step_<step>_attempt<n>`` folders and hands a
+restarted group the newest one it registered (``ray.train.get_checkpoint()``). That one may be
+damaged; rank 0 then walks back to the newest complete, undamaged one (``checkpoint.verify``) and
+broadcasts its choice, so every rank restores the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import ray.train
+from ray.train.collective import broadcast_from_rank_zero
+
+from jaxray import checkpoint
+from jaxray.config import TrialConfig
+from jaxray.raytrain.faults import damage, damages_latest
+
+CHECKPOINT_GLOB = "checkpoint_step_*"  # every name ``checkpoint_name`` gives
+
+
+class ResumePoint(NamedTuple):
+    """Where a worker group starts: ``checkpoint`` to continue from (None: step 0), the names of
+    the newer checkpoints ``skipped`` as damaged or incomplete, and rank 0's ``attempt`` number
+    (1 for the first start, one more for each Ray Train restart)."""
+
+    checkpoint: Path | None
+    skipped: list[str]
+    attempt: int
+
+
+def checkpoint_name(step: int, attempt: int) -> str:
+    """Ray Train folder name of the checkpoint at ``step`` saved by worker-group ``attempt``: names
+    sort by step, then attempt. The attempt keeps them unique: a restart that resumes from an older
+    checkpoint saves the later steps again, and Ray Train's rotation must never see one folder twice
+    (it would delete a folder it still lists)."""
+    return f"checkpoint_step_{step:08d}_attempt{attempt}"
+
+
+def count_attempt(path: str | None) -> int:
+    """This worker group's attempt number (1 for the first start; Ray Train restarts add one),
+    counted in the JSON file ``path`` (rank 0 calls it once per start); 1 without a file."""
+    if not path:
+        return 1
+    file = Path(path)
+    attempt = (json.loads(file.read_text())["attempts"] if file.is_file() else 0) + 1
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps({"attempts": attempt}))
+    return attempt
+
+
+def restore_order(newest: Path) -> list[Path]:
+    """The checkpoints to try, newest first: ``newest`` (Ray Train's latest), then every older
+    ``checkpoint_step_*`` folder beside it, by name (step, then attempt), newest first."""
+    older = sorted(newest.parent.glob(CHECKPOINT_GLOB), reverse=True)
+    return [newest] + [c for c in older if c.name < newest.name]
+
+
+def choose(candidates: list[Path]) -> tuple[Path | None, list[str]]:
+    """(the first of ``candidates`` that is complete and undamaged, the names of those before it).
+    With none usable: (None, every name), after a warning: the run starts again from step 0 rather
+    than fail."""
+    try:
+        _, path = checkpoint.restore_latest(candidates, checkpoint.verify)
+    except checkpoint.CheckpointError as err:
+        checkpoint.log.warning("%s; starting again from step 0", err)
+        return None, [c.name for c in candidates]
+    return path, [c.name for c in candidates[: candidates.index(path)]]
+
+
+def resume_point(trial: TrialConfig, rank: int, attempt: int) -> ResumePoint:
+    """The checkpoint this worker group continues from, starting from ``ray.train.get_checkpoint()``
+    (None on a fresh start). Rank 0 decides (after the ``corrupt_latest_checkpoint`` fault, if set)
+    and broadcasts its choice with its ``attempt``; a damaged newest checkpoint is named in a
+    warning with the one used instead."""
+    chosen, skipped = None, []
+    latest = ray.train.get_checkpoint()
+    if rank == 0 and latest is not None:
+        newest = Path(latest.path)
+        if damages_latest(trial, attempt):
+            print(f"jaxray fault injection: damaged {damage(newest)}", flush=True)
+        path, skipped = choose(restore_order(newest))
+        chosen = str(path) if path else None
+    if ray.train.get_context().get_world_size() > 1:
+        chosen, skipped, attempt = broadcast_from_rank_zero((chosen, skipped, attempt))
+    return ResumePoint(Path(chosen) if chosen else None, skipped, attempt)

@@ -1,0 +1,156 @@
+"""The run folder of a sweep, ``runs/<experiment>`` (``python -m jaxray.tune --out``): what lives
+where, who wrote a summary, and which trial is best.
+
+Layout::
+
+    experiment.yaml          the resolved experiment config, written before the first trial
+                             (``--resume`` reads it; so does the best-trial ranking)
+    summary.json             one row per trial (``jaxray.reporting.sweep``)
+    summary.md               the same table and the best trial per workload
+    throughput_vs_batch.png  throughput against global batch
+    loss_curves.png          training loss against examples or tokens
+    train/<trial>/           the trial's Ray Train run: its checkpoints and compile.json
+    tune/<workload>/         the sweep's Tune experiment state (``Tuner.restore``)
+    tensorboard/<trial>/     the trial's TensorBoard event files
+
+The best trial of a workload is ranked by the metric its sweep saved in ``experiment.yaml``
+(``metric`` and ``mode``, default ``DEFAULT_METRIC``), so ``summary.md`` and a ``--checkpoint
+runs/<experiment>`` that loads the best trial (``jaxray.checkpoint.resolve``) agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from jaxray.config.experiment import DEFAULT_METRIC, ExperimentConfig, SweepConfig
+
+EXPERIMENT_FILE = "experiment.yaml"
+SUMMARY_JSON = "summary.json"
+SUMMARY_MD = "summary.md"
+THROUGHPUT_PLOT = "throughput_vs_batch.png"
+LOSS_PLOT = "loss_curves.png"
+FILES = (SUMMARY_JSON, SUMMARY_MD, THROUGHPUT_PLOT, LOSS_PLOT)  # the sweep report's files
+TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR = "train", "tune", "tensorboard"
+RUN_DIRS = (TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR)  # what a run writes besides the files above
+COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the trial's compiled step
+# Ranks a workload that no sweep and no default names (a hand-written row).
+FALLBACK_METRIC = ("test_accuracy", "max")
+
+Ranking = dict[str, tuple[str, str]]  # workload -> (metric, "min" | "max")
+
+
+class RunFolderError(ValueError):
+    """A run folder, or one of its files, that cannot be read; the message names the file."""
+
+
+def check_overwrite(out_dir: str | Path, writer: str, name: str = SUMMARY_JSON) -> None:
+    """Refuse to replace a ``summary.json`` (or ``name``) in ``out_dir`` that ``writer`` (e.g.
+    "jaxray.bench") did not write (its ``written_by``), so pointing ``--out`` at a sweep's folder
+    cannot destroy its results. Raises ValueError naming the file; a missing file, or one from the
+    same writer, passes."""
+    path = Path(out_dir) / name
+    if not path.exists():
+        return
+    try:
+        owner = json.loads(path.read_text()).get("written_by")
+    except (ValueError, AttributeError, OSError):
+        owner = None
+    if owner != writer:
+        raise ValueError(
+            f"{path} exists and was not written by {writer}; choose another --out (nothing was changed)"
+        )
+
+
+def sweep_ranking(sweeps: Iterable[SweepConfig]) -> Ranking:
+    """Each sweep's workload -> (metric, mode) it ranks its trials by."""
+    return {s.workload: (s.metric, s.mode) for s in sweeps}
+
+
+def saved_ranking(run_dir: str | Path) -> Ranking:
+    """The ranking the sweeps of ``run_dir`` saved in its ``experiment.yaml``; empty (every workload
+    ranked by ``DEFAULT_METRIC``) when the folder has none. Raises RunFolderError naming the file
+    when it is not a valid experiment config."""
+    path = Path(run_dir) / EXPERIMENT_FILE
+    if not path.is_file():
+        return {}
+    try:
+        exp = ExperimentConfig.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValidationError) as err:
+        reason = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+        raise RunFolderError(
+            f"{path} is damaged, so the sweep's ranking metric is unknown: {reason}"
+        ) from None
+    return sweep_ranking(exp.sweeps)
+
+
+def ranking_metric(workload: str, ranking: Ranking | None = None) -> tuple[str, str]:
+    """(metric, "min" | "max") that ranks ``workload``: ``ranking``'s, else ``DEFAULT_METRIC``'s."""
+    return {**DEFAULT_METRIC, **(ranking or {})}.get(workload, FALLBACK_METRIC)
+
+
+def metric_value(row: dict, metric: str) -> float | None:
+    """The row's ``metric`` as a float when it is a finite number; None when missing, not a number,
+    NaN or inf (a trial that failed or diverged)."""
+    value = row.get(metric)
+    if value is None or isinstance(value, (bool, str)):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def best_trial(rows: Iterable[dict], workload: str, ranking: Ranking | None = None) -> dict | None:
+    """The best of ``rows`` whose ``workload`` it is, by ``ranking_metric(workload, ranking)``: the
+    highest or lowest finite value, the first of equal ones. None when no such row has a finite
+    value. The one ranking every report and checkpoint look-up uses."""
+    metric, mode = ranking_metric(workload, ranking)
+    scored = [
+        (v, r)
+        for r in rows
+        if r.get("workload", "?") == workload and (v := metric_value(r, metric)) is not None
+    ]
+    if not scored:
+        return None
+    pick = max if mode == "max" else min
+    return pick(scored, key=lambda pair: pair[0])[1]
+
+
+def read_summary(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The trial rows of ``run_dir/summary.json``. Raises RunFolderError when it is damaged or is
+    not a sweep summary (a benchmark's or an evaluation's ``summary.json`` is an object)."""
+    path = Path(run_dir) / SUMMARY_JSON
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError as err:
+        raise RunFolderError(f"{path} is damaged: {err}") from None
+    if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
+        raise RunFolderError(f"{path} is not a sweep summary (a list of trials from python -m jaxray.tune)")
+    return doc
+
+
+def best_checkpoint(run_dir: str | Path, workload: str | None = None) -> Path:
+    """The checkpoint of the best trial of ``workload`` in the run folder ``run_dir``: the trial
+    ``summary.md`` names (``best_trial`` by the sweep's saved ranking), among those with a
+    checkpoint; the first of them when none has a finite value. Default workload: the transformer
+    if the sweep has one, else the first by name. Raises RunFolderError naming the file when
+    ``summary.json`` or ``experiment.yaml`` cannot be read or no trial of ``workload`` has a
+    checkpoint."""
+    rows = [r for r in read_summary(run_dir) if r.get("checkpoint") and r.get("workload")]
+    workloads = sorted({r["workload"] for r in rows})
+    workload = workload or ("transformer" if "transformer" in workloads else next(iter(workloads), None))
+    rows = [r for r in rows if r["workload"] == workload]
+    if not rows:
+        raise RunFolderError(
+            f"{Path(run_dir) / SUMMARY_JSON} has no trial with a checkpoint for workload {workload!r}"
+        )
+    best = best_trial(rows, workload, saved_ranking(run_dir)) or rows[0]
+    return Path(best["checkpoint"])

@@ -1,0 +1,66 @@
+"""Which checkpoint a restarted worker group resumes from, on real full-state checkpoints of a small
+MLP: the newest usable one, walking back past damaged and incomplete ones, never to a folder
+newer than Ray Train's latest; none usable means step 0. Checkpoint names sort by step, then
+attempt, and the attempt counter counts starts."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from jaxray.checkpoint import TRAIN_STATE, save_state
+from jaxray.config import ModelConfig, TrainConfig, TrialConfig
+from jaxray.models import build
+from jaxray.raytrain.faults import damage
+from jaxray.raytrain.resume import checkpoint_name, choose, count_attempt, restore_order
+from jaxray.train.step import init_state, make_optimizer
+
+TRIAL = TrialConfig(model=ModelConfig(workload="mlp", width=8), train=TrainConfig(steps=12))
+
+
+@pytest.fixture(scope="module")
+def state():
+    model = build(TRIAL.model)
+    return init_state(model.init(jax.random.key(0)), make_optimizer(1e-3, 0.0))
+
+
+def saved(root, state, *steps_attempts):
+    """Real checkpoints under ``root``, named as the worker names them; their paths, oldest first."""
+    return [
+        save_state(root / checkpoint_name(step, attempt), state, TRIAL, [{"step": step}], {})
+        for step, attempt in steps_attempts
+    ]
+
+
+def test_names_sort_by_step_then_attempt():
+    names = [checkpoint_name(s, a) for s, a in [(12, 1), (8, 2), (100, 1), (8, 1)]]
+    assert sorted(names) == [checkpoint_name(s, a) for s, a in [(8, 1), (8, 2), (12, 1), (100, 1)]]
+    assert checkpoint_name(8, 2) == "checkpoint_step_00000008_attempt2"
+
+
+def test_attempts_are_counted_per_start(tmp_path):
+    file = tmp_path / "run" / "trial.attempts.json"
+    assert [count_attempt(str(file)) for _ in range(3)] == [1, 2, 3]
+    assert count_attempt(None) == 1 and not (tmp_path / "None").exists()
+
+
+def test_the_order_starts_at_rays_latest_and_walks_back(tmp_path, state):
+    old4, old8, latest, newer = saved(tmp_path, state, (4, 1), (8, 1), (8, 2), (12, 1))
+    # Ray Train's latest is step 8 of attempt 2; the step-12 folder of attempt 1 is not its to resume.
+    assert restore_order(latest) == [latest, old8, old4]
+    assert newer not in restore_order(latest)
+
+
+def test_the_newest_usable_checkpoint_is_chosen(tmp_path, state):
+    c4, c8, c12 = saved(tmp_path, state, (4, 1), (8, 1), (12, 1))
+    assert choose(restore_order(c12)) == (c12, [])
+    damage(c12)
+    (c8 / TRAIN_STATE).unlink()  # a save that never finished
+    assert choose(restore_order(c12)) == (c4, [c12.name, c8.name])
+
+
+def test_none_usable_starts_again_from_step_zero(tmp_path, state, caplog):
+    (c4,) = saved(tmp_path, state, (4, 1))
+    damage(c4)
+    assert choose(restore_order(c4)) == (None, [c4.name])
+    assert "starting again from step 0" in caplog.text

@@ -1,0 +1,124 @@
+"""The Tune driver without a cluster: concurrent trials from the cluster's GPUs, the ASHA scheduler
+the YAML asks for, trial names, and a trial's summary row read from its Tune result (what the
+workers reported, none of Tune's own fields)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+
+from jaxray.config.experiment import ExperimentConfig, SweepConfig
+from jaxray.raytrain.sweep import concurrent_trials, early_stopping, trial_name, trial_rows
+
+
+def experiment(workers: dict, max_concurrent_trials=None) -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "experiment": "x",
+            "workers": workers,
+            "sweeps": [{"workload": "mlp"}],
+            "max_concurrent_trials": max_concurrent_trials,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "workers,gpus,expected",
+    [
+        ({"num_workers": 2, "devices_per_worker": 2, "use_gpu": True}, 8, 2),  # 4 GPUs per trial
+        ({"num_workers": 1, "devices_per_worker": 2, "use_gpu": True}, 7, 3),  # whole trials only
+        ({"num_workers": 4, "devices_per_worker": 2, "use_gpu": True}, 2, 1),  # waits for more; never 0
+        ({"num_workers": 2, "devices_per_worker": 2, "use_gpu": False}, 8, 1),  # CPU trials one at a time
+    ],
+)
+def test_concurrent_trials_follow_the_clusters_gpus(workers, gpus, expected):
+    assert concurrent_trials(experiment(workers), {"GPU": float(gpus), "CPU": 48.0}) == expected
+
+
+def test_an_explicit_max_concurrent_trials_wins():
+    assert concurrent_trials(experiment({"use_gpu": True}, 3), {"GPU": 16.0}) == 3
+
+
+def test_asha_from_the_yaml():
+    assert early_stopping(SweepConfig.model_validate({"workload": "mlp"})) is None
+    sweep = SweepConfig.model_validate(
+        {
+            "workload": "transformer",
+            "train": {"steps": 1000},
+            "early_stopping": {"grace_period": 100, "reduction_factor": 4},
+        }
+    )
+    asha = early_stopping(sweep)
+    assert isinstance(asha, ASHAScheduler)
+    assert (asha.metric, asha._mode, asha._time_attr, asha._max_t, asha._reduction_factor) == (
+        "loss",
+        "min",
+        "step",
+        1000,
+        4,
+    )
+    assert asha._brackets[0]._rungs[-1][0] == 100  # the first rung: the grace period
+    by_accuracy = SweepConfig.model_validate({"workload": "mlp", "early_stopping": {"metric": "accuracy"}})
+    assert by_accuracy.early_stopping.mode == "max"
+    short = early_stopping(
+        SweepConfig.model_validate(
+            {"workload": "mlp", "train": {"steps": 20}, "early_stopping": {"grace_period": 100}}
+        )
+    )
+    assert short._brackets[0]._rungs[-1][0] == 20  # never past the last step
+
+
+# The final Tune result of an MLP trial as Ray 2.60 returns it: the workers' final report (the last
+# log row, the summary, ``final``), the checkpoint path TuneReportCallback adds, and Tune's fields.
+GRID_POINT = {"global_batch": 128, "dtype": "float32", "width": 64}
+LOG_ROW = {"step": 20, "examples": 2560, "loss": 0.61, "accuracy": 0.79, "grad_norm": 0.9}
+SUMMARY = {"workload": "mlp", **GRID_POINT, "steps": 20, "devices": 1, "test_accuracy": 0.77, "restarts": 0}
+TUNE_FIELDS = {
+    "timestamp": 1764580000,
+    "checkpoint_dir_name": None,
+    "done": True,
+    "training_iteration": 3,
+    "trial_id": "a1b2c3d4",
+    "date": "2026-12-01_09-26-17",
+    "time_this_iter_s": 0.5,
+    "time_total_s": 7.5,
+    "pid": 4242,
+    "hostname": "host",
+    "node_ip": "10.0.0.1",
+    "config": GRID_POINT,
+    "time_since_restore": 7.5,
+    "iterations_since_restore": 3,
+    "experiment_tag": "0_global_batch=128",
+    **{f"config/{k}": v for k, v in GRID_POINT.items()},
+}
+
+
+def tune_result(tmp_path, metrics=None, error=None) -> tune.Result:
+    return tune.Result(metrics=metrics, checkpoint=None, error=error, path=str(tmp_path / "trial_folder"))
+
+
+def test_trial_names_come_from_the_grid_point():
+    assert trial_name("mlp", GRID_POINT) == "mlp_b128_float32_w64"
+
+
+def test_the_row_holds_what_the_workers_reported_and_none_of_tunes_fields(tmp_path):
+    history = [{"step": 10, "loss": 0.7}, LOG_ROW]
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "history.json").write_text(json.dumps(history))
+    metrics = {**LOG_ROW, **SUMMARY, "final": True, "checkpoint_path": str(tmp_path / "ckpt"), **TUNE_FIELDS}
+    row, rows = trial_rows("mlp", tune_result(tmp_path, metrics))
+    assert row == {"trial": "mlp_b128_float32_w64", **SUMMARY, "checkpoint": str(tmp_path / "ckpt")}
+    assert rows == history
+
+
+def test_a_trial_without_its_final_report_or_with_an_error_is_a_failed_row(tmp_path):
+    row, rows = trial_rows("mlp", tune_result(tmp_path, {**LOG_ROW, **TUNE_FIELDS}))
+    assert row == {"trial": "mlp_b128_float32_w64", "workload": "mlp", **GRID_POINT, "error": row["error"]}
+    assert row["error"] == "trial ended without its final report" and rows == []
+    # An errored trial may come back without its config (Result.config is metrics["config"]): the
+    # row is named after its folder.
+    row, rows = trial_rows("mlp", tune_result(tmp_path, error=RuntimeError("\x1b[31mboom\x1b[0m")))
+    assert row == {"trial": "trial_folder", "workload": "mlp", "error": "RuntimeError: boom"} and rows == []

@@ -1,0 +1,61 @@
+"""The routes' HTTP side without a server: token streams become text without splitting a UTF-8
+character, and both routes' server-sent events end with their summary, or with an error event when
+the engine fails mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from jaxray.serve.routes import Counted, completion_events, decoded, generate_events
+
+
+async def tokens(*chunks: bytes, fail: Exception | None = None):
+    """A token-chunk stream as the engine gives it (byte values), optionally failing at its end."""
+    for chunk in chunks:
+        yield list(chunk)
+    if fail is not None:
+        raise fail
+
+
+async def gathered(stream) -> list:
+    return [item async for item in stream]
+
+
+def events(raw: list[bytes]) -> list:
+    """The data of each server-sent event (JSON parsed where it is JSON)."""
+    out = []
+    for event in raw:
+        data = event.decode().split("data: ", 1)[1].rstrip("\n")
+        out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_text_never_splits_a_character_and_bad_bytes_become_replacement_chars():
+    e_acute = "é".encode()
+    pieces = asyncio.run(
+        gathered(decoded(tokens(b"a" + e_acute[:1], e_acute[1:] + b"b", b"\xff", e_acute[:1])))
+    )
+    assert pieces == ["a", "éb", "\ufffd", "\ufffd"]  # the last: an unfinished character at the end
+
+
+def test_generate_events_end_with_the_summary():
+    chunks = Counted(tokens(b"RO", b"MEO"))
+    raw = asyncio.run(gathered(generate_events(chunks, {"prompt_tokens": 3}, time.perf_counter())))
+    *texts, done = events(raw)
+    assert texts == [{"text": "RO"}, {"text": "MEO"}]
+    assert done["done"] is True and done["prompt_tokens"] == 3 and done["new_tokens"] == 5
+    assert done["latency_ms"] >= 0
+
+
+def test_completion_events_end_with_done_and_an_engine_failure_with_an_error_event():
+    raw = asyncio.run(gathered(completion_events(Counted(tokens(b"hi")), "cmpl-1", "demo")))
+    first, last, done = events(raw)
+    assert first["choices"][0]["text"] == "hi" and first["choices"][0]["finish_reason"] is None
+    assert last["choices"][0]["finish_reason"] == "length" and done == "[DONE]"
+    failing = Counted(tokens(b"hi", fail=RuntimeError("device lost")))
+    raw = asyncio.run(gathered(completion_events(failing, "cmpl-2", "demo")))
+    assert raw[-1].startswith(b"event: error\n") and len(raw) == 2  # the stream ends at the error
+    error = events(raw[-1:])[0]["error"]
+    assert error["field"] == "engine" and error["message"] == "RuntimeError: device lost"

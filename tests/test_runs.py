@@ -1,0 +1,159 @@
+"""jaxray.runs: the best trial is ranked by the metric the sweep saved, the same for the report and
+for ``--checkpoint runs/<experiment>``; hand-written summary rows (the ranking is shape logic)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from jaxray import checkpoint, runs
+from jaxray.config.experiment import ExperimentConfig
+from jaxray.reporting.sweep import markdown_summary
+from jaxray.tune import save_experiment
+
+
+def mlp(trial, accuracy, loss, **extra):
+    return {
+        "trial": trial,
+        "workload": "mlp",
+        "test_accuracy": accuracy,
+        "test_loss": loss,
+        "checkpoint": f"/runs/x/train/{trial}/checkpoint_step_00000020_attempt1",
+        **extra,
+    }
+
+
+# Highest accuracy (the default metric) is "sharp"; lowest test loss is "calm": they disagree.
+ROWS = [mlp("sharp", 0.90, 0.45), mlp("calm", 0.88, 0.31), mlp("bad", 0.70, 0.80)]
+
+
+def sweep_folder(tmp_path: Path, rows: list[dict], metric: str | None = "test_loss", mode=None) -> Path:
+    """A run folder as python -m jaxray.tune leaves it: experiment.yaml (by tune's own writer) and
+    summary.json."""
+    sweep = {"workload": "mlp", **({"metric": metric} if metric else {}), **({"mode": mode} if mode else {})}
+    save_experiment(tmp_path, ExperimentConfig.model_validate({"experiment": "x", "sweeps": [sweep]}))
+    (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(rows))
+    return tmp_path
+
+
+def best_named_in_summary_md(rows, ranking) -> str:
+    best = markdown_summary(rows, ranking).split("## Best per workload")[1]
+    return best.split("`")[1]
+
+
+def test_the_default_and_the_saved_metric_disagree_and_the_saved_one_wins(tmp_path):
+    assert runs.best_trial(ROWS, "mlp")["trial"] == "sharp"  # DEFAULT_METRIC: highest test_accuracy
+    folder = sweep_folder(tmp_path, ROWS)
+    ranking = runs.saved_ranking(folder)
+    assert ranking == {"mlp": ("test_loss", "min")}  # mode follows the metric when not given
+    assert runs.best_trial(ROWS, "mlp", ranking)["trial"] == "calm"
+    assert runs.best_checkpoint(folder) == Path(ROWS[1]["checkpoint"])
+    assert checkpoint.resolve(folder) == Path(ROWS[1]["checkpoint"])
+    assert best_named_in_summary_md(ROWS, ranking) == "calm"
+
+
+def test_an_explicit_mode_is_honoured(tmp_path):
+    folder = sweep_folder(tmp_path, ROWS, metric="test_loss", mode="max")
+    assert runs.saved_ranking(folder) == {"mlp": ("test_loss", "max")}
+    assert checkpoint.resolve(folder).parent.name == "bad"
+    assert best_named_in_summary_md(ROWS, runs.saved_ranking(folder)) == "bad"
+
+
+def test_a_sweep_on_the_default_metric_ranks_as_before(tmp_path):
+    folder = sweep_folder(tmp_path, ROWS, metric=None)
+    assert runs.saved_ranking(folder) == {"mlp": ("test_accuracy", "max")}
+    assert checkpoint.resolve(folder).parent.name == "sharp"
+
+
+def test_without_experiment_yaml_the_default_metric_ranks(tmp_path):
+    (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))
+    assert runs.saved_ranking(tmp_path) == {}
+    assert checkpoint.resolve(tmp_path).parent.name == "sharp"
+
+
+def test_a_damaged_experiment_yaml_is_named(tmp_path):
+    (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))
+    (tmp_path / runs.EXPERIMENT_FILE).write_text(
+        "experiment: x\nsweeps: [{workload: mlp, metric: val_loss}]\n"
+    )
+    with pytest.raises(runs.RunFolderError, match="experiment.yaml is damaged"):
+        runs.saved_ranking(tmp_path)
+    with pytest.raises(checkpoint.CheckpointError, match="experiment.yaml is damaged"):
+        checkpoint.resolve(tmp_path)
+
+
+def test_missing_and_non_finite_values_rank_last_and_ties_go_to_the_first():
+    rows = [
+        mlp("nan", float("nan"), float("nan")),
+        mlp("none", None, None),
+        mlp("text", "0.99", "0.01"),
+        mlp("first", 0.8, 0.5),
+        mlp("second", 0.8, 0.5),
+    ]
+    assert runs.best_trial(rows, "mlp")["trial"] == "first"
+    assert runs.best_trial(rows, "mlp", {"mlp": ("test_loss", "min")})["trial"] == "first"
+    assert runs.best_trial(rows[:3], "mlp") is None
+    assert runs.metric_value({"m": math.inf}, "m") is None and runs.metric_value({"m": True}, "m") is None
+
+
+def test_a_sweep_whose_trials_all_diverged_still_resolves_to_its_first_checkpoint(tmp_path):
+    rows = [mlp("a", float("nan"), float("nan")), mlp("b", None, None)]
+    folder = sweep_folder(tmp_path, rows)
+    assert checkpoint.resolve(folder).parent.name == "a"
+    assert "no trial finished with a finite test loss" in markdown_summary(rows, runs.saved_ranking(folder))
+
+
+def test_other_workloads_keep_their_own_ranking():
+    rows = [
+        {"trial": "t1", "workload": "transformer", "val_loss": 2.0, "val_perplexity": 7.0},
+        {"trial": "t2", "workload": "transformer", "val_loss": 1.9, "val_perplexity": 7.5},
+        {"trial": "?1", "test_accuracy": 0.2},
+        {"trial": "?2", "test_accuracy": 0.3},
+    ]
+    ranking = {"mlp": ("test_loss", "min")}  # only the mlp sweep chose another metric
+    assert runs.best_trial(rows, "transformer", ranking)["trial"] == "t2"
+    assert runs.best_trial(rows, "?", ranking)["trial"] == "?2"  # FALLBACK_METRIC
+    assert runs.ranking_metric("transformer") == ("val_loss", "min")
+
+
+def test_the_default_workload_is_the_transformer_then_the_first_by_name(tmp_path):
+    rows = [*ROWS, {"trial": "t", "workload": "transformer", "val_loss": 2.0, "checkpoint": "/c/t"}]
+    (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(rows))
+    assert runs.best_checkpoint(tmp_path) == Path("/c/t")
+    with pytest.raises(
+        runs.RunFolderError, match="no trial with a checkpoint for workload 'shared_block_mlp'"
+    ):
+        runs.best_checkpoint(tmp_path, "shared_block_mlp")
+    (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))
+    assert runs.best_checkpoint(tmp_path).parent.name == "sharp"
+
+
+def test_read_summary_refuses_what_is_not_a_sweep_summary(tmp_path):
+    (tmp_path / runs.SUMMARY_JSON).write_text('{"written_by": "jaxray.evaluate"}')
+    with pytest.raises(runs.RunFolderError, match="is not a sweep summary"):
+        runs.read_summary(tmp_path)
+    (tmp_path / runs.SUMMARY_JSON).write_text("[{")
+    with pytest.raises(runs.RunFolderError, match="summary.json is damaged"):
+        runs.read_summary(tmp_path)
+
+
+def test_check_overwrite_lets_only_the_same_writer_replace_a_summary(tmp_path):
+    runs.check_overwrite(tmp_path, "jaxray.evaluate")  # nothing there yet
+    (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps({"written_by": "jaxray.evaluate"}))
+    runs.check_overwrite(tmp_path, "jaxray.evaluate")
+    with pytest.raises(ValueError, match="was not written by jaxray.bench dispatch"):
+        runs.check_overwrite(tmp_path, "jaxray.bench dispatch")
+    (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))  # a sweep's summary: a list, no owner
+    with pytest.raises(ValueError, match="choose another --out"):
+        runs.check_overwrite(tmp_path, "jaxray.evaluate")
+    (tmp_path / runs.COMPILE_FILE).write_text("{}")
+    with pytest.raises(ValueError, match="compile.json exists"):
+        runs.check_overwrite(tmp_path, "jaxray.bench compile", runs.COMPILE_FILE)
+
+
+def test_the_layout_names():
+    assert runs.FILES == ("summary.json", "summary.md", "throughput_vs_batch.png", "loss_curves.png")
+    assert runs.RUN_DIRS == ("train", "tune", "tensorboard") and runs.EXPERIMENT_FILE == "experiment.yaml"
