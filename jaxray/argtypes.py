@@ -8,6 +8,16 @@ import math
 from pathlib import Path
 
 MAX_CPU_DEVICES = 256  # forced host devices; thousands make XLA's start-up hang
+# --checkpoint's help where a train/<trial> folder is accepted (sampling adds its workload).
+CHECKPOINT_HELP = "a checkpoint folder, a train/<trial> folder, or runs/<experiment>"
+TRANSFORMER_CHECKPOINT_HELP = f"{CHECKPOINT_HELP} (its best transformer)"
+
+
+def cli_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A command line whose --help shows every option's default."""
+    return argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
 
 
 def positive_int(text: str) -> int:

@@ -36,12 +36,13 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxray import checkpoint
+from jaxray.argtypes import CHECKPOINT_HELP, cli_parser
 from jaxray.config import WORKLOADS, ConfigError
 from jaxray.data.batching import Arrays, eval_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays
-from jaxray.inference.sampling import check_sampling, encode_prompt, generate, printable, prompt_window
+from jaxray.inference.sampling import Sampling, encode_prompt, generate, printable, prompt_window
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 from jaxray.reporting import eval_figures
@@ -139,7 +140,7 @@ def evaluate_language_model(
     """Validation ``loss`` (nats per byte), ``perplexity`` = exp(loss), ``bits_per_byte`` = loss / ln 2,
     byte ``accuracy``, ``count`` (sequences) and a ``sample`` of ``max_new_tokens`` bytes after ``prompt``."""
     metrics = evaluate(jit_eval_step(model, mesh), params, held_out, global_batch, mesh)
-    sample = generate(model, params, prompt, max_new_tokens, temperature, seed)
+    sample = generate(model, params, prompt, Sampling(max_new_tokens, temperature, seed))
     return {
         "loss": metrics["loss"],
         "perplexity": metrics["perplexity"],
@@ -171,7 +172,7 @@ def run(
     CheckpointError, ConfigError or ValueError (bad path, checkpoint or sampling argument) and
     DataFileError (missing or damaged data file); ConfigError if ``data_dir`` is not a directory.
     """
-    check_sampling(max_new_tokens, temperature, None, seed=seed)
+    Sampling(max_new_tokens, temperature, seed).check()
     prompt_window(encode_prompt(prompt), 1)  # an empty prompt fails here, not after the restore
     if data_dir is not None and not Path(data_dir).is_dir():  # else a typo falls to the default search
         raise ConfigError(f"--data-dir {data_dir} is not a directory")
@@ -273,16 +274,8 @@ def format_summary(s: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m jaxray.evaluate",
-        description="Evaluate a saved checkpoint.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        help="a checkpoint folder, a train/<trial> folder, or runs/<experiment>",
-    )
+    p = cli_parser("python -m jaxray.evaluate", "Evaluate a saved checkpoint.")
+    p.add_argument("--checkpoint", required=True, help=CHECKPOINT_HELP)
     p.add_argument(
         "--workload",
         choices=WORKLOADS,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from jaxray.argtypes import int_list, positive_int
+from jaxray.argtypes import TRANSFORMER_CHECKPOINT_HELP, cli_parser, int_list, positive_int
 from jaxray.inference.artifact import ATTENTION_NOTE, ExportError, export_checkpoint
 from jaxray.inference.engine import EngineSettings
 
@@ -39,17 +39,12 @@ def _size(directory: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m jaxray.export",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Export a trained transformer's forward and KV-cache sampling programs "
-        "with jax.export (XLA attention), weights and a manifest.",
+    p = cli_parser(
+        "python -m jaxray.export",
+        "Export a trained transformer's forward and KV-cache sampling programs with jax.export "
+        "(XLA attention), weights and a manifest.",
     )
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        help="a checkpoint folder, a train/<trial> folder, or runs/<experiment> (its best transformer)",
-    )
+    p.add_argument("--checkpoint", required=True, help=TRANSFORMER_CHECKPOINT_HELP)
     p.add_argument("--out", required=True, help="a new (or empty) folder for the artifact; never overwritten")
     p.add_argument(
         "--buckets",

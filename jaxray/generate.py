@@ -17,20 +17,12 @@ from pathlib import Path
 
 from jaxray import argtypes, checkpoint
 from jaxray.inference.engine import kv_generate
-from jaxray.inference.sampling import check_sampling, encode_prompt, generate, printable, prompt_window
+from jaxray.inference.sampling import Sampling, encode_prompt, generate, printable, prompt_window
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m jaxray.generate",
-        description="Sample text from a trained transformer.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        help="a checkpoint folder, a train/<trial> folder, or runs/<experiment> (its best transformer)",
-    )
+    p = argtypes.cli_parser("python -m jaxray.generate", "Sample text from a trained transformer.")
+    p.add_argument("--checkpoint", required=True, help=argtypes.TRANSFORMER_CHECKPOINT_HELP)
     p.add_argument(
         "--prompt", default="ROMEO:", help="text to continue; only its last max_seq_len bytes are used"
     )
@@ -53,10 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def sampling_options(args: argparse.Namespace) -> Sampling:
+    """--max-new-tokens, --temperature, --seed and --top-k."""
+    return Sampling(args.max_new_tokens, args.temperature, args.seed, args.top_k)
+
+
 def checked_checkpoint(args: argparse.Namespace) -> Path:
     """The transformer checkpoint ``args`` name, every option checked before anything is restored.
     Raises ValueError naming the option, CheckpointError naming the path."""
-    check_sampling(args.max_new_tokens, args.temperature, args.top_k, seed=args.seed)
+    sampling_options(args).check()
     prompt_window(encode_prompt(args.prompt), 1)  # an empty prompt fails before the restore
     path = checkpoint.resolve(args.checkpoint, workload="transformer")
     workload = checkpoint.load_model_config(path).workload
@@ -72,10 +69,10 @@ def checked_checkpoint(args: argparse.Namespace) -> Path:
 def sample_text(args: argparse.Namespace) -> str:
     """The text sampled after ``args.prompt`` by the chosen sampler (the prompt not included)."""
     model, params = checkpoint.restore(checked_checkpoint(args))
-    sampling = (args.prompt, args.max_new_tokens, args.temperature, args.seed, args.top_k)
+    sampling = sampling_options(args)
     if args.sampler == "kv":
-        return kv_generate(model, params, *sampling, args.context_keep)
-    return generate(model, params, *sampling)
+        return kv_generate(model, params, args.prompt, sampling, args.context_keep)
+    return generate(model, params, args.prompt, sampling)
 
 
 def main(argv: list[str] | None = None) -> int:

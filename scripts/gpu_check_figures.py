@@ -269,28 +269,26 @@ def tune_figures(log: Path, out: Path, mode: str) -> dict:
     return figures
 
 
+# The figures kept per client count of the serve step (gpu_check_report.py tabulates the same).
+SERVE_LEVEL_KEYS = (
+    "new_tokens_per_s",
+    "rps",
+    "p50_ms",
+    "p95_ms",
+    "errors_5xx",
+    "dropped",
+    "mean_rows",
+    "replica_cpu_pct",
+)
+
+
 def serve_figures(log: Path, out: Path) -> dict:
     summary = load_json(out / "serve" / "summary.json")
     rows = rows_of(summary)
     if not rows:
         return {"error": "no serve/summary.json"}
     by = {r.get("clients"): r for r in rows}
-    levels = {
-        str(c): {
-            k: r.get(k)
-            for k in (
-                "new_tokens_per_s",
-                "rps",
-                "p50_ms",
-                "p95_ms",
-                "errors_5xx",
-                "dropped",
-                "mean_rows",
-                "replica_cpu_pct",
-            )
-        }
-        for c, r in by.items()
-    }
+    levels = {str(c): {k: r.get(k) for k in SERVE_LEVEL_KEYS} for c, r in by.items()}
     return {
         "levels": levels,
         "new_tokens_per_s_1": (by.get(1) or {}).get("new_tokens_per_s"),

@@ -35,8 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_check_figures import figures_for, fmt, load_json, mib, num  # beside this file: on sys.path
+# beside this file: on sys.path
+from gpu_check_figures import SERVE_LEVEL_KEYS, figures_for, fmt, load_json, mib, num
 
+ROOT = Path(__file__).resolve().parents[1]  # the project: git is asked about its commit
 MIN_GPU_MIB = 500  # GPU memory a step must have used (nvidia-smi) to count as having run on the GPU
 BARS = {  # (figure, target, what): checked on a GPU run only
     "tune_bf16_vs_fp32": (1.5, "tune: bfloat16 / float32 tokens/s of the lab-7 transformer in Ray Train"),
@@ -127,6 +129,12 @@ def is_failure(step: dict) -> bool:
     return verdict in ("failed", "timed out") or (verdict == "skipped" and not step["optional"])
 
 
+def _ask(command: list[str], timeout: int, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``command``'s completed process, its output captured as text; raises OSError (not found) or
+    SubprocessError (``timeout`` s passed)."""
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
 def environment(run: dict, steps: list[dict]) -> dict:
     env = {
         "host": socket.gethostname(),
@@ -138,31 +146,16 @@ def environment(run: dict, steps: list[dict]) -> dict:
     for key in ("backend", "device_kinds", "device_count", "jax_version", "cuda_version", "cudnn_version"):
         env.setdefault(key, doctor.get(key))
     try:
-        smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,uuid,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
+        smi = _ask(
+            ["nvidia-smi", "--query-gpu=name,uuid,driver_version,memory.total", "--format=csv,noheader"], 20
         )
         env["nvidia_smi"] = smi.stdout.strip().splitlines() if smi.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         env["nvidia_smi"] = None
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parents[1],
-        )
+        commit = _ask(["git", "rev-parse", "HEAD"], 10, cwd=ROOT)
         env["git_commit"] = commit.stdout.strip() or None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parents[1],
-        )
+        dirty = _ask(["git", "status", "--porcelain", "--untracked-files=no"], 10, cwd=ROOT)
         env["git_dirty"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         env["git_commit"] = None
@@ -338,17 +331,7 @@ def details(step: dict) -> list[str]:
     elif name == "serve" and f.get("levels"):
         lines += table(
             [{"clients": c, **v} for c, v in f["levels"].items()],
-            [
-                "clients",
-                "new_tokens_per_s",
-                "rps",
-                "p50_ms",
-                "p95_ms",
-                "errors_5xx",
-                "dropped",
-                "mean_rows",
-                "replica_cpu_pct",
-            ],
+            ["clients", *SERVE_LEVEL_KEYS],
         )
     elif name == "tune":
         trials = f.get("trials") or {}

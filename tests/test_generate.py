@@ -21,6 +21,7 @@ def generate(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # two CLI runs that each restore and compile (25 s); CI runs it
 def test_cli_samplers_agree(trained_transformer):
     greedy = ["--checkpoint", str(trained_transformer), "--prompt", "ROMEO:", "--max-new-tokens", "40"]
     kv, full = (

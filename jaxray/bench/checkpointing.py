@@ -122,13 +122,8 @@ def _ms_per_step(trial, every: int | None, arrays, held_out, tmp: Path) -> float
     def save(step, state, history):
         _save_copy(tmp / f"local{step}", state, trial, tmp / f"stored{step}")
 
-    result = train(
-        trial,
-        train_batches(arrays, trial.train.global_batch, trial.train.seed),
-        held_out,
-        make_mesh(jax.devices()[:1]),
-        save=save if every else None,
-    )
+    batches = train_batches(arrays, trial.train.global_batch, trial.train.seed)
+    result = train(trial, batches, held_out, make_mesh(jax.devices()[:1]), save=save if every else None)
     s = result.summary
     return s["ms_per_step"] + s["hook_s"] * 1e3 / (trial.train.steps - 1)
 

@@ -249,20 +249,17 @@ def run(args: argparse.Namespace, out_for: OutFn) -> int:
     tool's summary.json, before compiling.
     """
     outs = _outs(args, out_for)
-    if args.command == "throughput":
-        return _throughput(args, outs["throughput"])
-    if args.command == "compare":
-        return _compare(args, outs["compare"])
-    if args.command == "compile":
-        return _compile(args, outs["compile"])
-    if args.command == "serve":
-        return _serve(args, outs["serve"])
-    if args.command == "decode":
-        return _decode(args, outs["decode"])
-    if args.command == "ingest":
-        return _ingest(args, outs["ingest"])
-    if args.command == "checkpoint":
-        return _checkpoint(args, outs["checkpoint"])
+    one_report = {
+        "throughput": _throughput,
+        "compare": _compare,
+        "compile": _compile,
+        "serve": _serve,
+        "decode": _decode,
+        "ingest": _ingest,
+        "checkpoint": _checkpoint,
+    }
+    if args.command in one_report:
+        return one_report[args.command](args, outs[args.command])
     suites.preload([size for name in outs for size in suite_sizes(PRESETS[args.preset], name)], args.data_dir)
     start, failed, texts = time.perf_counter(), [], []
     for name, out in outs.items():

@@ -106,7 +106,7 @@ def dispatch(preset: Preset, data_dir: str | None, devices: int) -> Report:
         rows,
         columns,
         notes,
-        {"dispatch.png": functools.partial(charts.bars, label="case", title="eager vs jit")},
+        _bars("dispatch.png", "eager vs jit"),
     )
 
 
@@ -146,7 +146,7 @@ def precision(preset: Preset, data_dir: str | None, devices: int) -> Report:
         rows,
         columns,
         notes,
-        {"precision.png": functools.partial(charts.bars, label="case", title="float32 vs bfloat16")},
+        _bars("precision.png", "float32 vs bfloat16"),
     )
 
 
@@ -202,7 +202,7 @@ def devices_scaling(preset: Preset, data_dir: str | None, devices: int) -> Repor
         columns,
         notes,
         {
-            "devices_throughput.png": functools.partial(charts.bars, label="case", title="weak scaling"),
+            **_bars("devices_throughput.png", "weak scaling"),
             "devices_transformer_loss.png": functools.partial(charts.lm_curves, kept=lm_curves),
         },
     )
@@ -255,7 +255,7 @@ def shard_map(preset: Preset, data_dir: str | None, devices: int) -> Report:
         rows,
         columns,
         notes,
-        {"shard_map.png": functools.partial(charts.bars, label="case", title="jit vs shard_map")},
+        _bars("shard_map.png", "jit vs shard_map"),
     )
 
 
@@ -331,7 +331,7 @@ def attention(preset: Preset, data_dir: str | None, devices: int) -> Report:
         rows,
         columns,
         notes,
-        {"attention.png": functools.partial(charts.bars, label="case", title="attention")},
+        _bars("attention.png", "attention"),
     )
 
 
@@ -352,6 +352,11 @@ def throughput(size: Size, data_dir: str | None) -> Report:
         columns,
         charts={"loss_per_step.png": functools.partial(charts.loss_per_step, kept=kept)},
     )
+
+
+def _bars(file_name: str, title: str) -> dict:
+    """The suites' usual chart: ``file_name`` with a bar per case."""
+    return {file_name: functools.partial(charts.bars, label="case", title=title)}
 
 
 def _ratio(a: dict | None, b: dict | None) -> float | None:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from jaxray.config import ModelConfig
 from jaxray.data.shakespeare import bytes_to_text
 from jaxray.inference import kv_decode
-from jaxray.inference.sampling import check_sampling, encode_prompt, prompt_window
+from jaxray.inference.sampling import Sampling, check_sampling, encode_prompt, prompt_window
 
 log = logging.getLogger(__name__)
 
@@ -336,21 +336,13 @@ def compiled_buckets(settings: EngineSettings, max_seq_len: int) -> tuple[int, .
     return tuple(sorted({b for b in settings.buckets if b < max_seq_len} | {max_seq_len}))
 
 
-def kv_generate(
-    model,
-    params,
-    prompt: str,
-    max_new_tokens: int,
-    temperature: float = 0.8,
-    seed: int = 0,
-    top_k: int | None = None,
-    context_keep: int | None = None,
-) -> str:
+def kv_generate(model, params, prompt: str, sampling: Sampling, context_keep: int | None = None) -> str:
     """As ``generate``, with the KV-cache sampler in one compiled call: equal to ``generate`` token
     for token while prompt + output fit in max_seq_len, and beyond when ``context_keep`` is
     max_seq_len (see ``jaxray.inference.kv_decode`` for the window policy; default max_seq_len // 2). Raises
     ValueError as ``generate``, or for ``context_keep`` outside 2..max_seq_len."""
-    check_sampling(max_new_tokens, temperature, top_k, model.config.vocab_size, seed)
+    sampling.check(model.config.vocab_size)
+    max_new_tokens = sampling.max_new_tokens
     encoded = encode_prompt(prompt)
     prompt_window(encoded, 1)  # the empty-prompt error
     size = model.config.max_seq_len
@@ -363,5 +355,7 @@ def kv_generate(
         context_keep=context_keep,
     )
     engine = Engine.for_model(model, params, settings)
-    [done] = engine.generate([Request(encoded, max_new_tokens, temperature, top_k, seed)])
+    [done] = engine.generate(
+        [Request(encoded, max_new_tokens, sampling.temperature, sampling.top_k, sampling.seed)]
+    )
     return done.text

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -117,29 +118,36 @@ def encode_prompt(prompt: str) -> bytes:
         ) from None
 
 
-def generate(
-    model,
-    params,
-    prompt: str,
-    max_new_tokens: int,
-    temperature: float = 0.8,
-    seed: int = 0,
-    top_k: int | None = None,
-) -> str:
+@dataclass(frozen=True)
+class Sampling:
+    """What both samplers' ``generate`` take besides the prompt: ``max_new_tokens`` bytes, drawn at
+    ``temperature`` (0 is greedy) among the ``top_k`` most likely (None: all), from PRNG ``seed``."""
+
+    max_new_tokens: int
+    temperature: float = 0.8
+    seed: int = 0
+    top_k: int | None = None
+
+    def check(self, vocab_size: int = 256) -> None:
+        """``check_sampling`` of these options for a model of ``vocab_size`` tokens (default: bytes)."""
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k, vocab_size, self.seed)
+
+
+def generate(model, params, prompt: str, sampling: Sampling) -> str:
     """The text sampled after ``prompt`` (the prompt itself not included). Invalid UTF-8 in the
     sampled bytes becomes U+FFFD. Raises ValueError for an empty prompt, ``max_new_tokens`` < 1,
     a negative or non-finite temperature, or ``top_k`` outside 1..vocab."""
-    check_sampling(max_new_tokens, temperature, top_k, model.config.vocab_size, seed)
+    sampling.check(model.config.vocab_size)
     window, length = prompt_window(encode_prompt(prompt), model.config.max_seq_len)
     tokens_to_logits = jax.tree_util.Partial(model.apply, params)
     new = sample(
         tokens_to_logits,
         jnp.asarray(window),
         jnp.int32(length),
-        jax.random.key(seed),
-        jnp.float32(temperature),
-        max_new_tokens,
-        top_k,
+        jax.random.key(sampling.seed),
+        jnp.float32(sampling.temperature),
+        sampling.max_new_tokens,
+        sampling.top_k,
     )
     return bytes_to_text(np.asarray(new))
 

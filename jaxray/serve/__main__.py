@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
-from jaxray.argtypes import context_keep, int_list, non_negative_float, port, positive_int
+from jaxray.argtypes import cli_parser, context_keep, int_list, non_negative_float, port, positive_int
 
 if TYPE_CHECKING:  # the app module imports Ray and JAX; the options are checked before either loads
     from jaxray.serve.app import AppArgs
@@ -34,11 +34,7 @@ APP_NAME = "jaxray"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m jaxray.serve",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = cli_parser("python -m jaxray.serve", __doc__.split("\n\n")[0])
     p.add_argument(
         "--checkpoint",
         required=True,

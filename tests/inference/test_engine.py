@@ -11,7 +11,7 @@ import pytest
 
 from jaxray.inference.batcher import Batcher
 from jaxray.inference.engine import Engine, EngineSettings, Request, gather_shapes
-from jaxray.inference.sampling import generate, prompt_window
+from jaxray.inference.sampling import Sampling, generate, prompt_window
 
 
 def test_greedy_generate_equals_the_full_recompute_sampler(engine, restored):
@@ -19,7 +19,7 @@ def test_greedy_generate_equals_the_full_recompute_sampler(engine, restored):
     prompts = ["ROMEO:", "First Citizen:\nBefore we proceed"]  # buckets 8 and 32
     done = engine.generate([Request(p.encode(), 20, 0.0) for p in prompts])
     for prompt, completion in zip(prompts, done):
-        assert completion.text == generate(model, params, prompt, 20, 0.0)
+        assert completion.text == generate(model, params, prompt, Sampling(20, 0.0))
 
 
 def test_start_pads_prompts_to_the_bucket_and_rows_to_the_batch(engine):

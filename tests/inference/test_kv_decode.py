@@ -13,7 +13,7 @@ import pytest
 
 from jaxray.inference.engine import Request, kv_generate
 from jaxray.inference.kv_decode import decode_chunk, start
-from jaxray.inference.sampling import generate
+from jaxray.inference.sampling import Sampling, generate
 from jaxray.models.transformer import write_cache
 
 TOL = 1e-5  # float32 logits; the two paths sum attention in a different order
@@ -84,15 +84,15 @@ def test_kv_sampler_equals_the_full_recompute_sampler_past_the_window(restored, 
     """context_keep = max_seq_len re-prefills the last S - 1 bytes per token past the window: the
     full sampler's sliding window, so 150 new bytes after a 6-byte prompt (S = 64) match exactly."""
     model, params = restored
-    ours = kv_generate(model, params, "ROMEO:", 150, temperature, seed, top_k, context_keep=64)
-    assert ours == generate(model, params, "ROMEO:", 150, temperature, seed, top_k)
+    ours = kv_generate(model, params, "ROMEO:", Sampling(150, temperature, seed, top_k), context_keep=64)
+    assert ours == generate(model, params, "ROMEO:", Sampling(150, temperature, seed, top_k))
 
 
 def test_default_window_policy_matches_inside_the_window(restored):
     model, params = restored
     size, prompt = model.config.max_seq_len, "JULIET:\n"
     inside = size - len(prompt) + 1  # new tokens before the first slide
-    ours = kv_generate(model, params, prompt, 150, 0.0)
-    full = generate(model, params, prompt, 150, 0.0)
+    ours = kv_generate(model, params, prompt, Sampling(150, 0.0))
+    full = generate(model, params, prompt, Sampling(150, 0.0))
     assert ours[:inside] == full[:inside]
     assert len(ours.encode("utf-8", "surrogatepass")) >= 100  # the slide kept it going

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxray.config import ModelConfig
-from jaxray.inference.sampling import draw, generate, printable, prompt_window, sample
+from jaxray.inference.sampling import Sampling, draw, generate, printable, prompt_window, sample
 from jaxray.models import build
 
 
@@ -32,8 +32,8 @@ def host_greedy(model, params, prompt: bytes, n: int) -> list[int]:
 
 def test_greedy_is_deterministic_and_matches_full_recompute(tiny):
     model, params = tiny
-    a = generate(model, params, "ROMEO:", 30, temperature=0.0, seed=0)
-    b = generate(model, params, "ROMEO:", 30, temperature=0.0, seed=123)
+    a = generate(model, params, "ROMEO:", Sampling(30, temperature=0.0, seed=0))
+    b = generate(model, params, "ROMEO:", Sampling(30, temperature=0.0, seed=123))
     assert a == b
     window, length = prompt_window(b"ROMEO:", 16)
     ours = sample(
@@ -50,9 +50,9 @@ def test_greedy_is_deterministic_and_matches_full_recompute(tiny):
 
 def test_sampling_depends_on_seed_and_is_reproducible(tiny):
     model, params = tiny
-    a = generate(model, params, "To be", 40, temperature=1.0, seed=1)
-    assert a == generate(model, params, "To be", 40, temperature=1.0, seed=1)
-    assert a != generate(model, params, "To be", 40, temperature=1.0, seed=2)
+    a = generate(model, params, "To be", Sampling(40, temperature=1.0, seed=1))
+    assert a == generate(model, params, "To be", Sampling(40, temperature=1.0, seed=1))
+    assert a != generate(model, params, "To be", Sampling(40, temperature=1.0, seed=2))
 
 
 def test_long_prompt_keeps_its_tail():
@@ -64,7 +64,7 @@ def test_long_prompt_keeps_its_tail():
 
 def test_invalid_utf8_becomes_replacement_chars(tiny):
     model, params = tiny
-    text = generate(model, params, "x", 50, temperature=2.0, seed=0)
+    text = generate(model, params, "x", Sampling(50, temperature=2.0, seed=0))
     assert isinstance(text, str)  # decoding never raises; random bytes are mostly invalid UTF-8
 
 
@@ -85,15 +85,15 @@ def test_invalid_utf8_becomes_replacement_chars(tiny):
 def test_bad_arguments(tiny, kwargs, match):
     model, params = tiny
     args = {"prompt": "hi", "max_new_tokens": 5, "temperature": 0.5, **kwargs}
+    prompt = args.pop("prompt")
     with pytest.raises(ValueError, match=match):
-        generate(model, params, **args)
+        generate(model, params, prompt, Sampling(**args))
 
 
 def test_top_k_one_is_greedy(tiny):
     model, params = tiny
-    assert generate(model, params, "ab", 12, temperature=1.5, seed=4, top_k=1) == generate(
-        model, params, "ab", 12, temperature=0.0
-    )
+    greedy = generate(model, params, "ab", Sampling(12, temperature=0.0))
+    assert generate(model, params, "ab", Sampling(12, temperature=1.5, seed=4, top_k=1)) == greedy
 
 
 def test_draw_follows_the_softmax_and_never_picks_an_excluded_token():

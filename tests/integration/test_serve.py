@@ -21,6 +21,7 @@ from jaxray.config import parse_trial
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.inference.engine import gather_shapes
+from jaxray.inference.sampling import Sampling
 from jaxray.inference.sampling import generate as full_recompute
 from jaxray.parallel.mesh import make_mesh
 from jaxray.serve.app import app_builder
@@ -122,7 +123,7 @@ def test_healthz_and_info(url, trained):
 
 def test_greedy_equals_the_full_recompute_sampler(url, trained):
     model, params = checkpoint.restore(trained)
-    want = full_recompute(model, params, "ROMEO:", 40, temperature=0.0)
+    want = full_recompute(model, params, "ROMEO:", Sampling(40, temperature=0.0))
     got = post(url, "/generate", {"prompt": "ROMEO:", "max_new_tokens": 40, "temperature": 0}).json()
     assert got["text"] == want
     assert (got["prompt_tokens"], got["new_tokens"]) == (6, 40) and got["latency_ms"] > 0

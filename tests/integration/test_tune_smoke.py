@@ -12,23 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from jaxray.reporting.sweep import KEY_ORDER
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
 
-COMMON = [
-    "trial",
-    "workload",
-    "global_batch",
-    "dtype",
-    "width",
-    "steps",
-    "devices",
-    "ms_per_step",
-    "compile_s",
-    "peak_bytes_per_device",
-    "final_train_loss",
-    "checkpoint",
-]
+# Every row has the summary table's columns but the workload's own (throughput unit, quality).
+PER_WORKLOAD = {"examples_per_sec", "tokens_per_sec", "test_accuracy", "val_loss", "val_perplexity"}
+COMMON = [k for k in KEY_ORDER if k not in PER_WORKLOAD]
 
 
 @pytest.fixture(scope="module")

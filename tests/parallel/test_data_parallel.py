@@ -68,6 +68,7 @@ def test_four_devices_match_one_device(parity, workload):
     assert abs(r["eval_4"] - r["eval_1"]) < TOL
 
 
+@pytest.mark.slow  # a 4-device subprocess per workload (30 s); tests/train/test_shard_map_step.py stays fast
 @pytest.mark.parametrize("workload", ["mlp", "transformer"])
 def test_shard_map_step_matches_auto_sharded_step(shard_map_parity, workload):
     r = shard_map_parity[workload]

@@ -125,6 +125,7 @@ def test_restoring_into_another_model_names_the_parameter_and_shapes(real_dir, t
         run(wider, tmp_path, resume=saved[4])
 
 
+@pytest.mark.slow  # two 4-device subprocess runs (a minute); CI runs it
 @pytest.mark.parametrize("save_devices, restore_devices", [(1, 4), (4, 1)])
 def test_restore_onto_another_mesh_continues_with_the_same_loss(real_dir, save_devices, restore_devices):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
