@@ -303,6 +303,7 @@ def test_out_never_replaces_another_tools_summary(real_dir, tmp_path):
     assert (sweep / "summary.json").read_text() == '[{"trial": "mlp_b256"}]'
 
 
+@pytest.mark.slow  # three bench runs (16 s); CI runs it
 def test_a_failed_run_or_another_benchmark_leaves_saved_results_alone(real_dir, tmp_path):
     out = tmp_path / "tp"
     good = bench(
@@ -396,6 +397,7 @@ def test_compile_json_line_and_bad_input(real_dir):
     assert bad.returncode == 2 and "more than XLA can index" in bad.stderr
 
 
+@pytest.mark.slow  # two compiles (11 s); CI runs it
 def test_compile_never_replaces_a_compile_json_it_did_not_write(real_dir, tmp_path):
     trial = tmp_path / "train" / "mlp_b128_float32_w64"  # a sweep trial's own record
     trial.mkdir(parents=True)

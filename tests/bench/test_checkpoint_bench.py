@@ -27,6 +27,7 @@ def bench(*args, data_dir: Path, timeout=600) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a real checkpoint cost run (18 s); CI runs it
 def test_sizes_and_cost_rows(real_dir, tmp_path):
     out = tmp_path / "ckpt"
     proc = bench(

@@ -11,6 +11,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from jaxray.bench import server_process
 
@@ -30,6 +31,7 @@ def _stubborn_server() -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # a real server start (11 s); CI runs it
 def test_stop_server_leaves_no_process_behind():
     proc = _stubborn_server()
     tree = psutil.Process(proc.pid).children(recursive=True)

@@ -21,6 +21,7 @@ sweeps:
 """
 
 
+@pytest.mark.slow  # a private Ray start (14 s); CI runs it
 def test_use_gpu_without_gpus_is_an_error_not_a_hang(real_dir, tmp_path):
     config = tmp_path / "gpu.yaml"
     config.write_text(GPU)
