@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 MAX_CPU_DEVICES = 256  # forced host devices; thousands make XLA's start-up hang
 # --checkpoint's help where a train/<trial> folder is accepted (sampling adds its workload).
@@ -13,11 +15,18 @@ CHECKPOINT_HELP = "a checkpoint folder, a train/<trial> folder, or runs/<experim
 TRANSFORMER_CHECKPOINT_HELP = f"{CHECKPOINT_HELP} (its best transformer)"
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default unless its help already says it ("(default ...)")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def cli_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A command line whose --help shows every option's default."""
-    return argparse.ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=_DefaultsHelp)
 
 
 def positive_int(text: str) -> int:
@@ -89,12 +98,12 @@ def _finite(text: str, ok, expected: str) -> float:
 
 def positive_float(text: str) -> float:
     """A finite number > 0."""
-    return _finite(text, lambda v: v > 0, "a number > 0")
+    return _finite(text, lambda v: v > 0, "a finite number > 0")
 
 
 def non_negative_float(text: str) -> float:
     """A finite number >= 0."""
-    return _finite(text, lambda v: v >= 0, "a number >= 0")
+    return _finite(text, lambda v: v >= 0, "a finite number >= 0")
 
 
 def port(text: str) -> int:
@@ -114,3 +123,33 @@ def context_keep(text: str) -> int:
             f"expected an integer >= 2 (bytes kept when the window is full), got {value}"
         )
     return value
+
+
+# A settings field as an option: field name -> (argparse type, what it sets, the help's default
+# when the field's default is None).
+FieldOptions = dict[str, tuple[Callable[[str], Any], str, str]]
+
+
+def _shown(value: Any, when_none: str) -> str:
+    if value is None:
+        return when_none
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def add_field_options(
+    parser: argparse.ArgumentParser, model: Any, options: FieldOptions, names: Iterable[str], note: str = ""
+) -> None:
+    """One option per field of the pydantic ``model`` in ``names`` (``max_batch_size`` ->
+    ``--max-batch-size``), typed and described by ``options``. Each defaults to None, so the model's
+    own default (shown in the help) applies unless given; ``note`` ends every help line."""
+    for name in names:
+        kind, what, when_none = options[name]
+        shown = _shown(model.model_fields[name].default, when_none)
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=kind, default=None, help=f"{what} (default {shown}){note}")
+
+
+def given_options(args: argparse.Namespace, options: FieldOptions) -> dict[str, Any]:
+    """{field: value} for the ``options`` given on the command line (the others keep the model's
+    default)."""
+    return {name: getattr(args, name) for name in options if getattr(args, name, None) is not None}

@@ -14,20 +14,15 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from jaxray.argtypes import TRANSFORMER_CHECKPOINT_HELP, cli_parser, int_list, positive_int
+from jaxray.argtypes import TRANSFORMER_CHECKPOINT_HELP, cli_parser
 from jaxray.inference.artifact import ATTENTION_NOTE, ExportError, export_checkpoint
-from jaxray.inference.engine import EngineSettings
+from jaxray.inference.settings import EngineSettings, add_engine_options, engine_overrides
 
 
 def _settings(args: argparse.Namespace) -> EngineSettings:
     """EngineSettings from the options; ExportError naming the option when a value is refused."""
     try:
-        return EngineSettings(
-            buckets=args.buckets,
-            batch_sizes=args.batch_sizes,
-            chunk=args.chunk,
-            context_keep=args.context_keep,
-        )
+        return EngineSettings(**engine_overrides(args))
     except ValidationError as err:
         first = err.errors()[0]
         option = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "options"
@@ -46,20 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--checkpoint", required=True, help=TRANSFORMER_CHECKPOINT_HELP)
     p.add_argument("--out", required=True, help="a new (or empty) folder for the artifact; never overwritten")
-    p.add_argument(
-        "--buckets",
-        type=int_list,
-        default=(32, 128, 256),
-        help="prompt lengths to export (max_seq_len is always added, longer ones dropped)",
-    )
-    p.add_argument("--batch-sizes", type=int_list, default=(1, 4, 16), help="batch sizes to export")
-    p.add_argument("--chunk", type=positive_int, default=32, help="new tokens per decode call")
-    p.add_argument(
-        "--context-keep",
-        type=positive_int,
-        default=None,
-        help="tokens kept when a row's window is full; unset: max_seq_len // 2",
-    )
+    add_engine_options(p, ("buckets", "batch_sizes", "chunk", "context_keep"))
     args = p.parse_args(argv)
     try:
         manifest = export_checkpoint(args.checkpoint, args.out, _settings(args))

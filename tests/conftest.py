@@ -94,7 +94,8 @@ def restored(trained_transformer):
 def engine(restored):
     """A compiled engine over ``restored``: buckets 8 and 32 (and 64 = max_seq_len), batch sizes 1
     and 4, chunks of 16 tokens, at most 200 new tokens and 1000 prompt bytes."""
-    from jaxray.inference.engine import Engine, EngineSettings
+    from jaxray.inference.engine import Engine
+    from jaxray.inference.settings import EngineSettings
 
     model, params = restored
     engine = Engine.for_model(

@@ -35,6 +35,8 @@ from jaxray.argtypes import (
 from jaxray.bench.loadtest import add_load_options, url_arg
 from jaxray.bench.presets import MODEL_SIZES  # imports no jax: --cpu-devices must act before JAX starts
 from jaxray.data.sources import DataFileError  # imports no jax either
+from jaxray.inference.settings import add_engine_options  # imports no jax, as presets
+from jaxray.serve.settings import add_replica_options  # nor does this
 
 SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
 FORCE_FLAG = "xla_force_host_platform_device_count"
@@ -224,17 +226,12 @@ def _add_checkpoint(sub, common: argparse.ArgumentParser) -> None:
         "--batch", type=positive_int, default=None, help="global batch (default 16 transformer, 512 MLP)"
     )
     c.add_argument(
-        "--width",
-        type=positive_int,
-        default=None,
-        help="model width of the cost run (default 128 transformer, the lab's MLP)",
+        "--seq-len", type=positive_int, default=128, help="transformer sequence length T (default 128)"
     )
     c.add_argument(
-        "--seq-len", type=positive_int, default=128, help="transformer sequence length (default 128)"
+        "--width", type=positive_int, default=None, help="cost run's width (default 128 transformer; lab MLP)"
     )
-    c.add_argument(
-        "--repeats", type=positive_int, default=3, help="alternating repeats; the median is reported"
-    )
+    c.add_argument("--repeats", type=positive_int, default=3, help="alternating repeats, median reported")
 
 
 def _add_ingest(sub, common: argparse.ArgumentParser) -> None:
@@ -258,16 +255,10 @@ def _add_ingest(sub, common: argparse.ArgumentParser) -> None:
         "--batch", type=positive_int, default=None, help="global batch (default 1024 MLP, 16 transformer)"
     )
     i.add_argument(
-        "--steps",
-        type=positive_int,
-        default=None,
-        help="timed steps per repeat (default 150 MLP, 10 transformer)",
+        "--steps", type=positive_int, default=None, help="timed steps a repeat (150 MLP, 10 transformer)"
     )
     i.add_argument(
-        "--warmup",
-        type=non_negative_int,
-        default=None,
-        help="untimed steps first (default 10 MLP, 2 transformer)",
+        "--warmup", type=non_negative_int, default=None, help="untimed steps first (10 MLP, 2 transformer)"
     )
     i.add_argument("--repeats", type=positive_int, default=3, help="A B repeats; the median is reported")
     i.add_argument(
@@ -293,7 +284,7 @@ def _add_decode(sub, common: argparse.ArgumentParser) -> None:
         "--batch-sizes", type=_batches, default=[1, 16], help="KV-cache batch sizes (default 1,16)"
     )
     d.add_argument(
-        "--repeats", type=positive_int, default=3, help="timed calls after the warm-up; median reported"
+        "--repeats", type=positive_int, default=3, help="timed calls after warm-up, median reported"
     )
     d.add_argument("--prompt", default="ROMEO:", help="prompt text (default ROMEO:)")
     d.add_argument(
@@ -327,28 +318,14 @@ def _add_serve(sub) -> None:
     )
     add_load_options(s)
     s.add_argument("--port", type=port, default=8000, help="port of the app started here (default 8000)")
-    s.add_argument("--max-batch-size", type=positive_int, default=None, help="passed to jaxray.serve")
-    s.add_argument("--batch-wait-ms", type=non_negative_float, default=None, help="passed to jaxray.serve")
-    s.add_argument(
-        "--batch-sizes",
-        type=positive_int_list,
-        default=None,
-        help="batch sizes compiled, passed to jaxray.serve (e.g. 1,4,8,16)",
-    )
-    s.add_argument(
-        "--chunk", type=positive_int, default=None, help="new tokens per decode call (to jaxray.serve)"
-    )
-    s.add_argument(
-        "--num-gpus",
-        type=non_negative_float,
-        default=None,
-        help="GPUs Ray reserves for the replica (to jaxray.serve; default none)",
-    )
+    passed = "; passed to jaxray.serve"
+    add_replica_options(s, ("max_batch_size", "batch_wait_ms", "num_gpus"), note=passed)
+    add_engine_options(s, ("batch_sizes", "chunk"), note=passed)
     s.add_argument(
         "--startup-timeout",
         type=positive_int,
         default=600,
-        help="seconds the app may take to answer /healthz (compiles first; default 600)",
+        help="seconds until /healthz answers (compiles first)",
     )
 
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxray.bench.columns import columns
 from jaxray.bench.output import Case, Report, run_cases
 from jaxray.bench.throughput import make_spec
 from jaxray.bench.timing import environment
@@ -40,16 +41,7 @@ from jaxray.train.run import train
 from jaxray.train.step import abstract_state, init_state, make_optimizer
 
 TARGET = 1.05
-COLUMNS = [
-    ("case", "case", ""),
-    ("params", "params", ",.0f"),
-    ("size MB", "size_mb", ".1f"),
-    ("save s", "save_s", ".3f"),
-    ("restore s", "restore_s", ".3f"),
-    ("every", "every", ""),
-    ("ms/step", "ms_per_step", ".2f"),
-    ("x no checkpoints", "vs_none", ".3f"),
-]
+COLUMNS = columns("case params size_mb save_s restore_s every ms_per_step vs_none")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from jaxray.bench import charts, mfu
+from jaxray.bench.columns import columns
 from jaxray.bench.output import Report, row_value
 from jaxray.config import ModelConfig
 
@@ -168,17 +169,13 @@ def _report(script: Path, workload: str, rows: list[dict], ratios: list[float], 
         f"jaxray achieved {tflops * 1e3:.1f} GFLOP/s of model FLOPs (median)",
         f"reference: {script}",
     ]
-    columns = [
-        ("pair", "pair", ""),
-        ("impl", "impl", ""),
-        ("global batch", "global_batch", ""),
-        ("steps", "steps", ""),
+    table = columns(
+        "pair impl global_batch steps",
         (unit, key, ",.0f"),
-        ("ms/step", "ms_per_step", ".2f"),
+        "ms_per_step",
         ("GFLOP/s", lambda r: r["achieved_tflops"] * 1e3, ".1f"),
-        ("final loss", "final_loss", ".6f"),
-        ("ratio", "ratio_vs_reference", ".3f"),
-    ]
+        "final_loss ratio_vs_reference",
+    )
     summary = {
         "median_ratio": median,
         "target": target,
@@ -189,7 +186,7 @@ def _report(script: Path, workload: str, rows: list[dict], ratios: list[float], 
         "compare",
         f"jaxray vs the learning path's {workload} step",
         rows,
-        columns,
+        table,
         notes,
         {"compare.png": functools.partial(charts.bars, label="run", title="reference vs jaxray, A B pairs")},
         summary=summary,

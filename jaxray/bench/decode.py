@@ -28,26 +28,20 @@ import jax.numpy as jnp
 
 from jaxray import checkpoint
 from jaxray.bench import compare
+from jaxray.bench.columns import columns
 from jaxray.bench.output import Case, Report, run_cases
 from jaxray.bench.timing import environment, time_calls
 from jaxray.config import ModelConfig
-from jaxray.inference.engine import Engine, EngineSettings, Request
+from jaxray.inference.engine import Engine, Request
 from jaxray.inference.sampling import prompt_window, sample
+from jaxray.inference.settings import EngineSettings
 from jaxray.models import build
 
 LAB = ModelConfig(
     workload="transformer", width=256, num_layers=4, num_heads=4, max_seq_len=256, attention="xla"
 )
 TARGET = 20.0  # the bar: KV-cache tokens/s over full-window tokens/s at 300 new tokens, batch 1
-COLUMNS = [
-    ("sampler", "sampler", ""),
-    ("batch", "batch", ""),
-    ("new tokens", "new_tokens", ""),
-    ("tokens/s", "tokens_per_sec", ",.0f"),
-    ("ms/token", "ms_per_token", ".2f"),
-    ("x full recompute", "vs_full", ".1f"),
-    ("x notebook", "vs_notebook", ".1f"),
-]
+COLUMNS = columns("sampler batch new_tokens tokens_per_sec ms_per_token vs_full vs_notebook")
 
 
 def load_model(checkpoint_path: str | None):

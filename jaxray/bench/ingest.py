@@ -35,6 +35,7 @@ from typing import Any
 import jax
 import ray
 
+from jaxray.bench.columns import columns
 from jaxray.bench.output import Case, Report, run_cases
 from jaxray.bench.throughput import INIT_SEED, make_spec
 from jaxray.bench.timing import environment
@@ -53,16 +54,9 @@ DATASET = {"mlp": "fashion-mnist", "transformer": "tinyshakespeare"}
 DEFAULTS = {"mlp": (1024, 10, 150), "transformer": (16, 2, 10)}
 SEED = 0
 STREAMED = {"ray data": CACHE_BYTES, "ray data, every epoch": 0}  # feed -> parquet_batches' cache_bytes
-COLUMNS = [
-    ("workload", "workload", ""),
-    ("feed", "feed", ""),
-    ("global batch", "global_batch", ""),
-    ("ms/step", "ms_per_step", ".2f"),
-    ("x pre-staged", "vs_prestaged", ".3f"),
-    ("input wait ms/step", "input_wait_ms_per_step", ".2f"),
-    ("epoch ends timed", "epoch_boundaries", ""),
-    ("final loss", "final_loss", ".6f"),
-]
+COLUMNS = columns(
+    "workload feed global_batch ms_per_step vs_prestaged input_wait_ms_per_step epoch_boundaries final_loss"
+)
 
 
 @dataclass(frozen=True)

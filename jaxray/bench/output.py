@@ -21,21 +21,12 @@ from typing import Any
 
 from tqdm import tqdm
 
+from jaxray.bench.columns import Column
 from jaxray.reporting.format import cell, finite, fmt, json_safe, short_error
 
 # summary.json's "written_by" is "jaxray.bench <name>": a folder is only ever overwritten by the same
 # benchmark (runs.check_overwrite), never by another benchmark, a sweep or an evaluation.
 WRITER = "jaxray.bench"
-
-# (header, row key, format spec); a callable key computes the cell from the row.
-Column = tuple[str, Any, str]
-THROUGHPUT: Column = ("throughput", lambda r: _throughput_cell(r), "")
-COMMON_COLUMNS: list[Column] = [
-    THROUGHPUT,
-    ("ms/step", "ms_per_step", ".2f"),
-    ("TFLOP/s", "achieved_tflops", ".3f"),
-    ("MFU", "mfu", ".1%"),
-]
 
 
 @dataclass
@@ -77,14 +68,6 @@ def run_cases(cases: list[Case], desc: str) -> list[dict[str, Any]]:
         except Exception as err:  # noqa: BLE001 - every failure is reported in its row
             rows.append({**case.fields, "error": f"{type(err).__name__}: {err}"})
     return rows
-
-
-def _throughput_cell(row: dict) -> str:
-    if row.get("tokens_per_sec") is not None:
-        return f"{fmt(row['tokens_per_sec'], ',.0f')} tok/s"
-    if row.get("examples_per_sec") is not None:
-        return f"{fmt(row['examples_per_sec'], ',.0f')} ex/s"
-    return ""
 
 
 def _value(row: dict, key: Any, spec: str) -> str:

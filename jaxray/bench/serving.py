@@ -25,26 +25,14 @@ from pathlib import Path
 import psutil
 
 from jaxray.bench.charts import serve_load
+from jaxray.bench.columns import columns
 from jaxray.bench.output import Report, row_value
 from jaxray.bench.server_process import SERVER_OPTIONS, check_port, healthy, serve_app, serve_command
 
-COLUMNS = [
-    ("clients", "clients", ""),
-    ("requests", "requests", ""),
-    ("req/s", "rps", ".2f"),
-    ("new tok/s", "new_tokens_per_s", ",.1f"),
-    ("p50 ms", "p50_ms", ",.0f"),
-    ("p95 ms", "p95_ms", ",.0f"),
-    ("p99 ms", "p99_ms", ",.0f"),
-    ("4xx", "errors_4xx", ""),
-    ("5xx", "errors_5xx", ""),
-    ("dropped", "dropped", ""),
-    ("decode calls", "decode_calls", ""),
-    ("mean rows", "mean_rows", ".1f"),
-    ("replica CPU %", "replica_cpu_pct", ".0f"),
-    ("server CPU %", "server_cpu_pct", ".0f"),
-    ("client CPU %", "client_cpu_pct", ".0f"),
-]
+COLUMNS = columns(
+    "clients requests rps new_tokens_per_s p50_ms p95_ms p99_ms errors_4xx errors_5xx dropped decode_calls"
+    " mean_rows replica_cpu_pct server_cpu_pct client_cpu_pct"
+)
 
 
 def loadtest_command(url: str, args, clients: int) -> list[str]:

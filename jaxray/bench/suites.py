@@ -13,22 +13,14 @@ from typing import Any
 import jax
 
 from jaxray.bench import charts
-from jaxray.bench.output import COMMON_COLUMNS, Case, Report, row_value, run_cases
+from jaxray.bench.columns import COMMON_COLUMNS, columns
+from jaxray.bench.output import Case, Report, row_value, run_cases
 from jaxray.bench.parity import param_diffs
 from jaxray.bench.presets import Preset, Size
 from jaxray.bench.throughput import Measurement, make_spec, measure
 from jaxray.config import TrialConfig
 from jaxray.data.workloads import load_arrays
 from jaxray.models.attention import REQUESTS, AttentionError, choose, target_for
-
-SHAPE_COLUMNS = [
-    ("workload", "workload", ""),
-    ("dtype", "dtype", ""),
-    ("devices", "devices", ""),
-    ("global batch", "global_batch", ""),
-    ("width", "width", ""),
-]
-
 
 _DATA: dict[tuple, tuple] = {}  # loaded (train, held-out) arrays, shared by the cases of a run
 
@@ -99,15 +91,9 @@ def dispatch(preset: Preset, data_dir: str | None, devices: int) -> Report:
         "Eager runs every jnp op as its own dispatch from Python; jit compiles the whole step "
         "into one XLA program.",
     ]
-    columns = [("step", "case", ""), *SHAPE_COLUMNS[:4], *COMMON_COLUMNS]
-    return Report(
-        "dispatch",
-        "Python dispatch vs jit (MLP)",
-        rows,
-        columns,
-        notes,
-        _bars("dispatch.png", "eager vs jit"),
-    )
+    table = [("step", "case", ""), *columns("workload dtype devices global_batch"), *COMMON_COLUMNS]
+    figures = _bars("dispatch.png", "eager vs jit")
+    return Report("dispatch", "Python dispatch vs jit (MLP)", rows, table, notes, figures)
 
 
 def precision(preset: Preset, data_dir: str | None, devices: int) -> Report:
@@ -132,19 +118,17 @@ def precision(preset: Preset, data_dir: str | None, devices: int) -> Report:
             "On CPU bfloat16 matmuls have no native units and are usually slower; "
             "on GPUs with tensor cores they are faster."
         )
-    columns = [
-        *SHAPE_COLUMNS[:2],
+    table = [
+        *columns("workload dtype"),
         *COMMON_COLUMNS[:2],
         ("final train loss", "final_loss", ".4f"),
-        ("test acc", "test_accuracy", ".4f"),
-        ("val loss", "val_loss", ".4f"),
-        ("val ppl", "val_perplexity", ".2f"),
+        *columns("test_accuracy val_loss val_perplexity"),
     ]
     return Report(
         "precision",
         "float32 vs bfloat16 compute",
         rows,
-        columns,
+        table,
         notes,
         _bars("precision.png", "float32 vs bfloat16"),
     )
@@ -186,20 +170,17 @@ def devices_scaling(preset: Preset, data_dir: str | None, devices: int) -> Repor
             "Forced host devices share this machine's CPU cores, so near 1x is the expected "
             "result here; on GPUs each device adds its own compute."
         )
-    columns = [
-        ("case", "case", ""),
-        *SHAPE_COLUMNS[2:4],
-        ("per-device batch", "per_device_batch", ""),
+    table = [
+        *columns("case devices global_batch per_device_batch"),
         *COMMON_COLUMNS[:2],
-        ("speedup", "speedup_vs_1", ".2f"),
-        ("efficiency", "scaling_efficiency", ".0%"),
+        *columns("speedup_vs_1 scaling_efficiency"),
     ]
     lm_curves = {label: m for label, m in kept.items() if label.startswith("transformer")}
     return Report(
         "devices",
         f"1 device vs {devices} (weak scaling)",
         rows,
-        columns,
+        table,
         notes,
         {
             **_bars("devices_throughput.png", "weak scaling"),
@@ -241,19 +222,16 @@ def shard_map(preset: Preset, data_dir: str | None, devices: int) -> Report:
             "its gradient is analytically zero, so rounding noise scaled by Adam decides it "
             "(see jaxray.bench.parity)."
         )
-    columns = [
-        ("case", "case", ""),
-        *SHAPE_COLUMNS[2:4],
+    table = [
+        *columns("case devices global_batch"),
         *COMMON_COLUMNS[:2],
-        ("final loss", "final_loss", ".6f"),
-        ("max param diff", "max_param_abs_diff", ".1e"),
-        ("vs jit", "speed_vs_jit", ".2f"),
+        *columns("final_loss max_param_abs_diff speed_vs_jit"),
     ]
     return Report(
         "shard-map",
         "jit (auto-sharded) vs explicit shard_map step",
         rows,
-        columns,
+        table,
         notes,
         _bars("shard_map.png", "jit vs shard_map"),
     )
@@ -285,17 +263,12 @@ def batch_sweep(
         f"{size['workload']} on {devices} device(s); skipped: {sum(1 for r in rows if r.get('skipped'))}, "
         f"failed: {sum(1 for r in rows if r.get('error'))}"
     ]
-    columns = [
-        ("global batch", "global_batch", ""),
-        ("per-device batch", "per_device_batch", ""),
-        *SHAPE_COLUMNS[:2],
-        *COMMON_COLUMNS,
-    ]
+    table = [*columns("global_batch per_device_batch workload dtype"), *COMMON_COLUMNS]
     return Report(
         "batch-sweep",
         "Throughput vs global batch",
         rows,
-        columns,
+        table,
         notes,
         {"throughput_vs_batch.png": charts.throughput_vs_batch},
     )
@@ -324,32 +297,25 @@ def attention(preset: Preset, data_dir: str | None, devices: int) -> Report:
         for r in rows
         if r["case"] == "auto" and r.get("attention_note")
     ]
-    columns = [("requested", "case", ""), ("ran", "attention", ""), *SHAPE_COLUMNS[:2], *COMMON_COLUMNS]
-    return Report(
-        "attention",
-        "Attention implementation: xla vs cudnn vs auto",
-        rows,
-        columns,
-        notes,
-        _bars("attention.png", "attention"),
-    )
+    table = [("requested", "case", ""), *columns("attention workload dtype"), *COMMON_COLUMNS]
+    figures = _bars("attention.png", "attention")
+    return Report("attention", "Attention implementation: xla vs cudnn vs auto", rows, table, notes, figures)
 
 
 def throughput(size: Size, data_dir: str | None) -> Report:
     """One workload at one config."""
     kept: dict[str, Measurement] = {}
     rows = run_cases([_case(size["workload"], size, data_dir, kept)], "throughput")
-    columns = [
-        *SHAPE_COLUMNS,
+    table = [
+        *columns("workload dtype devices global_batch width"),
         *COMMON_COLUMNS,
-        ("final loss", "final_loss", ".6f"),
-        ("compile s", "compile_s", ".1f"),
+        *columns("final_loss compile_s"),
     ]
     return Report(
         "throughput",
         f"Throughput: {size['workload']}",
         rows,
-        columns,
+        table,
         charts={"loss_per_step.png": functools.partial(charts.loss_per_step, kept=kept)},
     )
 

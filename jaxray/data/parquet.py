@@ -43,6 +43,7 @@ import functools
 import itertools
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -178,38 +179,45 @@ def decoded_bytes(manifest: Manifest, split: str) -> int:
     return manifest.split(split).rows * row
 
 
+@dataclass(frozen=True)
+class ProcessShare:
+    """What one process reads of a split each epoch: the folder (``root`` on ``fs``, as ``resolve``
+    gives it, and its ``manifest``), the ``split``, and the batching (``global_batch`` over
+    ``process_count`` processes, epoch order from ``seed``); ``prefetch_blocks``: Ray Data blocks
+    fetched ahead."""
+
+    root: str
+    fs: pafs.FileSystem
+    manifest: Manifest
+    split: str
+    global_batch: int
+    seed: int
+    process_index: int = 0
+    process_count: int = 1
+    prefetch_blocks: int = 2
+
+
 def epoch_arrays(
-    path_or_uri: str,
-    split: str,
-    global_batch: int,
-    seed: int,
-    epoch: int,
-    process_index: int = 0,
-    process_count: int = 1,
-    filesystem: pafs.FileSystem | None = None,
-    manifest: Manifest | None = None,
-    prefetch_blocks: int = 2,
-    stop: threading.Event | None = None,
+    share: ProcessShare, epoch: int, stop: threading.Event | None = None
 ) -> dict[str, np.ndarray] | None:
     """This process's rows of one epoch in batch order, ``{column: [(N // G) * L, *shape]}`` (see the
     module docstring), read through Ray Data; None if ``stop`` was set before the epoch was
     complete. Raises RuntimeError if a key is missing or repeated (a bug, never a hang)."""
-    fs, root = resolve(path_or_uri, filesystem)
-    manifest = manifest or read_manifest(root, fs)
-    rows, local = manifest.split(split).rows, global_batch // process_count
+    rows, local = share.manifest.split(share.split).rows, share.global_batch // share.process_count
     keys_args = {
         "rows": rows,
-        "seed": seed,
+        "seed": share.seed,
         "epoch": epoch,
-        "global_batch": global_batch,
-        "process_index": process_index,
-        "process_count": process_count,
+        "global_batch": share.global_batch,
+        "process_index": share.process_index,
+        "process_count": share.process_count,
     }
-    ds = parquet_dataset(root, split, fs, manifest)
+    ds = parquet_dataset(share.root, share.split, share.fs, share.manifest)
     ds.context.execution_options.preserve_order = False  # blocks may come in any order: rows go by key
     ds = ds.map_batches(_keep_mine, batch_size=None, batch_format="pyarrow", fn_kwargs=keys_args)
-    tables = ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=prefetch_blocks)
-    return _fill(tables, "key", rows // global_batch * local, manifest.columns, f"epoch {epoch}", stop)
+    tables = ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=share.prefetch_blocks)
+    expected = rows // share.global_batch * local
+    return _fill(tables, "key", expected, share.manifest.columns, f"epoch {epoch}", stop)
 
 
 class _Ahead:
@@ -285,31 +293,18 @@ def parquet_batches(
             split_arrays(root, split, fs, manifest), global_batch, seed, process_index, process_count
         )
         return
-    epoch_rows = functools.partial(
-        epoch_arrays,
-        root,
-        split,
-        global_batch,
-        seed,
-        process_index=process_index,
-        process_count=process_count,
-        filesystem=fs,
-        manifest=manifest,
-        prefetch_blocks=prefetch_batches,
+    share = ProcessShare(
+        root, fs, manifest, split, global_batch, seed, process_index, process_count, prefetch_batches
     )
-    yield from _epochs_ahead(
-        epoch_rows, manifest.split(split).rows // global_batch, global_batch // process_count
-    )
+    yield from _epochs_ahead(share, manifest.split(split).rows // global_batch, global_batch // process_count)
 
 
-def _epochs_ahead(
-    epoch_rows: Callable[..., dict[str, np.ndarray] | None], per_epoch: int, local: int
-) -> Iterator[dict[str, np.ndarray]]:
-    """Batches of ``local`` rows, ``per_epoch`` per epoch, from ``epoch_rows(epoch, stop=...)``,
+def _epochs_ahead(share: ProcessShare, per_epoch: int, local: int) -> Iterator[dict[str, np.ndarray]]:
+    """Batches of ``local`` rows, ``per_epoch`` per epoch, from ``epoch_arrays(share, epoch)``,
     each epoch read on a background thread while the one before is consumed."""
 
     def read(epoch: int, stop: threading.Event) -> dict[str, np.ndarray] | None:
-        return epoch_rows(epoch, stop=stop)
+        return epoch_arrays(share, epoch, stop=stop)
 
     pending = _Ahead(functools.partial(read, 0))
     try:

@@ -34,8 +34,9 @@ import numpy as np
 from jaxray import checkpoint
 from jaxray.config import ModelConfig
 from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, FORMAT, FORMAT_VERSION, sha256
-from jaxray.inference.engine import Engine, EngineSettings, check_keep
+from jaxray.inference.engine import Engine, check_keep
 from jaxray.inference.load import check_checkpoint
+from jaxray.inference.settings import EngineSettings
 from jaxray.models import build
 
 WEIGHTS = "weights.npz"

@@ -25,42 +25,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jaxray.config import ModelConfig
 from jaxray.data.shakespeare import bytes_to_text
 from jaxray.inference import kv_decode
 from jaxray.inference.sampling import Sampling, check_sampling, encode_prompt, prompt_window
+from jaxray.inference.settings import EngineSettings
 
 log = logging.getLogger(__name__)
-
-
-class EngineSettings(BaseModel):
-    """What a replica compiles and accepts.
-
-    buckets: prompt lengths compiled (max_seq_len is always added; longer ones are dropped);
-    batch_sizes: batch sizes compiled, a batch pads to the next one; chunk: new tokens per decode
-    call (the streaming granularity); max_new_tokens: the per-request cap; max_prompt_bytes: longer
-    prompts are refused (only the last max_seq_len bytes are read anyway); context_keep: tokens kept
-    when a row's window is full (``jaxray.inference.kv_decode``; default max_seq_len // 2, max_seq_len makes
-    long outputs equal the full-recompute sampler's).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    buckets: tuple[int, ...] = (32, 128, 256)
-    batch_sizes: tuple[int, ...] = (1, 4, 16)
-    chunk: int = Field(32, gt=0, le=100_000, strict=True)
-    max_new_tokens: int = Field(1024, gt=0, le=100_000, strict=True)
-    max_prompt_bytes: int = Field(65536, gt=0, strict=True)
-    context_keep: int | None = Field(None, ge=2, strict=True)
-
-    @field_validator("buckets", "batch_sizes")
-    @classmethod
-    def _positive_sorted(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if not value or any(isinstance(v, bool) or v < 1 for v in value):
-            raise ValueError("must be a non-empty list of positive integers")
-        return tuple(sorted(set(value)))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from jaxray import checkpoint
 from jaxray.config import ModelConfig
 from jaxray.inference import kv_decode
 from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest
-from jaxray.inference.engine import Engine, EngineSettings, Programs, check_keep, compiled_buckets
+from jaxray.inference.engine import Engine, Programs, check_keep, compiled_buckets
+from jaxray.inference.settings import EngineSettings
 
 
 def is_artifact(path: str | Path) -> bool:

@@ -21,14 +21,13 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from pydantic import ValidationError
 
-from jaxray.argtypes import cli_parser, context_keep, int_list, non_negative_float, port, positive_int
-
-if TYPE_CHECKING:  # the app module imports Ray and JAX; the options are checked before either loads
-    from jaxray.serve.app import AppArgs
+from jaxray.argtypes import cli_parser, port
+from jaxray.inference.settings import add_engine_options, engine_overrides
+from jaxray.serve.settings import AppArgs, add_replica_options, replica_overrides
 
 APP_NAME = "jaxray"
 
@@ -42,75 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=port, default=8000, help="HTTP port")
-    p.add_argument(
-        "--max-batch-size",
-        type=positive_int,
-        default=None,
-        help="requests decoded together (default: the largest of --batch-sizes)",
-    )
-    p.add_argument("--batch-wait-ms", type=float, default=10.0, help="how long a batch waits to fill, ms")
-    p.add_argument(
-        "--max-ongoing-requests",
-        type=positive_int,
-        default=256,
-        help="requests the replica holds at once (batch queue and decoding); more wait in Serve's proxy",
-    )
-    p.add_argument(
-        "--compute-cpus",
-        type=positive_int,
-        default=None,
-        help="CPUs for JAX's compute threads in the replica (default: all but one, at least one)",
-    )
-    p.add_argument(
-        "--num-gpus",
-        type=non_negative_float,
-        default=0.0,
-        help="GPUs Ray reserves for the replica (0: none reserved; see serve/README.md)",
-    )
-    p.add_argument(
-        "--buckets", type=int_list, default=None, help="prompt lengths compiled (default 32,128,256)"
-    )
-    p.add_argument("--batch-sizes", type=int_list, default=None, help="batch sizes compiled (default 1,4,16)")
-    p.add_argument("--chunk", type=positive_int, default=None, help="new tokens per decode call (default 32)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=None, help="cap per request (default 1024)")
-    p.add_argument(
-        "--max-prompt-bytes", type=positive_int, default=None, help="longest prompt (default 65536)"
-    )
-    p.add_argument(
-        "--context-keep",
-        type=context_keep,
-        default=None,
-        help="bytes kept when the window slides (default max_seq_len // 2)",
-    )
+    add_replica_options(p)
+    add_engine_options(p)
     return p
 
 
 def app_args(args: argparse.Namespace, parser_error: Callable[[str], NoReturn]) -> AppArgs:
     """The validated AppArgs; ``parser_error`` (exit 2) names the option of a bad value."""
-    from jaxray.serve.app import AppArgs  # deferred: the app module loads Ray and JAX; --help stays fast
-
-    engine = {
-        k: v
-        for k, v in (
-            ("buckets", args.buckets),
-            ("batch_sizes", args.batch_sizes),
-            ("chunk", args.chunk),
-            ("max_new_tokens", args.max_new_tokens),
-            ("max_prompt_bytes", args.max_prompt_bytes),
-            ("context_keep", args.context_keep),
-        )
-        if v is not None
-    }
     try:
-        parsed = AppArgs(
-            checkpoint=args.checkpoint,
-            max_batch_size=args.max_batch_size,
-            batch_wait_ms=args.batch_wait_ms,
-            max_ongoing_requests=args.max_ongoing_requests,
-            compute_cpus=args.compute_cpus,
-            num_gpus=args.num_gpus,
-            engine=engine,
-        )
+        parsed = AppArgs(checkpoint=args.checkpoint, **replica_overrides(args), engine=engine_overrides(args))
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         option = "--" + str(first["loc"][-1] if first["loc"] else "args").replace("_", "-")
@@ -201,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if problem := check_port(args.host, args.port):
         parser.error(f"--port: {problem}")
+    settings = app_args(args, parser.error)
     try:  # binding checks the path, the checkpoint and the batch limits; it starts nothing
-        app = build_app(app_args(args, parser.error))
+        app = build_app(settings)
     except ValueError as err:
         parser.error(str(err))
 
@@ -210,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     joined = init_ray()
     try:
-        check_gpus(args.num_gpus, joined)
+        check_gpus(settings.num_gpus, joined)
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(app, name=APP_NAME, route_prefix="/")
         print(ready_message(args.host, args.port), flush=True)

@@ -22,26 +22,20 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import jax
 from fastapi.responses import StreamingResponse
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    NonNegativeFloat,
-    PositiveInt,
-    StrictFloat,
-    StrictInt,
     ValidationError,
 )
 from ray import serve
 from ray.serve import Application
 from starlette.requests import Request as HttpRequest
 
-from jaxray.inference.engine import EngineSettings, Request
+from jaxray.inference.engine import Request
 from jaxray.inference.load import check_source, load_engine
+from jaxray.inference.settings import EngineSettings
 from jaxray.serve.routes import (
     Counted,
     api,
@@ -62,6 +56,7 @@ from jaxray.serve.schema import (
     completion_object,
     parse,
 )
+from jaxray.serve.settings import AppArgs
 
 logger = logging.getLogger("ray.serve")
 ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed")
@@ -241,33 +236,6 @@ class JaxrayServer:
                 remaining[i] -= len(tokens)
                 out.append((tokens, remaining[i] <= 0))
             yield out
-
-
-class AppArgs(BaseModel):
-    """The ``args`` of ``serve/config.yaml`` (and of ``python -m jaxray.serve``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    checkpoint: str = Field(
-        description="checkpoint dir, runs/<experiment>, or export artifact; relative "
-        "paths are read from the directory Serve was started in"
-    )
-    max_batch_size: PositiveInt | None = Field(None, description="default: max(engine.batch_sizes)")
-    batch_wait_ms: NonNegativeFloat = Field(10.0, description="how long a batch waits to fill, ms")
-    # Requests the replica holds at once (queued for a batch or decoding). More wait in Serve's proxy,
-    # where they would queue ahead of /healthz; waiting in the replica costs only a coroutine.
-    max_ongoing_requests: PositiveInt = 256
-    compute_cpus: PositiveInt | None = Field(
-        None, description="CPUs for JAX's compute threads in the replica (default: all but one, at least one)"
-    )
-    # Ray's ray_actor_options num_gpus: the replica is placed on a node with that many free GPUs and
-    # sees only them (CUDA_VISIBLE_DEVICES). 0 reserves none; Ray 2.60 then leaves the replica every
-    # GPU of its node, which suits one replica on a one-GPU machine but nothing shared.
-    # Strict numbers: YAML's true would otherwise pass as 1.
-    num_gpus: Annotated[StrictInt | StrictFloat, Field(ge=0, allow_inf_nan=False)] = Field(
-        0, description="GPUs reserved per replica (0: none)"
-    )
-    engine: EngineSettings = Field(default_factory=EngineSettings)
 
 
 def build_app(args: AppArgs) -> Application:

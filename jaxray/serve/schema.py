@@ -110,6 +110,7 @@ class _Sampling(BaseModel):
 
     _prompt = field_validator("prompt", check_fields=False)(_check_prompt)
     _top_k = field_validator("top_k", check_fields=False)(_check_top_k)
+    _cap = field_validator("max_new_tokens", "max_tokens", check_fields=False)(_check_cap)
     _budget: ClassVar[str]  # the route's name for the new-token budget
 
     def new_tokens(self, limits: Limits) -> int:
@@ -133,7 +134,6 @@ class GenerateRequest(_Sampling):
     seed: Seed = 0
     stream: Stream = False
 
-    _cap = field_validator("max_new_tokens")(_check_cap)
     _budget: ClassVar[str] = "max_new_tokens"
 
 
@@ -149,7 +149,6 @@ class CompletionRequest(_Sampling):
     seed: Seed = 0
     stream: Stream = False
 
-    _cap = field_validator("max_tokens")(_check_cap)
     _budget: ClassVar[str] = "max_tokens"
 
 

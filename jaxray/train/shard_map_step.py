@@ -20,7 +20,9 @@ at trace time rather than silently diverging copies.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import optax
@@ -56,24 +58,15 @@ def local_train_step(
 
 
 def shard_map_train_step(
-    state: TrainState,
-    batch: Batch,
-    *,
-    mesh: Mesh,
-    apply: Callable,
-    loss_fn: LossFn,
-    tx: optax.GradientTransformation,
-    axis: str = DATA_AXIS,
+    state: TrainState, batch: Batch, *, mesh: Mesh, axis: str = DATA_AXIS, **step: Any
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One AdamW step on the mean loss of the global ``batch`` (leading dimension sharded on ``axis``).
 
-    ``state`` is replicated over ``mesh``; returns the new replicated state and float32 scalar metrics
-    ``loss``, ``accuracy`` and ``grad_norm``, as ``train_step`` does. Call it under ``jax.jit``.
+    ``step`` holds ``local_train_step``'s ``apply``, ``loss_fn`` and ``tx``. ``state`` is replicated
+    over ``mesh``; returns the new replicated state and float32 scalar metrics ``loss``,
+    ``accuracy`` and ``grad_norm``, as ``train_step`` does. Call it under ``jax.jit``.
     """
-
-    def body(state, batch):
-        return local_train_step(state, batch, apply=apply, loss_fn=loss_fn, tx=tx, axis=axis)
-
+    body = functools.partial(local_train_step, axis=axis, **step)
     return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(axis)), out_specs=(P(), P()), check_vma=True)(
         state, batch
     )

@@ -214,7 +214,7 @@ def test_decode_kv_cache_against_full_recompute_and_the_notebook(
     "args, message",
     [
         (["decode", "--new-tokens", "0"], "expected a positive integer"),
-        (["decode", "--temperature", "-1"], "expected a number >= 0"),
+        (["decode", "--temperature", "-1"], "expected a finite number >= 0"),
         (["decode", "--checkpoint", "/nonexistent"], "is not a directory"),
         (["decode", "--reference", "/nonexistent/reference_generate.py"], "not a file"),
         (["decode", "--prompt", ""], "prompt is empty"),

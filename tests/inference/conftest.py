@@ -12,7 +12,7 @@ import pytest
 from jaxray import checkpoint
 from jaxray.config import parse_trial
 from jaxray.inference.artifact import export_checkpoint
-from jaxray.inference.engine import EngineSettings
+from jaxray.inference.settings import EngineSettings
 from jaxray.models import build
 
 

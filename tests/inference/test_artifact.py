@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, ArtifactError, load_artifact, sha256
-from jaxray.inference.engine import Engine, EngineSettings, Request
+from jaxray.inference.engine import Engine, Request
+from jaxray.inference.settings import EngineSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = np.random.default_rng(0).integers(0, 256, (3, 32)).astype(np.int32)

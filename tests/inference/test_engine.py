@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from jaxray.inference.batcher import Batcher
-from jaxray.inference.engine import Engine, EngineSettings, Request, gather_shapes
+from jaxray.inference.engine import Engine, Request, gather_shapes
 from jaxray.inference.sampling import Sampling, generate, prompt_window
+from jaxray.inference.settings import EngineSettings
 
 
 def test_greedy_generate_equals_the_full_recompute_sampler(engine, restored):

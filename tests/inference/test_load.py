@@ -7,8 +7,9 @@ import pytest
 
 from jaxray import checkpoint
 from jaxray.inference.batcher import Batcher
-from jaxray.inference.engine import Engine, EngineSettings, Request
+from jaxray.inference.engine import Engine, Request
 from jaxray.inference.load import check_checkpoint, check_source, is_artifact, load_engine
+from jaxray.inference.settings import EngineSettings
 
 REQUESTS = [
     Request(b"ROMEO:", 40, temperature=0.0),  # past max_seq_len: the window slides

@@ -61,11 +61,8 @@ def test_app_builder_names_a_missing_checkpoint_and_a_batch_too_big(tmp_path, mo
         (["--checkpoint", ".", "--port", "70000"], "--port: expected a TCP port 1..65535"),
         (["--checkpoint", "."], "is neither a checkpoint"),
         (["--checkpoint", ".", "--port", "0"], "--port: expected a positive integer"),
-        (
-            ["--checkpoint", ".", "--batch-wait-ms", "-5"],
-            "--batch-wait-ms: Input should be greater than or equal to 0",
-        ),
-        (["--checkpoint", ".", "--batch-wait-ms", "inf"], "--batch-wait-ms: Input should be a finite number"),
+        (["--checkpoint", ".", "--batch-wait-ms", "-5"], "--batch-wait-ms: expected a finite number >= 0"),
+        (["--checkpoint", ".", "--batch-wait-ms", "inf"], "--batch-wait-ms: expected a finite number >= 0"),
         (["--checkpoint", ".", "--compute-cpus", "0"], "--compute-cpus: expected a positive integer"),
         (["--checkpoint", ".", "--compute-cpus", "999"], "--compute-cpus: at most"),
     ],

@@ -15,7 +15,8 @@ import jax
 import pytest
 
 from jaxray.config import ModelConfig
-from jaxray.inference.engine import Engine, EngineSettings, Request
+from jaxray.inference.engine import Engine, Request
+from jaxray.inference.settings import EngineSettings
 from jaxray.models import build
 from jaxray.serve.scheduler import Scheduler
 
