@@ -118,6 +118,7 @@ def test_attention_falls_back_on_cpu(tiny_all):
     assert d["auto"]["attention"] == "xla" and "needs an NVIDIA GPU" in d["auto"]["attention_note"]
 
 
+@pytest.mark.slow
 def test_throughput_prints_one_json_line_like_the_references(real_dir):
     proc = bench(
         "throughput",
@@ -351,6 +352,7 @@ def test_a_failed_run_or_another_benchmark_leaves_saved_results_alone(real_dir, 
     assert as_file.returncode == 2 and "cannot be a results folder" in as_file.stderr
 
 
+@pytest.mark.slow
 def test_compile_prints_and_writes_the_report(real_dir, tmp_path):
     proc = bench(
         "compile",
@@ -380,6 +382,7 @@ def test_compile_prints_and_writes_the_report(real_dir, tmp_path):
     assert rep["memory"]["peak_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_compile_json_line_and_bad_input(real_dir):
     proc = bench(
         "compile", "--workload", "mlp", "--batch", 8, "--width", 16, "--json", "--out", "", data_dir=real_dir

@@ -79,7 +79,14 @@ def test_decode_chunk_stops_at_max_steps_and_at_each_rows_budget(restored, engin
     assert got == [c.tokens for c in alone]
 
 
-@pytest.mark.parametrize("temperature,top_k,seed", [(0.0, None, 0), (0.9, None, 7), (1.0, 5, 3)])
+@pytest.mark.parametrize(
+    "temperature,top_k,seed",
+    [
+        (0.0, None, 0),
+        pytest.param(0.9, None, 7, marks=pytest.mark.slow),
+        pytest.param(1.0, 5, 3, marks=pytest.mark.slow),
+    ],
+)
 def test_kv_sampler_equals_the_full_recompute_sampler_past_the_window(restored, temperature, top_k, seed):
     """context_keep = max_seq_len re-prefills the last S - 1 bytes per token past the window: the
     full sampler's sliding window, so 150 new bytes after a 6-byte prompt (S = 64) match exactly."""

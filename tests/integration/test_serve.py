@@ -27,7 +27,7 @@ from jaxray.parallel.mesh import make_mesh
 from jaxray.serve.app import app_builder
 from jaxray.train.run import train
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a real Serve app: ~50 s to start and compile
 
 MAX_SEQ_LEN = 64
 ENGINE = {

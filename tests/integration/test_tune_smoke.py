@@ -15,7 +15,7 @@ import pytest
 from jaxray.reporting.sweep import KEY_ORDER
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a real sweep: ~100 s before the first test
 
 # Every row has the summary table's columns but the workload's own (throughput unit, quality).
 PER_WORKLOAD = {"examples_per_sec", "tokens_per_sec", "test_accuracy", "val_loss", "val_perplexity"}
