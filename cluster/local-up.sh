@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Start a single-node Ray head from the project's venv (so jobs run with its interpreter), with the
 # dashboard and job API on 127.0.0.1:${RAY_DASHBOARD_PORT:-8265}. Extra arguments go to `ray start`,
-# e.g. --num-cpus 4, or --port 6380 for a GCS port other than 6379.
+# e.g. --num-cpus 4, or --port 6380 for a GCS port other than 6379. It returns once a job can be
+# submitted (within LOCAL_UP_TIMEOUT_S, default 180 s; otherwise it exits non-zero saying what was
+# not ready, and the head, still running, is stopped with local-down.sh).
 # The head runs as `ray start --block` in a session of its own, whose id (its pid) goes to
 # runs/ray-head-<dashboard port>.pid: local-down.sh stops that head and no other Ray on the machine.
 set -euo pipefail
@@ -28,12 +30,16 @@ export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIME
 setsid ray start --head --block --dashboard-host 127.0.0.1 --dashboard-port "$port" --disable-usage-stats "$@" \
   </dev/null >"$state.log" 2>&1 &
 echo $! >"$state.pid"
-# Up once `ray start` says it blocks (the node is started and has written Ray's address file) and
-# the dashboard answers at all (401 without the token). Its GCS address, from its output, goes to
-# $state.address, so local-down.sh removes Ray's address file only while it names this head.
-python - "$port" "$!" "$state.log" "$state.address" <<'PY'
-import re, sys, time, urllib.request
-port, pid, log, address_file = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+# Up once `ray start` says it blocks (the node is started and has written Ray's address file), the
+# dashboard answers at all (401 without the token) and the job API can take a job: the dashboard
+# hands a submission to the head node's dashboard agent, which it finds through the agent's entry
+# in the GCS (written once the agent's HTTP server is up). Before that entry exists a `ray job
+# submit` fails with "No available agent to submit job", so this waits for it and for the agent to
+# answer. The head's GCS address, from its output, goes to $state.address, so local-down.sh removes
+# Ray's address file only while it names this head.
+python - "$port" "$!" "$state.log" "$state.address" "${LOCAL_UP_TIMEOUT_S:-180}" <<'PY'
+import json, re, sys, time, urllib.request
+port, pid, log, address_file, timeout = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
 
 def answers(url):
     try:
@@ -42,7 +48,30 @@ def answers(url):
         return bool(getattr(err, "code", None))
     return True
 
-deadline = time.monotonic() + 180
+def job_agent(gcs_address):
+    """The head's job agent URL once it is registered in the GCS and answers, else None (Ray's own
+    lookup: ray.dashboard.modules.job.job_head.JobHead.get_target_agent)."""
+    # Imported here: Ray takes seconds to import, and only once the head is up is it needed.
+    from ray._private import ray_constants
+    from ray._raylet import GcsClient
+    from ray.dashboard.consts import DASHBOARD_AGENT_ADDR_NODE_ID_PREFIX
+
+    try:
+        gcs = GcsClient(address=gcs_address)
+        head = gcs.internal_kv_get(ray_constants.KV_HEAD_NODE_ID_KEY, ray_constants.KV_NAMESPACE_JOB, timeout=2)
+        if not head:
+            return None
+        key = f"{DASHBOARD_AGENT_ADDR_NODE_ID_PREFIX}{head.decode()}".encode()
+        info = gcs.internal_kv_get(key, ray_constants.KV_NAMESPACE_DASHBOARD, timeout=2)
+    except Exception:  # the GCS not answering yet (Ray raises its own RPC errors)
+        return None
+    if not info:
+        return None
+    ip, http_port = json.loads(info)[:2]
+    url = f"http://{ip}:{http_port}"
+    return url if answers(f"{url}/api/job_agent/jobs/") else None
+
+deadline, waiting_for = time.monotonic() + timeout, "ray start"
 while time.monotonic() < deadline:
     try:  # gone, or a zombie this script has not reaped: it exited
         alive = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -51,12 +80,21 @@ while time.monotonic() < deadline:
     output = open(log, errors="replace").read()
     if not alive:
         sys.exit(f"ray start exited; its output ({log}):\n{output[-4000:]}")
+    gcs = re.search(r"--address='([^']+)'", output)
     if "block forever" in output and answers(f"http://127.0.0.1:{port}/api/version"):
-        gcs = re.search(r"--address='([^']+)'", output)
-        open(address_file, "w").write(gcs.group(1) if gcs else "")
-        sys.exit(0)
+        waiting_for = "the job agent"
+        if gcs and job_agent(gcs.group(1)):
+            open(address_file, "w").write(gcs.group(1))
+            sys.exit(0)
     time.sleep(1)
-sys.exit(f"the head was not up within 180 s; see {log}")
+if waiting_for == "the job agent":
+    sys.exit(
+        f"the head's dashboard answers on 127.0.0.1:{port}, but its job agent was not ready within "
+        f"{timeout:.0f} s, so `ray job submit` would fail (\"No available agent to submit job\"); see "
+        f"{log} and dashboard_agent.log in the head's session logs (/tmp/ray/session_latest/logs); "
+        f"stop it with local-down.sh"
+    )
+sys.exit(f"the head was not up within {timeout:.0f} s; see {log}; stop it with local-down.sh")
 PY
 echo "dashboard and job API: http://127.0.0.1:$port (token auth: 'ray get-auth-token' prints the token)"
 echo "submit: RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:$port --runtime-env cluster/runtime_env.yaml -- python -m jaxray.tune --config tune_configs/smoke.yaml --out \$PWD/runs/smoke"

@@ -12,9 +12,15 @@ Layout of a checkpoint directory::
                          batch in epoch, shuffle seed), the init RNG key's raw data, and the
                          SHA-256 of every other file: a checkpoint without it is incomplete, one
                          whose files do not match it is damaged (``verify``)
+    checksums.json       (params only, ``save``, written last) the SHA-256 of every other file
+
+Every read (``restore``: generate, evaluate, export, serve; ``restore_state``: resume) checks each
+file against those digests first (``open_for_reading``). A params-only checkpoint older than
+``checksums.json`` loads unverified, with a warning once per folder.
 
 A ``runs/<experiment>`` directory also resolves to a checkpoint: its ``summary.json`` names one per
-trial and ``resolve`` picks the best of a workload, as ``jaxray.runs`` ranks them.
+trial and ``resolve`` picks the best of a workload, as ``jaxray.runs`` ranks them; when that
+checkpoint is damaged, the trial's newest good one is used, with a warning naming the skipped one.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +49,10 @@ TRIAL_CONFIG = "trial_config.json"
 OPT_STATE_DIR = "opt_state"
 HISTORY_FILE = "history.json"
 TRAIN_STATE = "train_state.json"
+CHECKSUMS = "checksums.json"
+MANIFESTS = (TRAIN_STATE, CHECKSUMS)  # the files that hold the others' digests
 log = logging.getLogger(__name__)
+_warned_unverified: set[str] = set()  # folders already named in the "no checksums" warning
 
 
 class CheckpointError(ValueError):
@@ -50,11 +60,26 @@ class CheckpointError(ValueError):
 
 
 def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
-    """Write ``params`` and the configs under ``directory`` (created; must not hold a checkpoint yet).
+    """Write ``params`` and the configs under ``directory`` (created; must not hold a checkpoint
+    yet), then ``checksums.json`` with every file's SHA-256 (temp file + rename, last).
 
     Blocks until Orbax has finalised the write, so the directory is complete when this returns.
     In a multi-process JAX program one process calls it (the params are replicated).
     """
+    directory = _save_params(directory, params, trial)
+    _write_json(directory / CHECKSUMS, {"files": _files(directory)})
+    return directory
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    """``doc`` as JSON at ``path``, through a temp file and a rename: there whole or not at all."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, path)
+
+
+def _save_params(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
+    """``params/`` and the two configs under ``directory`` (created); its absolute path."""
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
     _save_tree(directory / PARAMS_DIR, params)
@@ -100,12 +125,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _sha256_all(paths: list[Path]) -> list[str]:  # hashlib releases the GIL: files in parallel
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return list(pool.map(_sha256, paths))
+
+
 def _files(directory: Path) -> dict[str, str]:
-    return {
-        str(f.relative_to(directory)): _sha256(f)
-        for f in sorted(directory.rglob("*"))
-        if f.is_file() and f.name != TRAIN_STATE
-    }
+    """{path relative to ``directory``: SHA-256} of every file but the digest manifests."""
+    rels = [f.relative_to(directory).as_posix() for f in sorted(directory.rglob("*")) if f.is_file()]
+    rels = [r for r in rels if r not in MANIFESTS]
+    return dict(zip(rels, _sha256_all([directory / r for r in rels]), strict=True))
 
 
 def save_state(
@@ -121,7 +150,7 @@ def save_state(
     position (``{"epoch", "batch_in_epoch"}``, may be empty). ``train_state.json`` is written last
     (temp file + rename), with the checksum of every other file; ``before_manifest`` runs just
     before it (fault injection: a kill there leaves an incomplete checkpoint). Returns the path."""
-    directory = save(directory, state.params, trial)
+    directory = _save_params(directory, state.params, trial)
     _save_tree(directory / OPT_STATE_DIR, state.opt_state)
     (directory / HISTORY_FILE).write_text(json.dumps(history))
     if before_manifest is not None:
@@ -133,36 +162,71 @@ def save_state(
         "rng_key_data": np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist(),
         "files": _files(directory),
     }
-    tmp = directory / f".{TRAIN_STATE}.tmp"
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, directory / TRAIN_STATE)
+    _write_json(directory / TRAIN_STATE, doc)
     return directory
 
 
-def verify(directory: str | Path) -> dict[str, Any]:
-    """``train_state.json`` of a complete, undamaged full-state checkpoint. Raises CheckpointError
-    naming the checkpoint and the file when it is incomplete (no ``train_state.json``: the save
-    never finished), a listed file is missing, or a file's SHA-256 differs (truncated, damaged)."""
-    directory = Path(directory)
-    path = directory / TRAIN_STATE
-    if not path.is_file():
+def _manifest(directory: Path, full_state: bool) -> tuple[str | None, dict[str, Any]]:
+    """(the digest manifest's name, its document) of ``directory``; (None, {}) for a params-only
+    checkpoint saved before checksums were recorded. CheckpointError when it is incomplete."""
+    name = next((n for n in MANIFESTS if (directory / n).is_file()), None)
+    full_state = full_state or any((directory / n).exists() for n in (OPT_STATE_DIR, HISTORY_FILE))
+    if full_state and name != TRAIN_STATE:
         raise CheckpointError(
             f"{directory} is incomplete: {TRAIN_STATE} is missing (its save did not finish)"
         )
+    if name is None:
+        return None, {}
+    path = directory / name
     try:
         doc = json.loads(path.read_text())
-        files = doc["files"]
+        if not isinstance(doc["files"], dict):
+            raise TypeError(f"its files are a {type(doc['files']).__name__}, not an object")
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{path} is damaged: {err}") from None
-    for rel, digest in files.items():
-        f = directory / rel
-        if not f.is_file():
-            raise CheckpointError(f"{directory} is damaged: {rel} is missing")
-        if _sha256(f) != digest:
+    return name, doc
+
+
+def open_for_reading(directory: str | Path, full_state: bool = False) -> dict[str, Any]:
+    """The one way a checkpoint is opened for reading: the SHA-256 of every file its save listed is
+    checked against that list (``train_state.json``, or ``checksums.json`` of a params-only
+    ``save``) before any array is read. Returns the manifest's document (``{}`` for a params-only
+    checkpoint older than checksums: loaded unverified, with a warning once per folder).
+
+    Raises CheckpointError naming the checkpoint and the file when it is incomplete (opt_state/ or
+    history.json without ``train_state.json``: the save never finished; with ``full_state`` any
+    checkpoint without it), its manifest is unreadable, a listed file is missing, or a file's
+    SHA-256 differs (the message gives the expected and the found digest).
+    """
+    directory = Path(directory)
+    name, doc = _manifest(directory, full_state)
+    if name is None:
+        if str(directory) not in _warned_unverified:
+            _warned_unverified.add(str(directory))
+            log.warning(
+                "%s has no checksums.json (saved before jaxray wrote one): loaded unverified", directory
+            )
+        return doc
+    listed = [(rel, directory / rel, digest) for rel, digest in doc["files"].items()]
+    missing = next((rel for rel, f, _ in listed if not f.is_file()), None)
+    if missing is not None:
+        raise CheckpointError(f"{directory} is damaged: {missing} is missing")
+    found = _sha256_all([f for _, f, _ in listed])
+    for (rel, _, expected), got in zip(listed, found, strict=True):
+        if got != expected:
             raise CheckpointError(
-                f"{directory} is damaged: {rel} does not match its checksum (truncated or overwritten)"
+                f"{directory} is damaged: {rel} does not match its checksum (truncated or "
+                f"overwritten): {name} records SHA-256 {expected}, the file has {got}"
             )
     return doc
+
+
+def verify(directory: str | Path) -> dict[str, Any]:
+    """``train_state.json`` of a complete, undamaged full-state checkpoint (``open_for_reading``
+    with ``full_state``). Raises CheckpointError naming the checkpoint and the file when it is
+    incomplete (no ``train_state.json``: the save never finished), a listed file is missing, or a
+    file's SHA-256 differs (truncated, damaged; both digests given)."""
+    return open_for_reading(directory, full_state=True)
 
 
 def _names(path: tuple) -> tuple[str, ...]:
@@ -202,10 +266,15 @@ def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[d
     (``jaxray.train.step.abstract_state``; a NamedTuple with ``params``, ``opt_state`` and
     ``step``, whose type the result has). Orbax places every array as its target says, so a
     checkpoint saved on 1 device restores onto a mesh of 4 and back. Raises CheckpointError when
-    the checkpoint is incomplete or damaged (``verify``) or was saved for another model (naming the
-    parameter and both shapes)."""
+    the checkpoint is incomplete or damaged (``verify``: naming the file and both digests) or was
+    saved for another model (naming the parameter and both shapes)."""
     directory = Path(directory).absolute()
-    doc = verify(directory)
+    return _read_state(directory, target, verify(directory))
+
+
+def _read_state(directory: Path, target: Any, doc: dict) -> tuple[Any, dict, list[dict]]:
+    """``restore_state`` once ``doc`` (train_state.json) is verified; alone only in ``jaxray.bench
+    checkpoint``, which times what verifying adds."""
     _check_shapes(directory / PARAMS_DIR, target.params)
     checkpointer = ocp.StandardCheckpointer()
     params = checkpointer.restore(directory / PARAMS_DIR, target.params)
@@ -217,22 +286,17 @@ def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[d
 
 def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -> tuple[Any, Path]:
     """``restore(path)`` of the newest candidate that restores (``candidates`` newest first),
-    logging a warning that names the damaged one and the one used instead. Raises CheckpointError
-    listing every reason if none restores."""
+    logging a warning that names each one skipped, why, and the one used instead. Raises
+    CheckpointError listing every reason if none restores."""
     errors = []
     for path in candidates:
         try:
             value = restore(path)
         except CheckpointError as err:
-            errors.append(str(err))
+            errors.append(str(err))  # each names its checkpoint
             continue
         if errors:
-            log.warning(
-                "checkpoint %s could not be used (%s); resuming from %s instead",
-                candidates[0],
-                errors[0],
-                path,
-            )
+            log.warning("checkpoint skipped: %s; using %s instead", "; ".join(errors), path)
         return value, path
     raise CheckpointError("no usable checkpoint: " + "; ".join(errors))
 
@@ -257,20 +321,30 @@ def load_trial_config(directory: str | Path) -> TrialConfig:
     return _load_config(directory, TRIAL_CONFIG, TrialConfig)
 
 
+def _require_checkpoint(directory: Path) -> None:
+    """CheckpointError naming what is missing when ``directory`` is not a jaxray checkpoint."""
+    for name in (MODEL_CONFIG, PARAMS_DIR):
+        if not (directory / name).exists():
+            shown = name if name == MODEL_CONFIG else f"{name}/"
+            raise CheckpointError(f"{directory} is not a jaxray checkpoint: {shown} is missing")
+
+
 def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Model, Any]:
-    """Rebuild the model from its config and restore params into an abstract target.
+    """Rebuild the model from its config and restore params into an abstract target, after every
+    file is checked against its recorded SHA-256 (``open_for_reading``).
 
     The target is ``jax.eval_shape(model.init)``: ShapeDtypeStructs, each given ``sharding`` (default:
     the first local device), so Orbax places the arrays directly where they are wanted.
-    Returns ``(model, params)``. Raises CheckpointError if ``directory`` is not a checkpoint, or if
-    its params are damaged or do not fit the model its config describes.
+    Returns ``(model, params)``. Raises CheckpointError if ``directory`` is not a checkpoint, is
+    incomplete, if a file's SHA-256 differs from the recorded one (naming the file and both
+    digests), or if its params are damaged or do not fit the model its config describes.
     """
     directory = Path(directory).absolute()
+    _require_checkpoint(directory)
+    open_for_reading(directory)
     model = build(load_model_config(directory))
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = _abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
-    if not (directory / PARAMS_DIR).is_dir():
-        raise CheckpointError(f"{directory} is not a jaxray checkpoint: {PARAMS_DIR}/ is missing")
     try:
         _check_shapes(directory / PARAMS_DIR, target)  # names the parameter, unlike Orbax's own error
         params = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, target)
@@ -284,26 +358,42 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
     return model, params
 
 
-def resolve(path: str | Path, workload: str | None = None) -> Path:
-    """A checkpoint directory from ``path``: a checkpoint itself, a Ray Train run folder (its newest
-    ``checkpoint_*``), or a ``runs/<experiment>`` run folder: the checkpoint of its best trial of
-    ``workload`` (``jaxray.runs.best_checkpoint``: the trial ``summary.md`` names, ranked by the
-    metric the sweep saved; default workload: the transformer if the sweep has one).
+def _usable(directory: Path) -> Path:  # a checkpoint whose files match their digests
+    _require_checkpoint(directory)
+    open_for_reading(directory)
+    return directory
 
-    Raises CheckpointError naming the path and what was looked for.
+
+def trial_checkpoints(named: Path) -> list[Path]:
+    """``named``, then the older ``checkpoint_*`` folders beside it (its trial's), newest first."""
+    older = sorted((c for c in named.parent.glob("checkpoint_*") if c.name < named.name), reverse=True)
+    return [named, *older]
+
+
+def resolve(path: str | Path, workload: str | None = None) -> Path:
+    """A checkpoint directory from ``path``: a checkpoint itself (as it is: ``restore`` refuses it
+    if damaged), a Ray Train run folder (its newest good ``checkpoint_*``), or a
+    ``runs/<experiment>`` run folder: the checkpoint of its best trial of ``workload``
+    (``jaxray.runs.best_checkpoint``: the trial ``summary.md`` names, ranked by the metric the
+    sweep saved; default workload: the transformer if the sweep has one). From a run folder, a
+    damaged checkpoint is skipped for the trial's next older good one, with a warning naming it.
+
+    Raises CheckpointError naming the path and what was looked for, or every skipped checkpoint
+    and why when none of the trial's is good.
     """
     path = Path(path)
     if (path / MODEL_CONFIG).is_file():
         return path
     inside = sorted(p.parent for p in path.glob(f"checkpoint_*/{MODEL_CONFIG}"))
-    if inside:  # a Ray Train run folder: its newest checkpoint (names carry a timestamp)
-        return inside[-1]
+    if inside:  # a Ray Train run folder: its newest good checkpoint (names sort by step or time)
+        return restore_latest(inside[::-1], _usable)[1]
     if not (path / runs.SUMMARY_JSON).is_file():
         raise CheckpointError(
             f"{path} is neither a checkpoint (no {MODEL_CONFIG}) nor an experiment "
             f"directory (no {runs.SUMMARY_JSON})"
         )
     try:
-        return runs.best_checkpoint(path, workload)
+        named = runs.best_checkpoint(path, workload)
     except runs.RunFolderError as err:
         raise CheckpointError(str(err)) from None
+    return restore_latest(trial_checkpoints(named), _usable)[1]

@@ -5,7 +5,8 @@ Layout::
 
     experiment.yaml          the resolved experiment config, written before the first trial
                              (``--resume`` reads it; so does the best-trial ranking)
-    summary.json             one row per trial (``jaxray.reporting.sweep``)
+    summary.json             one row per trial (``jaxray.reporting.sweep``); its checkpoint paths
+                             are relative to the folder (``record_path``)
     summary.md               the same table and the best trial per workload
     throughput_vs_batch.png  throughput against global batch
     loss_curves.png          training loss against examples or tokens
@@ -16,12 +17,19 @@ Layout::
 The best trial of a workload is ranked by the metric its sweep saved in ``experiment.yaml``
 (``metric`` and ``mode``, default ``DEFAULT_METRIC``), so ``summary.md`` and a ``--checkpoint
 runs/<experiment>`` that loads the best trial (``jaxray.checkpoint.resolve``) agree.
+
+A run folder is relocatable: what it records about its own files is relative to it, so a copy on
+another path or machine reads its own checkpoints. A recorded path is never followed outside the
+folder (``folder_path``): an absolute one from a folder written before paths were relative is read
+as the same path under this folder, from its ``train/`` part on, with a warning naming it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -44,6 +52,7 @@ COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the tri
 FALLBACK_METRIC = ("test_accuracy", "max")
 
 Ranking = dict[str, tuple[str, str]]  # workload -> (metric, "min" | "max")
+log = logging.getLogger(__name__)
 
 
 class RunFolderError(ValueError):
@@ -141,9 +150,9 @@ def best_checkpoint(run_dir: str | Path, workload: str | None = None) -> Path:
     """The checkpoint of the best trial of ``workload`` in the run folder ``run_dir``: the trial
     ``summary.md`` names (``best_trial`` by the sweep's saved ranking), among those with a
     checkpoint; the first of them when none has a finite value. Default workload: the transformer
-    if the sweep has one, else the first by name. Raises RunFolderError naming the file when
-    ``summary.json`` or ``experiment.yaml`` cannot be read or no trial of ``workload`` has a
-    checkpoint."""
+    if the sweep has one, else the first by name. The path is inside ``run_dir`` (``folder_path``).
+    Raises RunFolderError naming the file when ``summary.json`` or ``experiment.yaml`` cannot be
+    read, no trial of ``workload`` has a checkpoint, or its recorded path leads outside the folder."""
     rows = [r for r in read_summary(run_dir) if r.get("checkpoint") and r.get("workload")]
     workloads = sorted({r["workload"] for r in rows})
     workload = workload or ("transformer" if "transformer" in workloads else next(iter(workloads), None))
@@ -153,4 +162,52 @@ def best_checkpoint(run_dir: str | Path, workload: str | None = None) -> Path:
             f"{Path(run_dir) / SUMMARY_JSON} has no trial with a checkpoint for workload {workload!r}"
         )
     best = best_trial(rows, workload, saved_ranking(run_dir)) or rows[0]
-    return Path(best["checkpoint"])
+    return folder_path(run_dir, best["checkpoint"], f"the checkpoint of trial {best.get('trial')!r}")
+
+
+def record_path(run_dir: str | Path, path: str | Path) -> str:
+    """``path`` as a file of the run folder ``run_dir`` records it: relative to the folder (POSIX
+    separators), so the folder can be copied or moved; a path outside the folder stays absolute
+    (and ``folder_path`` refuses it)."""
+    run_dir, path = Path(run_dir).absolute(), Path(path).absolute()
+    for base, target in ((run_dir, path), (run_dir.resolve(), path.resolve())):
+        if target.is_relative_to(base):
+            return target.relative_to(base).as_posix()
+    return str(path)
+
+
+def folder_path(run_dir: str | Path, recorded: str, what: str = "a path") -> Path:
+    """The path inside ``run_dir`` that ``recorded`` (a path a file of the folder records, ``what``
+    it is) names: a relative one joined to the folder; an absolute one inside the folder as it is;
+    an absolute one outside it (a folder written before paths were relative, since copied or
+    moved) read as the same path under this folder from its ``train/`` part on (the first that
+    exists, else the last), with a warning naming both. Never a path outside the folder.
+
+    Raises RunFolderError naming ``summary.json``, ``what`` and the recorded path when it leads out
+    of the folder (``..``) or is absolute, outside it and has no ``train/`` part."""
+    run_dir, path = Path(run_dir), Path(recorded)
+    refusal = (
+        f"{run_dir / SUMMARY_JSON} names {what} as {recorded}, outside the run folder {run_dir}; a "
+        f"path outside it is never followed (copy the checkpoint into the folder, or pass it itself)"
+    )
+    if not path.is_absolute():
+        if os.path.normpath(path).split(os.sep)[0] == "..":
+            raise RunFolderError(refusal)
+        return run_dir / path
+    base = run_dir.absolute()
+    if path.is_relative_to(base) or path.is_relative_to(base.resolve()):
+        return path
+    tails = [path.parts[i:] for i, part in enumerate(path.parts) if part == TRAIN_DIR]
+    if not tails:
+        raise RunFolderError(refusal)
+    mapped = next((run_dir.joinpath(*t) for t in tails if run_dir.joinpath(*t).exists()), None)
+    mapped = mapped or run_dir.joinpath(*tails[-1])
+    log.warning(
+        "%s names %s as %s, outside the run folder (written before run folders were relocatable); "
+        "reading it as %s, inside the folder",
+        run_dir / SUMMARY_JSON,
+        what,
+        recorded,
+        mapped,
+    )
+    return mapped

@@ -10,8 +10,9 @@ otherwise starts a local Ray in-process.
 A run first saves its resolved experiment config in the output folder (experiment.yaml). After an
 interruption (Ctrl+C, a lost driver) ``--resume DIR`` reads it from there and restores each sweep's
 Tune experiment (``Tuner.restore``): finished trials keep their results and checkpoints and are not
-run again; unfinished and failed ones run again from the start; a sweep that never started runs as
-usual. The reports then cover every trial.
+run again; unfinished and failed ones run again, from their newest checkpoint when
+train.checkpoint_every is set, else from step 0; a sweep that never started runs as usual. The
+reports then cover every trial.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from jaxray.reporting.sweep import markdown_summary, write_reports
 from jaxray.runs import EXPERIMENT_FILE, FILES, RUN_DIRS, sweep_ranking
 
 INTERRUPTED = 130  # exit code of an interrupted run (as a shell reports Ctrl+C)
+# Where --overwrite keeps the earlier run's results until the new run ends with a finished trial.
+ASIDE_DIR = ".overwritten"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the results of an earlier run in the output folder (default: refuse)",
+        help=f"replace the results of an earlier run in the output folder, kept in DIR/{ASIDE_DIR} until a "
+        "trial of the new run has finished (default: refuse)",
     )
     args = p.parse_args(argv)
     if args.resume is not None and args.out is not None:
@@ -74,11 +78,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def prepare_out(out: Path, overwrite: bool) -> None:
-    """Refuse an output folder that is a file, or that holds an earlier run's results unless
-    ``overwrite``; then remove only what jaxray writes there. Raises ConfigError."""
+def check_out(out: Path, overwrite: bool) -> list[Path]:
+    """The earlier run's results in ``out`` (what jaxray writes there), checked before anything
+    runs: refuse a ``out`` that is a file, earlier results without ``overwrite``, and a folder that
+    still holds the results an earlier ``--overwrite`` set aside. Raises ConfigError."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
+    if (out / ASIDE_DIR).exists():
+        raise ConfigError(
+            f"{out / ASIDE_DIR} holds the results of a run that an interrupted --overwrite set aside; "
+            f"move what you want to keep out of it and delete it, or choose another --out"
+        )
     ours = [out / name for name in (*FILES, *RUN_DIRS, EXPERIMENT_FILE) if (out / name).exists()]
     if ours and not overwrite:
         resume = f", --resume {out} to finish that run" if (out / EXPERIMENT_FILE).is_file() else ""
@@ -86,8 +96,41 @@ def prepare_out(out: Path, overwrite: bool) -> None:
             f"{out} already holds the results of an earlier run ({', '.join(p.name for p in ours)}); "
             f"pass --overwrite to replace them{resume}, or choose another --out"
         )
+    return ours
+
+
+def set_aside(out: Path, ours: list[Path]) -> Path | None:
+    """Move the earlier run's results into ``out/.overwritten/`` (renames within the folder, so
+    nothing is copied or lost) and return that folder; None when there were none."""
+    if not ours:
+        return None
+    aside = out / ASIDE_DIR
+    aside.mkdir()
     for path in ours:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        path.rename(aside / path.name)
+    return aside
+
+
+def settle_aside(out: Path, aside: Path | None, results: list[TrialRows]) -> None:
+    """When the new run ends: the earlier results are deleted if a new trial finished; if none did,
+    the new run's files are removed and the earlier ones put back, and the terminal says so."""
+    if aside is None:
+        return
+    if finished(results):
+        shutil.rmtree(aside)
+        return
+    for name in (*FILES, *RUN_DIRS, EXPERIMENT_FILE):
+        path = out / name
+        if path.exists():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for path in aside.iterdir():
+        path.rename(out / path.name)
+    aside.rmdir()
+    print(
+        f"no trial of the new run finished, so there is nothing of it to keep or resume: the earlier "
+        f"run's results are back in {out}",
+        file=sys.stderr,
+    )
 
 
 def save_experiment(out: Path, exp: ExperimentConfig) -> Path:
@@ -160,28 +203,28 @@ def load_sweep_arrays(exp: ExperimentConfig) -> dict[str, tuple]:
     return {s.workload: load_arrays(parse_trial(s.trial_dicts(exp.base())[0])) for s in exp.sweeps}
 
 
-def prepare(args: argparse.Namespace) -> tuple[ExperimentConfig, Path, dict[str, tuple]]:
-    """(the experiment, the output folder, each sweep's arrays) after every check that can fail on
-    the user's input, before the first trial starts; Ray is up when it returns. Raises
-    ConfigError or DataFileError."""
+def prepare(args: argparse.Namespace) -> tuple[ExperimentConfig, Path, dict[str, tuple], Path | None]:
+    """(the experiment, the output folder, each sweep's arrays, where the earlier run's results were
+    set aside) after every check that can fail on the user's input, before the first trial starts;
+    Ray is up when it returns. Nothing of an earlier run is moved until every check, the cluster's
+    included, has passed. Raises ConfigError or DataFileError."""
     resume = args.resume is not None
     overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
-    if resume:  # nothing in the folder is removed: prepare_out does not run
+    if resume:  # nothing in the folder is moved or removed
         out = Path(args.resume).absolute()
         exp = load_resume(out, overrides)
     else:
         exp = load_experiment(args.config, overrides)
         out = Path(args.out or Path("runs") / exp.experiment).absolute()
     check_experiment(exp, str(out / EXPERIMENT_FILE if resume else Path(args.config)))
+    ours = [] if resume else check_out(out, args.overwrite)
     arrays = {} if exp.data.parquet else load_sweep_arrays(exp)
     check_batches(
         exp,
         parquet_rows(exp) if exp.data.parquet else {w: num_rows(train) for w, (train, _) in arrays.items()},
     )
-    if not resume:
-        prepare_out(out, args.overwrite)
     check_gpus(exp, init_ray(exp))
-    return exp, out, arrays
+    return exp, out, arrays, set_aside(out, ours)
 
 
 def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
@@ -199,11 +242,35 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     return 0
 
 
+def finished(results: list[TrialRows]) -> bool:
+    """True once a trial has finished without an error."""
+    return any(not row.get("error") for row, _ in results)
+
+
+def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool, results: list[TrialRows]) -> int:
+    """Run every sweep, appending each trial's rows to ``results``; the exit code (INTERRUPTED when
+    a sweep was interrupted: no later sweep starts and no report is written)."""
+    for sweep in exp.sweeps:
+        rows, unfinished = run_sweep(exp, sweep, arrays.get(sweep.workload), out, resume)
+        results += rows
+        if unfinished:
+            # With earlier results set aside and no trial finished, settle_aside puts them back.
+            kept = resume or finished(results) or not (out / ASIDE_DIR).exists()
+            hint = f"; the state is saved. Resume with: python -m jaxray.tune --resume {out}" if kept else ""
+            print(
+                f"error: interrupted with {unfinished} trial(s) of the {sweep.workload} sweep "
+                f"unfinished{hint}",
+                file=sys.stderr,
+            )
+            return INTERRUPTED
+    return report(out, exp, results)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     resume = args.resume is not None
     try:
-        exp, out, arrays = prepare(args)
+        exp, out, arrays, aside = prepare(args)
     except (ConfigError, DataFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         ray.shutdown()
@@ -211,17 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     if not resume:
         save_experiment(out, exp)
     results: list[TrialRows] = []
-    for sweep in exp.sweeps:
-        rows, unfinished = run_sweep(exp, sweep, arrays.get(sweep.workload), out, resume)
-        results += rows
-        if unfinished:  # interrupted: no later sweep starts and no report is written
-            print(
-                f"error: interrupted with {unfinished} trial(s) of the {sweep.workload} sweep unfinished; "
-                f"the state is saved. Resume with: python -m jaxray.tune --resume {out}",
-                file=sys.stderr,
-            )
-            return INTERRUPTED
-    return report(out, exp, results)
+    try:
+        return run_sweeps(exp, out, arrays, resume, results)
+    except BaseException:
+        if aside is not None:  # a crash: nothing is decided for the user
+            print(f"error: the earlier run's results are kept in {aside}", file=sys.stderr)
+            aside = None
+        raise
+    finally:
+        settle_aside(out, aside, results)
 
 
 if __name__ == "__main__":

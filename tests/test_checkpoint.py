@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,18 @@ def test_round_trip_logits(tmp_path, workload, inputs):
     assert jax.tree.structure(restored) == jax.tree.structure(params)
 
 
-def test_resolve_experiment_dir_picks_best_trial(tmp_path):
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """A real checkpoint of a width-8 MLP (Orbax save, checksums.json), copied where a test needs one."""
+    trial = parse_trial({"model": {"workload": "mlp", "width": 8}})
+    return checkpoint.save(
+        tmp_path_factory.mktemp("stored") / "ck", build(trial.model).init(jax.random.key(0)), trial
+    )
+
+
+def test_resolve_experiment_dir_picks_best_trial(tmp_path, stored):
+    for name in "abcmn":
+        shutil.copytree(stored, tmp_path / name)
     rows = [
         {"trial": "a", "workload": "transformer", "val_loss": 2.4, "checkpoint": str(tmp_path / "a")},
         {"trial": "b", "workload": "transformer", "val_loss": 2.1, "checkpoint": str(tmp_path / "b")},
@@ -51,10 +63,9 @@ def test_resolve_experiment_dir_picks_best_trial(tmp_path):
         checkpoint.resolve(tmp_path, workload="shared_block_mlp")
 
 
-def test_resolve_a_run_folder_gives_its_newest_checkpoint(tmp_path):
+def test_resolve_a_run_folder_gives_its_newest_checkpoint(tmp_path, stored):
     for name in ("checkpoint_2026-01-01_10-00-00", "checkpoint_2026-01-02_09-00-00"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "model_config.json").write_text("{}")
+        shutil.copytree(stored, tmp_path / name)
     assert checkpoint.resolve(tmp_path).name == "checkpoint_2026-01-02_09-00-00"
 
 
@@ -76,9 +87,10 @@ def test_bad_paths(tmp_path):
 
 def test_params_of_another_shape_are_a_clear_error(tmp_path):
     trial = parse_trial({"model": {"workload": "mlp", "width": 16}})
-    checkpoint.save(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), trial)
-    config_file = tmp_path / "ck" / checkpoint.MODEL_CONFIG
-    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "width": 32}))
+    wider = parse_trial({"model": {"workload": "mlp", "width": 32}})
+    # Saved so (its checksums match): params of width 16 under a width-32 config. An edited config
+    # of a saved checkpoint is refused earlier, as damaged (tests/test_checkpoint_reads.py).
+    checkpoint.save(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), wider)
     with pytest.raises(checkpoint.CheckpointError, match="could not be restored into the model"):
         checkpoint.restore(tmp_path / "ck")
 

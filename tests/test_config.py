@@ -325,3 +325,124 @@ def test_fault_injection_that_cannot_work_is_refused(fault, workers, message):
         parse_trial(
             {"model": {"workload": "mlp"}, "train": {"steps": 10}, "workers": workers, "fault": fault}
         )
+
+
+@pytest.mark.parametrize("value", ["1", "0", "yes", "off", "'true'", "2.0"])
+@pytest.mark.parametrize("section, key", [("workers", "use_gpu"), ("fault", "corrupt_latest_checkpoint")])
+def test_booleans_take_only_true_or_false(tmp_path, section, key, value):
+    config = GOOD.replace("experiment: t", f"experiment: t\n{section}: {{{key}: {value}}}")
+    if section == "workers":
+        config = config.replace("workers: {num_workers: 1, devices_per_worker: 4}\n", "")
+    with pytest.raises(ConfigError) as err:
+        load_experiment(write(tmp_path, config))
+    shown = {"yes": "'yes'", "off": "'off'"}.get(value, value)  # YAML 1.2: only true/false are booleans
+    assert f"{section}.{key}: Input should be true or false, got {shown}" in str(err.value), str(err.value)
+
+
+def test_booleans_true_and_false_still_load():
+    for value in (True, False):
+        trial = parse_trial({"model": {"workload": "mlp"}, "workers": {"use_gpu": value}})
+        assert trial.workers.use_gpu is value
+
+
+def test_cpu_devices_per_worker_has_the_command_lines_bound():
+    from jaxray.argtypes import MAX_CPU_DEVICES
+
+    def trial(devices, use_gpu=False):
+        workers = {"devices_per_worker": devices, "use_gpu": use_gpu}
+        return parse_trial(
+            {"model": {"workload": "mlp"}, "train": {"global_batch": 1024}, "workers": workers}
+        )
+
+    assert trial(MAX_CPU_DEVICES).workers.total_devices == MAX_CPU_DEVICES
+    assert trial(1024, use_gpu=True).workers.devices_per_worker == 1024  # GPUs are counted by Ray
+    with pytest.raises(ConfigError) as err:
+        trial(1024)
+    assert (
+        f"workers: devices_per_worker must be at most {MAX_CPU_DEVICES} forced host devices on CPU "
+        f"(use_gpu is false), got 1024" in str(err.value)
+    ), str(err.value)
+
+
+def test_a_yaml_with_too_many_cpu_devices_is_refused(tmp_path):
+    config = GOOD.replace("devices_per_worker: 4", "devices_per_worker: 1024")
+    with pytest.raises(ConfigError, match=r"workers: devices_per_worker must be at most 256 .* got 1024"):
+        load_experiment(write(tmp_path, config))
+
+
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        ("dtype: [float32, bfloat16]", "dtype: [float64]", "'bfloat16' or 'float16', got 'float64'"),
+        ("workload: mlp", "workload: resnet", "or 'transformer', got 'resnet'"),
+        ("train: {steps: 5}", "train: {steps: 0}", "train.steps: Input should be greater than 0, got 0"),
+        ("train: {steps: 5}", "train: {steps: -3}", "greater than 0, got -3"),
+        ("train: {steps: 5}", "train: {steps: 2.5}", "train.steps: Input should be a valid integer, got 2.5"),
+        ("train: {steps: 5}", "train: {steps: }", "train.steps: Input should be a valid integer, got null"),
+        ("width: [64]", "width: [0]", "search_space.width.0: Input should be greater than 0, got 0"),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5}\n    early_stopping: {metric: val_loss}",
+            "early_stopping.metric: Input should be 'loss' or 'accuracy', got 'val_loss'",
+        ),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5}\n    early_stopping: {reduction_factor: 1}",
+            "early_stopping.reduction_factor: Input should be greater than or equal to 2, got 1",
+        ),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5}\n    mode: maximum",
+            "sweeps.0.mode: Input should be 'min' or 'max', got 'maximum'",
+        ),
+        ("experiment: t", "experiment: t\nmax_concurrent_trials: 0", "greater than 0, got 0"),
+        ("experiment: t", "experiment: a b", "experiment: String should match pattern"),
+        ("experiment: t", "experiment: a b", "got 'a b'"),
+        ("train: {steps: 5}", "train: {steps: 5, weight_decay: -0.1}", "or equal to 0, got -0.1"),
+        ("experiment: t", "experiment: t\ndata: {seq_len: 1}", "data: seq_len must be >= 2 (next-byte"),
+        ("experiment: t", "experiment: t\ndata: {seq_len: 1}", "two tokens), got 1"),
+        (
+            "width: [64]",
+            "width: [1]",
+            "width must be >= 2 for mlp (the second hidden layer is width // 2), got 1",
+        ),
+    ],
+)
+def test_choice_and_range_messages_repeat_the_value(tmp_path, old, new, expected):
+    assert old in GOOD
+    with pytest.raises(ConfigError) as err:
+        exp = load_experiment(write(tmp_path, GOOD.replace(old, new)))
+        for s in exp.sweeps:
+            [parse_trial(t) for t in s.trial_dicts(exp.base())]
+    assert expected in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"])
+def test_an_empty_file_is_called_empty(tmp_path, text):
+    with pytest.raises(ConfigError) as err:
+        load_experiment(write(tmp_path, text))
+    message = str(err.value)
+    assert "the file is empty; it needs at least experiment and sweeps" in message, message
+    assert "NoneType" not in message
+
+
+@pytest.mark.parametrize(
+    "setting, shown",
+    [
+        ("learning_rate: .nan", "nan"),
+        ("learning_rate: .inf", "inf"),
+        ("learning_rate: nan", "'nan'"),
+        ("learning_rate: -.inf", "-inf"),
+        ("weight_decay: .nan", "nan"),
+        ("weight_decay: -.inf", "-inf"),
+    ],
+)
+def test_nan_and_infinity_are_not_finite(tmp_path, setting, shown):
+    config = GOOD.replace("train: {steps: 5}", f"train: {{steps: 5, {setting}}}")
+    with pytest.raises(ConfigError) as err:
+        exp = load_experiment(write(tmp_path, config))
+        [parse_trial(t) for t in exp.sweeps[0].trial_dicts(exp.base())]
+    message = str(err.value)
+    field = setting.split(":")[0]
+    assert f"train.{field}: not finite (NaN and infinity are not allowed), got {shown}" in message, message
+    assert "greater than" not in message

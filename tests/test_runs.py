@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
+import jax
 import pytest
 
 from jaxray import checkpoint, runs
+from jaxray.config import parse_trial
 from jaxray.config.experiment import ExperimentConfig
+from jaxray.models import build
 from jaxray.reporting.sweep import markdown_summary
 from jaxray.tune import save_experiment
 
@@ -21,13 +25,28 @@ def mlp(trial, accuracy, loss, **extra):
         "workload": "mlp",
         "test_accuracy": accuracy,
         "test_loss": loss,
-        "checkpoint": f"/runs/x/train/{trial}/checkpoint_step_00000020_attempt1",
+        "checkpoint": f"train/{trial}/checkpoint_step_00000020_attempt1",  # relative, as written
         **extra,
     }
 
 
 # Highest accuracy (the default metric) is "sharp"; lowest test loss is "calm": they disagree.
 ROWS = [mlp("sharp", 0.90, 0.45), mlp("calm", 0.88, 0.31), mlp("bad", 0.70, 0.80)]
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory) -> Path:
+    """A real checkpoint of a width-8 MLP (an Orbax save), copied to each row's checkpoint."""
+    trial = parse_trial({"model": {"workload": "mlp", "width": 8}})
+    params = build(trial.model).init(jax.random.key(0))
+    return checkpoint.save(tmp_path_factory.mktemp("stored") / "ck", params, trial)
+
+
+def populate(folder: Path, rows: list[dict], stored: Path) -> Path:
+    """A copy of ``stored`` at each row's checkpoint under ``folder``, so resolve finds real ones."""
+    for row in rows:
+        shutil.copytree(stored, folder / row["checkpoint"])
+    return folder
 
 
 def sweep_folder(tmp_path: Path, rows: list[dict], metric: str | None = "test_loss", mode=None) -> Path:
@@ -44,32 +63,32 @@ def best_named_in_summary_md(rows, ranking) -> str:
     return best.split("`")[1]
 
 
-def test_the_default_and_the_saved_metric_disagree_and_the_saved_one_wins(tmp_path):
+def test_the_default_and_the_saved_metric_disagree_and_the_saved_one_wins(tmp_path, stored):
     assert runs.best_trial(ROWS, "mlp")["trial"] == "sharp"  # DEFAULT_METRIC: highest test_accuracy
-    folder = sweep_folder(tmp_path, ROWS)
+    folder = populate(sweep_folder(tmp_path, ROWS), ROWS, stored)
     ranking = runs.saved_ranking(folder)
     assert ranking == {"mlp": ("test_loss", "min")}  # mode follows the metric when not given
     assert runs.best_trial(ROWS, "mlp", ranking)["trial"] == "calm"
-    assert runs.best_checkpoint(folder) == Path(ROWS[1]["checkpoint"])
-    assert checkpoint.resolve(folder) == Path(ROWS[1]["checkpoint"])
+    assert runs.best_checkpoint(folder) == folder / ROWS[1]["checkpoint"]
+    assert checkpoint.resolve(folder) == folder / ROWS[1]["checkpoint"]
     assert best_named_in_summary_md(ROWS, ranking) == "calm"
 
 
-def test_an_explicit_mode_is_honoured(tmp_path):
-    folder = sweep_folder(tmp_path, ROWS, metric="test_loss", mode="max")
+def test_an_explicit_mode_is_honoured(tmp_path, stored):
+    folder = populate(sweep_folder(tmp_path, ROWS, metric="test_loss", mode="max"), ROWS, stored)
     assert runs.saved_ranking(folder) == {"mlp": ("test_loss", "max")}
     assert checkpoint.resolve(folder).parent.name == "bad"
     assert best_named_in_summary_md(ROWS, runs.saved_ranking(folder)) == "bad"
 
 
-def test_a_sweep_on_the_default_metric_ranks_as_before(tmp_path):
-    folder = sweep_folder(tmp_path, ROWS, metric=None)
+def test_a_sweep_on_the_default_metric_ranks_as_before(tmp_path, stored):
+    folder = populate(sweep_folder(tmp_path, ROWS, metric=None), ROWS, stored)
     assert runs.saved_ranking(folder) == {"mlp": ("test_accuracy", "max")}
     assert checkpoint.resolve(folder).parent.name == "sharp"
 
 
-def test_without_experiment_yaml_the_default_metric_ranks(tmp_path):
-    (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))
+def test_without_experiment_yaml_the_default_metric_ranks(tmp_path, stored):
+    (populate(tmp_path, ROWS, stored) / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))
     assert runs.saved_ranking(tmp_path) == {}
     assert checkpoint.resolve(tmp_path).parent.name == "sharp"
 
@@ -99,9 +118,9 @@ def test_missing_and_non_finite_values_rank_last_and_ties_go_to_the_first():
     assert runs.metric_value({"m": math.inf}, "m") is None and runs.metric_value({"m": True}, "m") is None
 
 
-def test_a_sweep_whose_trials_all_diverged_still_resolves_to_its_first_checkpoint(tmp_path):
+def test_a_sweep_whose_trials_all_diverged_still_resolves_to_its_first_checkpoint(tmp_path, stored):
     rows = [mlp("a", float("nan"), float("nan")), mlp("b", None, None)]
-    folder = sweep_folder(tmp_path, rows)
+    folder = populate(sweep_folder(tmp_path, rows), rows, stored)
     assert checkpoint.resolve(folder).parent.name == "a"
     assert "no trial finished with a finite test loss" in markdown_summary(rows, runs.saved_ranking(folder))
 
@@ -120,9 +139,9 @@ def test_other_workloads_keep_their_own_ranking():
 
 
 def test_the_default_workload_is_the_transformer_then_the_first_by_name(tmp_path):
-    rows = [*ROWS, {"trial": "t", "workload": "transformer", "val_loss": 2.0, "checkpoint": "/c/t"}]
+    rows = [*ROWS, {"trial": "t", "workload": "transformer", "val_loss": 2.0, "checkpoint": "train/t/c"}]
     (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(rows))
-    assert runs.best_checkpoint(tmp_path) == Path("/c/t")
+    assert runs.best_checkpoint(tmp_path) == tmp_path / "train/t/c"
     with pytest.raises(
         runs.RunFolderError, match="no trial with a checkpoint for workload 'shared_block_mlp'"
     ):

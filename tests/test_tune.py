@@ -13,8 +13,17 @@ import pytest
 
 from jaxray.config import ConfigError
 from jaxray.config.experiment import load_experiment
-from jaxray.runs import EXPERIMENT_FILE
-from jaxray.tune import load_resume, main, parse_args, prepare_out, save_experiment
+from jaxray.runs import EXPERIMENT_FILE, SUMMARY_JSON, TRAIN_DIR
+from jaxray.tune import (
+    ASIDE_DIR,
+    check_out,
+    load_resume,
+    main,
+    parse_args,
+    save_experiment,
+    set_aside,
+    settle_aside,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,6 +107,64 @@ def test_a_new_run_into_a_resumable_folder_points_to_resume(tmp_path):
             f"(experiment.yaml); pass --overwrite to replace them, --resume {tmp_path} to finish that run"
         ),
     ):
-        prepare_out(tmp_path, overwrite=False)
-    prepare_out(tmp_path, overwrite=True)
-    assert not (tmp_path / EXPERIMENT_FILE).exists()
+        check_out(tmp_path, overwrite=False)
+    assert check_out(tmp_path, overwrite=True) == [tmp_path / EXPERIMENT_FILE]
+    assert (tmp_path / EXPERIMENT_FILE).is_file()  # checking moves nothing
+
+
+def _earlier_run(out: Path) -> dict[str, bytes]:
+    """A folder with an earlier run's files (what they hold does not matter to the folder policy)."""
+    save_experiment(out, load_experiment(ROOT / "tune_configs/smoke.yaml"))
+    (out / SUMMARY_JSON).write_text('{"rows": []}')
+    (out / TRAIN_DIR / "trial_0").mkdir(parents=True)
+    (out / TRAIN_DIR / "trial_0" / "weights").write_bytes(b"earlier")
+    (out / "notes.txt").write_text("the user's own file")
+    return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def test_overwrite_keeps_the_earlier_run_aside_until_a_new_trial_finishes(tmp_path):
+    before = _earlier_run(tmp_path)
+    aside = set_aside(tmp_path, check_out(tmp_path, overwrite=True))
+    assert (
+        aside == tmp_path / ASIDE_DIR
+        and (aside / TRAIN_DIR / "trial_0" / "weights").read_bytes() == b"earlier"
+    )
+    assert (tmp_path / "notes.txt").is_file() and not (tmp_path / SUMMARY_JSON).exists()
+    with pytest.raises(
+        ConfigError, match=re.escape(f"{aside} holds the results of a run that an interrupted")
+    ):
+        check_out(tmp_path, overwrite=True)  # a second overwrite never touches set-aside results
+    (tmp_path / SUMMARY_JSON).write_text('{"rows": ["new"]}')
+    settle_aside(tmp_path, aside, [({"trial": "t0", "test_accuracy": 0.8}, [])])
+    assert not aside.exists() and (tmp_path / SUMMARY_JSON).read_text() == '{"rows": ["new"]}'
+    assert "notes.txt" in _files(tmp_path) and len(before) == 4
+
+
+def test_a_new_run_with_no_finished_trial_puts_the_earlier_results_back(tmp_path, capsys):
+    before = _earlier_run(tmp_path)
+    aside = set_aside(tmp_path, check_out(tmp_path, overwrite=True))
+    save_experiment(tmp_path, load_experiment(ROOT / "tune_configs/demo.yaml"))  # the new run's files
+    (tmp_path / TRAIN_DIR).mkdir()
+    settle_aside(tmp_path, aside, [({"trial": "t0", "error": "RuntimeError: boom"}, [])])
+    assert _files(tmp_path) == before and not aside.exists()
+    assert f"the earlier run's results are back in {tmp_path}" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_an_overwrite_refused_by_the_cluster_leaves_the_earlier_run_in_place(tmp_path, monkeypatch, capsys):
+    """use_gpu on a private Ray without GPUs fails once Ray is up (the last check before training):
+    before, --overwrite had already deleted the earlier results by then."""
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    before = _earlier_run(tmp_path / "out")
+    config = tmp_path / "gpu.yaml"
+    smoke = (ROOT / "tune_configs/smoke.yaml").read_text()
+    config.write_text(smoke.replace("devices_per_worker: 1}", "devices_per_worker: 1, use_gpu: true}"))
+    assert "use_gpu: true" in config.read_text()
+    assert main(["--config", str(config), "--out", str(tmp_path / "out"), "--overwrite"]) == 2
+    assert "workers.use_gpu is true" in capsys.readouterr().err
+    assert _files(tmp_path / "out") == before

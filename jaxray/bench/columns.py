@@ -45,6 +45,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "epoch_boundaries": ("epoch ends timed", ""),
     "save_s": ("save s", ".3f"),
     "restore_s": ("restore s", ".3f"),
+    "restore_unverified_s": ("restore s, no verify", ".3f"),
     "size_mb": ("size MB", ".1f"),
     # ratios
     "speedup_vs_1": ("speedup", ".2f"),

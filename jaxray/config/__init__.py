@@ -4,17 +4,31 @@ reads the YAML.
 
 Every config is a frozen pydantic model with ``extra="forbid"``: a misspelled key is rejected with
 its name and the allowed ones, a bad value with the field's path and the allowed values, before Ray
-starts or anything compiles. ``check_devices`` holds the checks that need the device count; what
-needs more than the config (whether cuDNN attention can run) is ``jaxray.parallel.checks``.
+starts or anything compiles. Booleans take only true/false, numbers that must be finite say so
+for NaN and infinity, and every message about a value repeats the value received ("got ...").
+``check_devices`` holds the checks that need the device count; what needs more than the config
+(whether cuDNN attention can run) is ``jaxray.parallel.checks``.
 
 The axis letters and batch terms of every docstring are defined once, in ``jaxray.models``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    ValidationError,
+    model_validator,
+)
+
+from jaxray.argtypes import MAX_CPU_DEVICES
 
 Workload = Literal["mlp", "shared_block_mlp", "transformer"]
 DType = Literal["float32", "bfloat16", "float16"]
@@ -27,16 +41,27 @@ DEFAULT_WIDTH = {"mlp": 256, "shared_block_mlp": 1024, "transformer": 256}
 DEFAULT_LEARNING_RATE = {"mlp": 3e-3, "shared_block_mlp": 3e-4, "transformer": 3e-4}
 
 
-def _no_bool(value: Any) -> Any:
-    # YAML's true/false would otherwise pass as 1/0 (pydantic's lax mode accepts bools as numbers).
+def _finite_number(value: Any) -> Any:
+    """A float field's input as given, unless it is a boolean or NaN/infinity (ValueError): YAML's
+    true/false would otherwise pass as 1/0 (pydantic's lax mode accepts bools as numbers), and NaN
+    would be reported against the field's range ("greater than 0") instead of as not finite.
+    Checked before the range so that ``.nan``, ``nan`` and ``-.inf`` all get that message."""
     if isinstance(value, bool):
         raise ValueError("a boolean is not a number")
+    if isinstance(value, (int, float, str)):
+        try:
+            number = float(value)
+        except (ValueError, OverflowError):  # not a number: pydantic's own message says so
+            return value
+        if not math.isfinite(number):
+            raise ValueError("not finite (NaN and infinity are not allowed)")
     return value
 
 
 # Integers are strict (no 2.5, "10" or true); floats accept YAML's 3e-3, which PyYAML reads as text.
 PosInt = Annotated[int, Strict(), Field(gt=0)]
-PosFloat = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, allow_inf_nan=False)]
+FiniteFloat = Annotated[float, BeforeValidator(_finite_number), Field(allow_inf_nan=False)]
+PosFloat = Annotated[FiniteFloat, Field(gt=0)]
 
 
 class ConfigError(ValueError):
@@ -73,7 +98,9 @@ class ModelConfig(FrozenConfig):
         if self.workload == "transformer" and self.width % self.num_heads:
             raise ValueError(f"width (d_model) {self.width} must be divisible by num_heads {self.num_heads}")
         if self.workload == "mlp" and self.width < 2:
-            raise ValueError("width must be >= 2 for mlp (the second hidden layer is width // 2)")
+            raise ValueError(
+                f"width must be >= 2 for mlp (the second hidden layer is width // 2), got {self.width}"
+            )
         return self
 
     @property
@@ -91,7 +118,7 @@ class TrainConfig(FrozenConfig):
     steps: PosInt = 100
     global_batch: PosInt = 256
     learning_rate: PosFloat | None = None
-    weight_decay: Annotated[float, BeforeValidator(_no_bool), Field(ge=0, allow_inf_nan=False)] = 1e-4
+    weight_decay: Annotated[FiniteFloat, Field(ge=0)] = 1e-4
     seed: Annotated[int, Strict(), Field(ge=0)] = 0
     log_every: PosInt = 25
     report_every: PosInt | None = None
@@ -126,19 +153,35 @@ class DataConfig(FrozenConfig):
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
         if self.seq_len < 2:
-            raise ValueError("seq_len must be >= 2 (next-byte prediction needs two tokens)")
+            raise ValueError(
+                f"seq_len must be >= 2 (next-byte prediction needs two tokens), got {self.seq_len}"
+            )
         return self
 
 
 class WorkersConfig(FrozenConfig):
-    """Ray Train scaling: ``num_workers`` JAX processes, each owning ``devices_per_worker`` devices."""
+    """Ray Train scaling: ``num_workers`` JAX processes, each owning ``devices_per_worker`` devices.
+
+    On CPU (``use_gpu: false``) a worker's devices are forced host devices, at most
+    ``jaxray.argtypes.MAX_CPU_DEVICES`` (as the command lines' ``--cpu-devices``): a larger
+    ``devices_per_worker`` is a ValueError naming the field, the value and the bound.
+    """
 
     num_workers: PosInt = 1
     devices_per_worker: PosInt = 1
-    use_gpu: bool = False
+    use_gpu: StrictBool = False
     # Ray Train restarts the worker group this many times after a worker dies; the loop resumes
     # from the last checkpoint (``train.checkpoint_every``).
     max_failures: Annotated[int, Strict(), Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _cpu_devices(self) -> WorkersConfig:
+        if not self.use_gpu and self.devices_per_worker > MAX_CPU_DEVICES:
+            raise ValueError(
+                f"devices_per_worker must be at most {MAX_CPU_DEVICES} forced host devices on CPU "
+                f"(use_gpu is false), got {self.devices_per_worker}; use more workers instead"
+            )
+        return self
 
     @property
     def total_devices(self) -> int:
@@ -154,7 +197,7 @@ class FaultConfig(FrozenConfig):
     the restore has to fall back to the one before."""
 
     kill_at_step: PosInt | None = None
-    corrupt_latest_checkpoint: bool = False
+    corrupt_latest_checkpoint: StrictBool = False
 
 
 class TrialConfig(FrozenConfig):
@@ -222,10 +265,33 @@ def _where(prefix: str, loc: tuple = ()) -> str:
     return (prefix + ".".join(str(p) for p in loc)).rstrip(".") or "(top level)"
 
 
+def shown(value: Any) -> str:
+    """``value`` as a config message quotes it: YAML's spelling for booleans and null (true, null),
+    strings quoted, anything else as Python prints it (nan, inf, [1, 2]), at most 80 characters."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _message(e: dict) -> str:
+    """One pydantic error in words, ending with the value received ("..., got 0"); a check of a
+    whole section (a model validator, whose input is the mapping) words its own message."""
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "bool_type":
+        msg = "Input should be true or false"
+    section_check = e["type"] == "value_error" and isinstance(e["input"], dict)
+    if section_check or e["type"] in ("missing", "extra_forbidden"):
+        return msg
+    return f"{msg}, got {shown(e['input'])}"
+
+
 def _format(err: ValidationError, source: str, root: type[BaseModel], prefix: str = "") -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = _message(e)
         if e["type"] == "extra_forbidden":
             msg = f"unknown key; allowed: {', '.join(_allowed_keys(root, e['loc'][:-1]))}"
         lines.append(f"  {_where(prefix, e['loc'])}: {msg}")
@@ -240,8 +306,8 @@ def invalid(source: str, message: str, prefix: str = "") -> ConfigError:
 
 
 def validate(cls: type[BaseModel], data: Any, source: str, prefix: str = ""):
-    """``cls.model_validate(data)``; ConfigError whose message starts with ``source`` and gives each
-    field's path after ``prefix``."""
+    """``cls.model_validate(data)``. Raises ConfigError whose message starts with ``source`` and
+    gives each field's path after ``prefix``, what is allowed and the value received."""
     try:
         return cls.model_validate(data)
     except ValidationError as err:

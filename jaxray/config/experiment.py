@@ -8,6 +8,7 @@ ranking back from a run folder's ``experiment.yaml``.
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -27,6 +28,7 @@ from jaxray.config import (
     WorkersConfig,
     Workload,
     parse_trial,
+    shown,
     validate,
 )
 
@@ -201,8 +203,18 @@ class ExperimentConfig(FrozenConfig):
         }
 
 
+BOOL_TAG = "tag:yaml.org,2002:bool"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last silently)."""
+    """SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last silently)
+    and reads only true/false as booleans (YAML 1.2): PyYAML's YAML 1.1 also turns yes, no, on
+    and off into booleans, which a strict boolean field would then accept."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != BOOL_TAG]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -216,10 +228,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+_UniqueKeyLoader.add_implicit_resolver(
+    BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
 def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read and validate an experiment YAML, then expand every sweep so each trial is checked up front.
 
-    Raises ConfigError for a missing file, invalid YAML, unknown keys, wrong types or values, and for
+    Raises ConfigError for a missing, empty or non-UTF-8 file, invalid YAML, a top level that is not
+    a mapping, unknown keys, wrong types or values (the message repeats the value received), and for
     any grid point that cannot run (for example a global batch the device count does not divide).
     Whether the attention a grid point asks for can run is not decided here (it needs the model
     code): ``jaxray.parallel.checks.check_experiment``.
@@ -233,8 +251,15 @@ def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -
         raise ConfigError(f"{path} is not UTF-8 text: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid YAML in {path}: {err}") from None
+    if raw is None:  # nothing but whitespace and comments
+        raise ConfigError(
+            f"invalid config {path}: the file is empty; it needs at least experiment and sweeps"
+        )
     if not isinstance(raw, dict):
-        raise ConfigError(f"invalid config {path}: the top level must be a mapping, got {type(raw).__name__}")
+        raise ConfigError(
+            f"invalid config {path}: the top level must be a mapping of keys (experiment, sweeps, ...), "
+            f"got a {type(raw).__name__}: {shown(raw)}"
+        )
     for key, value in (overrides or {}).items():
         section, _, field = key.partition(".")
         if not isinstance(raw.get(section), dict):

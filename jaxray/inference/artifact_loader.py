@@ -130,14 +130,22 @@ def read_artifact_manifest(directory: str | Path) -> dict:
 
 
 def verify_files(directory: Path, manifest: dict) -> None:
-    """ArtifactError naming the first file that is missing or whose sha256 is not the manifest's."""
+    """Check every file the manifest lists (weights and programs) against its sha256, before any is
+    read. ArtifactError naming the first file that is missing, or whose sha256 is not the
+    manifest's (both digests given), or a manifest entry without a file or digest."""
     files = [manifest["weights"]] + list(manifest["functions"].values())
     for entry in files:
+        if not isinstance(entry, dict) or not entry.get("file") or not entry.get("sha256"):
+            raise ArtifactError(f"{directory / ARTIFACT_MANIFEST} lists a file without its name or sha256")
         path = directory / entry["file"]
         if not path.is_file():
             raise ArtifactError(f"{path} is missing")
-        if sha256(path) != entry["sha256"]:
-            raise ArtifactError(f"{path} is damaged: its sha256 is not the one in {ARTIFACT_MANIFEST}")
+        found = sha256(path)
+        if found != entry["sha256"]:
+            raise ArtifactError(
+                f"{path} is damaged: {ARTIFACT_MANIFEST} records sha256 {entry['sha256']}, "
+                f"the file has {found}"
+            )
 
 
 def check_versions(manifest: dict) -> None:

@@ -35,6 +35,19 @@ class AttentionChoice:
     implementation: str
     reason: str = ""
 
+    @property
+    def note(self) -> str:
+        """Why this implementation, in words for logs and summaries: "requested in model.attention"
+        for an explicit request, else what ``auto`` found ("auto: cuDNN can run here" or "auto:
+        <reason>")."""
+        if self.requested != "auto":
+            return "requested in model.attention"
+        return f"auto: {self.reason or 'cuDNN can run here'}"
+
+    def describe(self) -> str:
+        """One log line's part: "attention xla (auto: cuDNN attention needs an NVIDIA GPU, ...)"."""
+        return f"attention {self.implementation} ({self.note})"
+
 
 @dataclass(frozen=True)
 class Target:

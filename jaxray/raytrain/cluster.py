@@ -27,6 +27,7 @@ from ray.train.collective import broadcast_from_rank_zero
 
 from jaxray.config import ConfigError, WorkersConfig
 from jaxray.config.experiment import ExperimentConfig
+from jaxray.models.attention import AttentionChoice
 
 # Ray Data's per-dataset progress bars would flood the log of every trial.
 QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
@@ -158,15 +159,18 @@ def check_local_devices(workers: WorkersConfig) -> None:
         )
 
 
-def describe_worker(rank: int) -> str:
-    """One log line: Ray rank, JAX process index and count, local devices and, on GPU, the physical
-    GPUs' UUIDs (so two workers sharing a GPU show the same UUID)."""
+def describe_worker(rank: int, attention: AttentionChoice | None = None) -> str:
+    """One log line: Ray rank, JAX process index and count, local devices, on GPU the physical
+    GPUs' UUIDs (so two workers sharing a GPU show the same UUID) and, for the transformer, the
+    attention implementation used and why (``AttentionChoice.describe``)."""
     line = (
         f"jaxray worker rank {rank}: JAX process {jax.process_index()} of {jax.process_count()}, "
         f"local devices {jax.local_devices()}"
     )
     if jax.default_backend() == "gpu":
         line += f", GPUs {gpu_uuids()}"
+    if attention is not None:
+        line += f", {attention.describe()}"
     return line
 
 

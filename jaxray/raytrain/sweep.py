@@ -10,6 +10,7 @@ one summary row per trial: what the trial's workers reported last, without Tune'
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -57,10 +58,13 @@ def trial_name(workload: str, config: dict[str, Any]) -> str:
     return f"{workload}_b{config['global_batch']}_{config['dtype']}_w{config['width']}"
 
 
-def run_trial(config: dict[str, Any], sweep: dict, base: dict, datasets: dict, out: str) -> None:
+def run_trial(
+    config: dict[str, Any], sweep: dict, base: dict, datasets: dict, out: str, xla_flags: str | None = None
+) -> None:
     """Tune function trainable: one Ray Train run whose reports reach Tune via TuneReportCallback.
     ``config``: the grid point; ``sweep``: the SweepConfig dict; ``base``: the experiment's trial
-    dict; ``out``: the output folder (the run under ``train/``, events under ``tensorboard/``)."""
+    dict; ``out``: the output folder (the run under ``train/``, events under ``tensorboard/``);
+    ``xla_flags``: the driver's XLA_FLAGS, kept by the workers (``trainer.worker_env``)."""
     sweep_cfg = SweepConfig.model_validate(sweep)
     trial = parse_trial(sweep_cfg.trial_dict(base, config["global_batch"], config["dtype"], config["width"]))
     name = trial_name(sweep_cfg.workload, config)
@@ -71,6 +75,7 @@ def run_trial(config: dict[str, Any], sweep: dict, base: dict, datasets: dict, o
         name=name,
         tensorboard_dir=Path(out) / TENSORBOARD_DIR / name,
         callbacks=[TuneReportCallback()],
+        xla_flags=xla_flags,
     ).fit()
 
 
@@ -117,8 +122,15 @@ def run_sweep(
     """
     # With data.parquet each worker streams its rows itself (jaxray.data.parquet): no dataset to pass.
     datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])} if arrays else {}
+    # The driver's XLA_FLAGS: the trial runs in a Tune actor, whose environment is the cluster's.
+    xla_flags = os.environ.get("XLA_FLAGS", "")
     trainable = tune.with_parameters(
-        run_trial, sweep=sweep.model_dump(), base=exp.base(), datasets=datasets, out=str(out)
+        run_trial,
+        sweep=sweep.model_dump(),
+        base=exp.base(),
+        datasets=datasets,
+        out=str(out),
+        xla_flags=xla_flags,
     )
     path = out / TUNE_DIR / sweep.workload
     if resume and tune.Tuner.can_restore(path):

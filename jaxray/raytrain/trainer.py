@@ -9,6 +9,7 @@ the rows of each global batch that its own devices hold (``jaxray.raytrain.shard
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
@@ -19,16 +20,29 @@ from jaxray.raytrain.cluster import QUIET_ENV
 from jaxray.raytrain.worker import train_loop_per_worker
 from jaxray.runs import COMPILE_FILE
 
+FORCE_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 
-def worker_env(workers: WorkersConfig) -> dict[str, str]:
-    """Environment for the worker processes, set by Ray before JAX is imported there."""
+
+def cpu_xla_flags(devices: int, flags: str = "") -> str:
+    """``flags`` (the user's XLA_FLAGS) with ``FORCE_DEVICES_FLAG=devices`` added; a device count
+    already in them is replaced, every other flag kept in its order."""
+    kept = [f for f in flags.split() if f.split("=", 1)[0] != FORCE_DEVICES_FLAG]
+    return " ".join([*kept, f"{FORCE_DEVICES_FLAG}={devices}"])
+
+
+def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str, str]:
+    """Environment for the worker processes, set by Ray before JAX is imported there. ``xla_flags``:
+    the driver's XLA_FLAGS (None: this process's), kept for the workers; on CPU the forced device
+    count (``workers.devices_per_worker``) is added to them (``cpu_xla_flags``)."""
+    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
     if workers.use_gpu:
         # Several JAX processes may share a GPU in small tests; preallocation would starve them.
-        return {**QUIET_ENV, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        env = {**QUIET_ENV, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        return {**env, "XLA_FLAGS": flags} if flags.strip() else env
     return {
         **QUIET_ENV,
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={workers.devices_per_worker}",
+        "XLA_FLAGS": cpu_xla_flags(workers.devices_per_worker, flags),
     }
 
 
@@ -47,11 +61,14 @@ def make_trainer(
     name: str,
     tensorboard_dir: str | Path | None = None,
     callbacks: list | None = None,
+    xla_flags: str | None = None,
 ) -> JaxTrainer:
     """A JaxTrainer for one trial. ``datasets``: ``{"train": Dataset, "eval": Dataset}``, both given
     whole to every worker: each takes its rows of every global batch of ``train`` and of ``eval``
     ({} with ``data.parquet``: each worker streams its rows itself). The run is
-    ``storage_path/name``; the attempt counter (``name.attempts.json``) lies beside it."""
+    ``storage_path/name``; the attempt counter (``name.attempts.json``) lies beside it.
+    ``xla_flags``: the driver's XLA_FLAGS, which the workers keep (``worker_env``; None: this
+    process's)."""
     w = trial.workers
     resources = {"GPU": w.devices_per_worker} if w.use_gpu else {"CPU": 1}
     # Outside Ray's own run folder (Ray Train v2 keeps that for its own state).
@@ -76,7 +93,7 @@ def make_trainer(
             name=name,
             storage_path=str(storage_path),
             callbacks=callbacks or [],
-            worker_runtime_env={"env_vars": worker_env(w)},
+            worker_runtime_env={"env_vars": worker_env(w, xla_flags)},
             failure_config=FailureConfig(max_failures=w.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=trial.train.keep_checkpoints),
         ),

@@ -15,6 +15,7 @@ from typing import Any
 import ray.train
 
 from jaxray.config import parse_trial
+from jaxray.models import resolve_attention
 from jaxray.parallel.mesh import make_mesh
 from jaxray.raytrain.cluster import check_local_devices, cpu_program, describe_worker
 from jaxray.raytrain.faults import fault_hooks
@@ -34,8 +35,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     final full-state checkpoint (saved by rank 0, with ``history.json``, every logged row). After a
     worker died, Ray Train restarts the group (``workers.max_failures``) and the loop resumes from
     the newest usable checkpoint (``resume_point``). The summary records ``restarts`` and
-    ``resumed_from_step``. Rank 0 also writes TensorBoard events at every log step, and the step's
-    compile report to ``compile_file`` before the first step (``jaxray.train.compile_report``).
+    ``resumed_from_step`` and, for the transformer, the ``attention`` used and why
+    (``attention_note``), which the worker's first log line gives too. Rank 0 also writes
+    TensorBoard events at every log step, and the step's compile report to ``compile_file``
+    before the first step (``jaxray.train.compile_report``).
     """
     trial = parse_trial(config["trial"])
     context = ray.train.get_context()
@@ -44,7 +47,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         check_local_devices(trial.workers)
         attempt = count_attempt(config.get("attempts_file")) if rank == 0 else 1
         # stdout reaches the driver's console and the Ray dashboard, prefixed with the worker's pid.
-        print(describe_worker(rank), flush=True)
+        # The attention is decided as ``train`` decides it (same request, same device).
+        attention = resolve_attention(trial.model) if trial.model.workload == "transformer" else None
+        print(describe_worker(rank, attention), flush=True)
         start = resume_point(trial, rank, attempt)
         if start.checkpoint is not None and rank == 0:
             print(f"jaxray: attempt {start.attempt}, resuming from {start.checkpoint}", flush=True)

@@ -3,10 +3,15 @@ the two plots of ``jaxray.reporting.figures``.
 
 Written under ``out_dir`` by ``write_reports``:
 
-    summary.json             one object per trial: KEY_ORDER keys first, then extras; NaN/inf -> null
+    summary.json             one object per trial: KEY_ORDER keys first, then extras; NaN/inf -> null;
+                             the checkpoint path relative to out_dir (``jaxray.runs.record_path``)
     summary.md               heading, a table row per trial (failed ones too), best trial per workload
     throughput_vs_batch.png  examples/s (MLPs) or tokens/s (transformer) against global batch (log2)
     loss_curves.png          training loss against examples (MLPs) or tokens (transformer) processed
+
+A transformer trial's row names the attention it used (``attention``: "xla" or "cudnn") and why
+(``attention_note``: "requested in model.attention", or what ``auto`` found;
+``jaxray.models.attention``).
 
 Units: throughput in examples/s or tokens/s, ``ms_per_step`` in milliseconds, ``compile_s`` in
 seconds, ``peak_bytes_per_device`` in bytes (shown in MiB: XLA's memory analysis of the compiled
@@ -30,6 +35,7 @@ from jaxray.runs import (
     Ranking,
     best_trial,
     ranking_metric,
+    record_path,
 )
 
 KEY_ORDER = (
@@ -38,6 +44,8 @@ KEY_ORDER = (
     "global_batch",
     "dtype",
     "width",
+    "attention",
+    "attention_note",
     "steps",
     "devices",
     "examples_per_sec",
@@ -57,6 +65,7 @@ HEADER = (
     "global batch",
     "dtype",
     "width",
+    "attention",
     "steps",
     "devices",
     "throughput",
@@ -78,14 +87,19 @@ def write_reports(
 
     ``histories`` maps a trial name to its logged rows (``step``, ``examples``, ``loss``, and
     ``tokens`` for the transformer). ``ranking`` maps a workload to the (metric, "min"|"max") that
-    picks its best trial (default: ``jaxray.config.experiment.DEFAULT_METRIC``). Returns {file name: path}.
+    picks its best trial (default: ``jaxray.config.experiment.DEFAULT_METRIC``). A row's
+    ``checkpoint`` is written relative to ``out_dir``, so the run folder can be moved. Returns {file
+    name: path}.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in FILES}
+    recorded = [
+        {**r, "checkpoint": record_path(out, r["checkpoint"])} if r.get("checkpoint") else r for r in rows
+    ]
     # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
     paths[SUMMARY_JSON].write_text(
-        json.dumps([json_safe(ordered_row(r)) for r in rows], indent=2, allow_nan=False) + "\n"
+        json.dumps([json_safe(ordered_row(r)) for r in recorded], indent=2, allow_nan=False) + "\n"
     )
     paths[SUMMARY_MD].write_text(markdown_summary(rows, ranking))
     plot_throughput(rows, paths[THROUGHPUT_PLOT])
@@ -99,6 +113,15 @@ def ordered_row(row: dict) -> dict:
     return first | {k: v for k, v in row.items() if k not in first}
 
 
+def attention(row: dict) -> str:
+    """The attention cell: the implementation a transformer trial used and why ("xla (auto: cuDNN
+    attention needs an NVIDIA GPU, this device is cpu)"); empty for the MLPs."""
+    if not row.get("attention"):
+        return ""
+    note = row.get("attention_note")
+    return f"{row['attention']} ({note})" if note else str(row["attention"])
+
+
 def _table_row(row: dict, with_error: bool) -> list[str]:
     value, unit = throughput(row)
     ckpt = row.get("checkpoint")
@@ -108,6 +131,7 @@ def _table_row(row: dict, with_error: bool) -> list[str]:
         row.get("global_batch", ""),
         row.get("dtype", ""),
         row.get("width", ""),
+        attention(row),
         row.get("steps", ""),
         row.get("devices", ""),
         "" if value is None else f"{fmt(value, ',.0f')} {unit}",

@@ -1,13 +1,16 @@
 """python -m jaxray.serve --checkpoint PATH: serve a trained transformer over HTTP with Ray Serve.
 
-Every option is checked (and the port tried) before Ray starts. Joins the cluster ``RAY_ADDRESS``
-names (``RAY_ADDRESS=auto``: a ``ray start`` cluster on this machine), otherwise starts a private
-local Ray in-process. Prints the URL and a curl example once the replica has compiled; Ctrl-C
-(SIGINT) removes the app and stops what it started. SIGTERM does not: Ray 2.60's native
-failure-signal handler in this process aborts it (exit 134) and Ray's dashboard and runtime-env
-agents linger for about a minute; send SIGINT from supervisors.
+Every option is checked (and the port tried), and the weights restored once (every file checked
+against its SHA-256), before Ray starts: a damaged checkpoint is refused in seconds, naming the
+file (exit 2). Joins the cluster ``RAY_ADDRESS`` names (``RAY_ADDRESS=auto``: a ``ray start``
+cluster on this machine), otherwise starts a private local Ray in-process. Prints the URL and a
+curl example once the replica has compiled; a replica that fails to start ends the command with
+its exception (exit 1). Ctrl-C (SIGINT) or SIGTERM removes the app and stops what it started, in
+seconds: SIGTERM is handled here as Ctrl-C (Ray 2.60's native failure-signal handler, which would
+abort the process with exit 134 and leave Ray's agents behind, is replaced once Ray is up).
 
   python -m jaxray.serve --checkpoint runs/demo --port 8000 --max-batch-size 16 --batch-wait-ms 10
+  python -m jaxray.serve --config serve/config.yaml   # serve run's config, failing and stopping fast
 """
 
 from __future__ import annotations
@@ -15,41 +18,84 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+import yaml
 from pydantic import ValidationError
 
-from jaxray.argtypes import cli_parser, port
+from jaxray.argtypes import cli_parser, port, positive_float
 from jaxray.inference.settings import add_engine_options, engine_overrides
 from jaxray.serve.settings import AppArgs, add_replica_options, replica_overrides
 
 APP_NAME = "jaxray"
+IMPORT_PATH = "jaxray.serve.app:app_builder"  # the application of a config file (serve/config.yaml)
+PROXY_CALLBACK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"  # Serve's: middlewares for its proxy
+REQUEST_TIMEOUT_S = 60.0  # Serve's proxy answers a request still unanswered after this with a JSON 504
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli_parser("python -m jaxray.serve", __doc__.split("\n\n")[0])
     p.add_argument(
         "--checkpoint",
-        required=True,
         help="a checkpoint folder, runs/<experiment> (its best transformer), or an export artifact",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    p.add_argument("--port", type=port, default=8000, help="HTTP port")
+    p.add_argument(
+        "--config",
+        help="a Serve config file such as serve/config.yaml: its http_options and the args of its "
+        f"{IMPORT_PATH} application, which the options given here override",
+    )
+    p.add_argument("--host", help="address to listen on (0.0.0.0: every interface; default 127.0.0.1)")
+    p.add_argument("--port", type=port, help="HTTP port (default 8000)")
+    p.add_argument(
+        "--request-timeout-s",
+        type=positive_float,
+        help=f"seconds before an unanswered request gets a JSON 504 (default {REQUEST_TIMEOUT_S:g})",
+    )
     add_replica_options(p)
     add_engine_options(p)
     return p
 
 
-def app_args(args: argparse.Namespace, parser_error: Callable[[str], NoReturn]) -> AppArgs:
-    """The validated AppArgs; ``parser_error`` (exit 2) names the option of a bad value."""
+def read_config(path: str, parser_error: Callable[[str], NoReturn]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(http_options, args) of the Serve config file ``path``, which must hold one application
+    built by ``IMPORT_PATH``, its args valid AppArgs; ``parser_error`` (exit 2) says what is wrong."""
+    from ray.serve.schema import ServeDeploySchema  # deferred: ray is heavy; --help stays fast
+
     try:
-        parsed = AppArgs(checkpoint=args.checkpoint, **replica_overrides(args), engine=engine_overrides(args))
+        config = ServeDeploySchema.model_validate(yaml.safe_load(Path(path).read_text()))
+    except (OSError, yaml.YAMLError, ValueError) as err:  # pydantic's ValidationError is a ValueError
+        parser_error(f"--config {path}: {err}")
+    apps = [a for a in config.applications if a.import_path == IMPORT_PATH]
+    if len(apps) != 1:
+        parser_error(
+            f"--config {path}: expected one application of import_path {IMPORT_PATH}, found {len(apps)}"
+        )
+    try:
+        AppArgs.model_validate(apps[0].args)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        parser_error(f"--config {path}: args: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+    return config.http_options.model_dump(), dict(apps[0].args)
+
+
+def app_args(
+    args: argparse.Namespace, parser_error: Callable[[str], NoReturn], base: dict[str, Any] | None = None
+) -> AppArgs:
+    """The validated AppArgs: the options given over ``base`` (a config file's args);
+    ``parser_error`` (exit 2) names the option of a bad value."""
+    base = base or {}
+    if not (args.checkpoint or base.get("checkpoint")):
+        parser_error("one of --checkpoint or --config is required")
+    try:
+        given = {**base, "checkpoint": args.checkpoint or base["checkpoint"], **replica_overrides(args)}
+        parsed = AppArgs(**{**given, "engine": {**base.get("engine", {}), **engine_overrides(args)}})
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         option = "--" + str(first["loc"][-1] if first["loc"] else "args").replace("_", "-")
@@ -96,6 +142,9 @@ def init_ray() -> bool:
     # mode raised the 16-client tokens/s of `python -m jaxray.bench serve`. Workers of the private
     # Ray started here inherit it; set it yourself before `ray start` / `serve run`.
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    # Serve's proxy (a worker of this Ray, so it inherits this) with jaxray's JSON errors: Ray 2.60
+    # refuses middlewares in http_options, this callback is how a proxy gets them.
+    os.environ.setdefault(PROXY_CALLBACK, "jaxray.serve.routes:proxy_middlewares")
     ray.init(address="local", include_dashboard=False)
     return False
 
@@ -138,47 +187,77 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from jaxray.serve.app import build_app  # deferred: loads Ray and JAX, after --help has exited
 
+    http, base = read_config(args.config, parser.error) if args.config else ({}, {})
+    args.host = args.host or http.get("host") or "127.0.0.1"
+    args.port = args.port or http.get("port") or 8000
+    args.request_timeout_s = args.request_timeout_s or http.get("request_timeout_s") or REQUEST_TIMEOUT_S
     if problem := check_port(args.host, args.port):
         parser.error(f"--port: {problem}")
-    settings = app_args(args, parser.error)
-    try:  # binding checks the path, the checkpoint and the batch limits; it starts nothing
+    settings = app_args(args, parser.error, base)
+    try:  # checks the path, the batch limits and the checkpoint, restored once; starts nothing
         app = build_app(settings)
     except ValueError as err:
         parser.error(str(err))
+    joined = init_ray()
+    signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which installs Ray's own handler
+    try:
+        return _serve(app, args, settings.num_gpus, joined)
+    finally:
+        _stop(joined)
 
+
+def _interrupt(signum: int, _frame) -> NoReturn:
+    """SIGTERM as Ctrl-C: the app is removed and Ray stopped on the way out."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
+    """Deploy ``app``, print the ready message and wait for Ctrl-C / SIGTERM; the exit status."""
     from ray import serve  # deferred: ray is heavy; --help and option errors stay fast
 
-    joined = init_ray()
     try:
-        check_gpus(settings.num_gpus, joined)
-        serve.start(http_options={"host": args.host, "port": args.port})
+        check_gpus(num_gpus, joined)
+        http = {"host": args.host, "port": args.port, "request_timeout_s": args.request_timeout_s}
+        serve.start(http_options=http)
         serve.run(app, name=APP_NAME, route_prefix="/")
         print(ready_message(args.host, args.port), flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        print("stopping", file=sys.stderr)
+        print("stopping", file=sys.stderr, flush=True)
         return 0
     except GpuShortage as err:  # bad input, found once Ray is up
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (RuntimeError, ValueError) as err:  # a replica that failed to start: Serve's message names why
-        print(f"error: {err}", file=sys.stderr)
+    except (RuntimeError, ValueError) as err:  # a replica that failed to start: Serve's status says why
+        from jaxray.serve.app import deploy_failure  # deferred: loaded already, by main()
+
+        print(f"error: {err}\n{deploy_failure(APP_NAME)}".rstrip(), file=sys.stderr)
         return 1
-    finally:
-        _stop(joined)
 
 
 def _stop(joined: bool) -> None:
-    """Remove our app; stop Serve and Ray only if this process started them."""
+    """Remove our app from a joined cluster; stop the private Ray this process started."""
     import ray  # deferred: ray is heavy; --help and option errors stay fast
     from ray import serve  # deferred: as ray
 
+    # A second Ctrl-C would leave Ray half stopped: both signals wait until it is done.
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        serve.delete(APP_NAME) if joined else serve.shutdown()
+        if joined:
+            serve.delete(APP_NAME)
+        # A private Ray goes whole, Serve's controller, proxy and replica with it. serve.shutdown()
+        # first would wait for the controller to stop every replica and proxy, and up to 30 s for
+        # one that a terminal's Ctrl-C (sent to the whole process group) may already have ended.
     finally:
         ray.shutdown()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":
+    import jax  # deferred: only here, before JAX starts, so that main() called from tests is unaffected
+
+    # This process restores the weights only to check them: on the CPU, leaving the GPUs to the replica.
+    jax.config.update("jax_platforms", "cpu")
     sys.exit(main())

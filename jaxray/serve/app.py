@@ -11,6 +11,11 @@ groups ``jaxray.serve.scheduler`` admits into one running batch (continuous batc
 while it decodes.
 
 ``serve run serve/config.yaml`` calls ``app_builder``; ``python -m jaxray.serve`` calls ``build_app``.
+Both restore the weights once in the calling process (``check_restores``) before anything is
+deployed, so a damaged checkpoint is refused there, naming the file. The deployment's options
+(``deployment``) make faults short: a replica whose constructor raises is not started again (the
+deploy fails with its exception), a replica that dies is noticed within seconds and replaced, a
+full queue answers 503 with Retry-After, and a stopped replica is killed after a few seconds.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at runtime, and Serve's
@@ -18,6 +23,7 @@ while it decodes.
 import asyncio
 import logging
 import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import ray
 from fastapi.responses import StreamingResponse
 from pydantic import (
     ValidationError,
@@ -33,8 +40,9 @@ from ray import serve
 from ray.serve import Application
 from starlette.requests import Request as HttpRequest
 
+from jaxray.inference.artifact_loader import read_artifact_manifest
 from jaxray.inference.engine import Request
-from jaxray.inference.load import check_source, load_engine
+from jaxray.inference.load import check_source, is_artifact, load_engine
 from jaxray.inference.settings import EngineSettings
 from jaxray.serve.routes import (
     Counted,
@@ -61,6 +69,12 @@ from jaxray.serve.settings import AppArgs
 logger = logging.getLogger("ray.serve")
 ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed")
 MERGED_BATCHES = 16  # Serve batches in flight at once, merged by the scheduler
+# Deployment options for short faults (see the module docstring and serve/README.md).
+CONSTRUCTOR_TRIES = 1  # a replica whose __init__ raises fails the deploy at once, with its exception
+HEALTH_CHECK_PERIOD_S = 2.0  # how often Serve checks the replica: a dead one is noticed this soon
+RETRY_AFTER_S = 1  # the Retry-After of a 503 for a full queue
+SHUTDOWN_WAIT_S = 0.5  # a stopping replica checks this often whether its requests are done ...
+SHUTDOWN_TIMEOUT_S = 3.0  # ... and is killed after this
 
 
 def pin_compute(cpus: int | None) -> list[int]:
@@ -106,6 +120,8 @@ class JaxrayServer:
         batch_wait_s: float,
         compute_cpus: int | None = None,
     ):
+        self.started = time.monotonic()
+        self.replica = serve.get_replica_context().replica_id.unique_id
         self.compute_cpus = pin_compute(compute_cpus)
         self.engine = load_engine(checkpoint, settings)
         report = self.engine.compile()
@@ -134,8 +150,9 @@ class JaxrayServer:
         self.served = {"batches": 0, "requests": 0, "largest_batch": 0}
 
     @api.get("/healthz")
-    async def healthz(self) -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz(self) -> dict[str, Any]:
+        # Which replica answered and since when: a replaced replica shows as a new id.
+        return {"status": "ok", "replica": self.replica, "up_s": round(time.monotonic() - self.started, 1)}
 
     @api.get("/info")
     async def info(self) -> dict[str, Any]:
@@ -238,9 +255,41 @@ class JaxrayServer:
             yield out
 
 
+def check_restores(path: Path, settings: EngineSettings) -> None:
+    """Load the weights ``path`` serves once, in this process, as the replica will (every file
+    checked against its recorded SHA-256), so a damaged checkpoint or artifact is refused before
+    anything is deployed. An artifact exported only for another platform than this process's (a
+    GPU export, checked on a CPU driver) is left to the replica. Raises CheckpointError /
+    ArtifactError (ValueErrors) naming the path and the file, ValueError naming a setting."""
+    if (
+        is_artifact(path)
+        and jax.export.default_export_platform() not in read_artifact_manifest(path)["platforms"]
+    ):
+        return
+    engine = load_engine(path, settings)
+    del engine  # only the check was wanted: the replica loads its own
+
+
+def deployment(args: AppArgs) -> serve.Deployment:
+    """``JaxrayServer`` with the options of ``args`` and those that keep faults short (the
+    module docstring)."""
+    return JaxrayServer.options(
+        max_ongoing_requests=args.max_ongoing_requests,
+        max_queued_requests=args.max_queued_requests,
+        backpressure_config={"status_code": 503, "retry_after_s": RETRY_AFTER_S},
+        max_constructor_retry_count=CONSTRUCTOR_TRIES,
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
+        graceful_shutdown_wait_loop_s=SHUTDOWN_WAIT_S,
+        graceful_shutdown_timeout_s=SHUTDOWN_TIMEOUT_S,
+        **({"ray_actor_options": {"num_gpus": args.num_gpus}} if args.num_gpus else {}),
+    )
+
+
 def build_app(args: AppArgs) -> Application:
-    """The bound application for ``args``. Raises ValueError if the checkpoint path does not exist
-    or ``max_batch_size`` exceeds the largest compiled batch size or ``max_ongoing_requests``."""
+    """The bound application for ``args``, once its weights restored here (``check_restores``).
+    Raises ValueError if the checkpoint path does not exist or ``max_batch_size`` exceeds the
+    largest compiled batch size or ``max_ongoing_requests``; CheckpointError / ArtifactError (both
+    ValueErrors) naming the file when the checkpoint or artifact is incomplete or damaged."""
     path = Path(args.checkpoint).expanduser().absolute()
     if not path.exists():
         raise ValueError(
@@ -260,20 +309,42 @@ def build_app(args: AppArgs) -> Application:
             f"a batch could never fill"
         )
     check_source(path, args.engine)  # a wrong workload or artifact settings: refused before Ray starts
-    server = JaxrayServer.options(
-        max_ongoing_requests=args.max_ongoing_requests,
-        **({"ray_actor_options": {"num_gpus": args.num_gpus}} if args.num_gpus else {}),
-    )
+    check_restores(path, args.engine)
+    server = deployment(args)
     return server.bind(str(path), args.engine, max_batch, args.batch_wait_ms / 1e3, args.compute_cpus)
 
 
 def app_builder(args: dict[str, Any]) -> Application:
     """``import_path: jaxray.serve.app:app_builder`` for ``serve run``: validates ``args`` (see
-    AppArgs) and builds the app. Raises ValueError naming the bad argument."""
+    AppArgs) and builds the app. Raises ValueError naming the bad argument, CheckpointError /
+    ArtifactError (ValueErrors) naming the damaged file (``build_app``); Serve then reports the
+    application as DEPLOY_FAILED with that message, and nothing was deployed."""
     try:
         parsed = AppArgs.model_validate(args)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "args"
         raise ValueError(f"serve args: {where}: {first['msg']}") from None
-    return build_app(parsed)
+    if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
+        # Serve's build task (serve run): check on the CPU, leaving the GPUs to the replica. A
+        # no-op where JAX has already started.
+        jax.config.update("jax_platforms", "cpu")
+    try:
+        return build_app(parsed)
+    except ValueError as err:  # the build task's own output reaches the `serve run` terminal
+        print(f"jaxray: cannot serve: {err}", file=sys.stderr, flush=True)
+        raise
+
+
+def deploy_failure(name: str) -> str:
+    """Why Serve's application ``name`` failed to deploy, in Serve's words: the application's and
+    its deployments' status messages (a replica constructor's traceback among them); '' when there
+    are none. Raises what ``serve.status`` raises when Serve is not running."""
+    app = serve.status().applications.get(name)
+    if app is None:
+        return ""
+    lines = [app.message] if app.message else []
+    lines += [
+        f"{deployment}: {status.message}" for deployment, status in app.deployments.items() if status.message
+    ]
+    return "\n".join(lines)

@@ -29,6 +29,9 @@ class AppArgs(BaseModel):
     # Requests the replica holds at once (queued for a batch or decoding). More wait in Serve's proxy,
     # where they would queue ahead of /healthz; waiting in the replica costs only a coroutine.
     max_ongoing_requests: PositiveInt = 256
+    # Requests Serve's proxy holds for the replica once it holds max_ongoing_requests (or while no
+    # replica is up, e.g. one being replaced); past that a request gets 503 with Retry-After at once.
+    max_queued_requests: PositiveInt = 1024
     compute_cpus: PositiveInt | None = Field(
         None, description="CPUs for JAX's compute threads in the replica (default: all but one, at least one)"
     )
@@ -49,6 +52,11 @@ OPTIONS: FieldOptions = {
     "max_ongoing_requests": (
         positive_int,
         "requests the replica holds at once (batch queue and decoding); more wait in Serve's proxy",
+        "",
+    ),
+    "max_queued_requests": (
+        positive_int,
+        "requests Serve's proxy queues past --max-ongoing-requests; more get 503 with Retry-After",
         "",
     ),
     "compute_cpus": (

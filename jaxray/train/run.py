@@ -94,21 +94,19 @@ def train(
     hooks: Sequence[Hook] = (),
     on_compile: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainResult:
-    """Train ``trial`` on ``batches`` (this process's rows of each global batch, from the first
-    batch of the run) and evaluate.
-
-    ``on_log(row)`` is called at every log step with ``step``, ``examples``, ``loss``, ``accuracy``,
-    ``grad_norm`` (and ``tokens``, ``perplexity`` for the transformer). ``resume``: a full-state
-    checkpoint (``jaxray.checkpoint.save_state``) to continue from: its state is restored onto this
-    mesh, the batches it had consumed are skipped, and the run goes on from its step with the same
-    data order, so it ends as an uninterrupted run would. ``save(step, state, history)`` is called
-    every ``train.checkpoint_every`` steps before the last; ``hooks`` run after those.
-    ``on_compile(report)`` gets the step's compile report (``jaxray.train.compile_report``) before
-    the first step runs; the summary carries its ``peak_bytes_per_device``. Raises ConfigError
-    before compiling if the global batch does not divide over the mesh's devices or the trial asks
-    for cuDNN attention that cannot run (``jaxray.parallel.checks.check_trial``), CheckpointError
-    if ``resume`` is damaged or holds another model.
-    """
+    """Train ``trial`` on ``batches`` (this process's rows of each global batch, from the first batch of
+    the run) and evaluate. ``on_log(row)`` is called at every log step with ``step``, ``examples``,
+    ``loss``, ``accuracy``, ``grad_norm`` (and ``tokens``, ``perplexity`` for the transformer).
+    ``resume``: a full-state checkpoint (``jaxray.checkpoint.save_state``) to continue from: its state
+    is restored onto this mesh, the batches it had consumed are skipped, and the run goes on from its
+    step with the same data order, so it ends as an uninterrupted run would. ``save(step, state,
+    history)`` is called every ``train.checkpoint_every`` steps before the last; ``hooks`` run after
+    those. ``on_compile(report)`` gets the step's compile report (``jaxray.train.compile_report``)
+    before the first step runs; the summary carries its ``peak_bytes_per_device`` and, for the
+    transformer, the ``attention`` implementation used and why (``attention_note``). Raises
+    ConfigError before compiling if the global batch does not divide over the mesh's devices or the
+    trial asks for cuDNN attention that cannot run (``jaxray.parallel.checks.check_trial``),
+    CheckpointError if ``resume`` is damaged or holds another model."""
     devices = mesh.devices.size
     check_trial(trial, devices)
     model = build(trial.model)
@@ -142,6 +140,7 @@ def train(
     )
     summary = _summary(trial, devices, param_count(state.params), compile_s, timing, history, held_out)
     summary.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))
+    summary.update(_attention(model))
     return TrainResult(state, summary, history, report)
 
 
@@ -154,6 +153,13 @@ def _initial_state(
         return replicate(init_state(model.init(jax.random.key(trial.train.seed)), tx), mesh), 0, []
     state, doc, history = checkpoint.restore_state(resume, abstract_state(model, tx, replicated(mesh)))
     return state, doc["step"], history
+
+
+def _attention(model: Model) -> dict[str, str]:
+    """The transformer's attention implementation and why (what ``auto`` chose; {} for the MLPs)."""
+    if model.attention is None:
+        return {}
+    return {"attention": model.attention.implementation, "attention_note": model.attention.note}
 
 
 def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> dict[str, Any]:

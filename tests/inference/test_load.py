@@ -3,13 +3,18 @@ cannot be served is refused, naming the path or the setting, before any weights 
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from jaxray import checkpoint
+from jaxray.inference.artifact import export_checkpoint
 from jaxray.inference.batcher import Batcher
 from jaxray.inference.engine import Engine, Request
 from jaxray.inference.load import check_checkpoint, check_source, is_artifact, load_engine
 from jaxray.inference.settings import EngineSettings
+from jaxray.reporting.sweep import write_reports
 
 REQUESTS = [
     Request(b"ROMEO:", 40, temperature=0.0),  # past max_seq_len: the window slides
@@ -67,3 +72,35 @@ def test_what_cannot_be_served_is_refused_naming_it(tiny_transformer, mlp_checkp
         check_checkpoint(mlp_checkpoint, purpose="exported")
     with pytest.raises(ValueError, match="context_keep must be in 2..32"):
         check_source(tiny_transformer[2], EngineSettings(context_keep=33))
+
+
+def transformer_run_folder(root: Path, source: Path) -> Path:
+    """A run folder whose one trial's checkpoint is a copy of ``source``, summary.json written by
+    the sweep's own writer from the absolute path Tune reports."""
+    ck = shutil.copytree(source, root / "train" / "t" / "checkpoint_step_00000001_attempt1")
+    row = {"trial": "t", "workload": "transformer", "val_loss": 2.0, "checkpoint": str(ck)}
+    write_reports(root, [row], {"t": []})
+    return root
+
+
+def test_a_copied_run_folder_is_served_and_exported_and_a_damaged_checkpoint_refused(
+    tiny_transformer, tmp_path
+):
+    original = transformer_run_folder(tmp_path / "original", tiny_transformer[2])
+    copy = Path(shutil.copytree(original, tmp_path / "moved" / "copy"))
+    shutil.rmtree(original)
+    settings = EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=8)
+    assert Path(load_engine(copy, settings).source).is_relative_to(copy)
+    manifest = export_checkpoint(copy, tmp_path / "export", settings)
+    assert Path(manifest["checkpoint"]).is_relative_to(copy)
+    ck = copy / "train" / "t" / "checkpoint_step_00000001_attempt1"
+    victim = max((f for f in (ck / "params").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[:-1] + bytes([victim.read_bytes()[-1] ^ 0xFF]))
+    for read in (lambda: load_engine(ck, settings), lambda: export_checkpoint(ck, tmp_path / "e2", settings)):
+        with pytest.raises(
+            checkpoint.CheckpointError, match=r"does not match its checksum.*SHA-256 [0-9a-f]{64}"
+        ):
+            read()
+    with pytest.raises(checkpoint.CheckpointError, match="no usable checkpoint"):
+        load_engine(copy, settings)  # the trial's only checkpoint is damaged
+    assert not (tmp_path / "e2").exists()

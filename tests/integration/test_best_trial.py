@@ -64,7 +64,7 @@ def test_summary_md_and_the_checkpoint_lookup_name_the_same_trial(sweep):
     resolved = checkpoint.resolve(sweep)
     assert resolved.parent.name == named.group(1)  # train/<trial>/checkpoint_...
     best = max(rows, key=lambda r: r["test_loss"])
-    assert named.group(1) == best["trial"] and resolved == Path(best["checkpoint"])
+    assert named.group(1) == best["trial"] and resolved == sweep / best["checkpoint"]  # relative to it
     assert checkpoint.load_trial_config(resolved).model.width == best["width"]
 
 

@@ -2,7 +2,7 @@
 cluster/runtime_env.yaml` of the smoke sweep (token auth), cluster/local-down.sh. The job SUCCEEDED,
 and after local-down.sh no process of that head is alive and its ports are free. The head gets free
 ports and its own pid file (runs/ray-head-<dashboard port>.pid), so no other Ray on the machine is
-touched."""
+touched. local-up.sh returns only once the job API can take a job."""
 
 from __future__ import annotations
 
@@ -53,30 +53,72 @@ def run_script(name: str, env: dict[str, str], *args: str) -> subprocess.Complet
     )
 
 
+def head_ports(dashboard: int, gcs: int, agent: int | None = None) -> tuple[dict[str, str], list[str]]:
+    """(env, `ray start` arguments) of a head of local-up.sh on free ports of its own."""
+    env = {**head_env(), "RAY_DASHBOARD_PORT": str(dashboard), "VENV": str(BIN.parent)}
+    return env, [
+        f"--port={gcs}",
+        "--num-cpus=4",
+        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={agent or free_port()}",
+        f"--metrics-export-port={free_port()}",
+    ]
+
+
+def clean_up(env: dict[str, str], dashboard: int, gcs: int) -> None:
+    pid_file = ROOT / "runs" / f"ray-head-{dashboard}.pid"
+    if pid_file.exists():
+        run_script("local-down.sh", env)
+    forget_cluster(gcs)
+    pid_file.with_suffix(".log").unlink(missing_ok=True)
+
+
 @pytest.fixture
 def local_head():
     """(dashboard address, env, pgid, ports) of a head from local-up.sh; local-down.sh on the way out
     if the test did not run it."""
     dashboard, gcs = free_port(), free_port()
-    env = {**head_env(), "RAY_DASHBOARD_PORT": str(dashboard), "VENV": str(BIN.parent)}
-    pid_file = ROOT / "runs" / f"ray-head-{dashboard}.pid"
-    up = run_script(
-        "local-up.sh",
-        env,
-        f"--port={gcs}",
-        "--num-cpus=4",
-        f"--ray-client-server-port={free_port()}",
-        f"--dashboard-agent-listen-port={free_port()}",
-        f"--metrics-export-port={free_port()}",
-    )
+    env, args = head_ports(dashboard, gcs)
+    up = run_script("local-up.sh", env, *args)
     try:
         assert up.returncode == 0, (up.stdout[-2000:], up.stderr[-4000:])
+        pid_file = ROOT / "runs" / f"ray-head-{dashboard}.pid"
         yield f"http://127.0.0.1:{dashboard}", env, int(pid_file.read_text()), (dashboard, gcs)
     finally:
-        if pid_file.exists():
-            run_script("local-down.sh", env)
-        forget_cluster(gcs)
-        pid_file.with_suffix(".log").unlink(missing_ok=True)
+        clean_up(env, dashboard, gcs)
+
+
+def test_a_job_is_taken_as_soon_as_local_up_returns(local_head):
+    # Before local-up.sh waited for the job agent, a submission right away could fail with "No
+    # available agent to submit job".
+    address, env, _, _ = local_head
+    proc = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--address", address, "--", "python", "-c", "print('taken')"],
+        cwd=ROOT,
+        env={**env, "RAY_AUTH_MODE": "token"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "taken" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-2000:])
+
+
+def test_local_up_says_so_when_the_job_agent_never_answers():
+    # The agent's port is taken, so the agent never comes up: local-up.sh must not return as if
+    # the head could take jobs, and must say what it waited for.
+    dashboard, gcs = free_port(), free_port()
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        env, args = head_ports(dashboard, gcs, agent=taken.getsockname()[1])
+        try:
+            up = run_script("local-up.sh", {**env, "LOCAL_UP_TIMEOUT_S": "45"}, *args)
+            assert up.returncode != 0, up.stdout[-2000:]
+            assert "job agent was not ready within 45 s" in up.stderr or "ray start exited" in up.stderr, (
+                up.stderr[-4000:]
+            )
+        finally:
+            clean_up(env, dashboard, gcs)
 
 
 def test_local_up_submit_local_down(local_head, real_dir, tmp_path):

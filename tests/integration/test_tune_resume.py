@@ -118,11 +118,11 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
     for row in rows.values():
         assert not row.get("error"), row
         assert row["steps"] == 20 and 0.3 < row["test_accuracy"] <= 1 and row["test_examples"] == 10_000
-        assert (Path(row["checkpoint"]) / "history.json").is_file()
+        assert (out / row["checkpoint"] / "history.json").is_file()  # relative to the run folder
     # The first trial was not trained again: same checkpoint, and not one of its files was rewritten.
-    assert rows[first]["checkpoint"] == checkpoint
+    assert out / rows[first]["checkpoint"] == Path(checkpoint)
     assert files(out, first) == before_first
-    assert final_report(out, second)["checkpoint_path"] == rows[second]["checkpoint"]
+    assert Path(final_report(out, second)["checkpoint_path"]) == out / rows[second]["checkpoint"]
     # Nothing saved before the resume was removed.
     assert before_all <= set(out.rglob("*"))
     assert (out / "experiment.yaml").read_text() == saved

@@ -18,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a real sweep: ~100 s before the first test
 
 # Every row has the summary table's columns but the workload's own (throughput unit, quality).
-PER_WORKLOAD = {"examples_per_sec", "tokens_per_sec", "test_accuracy", "val_loss", "val_perplexity"}
+PER_WORKLOAD = {
+    *("examples_per_sec", "tokens_per_sec", "test_accuracy", "val_loss", "val_perplexity"),
+    *("attention", "attention_note"),
+}
 COMMON = [k for k in KEY_ORDER if k not in PER_WORKLOAD]
 
 
@@ -50,7 +53,7 @@ def test_summary_has_a_row_per_trial(smoke):
         assert set(COMMON) <= set(row), set(COMMON) - set(row)
         assert not row.get("error")
         assert row["devices"] == 1 and row["ms_per_step"] > 0 and math.isfinite(row["final_train_loss"])
-        assert (Path(row["checkpoint"]) / "model_config.json").is_file()
+        assert (out / row["checkpoint"] / "model_config.json").is_file()  # relative to the run folder
         if row["workload"] == "mlp":
             assert row["steps"] == 20 and row["examples_per_sec"] > 0
             assert 0.5 < row["test_accuracy"] <= 1 and row["test_examples"] == 10_000
@@ -58,6 +61,17 @@ def test_summary_has_a_row_per_trial(smoke):
             assert row["steps"] == 4 and row["tokens_per_sec"] > 0
             assert row["val_loss"] < math.log(256) + 0.5
             assert row["val_perplexity"] == pytest.approx(math.exp(row["val_loss"]), rel=1e-6)
+            # auto on the CPU workers: XLA, and why (also in the worker's log line and summary.md)
+            assert row["attention"] == "xla", row
+            assert row["attention_note"] == "auto: cuDNN attention needs an NVIDIA GPU, this device is cpu"
+
+
+def test_the_attention_auto_chose_is_logged_and_summarised(smoke):
+    out, proc = smoke
+    said = "attention xla (auto: cuDNN attention needs an NVIDIA GPU, this device is cpu)"
+    assert said in proc.stdout + proc.stderr
+    line = next(ln for ln in (out / "summary.md").read_text().splitlines() if "transformer_b8" in ln)
+    assert "| xla (auto: cuDNN attention needs an NVIDIA GPU, this device is cpu) |" in line
 
 
 def test_every_trial_writes_its_compile_report(smoke):
@@ -86,8 +100,8 @@ def test_ray_path_equals_the_in_memory_path(smoke, real_dir):
     row = next(
         r for r in json.loads((out / "summary.json").read_text()) if r["trial"] == "mlp_b128_float32_w64"
     )
-    trial = TrialConfig.model_validate_json((Path(row["checkpoint"]) / "trial_config.json").read_text())
-    history = json.loads((Path(row["checkpoint"]) / "history.json").read_text())
+    trial = TrialConfig.model_validate_json((out / row["checkpoint"] / "trial_config.json").read_text())
+    history = json.loads((out / row["checkpoint"] / "history.json").read_text())
     train_arrays, held_out = load_arrays(trial)
     local = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
     assert [h["loss"] for h in history] == pytest.approx(

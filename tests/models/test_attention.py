@@ -75,3 +75,12 @@ def test_blocked_causal_attention_equals_jax_causal_attention(seq_len):
         grads(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
     ):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=2e-5)
+
+
+def test_the_choice_says_why_in_words():
+    fallback = choose("auto", Target("cpu", None, "float32", 64))
+    assert fallback.note == "auto: cuDNN attention needs an NVIDIA GPU, this device is cpu"
+    assert fallback.describe() == f"attention xla ({fallback.note})"
+    assert choose("auto", gpu()).describe() == "attention cudnn (auto: cuDNN can run here)"
+    assert choose("xla", gpu()).note == "requested in model.attention"
+    assert choose("cudnn", gpu()).describe() == "attention cudnn (requested in model.attention)"

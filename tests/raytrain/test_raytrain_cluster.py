@@ -1,5 +1,5 @@
 """Finding a `ray start` cluster on this machine: a stale address file must not make
-`python -m jaxray.tune` wait for a dead cluster; a live one is joined."""
+`python -m jaxray.tune` wait for a dead cluster; a live one is joined. The worker's log line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from jaxray.raytrain.cluster import ray_address_file, running_local_cluster
+from jaxray.models.attention import Target, choose
+from jaxray.raytrain.cluster import describe_worker, ray_address_file, running_local_cluster
 
 
 def dead_port() -> int:
@@ -54,3 +55,11 @@ def test_address_file_follows_rays_temp_folder(tmp_path, monkeypatch):
         ray_address_file().parent.mkdir(parents=True)
         ray_address_file().write_text(f"127.0.0.1:{server.getsockname()[1]}")
         assert running_local_cluster() == ray_address_file().read_text()
+
+
+def test_the_worker_line_names_the_attention_and_why():
+    choice = choose("auto", Target("cpu", None, "float32", 64))
+    line = describe_worker(0, choice)
+    assert line.startswith("jaxray worker rank 0: JAX process 0 of 1, local devices ")
+    assert line.endswith(", attention xla (auto: cuDNN attention needs an NVIDIA GPU, this device is cpu)")
+    assert "attention" not in describe_worker(0)  # the MLPs have none

@@ -11,6 +11,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from jaxray.config.experiment import ExperimentConfig, SweepConfig
+from jaxray.raytrain import sweep as sweep_module
 from jaxray.raytrain.sweep import concurrent_trials, early_stopping, trial_name, trial_rows
 
 
@@ -122,3 +123,20 @@ def test_a_trial_without_its_final_report_or_with_an_error_is_a_failed_row(tmp_p
     # row is named after its folder.
     row, rows = trial_rows("mlp", tune_result(tmp_path, error=RuntimeError("\x1b[31mboom\x1b[0m")))
     assert row == {"trial": "trial_folder", "workload": "mlp", "error": "RuntimeError: boom"} and rows == []
+
+
+def test_the_drivers_xla_flags_travel_to_the_trials(monkeypatch, tmp_path):
+    # The trial builds its trainer in a Tune actor, whose environment is the cluster's: the
+    # driver's XLA_FLAGS go along with the trainable (trainer.worker_env keeps them).
+    class Stop(Exception):
+        pass
+
+    def with_parameters(trainable, **kwargs):
+        raise Stop(kwargs)
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/d")
+    monkeypatch.setattr(sweep_module.tune, "with_parameters", with_parameters)
+    exp = experiment({})
+    with pytest.raises(Stop) as stopped:
+        sweep_module.run_sweep(exp, exp.sweeps[0], None, tmp_path)
+    assert stopped.value.args[0]["xla_flags"] == "--xla_dump_to=/tmp/d"

@@ -176,3 +176,17 @@ def test_no_histories_and_all_failed(tmp_path):
     assert "boom" in paths["summary.md"].read_text()
     assert paths["throughput_vs_batch.png"].read_bytes()[:8] == PNG_SIGNATURE
     assert paths["loss_curves.png"].read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_the_attention_and_why_are_in_the_summary(tmp_path):
+    note = "auto: cuDNN attention needs an NVIDIA GPU, this device is cpu"
+    rows = [transformer_row("tf", 16, attention="xla", attention_note=note), mlp_row("m", 64)]
+    paths = write_reports(tmp_path, rows, {})
+    first = json.loads(paths["summary.json"].read_text())[0]
+    assert list(first)[5:7] == ["attention", "attention_note"] and first["attention_note"] == note
+    table = paths["summary.md"].read_text().splitlines()
+    header = [c.strip() for c in next(ln for ln in table if ln.startswith("| trial")).split("|")]
+    tf = [c.strip() for c in next(ln for ln in table if ln.startswith("| tf ")).split("|")]
+    mlp = [c.strip() for c in next(ln for ln in table if ln.startswith("| m ")).split("|")]
+    column = header.index("attention")
+    assert tf[column] == f"xla ({note})" and mlp[column] == ""

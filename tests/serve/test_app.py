@@ -4,17 +4,34 @@ refuse bad settings and missing paths with messages naming them."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from jaxray.serve.__main__ import main
 from jaxray.serve.app import app_builder
+from jaxray.serve.settings import AppArgs
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def damaged(trained_transformer, tmp_path_factory) -> tuple[Path, str]:
+    """A copy of ``trained_transformer`` with one byte of its largest params file flipped; (the
+    copy, that file's path relative to it)."""
+    copy = tmp_path_factory.mktemp("damaged") / "transformer"
+    shutil.copytree(trained_transformer, copy)
+    victim = max((f for f in (copy / "params").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    return copy, str(victim.relative_to(copy))
 
 
 @pytest.mark.parametrize(
@@ -74,6 +91,24 @@ def test_cli_refuses_bad_options_before_ray_starts(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
+def test_cli_reads_a_serve_config_and_refuses_a_bad_one_before_ray_starts(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    config = yaml.safe_load((ROOT / "serve" / "config.yaml").read_text())
+    config["applications"][0]["args"]["engine"]["chunk"] = 0
+    bad.write_text(yaml.safe_dump(config))
+    cases = [
+        ([], "one of --checkpoint or --config is required"),
+        (["--config", str(tmp_path / "none.yaml")], "No such file or directory"),
+        (["--config", str(bad)], f"--config {bad}: args: engine.chunk: Input should be greater than 0"),
+        # the shipped config's args, its checkpoint overridden: that path is what is refused
+        (["--config", str(ROOT / "serve" / "config.yaml"), "--checkpoint", "no/such"], "checkpoint no/such"),
+    ]
+    for argv, match in cases:
+        with pytest.raises(SystemExit) as caught:
+            main(argv)
+        assert caught.value.code == 2 and match in capsys.readouterr().err, argv
+
+
 def test_pin_compute_pins_the_calling_thread_only():
     """Run in its own thread: the affinity call pins the calling thread (and threads it starts)."""
     import os
@@ -108,7 +143,6 @@ def test_cli_names_a_port_in_use(capsys):
 def test_the_shipped_serve_config_is_valid():
     """serve/config.yaml parses as a Serve config, and its args as AppArgs (what `serve run` checks
     only once Ray is up)."""
-    import yaml
     from ray.serve.schema import ServeDeploySchema
 
     from jaxray.serve.app import AppArgs
@@ -158,3 +192,47 @@ def test_cli_refuses_more_gpus_than_its_private_ray_has(trained_transformer):
         timeout=180,
     )
     assert proc.returncode == 2 and "--num-gpus 1: the Ray cluster has 0 GPU(s)" in proc.stderr
+
+
+def test_app_builder_restores_the_checkpoint_and_refuses_a_damaged_one(damaged, capsys):
+    # What `serve run` calls: the weights are checked before anything is deployed.
+    copy, victim = damaged
+    with pytest.raises(ValueError, match=f"{copy} is damaged: {victim} does not match its checksum"):
+        app_builder({"checkpoint": str(copy)})
+    assert f"jaxray: cannot serve: {copy} is damaged" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # 11 s: JAX's import and a restore in a fresh process
+@pytest.mark.parametrize("config", [False, True], ids=["checkpoint", "config"])
+def test_cli_refuses_a_damaged_checkpoint_in_seconds_before_ray_starts(damaged, config):
+    copy, victim = damaged
+    argv = ["--checkpoint", str(copy), "--port", str(_free_port())]
+    argv += ["--config", str(ROOT / "serve" / "config.yaml")] if config else []
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxray.serve", *argv],
+        env={**os.environ, "RAY_ADDRESS": "local"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 2 and f"{victim} does not match its checksum" in proc.stderr, proc.stderr
+    assert elapsed < 30 and "Started a local Ray instance" not in proc.stderr, (elapsed, proc.stderr)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_the_deployment_keeps_faults_short():
+    from jaxray.serve import app as serve_app
+
+    config = serve_app.deployment(AppArgs(checkpoint="x", max_queued_requests=7))._deployment_config
+    assert config.max_constructor_retry_count == serve_app.CONSTRUCTOR_TRIES == 1  # no retry loop
+    assert (config.max_ongoing_requests, config.max_queued_requests) == (256, 7)
+    assert (config.backpressure_config.status_code, config.backpressure_config.retry_after_s) == (503, 1)
+    assert config.health_check_period_s == serve_app.HEALTH_CHECK_PERIOD_S
+    assert config.graceful_shutdown_timeout_s == serve_app.SHUTDOWN_TIMEOUT_S < 10

@@ -1,0 +1,184 @@
+"""The Serve app's faults, with real Ray Serve, real HTTP and a real checkpoint (conftest's
+``trained_transformer``, trained here on TinyShakespeare): a replica whose constructor raises fails
+the deploy within seconds with its exception; a replica process killed under the load of 16
+clients is replaced, every request it failed being a 5xx JSON answer and none hanging; a full
+queue answers 503 with Retry-After at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import aiohttp
+import psutil
+import pytest
+import ray
+import requests
+from ray import serve
+
+from jaxray.bench.loadtest import Sample, send
+from jaxray.serve.__main__ import PROXY_CALLBACK
+from jaxray.serve.app import app_builder, deploy_failure, deployment
+from jaxray.serve.settings import AppArgs
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+ENGINE = {"buckets": [16, 64], "batch_sizes": [1, 4, 16], "chunk": 8, "max_new_tokens": 200}
+REQUEST_TIMEOUT_S = 20.0  # Serve's proxy: a request unanswered after this gets a JSON 504
+CLIENT_TIMEOUT_S = REQUEST_TIMEOUT_S + 10  # a request still open after this counts as hanging
+REPLICA_TITLE = "ServeReplica:jaxray:JaxrayServer"  # in the replica process's title
+
+
+@pytest.fixture(scope="module")
+def url() -> str:
+    """Serve on a private local Ray, its proxy with jaxray's JSON errors and a request time-out."""
+    os.environ[PROXY_CALLBACK] = "jaxray.serve.routes:proxy_middlewares"  # as python -m jaxray.serve
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    try:
+        http = {"host": "127.0.0.1", "port": port, "request_timeout_s": REQUEST_TIMEOUT_S}
+        serve.start(http_options=http)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        os.environ.pop(PROXY_CALLBACK)
+
+
+@pytest.fixture(scope="module")
+def damaged(trained_transformer, tmp_path_factory) -> Path:
+    copy = tmp_path_factory.mktemp("damaged") / "transformer"
+    shutil.copytree(trained_transformer, copy)
+    victim = max((f for f in (copy / "params").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    return copy
+
+
+def test_a_replica_that_fails_to_start_fails_the_deploy_in_seconds_with_its_exception(url, damaged):
+    # Bound without build_app's restore in the caller: the replica's own load is what fails.
+    args = AppArgs(checkpoint=str(damaged), max_batch_size=4, engine=ENGINE)
+    app = deployment(args).bind(str(damaged), args.engine, 4, 0.01, None)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="Deploying application broken failed"):
+        serve.run(app, name="broken", route_prefix="/broken")
+    elapsed = time.monotonic() - start
+    why = deploy_failure("broken")  # what python -m jaxray.serve prints with Serve's error
+    serve.delete("broken")
+    assert f"{damaged} is damaged" in why and "does not match its checksum" in why, why
+    assert elapsed < 30, f"the failed deploy took {elapsed:.1f} s"
+
+
+def _replica_pids() -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if REPLICA_TITLE in " ".join(proc.info["cmdline"] or []):
+            found.append(proc.info["pid"])
+    return found
+
+
+async def _load(url: str, clients: int, stop: threading.Event) -> list[Sample]:
+    """``clients`` closed-loop clients of the real load client until ``stop`` is set."""
+    timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
+    connector = aiohttp.TCPConnector(limit=clients)
+    samples: list[Sample] = []
+
+    async def client(i: int) -> None:
+        k = 0
+        while not stop.is_set():
+            body = {"prompt": "ROMEO:", "max_new_tokens": 48, "temperature": 0.8, "seed": i * 1000 + k}
+            samples.append(await send(session, url, body))
+            k += 1
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(client(i) for i in range(clients)))
+    return samples
+
+
+def _healthz(url: str) -> tuple[int, dict]:
+    try:
+        response = requests.get(url + "/healthz", timeout=CLIENT_TIMEOUT_S)
+    except requests.ConnectionError:
+        return 0, {}
+    return response.status_code, response.json()
+
+
+def test_a_killed_replica_under_load_is_replaced_and_every_failure_is_a_prompt_5xx_json(
+    url, trained_transformer
+):
+    args = {
+        "checkpoint": str(trained_transformer),
+        "max_batch_size": 16,
+        "batch_wait_ms": 10,
+        "engine": ENGINE,
+    }
+    serve.run(app_builder(args), name="jaxray", route_prefix="/")
+    status, before = _healthz(url)
+    assert status == 200 and before["status"] == "ok"
+    [pid] = _replica_pids()
+    stop = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        load = pool.submit(asyncio.run, _load(url, 16, stop))
+        time.sleep(4)  # 16 clients in flight
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        status, after = _healthz(url)
+        while not (status == 200 and after["replica"] != before["replica"]):
+            assert time.monotonic() - killed < 120, (status, after)
+            time.sleep(0.5)
+            status, after = _healthz(url)
+        recovered = time.monotonic()
+        time.sleep(4)  # new requests meet the replacement
+        stop.set()
+        samples = load.result(timeout=CLIENT_TIMEOUT_S + 10)
+    print(f"replica replaced {recovered - killed:.1f} s after the kill; healthz {after}")
+    failed = [s for s in samples if s.outcome != "ok"]
+    assert {s.outcome for s in failed} <= {"5xx"}, [s.error for s in failed if s.outcome != "5xx"][:5]
+    assert failed, "the requests in flight at the kill should have failed"
+    for s in failed:  # the error shape of every other refusal (loadtest keeps the body's first line)
+        assert s.error.startswith("HTTP 5") and '{"error": {"field": "server"' in s.error, s.error
+    slowest = max(s.latency_ms for s in samples) / 1e3
+    assert slowest < REQUEST_TIMEOUT_S + 5, f"a request took {slowest:.1f} s"
+    # Samples are timed on the event loop's clock, which is time.monotonic().
+    late_ok = [s for s in samples if s.outcome == "ok" and s.start_s > recovered]
+    assert late_ok, "no request succeeded once the replacement was up"
+    assert _replica_pids() != [pid]
+
+
+def test_a_full_queue_answers_503_with_retry_after_at_once(url, trained_transformer):
+    args = {
+        "checkpoint": str(trained_transformer),
+        "max_batch_size": 1,
+        "max_ongoing_requests": 1,
+        "max_queued_requests": 1,
+        "engine": ENGINE,
+    }
+    serve.run(app_builder(args), name="queue", route_prefix="/q")
+    body = json.dumps({"prompt": "ROMEO:", "max_new_tokens": 200, "temperature": 0.8})
+
+    def post(_: int) -> tuple[requests.Response, float]:
+        start = time.monotonic()
+        response = requests.post(f"{url}/q/generate", data=body, timeout=CLIENT_TIMEOUT_S)
+        return response, time.monotonic() - start
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(post, range(16)))
+    serve.delete("queue")
+    refused = [(r, t) for r, t in answers if r.status_code == 503]
+    assert {r.status_code for r, _ in answers} == {200, 503} and len(refused) >= 8, [
+        r.status_code for r, _ in answers
+    ]
+    for response, took in refused:
+        assert response.headers["retry-after"] == "1" and took < 2.0, (response.headers, took)
+        error = response.json()["error"]
+        assert error["field"] == "server" and "backpressure" in error["message"], error

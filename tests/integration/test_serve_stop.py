@@ -1,0 +1,69 @@
+"""``python -m jaxray.serve`` stops fast: Ctrl-C (SIGINT to its whole process group, as a terminal
+sends it) and SIGTERM (to the process alone, as ``kill`` and most supervisors send it) each end a
+serving app, its private Ray included, within 10 s, with exit status 0 (SIGTERM is not Ray's
+native abort, 134)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import requests
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+STOP_S = 10.0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_the_app_and_its_ray_within_10_s(trained_transformer, sig):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [
+        sys.executable,
+        "-m",
+        "jaxray.serve",
+        "--checkpoint",
+        str(trained_transformer),
+        "--port",
+        str(port),
+    ]
+    argv += ["--buckets", "16", "--batch-sizes", "1,4", "--chunk", "8"]
+    proc = subprocess.Popen(
+        argv,
+        env={**os.environ, "RAY_ADDRESS": "local"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: the test's Ctrl-C is not its Ctrl-C
+    )
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("jaxray is serving on"):
+                break
+        assert lines and lines[-1].startswith("jaxray is serving on"), "".join(lines[-30:])
+        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=10).json()["status"] == "ok"
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        start = time.monotonic()
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # as a terminal's Ctrl-C: every process of the group gets it
+        else:
+            proc.send_signal(sig)
+        rest, _ = proc.communicate(timeout=60)
+        stopped = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    print(f"{sig.name}: exit {proc.returncode} after {stopped:.1f} s")
+    assert proc.returncode == 0 and "stopping" in rest, rest[-3000:]
+    assert stopped < STOP_S, f"{sig.name} took {stopped:.1f} s to stop the app:\n{rest[-3000:]}"
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]  # Ray's processes went with it

@@ -1,0 +1,164 @@
+"""Every checkpoint read verifies, and run folders are relocatable (issue 15, points 2 and 3), on real
+Orbax saves: a damaged file is refused naming it and both digests; through a run folder the trial's
+newest good checkpoint is used with a warning; a run folder copied elsewhere (the original deleted)
+reads its own checkpoints; a recorded path outside the folder is never followed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxray import checkpoint, runs
+from jaxray.config import parse_trial
+from jaxray.models import build
+from jaxray.raytrain.resume import checkpoint_name
+from jaxray.reporting.sweep import write_reports
+from jaxray.train.step import init_state, make_optimizer
+
+TRIAL = parse_trial({"model": {"workload": "mlp", "width": 8}})
+TRIAL_NAME = "mlp_b64_float32_w8"
+
+
+@pytest.fixture(scope="module")
+def state():
+    return init_state(build(TRIAL.model).init(jax.random.key(0)), make_optimizer(1e-3, 0.0))
+
+
+def largest_params_file(directory: Path) -> Path:
+    return max((f for f in (directory / "params").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+
+
+def flip_a_byte(file: Path) -> tuple[str, str]:
+    """Damage ``file`` in place (one byte, same size); (its SHA-256 before, after)."""
+    data = bytearray(file.read_bytes())
+    before = hashlib.sha256(data).hexdigest()
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+    return before, hashlib.sha256(data).hexdigest()
+
+
+def run_folder(root: Path, state, steps=(10, 20)) -> Path:
+    """A run folder as a sweep leaves it: ``train/<trial>/checkpoint_step_*`` (real full-state
+    saves, as the workers write them) and summary.json from the real writer, whose row names the
+    newest checkpoint by its absolute path, as Tune reports it."""
+    saved = [
+        checkpoint.save_state(root / "train" / TRIAL_NAME / checkpoint_name(s, 1), state, TRIAL, [], {})
+        for s in steps
+    ]
+    row = {"trial": TRIAL_NAME, "workload": "mlp", "test_accuracy": 0.9, "checkpoint": str(saved[-1])}
+    write_reports(root, [row], {TRIAL_NAME: []})
+    return root
+
+
+def test_a_damaged_params_file_is_refused_naming_it_and_both_digests(tmp_path, state):
+    params_only = checkpoint.save(tmp_path / "params_only", state.params, TRIAL)
+    full = checkpoint.save_state(tmp_path / "full", state, TRIAL, [], {})
+    target = jax.eval_shape(lambda: state)
+    for directory, manifest in ((params_only, checkpoint.CHECKSUMS), (full, checkpoint.TRAIN_STATE)):
+        victim = largest_params_file(directory)
+        rel = victim.relative_to(directory).as_posix()
+        expected, found = flip_a_byte(victim)
+        assert json.loads((directory / manifest).read_text())["files"][rel] == expected
+        readers = [checkpoint.restore, checkpoint.open_for_reading]
+        if manifest == checkpoint.TRAIN_STATE:
+            readers.append(lambda d: checkpoint.restore_state(d, target))
+        for read in readers:
+            with pytest.raises(checkpoint.CheckpointError) as err:
+                read(directory)
+            message = str(err.value)
+            assert rel in message and expected in message and found in message and manifest in message
+
+
+def test_saves_record_every_file_and_an_undamaged_one_restores(tmp_path, state):
+    params_only = checkpoint.save(tmp_path / "ck", state.params, TRIAL)
+    listed = json.loads((params_only / checkpoint.CHECKSUMS).read_text())["files"]
+    assert {checkpoint.MODEL_CONFIG, checkpoint.TRIAL_CONFIG} <= set(listed)
+    assert any(name.startswith("params/") for name in listed)
+    _, params = checkpoint.restore(params_only)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)))
+
+
+def test_a_checkpoint_older_than_checksums_loads_with_one_warning(tmp_path, state, caplog):
+    old = checkpoint.save(tmp_path / "old", state.params, TRIAL)
+    (old / checkpoint.CHECKSUMS).unlink()
+    with caplog.at_level(logging.WARNING, logger="jaxray.checkpoint"):
+        checkpoint.restore(old)
+        checkpoint.restore(old)
+    warned = [r for r in caplog.records if "loaded unverified" in r.getMessage()]
+    assert len(warned) == 1 and str(old) in warned[0].getMessage()
+
+
+def test_an_unfinished_full_state_save_is_refused(tmp_path, state):
+    unfinished = checkpoint.save_state(tmp_path / "ck", state, TRIAL, [], {})
+    (unfinished / checkpoint.TRAIN_STATE).unlink()  # killed before its manifest
+    with pytest.raises(checkpoint.CheckpointError, match="incomplete: train_state.json is missing"):
+        checkpoint.restore(unfinished)
+
+
+def test_summary_json_records_checkpoints_relative_to_the_run_folder(tmp_path, state):
+    folder = run_folder(tmp_path / "run", state)
+    [row] = runs.read_summary(folder)
+    assert row["checkpoint"] == f"train/{TRIAL_NAME}/{checkpoint_name(20, 1)}"
+    assert checkpoint.resolve(folder) == folder / row["checkpoint"]
+
+
+def test_through_a_run_folder_the_newest_good_checkpoint_is_used_with_a_warning(tmp_path, state, caplog):
+    folder = run_folder(tmp_path / "run", state)
+    newest, older = (folder / "train" / TRIAL_NAME / checkpoint_name(s, 1) for s in (20, 10))
+    flip_a_byte(largest_params_file(newest))
+    with pytest.raises(checkpoint.CheckpointError, match="does not match its checksum"):
+        checkpoint.restore(newest)  # given directly: refused
+    for given in (folder, folder / "train" / TRIAL_NAME):  # runs/<experiment>, a Ray Train run folder
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="jaxray.checkpoint"):
+            assert checkpoint.resolve(given) == older
+        assert str(newest) in caplog.text and f"using {older} instead" in caplog.text
+    checkpoint.restore(checkpoint.resolve(folder))
+    flip_a_byte(largest_params_file(older))
+    with pytest.raises(checkpoint.CheckpointError, match="no usable checkpoint") as err:
+        checkpoint.resolve(folder)
+    assert str(newest) in str(err.value) and str(older) in str(err.value)
+
+
+def test_a_copied_run_folder_reads_its_own_checkpoints_once_the_original_is_gone(tmp_path, state):
+    original = run_folder(tmp_path / "cluster" / "runs" / "x", state)
+    copy = Path(shutil.copytree(original, tmp_path / "laptop" / "x-copy"))
+    assert checkpoint.resolve(copy) == copy / "train" / TRIAL_NAME / checkpoint_name(20, 1)
+    shutil.rmtree(original)
+    resolved = checkpoint.resolve(copy)
+    assert resolved.is_relative_to(copy)
+    checkpoint.restore(resolved)
+
+
+def test_an_old_run_folder_with_absolute_paths_reads_the_copy_inside_it(tmp_path, state, caplog):
+    original = run_folder(tmp_path / "train" / "runs" / "x", state)  # "train" above the folder too
+    rows = runs.read_summary(original)
+    rows[0]["checkpoint"] = str(original / rows[0]["checkpoint"])  # as summary.json was written before
+    (original / runs.SUMMARY_JSON).write_text(json.dumps(rows))
+    assert checkpoint.resolve(original) == Path(rows[0]["checkpoint"])  # inside its own folder: as it is
+    copy = Path(shutil.copytree(original, tmp_path / "elsewhere" / "x"))
+    with caplog.at_level(logging.WARNING, logger="jaxray.runs"):
+        resolved = checkpoint.resolve(copy)  # the original still exists: never followed
+    assert resolved == copy / "train" / TRIAL_NAME / checkpoint_name(20, 1)
+    assert rows[0]["checkpoint"] in caplog.text and "outside the run folder" in caplog.text
+    shutil.rmtree(original)
+    checkpoint.restore(checkpoint.resolve(copy))
+
+
+def test_a_recorded_path_outside_the_folder_is_refused_naming_it(tmp_path, state):
+    folder = run_folder(tmp_path / "run", state)
+    outside = checkpoint.save(tmp_path / "elsewhere" / "ck", state.params, TRIAL)  # a good checkpoint
+    rows = runs.read_summary(folder)
+    for recorded in (str(outside), "../elsewhere/ck"):
+        (folder / runs.SUMMARY_JSON).write_text(json.dumps([{**rows[0], "checkpoint": recorded}]))
+        with pytest.raises(checkpoint.CheckpointError, match="outside the run folder") as err:
+            checkpoint.resolve(folder)
+        assert recorded in str(err.value) and "never followed" in str(err.value)
+    assert runs.record_path(folder, outside) == str(outside)  # the writer keeps it absolute, not "../"
