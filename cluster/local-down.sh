@@ -21,8 +21,12 @@ if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q 'ray start --head'; t
 else
   echo "the head of $state.pid (pid $pid) had already ended"
 fi
-address_file="$("${VENV:-.venv}/bin/python" -c 'from jaxray.raytrain.cluster import ray_address_file; print(ray_address_file())')"
+if [ -s "$state.tempdir" ]; then  # the head's own Ray temp folder (local-up.sh, other ports)
+  address_file="$(cat "$state.tempdir")/ray_current_cluster"
+else
+  address_file="$("${VENV:-.venv}/bin/python" -c 'from jaxray.raytrain.cluster import ray_address_file; print(ray_address_file())')"
+fi
 if [ -s "$state.address" ] && [ -f "$address_file" ] && [ "$(cat "$address_file")" = "$(cat "$state.address")" ]; then
   rm -f "$address_file"
 fi
-rm -f "$state.pid" "$state.address"
+rm -f "$state.pid" "$state.address" "$state.tempdir"

@@ -26,9 +26,20 @@ export RAY_AUTH_MODE=token
 # On SIGTERM Ray 2.60 first drains the node (for Serve replicas on Kubernetes); after a job the node
 # seldom turns idle, so local-down.sh would wait out the 30 s timeout. A local head skips it.
 export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}"
+# A head on other than the default port gets a Ray temp folder of its own. Ray's job supervisor
+# gives each job's driver the address in <temp folder>/ray_current_cluster, which `ray start` of
+# the latest head on the machine overwrites: with one shared folder, a job submitted to one head
+# ran its driver on the other (Ray 2.60, JobSupervisor._get_driver_env_vars).
+temp_dir=()
+if [ "$port" != 8265 ] && [[ " $* " != *" --temp-dir"* ]]; then
+  temp_dir=(--temp-dir "${RAY_TMPDIR:-${TMPDIR:-/tmp}}/ray-$port")
+  echo "${temp_dir[1]}" >"$state.tempdir"
+else
+  rm -f "$state.tempdir"
+fi
 # setsid: the head and every process it starts share one process group, which local-down.sh ends.
-setsid ray start --head --block --dashboard-host 127.0.0.1 --dashboard-port "$port" --disable-usage-stats "$@" \
-  </dev/null >"$state.log" 2>&1 &
+setsid ray start --head --block --dashboard-host 127.0.0.1 --dashboard-port "$port" --disable-usage-stats \
+  "${temp_dir[@]}" "$@" </dev/null >"$state.log" 2>&1 &
 echo $! >"$state.pid"
 # Up once `ray start` says it blocks (the node is started and has written Ray's address file), the
 # dashboard answers at all (401 without the token) and the job API can take a job: the dashboard
@@ -91,11 +102,13 @@ if waiting_for == "the job agent":
     sys.exit(
         f"the head's dashboard answers on 127.0.0.1:{port}, but its job agent was not ready within "
         f"{timeout:.0f} s, so `ray job submit` would fail (\"No available agent to submit job\"); see "
-        f"{log} and dashboard_agent.log in the head's session logs (/tmp/ray/session_latest/logs); "
+        f"{log} and dashboard_agent.log in the head's session logs (session_latest/logs in its Ray "
+        f"temp folder: /tmp/ray, or /tmp/ray-{port} for a head on another port); "
         f"stop it with local-down.sh"
     )
 sys.exit(f"the head was not up within {timeout:.0f} s; see {log}; stop it with local-down.sh")
 PY
 echo "dashboard and job API: http://127.0.0.1:$port (token auth: 'ray get-auth-token' prints the token)"
+echo "GCS address (RAY_ADDRESS for a driver run on this machine): $(cat "$state.address")"
 echo "submit: RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:$port --runtime-env cluster/runtime_env.yaml -- python -m jaxray.tune --config tune_configs/smoke.yaml --out \$PWD/runs/smoke"
 echo "stop:   ${RAY_DASHBOARD_PORT:+RAY_DASHBOARD_PORT=$port }cluster/local-down.sh"

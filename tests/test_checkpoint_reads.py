@@ -162,3 +162,121 @@ def test_a_recorded_path_outside_the_folder_is_refused_naming_it(tmp_path, state
             checkpoint.resolve(folder)
         assert recorded in str(err.value) and "never followed" in str(err.value)
     assert runs.record_path(folder, outside) == str(outside)  # the writer keeps it absolute, not "../"
+
+
+# Restore errors in words (issue 15, point 5): the checkpoint folder and the cause, never TensorStore's
+# spec or an object's repr.
+INTERNALS = ("<bound method", "pybind11", "TensorStore(", "<class", " object at 0x", "os_error_code")
+READ_AS_A_USER = """
+import json, sys
+from jaxray import checkpoint
+found = []
+for path in sys.argv[1:]:
+    try:
+        checkpoint.restore(checkpoint.resolve(path))
+        found.append("restored")
+    except checkpoint.CheckpointError as err:
+        found.append(str(err))
+print(json.dumps(found))
+"""
+
+
+def old_params_only(directory: Path, state) -> Path:
+    """A params-only save from before checksums.json: Orbax reads it unverified."""
+    saved = checkpoint.save(directory, state.params, TRIAL)
+    (saved / checkpoint.CHECKSUMS).unlink()
+    return saved
+
+
+def assert_in_words(message: str, *parts: str) -> None:
+    assert all(part in message for part in parts), message
+    assert not any(word in message for word in INTERNALS), message
+
+
+def read_without_permission_override(paths: list[Path]) -> list[str]:
+    """What ``restore(resolve(path))`` says for each path, in a process that file permissions bind:
+    as root, one whose bounding set lacks CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (setpriv)."""
+    import os  # only here: the one test that needs a process of its own
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", READ_AS_A_USER, *map(str, paths)]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root ignores file permissions, and setpriv (to drop that) is not installed")
+        cmd = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *cmd]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_file_that_cannot_be_opened_is_named_with_the_os_error(tmp_path, state):
+    verified = checkpoint.save(tmp_path / "verified", state.params, TRIAL)
+    unverified = old_params_only(tmp_path / "unverified", state)
+    config = checkpoint.save(tmp_path / "config", state.params, TRIAL)
+    run = run_folder(tmp_path / "run", state)
+    victims = [
+        largest_params_file(verified),
+        largest_params_file(unverified),
+        config / checkpoint.MODEL_CONFIG,
+        run / runs.SUMMARY_JSON,
+    ]
+    for victim in victims:
+        victim.chmod(0)
+    messages = read_without_permission_override([verified, unverified, config, run])
+    for message, victim in zip(messages, victims, strict=True):
+        assert_in_words(message, "[Errno 13] Permission denied", str(victim))
+    assert messages[0].startswith(f"{verified} cannot be read: ")
+    assert messages[1].startswith(f"{unverified / 'params'} could not be restored into the model")
+
+
+def test_an_unverified_checkpoint_with_a_damaged_array_names_the_cause(tmp_path, state):
+    missing, truncated = (old_params_only(tmp_path / name, state) for name in ("missing", "truncated"))
+    largest_params_file(missing).unlink()
+    victim = largest_params_file(truncated)
+    victim.write_bytes(victim.read_bytes()[:100])
+    for directory in (missing, truncated):
+        with pytest.raises(checkpoint.CheckpointError) as err:
+            checkpoint.restore(directory)
+        message = str(err.value)
+        assert_in_words(message, f"{directory / 'params'} could not be restored into the model", "w1")
+    empty = old_params_only(tmp_path / "empty", state)
+    shutil.rmtree(empty / "params")
+    (empty / "params").mkdir()
+    with pytest.raises(checkpoint.CheckpointError, match="holds no arrays that Orbax can read"):
+        checkpoint.restore(empty)
+
+
+def test_no_folder_or_a_file_is_named_as_such(tmp_path, state):
+    target = jax.eval_shape(lambda: state)
+    for read in (
+        checkpoint.restore,
+        checkpoint.open_for_reading,
+        lambda d: checkpoint.restore_state(d, target),
+    ):
+        with pytest.raises(checkpoint.CheckpointError, match="is not a checkpoint: no such folder"):
+            read(tmp_path / "missing")
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(checkpoint.CheckpointError, match="is not a checkpoint: it is a file"):
+        checkpoint.restore(tmp_path / "file")
+
+
+def test_a_state_of_another_optimiser_names_the_entry_or_the_mismatch(tmp_path, state):
+    import optax  # only here: a second optimiser whose state the saved one is not
+
+    from jaxray.train.step import TrainState
+
+    saved = checkpoint.save_state(tmp_path / "ck", state, TRIAL, [], {})
+    for other, expected in (
+        (
+            optax.sgd(1e-3, momentum=0.9),
+            "has no optimiser entry 0/trace/b1 (the optimiser expects shape (8,))",
+        ),
+        (optax.sgd(1e-3), "tree structures do not match"),  # no arrays to compare by name
+    ):
+        target = jax.eval_shape(lambda o=other: TrainState(state.params, o.init(state.params), state.step))
+        with pytest.raises(checkpoint.CheckpointError) as err:
+            checkpoint.restore_state(saved, target)
+        assert_in_words(
+            str(err.value), f"{saved / 'opt_state'} could not be restored into the optimiser", expected
+        )

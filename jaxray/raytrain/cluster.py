@@ -92,6 +92,9 @@ def init_ray(exp: ExperimentConfig) -> bool:
                 f"With token auth set RAY_AUTH_MODE=token; to start a private local Ray "
                 f"instead set RAY_ADDRESS=local"
             ) from None
+        # Which cluster this driver joined, in the job's log: with several heads on one machine the
+        # address a job's driver is given comes from a file the latest `ray start` wrote.
+        print(f"jaxray: joined the Ray cluster at {ray.get_runtime_context().gcs_address}", file=sys.stderr)
         return True
     # One CPU for each trial driver and each worker; Tune queues what does not fit.
     need = (exp.max_concurrent_trials or 1) * (1 + exp.workers.num_workers) + 1

@@ -44,6 +44,7 @@ TUNE_KEYS = frozenset(
         tune_result.EXPERIMENT_TAG,
     )
 )
+MAX_ERROR_CHARS = 2000  # of a failed trial's ``error`` in its summary row
 # (summary row, history rows) of one trial; a failed trial's row carries ``error``.
 TrialRows = tuple[dict[str, Any], list[dict]]
 
@@ -180,16 +181,28 @@ def reported(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metrics.items() if k not in dropped and not k.startswith(prefix)}
 
 
+def error_text(error: BaseException) -> str:
+    """A failed trial's ``error`` for its summary row: type and message, without ANSI colours, at
+    most ``MAX_ERROR_CHARS``. A longer one keeps its first line and its end: Ray's message for a
+    worker's failure is the worker's traceback, which ends with the exception that failed the trial
+    (a CheckpointSaveError naming the folder and the OS error, say)."""
+    text = ANSI.sub("", f"{type(error).__name__}: {error}").strip()
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    first = text.splitlines()[0][:200]
+    return f"{first}\n...\n{text[len(first) + 5 - MAX_ERROR_CHARS :]}"
+
+
 def trial_rows(workload: str, result: tune.Result) -> TrialRows:
     """(summary row, history rows) of one trial from its Tune ``result``: the grid point, the
     summary its workers reported, the final checkpoint's path and its ``history.json``; a failed
-    trial's row carries ``error`` (without ANSI colours, at most 2000 characters) and no history."""
+    trial's row carries ``error`` (``error_text``) and no history."""
     # A trial that errored can come back without its config; its folder still carries its name.
     config = result.config or {}
     name = trial_name(workload, config) if config else Path(result.path or "unknown-trial").name
     row: dict[str, Any] = {"trial": name, "workload": workload, **config}
     if result.error is not None:
-        row["error"] = ANSI.sub("", f"{type(result.error).__name__}: {result.error}").strip()[:2000]
+        row["error"] = error_text(result.error)
         return row, []
     metrics = result.metrics or {}
     if not metrics.get("final"):

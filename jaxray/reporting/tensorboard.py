@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from tensorboardX import SummaryWriter
+
+log = logging.getLogger(__name__)
 
 
 class TensorBoardLogger:
@@ -15,6 +18,7 @@ class TensorBoardLogger:
     """
 
     def __init__(self, logdir: str | Path):
+        self._logdir = Path(logdir)
         self._writer = SummaryWriter(str(logdir))
 
     def __call__(self, row: dict[str, float]) -> None:
@@ -29,11 +33,22 @@ class TensorBoardLogger:
                 self._writer.add_scalar(f"final/{name}", value, step)
 
     def close(self) -> None:
-        self._writer.flush()
-        self._writer.close()
+        """Flush and close; an OSError (a full disk) names the event folder."""
+        try:
+            self._writer.flush()
+            self._writer.close()
+        except OSError as err:
+            raise OSError(f"could not write the TensorBoard events in {self._logdir}: {err}") from None
 
     def __enter__(self) -> TensorBoardLogger:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *exc) -> None:
+        try:
+            self.close()
+        except OSError as err:
+            if kind is None:
+                raise
+            # An exception is already on its way out (a checkpoint save that failed on the same
+            # full disk, say): a failing close must not replace it.
+            log.warning("%s", err)

@@ -1,16 +1,19 @@
-"""Helpers for the tests that start their own Ray head and submit the smoke sweep to it with
-`ray job submit` (test_local_head.py)."""
+"""Helpers for the tests that start their own Ray heads with cluster/local-up.sh and submit the
+smoke sweep to them with `ray job submit` (test_local_head.py, test_two_heads.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from jaxray.raytrain.cluster import ray_address_file
@@ -60,10 +63,58 @@ def forget_cluster(gcs_port: int) -> None:
         marker.unlink()
 
 
+def run_script(name: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(ROOT / "cluster" / name), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def head_ports(dashboard: int, gcs: int, agent: int | None = None) -> tuple[dict[str, str], list[str]]:
+    """(env, `ray start` arguments) of a head of local-up.sh on free ports of its own."""
+    env = {**head_env(), "RAY_DASHBOARD_PORT": str(dashboard), "VENV": str(BIN.parent)}
+    return env, [
+        f"--port={gcs}",
+        "--num-cpus=4",
+        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={agent or free_port()}",
+        f"--metrics-export-port={free_port()}",
+    ]
+
+
+def clean_up(env: dict[str, str], dashboard: int, gcs: int) -> None:
+    """local-down.sh if the head still has its pid file; then its log and its own Ray temp folder
+    (local-up.sh's `ray-<dashboard port>` beside Ray's default one: session logs) go too."""
+    pid_file = ROOT / "runs" / f"ray-head-{dashboard}.pid"
+    if pid_file.exists():
+        run_script("local-down.sh", env)
+    forget_cluster(gcs)
+    pid_file.with_suffix(".log").unlink(missing_ok=True)
+    shutil.rmtree(ray_address_file().parent.with_name(f"ray-{dashboard}"), ignore_errors=True)
+
+
+@contextlib.contextmanager
+def started_head() -> Iterator[tuple[str, dict[str, str], int, tuple[int, int]]]:
+    """(dashboard address, env, pgid, (dashboard port, GCS port)) of a head from local-up.sh on
+    free ports; cleaned up on the way out (``clean_up``)."""
+    dashboard, gcs = free_port(), free_port()
+    env, args = head_ports(dashboard, gcs)
+    up = run_script("local-up.sh", env, *args)
+    try:
+        assert up.returncode == 0, (up.stdout[-2000:], up.stderr[-4000:])
+        pid_file = ROOT / "runs" / f"ray-head-{dashboard}.pid"
+        assert (ROOT / "runs" / f"ray-head-{dashboard}.tempdir").read_text().strip() == str(
+            ray_address_file().parent.with_name(f"ray-{dashboard}")
+        )
+        yield f"http://127.0.0.1:{dashboard}", env, int(pid_file.read_text()), (dashboard, gcs)
+    finally:
+        clean_up(env, dashboard, gcs)
+
+
 def submit_smoke(address: str, env: dict[str, str], upload: list[str], data_dir: Path, out: Path) -> str:
     """`ray job submit` (token auth) of tune_configs/smoke.yaml to ``address``, from the repository
     root, with ``upload`` naming what to ship (``--working-dir DIR`` or ``--runtime-env FILE``).
-    Checks that the job SUCCEEDED and wrote 3 trial rows without errors; returns its submission id."""
+    Checks that the job SUCCEEDED and wrote 3 trial rows without errors; returns the job's output
+    (`ray job submit` follows the driver's log)."""
     proc = subprocess.run(
         [
             str(BIN / "ray"),
@@ -94,4 +145,4 @@ def submit_smoke(address: str, env: dict[str, str], upload: list[str], data_dir:
     assert succeeded, proc.stdout[-4000:]
     rows = json.loads((out / "summary.json").read_text())
     assert len(rows) == 3 and not any(r.get("error") for r in rows)
-    return succeeded.group(1)
+    return proc.stdout

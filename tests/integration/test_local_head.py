@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ray_head import BIN, ROOT, forget_cluster, free_port, head_env, submit_smoke
+from ray_head import BIN, ROOT, clean_up, free_port, head_ports, run_script, started_head, submit_smoke
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -47,45 +47,12 @@ def port_free(port: int) -> bool:
         return True
 
 
-def run_script(name: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(ROOT / "cluster" / name), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-
-
-def head_ports(dashboard: int, gcs: int, agent: int | None = None) -> tuple[dict[str, str], list[str]]:
-    """(env, `ray start` arguments) of a head of local-up.sh on free ports of its own."""
-    env = {**head_env(), "RAY_DASHBOARD_PORT": str(dashboard), "VENV": str(BIN.parent)}
-    return env, [
-        f"--port={gcs}",
-        "--num-cpus=4",
-        f"--ray-client-server-port={free_port()}",
-        f"--dashboard-agent-listen-port={agent or free_port()}",
-        f"--metrics-export-port={free_port()}",
-    ]
-
-
-def clean_up(env: dict[str, str], dashboard: int, gcs: int) -> None:
-    pid_file = ROOT / "runs" / f"ray-head-{dashboard}.pid"
-    if pid_file.exists():
-        run_script("local-down.sh", env)
-    forget_cluster(gcs)
-    pid_file.with_suffix(".log").unlink(missing_ok=True)
-
-
 @pytest.fixture
 def local_head():
     """(dashboard address, env, pgid, ports) of a head from local-up.sh; local-down.sh on the way out
     if the test did not run it."""
-    dashboard, gcs = free_port(), free_port()
-    env, args = head_ports(dashboard, gcs)
-    up = run_script("local-up.sh", env, *args)
-    try:
-        assert up.returncode == 0, (up.stdout[-2000:], up.stderr[-4000:])
-        pid_file = ROOT / "runs" / f"ray-head-{dashboard}.pid"
-        yield f"http://127.0.0.1:{dashboard}", env, int(pid_file.read_text()), (dashboard, gcs)
-    finally:
-        clean_up(env, dashboard, gcs)
+    with started_head() as head:
+        yield head
 
 
 def test_a_job_is_taken_as_soon_as_local_up_returns(local_head):

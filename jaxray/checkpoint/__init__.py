@@ -16,7 +16,9 @@ Layout of a checkpoint directory::
 
 Every read (``restore``: generate, evaluate, export, serve; ``restore_state``: resume) checks each
 file against those digests first (``open_for_reading``). A params-only checkpoint older than
-``checksums.json`` loads unverified, with a warning once per folder.
+``checksums.json`` loads unverified, with a warning once per folder. A save or read that fails says
+so in words, naming the folder and the cause (``failures``): a full disk is a CheckpointSaveError
+"could not save the checkpoint of step 40 in DIR: [Errno 28] No space left on device: FILE".
 
 A ``runs/<experiment>`` directory also resolves to a checkpoint: its ``summary.json`` names one per
 trial and ``resolve`` picks the best of a workload, as ``jaxray.runs`` ranks them; when that
@@ -36,10 +38,12 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from jax.sharding import Sharding
 
 from jaxray import runs
+from jaxray.checkpoint.failures import CheckpointError, reading, saving
+from jaxray.checkpoint.failures import CheckpointSaveError as CheckpointSaveError  # what a failed save raises
+from jaxray.checkpoint.trees import OPTIMISER_ENTRY, abstract, local_copy, restore_tree, save_tree
 from jaxray.config import ModelConfig, TrialConfig
 from jaxray.models import Model, build
 
@@ -55,19 +59,18 @@ log = logging.getLogger(__name__)
 _warned_unverified: set[str] = set()  # folders already named in the "no checksums" warning
 
 
-class CheckpointError(ValueError):
-    """A path that is not a usable checkpoint; the message says what was expected."""
-
-
 def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
     """Write ``params`` and the configs under ``directory`` (created; must not hold a checkpoint
     yet), then ``checksums.json`` with every file's SHA-256 (temp file + rename, last).
 
     Blocks until Orbax has finalised the write, so the directory is complete when this returns.
-    In a multi-process JAX program one process calls it (the params are replicated).
+    In a multi-process JAX program one process calls it (the params are replicated). Raises
+    CheckpointSaveError naming the directory and the cause (a full disk: ``[Errno 28] ...``).
     """
-    directory = _save_params(directory, params, trial)
-    _write_json(directory / CHECKSUMS, {"files": _files(directory)})
+    directory = Path(directory).absolute()
+    with saving(directory, "the checkpoint"):
+        _save_params(directory, params, trial)
+        _write_json(directory / CHECKSUMS, {"files": _files(directory)})
     return directory
 
 
@@ -82,39 +85,10 @@ def _save_params(directory: str | Path, params: Any, trial: TrialConfig) -> Path
     """``params/`` and the two configs under ``directory`` (created); its absolute path."""
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
-    _save_tree(directory / PARAMS_DIR, params)
+    save_tree(directory / PARAMS_DIR, params)
     (directory / MODEL_CONFIG).write_text(trial.model.model_dump_json(indent=2))
     (directory / TRIAL_CONFIG).write_text(trial.model_dump_json(indent=2))
     return directory
-
-
-def _local_copy(tree: Any) -> Any:
-    """This process's copy of a replicated PyTree: host arrays in a multi-process program (whose
-    global arrays one process cannot read whole), the tree itself otherwise."""
-    if jax.process_count() == 1:
-        return tree
-    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else x, tree)
-
-
-def _abstract(tree: Any, sharding: Sharding) -> Any:
-    """ShapeDtypeStructs of ``tree``'s leaves carrying ``sharding``: an Orbax restore target."""
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), tree)
-
-
-def _save_tree(path: Path, tree: Any) -> None:
-    """One Orbax StandardCheckpointer save of a replicated PyTree, finalised when this returns."""
-    options = ocp.options.MultiprocessingOptions()
-    if jax.process_count() > 1:
-        # One process of a multi-process program saves alone: its local copy of the replicated
-        # arrays, with Orbax's barriers limited to itself (the others never call save).
-        me = jax.process_index()
-        tree = _local_copy(tree)
-        options = ocp.options.MultiprocessingOptions(
-            primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"jaxray-save-{me}"
-        )
-    checkpointer = ocp.StandardCheckpointer(multiprocessing_options=options)
-    checkpointer.save(path, tree)
-    checkpointer.wait_until_finished()
 
 
 def _sha256(path: Path) -> str:
@@ -149,20 +123,24 @@ def save_state(
     TrainState (params, opt_state, step), ``history`` the log rows so far, ``position`` the data
     position (``{"epoch", "batch_in_epoch"}``, may be empty). ``train_state.json`` is written last
     (temp file + rename), with the checksum of every other file; ``before_manifest`` runs just
-    before it (fault injection: a kill there leaves an incomplete checkpoint). Returns the path."""
-    directory = _save_params(directory, state.params, trial)
-    _save_tree(directory / OPT_STATE_DIR, state.opt_state)
-    (directory / HISTORY_FILE).write_text(json.dumps(history))
-    if before_manifest is not None:
-        before_manifest()
-    doc = {
-        "step": int(jax.device_get(_local_copy(state.step))),
-        "seed": trial.train.seed,
-        **position,
-        "rng_key_data": np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist(),
-        "files": _files(directory),
-    }
-    _write_json(directory / TRAIN_STATE, doc)
+    before it (fault injection: a kill there leaves an incomplete checkpoint). Returns the path.
+    Raises CheckpointSaveError naming the directory, the step and the cause (a full disk:
+    ``[Errno 28] No space left on device: FILE``); what was written stays incomplete (no manifest)."""
+    directory, step = Path(directory).absolute(), int(jax.device_get(local_copy(state.step)))
+    with saving(directory, f"the checkpoint of step {step}"):
+        _save_params(directory, state.params, trial)
+        save_tree(directory / OPT_STATE_DIR, state.opt_state)
+        (directory / HISTORY_FILE).write_text(json.dumps(history))
+        if before_manifest is not None:
+            before_manifest()
+        doc = {
+            "step": step,
+            "seed": trial.train.seed,
+            **position,
+            "rng_key_data": np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist(),
+            "files": _files(directory),
+        }
+        _write_json(directory / TRAIN_STATE, doc)
     return directory
 
 
@@ -193,12 +171,26 @@ def open_for_reading(directory: str | Path, full_state: bool = False) -> dict[st
     ``save``) before any array is read. Returns the manifest's document (``{}`` for a params-only
     checkpoint older than checksums: loaded unverified, with a warning once per folder).
 
-    Raises CheckpointError naming the checkpoint and the file when it is incomplete (opt_state/ or
-    history.json without ``train_state.json``: the save never finished; with ``full_state`` any
-    checkpoint without it), its manifest is unreadable, a listed file is missing, or a file's
-    SHA-256 differs (the message gives the expected and the found digest).
+    Raises CheckpointError naming the checkpoint and the file when it is no folder, is incomplete
+    (opt_state/ or history.json without ``train_state.json``: the save never finished; with
+    ``full_state`` any checkpoint without it), its manifest is unreadable, a listed file is missing
+    or cannot be read (the OS error in words), or a file's SHA-256 differs (the message gives the
+    expected and the found digest).
     """
     directory = Path(directory)
+    with reading(directory):
+        return _check_digests(directory, full_state)
+
+
+def _require_folder(directory: Path) -> None:
+    if not directory.is_dir():
+        what = "it is a file" if directory.exists() else "no such folder"
+        raise CheckpointError(f"{directory} is not a checkpoint: {what}")
+
+
+def _check_digests(directory: Path, full_state: bool) -> dict[str, Any]:
+    """``open_for_reading`` less the translation of OS errors into CheckpointError."""
+    _require_folder(directory)
     name, doc = _manifest(directory, full_state)
     if name is None:
         if str(directory) not in _warned_unverified:
@@ -229,45 +221,15 @@ def verify(directory: str | Path) -> dict[str, Any]:
     return open_for_reading(directory, full_state=True)
 
 
-def _names(path: tuple) -> tuple[str, ...]:
-    """A PyTree key path as plain names (dict keys, list indices, attributes; NNX's ``value`` dropped),
-    so Orbax's metadata tree and an NNX State target compare."""
-    names = tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
-    return names[:-1] if names and names[-1] == "value" else names
-
-
-def _check_shapes(path: Path, target: Any) -> None:
-    """CheckpointError naming the first parameter whose saved shape differs from ``target``'s."""
-    meta = ocp.StandardCheckpointer().metadata(path)
-    meta = getattr(meta, "item_metadata", meta)
-    saved = {
-        _names(k): v
-        for k, v in jax.tree_util.tree_flatten_with_path(
-            getattr(meta, "tree", meta), is_leaf=lambda x: hasattr(x, "shape")
-        )[0]
-    }
-    for key, want in jax.tree_util.tree_flatten_with_path(target)[0]:
-        name = "/".join(_names(key))
-        have = saved.get(_names(key))
-        if have is None:
-            raise CheckpointError(
-                f"{path} has no parameter {name} (the model expects shape {tuple(want.shape)})"
-            )
-        if tuple(have.shape) != tuple(want.shape):
-            raise CheckpointError(
-                f"{path}: parameter {name} has shape {tuple(have.shape)} in the checkpoint but "
-                f"{tuple(want.shape)} in the model (a different model config)"
-            )
-
-
 def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[dict]]:
     """(train state, train_state.json, history) of a full-state checkpoint, restored into
     ``target``: the train state as ``jax.ShapeDtypeStruct`` leaves that carry the shardings wanted
     (``jaxray.train.step.abstract_state``; a NamedTuple with ``params``, ``opt_state`` and
     ``step``, whose type the result has). Orbax places every array as its target says, so a
     checkpoint saved on 1 device restores onto a mesh of 4 and back. Raises CheckpointError when
-    the checkpoint is incomplete or damaged (``verify``: naming the file and both digests) or was
-    saved for another model (naming the parameter and both shapes)."""
+    the checkpoint is incomplete or damaged (``verify``: naming the file and both digests), cannot
+    be read (the cause in words) or was saved for another model or optimiser (naming the entry and
+    both shapes)."""
     directory = Path(directory).absolute()
     return _read_state(directory, target, verify(directory))
 
@@ -275,12 +237,15 @@ def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[d
 def _read_state(directory: Path, target: Any, doc: dict) -> tuple[Any, dict, list[dict]]:
     """``restore_state`` once ``doc`` (train_state.json) is verified; alone only in ``jaxray.bench
     checkpoint``, which times what verifying adds."""
-    _check_shapes(directory / PARAMS_DIR, target.params)
-    checkpointer = ocp.StandardCheckpointer()
-    params = checkpointer.restore(directory / PARAMS_DIR, target.params)
-    opt_state = checkpointer.restore(directory / OPT_STATE_DIR, target.opt_state)
+    params = restore_tree(directory / PARAMS_DIR, target.params, "the model")
+    opt_state = restore_tree(directory / OPT_STATE_DIR, target.opt_state, "the optimiser", OPTIMISER_ENTRY)
     step = jax.device_put(np.asarray(doc["step"], target.step.dtype), target.step.sharding)
-    history = json.loads((directory / HISTORY_FILE).read_text())
+    with reading(directory):
+        text = (directory / HISTORY_FILE).read_text()
+    try:
+        history = json.loads(text)
+    except ValueError as err:
+        raise CheckpointError(f"{directory / HISTORY_FILE} is damaged: {err}") from None
     return target._replace(params=params, opt_state=opt_state, step=step), doc, history
 
 
@@ -303,10 +268,12 @@ def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -
 
 def _load_config(directory: str | Path, name: str, cls):
     path = Path(directory) / name
-    if not path.is_file():
-        raise CheckpointError(f"{directory} is not a jaxray checkpoint: {name} is missing")
+    with reading(Path(directory)):  # a file that cannot be opened: the OS error in words
+        if not path.is_file():
+            raise CheckpointError(f"{directory} is not a jaxray checkpoint: {name} is missing")
+        text = path.read_text()
     try:
-        return cls.model_validate_json(path.read_text())
+        return cls.model_validate_json(text)
     except ValueError as err:
         raise CheckpointError(f"{path} is damaged: {err}") from None
 
@@ -323,10 +290,12 @@ def load_trial_config(directory: str | Path) -> TrialConfig:
 
 def _require_checkpoint(directory: Path) -> None:
     """CheckpointError naming what is missing when ``directory`` is not a jaxray checkpoint."""
-    for name in (MODEL_CONFIG, PARAMS_DIR):
-        if not (directory / name).exists():
-            shown = name if name == MODEL_CONFIG else f"{name}/"
-            raise CheckpointError(f"{directory} is not a jaxray checkpoint: {shown} is missing")
+    with reading(directory):
+        _require_folder(directory)
+        for name in (MODEL_CONFIG, PARAMS_DIR):
+            if not (directory / name).exists():
+                shown = name if name == MODEL_CONFIG else f"{name}/"
+                raise CheckpointError(f"{directory} is not a jaxray checkpoint: {shown} is missing")
 
 
 def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Model, Any]:
@@ -337,24 +306,16 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
     the first local device), so Orbax places the arrays directly where they are wanted.
     Returns ``(model, params)``. Raises CheckpointError if ``directory`` is not a checkpoint, is
     incomplete, if a file's SHA-256 differs from the recorded one (naming the file and both
-    digests), or if its params are damaged or do not fit the model its config describes.
+    digests), cannot be read (the OS error in words), or if its params are damaged or do not fit
+    the model its config describes (naming the parameter and both shapes).
     """
     directory = Path(directory).absolute()
     _require_checkpoint(directory)
     open_for_reading(directory)
     model = build(load_model_config(directory))
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = _abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
-    try:
-        _check_shapes(directory / PARAMS_DIR, target)  # names the parameter, unlike Orbax's own error
-        params = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, target)
-    except Exception as err:  # noqa: BLE001 - Orbax raises bare Exceptions for damaged or mismatched data
-        reason = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-        raise CheckpointError(
-            f"{directory / PARAMS_DIR} could not be restored into the model that "
-            f"{MODEL_CONFIG} describes (a damaged file, or params of another shape): "
-            f"{reason[:300]}"
-        ) from None
+    target = abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
+    params = restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")
     return model, params
 
 
@@ -382,6 +343,11 @@ def resolve(path: str | Path, workload: str | None = None) -> Path:
     and why when none of the trial's is good.
     """
     path = Path(path)
+    with reading(path):  # a folder on the way that cannot be opened: the OS error in words
+        return _resolve(path, workload)
+
+
+def _resolve(path: Path, workload: str | None) -> Path:  # ``resolve`` less its OS errors in words
     if (path / MODEL_CONFIG).is_file():
         return path
     inside = sorted(p.parent for p in path.glob(f"checkpoint_*/{MODEL_CONFIG}"))

@@ -1,0 +1,94 @@
+"""One PyTree through Orbax (a StandardCheckpointer folder): saved by one process of a
+multi-process program alone, restored into an abstract target whose leaves carry the shardings
+wanted, its shapes checked first so a mismatch names the entry, and a restore that fails says why in
+words (``failures.cause``), never with TensorStore's spec.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import Sharding
+
+from jaxray.checkpoint.failures import CheckpointError, cause, os_error
+
+PARAMETER, OPTIMISER_ENTRY = "parameter", "optimiser entry"  # what ``restore_tree`` names a leaf
+
+
+def local_copy(tree: Any) -> Any:
+    """This process's copy of a replicated PyTree: host arrays in a multi-process program (whose
+    global arrays one process cannot read whole), the tree itself otherwise."""
+    if jax.process_count() == 1:
+        return tree
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else x, tree)
+
+
+def abstract(tree: Any, sharding: Sharding) -> Any:
+    """ShapeDtypeStructs of ``tree``'s leaves carrying ``sharding``: an Orbax restore target."""
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), tree)
+
+
+def save_tree(path: Path, tree: Any) -> None:
+    """One Orbax StandardCheckpointer save of a replicated PyTree, finalised when this returns."""
+    options = ocp.options.MultiprocessingOptions()
+    if jax.process_count() > 1:
+        # One process of a multi-process program saves alone: its local copy of the replicated
+        # arrays, with Orbax's barriers limited to itself (the others never call save).
+        me = jax.process_index()
+        tree = local_copy(tree)
+        options = ocp.options.MultiprocessingOptions(
+            primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"jaxray-save-{me}"
+        )
+    checkpointer = ocp.StandardCheckpointer(multiprocessing_options=options)
+    checkpointer.save(path, tree)
+    checkpointer.wait_until_finished()
+
+
+def _names(path: tuple) -> tuple[str, ...]:
+    """A PyTree key path as plain names (dict keys, list indices, attributes; NNX's ``value`` dropped),
+    so Orbax's metadata tree and an NNX State target compare."""
+    names = tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+    return names[:-1] if names and names[-1] == "value" else names
+
+
+def _shape_mismatch(path: Path, target: Any, kind: str) -> str | None:
+    """The first ``kind`` (parameter, optimiser entry) whose saved shape differs from ``target``'s
+    or that was not saved, in words; None when every one fits."""
+    meta = ocp.StandardCheckpointer().metadata(path)
+    meta = getattr(meta, "item_metadata", meta)
+    saved = {
+        _names(k): v
+        for k, v in jax.tree_util.tree_flatten_with_path(
+            getattr(meta, "tree", meta), is_leaf=lambda x: hasattr(x, "shape")
+        )[0]
+    }
+    if not saved:
+        return "it holds no arrays that Orbax can read (its _METADATA is missing or empty)"
+    whose = "optimiser" if kind == OPTIMISER_ENTRY else "model"
+    for key, want in jax.tree_util.tree_flatten_with_path(target)[0]:
+        name, have = "/".join(_names(key)), saved.get(_names(key))
+        if have is None:
+            return f"it has no {kind} {name} (the {whose} expects shape {tuple(want.shape)})"
+        if tuple(have.shape) != tuple(want.shape):
+            return (
+                f"{kind} {name} has shape {tuple(have.shape)} in the checkpoint but "
+                f"{tuple(want.shape)} in the {whose} (a different model config)"
+            )
+    return None
+
+
+def restore_tree(path: Path, target: Any, into: str, kind: str = PARAMETER) -> Any:
+    """Orbax's restore of ``path`` into ``target`` (``into`` words it: "the model"), its shapes
+    checked first (naming the entry, unlike Orbax's own error); CheckpointError with the cause in
+    words when the save does not fit or cannot be read (``failures.cause``: no TensorStore spec)."""
+    try:
+        mismatch = _shape_mismatch(path, target, kind)
+        if mismatch is None:
+            return ocp.StandardCheckpointer().restore(path, target)
+    except Exception as err:  # noqa: BLE001 - Orbax raises bare Exceptions for damaged or unreadable data
+        mismatch = os_error(err) or f"{cause(err)} (a damaged file, or a save of another model or optimiser)"
+    raise CheckpointError(f"{path} could not be restored into {into}: {mismatch}")
