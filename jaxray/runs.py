@@ -158,8 +158,10 @@ def best_checkpoint(run_dir: str | Path, workload: str | None = None) -> Path:
     workload = workload or ("transformer" if "transformer" in workloads else next(iter(workloads), None))
     rows = [r for r in rows if r["workload"] == workload]
     if not rows:
+        which = f" of workload {workload!r}" if workload else ""
         raise RunFolderError(
-            f"{Path(run_dir) / SUMMARY_JSON} has no trial with a checkpoint for workload {workload!r}"
+            f"{Path(run_dir) / SUMMARY_JSON} has no finished trial with a checkpoint{which}; a failed "
+            f"trial's own checkpoints are under {Path(run_dir) / TRAIN_DIR}/<trial>: pass that folder"
         )
     best = best_trial(rows, workload, saved_ranking(run_dir)) or rows[0]
     return folder_path(run_dir, best["checkpoint"], f"the checkpoint of trial {best.get('trial')!r}")

@@ -36,11 +36,13 @@ from jaxray.parallel.checks import check_experiment
 from jaxray.raytrain.cluster import check_gpus, init_ray
 from jaxray.raytrain.sweep import TrialRows, run_sweep
 from jaxray.reporting.sweep import markdown_summary, write_reports
-from jaxray.runs import EXPERIMENT_FILE, FILES, RUN_DIRS, sweep_ranking
+from jaxray.runs import EXPERIMENT_FILE, FILES, RUN_DIRS, TRAIN_DIR, sweep_ranking
 
 INTERRUPTED = 130  # exit code of an interrupted run (as a shell reports Ctrl+C)
 # Where --overwrite keeps the earlier run's results until the new run ends with a finished trial.
 ASIDE_DIR = ".overwritten"
+# Below this much free space on the run folder's disk, a sweep that stops is said to have filled it.
+FULL_DISK_BYTES = 64 << 20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -266,6 +268,25 @@ def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool, res
     return report(out, exp, results)
 
 
+def full_disk(out: Path, err: Exception) -> str | None:
+    """The message for a sweep stopped by ``err`` while the disk holding ``out`` is full (less than
+    ``FULL_DISK_BYTES`` free), else None. Ray Tune and Train write their own state into the run
+    folder too; with the disk full to the last byte they fail in ways of their own (Tune 2.60 then
+    raises ``EOFError`` reading an empty ``error.pkl``), so the cause is told from the disk."""
+    try:
+        free = shutil.disk_usage(out).free
+    except OSError:
+        return None
+    if free >= FULL_DISK_BYTES:
+        return None
+    return (
+        f"the sweep stopped ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}) with "
+        f"the disk holding {out} full ({free} bytes free), so neither the trials nor Ray could save "
+        f"their state. The checkpoints saved before are kept in {out / TRAIN_DIR}; free space, then "
+        f"run the sweep again"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     resume = args.resume is not None
@@ -280,10 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     results: list[TrialRows] = []
     try:
         return run_sweeps(exp, out, arrays, resume, results)
-    except BaseException:
+    except BaseException as err:
         if aside is not None:  # a crash: nothing is decided for the user
             print(f"error: the earlier run's results are kept in {aside}", file=sys.stderr)
             aside = None
+        if isinstance(err, Exception) and (message := full_disk(out, err)):
+            print(f"error: {message}", file=sys.stderr)
+            return 1
         raise
     finally:
         settle_aside(out, aside, results)

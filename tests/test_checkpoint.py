@@ -58,7 +58,7 @@ def test_resolve_experiment_dir_picks_best_trial(tmp_path, stored):
     assert checkpoint.resolve(tmp_path).name == "b"
     assert checkpoint.resolve(tmp_path, workload="mlp").name == "m"
     with pytest.raises(
-        checkpoint.CheckpointError, match="no trial with a checkpoint for workload 'shared_block_mlp'"
+        checkpoint.CheckpointError, match="no finished trial with a checkpoint of workload 'shared_block_mlp'"
     ):
         checkpoint.resolve(tmp_path, workload="shared_block_mlp")
 

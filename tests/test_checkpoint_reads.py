@@ -5,7 +5,6 @@ reads its own checkpoints; a recorded path outside the folder is never followed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -14,6 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from damage import flip_a_byte, largest_params_file
 
 from jaxray import checkpoint, runs
 from jaxray.config import parse_trial
@@ -29,19 +29,6 @@ TRIAL_NAME = "mlp_b64_float32_w8"
 @pytest.fixture(scope="module")
 def state():
     return init_state(build(TRIAL.model).init(jax.random.key(0)), make_optimizer(1e-3, 0.0))
-
-
-def largest_params_file(directory: Path) -> Path:
-    return max((f for f in (directory / "params").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
-
-
-def flip_a_byte(file: Path) -> tuple[str, str]:
-    """Damage ``file`` in place (one byte, same size); (its SHA-256 before, after)."""
-    data = bytearray(file.read_bytes())
-    before = hashlib.sha256(data).hexdigest()
-    data[len(data) // 2] ^= 0xFF
-    file.write_bytes(bytes(data))
-    return before, hashlib.sha256(data).hexdigest()
 
 
 def run_folder(root: Path, state, steps=(10, 20)) -> Path:

@@ -1,34 +1,24 @@
 """The reading commands on a run folder that was copied elsewhere, the original deleted: generate,
 evaluate and export read the copy's own checkpoint; a damaged one is refused by each, naming the
-file and both digests (issue 15, points 2 and 3). Serve loads through the same
-``jaxray.inference.load.load_engine`` (tests/inference/test_load.py)."""
+file and both digests (issue 15, points 2 and 3). Serve on a copied run folder:
+tests/integration/test_serve_faults.py."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
+from conftest import COPIED_TRIAL
+from damage import damaged_copy
 
 from jaxray import evaluate, export, generate
-from jaxray.reporting.sweep import write_reports
 
-TRIAL = "transformer_b16_float32_w64"
-CHECKPOINT = Path("train", TRIAL, "checkpoint_step_00000060_attempt1")
+CHECKPOINT = Path("train", COPIED_TRIAL, "checkpoint_step_00000060_attempt1")
 
 
 @pytest.fixture(scope="module")
-def copied(trained_transformer, tmp_path_factory) -> Path:
-    """A run folder holding the trained transformer as its one trial's checkpoint (summary.json by
-    the sweep's writer, from the absolute path Tune reports), copied elsewhere, the original gone."""
-    root = tmp_path_factory.mktemp("cluster") / "runs" / "demo"
-    ck = shutil.copytree(trained_transformer, root / CHECKPOINT)
-    write_reports(
-        root, [{"trial": TRIAL, "workload": "transformer", "val_loss": 2.0, "checkpoint": str(ck)}], {}
-    )
-    copy = Path(shutil.copytree(root, tmp_path_factory.mktemp("laptop") / "demo"))
-    shutil.rmtree(root)
-    return copy
+def copied(copied_run_folder) -> Path:
+    return copied_run_folder
 
 
 def commands(folder: Path, out: Path) -> dict:
@@ -59,12 +49,7 @@ def test_every_reading_command_works_on_a_copied_run_folder(copied, tmp_path, ca
 
 
 def test_every_reading_command_refuses_a_damaged_checkpoint(copied, tmp_path, capsys):
-    damaged = Path(shutil.copytree(copied / CHECKPOINT, tmp_path / "damaged"))
-    victim = max((f for f in (damaged / "params").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
-    data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    victim.write_bytes(bytes(data))
-    rel = victim.relative_to(damaged).as_posix()
+    damaged, rel = damaged_copy(copied / CHECKPOINT, tmp_path)
     for name, run in commands(damaged, tmp_path).items():
         assert run() == 2, name
         err = capsys.readouterr().err

@@ -143,7 +143,7 @@ def test_the_default_workload_is_the_transformer_then_the_first_by_name(tmp_path
     (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(rows))
     assert runs.best_checkpoint(tmp_path) == tmp_path / "train/t/c"
     with pytest.raises(
-        runs.RunFolderError, match="no trial with a checkpoint for workload 'shared_block_mlp'"
+        runs.RunFolderError, match="no finished trial with a checkpoint of workload 'shared_block_mlp'"
     ):
         runs.best_checkpoint(tmp_path, "shared_block_mlp")
     (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from full_disk import fill, small_tmpfs
 
 from jaxray.config import ConfigError
 from jaxray.config.experiment import load_experiment
@@ -17,6 +18,7 @@ from jaxray.runs import EXPERIMENT_FILE, SUMMARY_JSON, TRAIN_DIR
 from jaxray.tune import (
     ASIDE_DIR,
     check_out,
+    full_disk,
     load_resume,
     main,
     parse_args,
@@ -168,3 +170,13 @@ def test_an_overwrite_refused_by_the_cluster_leaves_the_earlier_run_in_place(tmp
     assert main(["--config", str(config), "--out", str(tmp_path / "out"), "--overwrite"]) == 2
     assert "workers.use_gpu is true" in capsys.readouterr().err
     assert _files(tmp_path / "out") == before
+
+
+def test_a_sweep_stopped_on_a_full_disk_is_told_from_the_disk(tmp_path):
+    err = EOFError("Ran out of input")  # what Ray Tune 2.60 raises reading an empty error.pkl
+    assert full_disk(tmp_path, err) is None  # room left: the error is not the disk's
+    with small_tmpfs(tmp_path / "disk", 4) as disk:
+        fill(disk)
+        message = full_disk(disk, err)
+    assert message and f"the disk holding {disk} full (0 bytes free)" in message, message
+    assert "EOFError: Ran out of input" in message and f"kept in {disk / TRAIN_DIR}" in message

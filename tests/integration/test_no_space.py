@@ -53,10 +53,10 @@ def registered(run: Path) -> list[str]:
 
 
 def run_until_the_disk_fills(
-    cmd: list[str], env: dict, run: Path, disk: Path, log: Path
+    cmd: list[str], env: dict, run: Path, disk: Path, log: Path, leave: int = HEADROOM
 ) -> tuple[int, list[str]]:
     """Start ``cmd``; once Ray Train has registered a checkpoint of ``run``, fill ``disk`` but
-    ``HEADROOM``; (exit code, the checkpoints registered by then). SIGKILLs the process group and
+    ``leave`` bytes; (exit code, the checkpoints registered by then). SIGKILLs the process group and
     fails if the run has not ended 180 s after the disk filled."""
     with log.open("w") as sink:
         proc = subprocess.Popen(
@@ -69,7 +69,7 @@ def run_until_the_disk_fills(
         assert proc.poll() is None, f"the run ended before the disk filled:\n{log.read_text()[-3000:]}"
         before = registered(run)
         assert before, f"no checkpoint within 180 s:\n{log.read_text()[-3000:]}"
-        fill(disk, leave=HEADROOM)
+        fill(disk, leave=leave)
         try:
             return proc.wait(timeout=180), before
         except subprocess.TimeoutExpired:
@@ -124,3 +124,24 @@ def test_a_full_disk_fails_the_trial_in_words_and_keeps_every_earlier_checkpoint
         )
         assert done.returncode == 0, done.stderr[-3000:]
         assert f"checkpoint     {run / left[-1]} (mlp)" in done.stdout
+
+
+def test_a_disk_full_to_the_last_byte_ends_the_run_naming_the_full_disk(real_dir, tmp_path):
+    # Without headroom Ray's own state writes fail first (Train's controller, Tune's experiment
+    # state; Tune then raises EOFError reading an empty error.pkl): the run still ends, saying why.
+    config, log = tmp_path / "no-space.yaml", tmp_path / "tune.log"
+    config.write_text(EXPERIMENT)
+    env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
+    with small_tmpfs(tmp_path / "disk", 64) as disk:
+        out = disk / "out"
+        run = out / "train" / TRIAL
+        cmd = [sys.executable, "-m", "jaxray.tune", "--config", str(config), "--out", str(out)]
+        rc, before = run_until_the_disk_fills(cmd, env, run, disk, log, leave=0)
+        text = log.read_text()
+        assert rc == 1, text[-5000:]
+        told = (f"with the disk holding {out} full (", f"error: 1 trial(s) failed: {TRIAL}")
+        assert any(t in text for t in told), text[-5000:]
+        print(*(line for line in text.splitlines() if line.startswith("error: ")), sep="\n")
+        (disk / "filler").unlink()
+        for name in before:  # registered before the disk filled: still whole
+            checkpoint.verify(run / name)

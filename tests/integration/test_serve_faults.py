@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import socket
 import threading
@@ -22,6 +21,7 @@ import psutil
 import pytest
 import ray
 import requests
+from damage import damaged_copy
 from ray import serve
 
 from jaxray.bench.loadtest import Sample, send
@@ -56,13 +56,7 @@ def url() -> str:
 
 @pytest.fixture(scope="module")
 def damaged(trained_transformer, tmp_path_factory) -> Path:
-    copy = tmp_path_factory.mktemp("damaged") / "transformer"
-    shutil.copytree(trained_transformer, copy)
-    victim = max((f for f in (copy / "params").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
-    data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    victim.write_bytes(bytes(data))
-    return copy
+    return damaged_copy(trained_transformer, tmp_path_factory.mktemp("damaged"))[0]
 
 
 def test_a_replica_that_fails_to_start_fails_the_deploy_in_seconds_with_its_exception(url, damaged):
@@ -114,10 +108,11 @@ def _healthz(url: str) -> tuple[int, dict]:
 
 
 def test_a_killed_replica_under_load_is_replaced_and_every_failure_is_a_prompt_5xx_json(
-    url, trained_transformer
+    url, copied_run_folder
 ):
+    # Served from a run folder copied elsewhere, its original deleted: it reads the copy's checkpoint.
     args = {
-        "checkpoint": str(trained_transformer),
+        "checkpoint": str(copied_run_folder),
         "max_batch_size": 16,
         "batch_wait_ms": 10,
         "engine": ENGINE,
@@ -125,6 +120,8 @@ def test_a_killed_replica_under_load_is_replaced_and_every_failure_is_a_prompt_5
     serve.run(app_builder(args), name="jaxray", route_prefix="/")
     status, before = _healthz(url)
     assert status == 200 and before["status"] == "ok"
+    served = requests.get(f"{url}/info", timeout=10).json()["checkpoint"]
+    assert Path(served).is_relative_to(copied_run_folder), served
     [pid] = _replica_pids()
     stop = threading.Event()
     with ThreadPoolExecutor(1) as pool:

@@ -4,7 +4,6 @@ refuse bad settings and missing paths with messages naming them."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from damage import damaged_copy
 
 from jaxray.serve.__main__ import main
 from jaxray.serve.app import app_builder
@@ -23,15 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def damaged(trained_transformer, tmp_path_factory) -> tuple[Path, str]:
-    """A copy of ``trained_transformer`` with one byte of its largest params file flipped; (the
-    copy, that file's path relative to it)."""
-    copy = tmp_path_factory.mktemp("damaged") / "transformer"
-    shutil.copytree(trained_transformer, copy)
-    victim = max((f for f in (copy / "params").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
-    data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    victim.write_bytes(bytes(data))
-    return copy, str(victim.relative_to(copy))
+    """(a copy of ``trained_transformer`` with one params byte flipped, that file relative to it)."""
+    return damaged_copy(trained_transformer, tmp_path_factory.mktemp("damaged"))
 
 
 @pytest.mark.parametrize(
