@@ -82,26 +82,15 @@ def trained_transformer(real_dir, tmp_path_factory) -> Path:
     return checkpoint.save(tmp_path_factory.mktemp("trained") / "transformer", result.state.params, trial)
 
 
-COPIED_TRIAL = "transformer_b16_float32_w64"
-
-
 @pytest.fixture(scope="session")
 def copied_run_folder(trained_transformer, tmp_path_factory) -> Path:
-    """A run folder holding ``trained_transformer`` as its one trial's checkpoint (summary.json by
-    the sweep's writer, from the absolute path Tune reports), copied elsewhere, the original gone."""
-    import shutil
+    """``trained_transformer`` in a run folder copied elsewhere, the original gone
+    (``checkpoint_copies.copied_run_folder``)."""
+    from checkpoint_copies import copied_run_folder
 
-    from jaxray.reporting.sweep import write_reports
-
-    root = tmp_path_factory.mktemp("cluster") / "runs" / "demo"
-    ck = shutil.copytree(
-        trained_transformer, root / "train" / COPIED_TRIAL / "checkpoint_step_00000060_attempt1"
+    return copied_run_folder(
+        trained_transformer, tmp_path_factory.mktemp("cluster"), tmp_path_factory.mktemp("laptop")
     )
-    row = {"trial": COPIED_TRIAL, "workload": "transformer", "val_loss": 2.0, "checkpoint": str(ck)}
-    write_reports(root, [row], {})
-    copy = Path(shutil.copytree(root, tmp_path_factory.mktemp("laptop") / "demo"))
-    shutil.rmtree(root)
-    return copy
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from damage import flip_a_byte, largest_params_file
+from checkpoint_copies import flip_a_byte, largest_params_file
 
 from jaxray import checkpoint, runs
 from jaxray.config import parse_trial

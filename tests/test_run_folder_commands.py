@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import COPIED_TRIAL
-from damage import damaged_copy
+from checkpoint_copies import COPIED_TRIAL, damaged_copy
 
 from jaxray import evaluate, export, generate
 

@@ -21,7 +21,7 @@ import psutil
 import pytest
 import ray
 import requests
-from damage import damaged_copy
+from checkpoint_copies import damaged_copy
 from ray import serve
 
 from jaxray.bench.loadtest import Sample, send

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from damage import damaged_copy
+from checkpoint_copies import damaged_copy
 
 from jaxray.serve.__main__ import main
 from jaxray.serve.app import app_builder

@@ -1,4 +1,5 @@
-"""Damage to checkpoint files, for the tests of what reads them (imported by test modules)."""
+"""Copies of a checkpoint for the tests of what reads it (imported by test modules and conftest):
+damaged ones, and a run folder that was copied elsewhere, its original deleted."""
 
 from __future__ import annotations
 
@@ -28,3 +29,22 @@ def damaged_copy(checkpoint: Path, into: Path) -> tuple[Path, str]:
     victim = largest_params_file(copy)
     flip_a_byte(victim)
     return copy, str(victim.relative_to(copy))
+
+
+COPIED_TRIAL = "transformer_b16_float32_w64"
+
+
+def copied_run_folder(checkpoint: Path, cluster: Path, laptop: Path) -> Path:
+    """A run folder under ``cluster`` holding ``checkpoint`` as its one trial's (``COPIED_TRIAL``)
+    checkpoint, summary.json by the sweep's writer from the absolute path Tune reports, copied into
+    ``laptop``; the original is deleted. Returns the copy."""
+    from jaxray.reporting.sweep import write_reports  # imports JAX: only the tests that call this
+
+    root = cluster / "runs" / "demo"
+    ck = shutil.copytree(checkpoint, root / "train" / COPIED_TRIAL / "checkpoint_step_00000060_attempt1")
+    write_reports(
+        root, [{"trial": COPIED_TRIAL, "workload": "transformer", "val_loss": 2.0, "checkpoint": str(ck)}], {}
+    )
+    copy = Path(shutil.copytree(root, laptop / "demo"))
+    shutil.rmtree(root)
+    return copy
