@@ -36,7 +36,7 @@ from jaxray.parallel.checks import check_experiment
 from jaxray.raytrain.cluster import check_gpus, init_ray
 from jaxray.raytrain.sweep import TrialRows, run_sweep
 from jaxray.reporting.sweep import markdown_summary, write_reports
-from jaxray.runs import EXPERIMENT_FILE, FILES, RUN_DIRS, TRAIN_DIR, sweep_ranking
+from jaxray.runs import EXPERIMENT_FILE, FILES, RUN_DIRS, SUMMARY_JSON, TRAIN_DIR, sweep_ranking
 
 INTERRUPTED = 130  # exit code of an interrupted run (as a shell reports Ctrl+C)
 # Where --overwrite keeps the earlier run's results until the new run ends with a finished trial.
@@ -92,6 +92,14 @@ def check_out(out: Path, overwrite: bool) -> list[Path]:
             f"move what you want to keep out of it and delete it, or choose another --out"
         )
     ours = [out / name for name in (*FILES, *RUN_DIRS, EXPERIMENT_FILE) if (out / name).exists()]
+    if ours and not any((out / marker).is_file() for marker in (EXPERIMENT_FILE, SUMMARY_JSON)):
+        # Folders named like a run's (train/, tensorboard/) without the files every run writes are
+        # someone else's: never replaced, whatever --overwrite says.
+        raise ConfigError(
+            f"{out} holds {', '.join(p.name for p in ours)} but no {EXPERIMENT_FILE} or "
+            f"{SUMMARY_JSON}, so it is not a run folder of python -m jaxray.tune and nothing in it is "
+            f"replaced; choose another --out (a new or empty folder)"
+        )
     if ours and not overwrite:
         resume = f", --resume {out} to finish that run" if (out / EXPERIMENT_FILE).is_file() else ""
         raise ConfigError(
@@ -145,11 +153,17 @@ def save_experiment(out: Path, exp: ExperimentConfig) -> Path:
         if value is not None and "://" not in value:
             config["data"][key] = str(Path(value).absolute())
     text = yaml.safe_dump(config, sort_keys=False)
-    path.write_text(
-        f"# The resolved experiment config of this run, written by python -m jaxray.tune;\n"
-        f"# python -m jaxray.tune --resume {out} reads it.\n{text}",
-        encoding="utf-8",
-    )
+    partial = path.with_name(f".{EXPERIMENT_FILE}.partial")  # then renamed: never a truncated config
+    try:
+        partial.write_text(
+            f"# The resolved experiment config of this run, written by python -m jaxray.tune;\n"
+            f"# python -m jaxray.tune --resume {out} reads it.\n{text}",
+            encoding="utf-8",
+        )
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(path)
     return path
 
 
@@ -296,10 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         ray.shutdown()
         return 2
-    if not resume:
-        save_experiment(out, exp)
     results: list[TrialRows] = []
     try:
+        if not resume:
+            save_experiment(out, exp)
         return run_sweeps(exp, out, arrays, resume, results)
     except BaseException as err:
         if aside is not None:  # a crash: nothing is decided for the user

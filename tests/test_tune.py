@@ -180,3 +180,25 @@ def test_a_sweep_stopped_on_a_full_disk_is_told_from_the_disk(tmp_path):
         message = full_disk(disk, err)
     assert message and f"the disk holding {disk} full (0 bytes free)" in message, message
     assert "EOFError: Ran out of input" in message and f"kept in {disk / TRAIN_DIR}" in message
+
+
+def test_folders_named_like_a_runs_without_its_files_are_never_replaced(tmp_path):
+    # A project folder of the user's that happens to hold train/ and tensorboard/: not a run folder.
+    (tmp_path / TRAIN_DIR).mkdir()
+    (tmp_path / TRAIN_DIR / "train_model.py").write_text("the user's code")
+    (tmp_path / "tensorboard").mkdir()
+    before = _files(tmp_path)
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match="is not a run folder of python -m jaxray.tune") as err:
+            check_out(tmp_path, overwrite=overwrite)
+        assert "train, tensorboard" in str(err.value) and "nothing in it is replaced" in str(err.value)
+    assert _files(tmp_path) == before
+
+
+def test_the_saved_config_is_whole_or_absent_on_a_full_disk(tmp_path):
+    exp = load_experiment(ROOT / "tune_configs/smoke.yaml")
+    with small_tmpfs(tmp_path / "disk", 1) as disk:
+        fill(disk)
+        with pytest.raises(OSError, match="No space left on device"):
+            save_experiment(disk / "run", exp)
+        assert not any((disk / "run").iterdir())  # no truncated experiment.yaml for --resume to misread

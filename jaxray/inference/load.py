@@ -22,7 +22,7 @@ import jax
 from jaxray import checkpoint
 from jaxray.config import ModelConfig
 from jaxray.inference import kv_decode
-from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest
+from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest, sha256
 from jaxray.inference.engine import Engine, Programs, check_keep, compiled_buckets
 from jaxray.inference.settings import EngineSettings
 
@@ -62,11 +62,32 @@ def check_source(path: str | Path, settings: EngineSettings | None = None) -> Pa
     return check_checkpoint(path, settings)
 
 
-def load_engine(path: str | Path, settings: EngineSettings | None = None) -> Engine:
+def fingerprint(path: str | Path) -> str | None:
+    """The SHA-256 of the digest manifest of the checkpoint or artifact directory ``path``
+    (``train_state.json`` or ``checksums.json``; an artifact's ``manifest.json``), which holds
+    every other file's digest: equal fingerprints, the same weights. None where there is none (a
+    params-only checkpoint saved before checksums were recorded)."""
+    names = (ARTIFACT_MANIFEST,) if is_artifact(path) else checkpoint.MANIFESTS
+    found = next((Path(path) / n for n in names if (Path(path) / n).is_file()), None)
+    return sha256(found) if found else None
+
+
+def load_engine(
+    path: str | Path, settings: EngineSettings | None = None, expected: str | None = None
+) -> Engine:
     """The engine for a checkpoint, a Ray Train run folder, ``runs/<experiment>`` (its best
     transformer) or an export artifact (``engine_from_artifact``); ``settings`` default to
-    ``EngineSettings()`` for a checkpoint and to the exported ones for an artifact. Raises as
-    ``check_source``, and ArtifactError for a damaged artifact."""
+    ``EngineSettings()`` for a checkpoint and to the exported ones for an artifact. ``expected``:
+    the ``fingerprint`` the weights at ``path`` must still have (a server's replicas serve what the
+    server checked when it started, even when the folder was replaced since). Raises as
+    ``check_source``, ArtifactError for a damaged artifact, CheckpointError when the fingerprint
+    differs."""
+    if expected is not None and (now := fingerprint(path)) != expected:
+        raise checkpoint.CheckpointError(
+            f"{path} changed after the server checked it (its digest manifest's SHA-256 was "
+            f"{expected}, is {now}): a replica serves only the weights the server started with; "
+            f"restart the server to serve the new ones"
+        )
     if is_artifact(path):
         return engine_from_artifact(path, settings)
     resolved = check_checkpoint(path, settings)

@@ -221,8 +221,7 @@ def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
         serve.start(http_options=http)
         serve.run(app, name=APP_NAME, route_prefix="/")
         print(ready_message(args.host, args.port), flush=True)
-        while True:
-            time.sleep(3600)
+        watch(APP_NAME)
     except KeyboardInterrupt:
         print("stopping", file=sys.stderr, flush=True)
         return 0
@@ -234,6 +233,30 @@ def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
 
         print(f"error: {err}\n{deploy_failure(APP_NAME)}".rstrip(), file=sys.stderr)
         return 1
+
+
+def watch(name: str, every_s: float = 5.0) -> NoReturn:
+    """Until interrupted: every ``every_s`` s, Serve's status of application ``name``; when it
+    changes, say so in the terminal with Serve's messages (a replacement replica that cannot start
+    shows its exception here, not only in Ray's logs, while requests wait and time out)."""
+    from ray import serve  # deferred: ray is heavy; --help and option errors stay fast
+
+    from jaxray.serve.app import deploy_failure  # deferred: loaded already, by main()
+
+    last = "RUNNING"
+    while True:
+        time.sleep(every_s)
+        try:
+            status = serve.status().applications[name].status
+            status = getattr(status, "value", str(status))  # ApplicationStatus, a str Enum
+            why = deploy_failure(name) if status != "RUNNING" else ""
+        except Exception as err:  # the controller busy or restarting: tell, try again
+            status, why = "UNKNOWN", f"{type(err).__name__}: {err}"
+        if status != last:
+            print(
+                f"jaxray: the app is {status.lower()}{': ' + why if why else ''}", file=sys.stderr, flush=True
+            )
+            last = status
 
 
 def _stop(joined: bool) -> None:

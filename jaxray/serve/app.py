@@ -42,7 +42,7 @@ from starlette.requests import Request as HttpRequest
 
 from jaxray.inference.artifact_loader import read_artifact_manifest
 from jaxray.inference.engine import Request
-from jaxray.inference.load import check_source, is_artifact, load_engine
+from jaxray.inference.load import check_source, fingerprint, is_artifact, load_engine
 from jaxray.inference.settings import EngineSettings
 from jaxray.serve.routes import (
     Counted,
@@ -109,7 +109,8 @@ class JaxrayServer:
     checkpoint: an absolute path ``jaxray.inference.load.load_engine`` accepts; settings: the
     engine's; max_batch_size: requests decoded together (<= max(settings.batch_sizes));
     batch_wait_s: how long the first request of a batch waits for company; compute_cpus: CPUs for
-    JAX's compute threads (``pin_compute``).
+    JAX's compute threads (``pin_compute``); weights_sha256: what ``load_engine`` must find at
+    ``checkpoint`` (``jaxray.inference.load.fingerprint``; None: not checked).
     """
 
     def __init__(
@@ -119,11 +120,12 @@ class JaxrayServer:
         max_batch_size: int,
         batch_wait_s: float,
         compute_cpus: int | None = None,
+        weights_sha256: str | None = None,
     ):
         self.started = time.monotonic()
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.compute_cpus = pin_compute(compute_cpus)
-        self.engine = load_engine(checkpoint, settings)
+        self.engine = load_engine(checkpoint, settings, expected=weights_sha256)
         report = self.engine.compile()
         logger.info(
             "jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s",
@@ -308,10 +310,15 @@ def build_app(args: AppArgs) -> Application:
             f"max_batch_size {max_batch} exceeds max_ongoing_requests {args.max_ongoing_requests}: "
             f"a batch could never fill"
         )
-    check_source(path, args.engine)  # a wrong workload or artifact settings: refused before Ray starts
-    check_restores(path, args.engine)
+    # A wrong workload or artifact settings: refused before Ray starts. The replicas get the
+    # checkpoint resolved here and its fingerprint, so one that Serve starts later (a replacement)
+    # serves these weights or none, even if runs/<experiment> names another best trial by then.
+    source = check_source(path, args.engine)
+    check_restores(source, args.engine)
     server = deployment(args)
-    return server.bind(str(path), args.engine, max_batch, args.batch_wait_ms / 1e3, args.compute_cpus)
+    return server.bind(
+        str(source), args.engine, max_batch, args.batch_wait_ms / 1e3, args.compute_cpus, fingerprint(source)
+    )
 
 
 def app_builder(args: dict[str, Any]) -> Application:

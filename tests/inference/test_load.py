@@ -12,7 +12,7 @@ from jaxray import checkpoint
 from jaxray.inference.artifact import export_checkpoint
 from jaxray.inference.batcher import Batcher
 from jaxray.inference.engine import Engine, Request
-from jaxray.inference.load import check_checkpoint, check_source, is_artifact, load_engine
+from jaxray.inference.load import check_checkpoint, check_source, fingerprint, is_artifact, load_engine
 from jaxray.inference.settings import EngineSettings
 from jaxray.reporting.sweep import write_reports
 
@@ -104,3 +104,20 @@ def test_a_copied_run_folder_is_served_and_exported_and_a_damaged_checkpoint_ref
     with pytest.raises(checkpoint.CheckpointError, match="no usable checkpoint"):
         load_engine(copy, settings)  # the trial's only checkpoint is damaged
     assert not (tmp_path / "e2").exists()
+
+
+def test_weights_replaced_after_the_check_are_refused_by_their_fingerprint(
+    tiny_transformer, artifact, tmp_path
+):
+    # What a replica Serve starts later does: load what the server checked, or nothing.
+    _, _, path = tiny_transformer
+    settings = EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=8)
+    for source, given in ((path, settings), (artifact, None)):
+        copy = Path(shutil.copytree(source, tmp_path / source.name))
+        checked = fingerprint(copy)
+        assert checked and load_engine(copy, given, expected=checked).source == str(copy)
+        manifest = next(copy / n for n in (*checkpoint.MANIFESTS, "manifest.json") if (copy / n).is_file())
+        manifest.write_text(manifest.read_text() + "\n")  # still valid, other bytes: another save
+        with pytest.raises(checkpoint.CheckpointError, match="changed after the server checked it") as err:
+            load_engine(copy, given, expected=checked)
+        assert checked in str(err.value) and fingerprint(copy) in str(err.value)

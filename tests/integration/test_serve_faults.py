@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -24,6 +25,7 @@ import requests
 from checkpoint_copies import damaged_copy
 from ray import serve
 
+from jaxray import checkpoint
 from jaxray.bench.loadtest import Sample, send
 from jaxray.serve.__main__ import PROXY_CALLBACK
 from jaxray.serve.app import app_builder, deploy_failure, deployment
@@ -73,10 +75,10 @@ def test_a_replica_that_fails_to_start_fails_the_deploy_in_seconds_with_its_exce
     assert elapsed < 30, f"the failed deploy took {elapsed:.1f} s"
 
 
-def _replica_pids() -> list[int]:
+def _replica_pids(title: str = REPLICA_TITLE) -> list[int]:
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
-        if REPLICA_TITLE in " ".join(proc.info["cmdline"] or []):
+        if title in " ".join(proc.info["cmdline"] or []):
             found.append(proc.info["pid"])
     return found
 
@@ -179,3 +181,24 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(url, trained_transfor
         assert response.headers["retry-after"] == "1" and took < 2.0, (response.headers, took)
         error = response.json()["error"]
         assert error["field"] == "server" and "backpressure" in error["message"], error
+
+
+def test_a_replacement_replica_serves_the_checked_weights_or_none(url, trained_transformer, tmp_path):
+    # The folder served is replaced after the start (another run written there): the replica Serve
+    # starts after a kill refuses it, naming the change, instead of serving another model quietly.
+    copy = Path(shutil.copytree(trained_transformer, tmp_path / "served"))
+    serve.run(
+        app_builder({"checkpoint": str(copy), "max_batch_size": 4, "engine": ENGINE}),
+        name="changed",
+        route_prefix="/c",
+    )
+    manifest = next(copy / n for n in checkpoint.MANIFESTS if (copy / n).is_file())
+    manifest.write_text(manifest.read_text() + "\n")  # valid, other bytes: another save
+    [pid] = _replica_pids("ServeReplica:changed:JaxrayServer")
+    os.kill(pid, signal.SIGKILL)
+    deadline, why = time.monotonic() + 120, ""
+    while "changed after the server checked it" not in why:
+        assert time.monotonic() < deadline, why
+        time.sleep(1)
+        why = deploy_failure("changed")
+    serve.delete("changed")
