@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from jaxray.argtypes import cli_parser, port, positive_float
 from jaxray.inference.settings import add_engine_options, engine_overrides
-from jaxray.serve.settings import AppArgs, add_replica_options, replica_overrides
+from jaxray.serve.settings import AppArgs, add_replica_options, args_error, replica_overrides
 
 APP_NAME = "jaxray"
 IMPORT_PATH = "jaxray.serve.app:app_builder"  # the application of a config file (serve/config.yaml)
@@ -80,8 +80,7 @@ def read_config(path: str, parser_error: Callable[[str], NoReturn]) -> tuple[dic
     try:
         AppArgs.model_validate(apps[0].args)
     except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        parser_error(f"--config {path}: args: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        parser_error(f"--config {path}: args: {args_error(err)}")
     return config.http_options.model_dump(), dict(apps[0].args)
 
 

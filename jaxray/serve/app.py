@@ -64,7 +64,7 @@ from jaxray.serve.schema import (
     completion_object,
     parse,
 )
-from jaxray.serve.settings import AppArgs
+from jaxray.serve.settings import AppArgs, args_error
 
 logger = logging.getLogger("ray.serve")
 ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed")
@@ -329,9 +329,7 @@ def app_builder(args: dict[str, Any]) -> Application:
     try:
         parsed = AppArgs.model_validate(args)
     except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "args"
-        raise ValueError(f"serve args: {where}: {first['msg']}") from None
+        raise ValueError(f"serve args: {args_error(err)}") from None
     if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
         # Serve's build task (serve run): check on the CPU, leaving the GPUs to the replica. A
         # no-op where JAX has already started.

@@ -9,7 +9,16 @@ import argparse
 from collections.abc import Iterable
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, StrictFloat, StrictInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveInt,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+)
 
 from jaxray.argtypes import FieldOptions, add_field_options, given_options, non_negative_float, positive_int
 from jaxray.inference.settings import EngineSettings
@@ -79,3 +88,10 @@ def add_replica_options(
 def replica_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """{AppArgs field: value} for the replica options given on the command line."""
     return given_options(args, OPTIONS)
+
+
+def args_error(err: ValidationError) -> str:
+    """The first error of validating AppArgs from a config's ``args``: "<field path>: <message>"
+    (the path dotted, e.g. ``engine.chunk``; ``args`` for the whole mapping)."""
+    first = err.errors(include_url=False)[0]
+    return f"{'.'.join(str(p) for p in first['loc']) or 'args'}: {first['msg']}"
