@@ -8,8 +8,12 @@ accuracy, and a sampled text (``jaxray.inference.sampling.generate``).
 
 The data folder is ``--data-dir``, else the one recorded in the checkpoint's trial_config.json, else
 the search order of ``jaxray.data.sources``. Files go under ``--out``, by default
-``runs/eval/<name>`` (relative to the working directory), where ``<name>`` is the checkpoint
-folder's name or, for a Ray Train ``checkpoint_*`` folder, its trial folder's name:
+``runs/eval/<name>`` (relative to the working directory), one folder per checkpoint: ``<name>`` is
+the checkpoint folder's name or, for a Ray Train ``checkpoint_*`` folder, ``<trial>/<checkpoint>``
+(``<experiment>/<trial>/<checkpoint>`` inside a run folder's ``train/``). An ``--out`` whose
+summary.json holds the evaluation of another checkpoint is refused unless ``--overwrite``; the
+folder is created only once the results are ready, and they replace the earlier ones only when all
+are written (temporary files, then renames), so a failed evaluation changes nothing there:
 
     summary.json            the printed numbers (NaN/inf -> null); MLPs add the confusion matrix
                             (rows true class, columns predicted), class names and the PNG paths
@@ -26,7 +30,9 @@ import argparse
 import functools
 import json
 import math
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +53,7 @@ from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 from jaxray.reporting import eval_figures
 from jaxray.reporting.format import json_safe
-from jaxray.runs import check_overwrite
+from jaxray.runs import TRAIN_DIR, check_overwrite
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import jit_eval_step
 from jaxray.train.run import eval_batch_size
@@ -102,12 +108,16 @@ def confusion_matrix(
 
 
 def default_out(directory: str | Path) -> Path:
-    """``runs/eval/<name>``: the checkpoint folder's name, or its trial folder's when the folder is a
-    Ray Train ``checkpoint_<timestamp>`` (a timestamp alone says nothing about the model)."""
+    """``runs/eval/<name>``, one per checkpoint: the checkpoint folder's name or, for a Ray Train
+    ``checkpoint_<step or timestamp>`` folder, ``<trial>/<checkpoint>`` (the name alone says nothing
+    about the model; the trial alone is shared by all its checkpoints), with ``<experiment>/`` first
+    when the trial folder is in a run folder's ``train/``."""
     directory = Path(directory).absolute()
-    return DEFAULT_OUT_ROOT / (
-        directory.parent.name if directory.name.startswith("checkpoint") else directory.name
-    )
+    if not directory.name.startswith("checkpoint"):
+        return DEFAULT_OUT_ROOT / directory.name
+    trial = directory.parent
+    experiment = [trial.parent.parent.name] if trial.parent.name == TRAIN_DIR else []
+    return DEFAULT_OUT_ROOT.joinpath(*experiment, trial.name, directory.name)
 
 
 def evaluate_classifier(model: Model, params: Any, held_out: Arrays, global_batch: int, mesh: Mesh) -> dict:
@@ -164,13 +174,16 @@ def run(
     max_new_tokens: int = 200,
     temperature: float = 0.8,
     seed: int = 0,
+    overwrite: bool = False,
 ) -> dict:
     """Evaluate the checkpoint ``path`` names (anything ``checkpoint.resolve`` accepts) and write
     summary.json (and the MLP figures) under ``out`` (default ``default_out``); returns the summary.
 
-    The sampling arguments (transformer only) are checked before anything is loaded. Raises
-    CheckpointError, ConfigError or ValueError (bad path, checkpoint or sampling argument) and
-    DataFileError (missing or damaged data file); ConfigError if ``data_dir`` is not a directory.
+    The sampling arguments (transformer only) and ``out`` are checked before anything is loaded:
+    ``out`` may not hold another tool's summary.json, nor (without ``overwrite``) the evaluation of
+    another checkpoint, and must be creatable. Raises CheckpointError, ConfigError or ValueError
+    (bad path, checkpoint, --out or sampling argument), DataFileError (missing or damaged data
+    file) and ResultsWriteError (the results could not be written; nothing in ``out`` changed).
     """
     Sampling(max_new_tokens, temperature, seed).check()
     prompt_window(encode_prompt(prompt), 1)  # an empty prompt fails here, not after the restore
@@ -182,7 +195,7 @@ def run(
         raise checkpoint.CheckpointError(
             f"{directory} holds a {trial.model.workload} checkpoint, not {workload}"
         )
-    out = _results_folder(out or default_out(directory))
+    out = _results_folder(out or default_out(directory), directory, overwrite)
     # The recorded folder may not exist on this machine: read_verified then searches on as usual.
     data_dir = data_dir or trial.data.data_dir
     _, held_out = load_arrays(
@@ -192,57 +205,113 @@ def run(
     model, params = checkpoint.restore(directory, replicated(mesh))
     batch = eval_batch_size(trial, 1)
     head = {"checkpoint": str(directory), "workload": trial.model.workload, "data_dir": data_dir}
-    if trial.model.workload == "transformer":
-        summary = (
-            head
-            | {"seq_len": trial.data.seq_len}
-            | evaluate_language_model(
-                model, params, held_out, batch, mesh, prompt, max_new_tokens, temperature, seed
-            )
+    if trial.model.workload != "transformer":
+        result = evaluate_classifier(model, params, held_out, batch, mesh)
+        return _write_results(out, *_classifier_files(head | result, held_out, out))
+    summary = (
+        head
+        | {"seq_len": trial.data.seq_len}
+        | evaluate_language_model(
+            model, params, held_out, batch, mesh, prompt, max_new_tokens, temperature, seed
         )
-    else:
-        summary = head | _classifier_files(
-            evaluate_classifier(model, params, held_out, batch, mesh), held_out, out
-        )
-    return _write_summary(summary, out)
+    )
+    return _write_results(out, summary, {})
 
 
-def _results_folder(out: str | Path) -> Path:
-    """``out``, absolute and created. Checked before any data is read, so that an evaluation never
-    replaces another tool's summary.json (ValueError); ConfigError if it cannot be created."""
+class ResultsWriteError(OSError):
+    """The results could not be written into --out (a full disk, say); nothing there was changed."""
+
+
+def _results_folder(out: str | Path, directory: Path, overwrite: bool) -> Path:
+    """``out``, absolute, checked (not created) before any data is read: ValueError if it holds
+    another tool's summary.json, ConfigError if it holds the evaluation of a checkpoint other than
+    ``directory`` (unless ``overwrite``) or cannot be created (its nearest existing folder is not a
+    writable directory)."""
     out = Path(out).absolute()
     check_overwrite(out, WRITER)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"--out {out} cannot be a results folder: {err}") from None
+    if (out / "summary.json").is_file() and not overwrite:  # check_overwrite: it is an evaluation's
+        recorded = json.loads((out / "summary.json").read_text()).get("checkpoint")
+        if recorded and Path(recorded).resolve() != directory.resolve():
+            raise ConfigError(
+                f"--out {out} holds the evaluation of {recorded}; pass --overwrite or another --out "
+                f"(nothing was changed)"
+            )
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        kind = "not a directory" if not existing.is_dir() else "not writable"
+        raise ConfigError(f"--out {out} cannot be a results folder: {existing} is {kind}")
     return out
 
 
-def _write_summary(summary: dict, out: Path) -> dict:
-    """Writes ``out/summary.json``; returns ``summary`` with its path and ``written_by``."""
+def _write_results(out: Path, summary: dict, figures: dict[str, Callable[[Path], None]]) -> dict:
+    """Creates ``out`` and writes ``figures`` (name -> draw(path)) and ``out/summary.json``, each to
+    a temporary file first, then renamed over the earlier ones (figures an earlier evaluation left
+    and this one does not write are removed); returns ``summary`` with its path and ``written_by``.
+    Raises ResultsWriteError, having removed its temporary files and the folders it created."""
+    created = next((p for p in (*reversed(out.parents), out) if not p.exists()), None)
     summary["summary_json"] = str(out / "summary.json")
     summary["written_by"] = WRITER
-    # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
-    (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n")
+    partial = {out / f".partial-{name}": out / name for name in [*figures, "summary.json"]}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, draw in figures.items():
+            draw(out / f".partial-{name}")
+        # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
+        text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
+        (out / ".partial-summary.json").write_text(text)
+        for name in set(FIGURES) - set(figures):
+            (out / name).unlink(missing_ok=True)
+        for tmp, final in partial.items():  # summary.json last: it marks the results complete
+            os.replace(tmp, final)
+    except BaseException as err:
+        for tmp in partial:
+            tmp.unlink(missing_ok=True)
+        _remove_created(out, created)
+        if isinstance(err, OSError):
+            raise ResultsWriteError(
+                f"the evaluation could not be written to {out}: {err}; nothing there was changed"
+            ) from None
+        raise
     return summary
 
 
-def _classifier_files(result: dict, held_out: Arrays, out: Path) -> dict:
-    """Writes the two figures; returns ``result`` without the per-image predictions, with the class
-    names and the figures' paths."""
+def _remove_created(out: Path, created: Path | None) -> None:
+    """Remove the empty folders from ``out`` up to ``created`` (the topmost one this run created)."""
+    if created is None:
+        return
+    for folder in (out, *out.parents):
+        if folder.is_dir():
+            if any(folder.iterdir()):
+                return
+            folder.rmdir()
+        if folder == created:
+            return
+
+
+def _classifier_files(result: dict, held_out: Arrays, out: Path) -> tuple[dict, dict]:
+    """(``result`` without the per-image predictions, with the class names and the figures'
+    paths; the figures to draw, for ``_write_results``)."""
     paths = {name: out / name for name in FIGURES}
     predictions = result.pop("predictions")
-    eval_figures.plot_confusion_matrix(result["confusion_matrix"], CLASS_NAMES, paths[FIGURES[0]])
     n = eval_figures.GRID_SIDE**2
-    eval_figures.plot_predictions_grid(
-        held_out["image"][:n], held_out["label"][:n], predictions[:n], CLASS_NAMES, paths[FIGURES[1]]
-    )
-    return result | {
+    draw = {
+        FIGURES[0]: functools.partial(
+            eval_figures.plot_confusion_matrix, result["confusion_matrix"], CLASS_NAMES
+        ),
+        FIGURES[1]: functools.partial(
+            eval_figures.plot_predictions_grid,
+            held_out["image"][:n],
+            held_out["label"][:n],
+            predictions[:n],
+            CLASS_NAMES,
+        ),
+    }
+    summary = result | {
         "class_names": list(CLASS_NAMES),
         "confusion_matrix_png": str(paths[FIGURES[0]]),
         "predictions_grid_png": str(paths[FIGURES[1]]),
     }
+    return summary, draw
 
 
 def format_summary(s: dict) -> str:
@@ -284,7 +353,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out",
         default=argparse.SUPPRESS,
-        help="output folder (default: runs/eval/<checkpoint or trial folder name>)",
+        help="output folder, created once the results are ready (default: runs/eval/<name>, one "
+        "per checkpoint: the checkpoint folder's name, or <trial>/<checkpoint_...> for a Ray Train "
+        "checkpoint, under <experiment>/ in a run folder)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the evaluation of another checkpoint in --out (the earlier results are kept "
+        "until the new ones are written)",
     )
     p.add_argument(
         "--data-dir", help="data folder (default: the checkpoint's data.data_dir, else the usual search)"
@@ -306,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             seed=args.seed,
+            overwrite=args.overwrite,
         )
     except (checkpoint.CheckpointError, ConfigError, ValueError, DataFileError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,6 +1,9 @@
 """Export a trained transformer with ``jax.export``; ``python -m jaxray.export``.
 
-The artifact's layout and writer are ``jaxray.inference.artifact``; this is its command line.
+The artifact's layout and writer are ``jaxray.inference.artifact``; this is its command line. An
+export that cannot be written (a full disk, an unwritable folder) ends with one line naming --out
+and the OS error, exit code 1, having removed what it wrote: the artifact's temporary folder and
+any folders above --out it created.
 
   python -m jaxray.export --checkpoint runs/demo --out exports/demo --buckets 32,128,256 \\
       --batch-sizes 1,4,16 --chunk 32
@@ -29,6 +32,24 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
         raise ExportError(f"{option}: {first['msg']}") from None
 
 
+def _missing_top(out: Path) -> Path | None:
+    """The topmost folder of ``out`` (``out`` included) that does not exist yet, or None."""
+    return next((p for p in (*reversed(out.parents), out) if not p.exists()), None)
+
+
+def _remove_created(out: Path, created: Path | None) -> None:
+    """Remove the empty folders from ``out`` up to ``created``, the topmost one the export made."""
+    if created is None:
+        return
+    for folder in (out, *out.parents):
+        if folder.is_dir():
+            if any(folder.iterdir()):
+                return
+            folder.rmdir()
+        if folder == created:
+            return
+
+
 def _size(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.iterdir())
 
@@ -43,11 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="a new (or empty) folder for the artifact; never overwritten")
     add_engine_options(p, ("buckets", "batch_sizes", "chunk", "context_keep"))
     args = p.parse_args(argv)
+    out = Path(args.out).absolute()
+    created = _missing_top(out)
     try:
-        manifest = export_checkpoint(args.checkpoint, args.out, _settings(args))
+        manifest = export_checkpoint(args.checkpoint, out, _settings(args))
     except ValueError as err:  # CheckpointError, ExportError, AttentionError, a context_keep out of range
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # writing the artifact: its temporary folder is already removed
+        _remove_created(out, created)
+        print(
+            f"error: the export to --out {out} could not be written ({err}); nothing was left "
+            f"there: free space or choose another --out",
+            file=sys.stderr,
+        )
+        return 1
     print(
         f"exported {len(manifest['functions'])} programs of {manifest['checkpoint']} to {args.out} "
         f"({_size(Path(args.out)) / 2**20:.1f} MiB): buckets {manifest['buckets']}, batch sizes "

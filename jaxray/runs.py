@@ -13,6 +13,7 @@ Layout::
     train/<trial>/           the trial's Ray Train run: its checkpoints and compile.json
     tune/<workload>/         the sweep's Tune experiment state (``Tuner.restore``)
     tensorboard/<trial>/     the trial's TensorBoard event files
+    .jaxray-tune.lock        while a run writes into the folder: held by it (``exclusive``)
 
 The best trial of a workload is ranked by the metric its sweep saved in ``experiment.yaml``
 (``metric`` and ``mode``, default ``DEFAULT_METRIC``), so ``summary.md`` and a ``--checkpoint
@@ -30,10 +31,12 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import filelock
 import yaml
 from pydantic import ValidationError
 
@@ -47,6 +50,7 @@ LOSS_PLOT = "loss_curves.png"
 FILES = (SUMMARY_JSON, SUMMARY_MD, THROUGHPUT_PLOT, LOSS_PLOT)  # the sweep report's files
 TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR = "train", "tune", "tensorboard"
 RUN_DIRS = (TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR)  # what a run writes besides the files above
+LOCK_FILE = ".jaxray-tune.lock"  # held by the one run writing into the folder
 COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the trial's compiled step
 # Ranks a workload that no sweep and no default names (a hand-written row).
 FALLBACK_METRIC = ("test_accuracy", "max")
@@ -57,6 +61,41 @@ log = logging.getLogger(__name__)
 
 class RunFolderError(ValueError):
     """A run folder, or one of its files, that cannot be read; the message names the file."""
+
+
+@contextmanager
+def exclusive(run_dir: str | Path) -> Iterator[Path]:
+    """Hold the run folder ``run_dir`` (created if missing) for one run of ``python -m jaxray.tune``:
+    an OS lock on ``run_dir/.jaxray-tune.lock`` (``filelock``), which the system releases when the
+    process ends, however it ends. A second run into the same folder (``--config``, ``--overwrite``
+    or ``--resume``) is refused at once, before it reads or moves anything, instead of interleaving
+    its files with the first one's. The lock file is removed when the run ends, and so is a folder
+    created here that is still empty then (the run's checks failed).
+
+    Raises RunFolderError naming the folder when another run holds it or it cannot be created."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunFolderError(f"--out {run_dir} is a file, not a folder")
+    created = not run_dir.exists()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(run_dir / LOCK_FILE, timeout=0)
+        lock.acquire()
+    except filelock.Timeout:
+        raise RunFolderError(
+            f"another python -m jaxray.tune is writing into {run_dir} (it holds {run_dir / LOCK_FILE}); "
+            f"wait for it to end, or choose another --out (nothing was changed)"
+        ) from None
+    except OSError as err:
+        raise RunFolderError(f"--out {run_dir} cannot be a run folder: {err}") from None
+    try:
+        yield run_dir
+    finally:
+        # Removed while still held, so the folder is left as the run left it.
+        (run_dir / LOCK_FILE).unlink(missing_ok=True)
+        lock.release()
+        if created and not any(run_dir.iterdir()):
+            run_dir.rmdir()
 
 
 def check_overwrite(out_dir: str | Path, writer: str, name: str = SUMMARY_JSON) -> None:
@@ -178,6 +217,18 @@ def record_path(run_dir: str | Path, path: str | Path) -> str:
     return str(path)
 
 
+def in_moved_folder(run_dir: str | Path, path: str | Path) -> Path | None:
+    """The path under ``run_dir`` that an absolute ``path`` the run recorded before its folder was
+    moved or copied names: ``path`` from its ``train/`` part on, joined to the folder (the first such
+    part whose path exists, else the last); None when ``path`` has no ``train/`` part."""
+    run_dir, path = Path(run_dir), Path(path)
+    tails = [path.parts[i:] for i, part in enumerate(path.parts) if part == TRAIN_DIR]
+    if not tails:
+        return None
+    found = next((run_dir.joinpath(*t) for t in tails if run_dir.joinpath(*t).exists()), None)
+    return found or run_dir.joinpath(*tails[-1])
+
+
 def folder_path(run_dir: str | Path, recorded: str, what: str = "a path") -> Path:
     """The path inside ``run_dir`` that ``recorded`` (a path a file of the folder records, ``what``
     it is) names: a relative one joined to the folder; an absolute one inside the folder as it is;
@@ -199,11 +250,9 @@ def folder_path(run_dir: str | Path, recorded: str, what: str = "a path") -> Pat
     base = run_dir.absolute()
     if path.is_relative_to(base) or path.is_relative_to(base.resolve()):
         return path
-    tails = [path.parts[i:] for i, part in enumerate(path.parts) if part == TRAIN_DIR]
-    if not tails:
+    mapped = in_moved_folder(run_dir, path)
+    if mapped is None:
         raise RunFolderError(refusal)
-    mapped = next((run_dir.joinpath(*t) for t in tails if run_dir.joinpath(*t).exists()), None)
-    mapped = mapped or run_dir.joinpath(*tails[-1])
     log.warning(
         "%s names %s as %s, outside the run folder (written before run folders were relocatable); "
         "reading it as %s, inside the folder",

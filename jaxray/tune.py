@@ -18,6 +18,7 @@ reports then cover every trial.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 from pathlib import Path
@@ -36,7 +37,16 @@ from jaxray.parallel.checks import check_experiment
 from jaxray.raytrain.cluster import check_gpus, init_ray
 from jaxray.raytrain.sweep import TrialRows, run_sweep
 from jaxray.reporting.sweep import markdown_summary, write_reports
-from jaxray.runs import EXPERIMENT_FILE, FILES, RUN_DIRS, SUMMARY_JSON, TRAIN_DIR, sweep_ranking
+from jaxray.runs import (
+    EXPERIMENT_FILE,
+    FILES,
+    RUN_DIRS,
+    SUMMARY_JSON,
+    TRAIN_DIR,
+    RunFolderError,
+    exclusive,
+    sweep_ranking,
+)
 
 INTERRUPTED = 130  # exit code of an interrupted run (as a shell reports Ctrl+C)
 # Where --overwrite keeps the earlier run's results until the new run ends with a finished trial.
@@ -219,11 +229,14 @@ def load_sweep_arrays(exp: ExperimentConfig) -> dict[str, tuple]:
     return {s.workload: load_arrays(parse_trial(s.trial_dicts(exp.base())[0])) for s in exp.sweeps}
 
 
-def prepare(args: argparse.Namespace) -> tuple[ExperimentConfig, Path, dict[str, tuple], Path | None]:
+def prepare(
+    args: argparse.Namespace, stack: contextlib.ExitStack
+) -> tuple[ExperimentConfig, Path, dict[str, tuple], Path | None]:
     """(the experiment, the output folder, each sweep's arrays, where the earlier run's results were
     set aside) after every check that can fail on the user's input, before the first trial starts;
     Ray is up when it returns. Nothing of an earlier run is moved until every check, the cluster's
-    included, has passed. Raises ConfigError or DataFileError."""
+    included, has passed. The output folder is held (``runs.exclusive``) until ``stack`` closes.
+    Raises ConfigError, DataFileError or RunFolderError (another run holds the folder)."""
     resume = args.resume is not None
     overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
     if resume:  # nothing in the folder is moved or removed
@@ -233,6 +246,7 @@ def prepare(args: argparse.Namespace) -> tuple[ExperimentConfig, Path, dict[str,
         exp = load_experiment(args.config, overrides)
         out = Path(args.out or Path("runs") / exp.experiment).absolute()
     check_experiment(exp, str(out / EXPERIMENT_FILE if resume else Path(args.config)))
+    stack.enter_context(exclusive(out))
     ours = [] if resume else check_out(out, args.overwrite)
     arrays = {} if exp.data.parquet else load_sweep_arrays(exp)
     check_batches(
@@ -303,10 +317,16 @@ def full_disk(out: Path, err: Exception) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        return _run(args, stack)
+
+
+def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
+    """``main`` with the output folder held until ``stack`` closes."""
     resume = args.resume is not None
     try:
-        exp, out, arrays, aside = prepare(args)
-    except (ConfigError, DataFileError) as err:
+        exp, out, arrays, aside = prepare(args, stack)
+    except (ConfigError, DataFileError, RunFolderError) as err:
         print(f"error: {err}", file=sys.stderr)
         ray.shutdown()
         return 2

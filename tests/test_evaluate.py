@@ -110,7 +110,8 @@ def test_transformer_units_agree(transformer_checkpoint, real_dir, tmp_path):
 
 
 def test_default_out_names_the_trial_for_a_ray_checkpoint(transformer_checkpoint, tmp_path):
-    assert default_out(transformer_checkpoint) == Path("runs/eval") / transformer_checkpoint.parent.name
+    trial = transformer_checkpoint.parent.name  # one folder per checkpoint, under its trial's name
+    assert default_out(transformer_checkpoint) == Path("runs/eval") / trial / transformer_checkpoint.name
     assert default_out(tmp_path / "mlp_ck") == Path("runs/eval/mlp_ck")
 
 

@@ -9,9 +9,10 @@ Layout of a checkpoint directory::
     opt_state/           (full train state) Orbax: the Optax state
     history.json         (full train state) every log row so far
     train_state.json     (full train state, written last, atomically) step, data position (epoch,
-                         batch in epoch, shuffle seed), the init RNG key's raw data, and the
-                         SHA-256 of every other file: a checkpoint without it is incomplete, one
-                         whose files do not match it is damaged (``verify``)
+                         batch in epoch, shuffle seed), the init RNG key's raw data, the final
+                         checkpoint's summary row (``summary``), and the SHA-256 of every other
+                         file: a checkpoint without it is incomplete, one whose files do not match
+                         it is damaged (``verify``)
     checksums.json       (params only, ``save``, written last) the SHA-256 of every other file
 
 Every read (``restore``: generate, evaluate, export, serve; ``restore_state``: resume) checks each
@@ -118,10 +119,13 @@ def save_state(
     history: list[dict],
     position: dict[str, int],
     before_manifest: Callable[[], None] | None = None,
+    summary: dict[str, Any] | None = None,
 ) -> Path:
     """Write the full train state under ``directory`` (see the module docstring): ``state`` a
     TrainState (params, opt_state, step), ``history`` the log rows so far, ``position`` the data
-    position (``{"epoch", "batch_in_epoch"}``, may be empty). ``train_state.json`` is written last
+    position (``{"epoch", "batch_in_epoch"}``, may be empty), ``summary`` the final checkpoint's
+    summary row (so that a run resumed from it reports what was measured, not an empty timing:
+    ``jaxray.train.run.train``). ``train_state.json`` is written last
     (temp file + rename), with the checksum of every other file; ``before_manifest`` runs just
     before it (fault injection: a kill there leaves an incomplete checkpoint). Returns the path.
     Raises CheckpointSaveError naming the directory, the step and the cause (a full disk:
@@ -138,6 +142,7 @@ def save_state(
             "seed": trial.train.seed,
             **position,
             "rng_key_data": np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist(),
+            **({"summary": summary} if summary is not None else {}),
             "files": _files(directory),
         }
         _write_json(directory / TRAIN_STATE, doc)
@@ -263,7 +268,9 @@ def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -
         if errors:
             log.warning("checkpoint skipped: %s; using %s instead", "; ".join(errors), path)
         return value, path
-    raise CheckpointError("no usable checkpoint: " + "; ".join(errors))
+    raise CheckpointError(
+        f"no usable checkpoint of the {len(errors)} tried, newest first: " + "; ".join(errors)
+    )
 
 
 def _load_config(directory: str | Path, name: str, cls):
@@ -326,8 +333,11 @@ def _usable(directory: Path) -> Path:  # a checkpoint whose files match their di
 
 
 def trial_checkpoints(named: Path) -> list[Path]:
-    """``named``, then the older ``checkpoint_*`` folders beside it (its trial's), newest first."""
-    older = sorted((c for c in named.parent.glob("checkpoint_*") if c.name < named.name), reverse=True)
+    """``named``, then the older ``checkpoint_*`` folders beside it (its trial's), newest first; not
+    Ray Train's files there (``checkpoint_manager_snapshot.json``), which are no checkpoints."""
+    older = sorted(
+        (c for c in named.parent.glob("checkpoint_*") if c.name < named.name and c.is_dir()), reverse=True
+    )
     return [named, *older]
 
 

@@ -71,7 +71,13 @@ def checkpoint_saver(trial: TrialConfig, rank: int, attempt: int, batches_per_ep
             folder = save_locally(
                 step,
                 lambda local: checkpoint.save_state(
-                    local, state, trial, history, where, kill_in_save(trial, step, attempt)
+                    local,
+                    state,
+                    trial,
+                    history,
+                    where,
+                    kill_in_save(trial, step, attempt),
+                    summary=row if row and row.get("final") else None,
                 ),
             )
             ckpt = Checkpoint.from_directory(folder)
@@ -145,15 +151,21 @@ def copying(step: int, name: str, ckpt: Checkpoint | None) -> Iterator[None]:
 
 
 def compile_writer(path: str | None) -> Callable[[dict], None] | None:
-    """``on_compile`` for ``train``: the report as JSON at ``path`` (temp file, then rename), or None."""
+    """``on_compile`` for ``train``: the report as JSON at ``path`` (temp file, then rename), or None.
+    A report that cannot be written (a full disk) is a printed warning, not a failed trial."""
     if not path:
         return None
 
     def write(report: dict) -> None:
         file = Path(path)
-        file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(json_safe(report), indent=2))
-        tmp.replace(file)
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(json_safe(report), indent=2))
+            tmp.replace(file)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            print(f"jaxray: warning: the compile report was not written to {file}: {err}", flush=True)
 
     return write

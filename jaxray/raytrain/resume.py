@@ -8,6 +8,7 @@ broadcasts its choice, so every rank restores the same checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -42,13 +43,25 @@ def checkpoint_name(step: int, attempt: int) -> str:
 
 def count_attempt(path: str | None) -> int:
     """This worker group's attempt number (1 for the first start; Ray Train restarts add one),
-    counted in the JSON file ``path`` (rank 0 calls it once per start); 1 without a file."""
+    counted in the JSON file ``path`` (rank 0 calls it once per start); 1 without a file. Written
+    to a temporary file, then renamed: a full disk never leaves it empty. A count that cannot be
+    read or written raises OSError in words (a restart must not reuse checkpoint names)."""
     if not path:
         return 1
     file = Path(path)
-    attempt = (json.loads(file.read_text())["attempts"] if file.is_file() else 0) + 1
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps({"attempts": attempt}))
+    tmp = file.with_name(file.name + ".tmp")
+    try:
+        attempt = (json.loads(file.read_text())["attempts"] if file.is_file() else 0) + 1
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"attempts": attempt}))
+        tmp.replace(file)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise OSError(
+            f"cannot count this worker group's attempt in {file} ({err}), so its checkpoints could "
+            f"not be named apart from an earlier attempt's; free space there, then resume the run"
+        ) from None
     return attempt
 
 

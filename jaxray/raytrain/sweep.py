@@ -28,7 +28,7 @@ from jaxray.config import TrainConfig, parse_trial
 from jaxray.config.experiment import ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
 from jaxray.raytrain.trainer import make_trainer
-from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR
+from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR, in_moved_folder
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # A log row's keys: the final report carries the last one for schedulers; the summary row does not.
@@ -139,7 +139,7 @@ def run_sweep(
         # this session's datasets) is given again. Finished trials are not run again.
         print(f"resuming the {sweep.workload} sweep from {path}", file=sys.stderr)
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
-        return _fit(sweep, tuner)
+        return _fit(sweep, tuner, out)
     tuner = tune.Tuner(
         trainable,
         param_space=grid(sweep),
@@ -151,10 +151,10 @@ def run_sweep(
         ),
         run_config=tune.RunConfig(name=sweep.workload, storage_path=str(out / TUNE_DIR), verbose=1),
     )
-    return _fit(sweep, tuner)
+    return _fit(sweep, tuner, out)
 
 
-def _fit(sweep: SweepConfig, tuner: tune.Tuner) -> tuple[list[TrialRows], int]:
+def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRows], int]:
     results = tuner.fit()
     # On Ctrl+C (SIGINT) Tune saves the experiment's state, then stops the running trials, marking
     # them terminated in memory, and fit() returns as if the sweep had ended. The saved state (what
@@ -169,7 +169,7 @@ def _fit(sweep: SweepConfig, tuner: tune.Tuner) -> tuple[list[TrialRows], int]:
         )
         saved = []
     unfinished = sum(t.status not in (Trial.TERMINATED, Trial.ERROR) for t in saved)
-    return [trial_rows(sweep.workload, r) for r in results], unfinished
+    return [trial_rows(sweep.workload, r, out) for r in results], unfinished
 
 
 def reported(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -193,10 +193,13 @@ def error_text(error: BaseException) -> str:
     return f"{first}\n...\n{text[len(first) + 5 - MAX_ERROR_CHARS :]}"
 
 
-def trial_rows(workload: str, result: tune.Result) -> TrialRows:
-    """(summary row, history rows) of one trial from its Tune ``result``: the grid point, the
-    summary its workers reported, the final checkpoint's path and its ``history.json``; a failed
-    trial's row carries ``error`` (``error_text``) and no history."""
+def trial_rows(workload: str, result: tune.Result, out: Path) -> TrialRows:
+    """(summary row, history rows) of one trial of the run in ``out`` from its Tune ``result``: the
+    grid point, the summary its workers reported, the final checkpoint's path and its
+    ``history.json``; a failed trial's row carries ``error`` (``error_text``) and no history.
+
+    Tune keeps the checkpoint path a trial reported as it was: for a trial that finished before the
+    run folder was moved and then resumed there, that is the old place, read under ``out``."""
     # A trial that errored can come back without its config; its folder still carries its name.
     config = result.config or {}
     name = trial_name(workload, config) if config else Path(result.path or "unknown-trial").name
@@ -209,6 +212,8 @@ def trial_rows(workload: str, result: tune.Result) -> TrialRows:
         row["error"] = "trial ended without its final report"
         return row, []
     checkpoint = metrics.get(CHECKPOINT_PATH_KEY)
+    if checkpoint and not Path(checkpoint).is_relative_to(out):
+        checkpoint = str(in_moved_folder(out, checkpoint) or checkpoint)
     row.update(reported(metrics), trial=name, checkpoint=checkpoint)
     history_file = Path(checkpoint or "") / HISTORY_FILE
     return row, json.loads(history_file.read_text()) if history_file.is_file() else []

@@ -99,7 +99,9 @@ def train(
     ``loss``, ``accuracy``, ``grad_norm`` (and ``tokens``, ``perplexity`` for the transformer).
     ``resume``: a full-state checkpoint (``jaxray.checkpoint.save_state``) to continue from: its state
     is restored onto this mesh, the batches it had consumed are skipped, and the run goes on from its
-    step with the same data order, so it ends as an uninterrupted run would. ``save(step, state,
+    step with the same data order, so it ends as an uninterrupted run would; a final checkpoint
+    (a sweep interrupted after a trial's last save, before Tune recorded it finished) gives back the
+    summary row saved in it, as measured by the attempt that trained. ``save(step, state,
     history)`` is called every ``train.checkpoint_every`` steps before the last; ``hooks`` run after
     those. ``on_compile(report)`` gets the step's compile report (``jaxray.train.compile_report``)
     before the first step runs; the summary carries its ``peak_bytes_per_device`` and, for the
@@ -111,7 +113,9 @@ def train(
     check_trial(trial, devices)
     model = build(trial.model)
     tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
-    state, start, history = _initial_state(trial, model, tx, mesh, resume)
+    state, start, history, saved = _initial_state(trial, model, tx, mesh, resume)
+    if start >= trial.train.steps and saved.get("summary"):  # nothing left to train or to time
+        return TrainResult(state, {**saved["summary"], "resumed_from_step": start}, history, {})
     # The data position: a resumed run skips the batches it had already trained on.
     sharded = (shard_batch(mesh, b) for b in itertools.islice(batches, start, None))
     first = next(sharded)
@@ -122,15 +126,12 @@ def train(
     }
     if on_compile is not None:
         on_compile(report)
-    loop_hooks = [_log_hook(trial, history, on_log)]
-    if save is not None and trial.train.checkpoint_every:
-        loop_hooks.append(_checkpoint_hook(trial, history, save))
     state, timing = run_loop(
         step_fn,
         state,
         itertools.chain([first], sharded),
         trial.train.steps,
-        hooks=(*loop_hooks, *hooks),
+        hooks=(*_loop_hooks(trial, history, on_log, save), *hooks),
         sync_each_step=needs_sync_per_step(mesh),
         start=start,
     )
@@ -144,15 +145,26 @@ def train(
     return TrainResult(state, summary, history, report)
 
 
+def _loop_hooks(
+    trial: TrialConfig, history: list, on_log: Sequence[LogFn], save: SaveFn | None
+) -> list[Hook]:
+    """The log hook, and the checkpoint hook when ``save`` is given and ``train.checkpoint_every`` set."""
+    hooks = [_log_hook(trial, history, on_log)]
+    if save is not None and trial.train.checkpoint_every:
+        hooks.append(_checkpoint_hook(trial, history, save))
+    return hooks
+
+
 def _initial_state(
     trial: TrialConfig, model: Model, tx, mesh: Mesh, resume: Path | None
-) -> tuple[TrainState, int, list[dict[str, float]]]:
-    """(state replicated over ``mesh``, the step it has reached, the log rows so far): restored from
-    the full-state checkpoint ``resume``, else freshly initialised from ``train.seed`` at step 0."""
+) -> tuple[TrainState, int, list[dict[str, float]], dict[str, Any]]:
+    """(state replicated over ``mesh``, the step it has reached, the log rows so far, the
+    checkpoint's ``train_state.json``): restored from the full-state checkpoint ``resume``, else
+    freshly initialised from ``train.seed`` at step 0 (and an empty dict)."""
     if resume is None:
-        return replicate(init_state(model.init(jax.random.key(trial.train.seed)), tx), mesh), 0, []
+        return replicate(init_state(model.init(jax.random.key(trial.train.seed)), tx), mesh), 0, [], {}
     state, doc, history = checkpoint.restore_state(resume, abstract_state(model, tx, replicated(mesh)))
-    return state, doc["step"], history
+    return state, doc["step"], history, doc
 
 
 def _attention(model: Model) -> dict[str, str]:

@@ -79,7 +79,10 @@ def interrupt_after_first_trial(cmd: list[str], env: dict, out: Path, log: Path)
             proc.wait()
 
 
-def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
+@pytest.mark.parametrize("moved", [False, True], ids=["in_place", "moved_folder"])
+def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, moved):
+    """``moved``: the interrupted run folder is moved elsewhere first (a copy whose original is
+    gone); its resume must use the folder it is given, never the path the run was started in."""
     config, out = tmp_path / "two.yaml", tmp_path / "out"
     config.write_text(TWO_TRIALS)
     env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
@@ -101,6 +104,12 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
     before_first = files(out, first)
     before_all = set(out.rglob("*"))
     assert (Path(checkpoint) / "history.json").is_file() and before_first
+    if moved:
+        started_in, out = out, tmp_path / "elsewhere" / "copy"
+        out.parent.mkdir()
+        started_in.rename(out)
+        checkpoint = str(out / Path(checkpoint).relative_to(started_in))
+        before_all = {out / p.relative_to(started_in) for p in before_all}
 
     proc = subprocess.run(
         [sys.executable, "-m", "jaxray.tune", "--resume", str(out)],
@@ -112,6 +121,9 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
     )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     assert f"resuming the mlp sweep from {out / 'tune' / 'mlp'}" in proc.stderr
+    if moved:
+        assert str(started_in) not in proc.stdout + proc.stderr, proc.stderr[-5000:]
+    assert "Failed to fetch metrics" not in proc.stderr, proc.stderr[-5000:]
 
     rows = {r["trial"]: r for r in json.loads((out / "summary.json").read_text())}
     assert sorted(rows) == sorted(TRIALS)

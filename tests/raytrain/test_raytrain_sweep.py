@@ -110,18 +110,31 @@ def test_the_row_holds_what_the_workers_reported_and_none_of_tunes_fields(tmp_pa
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "history.json").write_text(json.dumps(history))
     metrics = {**LOG_ROW, **SUMMARY, "final": True, "checkpoint_path": str(tmp_path / "ckpt"), **TUNE_FIELDS}
-    row, rows = trial_rows("mlp", tune_result(tmp_path, metrics))
+    row, rows = trial_rows("mlp", tune_result(tmp_path, metrics), tmp_path)
     assert row == {"trial": "mlp_b128_float32_w64", **SUMMARY, "checkpoint": str(tmp_path / "ckpt")}
     assert rows == history
 
 
+def test_a_checkpoint_reported_before_the_run_folder_moved_is_read_inside_it(tmp_path):
+    # A trial that finished, then the folder was moved and the run resumed there: Tune still holds
+    # the path the trial reported in the old place.
+    history = [LOG_ROW]
+    ckpt = tmp_path / "train" / "mlp_b128_float32_w64" / "checkpoint_step_00000020_attempt1"
+    ckpt.mkdir(parents=True)
+    (ckpt / "history.json").write_text(json.dumps(history))
+    old = "/gone/runs/demo/train/mlp_b128_float32_w64/checkpoint_step_00000020_attempt1"
+    metrics = {**LOG_ROW, **SUMMARY, "final": True, "checkpoint_path": old, **TUNE_FIELDS}
+    row, rows = trial_rows("mlp", tune_result(tmp_path, metrics), tmp_path)
+    assert row["checkpoint"] == str(ckpt) and rows == history
+
+
 def test_a_trial_without_its_final_report_or_with_an_error_is_a_failed_row(tmp_path):
-    row, rows = trial_rows("mlp", tune_result(tmp_path, {**LOG_ROW, **TUNE_FIELDS}))
+    row, rows = trial_rows("mlp", tune_result(tmp_path, {**LOG_ROW, **TUNE_FIELDS}), tmp_path)
     assert row == {"trial": "mlp_b128_float32_w64", "workload": "mlp", **GRID_POINT, "error": row["error"]}
     assert row["error"] == "trial ended without its final report" and rows == []
     # An errored trial may come back without its config (Result.config is metrics["config"]): the
     # row is named after its folder.
-    row, rows = trial_rows("mlp", tune_result(tmp_path, error=RuntimeError("\x1b[31mboom\x1b[0m")))
+    row, rows = trial_rows("mlp", tune_result(tmp_path, error=RuntimeError("\x1b[31mboom\x1b[0m")), tmp_path)
     assert row == {"trial": "trial_folder", "workload": "mlp", "error": "RuntimeError: boom"} and rows == []
 
 

@@ -76,6 +76,21 @@ def test_resumed_run_ends_bitwise_equal(real_dir, tmp_path, workload):
     assert resumed.summary["final_train_loss"] == whole.summary["final_train_loss"]
 
 
+def test_a_run_resumed_from_its_final_checkpoint_reports_what_was_measured(real_dir, tmp_path):
+    # A sweep interrupted after a trial's final save but before Tune recorded the trial finished
+    # runs it again from that checkpoint: no step is left, so nothing can be timed.
+    trial = TRIALS["mlp"]
+    whole, _ = run(trial, tmp_path)
+    final_row = {**whole.history[-1], **whole.summary, "final": True}
+    final = save_state(tmp_path / "final", whole.state, trial, whole.history, {}, summary=final_row)
+    again, _ = run(trial, tmp_path, resume=final)
+    assert again.summary == {**final_row, "resumed_from_step": trial.train.steps}
+    assert np.isfinite(again.summary["examples_per_sec"]) and again.history == whole.history
+    # A final checkpoint without a summary (saved before it was recorded) still resumes.
+    bare = save_state(tmp_path / "bare", whole.state, trial, whole.history, {})
+    assert run(trial, tmp_path, resume=bare)[0].summary["resumed_from_step"] == trial.train.steps
+
+
 def test_checkpoint_files(real_dir, tmp_path):
     _, saved = run(TRIALS["transformer"], tmp_path)
     doc = verify(saved[4])
