@@ -53,7 +53,7 @@ from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 from jaxray.reporting import eval_figures
 from jaxray.reporting.format import json_safe
-from jaxray.runs import TRAIN_DIR, check_overwrite
+from jaxray.runs import TRAIN_DIR, check_overwrite, removed_if_failed
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import jit_eval_step
 from jaxray.train.run import eval_batch_size
@@ -248,44 +248,37 @@ def _write_results(out: Path, summary: dict, figures: dict[str, Callable[[Path],
     a temporary file first, then renamed over the earlier ones (figures an earlier evaluation left
     and this one does not write are removed); returns ``summary`` with its path and ``written_by``.
     Raises ResultsWriteError, having removed its temporary files and the folders it created."""
-    created = next((p for p in (*reversed(out.parents), out) if not p.exists()), None)
     summary["summary_json"] = str(out / "summary.json")
     summary["written_by"] = WRITER
     partial = {out / f".partial-{name}": out / name for name in [*figures, "summary.json"]}
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name, draw in figures.items():
-            draw(out / f".partial-{name}")
-        # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
-        text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
-        (out / ".partial-summary.json").write_text(text)
-        for name in set(FIGURES) - set(figures):
-            (out / name).unlink(missing_ok=True)
-        for tmp, final in partial.items():  # summary.json last: it marks the results complete
-            os.replace(tmp, final)
-    except BaseException as err:
-        for tmp in partial:
-            tmp.unlink(missing_ok=True)
-        _remove_created(out, created)
-        if isinstance(err, OSError):
-            raise ResultsWriteError(
-                f"the evaluation could not be written to {out}: {err}; nothing there was changed"
-            ) from None
-        raise
+        with removed_if_failed(out):
+            try:
+                _write_files(out, summary, figures, partial)
+            except BaseException:
+                for tmp in partial:  # before the folders this run created are removed
+                    tmp.unlink(missing_ok=True)
+                raise
+    except OSError as err:
+        raise ResultsWriteError(
+            f"the evaluation could not be written to {out}: {err}; nothing there was changed"
+        ) from None
     return summary
 
 
-def _remove_created(out: Path, created: Path | None) -> None:
-    """Remove the empty folders from ``out`` up to ``created`` (the topmost one this run created)."""
-    if created is None:
-        return
-    for folder in (out, *out.parents):
-        if folder.is_dir():
-            if any(folder.iterdir()):
-                return
-            folder.rmdir()
-        if folder == created:
-            return
+def _write_files(
+    out: Path, summary: dict, figures: dict[str, Callable[[Path], None]], partial: dict[Path, Path]
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, draw in figures.items():
+        draw(out / f".partial-{name}")
+    # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
+    text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
+    (out / ".partial-summary.json").write_text(text)
+    for name in set(FIGURES) - set(figures):
+        (out / name).unlink(missing_ok=True)
+    for tmp, final in partial.items():  # summary.json last: it marks the results complete
+        os.replace(tmp, final)
 
 
 def _classifier_files(result: dict, held_out: Arrays, out: Path) -> tuple[dict, dict]:

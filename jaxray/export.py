@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from jaxray.argtypes import TRANSFORMER_CHECKPOINT_HELP, cli_parser
 from jaxray.inference.artifact import ATTENTION_NOTE, ExportError, export_checkpoint
 from jaxray.inference.settings import EngineSettings, add_engine_options, engine_overrides
+from jaxray.runs import removed_if_failed
 
 
 def _settings(args: argparse.Namespace) -> EngineSettings:
@@ -30,24 +31,6 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
         first = err.errors()[0]
         option = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "options"
         raise ExportError(f"{option}: {first['msg']}") from None
-
-
-def _missing_top(out: Path) -> Path | None:
-    """The topmost folder of ``out`` (``out`` included) that does not exist yet, or None."""
-    return next((p for p in (*reversed(out.parents), out) if not p.exists()), None)
-
-
-def _remove_created(out: Path, created: Path | None) -> None:
-    """Remove the empty folders from ``out`` up to ``created``, the topmost one the export made."""
-    if created is None:
-        return
-    for folder in (out, *out.parents):
-        if folder.is_dir():
-            if any(folder.iterdir()):
-                return
-            folder.rmdir()
-        if folder == created:
-            return
 
 
 def _size(directory: Path) -> int:
@@ -65,14 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_options(p, ("buckets", "batch_sizes", "chunk", "context_keep"))
     args = p.parse_args(argv)
     out = Path(args.out).absolute()
-    created = _missing_top(out)
     try:
-        manifest = export_checkpoint(args.checkpoint, out, _settings(args))
+        with removed_if_failed(out):
+            manifest = export_checkpoint(args.checkpoint, out, _settings(args))
     except ValueError as err:  # CheckpointError, ExportError, AttentionError, a context_keep out of range
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # writing the artifact: its temporary folder is already removed
-        _remove_created(out, created)
         print(
             f"error: the export to --out {out} could not be written ({err}); nothing was left "
             f"there: free space or choose another --out",

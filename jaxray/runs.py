@@ -98,6 +98,26 @@ def exclusive(run_dir: str | Path) -> Iterator[Path]:
             run_dir.rmdir()
 
 
+@contextmanager
+def removed_if_failed(out: str | Path) -> Iterator[Path]:
+    """``out`` (absolute) for a command that writes into it: when the block raises, the folders of
+    ``out`` (``out`` included) that did not exist on entry and are empty then are removed, so a
+    failed evaluation or export leaves no empty folder behind; the exception goes on."""
+    out = Path(out).absolute()
+    created = next((p for p in (*reversed(out.parents), out) if not p.exists()), None)
+    try:
+        yield out
+    except BaseException:
+        for folder in (out, *out.parents) if created is not None else ():
+            if folder.is_dir():
+                if any(folder.iterdir()):
+                    break
+                folder.rmdir()
+            if folder == created:
+                break
+        raise
+
+
 def check_overwrite(out_dir: str | Path, writer: str, name: str = SUMMARY_JSON) -> None:
     """Refuse to replace a ``summary.json`` (or ``name``) in ``out_dir`` that ``writer`` (e.g.
     "jaxray.bench") did not write (its ``written_by``), so pointing ``--out`` at a sweep's folder
