@@ -48,12 +48,13 @@ from jaxray.data.batching import Arrays, eval_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays
+from jaxray.inference.load import fingerprint
 from jaxray.inference.sampling import Sampling, encode_prompt, generate, printable, prompt_window
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 from jaxray.reporting import eval_figures
 from jaxray.reporting.format import json_safe
-from jaxray.runs import TRAIN_DIR, check_overwrite, removed_if_failed
+from jaxray.runs import TRAIN_DIR, check_overwrite, exclusive, removed_if_failed
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import jit_eval_step
 from jaxray.train.run import eval_batch_size
@@ -195,46 +196,54 @@ def run(
         raise checkpoint.CheckpointError(
             f"{directory} holds a {trial.model.workload} checkpoint, not {workload}"
         )
-    out = _results_folder(out or default_out(directory), directory, overwrite)
-    # The recorded folder may not exist on this machine: read_verified then searches on as usual.
-    data_dir = data_dir or trial.data.data_dir
-    _, held_out = load_arrays(
-        trial.model_copy(update={"data": trial.data.model_copy(update={"data_dir": data_dir})})
-    )
-    mesh = make_mesh(jax.devices()[:1])  # one device: evaluation is small, and no batch must divide
-    model, params = checkpoint.restore(directory, replicated(mesh))
-    batch = eval_batch_size(trial, 1)
-    head = {"checkpoint": str(directory), "workload": trial.model.workload, "data_dir": data_dir}
-    if trial.model.workload != "transformer":
-        result = evaluate_classifier(model, params, held_out, batch, mesh)
-        return _write_results(out, *_classifier_files(head | result, held_out, out))
-    summary = (
-        head
-        | {"seq_len": trial.data.seq_len}
-        | evaluate_language_model(
+    weights = fingerprint(directory)
+    out = _results_folder(out or default_out(directory), directory, weights, overwrite)
+    with exclusive(out, "python -m jaxray.evaluate"):  # two evaluations into one --out: one refused
+        _results_folder(out, directory, weights, overwrite)  # again, now that it is held
+        # The recorded folder may not exist on this machine: read_verified then searches on as usual.
+        data_dir = data_dir or trial.data.data_dir
+        _, held_out = load_arrays(
+            trial.model_copy(update={"data": trial.data.model_copy(update={"data_dir": data_dir})})
+        )
+        mesh = make_mesh(jax.devices()[:1])  # one device: small, and no batch must divide
+        model, params = checkpoint.restore(directory, replicated(mesh))
+        batch = eval_batch_size(trial, 1)
+        head = {"checkpoint": str(directory), "checkpoint_sha256": weights}
+        head |= {"workload": trial.model.workload, "data_dir": data_dir}
+        if trial.model.workload != "transformer":
+            result = evaluate_classifier(model, params, held_out, batch, mesh)
+            return _write_results(out, *_classifier_files(head | result, held_out, out))
+        sampled = evaluate_language_model(
             model, params, held_out, batch, mesh, prompt, max_new_tokens, temperature, seed
         )
-    )
-    return _write_results(out, summary, {})
+        return _write_results(out, head | {"seq_len": trial.data.seq_len} | sampled, {})
 
 
 class ResultsWriteError(OSError):
     """The results could not be written into --out (a full disk, say); nothing there was changed."""
 
 
-def _results_folder(out: str | Path, directory: Path, overwrite: bool) -> Path:
+def _results_folder(out: str | Path, directory: Path, weights: str | None, overwrite: bool) -> Path:
     """``out``, absolute, checked (not created) before any data is read: ValueError if it holds
-    another tool's summary.json, ConfigError if it holds the evaluation of a checkpoint other than
-    ``directory`` (unless ``overwrite``) or cannot be created (its nearest existing folder is not a
-    writable directory)."""
+    another tool's summary.json, ConfigError if it holds the evaluation of other weights than
+    ``directory``'s (another path, or the same path whose digest manifest's SHA-256 ``weights``
+    differs: a folder replaced or a symlink moved since) unless ``overwrite``, or cannot be
+    created (its nearest existing folder is not a writable directory)."""
     out = Path(out).absolute()
     check_overwrite(out, WRITER)
     if (out / "summary.json").is_file() and not overwrite:  # check_overwrite: it is an evaluation's
-        recorded = json.loads((out / "summary.json").read_text()).get("checkpoint")
+        earlier = json.loads((out / "summary.json").read_text())
+        recorded, digest = earlier.get("checkpoint"), earlier.get("checkpoint_sha256")
         if recorded and Path(recorded).resolve() != directory.resolve():
             raise ConfigError(
                 f"--out {out} holds the evaluation of {recorded}; pass --overwrite or another --out "
                 f"(nothing was changed)"
+            )
+        if digest and digest != weights:
+            raise ConfigError(
+                f"--out {out} holds the evaluation of the weights that were in {recorded} (digest "
+                f"manifest SHA-256 {digest}), not of those there now ({weights}); pass --overwrite "
+                f"or another --out (nothing was changed)"
             )
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):

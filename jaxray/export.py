@@ -12,6 +12,7 @@ any folders above --out it created.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 
@@ -31,6 +32,17 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
         first = err.errors()[0]
         option = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "options"
         raise ExportError(f"{option}: {first['msg']}") from None
+
+
+def _write_failure(out: Path, err: OSError) -> str:
+    """What a failed write of the artifact into ``out`` tells the user."""
+    if err.errno in (errno.ENOTEMPTY, errno.EEXIST):  # the final rename found --out taken
+        return (
+            f"--out {out} was filled while this export ran (another export into it, say: {err}); "
+            f"what is there now is kept and this export's files are removed: choose another --out"
+        )
+    advice = "free space or choose another --out" if err.errno == errno.ENOSPC else "choose another --out"
+    return f"the export to --out {out} could not be written ({err}); nothing was left there: {advice}"
 
 
 def _size(directory: Path) -> int:
@@ -55,11 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # writing the artifact: its temporary folder is already removed
-        print(
-            f"error: the export to --out {out} could not be written ({err}); nothing was left "
-            f"there: free space or choose another --out",
-            file=sys.stderr,
-        )
+        print(f"error: {_write_failure(out, err)}", file=sys.stderr)
         return 1
     print(
         f"exported {len(manifest['functions'])} programs of {manifest['checkpoint']} to {args.out} "

@@ -13,7 +13,7 @@ Layout::
     train/<trial>/           the trial's Ray Train run: its checkpoints and compile.json
     tune/<workload>/         the sweep's Tune experiment state (``Tuner.restore``)
     tensorboard/<trial>/     the trial's TensorBoard event files
-    .jaxray-tune.lock        while a run writes into the folder: held by it (``exclusive``)
+    .jaxray.lock             while a run writes into the folder: held by it (``exclusive``)
 
 The best trial of a workload is ranked by the metric its sweep saved in ``experiment.yaml``
 (``metric`` and ``mode``, default ``DEFAULT_METRIC``), so ``summary.md`` and a ``--checkpoint
@@ -50,7 +50,7 @@ LOSS_PLOT = "loss_curves.png"
 FILES = (SUMMARY_JSON, SUMMARY_MD, THROUGHPUT_PLOT, LOSS_PLOT)  # the sweep report's files
 TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR = "train", "tune", "tensorboard"
 RUN_DIRS = (TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR)  # what a run writes besides the files above
-LOCK_FILE = ".jaxray-tune.lock"  # held by the one run writing into the folder
+LOCK_FILE = ".jaxray.lock"  # held by the one command writing into the folder (``exclusive``)
 COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the trial's compiled step
 # Ranks a workload that no sweep and no default names (a hand-written row).
 FALLBACK_METRIC = ("test_accuracy", "max")
@@ -64,38 +64,39 @@ class RunFolderError(ValueError):
 
 
 @contextmanager
-def exclusive(run_dir: str | Path) -> Iterator[Path]:
-    """Hold the run folder ``run_dir`` (created if missing) for one run of ``python -m jaxray.tune``:
-    an OS lock on ``run_dir/.jaxray-tune.lock`` (``filelock``), which the system releases when the
-    process ends, however it ends. A second run into the same folder (``--config``, ``--overwrite``
-    or ``--resume``) is refused at once, before it reads or moves anything, instead of interleaving
-    its files with the first one's. The lock file is removed when the run ends, and so is a folder
-    created here that is still empty then (the run's checks failed).
+def exclusive(run_dir: str | Path, command: str = "python -m jaxray.tune") -> Iterator[Path]:
+    """Hold the folder ``run_dir`` (created if missing) for one run of ``command``, the one that
+    writes into it (a sweep, an evaluation): an OS lock on ``run_dir/.jaxray.lock`` (``filelock``),
+    which the system releases when the process ends, however it ends. A second run into the same
+    folder (for a sweep: ``--config``, ``--overwrite`` or ``--resume``) is refused at once, before
+    it reads or moves anything, instead of interleaving its files with the first one's. The lock
+    file is removed when the run ends, and so are the folders created here that are still empty
+    then (the run's checks failed).
 
     Raises RunFolderError naming the folder when another run holds it or it cannot be created."""
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).absolute()
     if run_dir.exists() and not run_dir.is_dir():
         raise RunFolderError(f"--out {run_dir} is a file, not a folder")
-    created = not run_dir.exists()
+    created = _first_missing(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = filelock.FileLock(run_dir / LOCK_FILE, timeout=0)
         lock.acquire()
     except filelock.Timeout:
         raise RunFolderError(
-            f"another python -m jaxray.tune is writing into {run_dir} (it holds {run_dir / LOCK_FILE}); "
-            f"wait for it to end, or choose another --out (nothing was changed)"
+            f"another {command} is writing into {run_dir} (it holds {run_dir / LOCK_FILE}); wait for "
+            f"it to end, or choose another --out (nothing was changed)"
         ) from None
     except OSError as err:
-        raise RunFolderError(f"--out {run_dir} cannot be a run folder: {err}") from None
+        _remove_empty(run_dir, created)
+        raise RunFolderError(f"--out {run_dir} cannot be written: {err}") from None
     try:
         yield run_dir
     finally:
         # Removed while still held, so the folder is left as the run left it.
         (run_dir / LOCK_FILE).unlink(missing_ok=True)
         lock.release()
-        if created and not any(run_dir.iterdir()):
-            run_dir.rmdir()
+        _remove_empty(run_dir, created)
 
 
 @contextmanager
@@ -104,18 +105,28 @@ def removed_if_failed(out: str | Path) -> Iterator[Path]:
     ``out`` (``out`` included) that did not exist on entry and are empty then are removed, so a
     failed evaluation or export leaves no empty folder behind; the exception goes on."""
     out = Path(out).absolute()
-    created = next((p for p in (*reversed(out.parents), out) if not p.exists()), None)
+    created = _first_missing(out)
     try:
         yield out
     except BaseException:
-        for folder in (out, *out.parents) if created is not None else ():
-            if folder.is_dir():
-                if any(folder.iterdir()):
-                    break
-                folder.rmdir()
-            if folder == created:
-                break
+        _remove_empty(out, created)
         raise
+
+
+def _first_missing(out: Path) -> Path | None:
+    """The topmost folder of ``out`` (``out`` included) that does not exist yet; None if it exists."""
+    return next((p for p in (*reversed(out.parents), out) if not p.exists()), None)
+
+
+def _remove_empty(out: Path, created: Path | None) -> None:
+    """Remove the empty folders from ``out`` up to ``created`` (the topmost one made for it)."""
+    for folder in (out, *out.parents) if created is not None else ():
+        if folder.is_dir():
+            if any(folder.iterdir()):
+                return
+            folder.rmdir()
+        if folder == created:
+            return
 
 
 def check_overwrite(out_dir: str | Path, writer: str, name: str = SUMMARY_JSON) -> None:

@@ -34,6 +34,7 @@ from jaxray.data.manifest import ManifestError
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
 from jaxray.parallel.checks import check_experiment
+from jaxray.raytrain import interrupts
 from jaxray.raytrain.cluster import check_gpus, init_ray
 from jaxray.raytrain.sweep import TrialRows, run_sweep
 from jaxray.reporting.sweep import markdown_summary, write_reports
@@ -131,10 +132,14 @@ def set_aside(out: Path, ours: list[Path]) -> Path | None:
     return aside
 
 
-def settle_aside(out: Path, aside: Path | None, results: list[TrialRows]) -> None:
+def settle_aside(out: Path, aside: Path | None, results: list[TrialRows], interrupted: bool = False) -> None:
     """When the new run ends: the earlier results are deleted if a new trial finished; if none did,
-    the new run's files are removed and the earlier ones put back, and the terminal says so."""
+    the new run's files are removed and the earlier ones put back, and the terminal says so. A run
+    that was ``interrupted`` (a Ctrl-C that came too early for Tune to act on) keeps both."""
     if aside is None:
+        return
+    if interrupted and finished(results):
+        print(f"error: interrupted; the earlier run's results are kept in {aside}", file=sys.stderr)
         return
     if finished(results):
         shutil.rmtree(aside)
@@ -242,6 +247,13 @@ def prepare(
     if resume:  # nothing in the folder is moved or removed
         out = Path(args.resume).absolute()
         exp = load_resume(out, overrides)
+        if (out / ASIDE_DIR).is_dir():
+            print(
+                f"note: {out / ASIDE_DIR} holds the results of an earlier run that an interrupted "
+                f"--overwrite set aside; the resume keeps them there (delete the folder once you "
+                f"do not need them)",
+                file=sys.stderr,
+            )
     else:
         exp = load_experiment(args.config, overrides)
         out = Path(args.out or Path("runs") / exp.experiment).absolute()
@@ -317,7 +329,7 @@ def full_disk(out: Path, err: Exception) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with contextlib.ExitStack() as stack:
+    with interrupts.recording(), contextlib.ExitStack() as stack:
         return _run(args, stack)
 
 
@@ -335,6 +347,9 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         if not resume:
             save_experiment(out, exp)
         return run_sweeps(exp, out, arrays, resume, results)
+    except KeyboardInterrupt:  # before Tune took over Ctrl-C: settle_aside decides, as after Tune's
+        print(f"error: interrupted; resume with: python -m jaxray.tune --resume {out}", file=sys.stderr)
+        return INTERRUPTED
     except BaseException as err:
         if aside is not None:  # a crash: nothing is decided for the user
             print(f"error: the earlier run's results are kept in {aside}", file=sys.stderr)
@@ -344,7 +359,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             return 1
         raise
     finally:
-        settle_aside(out, aside, results)
+        settle_aside(out, aside, results, interrupts.interrupted())
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from jaxray.config import parse_trial
 from jaxray.evaluate import default_out, main
 from jaxray.models import build
 from jaxray.raytrain.resume import checkpoint_name
+from jaxray.runs import exclusive
 
 TRIAL_NAME = "mlp_b64_float32_w8"
 RESULTS = ["confusion_matrix.png", "predictions_grid.png", "summary.json"]
@@ -75,6 +76,32 @@ def test_another_checkpoints_evaluation_is_replaced_only_with_overwrite(trial_ch
     assert evaluate(capsys, "--checkpoint", second, "--out", out, "--overwrite") == (0, "")
     assert json.loads((out / "summary.json").read_text())["checkpoint"] == str(second)
     assert sorted(contents(out)) == RESULTS
+
+
+def test_other_weights_at_the_same_path_are_not_taken_for_the_evaluated_ones(
+    trial_checkpoints, tmp_path, capsys
+):
+    # The run folder replaced by another run's (same trial and checkpoint names), or a symlink moved:
+    # the path recorded is the same, the weights are not.
+    first, second = trial_checkpoints
+    link, out = tmp_path / "latest", tmp_path / "eval"
+    link.symlink_to(first, target_is_directory=True)
+    assert evaluate(capsys, "--checkpoint", link, "--out", out) == (0, "")
+    before = contents(out)
+    link.unlink()
+    link.symlink_to(second, target_is_directory=True)
+    code, err = evaluate(capsys, "--checkpoint", link, "--out", out)
+    assert code == 2 and "holds the evaluation of" in err and "pass --overwrite" in err, err
+    assert contents(out) == before
+
+
+def test_an_out_another_evaluation_is_writing_is_refused(trial_checkpoints, tmp_path, capsys):
+    out = tmp_path / "eval"
+    with exclusive(out, "python -m jaxray.evaluate"):
+        code, err = evaluate(capsys, "--checkpoint", trial_checkpoints[0], "--out", out)
+        assert code == 2 and f"another python -m jaxray.evaluate is writing into {out}" in err, err
+        assert [p.name for p in out.iterdir()] == [".jaxray.lock"]
+    assert not out.exists()  # nothing of either was left
 
 
 def test_a_failed_evaluation_creates_no_folder(trial_checkpoints, real_dir, tmp_path, monkeypatch, capsys):

@@ -5,6 +5,7 @@ created), and an earlier artifact on the same disk untouched."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 from pathlib import Path
 
@@ -40,3 +41,12 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(
             assert "No space left on device" in err
             assert sorted(p.name for p in disk.iterdir()) == ["earlier", "filler"]
         assert digests(earlier) == kept
+
+
+def test_an_out_taken_by_another_export_meanwhile_is_not_called_a_full_disk(tmp_path):
+    from jaxray.export import _write_failure  # noqa: PLC0415 (the wording alone, no export needed)
+
+    taken = _write_failure(tmp_path, OSError(errno.ENOTEMPTY, "Directory not empty"))
+    assert "was filled while this export ran" in taken and "free space" not in taken
+    full = _write_failure(tmp_path, OSError(errno.ENOSPC, "No space left on device"))
+    assert "free space or choose another --out" in full

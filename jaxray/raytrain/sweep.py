@@ -27,6 +27,7 @@ from jaxray.checkpoint import HISTORY_FILE
 from jaxray.config import TrainConfig, parse_trial
 from jaxray.config.experiment import ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
+from jaxray.raytrain import interrupts
 from jaxray.raytrain.trainer import make_trainer
 from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR, in_moved_folder
 
@@ -111,12 +112,17 @@ def early_stopping(sweep: SweepConfig) -> ASHAScheduler | None:
 
 
 def run_sweep(
-    exp: ExperimentConfig, sweep: SweepConfig, arrays: tuple | None, out: Path, resume: bool = False
+    exp: ExperimentConfig,
+    sweep: SweepConfig,
+    arrays: tuple | None,
+    out: Path,
+    resume: bool = False,
 ) -> tuple[list[TrialRows], int]:
     """Fit one sweep on its (train, held-out) arrays, fed to the workers as Ray Datasets, or (None,
     with ``data.parquet``) on its prepared Parquet folder. With ``resume`` a sweep whose Tune
     experiment exists under ``out/tune/<workload>`` is restored (``Tuner.restore``): its finished
-    trials are kept as they are, its unfinished and failed ones run again.
+    trials are kept as they are, its unfinished and failed ones run again. A Ctrl-C recorded before
+    Tune's fit starts (``interrupts``) raises KeyboardInterrupt instead of starting it.
 
     Returns ((summary row, history rows) per trial, how many trials did not finish because the run
     was interrupted); a failed trial's row carries ``error``.
@@ -155,6 +161,7 @@ def run_sweep(
 
 
 def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRows], int]:
+    interrupts.stop_if_interrupted()
     results = tuner.fit()
     # On Ctrl+C (SIGINT) Tune saves the experiment's state, then stops the running trials, marking
     # them terminated in memory, and fit() returns as if the sweep had ended. The saved state (what

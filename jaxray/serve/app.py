@@ -324,15 +324,22 @@ def build_app(args: AppArgs) -> Application:
 def app_builder(args: dict[str, Any]) -> Application:
     """``import_path: jaxray.serve.app:app_builder`` for ``serve run``: validates ``args`` (see
     AppArgs) and builds the app. Raises ValueError naming the bad argument, CheckpointError /
-    ArtifactError (ValueErrors) naming the damaged file (``build_app``); Serve then reports the
-    application as DEPLOY_FAILED with that message, and nothing was deployed."""
+    ArtifactError (ValueErrors) naming the damaged file (``build_app``). Under ``serve run
+    serve/config.yaml`` Serve builds in a task of its own and reports the application as
+    DEPLOY_FAILED with that message, nothing deployed, but Ray 2.60's command then only sleeps
+    (``ray/serve/scripts.py``, ``run``: ``deploy_apps(config, _blocking=False)``, then
+    ``while True: time.sleep(10)``). ``serve run jaxray.serve.app:app_builder checkpoint=PATH
+    [key=value ...]`` builds in the command's own process before Ray starts: the error ends it
+    (exit 1) in seconds."""
     try:
         parsed = AppArgs.model_validate(args)
     except ValidationError as err:
         raise ValueError(f"serve args: {args_error(err)}") from None
-    if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
-        # Serve's build task (serve run): check on the CPU, leaving the GPUs to the replica. A
-        # no-op where JAX has already started.
+    in_build_task = ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+    if in_build_task or Path(sys.argv[0]).name == "serve":
+        # Serve's build task (serve run <config>), or Ray's serve command, which builds the app of
+        # an import path itself and stays up to deploy it: check on the CPU, leaving the GPUs to
+        # the replica. A no-op where JAX has already started.
         jax.config.update("jax_platforms", "cpu")
     try:
         return build_app(parsed)

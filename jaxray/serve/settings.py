@@ -23,6 +23,13 @@ from pydantic import (
 from jaxray.argtypes import FieldOptions, add_field_options, given_options, non_negative_float, positive_int
 from jaxray.inference.settings import EngineSettings
 
+# The environment variable naming a file that python -m jaxray.serve hands its private Ray's proxy
+# (whose workers inherit the environment) and writes, with the cause, once the app failed for good:
+# requests still waiting for a replica then get a JSON 503 saying so (jaxray.serve.routes.JsonErrors,
+# which looks this often) instead of waiting for a replica that will never come.
+FAILED_FILE = "JAXRAY_SERVE_FAILED_FILE"
+FAILED_POLL_S = 0.5
+
 
 class AppArgs(BaseModel):
     """The ``args`` of ``serve/config.yaml`` (and of ``python -m jaxray.serve``)."""

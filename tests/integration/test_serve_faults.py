@@ -11,22 +11,19 @@ import json
 import os
 import shutil
 import signal
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import aiohttp
-import psutil
 import pytest
 import ray
 import requests
 from checkpoint_copies import damaged_copy
 from ray import serve
+from serve_load import free_port, healthz, load, replica_pids
 
 from jaxray import checkpoint
-from jaxray.bench.loadtest import Sample, send
 from jaxray.serve.__main__ import PROXY_CALLBACK
 from jaxray.serve.app import app_builder, deploy_failure, deployment
 from jaxray.serve.settings import AppArgs
@@ -35,7 +32,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ENGINE = {"buckets": [16, 64], "batch_sizes": [1, 4, 16], "chunk": 8, "max_new_tokens": 200}
 REQUEST_TIMEOUT_S = 20.0  # Serve's proxy: a request unanswered after this gets a JSON 504
 CLIENT_TIMEOUT_S = REQUEST_TIMEOUT_S + 10  # a request still open after this counts as hanging
-REPLICA_TITLE = "ServeReplica:jaxray:JaxrayServer"  # in the replica process's title
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +39,7 @@ def url() -> str:
     """Serve on a private local Ray, its proxy with jaxray's JSON errors and a request time-out."""
     os.environ[PROXY_CALLBACK] = "jaxray.serve.routes:proxy_middlewares"  # as python -m jaxray.serve
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     try:
         http = {"host": "127.0.0.1", "port": port, "request_timeout_s": REQUEST_TIMEOUT_S}
         serve.start(http_options=http)
@@ -75,40 +69,6 @@ def test_a_replica_that_fails_to_start_fails_the_deploy_in_seconds_with_its_exce
     assert elapsed < 30, f"the failed deploy took {elapsed:.1f} s"
 
 
-def _replica_pids(title: str = REPLICA_TITLE) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if title in " ".join(proc.info["cmdline"] or []):
-            found.append(proc.info["pid"])
-    return found
-
-
-async def _load(url: str, clients: int, stop: threading.Event) -> list[Sample]:
-    """``clients`` closed-loop clients of the real load client until ``stop`` is set."""
-    timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
-    connector = aiohttp.TCPConnector(limit=clients)
-    samples: list[Sample] = []
-
-    async def client(i: int) -> None:
-        k = 0
-        while not stop.is_set():
-            body = {"prompt": "ROMEO:", "max_new_tokens": 48, "temperature": 0.8, "seed": i * 1000 + k}
-            samples.append(await send(session, url, body))
-            k += 1
-
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await asyncio.gather(*(client(i) for i in range(clients)))
-    return samples
-
-
-def _healthz(url: str) -> tuple[int, dict]:
-    try:
-        response = requests.get(url + "/healthz", timeout=CLIENT_TIMEOUT_S)
-    except requests.ConnectionError:
-        return 0, {}
-    return response.status_code, response.json()
-
-
 def test_a_killed_replica_under_load_is_replaced_and_every_failure_is_a_prompt_5xx_json(
     url, copied_run_folder
 ):
@@ -120,26 +80,26 @@ def test_a_killed_replica_under_load_is_replaced_and_every_failure_is_a_prompt_5
         "engine": ENGINE,
     }
     serve.run(app_builder(args), name="jaxray", route_prefix="/")
-    status, before = _healthz(url)
+    status, before = healthz(url, CLIENT_TIMEOUT_S)
     assert status == 200 and before["status"] == "ok"
     served = requests.get(f"{url}/info", timeout=10).json()["checkpoint"]
     assert Path(served).is_relative_to(copied_run_folder), served
-    [pid] = _replica_pids()
+    [pid] = replica_pids()
     stop = threading.Event()
     with ThreadPoolExecutor(1) as pool:
-        load = pool.submit(asyncio.run, _load(url, 16, stop))
+        clients = pool.submit(asyncio.run, load(url, 16, stop, CLIENT_TIMEOUT_S))
         time.sleep(4)  # 16 clients in flight
         killed = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        status, after = _healthz(url)
+        status, after = healthz(url, CLIENT_TIMEOUT_S)
         while not (status == 200 and after["replica"] != before["replica"]):
             assert time.monotonic() - killed < 120, (status, after)
             time.sleep(0.5)
-            status, after = _healthz(url)
+            status, after = healthz(url, CLIENT_TIMEOUT_S)
         recovered = time.monotonic()
         time.sleep(4)  # new requests meet the replacement
         stop.set()
-        samples = load.result(timeout=CLIENT_TIMEOUT_S + 10)
+        samples = clients.result(timeout=CLIENT_TIMEOUT_S + 10)
     print(f"replica replaced {recovered - killed:.1f} s after the kill; healthz {after}")
     failed = [s for s in samples if s.outcome != "ok"]
     assert {s.outcome for s in failed} <= {"5xx"}, [s.error for s in failed if s.outcome != "5xx"][:5]
@@ -151,7 +111,7 @@ def test_a_killed_replica_under_load_is_replaced_and_every_failure_is_a_prompt_5
     # Samples are timed on the event loop's clock, which is time.monotonic().
     late_ok = [s for s in samples if s.outcome == "ok" and s.start_s > recovered]
     assert late_ok, "no request succeeded once the replacement was up"
-    assert _replica_pids() != [pid]
+    assert replica_pids() != [pid]
 
 
 def test_a_full_queue_answers_503_with_retry_after_at_once(url, trained_transformer):
@@ -194,7 +154,7 @@ def test_a_replacement_replica_serves_the_checked_weights_or_none(url, trained_t
     )
     manifest = next(copy / n for n in checkpoint.MANIFESTS if (copy / n).is_file())
     manifest.write_text(manifest.read_text() + "\n")  # valid, other bytes: another save
-    [pid] = _replica_pids("ServeReplica:changed:JaxrayServer")
+    [pid] = replica_pids("ServeReplica:changed:JaxrayServer")
     os.kill(pid, signal.SIGKILL)
     deadline, why = time.monotonic() + 120, ""
     while "changed after the server checked it" not in why:

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 import requests
+from serve_load import free_port, start_serving
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 STOP_S = 10.0
@@ -22,34 +20,9 @@ STOP_S = 10.0
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_stops_the_app_and_its_ray_within_10_s(trained_transformer, sig):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    argv = [
-        sys.executable,
-        "-m",
-        "jaxray.serve",
-        "--checkpoint",
-        str(trained_transformer),
-        "--port",
-        str(port),
-    ]
-    argv += ["--buckets", "16", "--batch-sizes", "1,4", "--chunk", "8"]
-    proc = subprocess.Popen(
-        argv,
-        env={**os.environ, "RAY_ADDRESS": "local"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group: the test's Ctrl-C is not its Ctrl-C
-    )
+    port = free_port()
+    proc = start_serving(trained_transformer, port)
     try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("jaxray is serving on"):
-                break
-        assert lines and lines[-1].startswith("jaxray is serving on"), "".join(lines[-30:])
         assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=10).json()["status"] == "ok"
         tree = psutil.Process(proc.pid).children(recursive=True)
         start = time.monotonic()

@@ -229,3 +229,43 @@ def test_the_deployment_keeps_faults_short():
     assert (config.backpressure_config.status_code, config.backpressure_config.retry_after_s) == (503, 1)
     assert config.health_check_period_s == serve_app.HEALTH_CHECK_PERIOD_S
     assert config.graceful_shutdown_timeout_s == serve_app.SHUTDOWN_TIMEOUT_S < 10
+
+
+@pytest.mark.slow  # JAX's import and a restore in a fresh process
+def test_serve_run_of_the_import_path_ends_with_the_cause_of_a_damaged_checkpoint(damaged):
+    # Ray's own command builds an import path's app in its process, before Ray starts: the error
+    # ends it (a config file's build runs in a Serve task, and `serve run` then idles).
+    copy, victim = damaged
+    serve_cli = Path(sys.executable).with_name("serve")
+    start = time.monotonic()
+    proc = subprocess.run(
+        [str(serve_cli), "run", "jaxray.serve.app:app_builder", f"checkpoint={copy}", "max_batch_size=4"],
+        env={**os.environ, "RAY_ADDRESS": "local"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1 and f"jaxray: cannot serve: {copy} is damaged: {victim}" in proc.stderr, (
+        proc.stderr[-3000:]
+    )
+    assert elapsed < 30 and "Started a local Ray instance" not in proc.stderr, (elapsed, proc.stderr)
+
+
+@pytest.mark.parametrize(
+    "status,why,ends",
+    [
+        ("DEPLOY_FAILED", "Deploying application jaxray failed", True),
+        ("UNHEALTHY", "JaxrayServer: A replica failed to start with exception. Retrying. Error:\nX", True),
+        ("UNHEALTHY", "JaxrayServer: The deployment failed to start 1 times in a row. This may", True),
+        ("UNHEALTHY", "JaxrayServer: A replica's health check failed. This deployment will be", False),
+        ("DEPLOYING", "", False),
+    ],
+)
+def test_the_command_ends_once_the_app_cannot_serve_and_waits_out_a_replacement(status, why, ends):
+    from jaxray.serve.__main__ import AppFailed, failed
+
+    assert failed(status, why) is ends
+    assert AppFailed("the app is unhealthy: X\nTraceback:\n  ...\nCheckpointError: y\n\n").cause == (
+        "CheckpointError: y"
+    )

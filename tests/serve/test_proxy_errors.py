@@ -1,20 +1,24 @@
 """``JsonErrors``, the middleware of Serve's HTTP proxy, in front of a real uvicorn server on
 loopback and real HTTP: the proxy's own plain-text failures and a request that got no answer at
 all come back in the replica's JSON error shape, with Retry-After kept; answers that are already
-JSON, and streams, pass unchanged; /healthz gets its short time-out header."""
+JSON, and streams, pass unchanged; /healthz gets its short time-out header; a request waiting for
+a replica when python -m jaxray.serve reports the app failed gets a JSON 503 with the cause."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
 import uvicorn
 
 from jaxray.serve.routes import HEALTHZ_TIMEOUT_S, NO_ANSWER, TIMEOUT_HEADER, JsonErrors
+from jaxray.serve.settings import FAILED_POLL_S
 
 
 async def _plain(send, status: int, text: bytes, headers: list | None = None) -> None:
@@ -34,6 +38,8 @@ async def proxy_like(scope, receive, send) -> None:
         return
     elif path == "/raises":
         raise RuntimeError("proxy bug")
+    elif path == "/waits":  # no replica to take it (one being replaced)
+        await asyncio.sleep(3600)
     elif path == "/healthz":
         headers = dict(scope["headers"])
         body = json.dumps({"timeout": headers.get(TIMEOUT_HEADER, b"").decode()}).encode()
@@ -69,13 +75,18 @@ async def proxy_like(scope, receive, send) -> None:
 
 
 @pytest.fixture(scope="module")
-def url():
+def failed_file(tmp_path_factory) -> Path:
+    """Where the tests report the app failed, as python -m jaxray.serve does (not yet)."""
+    return tmp_path_factory.mktemp("proxy") / "failed"
+
+
+@pytest.fixture(scope="module")
+def url(failed_file):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(JsonErrors(proxy_like), host="127.0.0.1", port=port, log_level="error")
-    )
+    app = JsonErrors(proxy_like, failed_file=str(failed_file))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -122,3 +133,23 @@ def test_healthz_gets_its_short_time_out_whatever_the_client_sends(url):
     for headers in ({}, {"x-request-timeout-seconds": "0"}):
         answer = requests.get(url + "/healthz", headers=headers, timeout=10).json()
         assert answer == {"timeout": str(HEALTHZ_TIMEOUT_S)}
+
+
+def test_a_request_waiting_when_the_app_failed_gets_a_json_503_with_the_cause(url, failed_file):
+    cause = "CheckpointError: /x is damaged: params/d/0 does not match its checksum"
+
+    def report() -> None:
+        time.sleep(1.0)
+        failed_file.write_text(f"the app failed: {cause}\n")
+
+    reporter = threading.Thread(target=report)
+    reporter.start()
+    start = time.monotonic()
+    try:
+        response = requests.post(url + "/waits", data=b"{}", timeout=30)
+    finally:
+        reporter.join()
+        took = time.monotonic() - start
+        failed_file.unlink(missing_ok=True)  # the module's other tests see an app that did not fail
+    assert response.status_code == 503 and _error(response)["message"] == f"the app failed: {cause}"
+    assert took < 1.0 + 2 * FAILED_POLL_S + 0.5, f"answered {took:.1f} s after the request"

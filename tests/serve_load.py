@@ -1,0 +1,102 @@
+"""What the Serve fault tests share (imported by tests/integration/test_serve_*.py): a free port,
+``python -m jaxray.serve`` started as a user starts it, the replica processes found by title,
+16 closed-loop clients of the real load client, and ``/healthz`` read without raising."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+import psutil
+import requests
+
+from jaxray.bench.loadtest import Sample, send
+
+REPLICA_TITLE = "ServeReplica:jaxray:JaxrayServer"  # in the replica process's title
+SMALL_ENGINE = ["--buckets", "16", "--batch-sizes", "1,4", "--chunk", "8"]  # quick to compile
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_serving(checkpoint: Path, port: int, options: list[str] = SMALL_ENGINE) -> subprocess.Popen:
+    """``python -m jaxray.serve --checkpoint checkpoint --port port *options`` on a private Ray, in
+    its own process group (the test's Ctrl-C is not its Ctrl-C), stdout and stderr merged; returns
+    once it printed that it is serving (its output so far in ``proc.lines``), else fails."""
+    argv = [sys.executable, "-m", "jaxray.serve", "--checkpoint", str(checkpoint), "--port", str(port)]
+    proc = subprocess.Popen(
+        [*argv, *options],
+        env={**os.environ, "RAY_ADDRESS": "local"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    proc.lines = []
+    for line in proc.stdout:
+        proc.lines.append(line)
+        if line.startswith("jaxray is serving on"):
+            return proc
+    proc.kill()
+    raise AssertionError("python -m jaxray.serve ended before serving:\n" + "".join(proc.lines[-40:]))
+
+
+def replica_pids(title: str = REPLICA_TITLE, under: int | None = None) -> list[int]:
+    """The pids of the processes whose command line holds ``title``; only descendants of ``under``
+    when given (the replicas of the Ray that process started, not another test's)."""
+    procs = psutil.Process(under).children(recursive=True) if under else psutil.process_iter()
+    found = []
+    for proc in procs:
+        try:
+            if title in " ".join(proc.cmdline()):
+                found.append(proc.pid)
+        except psutil.Error:  # ended meanwhile, or not ours to read
+            continue
+    return found
+
+
+async def load(
+    url: str,
+    clients: int,
+    stop: threading.Event,
+    timeout_s: float,
+    last: Callable[[Sample], bool] = lambda _: False,
+) -> list[Sample]:
+    """``clients`` closed-loop clients of the real load client (jaxray.bench.loadtest.send, each
+    request timing out after ``timeout_s``) until ``stop`` is set; a client whose answer is
+    ``last`` sends no more and sets ``stop``."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    connector = aiohttp.TCPConnector(limit=clients)
+    samples: list[Sample] = []
+
+    async def client(i: int) -> None:
+        k = 0
+        while not stop.is_set():
+            body = {"prompt": "ROMEO:", "max_new_tokens": 48, "temperature": 0.8, "seed": i * 1000 + k}
+            samples.append(sample := await send(session, url, body))
+            if last(sample):
+                stop.set()
+            k += 1
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(client(i) for i in range(clients)))
+    return samples
+
+
+def healthz(url: str, timeout_s: float) -> tuple[int, dict]:
+    """(status, body) of ``/healthz``; (0, {}) when nothing listens."""
+    try:
+        response = requests.get(url + "/healthz", timeout=timeout_s)
+    except requests.ConnectionError:
+        return 0, {}
+    return response.status_code, response.json()
