@@ -27,6 +27,7 @@ from typing import Any
 import ray
 import yaml
 
+import jaxray.raytrain.interrupts  # noqa: F401 (first of jaxray's: records a Ctrl-C during the imports)
 from jaxray.config import ConfigError, parse_trial
 from jaxray.config.experiment import ExperimentConfig, load_experiment
 from jaxray.data.batching import num_rows

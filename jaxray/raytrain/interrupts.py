@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,14 @@ _interrupted = threading.Event()
 def _on_sigint(signum: int, frame: Any) -> None:
     _interrupted.set()
     raise KeyboardInterrupt
+
+
+# In the driver, from before JAX is imported: a Ctrl-C during the imports can land in JAX's garbage
+# collection callback, where Python only prints "Exception ignored" and goes on (a fresh user saw an
+# --overwrite run on to its end so). jaxray.tune imports this module before anything that imports
+# JAX; in other processes (tests, Ray's workers) nothing is installed on import.
+if getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) == "jaxray.tune":
+    signal.signal(signal.SIGINT, _on_sigint)
 
 
 def interrupted() -> bool:
@@ -42,7 +51,6 @@ def recording() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _interrupted.clear()
     earlier = signal.signal(signal.SIGINT, _on_sigint)
     try:
         yield
