@@ -27,7 +27,7 @@ from typing import Any
 import ray
 import yaml
 
-import jaxray.raytrain.interrupts  # noqa: F401 (first of jaxray's: records a Ctrl-C during the imports)
+import jaxray.raytrain.interrupts as interrupts  # first of jaxray's: records a Ctrl-C during the imports
 from jaxray.config import ConfigError, parse_trial
 from jaxray.config.experiment import ExperimentConfig, load_experiment
 from jaxray.data.batching import num_rows
@@ -35,7 +35,6 @@ from jaxray.data.manifest import ManifestError
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
 from jaxray.parallel.checks import check_experiment
-from jaxray.raytrain import interrupts
 from jaxray.raytrain.cluster import check_gpus, init_ray
 from jaxray.raytrain.sweep import TrialRows, run_sweep
 from jaxray.reporting.sweep import markdown_summary, write_reports
@@ -93,11 +92,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def check_out(out: Path, overwrite: bool) -> list[Path]:
-    """The earlier run's results in ``out`` (what jaxray writes there), checked before anything
-    runs: refuse a ``out`` that is a file, earlier results without ``overwrite``, and a folder that
-    still holds the results an earlier ``--overwrite`` set aside. Raises ConfigError."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
+    """The earlier run's results in the folder ``out`` (what jaxray writes there; ``runs.exclusive``
+    refuses a file), checked before anything runs: refuse earlier results without ``overwrite``,
+    and a folder that still holds the results an earlier ``--overwrite`` set aside. Raises
+    ConfigError."""
     if (out / ASIDE_DIR).exists():
         raise ConfigError(
             f"{out / ASIDE_DIR} holds the results of a run that an interrupted --overwrite set aside; "
@@ -298,15 +296,20 @@ def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool, res
         results += rows
         if unfinished:
             # With earlier results set aside and no trial finished, settle_aside puts them back.
-            kept = resume or finished(results) or not (out / ASIDE_DIR).exists()
-            hint = f"; the state is saved. Resume with: python -m jaxray.tune --resume {out}" if kept else ""
             print(
                 f"error: interrupted with {unfinished} trial(s) of the {sweep.workload} sweep "
-                f"unfinished{hint}",
+                f"unfinished{resume_hint(out, resume, results)}",
                 file=sys.stderr,
             )
             return INTERRUPTED
     return report(out, exp, results)
+
+
+def resume_hint(out: Path, resume: bool, results: list[TrialRows]) -> str:
+    """How to finish an interrupted run; empty when there is nothing of it to resume: with earlier
+    results set aside and no trial finished, settle_aside puts them back."""
+    kept = resume or finished(results) or not (out / ASIDE_DIR).exists()
+    return f"; the state is saved. Resume with: python -m jaxray.tune --resume {out}" if kept else ""
 
 
 def full_disk(out: Path, err: Exception) -> str | None:
@@ -349,7 +352,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             save_experiment(out, exp)
         return run_sweeps(exp, out, arrays, resume, results)
     except KeyboardInterrupt:  # before Tune took over Ctrl-C: settle_aside decides, as after Tune's
-        print(f"error: interrupted; resume with: python -m jaxray.tune --resume {out}", file=sys.stderr)
+        print(f"error: interrupted{resume_hint(out, resume, results)}", file=sys.stderr)
         return INTERRUPTED
     except BaseException as err:
         if aside is not None:  # a crash: nothing is decided for the user
