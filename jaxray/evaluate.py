@@ -224,12 +224,14 @@ class ResultsWriteError(OSError):
 
 
 def _results_folder(out: str | Path, directory: Path, weights: str | None, overwrite: bool) -> Path:
-    """``out``, absolute, checked (not created) before any data is read: ValueError if it holds
-    another tool's summary.json, ConfigError if it holds the evaluation of other weights than
-    ``directory``'s (another path, or the same path whose digest manifest's SHA-256 ``weights``
-    differs: a folder replaced or a symlink moved since) unless ``overwrite``, or cannot be
-    created (its nearest existing folder is not a writable directory)."""
+    """``out``, absolute, checked (not created) before any data is read: CheckpointError if it is
+    in a checkpoint folder, ValueError if it holds another tool's summary.json, ConfigError if it
+    holds the evaluation of other weights than ``directory``'s (another path, or the same path
+    whose digest manifest's SHA-256 ``weights`` differs: a folder replaced or a symlink moved
+    since) unless ``overwrite``, or cannot be created (its nearest existing folder is not a
+    writable directory)."""
     out = Path(out).absolute()
+    checkpoint.check_outside(out)
     check_overwrite(out, WRITER)
     if (out / "summary.json").is_file() and not overwrite:  # check_overwrite: it is an evaluation's
         earlier = json.loads((out / "summary.json").read_text())

@@ -36,7 +36,7 @@ from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
 from jaxray.parallel.checks import check_experiment
 from jaxray.raytrain.cluster import check_gpus, init_ray
-from jaxray.raytrain.sweep import TrialRows, run_sweep
+from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep
 from jaxray.reporting.sweep import markdown_summary, write_reports
 from jaxray.runs import (
     EXPERIMENT_FILE,
@@ -259,6 +259,8 @@ def prepare(
     check_experiment(exp, str(out / EXPERIMENT_FILE if resume else Path(args.config)))
     stack.enter_context(exclusive(out))
     ours = [] if resume else check_out(out, args.overwrite)
+    for sweep in exp.sweeps if resume else ():
+        check_saved_state(out, sweep.workload)
     arrays = {} if exp.data.parquet else load_sweep_arrays(exp)
     check_batches(
         exp,
@@ -312,11 +314,13 @@ def resume_hint(out: Path, resume: bool, results: list[TrialRows]) -> str:
     return f"; the state is saved. Resume with: python -m jaxray.tune --resume {out}" if kept else ""
 
 
-def full_disk(out: Path, err: Exception) -> str | None:
+def full_disk(out: Path, err: Exception, keeps_new: bool = True) -> str | None:
     """The message for a sweep stopped by ``err`` while the disk holding ``out`` is full (less than
     ``FULL_DISK_BYTES`` free), else None. Ray Tune and Train write their own state into the run
     folder too; with the disk full to the last byte they fail in ways of their own (Tune 2.60 then
-    raises ``EOFError`` reading an empty ``error.pkl``), so the cause is told from the disk."""
+    raises ``EOFError`` reading an empty ``error.pkl``), so the cause is told from the disk. Unless
+    the run ``keeps_new`` (an ``--overwrite`` none of whose trials finished: its files are removed and
+    the earlier run's put back), it names the checkpoints the new run saved."""
     try:
         free = shutil.disk_usage(out).free
     except OSError:
@@ -326,8 +330,8 @@ def full_disk(out: Path, err: Exception) -> str | None:
     return (
         f"the sweep stopped ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}) with "
         f"the disk holding {out} full ({free} bytes free), so neither the trials nor Ray could save "
-        f"their state. The checkpoints saved before are kept in {out / TRAIN_DIR}; free space, then "
-        f"run the sweep again"
+        f"their state.{f' The checkpoints saved before are kept in {out / TRAIN_DIR};' if keeps_new else ''} "
+        f"Free space, then run the sweep again"
     )
 
 
@@ -355,12 +359,19 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         print(f"error: interrupted{resume_hint(out, resume, results)}", file=sys.stderr)
         return INTERRUPTED
     except BaseException as err:
-        if aside is not None:  # a crash: nothing is decided for the user
-            print(f"error: the earlier run's results are kept in {aside}", file=sys.stderr)
-            aside = None
-        if isinstance(err, Exception) and (message := full_disk(out, err)):
+        # A full disk is a failure like a failed trial (settle_aside decides); anything else is a
+        # crash, and nothing is decided for the user.
+        message = (
+            full_disk(out, err, keeps_new=aside is None or finished(results))
+            if isinstance(err, Exception)
+            else None
+        )
+        if message:
             print(f"error: {message}", file=sys.stderr)
             return 1
+        if aside is not None:
+            print(f"error: the earlier run's results are kept in {aside}", file=sys.stderr)
+            aside = None
         raise
     finally:
         settle_aside(out, aside, results, interrupts.interrupted())

@@ -144,3 +144,15 @@ def test_a_full_disk_leaves_the_earlier_evaluation_as_it_was(trial_checkpoints, 
             assert "No space left on device" in err and "nothing there was changed" in err
         assert contents(out) == before  # no partial files either
         assert sorted(p.name for p in disk.iterdir()) == ["eval", "filler"]
+
+
+@pytest.mark.parametrize("where", [".", "eval", "params/eval"])
+def test_an_out_in_a_checkpoint_folder_is_refused(trial_checkpoints, tmp_path, capsys, where):
+    # Copied: the session's checkpoints stay as they were whatever happens here.
+    ckpt = Path(shutil.copytree(trial_checkpoints[0], tmp_path / "ckpt"))
+    before = {str(p.relative_to(ckpt)): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
+    out = (ckpt / where).absolute()
+    code, err = evaluate(capsys, "--checkpoint", ckpt, "--out", out)
+    assert code == 2 and f"the checkpoint folder {ckpt}: results there would be mixed into" in err, err
+    assert {str(p.relative_to(ckpt)): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
+    checkpoint.open_for_reading(ckpt)  # still whole

@@ -76,3 +76,11 @@ def test_bad_option_values_name_the_option(trained_transformer, tmp_path, capsys
     assert exit_info.value.code == 2 and "--buckets" in capsys.readouterr().err
     assert export_cli.main([*base, "--chunk", "10000000"]) == 2
     assert "--chunk:" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_an_out_in_a_checkpoint_folder_is_refused(trained_transformer, capsys):
+    ckpt = checkpoint.resolve(trained_transformer)
+    before = sorted(p.name for p in ckpt.iterdir())
+    assert export_cli.main(["--checkpoint", str(trained_transformer), "--out", str(ckpt / "export")]) == 2
+    assert f"--out {ckpt / 'export'} lies in the checkpoint folder {ckpt}" in capsys.readouterr().err
+    assert sorted(p.name for p in ckpt.iterdir()) == before

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from earlier_runs import earlier_run, files
 from full_disk import fill, small_tmpfs
 
 from jaxray.config import ConfigError
@@ -114,22 +115,8 @@ def test_a_new_run_into_a_resumable_folder_points_to_resume(tmp_path):
     assert (tmp_path / EXPERIMENT_FILE).is_file()  # checking moves nothing
 
 
-def _earlier_run(out: Path) -> dict[str, bytes]:
-    """A folder with an earlier run's files (what they hold does not matter to the folder policy)."""
-    save_experiment(out, load_experiment(ROOT / "tune_configs/smoke.yaml"))
-    (out / SUMMARY_JSON).write_text('{"rows": []}')
-    (out / TRAIN_DIR / "trial_0").mkdir(parents=True)
-    (out / TRAIN_DIR / "trial_0" / "weights").write_bytes(b"earlier")
-    (out / "notes.txt").write_text("the user's own file")
-    return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-
-
-def _files(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-
-
 def test_overwrite_keeps_the_earlier_run_aside_until_a_new_trial_finishes(tmp_path):
-    before = _earlier_run(tmp_path)
+    before = earlier_run(tmp_path)
     aside = set_aside(tmp_path, check_out(tmp_path, overwrite=True))
     assert (
         aside == tmp_path / ASIDE_DIR
@@ -143,16 +130,16 @@ def test_overwrite_keeps_the_earlier_run_aside_until_a_new_trial_finishes(tmp_pa
     (tmp_path / SUMMARY_JSON).write_text('{"rows": ["new"]}')
     settle_aside(tmp_path, aside, [({"trial": "t0", "test_accuracy": 0.8}, [])])
     assert not aside.exists() and (tmp_path / SUMMARY_JSON).read_text() == '{"rows": ["new"]}'
-    assert "notes.txt" in _files(tmp_path) and len(before) == 4
+    assert "notes.txt" in files(tmp_path) and len(before) == 4
 
 
 def test_a_new_run_with_no_finished_trial_puts_the_earlier_results_back(tmp_path, capsys):
-    before = _earlier_run(tmp_path)
+    before = earlier_run(tmp_path)
     aside = set_aside(tmp_path, check_out(tmp_path, overwrite=True))
     save_experiment(tmp_path, load_experiment(ROOT / "tune_configs/demo.yaml"))  # the new run's files
     (tmp_path / TRAIN_DIR).mkdir()
     settle_aside(tmp_path, aside, [({"trial": "t0", "error": "RuntimeError: boom"}, [])])
-    assert _files(tmp_path) == before and not aside.exists()
+    assert files(tmp_path) == before and not aside.exists()
     assert f"the earlier run's results are back in {tmp_path}" in capsys.readouterr().err
 
 
@@ -162,14 +149,35 @@ def test_an_overwrite_refused_by_the_cluster_leaves_the_earlier_run_in_place(tmp
     """use_gpu on a private Ray without GPUs fails once Ray is up (the last check before training):
     before, --overwrite had already deleted the earlier results by then."""
     monkeypatch.setenv("RAY_ADDRESS", "local")
-    before = _earlier_run(tmp_path / "out")
+    before = earlier_run(tmp_path / "out")
     config = tmp_path / "gpu.yaml"
     smoke = (ROOT / "tune_configs/smoke.yaml").read_text()
     config.write_text(smoke.replace("devices_per_worker: 1}", "devices_per_worker: 1, use_gpu: true}"))
     assert "use_gpu: true" in config.read_text()
     assert main(["--config", str(config), "--out", str(tmp_path / "out"), "--overwrite"]) == 2
     assert "workers.use_gpu is true" in capsys.readouterr().err
-    assert _files(tmp_path / "out") == before
+    assert files(tmp_path / "out") == before
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_an_overwrite_stopped_by_a_full_disk_puts_the_earlier_run_back(tmp_path, monkeypatch, capsys):
+    """The disk fills once every check has passed and the earlier results are set aside: the new
+    run cannot write its experiment.yaml. A full disk is a failure, not a crash: the new run's files
+    are removed and the earlier ones put back (before, they stayed in .overwritten/ and the next
+    --overwrite was refused)."""
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    with small_tmpfs(tmp_path / "disk", 1) as disk:
+        out = disk / "run"
+        before = earlier_run(out)
+        fill(disk)
+        assert (
+            main(["--config", str(ROOT / "tune_configs/smoke.yaml"), "--out", str(out), "--overwrite"]) == 1
+        )
+        err = capsys.readouterr().err
+        assert f"with the disk holding {out} full (" in err and "No space left on device" in err, err
+        assert f"the earlier run's results are back in {out}" in err and "kept in" not in err, err
+        assert files(out) == before and not (out / ASIDE_DIR).exists()
 
 
 def test_a_sweep_stopped_on_a_full_disk_is_told_from_the_disk(tmp_path):
@@ -178,8 +186,10 @@ def test_a_sweep_stopped_on_a_full_disk_is_told_from_the_disk(tmp_path):
     with small_tmpfs(tmp_path / "disk", 4) as disk:
         fill(disk)
         message = full_disk(disk, err)
+        put_back = full_disk(disk, err, keeps_new=False)  # an --overwrite's: its files are removed
     assert message and f"the disk holding {disk} full (0 bytes free)" in message, message
     assert "EOFError: Ran out of input" in message and f"kept in {disk / TRAIN_DIR}" in message
+    assert put_back and "kept in" not in put_back and "Free space, then run the sweep again" in put_back
 
 
 def test_folders_named_like_a_runs_without_its_files_are_never_replaced(tmp_path):
@@ -187,12 +197,12 @@ def test_folders_named_like_a_runs_without_its_files_are_never_replaced(tmp_path
     (tmp_path / TRAIN_DIR).mkdir()
     (tmp_path / TRAIN_DIR / "train_model.py").write_text("the user's code")
     (tmp_path / "tensorboard").mkdir()
-    before = _files(tmp_path)
+    before = files(tmp_path)
     for overwrite in (False, True):
         with pytest.raises(ConfigError, match="is not a run folder of python -m jaxray.tune") as err:
             check_out(tmp_path, overwrite=overwrite)
         assert "train, tensorboard" in str(err.value) and "nothing in it is replaced" in str(err.value)
-    assert _files(tmp_path) == before
+    assert files(tmp_path) == before
 
 
 def test_the_saved_config_is_whole_or_absent_on_a_full_disk(tmp_path):

@@ -226,6 +226,21 @@ def verify(directory: str | Path) -> dict[str, Any]:
     return open_for_reading(directory, full_state=True)
 
 
+def check_outside(out: str | Path) -> None:
+    """Refuse a results folder ``out`` (evaluate's, export's) that is a checkpoint folder or lies in
+    one (the nearest of it and its parents holding a digest manifest): its files would be mixed
+    into the checkpoint's, and deleted with it when Ray Train rotates checkpoints. Raises
+    CheckpointError naming both folders."""
+    here = Path(out).absolute()
+    inside = next((d for d in (here, *here.parents) if any((d / m).is_file() for m in MANIFESTS)), None)
+    if inside is not None:
+        raise CheckpointError(
+            f"--out {here} {'is' if inside == here else 'lies in'} the checkpoint folder {inside}: "
+            f"results there would be mixed into the checkpoint (and deleted with it when Ray Train "
+            f"rotates checkpoints); choose another --out (nothing was changed)"
+        )
+
+
 def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[dict]]:
     """(train state, train_state.json, history) of a full-state checkpoint, restored into
     ``target``: the train state as ``jax.ShapeDtypeStruct`` leaves that carry the shardings wanted

@@ -52,7 +52,9 @@ class ExportError(ValueError):
 
 
 def check_out(out: Path) -> None:
-    """ExportError naming --out when it exists and is not an empty directory (never overwritten)."""
+    """ExportError naming --out when it exists and is not an empty directory (never overwritten);
+    CheckpointError when it is in a checkpoint folder."""
+    checkpoint.check_outside(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(
             f"--out {out} exists and is not an empty directory; an export never overwrites, "

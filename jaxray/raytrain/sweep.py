@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray import tune
+from ray import cloudpickle, tune
 from ray.tune import result as tune_result
 from ray.tune.experiment import Trial
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
 from jaxray.checkpoint import HISTORY_FILE
-from jaxray.config import TrainConfig, parse_trial
+from jaxray.config import ConfigError, TrainConfig, parse_trial
 from jaxray.config.experiment import ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
 from jaxray.raytrain import interrupts
@@ -48,6 +48,9 @@ TUNE_KEYS = frozenset(
 MAX_ERROR_CHARS = 2000  # of a failed trial's ``error`` in its summary row
 # (summary row, history rows) of one trial; a failed trial's row carries ``error``.
 TrialRows = tuple[dict[str, Any], list[dict]]
+TUNER_FILE = "tuner.pkl"  # what Tuner.restore reads first; Tune writes it when the sweep starts
+# The other files Tuner.restore reads (Tune 2.60), with how: the search state is a pickle.
+STATE_FILES = (("experiment_state-*.json", json.loads), ("basic-variant-state-*.json", cloudpickle.loads))
 
 
 def grid(sweep: SweepConfig) -> dict[str, Any]:
@@ -158,6 +161,35 @@ def run_sweep(
         run_config=tune.RunConfig(name=sweep.workload, storage_path=str(out / TUNE_DIR), verbose=1),
     )
     return _fit(sweep, tuner, out)
+
+
+def check_saved_state(out: Path, workload: str) -> None:
+    """For ``--resume``: the saved Tune experiment of the ``workload`` sweep, ``out/tune/<workload>``
+    (when there is one), must be readable where ``Tuner.restore`` reads it: ``tuner.pkl`` and the
+    newest ``basic-variant-state-*.json`` unpickle, the newest ``experiment_state-*.json`` parses.
+    A damaged one either fails deep inside Tune or is logged and skipped, and the restored sweep then
+    creates trials without their config. Raises ConfigError naming the file, the cause and how to
+    run the sweep again (its trials keep their checkpoints)."""
+    path = out / TUNE_DIR / workload
+    if not path.is_dir():
+        return
+    for pattern, loads in ((TUNER_FILE, cloudpickle.loads), *STATE_FILES):
+        # Tune reads the newest of each (by name, which starts with the sweep's start time).
+        file = max(path.glob(pattern), default=path / pattern)
+        try:
+            loads(file.read_bytes())
+        except FileNotFoundError:
+            cause = "is missing"
+        except Exception as err:  # whatever a damaged pickle or JSON file raises: all mean damaged
+            cause = f"cannot be read ({type(err).__name__}: {err})"
+        else:
+            continue
+        raise ConfigError(
+            f"--resume {out}: {file}, part of the saved Tune state of the {workload} sweep, {cause}, "
+            f"so Tune cannot restore that sweep. Nothing was changed. To run its trials again (each "
+            f"continues from its newest checkpoint in {out / TRAIN_DIR}; a finished one keeps its "
+            f"results), move {path} out of the run folder, then --resume again"
+        )
 
 
 def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRows], int]:

@@ -13,20 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from earlier_runs import earlier_run, files
 
-from jaxray.config.experiment import load_experiment
-from jaxray.tune import ASIDE_DIR, save_experiment
+from jaxray.tune import ASIDE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-
-def earlier_run(out: Path) -> dict[str, bytes]:
-    save_experiment(out, load_experiment(ROOT / "tune_configs/smoke.yaml"))
-    (out / "summary.json").write_text('{"rows": []}')
-    (out / "train" / "trial_0").mkdir(parents=True)
-    (out / "train" / "trial_0" / "weights").write_bytes(b"earlier")
-    return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 1.5])
@@ -56,5 +48,4 @@ def test_ctrl_c_just_after_the_set_aside_puts_the_earlier_run_back(real_dir, tmp
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, log[-4000:]
     assert not (out / ASIDE_DIR).exists(), log[-4000:]
-    files = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert files == before, log[-4000:]
+    assert files(out) == before, log[-4000:]
