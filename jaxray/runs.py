@@ -27,6 +27,7 @@ as the same path under this folder, from its ``train/`` part on, with a warning 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -40,9 +41,11 @@ import filelock
 import yaml
 from pydantic import ValidationError
 
+from jaxray.config import ConfigError
 from jaxray.config.experiment import DEFAULT_METRIC, ExperimentConfig, SweepConfig
 
 EXPERIMENT_FILE = "experiment.yaml"
+EXPERIMENT_HEADER = "# The resolved experiment config of this run, written by python -m jaxray.tune;\n"
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
 THROUGHPUT_PLOT = "throughput_vs_batch.png"
@@ -51,6 +54,8 @@ FILES = (SUMMARY_JSON, SUMMARY_MD, THROUGHPUT_PLOT, LOSS_PLOT)  # the sweep repo
 TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR = "train", "tune", "tensorboard"
 RUN_DIRS = (TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR)  # what a run writes besides the files above
 LOCK_FILE = ".jaxray.lock"  # held by the one command writing into the folder (``exclusive``)
+# experiment.yaml's line holding the SHA-256 of the config below it (``signed``, ``check_unedited``).
+CONFIG_DIGEST = "# SHA-256 of the config below it (--resume refuses an edited config): "
 COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the trial's compiled step
 # Ranks a workload that no sweep and no default names (a hand-written row).
 FALLBACK_METRIC = ("test_accuracy", "max")
@@ -100,6 +105,20 @@ def exclusive(run_dir: str | Path, command: str = "python -m jaxray.tune") -> It
 
 
 @contextmanager
+def written_whole(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the block to write; renamed over ``path`` when the block
+    ends, removed when it fails: ``path`` is never left part-written (a full disk leaves the earlier
+    file, or none)."""
+    path = Path(path)
+    tmp = path.with_name(f".partial-{path.name}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
 def removed_if_failed(out: str | Path) -> Iterator[Path]:
     """``out`` (absolute) for a command that writes into it: when the block raises, the folders of
     ``out`` (``out`` included) that did not exist on entry and are empty then are removed, so a
@@ -129,6 +148,36 @@ def _remove_empty(out: Path, created: Path | None) -> None:
             return
 
 
+def written_by_a_run(path: Path) -> bool:
+    """True when ``path`` is an experiment.yaml that ``python -m jaxray.tune`` wrote (it starts with
+    ``EXPERIMENT_HEADER``), not a config of the user's that happens to have the name."""
+    try:
+        with path.open("rb") as f:
+            return f.read(len(EXPERIMENT_HEADER)) == EXPERIMENT_HEADER.encode()
+    except OSError:
+        return False
+
+
+def check_not_nested(out: Path, replaced: Iterable[Path] = ()) -> None:
+    """Raise RunFolderError when the run folder ``out`` lies inside another run folder (one above
+    it holds experiment.yaml), or when one of the ``replaced`` folders (what ``--overwrite`` sets
+    aside, then deletes) holds another run: a run written into another's ``train/`` is deleted with
+    it, and a read of the outer folder's checkpoints takes no notice of it (a fresh user saw both)."""
+    outer = next((p for p in out.parents if written_by_a_run(p / EXPERIMENT_FILE)), None)
+    if outer is not None:
+        raise RunFolderError(
+            f"--out {out} lies in the run folder {outer}: a run there would be deleted with that "
+            f"run's results by its next --overwrite; choose a folder outside it (nothing was changed)"
+        )
+    for folder in replaced:
+        inner = next((f for f in folder.rglob(EXPERIMENT_FILE) if written_by_a_run(f)), None)
+        if inner is not None:
+            raise RunFolderError(
+                f"{inner.parent} is another run's folder inside {folder}, which --overwrite would "
+                f"delete with the earlier results; move it out of {out} first (nothing was changed)"
+            )
+
+
 def check_overwrite(out_dir: str | Path, writer: str, name: str = SUMMARY_JSON) -> None:
     """Refuse to replace a ``summary.json`` (or ``name``) in ``out_dir`` that ``writer`` (e.g.
     "jaxray.bench") did not write (its ``written_by``), so pointing ``--out`` at a sweep's folder
@@ -144,6 +193,32 @@ def check_overwrite(out_dir: str | Path, writer: str, name: str = SUMMARY_JSON) 
     if owner != writer:
         raise ValueError(
             f"{path} exists and was not written by {writer}; choose another --out (nothing was changed)"
+        )
+
+
+def signed(config: str) -> str:
+    """The YAML text ``config`` after a comment line holding its SHA-256 (``check_unedited``)."""
+    return f"{CONFIG_DIGEST}{hashlib.sha256(config.encode()).hexdigest()}\n{config}"
+
+
+def check_unedited(path: Path) -> None:
+    """Raise ConfigError when the config file ``path``, written ``signed``, was edited since: what
+    follows its digest line no longer has that SHA-256. A resumed run must train its unfinished
+    trials with the config its finished ones had, or one summary would mix two configs. A file
+    without the line (written before it existed) passes."""
+    try:
+        _, found, rest = path.read_text(encoding="utf-8").partition(CONFIG_DIGEST)
+    except (OSError, UnicodeDecodeError):  # the config's loader says what is wrong with the file
+        return
+    if not found:
+        return
+    recorded, _, config = rest.partition("\n")
+    if hashlib.sha256(config.encode()).hexdigest() != recorded.strip():
+        raise ConfigError(
+            f"{path} was edited after the run started (its content no longer has the SHA-256 "
+            f"recorded in it), so a resume would train the unfinished trials with another config "
+            f"than the finished ones; undo the edit, or start a new run with --config (nothing was "
+            f"changed)"
         )
 
 

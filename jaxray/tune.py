@@ -40,17 +40,22 @@ from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep
 from jaxray.reporting.sweep import markdown_summary, write_reports
 from jaxray.runs import (
     EXPERIMENT_FILE,
+    EXPERIMENT_HEADER,
     FILES,
     RUN_DIRS,
     SUMMARY_JSON,
     TRAIN_DIR,
     RunFolderError,
+    check_not_nested,
+    check_unedited,
     exclusive,
+    signed,
     sweep_ranking,
+    written_whole,
 )
 
 INTERRUPTED = 130  # exit code of an interrupted run (as a shell reports Ctrl+C)
-# Where --overwrite keeps the earlier run's results until the new run ends with a finished trial.
+# Where --overwrite keeps the earlier run's results until the new run ends complete (settle_aside).
 ASIDE_DIR = ".overwritten"
 # Below this much free space on the run folder's disk, a sweep that stops is said to have filled it.
 FULL_DISK_BYTES = 64 << 20
@@ -95,7 +100,7 @@ def check_out(out: Path, overwrite: bool) -> list[Path]:
     """The earlier run's results in the folder ``out`` (what jaxray writes there; ``runs.exclusive``
     refuses a file), checked before anything runs: refuse earlier results without ``overwrite``,
     and a folder that still holds the results an earlier ``--overwrite`` set aside. Raises
-    ConfigError."""
+    ConfigError, or RunFolderError for a folder in another run's or holding one (``check_not_nested``)."""
     if (out / ASIDE_DIR).exists():
         raise ConfigError(
             f"{out / ASIDE_DIR} holds the results of a run that an interrupted --overwrite set aside; "
@@ -116,6 +121,7 @@ def check_out(out: Path, overwrite: bool) -> list[Path]:
             f"{out} already holds the results of an earlier run ({', '.join(p.name for p in ours)}); "
             f"pass --overwrite to replace them{resume}, or choose another --out"
         )
+    check_not_nested(out, ours)
     return ours
 
 
@@ -131,17 +137,22 @@ def set_aside(out: Path, ours: list[Path]) -> Path | None:
     return aside
 
 
-def settle_aside(out: Path, aside: Path | None, results: list[TrialRows], interrupted: bool = False) -> None:
-    """When the new run ends: the earlier results are deleted if a new trial finished; if none did,
-    the new run's files are removed and the earlier ones put back, and the terminal says so. A run
-    that was ``interrupted`` (a Ctrl-C that came too early for Tune to act on) keeps both."""
+def settle_aside(out: Path, aside: Path | None, results: list[TrialRows], complete: bool) -> None:
+    """When the new run ends: the earlier results are deleted only if it is ``complete`` (every
+    trial of every sweep finished and the reports written: exit 0). If no trial finished, the new
+    run's files are removed and the earlier ones put back; otherwise (a trial failed, or the run was
+    interrupted, after one finished) both are kept. The terminal says which."""
     if aside is None:
         return
-    if interrupted and finished(results):
-        print(f"error: interrupted; the earlier run's results are kept in {aside}", file=sys.stderr)
+    if complete:
+        shutil.rmtree(aside)
         return
     if finished(results):
-        shutil.rmtree(aside)
+        print(
+            f"error: the new run did not finish every trial, so the earlier run's results are kept in "
+            f"{aside}; delete that folder once you do not need them",
+            file=sys.stderr,
+        )
         return
     for name in (*FILES, *RUN_DIRS, EXPERIMENT_FILE):
         path = out / name
@@ -167,17 +178,11 @@ def save_experiment(out: Path, exp: ExperimentConfig) -> Path:
         if value is not None and "://" not in value:
             config["data"][key] = str(Path(value).absolute())
     text = yaml.safe_dump(config, sort_keys=False)
-    partial = path.with_name(f".{EXPERIMENT_FILE}.partial")  # then renamed: never a truncated config
-    try:
+    with written_whole(path) as partial:  # never a truncated config
         partial.write_text(
-            f"# The resolved experiment config of this run, written by python -m jaxray.tune;\n"
-            f"# python -m jaxray.tune --resume {out} reads it.\n{text}",
+            f"{EXPERIMENT_HEADER}# python -m jaxray.tune --resume <this folder> reads it.\n{signed(text)}",
             encoding="utf-8",
         )
-    except OSError:
-        partial.unlink(missing_ok=True)
-        raise
-    partial.replace(path)
     return path
 
 
@@ -196,6 +201,7 @@ def load_resume(out: Path, overrides: dict[str, Any] | None = None) -> Experimen
             f"python -m jaxray.tune run that can be resumed (a run saves it before its first "
             f"trial)"
         )
+    check_unedited(saved)
     return load_experiment(saved, overrides)
 
 
@@ -235,12 +241,13 @@ def load_sweep_arrays(exp: ExperimentConfig) -> dict[str, tuple]:
 
 def prepare(
     args: argparse.Namespace, stack: contextlib.ExitStack
-) -> tuple[ExperimentConfig, Path, dict[str, tuple], Path | None]:
-    """(the experiment, the output folder, each sweep's arrays, where the earlier run's results were
-    set aside) after every check that can fail on the user's input, before the first trial starts;
-    Ray is up when it returns. Nothing of an earlier run is moved until every check, the cluster's
-    included, has passed. The output folder is held (``runs.exclusive``) until ``stack`` closes.
-    Raises ConfigError, DataFileError or RunFolderError (another run holds the folder)."""
+) -> tuple[ExperimentConfig, Path, dict[str, tuple], list[Path]]:
+    """(the experiment, the output folder, each sweep's arrays, the earlier run's results there that
+    ``--overwrite`` replaces) after every check that can fail on the user's input, before the first
+    trial starts; Ray is up when it returns. Nothing is moved or written here: the caller sets the
+    earlier results aside (``set_aside``) once every check, the cluster's included, has passed. The
+    output folder is held (``runs.exclusive``) until ``stack`` closes. Raises ConfigError,
+    DataFileError or RunFolderError (another run holds the folder)."""
     resume = args.resume is not None
     overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
     if resume:  # nothing in the folder is moved or removed
@@ -267,7 +274,7 @@ def prepare(
         parquet_rows(exp) if exp.data.parquet else {w: num_rows(train) for w, (train, _) in arrays.items()},
     )
     check_gpus(exp, init_ray(exp))
-    return exp, out, arrays, set_aside(out, ours)
+    return exp, out, arrays, ours
 
 
 def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
@@ -311,6 +318,7 @@ def resume_hint(out: Path, resume: bool, results: list[TrialRows]) -> str:
     """How to finish an interrupted run; empty when there is nothing of it to resume: with earlier
     results set aside and no trial finished, settle_aside puts them back."""
     kept = resume or finished(results) or not (out / ASIDE_DIR).exists()
+    kept = kept and (out / EXPERIMENT_FILE).is_file()  # else the new run had not started
     return f"; the state is saved. Resume with: python -m jaxray.tune --resume {out}" if kept else ""
 
 
@@ -345,16 +353,25 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     """``main`` with the output folder held until ``stack`` closes."""
     resume = args.resume is not None
     try:
-        exp, out, arrays, aside = prepare(args, stack)
+        interrupts.stop_if_interrupted()  # a Ctrl-C during the imports was only recorded
+        exp, out, arrays, ours = prepare(args, stack)
     except (ConfigError, DataFileError, RunFolderError) as err:
         print(f"error: {err}", file=sys.stderr)
         ray.shutdown()
         return 2
+    except KeyboardInterrupt:
+        print("error: interrupted before the run started; nothing was changed", file=sys.stderr)
+        ray.shutdown()
+        return INTERRUPTED
     results: list[TrialRows] = []
+    aside, code = None, None
     try:
+        with interrupts.deferred():  # the renames are never left half-done
+            aside = set_aside(out, ours)
         if not resume:
             save_experiment(out, exp)
-        return run_sweeps(exp, out, arrays, resume, results)
+        code = run_sweeps(exp, out, arrays, resume, results)
+        return code
     except KeyboardInterrupt:  # before Tune took over Ctrl-C: settle_aside decides, as after Tune's
         print(f"error: interrupted{resume_hint(out, resume, results)}", file=sys.stderr)
         return INTERRUPTED
@@ -374,7 +391,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             aside = None
         raise
     finally:
-        settle_aside(out, aside, results, interrupts.interrupted())
+        settle_aside(out, aside, results, complete=code == 0)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from full_disk import fill, small_tmpfs
 
 from jaxray.config import ConfigError
 from jaxray.config.experiment import load_experiment
-from jaxray.runs import EXPERIMENT_FILE, SUMMARY_JSON, TRAIN_DIR
+from jaxray.runs import EXPERIMENT_FILE, SUMMARY_JSON, TRAIN_DIR, RunFolderError
 from jaxray.tune import (
     ASIDE_DIR,
     check_out,
@@ -128,9 +128,25 @@ def test_overwrite_keeps_the_earlier_run_aside_until_a_new_trial_finishes(tmp_pa
     ):
         check_out(tmp_path, overwrite=True)  # a second overwrite never touches set-aside results
     (tmp_path / SUMMARY_JSON).write_text('{"rows": ["new"]}')
-    settle_aside(tmp_path, aside, [({"trial": "t0", "test_accuracy": 0.8}, [])])
+    settle_aside(tmp_path, aside, [({"trial": "t0", "test_accuracy": 0.8}, [])], complete=True)
     assert not aside.exists() and (tmp_path / SUMMARY_JSON).read_text() == '{"rows": ["new"]}'
     assert "notes.txt" in files(tmp_path) and len(before) == 4
+
+
+def test_a_new_run_that_did_not_finish_every_trial_keeps_both(tmp_path, capsys):
+    # One trial finished, then one failed or the run was interrupted (a fresh user lost an earlier,
+    # better run so: the new run's first finished trial was enough to delete it).
+    before = earlier_run(tmp_path)
+    aside = set_aside(tmp_path, check_out(tmp_path, overwrite=True))
+    (tmp_path / SUMMARY_JSON).write_text('{"rows": ["new"]}')
+    rows = [({"trial": "t0", "test_accuracy": 0.8}, []), ({"trial": "t1", "error": "RuntimeError: boom"}, [])]
+    settle_aside(tmp_path, aside, rows, complete=False)
+    assert files(aside) == {k: v for k, v in before.items() if k != "notes.txt"}
+    assert (tmp_path / SUMMARY_JSON).read_text() == '{"rows": ["new"]}'
+    assert (
+        f"did not finish every trial, so the earlier run's results are kept in {aside}"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_new_run_with_no_finished_trial_puts_the_earlier_results_back(tmp_path, capsys):
@@ -138,7 +154,7 @@ def test_a_new_run_with_no_finished_trial_puts_the_earlier_results_back(tmp_path
     aside = set_aside(tmp_path, check_out(tmp_path, overwrite=True))
     save_experiment(tmp_path, load_experiment(ROOT / "tune_configs/demo.yaml"))  # the new run's files
     (tmp_path / TRAIN_DIR).mkdir()
-    settle_aside(tmp_path, aside, [({"trial": "t0", "error": "RuntimeError: boom"}, [])])
+    settle_aside(tmp_path, aside, [({"trial": "t0", "error": "RuntimeError: boom"}, [])], complete=False)
     assert files(tmp_path) == before and not aside.exists()
     assert f"the earlier run's results are back in {tmp_path}" in capsys.readouterr().err
 
@@ -212,3 +228,39 @@ def test_the_saved_config_is_whole_or_absent_on_a_full_disk(tmp_path):
         with pytest.raises(OSError, match="No space left on device"):
             save_experiment(disk / "run", exp)
         assert not any((disk / "run").iterdir())  # no truncated experiment.yaml for --resume to misread
+
+
+def test_resume_refuses_an_experiment_yaml_edited_after_the_run_started(tmp_path):
+    saved = save_experiment(tmp_path, load_experiment(ROOT / "tune_configs/smoke.yaml"))
+    assert load_resume(tmp_path).experiment == "smoke"  # as written: accepted
+    text = saved.read_text()
+    saved.write_text(text.replace("steps: 20", "steps: 40"))
+    with pytest.raises(ConfigError, match="was edited after the run started") as err:
+        load_resume(tmp_path)
+    assert str(saved) in str(err.value) and "undo the edit, or start a new run" in str(err.value)
+    # A folder written before the digest line existed: its config is taken as it is.
+    saved.write_text("\n".join(line for line in text.splitlines() if "SHA-256" not in line))
+    assert load_resume(tmp_path).experiment == "smoke"
+
+
+def test_a_run_folder_inside_another_run_is_refused(tmp_path):
+    # A fresh user ran a sweep with --out in another run's checkpoint folder: evaluate on that
+    # checkpoint took no notice of it, and the outer run's next --overwrite deleted it.
+    outer = tmp_path / "outer"
+    earlier_run(outer)
+    inner = outer / TRAIN_DIR / "trial_0" / "checkpoint_step_00000004_attempt1" / "run"
+    with pytest.raises(RunFolderError, match=re.escape(f"--out {inner} lies in the run folder {outer}")):
+        check_out(inner, overwrite=False)
+    # An experiment.yaml of the user's own (a config, not a run's) is no run folder.
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / EXPERIMENT_FILE).write_text("experiment: mine\n")
+    assert check_out(tmp_path / "project" / "runs" / "x", overwrite=False) == []
+
+
+def test_an_overwrite_that_would_delete_a_run_inside_the_earlier_one_is_refused(tmp_path):
+    before = earlier_run(tmp_path / "outer")
+    nested = tmp_path / "outer" / TRAIN_DIR / "trial_0" / "run"
+    save_experiment(nested, load_experiment(ROOT / "tune_configs/smoke.yaml"))
+    with pytest.raises(RunFolderError, match=re.escape(f"{nested} is another run's folder inside")):
+        check_out(tmp_path / "outer", overwrite=True)
+    assert set(before) <= set(files(tmp_path / "outer")) and not (tmp_path / "outer" / ASIDE_DIR).exists()

@@ -194,7 +194,8 @@ def check_saved_state(out: Path, workload: str) -> None:
 
 def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRows], int]:
     interrupts.stop_if_interrupted()
-    results = tuner.fit()
+    with interrupts.around_fit():
+        results = tuner.fit()
     # On Ctrl+C (SIGINT) Tune saves the experiment's state, then stops the running trials, marking
     # them terminated in memory, and fit() returns as if the sweep had ended. The saved state (what
     # Tuner.restore resumes from) still has them running or pending.

@@ -36,6 +36,7 @@ from jaxray.runs import (
     best_trial,
     ranking_metric,
     record_path,
+    written_whole,
 )
 
 KEY_ORDER = (
@@ -98,12 +99,16 @@ def write_reports(
         {**r, "checkpoint": record_path(out, r["checkpoint"])} if r.get("checkpoint") else r for r in rows
     ]
     # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
-    paths[SUMMARY_JSON].write_text(
-        json.dumps([json_safe(ordered_row(r)) for r in recorded], indent=2, allow_nan=False) + "\n"
-    )
-    paths[SUMMARY_MD].write_text(markdown_summary(rows, ranking))
-    plot_throughput(rows, paths[THROUGHPUT_PLOT])
-    plot_loss_curves(rows, histories, paths[LOSS_PLOT])
+    summary = json.dumps([json_safe(ordered_row(r)) for r in recorded], indent=2, allow_nan=False) + "\n"
+    writers = {
+        SUMMARY_JSON: lambda tmp: tmp.write_text(summary),
+        SUMMARY_MD: lambda tmp: tmp.write_text(markdown_summary(rows, ranking)),
+        THROUGHPUT_PLOT: lambda tmp: plot_throughput(rows, tmp),
+        LOSS_PLOT: lambda tmp: plot_loss_curves(rows, histories, tmp),
+    }
+    for name, write in writers.items():  # each whole or not at all (a full disk)
+        with written_whole(paths[name]) as tmp:
+            write(tmp)
     return paths
 
 

@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from full_disk import fill, small_tmpfs
 
 from jaxray.reporting.sweep import KEY_ORDER, markdown_table, write_reports
 
@@ -190,3 +191,16 @@ def test_the_attention_and_why_are_in_the_summary(tmp_path):
     mlp = [c.strip() for c in next(ln for ln in table if ln.startswith("| m ")).split("|")]
     column = header.index("attention")
     assert tf[column] == f"xla ({note})" and mlp[column] == ""
+
+
+def test_a_full_disk_leaves_no_part_written_report(tmp_path):
+    # A fresh user saw a 0-byte throughput_vs_batch.png left by a run whose disk filled at the end.
+    rows = [mlp_row("mlp_a", 128), mlp_row("mlp_b", 256)]
+    with small_tmpfs(tmp_path / "disk", 1) as disk:
+        filler = fill(disk, leave=8 << 10)  # room for summary.json and summary.md, not for a figure
+        with pytest.raises(OSError, match="No space left on device"):
+            write_reports(disk / "out", rows, {"mlp_a": history(), "mlp_b": history()})
+        left = sorted(p.name for p in (disk / "out").iterdir())
+        assert left == ["summary.json", "summary.md"], left  # each whole; no partial file, no empty PNG
+        assert len(json.loads((disk / "out" / "summary.json").read_text())) == 2
+        filler.unlink()
