@@ -13,6 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from earlier_runs import earlier_run
+from earlier_runs import files as files_of
+
+from jaxray.tune import ASIDE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -79,15 +83,19 @@ def interrupt_after_first_trial(cmd: list[str], env: dict, out: Path, log: Path)
             proc.wait()
 
 
-@pytest.mark.parametrize("moved", [False, True], ids=["in_place", "moved_folder"])
-def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, moved):
-    """``moved``: the interrupted run folder is moved elsewhere first (a copy whose original is
-    gone); its resume must use the folder it is given, never the path the run was started in."""
+@pytest.mark.parametrize("how", ["in_place", "moved_folder", "overwrite"])
+def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, how):
+    """``moved_folder``: the interrupted run folder is moved elsewhere first (a copy whose original
+    is gone); its resume must use the folder it is given, never the path the run was started in.
+    ``overwrite``: the interrupted run was an --overwrite of an earlier run, which is kept whole in
+    .overwritten/ (a fresh user saw it deleted once the new run's first trial had finished)."""
     config, out = tmp_path / "two.yaml", tmp_path / "out"
     config.write_text(TWO_TRIALS)
+    earlier = earlier_run(out) if how == "overwrite" else None
     env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
     rc, first = interrupt_after_first_trial(
-        [sys.executable, "-m", "jaxray.tune", "--config", str(config), "--out", str(out)],
+        [sys.executable, "-m", "jaxray.tune", "--config", str(config), "--out", str(out)]
+        + (["--overwrite"] if earlier else []),
         env,
         out,
         tmp_path / "first.log",
@@ -96,6 +104,9 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, moved):
     first_log = (tmp_path / "first.log").read_text()
     assert rc == 130, first_log[-3000:]
     assert f"Resume with: python -m jaxray.tune --resume {out}" in first_log
+    if earlier:
+        assert f"the earlier run's results are kept in {out / ASIDE_DIR}" in first_log, first_log[-3000:]
+        assert files_of(out / ASIDE_DIR) == {k: v for k, v in earlier.items() if k != "notes.txt"}
     assert not (out / "summary.json").exists()  # an interrupted run writes no reports
     assert final_report(out, second) is None
 
@@ -104,7 +115,7 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, moved):
     before_first = files(out, first)
     before_all = set(out.rglob("*"))
     assert (Path(checkpoint) / "history.json").is_file() and before_first
-    if moved:
+    if how == "moved_folder":
         started_in, out = out, tmp_path / "elsewhere" / "copy"
         out.parent.mkdir()
         started_in.rename(out)
@@ -121,7 +132,7 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, moved):
     )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     assert f"resuming the mlp sweep from {out / 'tune' / 'mlp'}" in proc.stderr
-    if moved:
+    if how == "moved_folder":
         assert str(started_in) not in proc.stdout + proc.stderr, proc.stderr[-5000:]
     assert "Failed to fetch metrics" not in proc.stderr, proc.stderr[-5000:]
 
