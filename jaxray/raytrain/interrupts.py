@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _interrupted = threading.Event()
@@ -56,31 +56,30 @@ def _main_thread() -> bool:  # the only thread where Python runs signal handlers
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[None]:
-    """While inside, a Ctrl-C is recorded as well as raised (in the main thread only, where Python
-    runs signal handlers; elsewhere this does nothing); the earlier handler comes back after."""
+def _handled_by(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """``handler`` takes SIGINT while inside (in the main thread only, where Python runs signal
+    handlers; elsewhere this does nothing); the earlier handler comes back after."""
     if not _main_thread():
         yield
         return
-    earlier = signal.signal(signal.SIGINT, _on_sigint)
+    earlier = signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, earlier)
+
+
+def recording() -> contextlib.AbstractContextManager[None]:
+    """While inside, a Ctrl-C is recorded as well as raised (main thread only)."""
+    return _handled_by(_on_sigint)
 
 
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """While inside, a Ctrl-C is only recorded, then raised (KeyboardInterrupt) on leaving: for a
     step that must not stop half-way (the renames that set an earlier run's results aside)."""
-    if not _main_thread():
+    with _handled_by(_record):
         yield
-        return
-    earlier = signal.signal(signal.SIGINT, _record)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, earlier)
     stop_if_interrupted()
 
 
