@@ -48,7 +48,7 @@ from jaxray.data.batching import Arrays, eval_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays
-from jaxray.inference.load import fingerprint
+from jaxray.inference.load import fingerprint, restore_checked
 from jaxray.inference.sampling import Sampling, encode_prompt, generate, printable, prompt_window
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
@@ -206,7 +206,7 @@ def run(
             trial.model_copy(update={"data": trial.data.model_copy(update={"data_dir": data_dir})})
         )
         mesh = make_mesh(jax.devices()[:1])  # one device: small, and no batch must divide
-        model, params = checkpoint.restore(directory, replicated(mesh))
+        model, params = restore_checked(directory, weights, replicated(mesh))
         batch = eval_batch_size(trial, 1)
         head = {"checkpoint": str(directory), "checkpoint_sha256": weights}
         head |= {"workload": trial.model.workload, "data_dir": data_dir}

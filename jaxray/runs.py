@@ -163,7 +163,9 @@ def check_not_nested(out: Path, replaced: Iterable[Path] = ()) -> None:
     it holds experiment.yaml), or when one of the ``replaced`` folders (what ``--overwrite`` sets
     aside, then deletes) holds another run: a run written into another's ``train/`` is deleted with
     it, and a read of the outer folder's checkpoints takes no notice of it (a fresh user saw both)."""
-    outer = next((p for p in out.parents if written_by_a_run(p / EXPERIMENT_FILE)), None)
+    # Through a symlink too: the folder it leads to is the one written into.
+    above = dict.fromkeys((*out.parents, *out.resolve().parents))
+    outer = next((p for p in above if written_by_a_run(p / EXPERIMENT_FILE)), None)
     if outer is not None:
         raise RunFolderError(
             f"--out {out} lies in the run folder {outer}: a run there would be deleted with that "

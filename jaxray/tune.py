@@ -144,8 +144,11 @@ def settle_aside(out: Path, aside: Path | None, results: list[TrialRows], comple
     interrupted, after one finished) both are kept. The terminal says which."""
     if aside is None:
         return
-    if complete:
-        shutil.rmtree(aside)
+    if not aside.is_dir():
+        print(f"error: {aside} is gone: {out} was moved while the run wrote into it", file=sys.stderr)
+        return
+    if complete:  # renamed first: an rmtree cut short leaves no half of the earlier run under its name
+        shutil.rmtree(aside.rename(aside.with_name(f"{ASIDE_DIR}.deleting")))
         return
     if finished(results):
         print(
@@ -378,11 +381,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     except BaseException as err:
         # A full disk is a failure like a failed trial (settle_aside decides); anything else is a
         # crash, and nothing is decided for the user.
-        message = (
-            full_disk(out, err, keeps_new=aside is None or finished(results))
-            if isinstance(err, Exception)
-            else None
-        )
+        keeps_new = aside is None or finished(results)
+        message = full_disk(out, err, keeps_new) if isinstance(err, Exception) else None
         if message:
             print(f"error: {message}", file=sys.stderr)
             return 1
@@ -391,7 +391,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             aside = None
         raise
     finally:
-        settle_aside(out, aside, results, complete=code == 0)
+        with interrupts.shielded():  # a second Ctrl-C never leaves the put-back or deletion half-done
+            settle_aside(out, aside, results, complete=code == 0)
 
 
 if __name__ == "__main__":

@@ -267,3 +267,30 @@ def test_a_state_of_another_optimiser_names_the_entry_or_the_mismatch(tmp_path, 
         assert_in_words(
             str(err.value), f"{saved / 'opt_state'} could not be restored into the optimiser", expected
         )
+
+
+@pytest.mark.parametrize("reader", ["restore", "restore_state"])
+def test_a_checkpoint_replaced_while_it_is_read_is_refused(tmp_path, state, monkeypatch, reader):
+    # A fresh user moved another checkpoint's params/ in between the digest check and the arrays'
+    # read (what a copy of another checkpoint into the folder does): evaluate used those params and
+    # recorded the first checkpoint's digest. The swap is real; the wrapper only times it.
+    other = init_state(build(TRIAL.model).init(jax.random.key(1)), make_optimizer(1e-3, 0.0))
+    a = checkpoint.save_state(tmp_path / "a", state, TRIAL, [], {})
+    b = checkpoint.save_state(tmp_path / "b", other, TRIAL, [], {})
+    read_tree = checkpoint.restore_tree
+
+    def swapped_then_read(directory, *args):
+        if not (a / "params.orig").exists():
+            (a / "params").rename(a / "params.orig")
+            shutil.copytree(b / "params", a / "params")
+        return read_tree(directory, *args)
+
+    monkeypatch.setattr(checkpoint, "restore_tree", swapped_then_read)
+    read = (
+        checkpoint.restore
+        if reader == "restore"
+        else lambda d: checkpoint.restore_state(d, jax.eval_shape(lambda: state))
+    )
+    with pytest.raises(checkpoint.CheckpointError, match="changed while it was read") as err:
+        read(a)
+    assert str(a) in str(err.value)

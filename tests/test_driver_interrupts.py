@@ -63,3 +63,17 @@ except KeyboardInterrupt:
 
 def test_a_deferred_ctrl_c_is_raised_once_the_step_is_whole():
     assert run(DEFERRED) == "the step went on, then raised"
+
+
+SHIELDED = """
+import os, signal
+from jaxray.raytrain import interrupts
+with interrupts.recording():
+    with interrupts.shielded():
+        os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C during the put-back
+    print("the put-back went on to its end;", "recorded" if interrupts.interrupted() else "lost")
+"""
+
+
+def test_a_shielded_ctrl_c_is_recorded_and_never_raised():
+    assert run(SHIELDED) == "the put-back went on to its end; recorded"

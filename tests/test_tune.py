@@ -129,7 +129,8 @@ def test_overwrite_keeps_the_earlier_run_aside_until_a_new_trial_finishes(tmp_pa
         check_out(tmp_path, overwrite=True)  # a second overwrite never touches set-aside results
     (tmp_path / SUMMARY_JSON).write_text('{"rows": ["new"]}')
     settle_aside(tmp_path, aside, [({"trial": "t0", "test_accuracy": 0.8}, [])], complete=True)
-    assert not aside.exists() and (tmp_path / SUMMARY_JSON).read_text() == '{"rows": ["new"]}'
+    assert not aside.exists() and not (tmp_path / f"{ASIDE_DIR}.deleting").exists()
+    assert (tmp_path / SUMMARY_JSON).read_text() == '{"rows": ["new"]}'
     assert "notes.txt" in files(tmp_path) and len(before) == 4
 
 
@@ -264,3 +265,22 @@ def test_an_overwrite_that_would_delete_a_run_inside_the_earlier_one_is_refused(
     with pytest.raises(RunFolderError, match=re.escape(f"{nested} is another run's folder inside")):
         check_out(tmp_path / "outer", overwrite=True)
     assert set(before) <= set(files(tmp_path / "outer")) and not (tmp_path / "outer" / ASIDE_DIR).exists()
+
+
+def test_an_out_reached_through_a_symlink_into_another_run_is_refused(tmp_path):
+    earlier_run(tmp_path / "outer")
+    (tmp_path / "link").symlink_to(tmp_path / "outer" / TRAIN_DIR)
+    with pytest.raises(RunFolderError, match=re.escape(f"lies in the run folder {tmp_path / 'outer'}")):
+        check_out(tmp_path / "link" / "run", overwrite=False)
+
+
+def test_a_run_folder_moved_during_the_run_is_said_so(tmp_path, capsys):
+    earlier_run(tmp_path / "run")
+    aside = set_aside(tmp_path / "run", check_out(tmp_path / "run", overwrite=True))
+    (tmp_path / "run").rename(tmp_path / "moved")  # the .overwritten/ went with it
+    settle_aside(tmp_path / "run", aside, [({"trial": "t0", "test_accuracy": 0.8}, [])], complete=True)
+    assert (
+        f"{aside} is gone: {tmp_path / 'run'} was moved while the run wrote into it"
+        in capsys.readouterr().err
+    )
+    assert (tmp_path / "moved" / ASIDE_DIR / "summary.json").is_file()  # untouched where it went

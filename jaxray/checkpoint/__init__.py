@@ -42,7 +42,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 from jaxray import runs
-from jaxray.checkpoint.failures import CheckpointError, reading, saving
+from jaxray.checkpoint.failures import CheckpointError, reading, saving, unchanged
 from jaxray.checkpoint.failures import CheckpointSaveError as CheckpointSaveError  # what a failed save raises
 from jaxray.checkpoint.trees import OPTIMISER_ENTRY, abstract, local_copy, restore_tree, save_tree
 from jaxray.config import ModelConfig, TrialConfig
@@ -251,7 +251,8 @@ def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[d
     be read (the cause in words) or was saved for another model or optimiser (naming the entry and
     both shapes)."""
     directory = Path(directory).absolute()
-    return _read_state(directory, target, verify(directory))
+    with unchanged(directory):
+        return _read_state(directory, target, verify(directory))
 
 
 def _read_state(directory: Path, target: Any, doc: dict) -> tuple[Any, dict, list[dict]]:
@@ -333,11 +334,12 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
     """
     directory = Path(directory).absolute()
     _require_checkpoint(directory)
-    open_for_reading(directory)
-    model = build(load_model_config(directory))
-    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
-    params = restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")
+    with unchanged(directory):
+        open_for_reading(directory)
+        model = build(load_model_config(directory))
+        sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
+        params = restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")
     return model, params
 
 

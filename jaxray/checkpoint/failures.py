@@ -97,3 +97,30 @@ def reading(folder: Path) -> Iterator[None]:
         yield
     except OSError as err:
         raise CheckpointError(f"{folder} cannot be read: {cause(err)}") from None
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, ...]] | None:
+    """(device, inode, size, mtime) of every file under ``directory``; None when it cannot be read."""
+    try:
+        return {
+            str(p.relative_to(directory)): (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns)
+            for p in sorted(directory.rglob("*"))
+            if p.is_file() and (s := p.stat())
+        }
+    except OSError:
+        return None
+
+
+@contextmanager
+def unchanged(directory: Path) -> Iterator[None]:
+    """Raise CheckpointError when a file of ``directory`` was replaced, added or removed while the
+    block read it: the digests are checked first and the arrays read after, from the same paths, so
+    a checkpoint copied over another between the two would be used unverified (a fresh user had
+    evaluate report one checkpoint's digest for another's params so)."""
+    before = _snapshot(directory)
+    yield
+    if _snapshot(directory) != before:
+        raise CheckpointError(
+            f"{directory} changed while it was read (a file was replaced, added or removed), so what "
+            f"was read is not what was verified; read it again once nothing writes to it"
+        )

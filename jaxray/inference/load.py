@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import jax
+from jax.sharding import Sharding
 
 from jaxray import checkpoint
 from jaxray.config import ModelConfig
@@ -25,6 +27,7 @@ from jaxray.inference import kv_decode
 from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest, sha256
 from jaxray.inference.engine import Engine, Programs, check_keep, compiled_buckets
 from jaxray.inference.settings import EngineSettings
+from jaxray.models import Model
 
 
 def is_artifact(path: str | Path) -> bool:
@@ -91,8 +94,24 @@ def load_engine(
     if is_artifact(path):
         return engine_from_artifact(path, settings)
     resolved = check_checkpoint(path, settings)
-    model, params = checkpoint.restore(resolved)
+    model, params = restore_checked(resolved, expected)  # a folder replaced since the check: refused
     return Engine.for_model(model, params, settings, source=str(resolved))
+
+
+def restore_checked(
+    directory: str | Path, expected: str | None, sharding: Sharding | None = None
+) -> tuple[Model, Any]:
+    """``checkpoint.restore``, then a check that the weights restored still have the ``fingerprint``
+    ``expected`` (the caller's, taken when it checked them; None: nothing to compare): a folder
+    replaced between that check and the restore is refused, not read as the checked weights.
+    Raises CheckpointError as ``checkpoint.restore`` does, and naming both digests."""
+    model, params = checkpoint.restore(directory, sharding)
+    if expected is not None and (now := fingerprint(directory)) != expected:
+        raise checkpoint.CheckpointError(
+            f"{directory} changed while it was read (its digest manifest's SHA-256 was {expected} "
+            f"when it was checked, is {now}); read it again once nothing writes to it"
+        )
+    return model, params
 
 
 def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:

@@ -74,11 +74,17 @@ def recording() -> contextlib.AbstractContextManager[None]:
     return _handled_by(_on_sigint)
 
 
+def shielded() -> contextlib.AbstractContextManager[None]:
+    """While inside, a Ctrl-C is only recorded (main thread only): for a step that must not stop
+    half-way and ends the command anyway (putting an earlier run's results back)."""
+    return _handled_by(_record)
+
+
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
-    """While inside, a Ctrl-C is only recorded, then raised (KeyboardInterrupt) on leaving: for a
-    step that must not stop half-way (the renames that set an earlier run's results aside)."""
-    with _handled_by(_record):
+    """``shielded``, then KeyboardInterrupt on leaving when Ctrl-C was pressed: for a step that must
+    not stop half-way, before others that must not start (setting an earlier run's results aside)."""
+    with shielded():
         yield
     stop_if_interrupted()
 
