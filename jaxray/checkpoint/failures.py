@@ -101,14 +101,19 @@ def reading(folder: Path) -> Iterator[None]:
 
 def _snapshot(directory: Path) -> dict[str, tuple[int, ...]] | None:
     """(device, inode, size, mtime) of every file under ``directory``; None when it cannot be read."""
+    found: dict[str, tuple[int, ...]] = {}
     try:
-        return {
-            str(p.relative_to(directory)): (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns)
-            for p in sorted(directory.rglob("*"))
-            if p.is_file() and (s := p.stat())
-        }
+        for root, _, names in os.walk(directory, onerror=_raise):  # os.walk: a few ms less than rglob
+            for name in names:
+                s = os.stat(os.path.join(root, name))
+                found[os.path.join(root, name)] = (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns)
     except OSError:
         return None
+    return found
+
+
+def _raise(err: OSError) -> None:  # os.walk's errors are ignored unless a handler raises them
+    raise err
 
 
 @contextmanager
