@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import os
+import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,6 +57,8 @@ RUN_DIRS = (TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR)  # what a run writes besides t
 LOCK_FILE = ".jaxray.lock"  # held by the one command writing into the folder (``exclusive``)
 # experiment.yaml's line holding the SHA-256 of the config below it (``signed``, ``check_unedited``).
 CONFIG_DIGEST = "# SHA-256 of the config below it (--resume refuses an edited config): "
+# Below this much free space on the run folder's disk, a sweep that stops is said to have filled it.
+FULL_DISK_BYTES = 64 << 20
 COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the trial's compiled step
 # Ranks a workload that no sweep and no default names (a hand-written row).
 FALLBACK_METRIC = ("test_accuracy", "max")
@@ -370,3 +373,24 @@ def folder_path(run_dir: str | Path, recorded: str, what: str = "a path") -> Pat
         mapped,
     )
     return mapped
+
+
+def full_disk(out: Path, err: Exception, keeps_new: bool = True) -> str | None:
+    """The message for a sweep stopped by ``err`` while the disk holding ``out`` is full (less than
+    ``FULL_DISK_BYTES`` free), else None. Ray Tune and Train write their own state into the run
+    folder too; with the disk full to the last byte they fail in ways of their own (Tune 2.60 then
+    raises ``EOFError`` reading an empty ``error.pkl``), so the cause is told from the disk. Unless
+    the run ``keeps_new`` (an ``--overwrite`` none of whose trials finished: its files are removed and
+    the earlier run's put back), it names the checkpoints the new run saved."""
+    try:
+        free = shutil.disk_usage(out).free
+    except OSError:
+        return None
+    if free >= FULL_DISK_BYTES:
+        return None
+    return (
+        f"the sweep stopped ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}) with "
+        f"the disk holding {out} full ({free} bytes free), so neither the trials nor Ray could save "
+        f"their state.{f' The checkpoints saved before are kept in {out / TRAIN_DIR};' if keeps_new else ''} "
+        f"Free space, then run the sweep again"
+    )

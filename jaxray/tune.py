@@ -44,11 +44,11 @@ from jaxray.runs import (
     FILES,
     RUN_DIRS,
     SUMMARY_JSON,
-    TRAIN_DIR,
     RunFolderError,
     check_not_nested,
     check_unedited,
     exclusive,
+    full_disk,
     signed,
     sweep_ranking,
     written_whole,
@@ -57,8 +57,6 @@ from jaxray.runs import (
 INTERRUPTED = 130  # exit code of an interrupted run (as a shell reports Ctrl+C)
 # Where --overwrite keeps the earlier run's results until the new run ends complete (settle_aside).
 ASIDE_DIR = ".overwritten"
-# Below this much free space on the run folder's disk, a sweep that stops is said to have filled it.
-FULL_DISK_BYTES = 64 << 20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -144,11 +142,12 @@ def settle_aside(out: Path, aside: Path | None, results: list[TrialRows], comple
     interrupted, after one finished) both are kept. The terminal says which."""
     if aside is None:
         return
-    if not aside.is_dir():
-        print(f"error: {aside} is gone: {out} was moved while the run wrote into it", file=sys.stderr)
+    if not aside.is_dir():  # moved: run_sweeps' caller has said so
         return
     if complete:  # renamed first: an rmtree cut short leaves no half of the earlier run under its name
-        shutil.rmtree(aside.rename(aside.with_name(f"{ASIDE_DIR}.deleting")))
+        doomed = aside.with_name(f"{ASIDE_DIR}.deleting")
+        shutil.rmtree(doomed, ignore_errors=True)  # one a killed deletion left: condemned already
+        shutil.rmtree(aside.rename(doomed))
         return
     if finished(results):
         print(
@@ -325,31 +324,15 @@ def resume_hint(out: Path, resume: bool, results: list[TrialRows]) -> str:
     return f"; the state is saved. Resume with: python -m jaxray.tune --resume {out}" if kept else ""
 
 
-def full_disk(out: Path, err: Exception, keeps_new: bool = True) -> str | None:
-    """The message for a sweep stopped by ``err`` while the disk holding ``out`` is full (less than
-    ``FULL_DISK_BYTES`` free), else None. Ray Tune and Train write their own state into the run
-    folder too; with the disk full to the last byte they fail in ways of their own (Tune 2.60 then
-    raises ``EOFError`` reading an empty ``error.pkl``), so the cause is told from the disk. Unless
-    the run ``keeps_new`` (an ``--overwrite`` none of whose trials finished: its files are removed and
-    the earlier run's put back), it names the checkpoints the new run saved."""
-    try:
-        free = shutil.disk_usage(out).free
-    except OSError:
-        return None
-    if free >= FULL_DISK_BYTES:
-        return None
-    return (
-        f"the sweep stopped ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}) with "
-        f"the disk holding {out} full ({free} bytes free), so neither the trials nor Ray could save "
-        f"their state.{f' The checkpoints saved before are kept in {out / TRAIN_DIR};' if keeps_new else ''} "
-        f"Free space, then run the sweep again"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with interrupts.recording(), contextlib.ExitStack() as stack:
-        return _run(args, stack)
+    with interrupts.recording():
+        stack = contextlib.ExitStack()
+        try:
+            return _run(args, stack)
+        finally:
+            with interrupts.shielded():  # a late Ctrl-C while the folder's lock is released
+                stack.close()
 
 
 def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
@@ -374,6 +357,13 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         if not resume:
             save_experiment(out, exp)
         code = run_sweeps(exp, out, arrays, resume, results)
+        if aside is not None and not aside.is_dir():
+            print(
+                f"error: {out} was moved while the run wrote into it, so it holds part of the new run "
+                f"at most; the earlier run's results are in the {ASIDE_DIR}/ of the folder it became",
+                file=sys.stderr,
+            )
+            code = 1
         return code
     except KeyboardInterrupt:  # before Tune took over Ctrl-C: settle_aside decides, as after Tune's
         print(f"error: interrupted{resume_hint(out, resume, results)}", file=sys.stderr)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -269,20 +270,35 @@ def test_a_state_of_another_optimiser_names_the_entry_or_the_mismatch(tmp_path, 
         )
 
 
+def rewrite_in_place_keeping_mtime(a: Path, _b: Path) -> None:
+    """Flip a byte of the largest params file where it is, then set its times back (cp -p, touch -r)."""
+    victim = largest_params_file(a)
+    times = victim.stat()
+    flip_a_byte(victim)
+    os.utime(victim, ns=(times.st_atime_ns, times.st_mtime_ns))
+
+
+def move_the_others_params_in(a: Path, b: Path) -> None:
+    (a / "params").rename(a / "params.orig")
+    shutil.copytree(b / "params", a / "params")
+
+
+@pytest.mark.parametrize("swap", [move_the_others_params_in, rewrite_in_place_keeping_mtime])
 @pytest.mark.parametrize("reader", ["restore", "restore_state"])
-def test_a_checkpoint_replaced_while_it_is_read_is_refused(tmp_path, state, monkeypatch, reader):
+def test_a_checkpoint_replaced_while_it_is_read_is_refused(tmp_path, state, monkeypatch, reader, swap):
     # A fresh user moved another checkpoint's params/ in between the digest check and the arrays'
     # read (what a copy of another checkpoint into the folder does): evaluate used those params and
-    # recorded the first checkpoint's digest. The swap is real; the wrapper only times it.
+    # recorded the first checkpoint's digest; the next one rewrote a file in place and set its mtime
+    # back. The changes are real; the wrapper only times them.
     other = init_state(build(TRIAL.model).init(jax.random.key(1)), make_optimizer(1e-3, 0.0))
     a = checkpoint.save_state(tmp_path / "a", state, TRIAL, [], {})
     b = checkpoint.save_state(tmp_path / "b", other, TRIAL, [], {})
-    read_tree = checkpoint.restore_tree
+    read_tree, done = checkpoint.restore_tree, []
 
     def swapped_then_read(directory, *args):
-        if not (a / "params.orig").exists():
-            (a / "params").rename(a / "params.orig")
-            shutil.copytree(b / "params", a / "params")
+        if not done:
+            swap(a, b)
+            done.append(swap)
         return read_tree(directory, *args)
 
     monkeypatch.setattr(checkpoint, "restore_tree", swapped_then_read)

@@ -100,13 +100,21 @@ def reading(folder: Path) -> Iterator[None]:
 
 
 def _snapshot(directory: Path) -> dict[str, tuple[int, ...]] | None:
-    """(device, inode, size, mtime) of every file under ``directory``; None when it cannot be read."""
+    """(device, inode, size, mtime, ctime) of every file under ``directory``; None when it cannot be
+    read."""
     found: dict[str, tuple[int, ...]] = {}
     try:
         for root, _, names in os.walk(directory, onerror=_raise):  # os.walk: a few ms less than rglob
             for name in names:
                 s = os.stat(os.path.join(root, name))
-                found[os.path.join(root, name)] = (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns)
+                # ctime too: a rewrite in place whose mtime was set back (cp -p, touch -r) changes it
+                found[os.path.join(root, name)] = (
+                    s.st_dev,
+                    s.st_ino,
+                    s.st_size,
+                    s.st_mtime_ns,
+                    s.st_ctime_ns,
+                )
     except OSError:
         return None
     return found

@@ -23,6 +23,7 @@ first; the decode state is a flat tuple (the manifest's ``state_leaves``)::
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import warnings
 from collections.abc import Callable
@@ -129,23 +130,29 @@ def read_artifact_manifest(directory: str | Path) -> dict:
     return manifest
 
 
-def verify_files(directory: Path, manifest: dict) -> None:
-    """Check every file the manifest lists (weights and programs) against its sha256, before any is
-    read. ArtifactError naming the first file that is missing, or whose sha256 is not the
-    manifest's (both digests given), or a manifest entry without a file or digest."""
+def read_verified(directory: Path, manifest: dict) -> dict[str, bytes]:
+    """Every file the manifest lists (weights and programs), read once into memory and checked
+    against its sha256: {file name: its bytes}. What is used is what was hashed, so a file replaced
+    after the check cannot be loaded in its place (a fresh user swapped weights.npz so). ArtifactError
+    naming the first file that is missing, or whose sha256 is not the manifest's (both digests
+    given), or a manifest entry without a file or digest."""
     files = [manifest["weights"]] + list(manifest["functions"].values())
+    read = {}
     for entry in files:
         if not isinstance(entry, dict) or not entry.get("file") or not entry.get("sha256"):
             raise ArtifactError(f"{directory / ARTIFACT_MANIFEST} lists a file without its name or sha256")
         path = directory / entry["file"]
         if not path.is_file():
             raise ArtifactError(f"{path} is missing")
-        found = sha256(path)
+        data = path.read_bytes()
+        found = hashlib.sha256(data).hexdigest()
         if found != entry["sha256"]:
             raise ArtifactError(
                 f"{path} is damaged: {ARTIFACT_MANIFEST} records sha256 {entry['sha256']}, "
                 f"the file has {found}"
             )
+        read[entry["file"]] = data
+    return read
 
 
 def check_versions(manifest: dict) -> None:
@@ -158,10 +165,11 @@ def check_versions(manifest: dict) -> None:
         )
 
 
-def load_weights(path: Path, leaves: list[dict]) -> list:
-    """The weights in manifest order, as device arrays. ArtifactError names a leaf that is missing
-    or not of the manifest's shape and dtype."""
-    with np.load(path, allow_pickle=False) as npz:
+def load_weights(path: Path, leaves: list[dict], data: bytes | None = None) -> list:
+    """The weights in manifest order, as device arrays, from the .npz file ``path`` (or its bytes
+    ``data``, already read). ArtifactError names a leaf that is missing or not of the manifest's
+    shape and dtype."""
+    with np.load(io.BytesIO(data) if data is not None else path, allow_pickle=False) as npz:
         out = []
         for leaf in leaves:
             if leaf["name"] not in npz.files:
@@ -189,7 +197,7 @@ def load_artifact(directory: str | Path) -> Artifact:
     """
     directory = Path(directory)
     manifest = read_artifact_manifest(directory)
-    verify_files(directory, manifest)
+    files = read_verified(directory, manifest)
     check_versions(manifest)
     platform = jax.export.default_export_platform()
     if platform not in manifest["platforms"]:
@@ -199,10 +207,9 @@ def load_artifact(directory: str | Path) -> Artifact:
     exported = {}
     for entry in manifest["functions"].values():
         try:
-            exported[_key(entry)] = jax.export.deserialize(
-                bytearray((directory / entry["file"]).read_bytes())
-            )
+            exported[_key(entry)] = jax.export.deserialize(bytearray(files[entry["file"]]))
         except Exception as err:  # noqa: BLE001 - deserialize raises assorted errors for unreadable blobs
             raise ArtifactError(f"{directory / entry['file']} could not be deserialized: {err}") from None
-    weights = load_weights(directory / manifest["weights"]["file"], manifest["weights"]["leaves"])
+    name = manifest["weights"]["file"]
+    weights = load_weights(directory / name, manifest["weights"]["leaves"], files[name])
     return Artifact(directory, manifest, weights, exported)

@@ -113,3 +113,31 @@ def test_damaged_or_incomplete_artifacts_are_named(artifact, tmp_path):
         load_artifact(copy)
     with pytest.raises(ArtifactError, match="manifest.json is missing"):
         load_artifact(tmp_path)
+
+
+def test_weights_replaced_after_the_check_are_not_loaded(artifact, tmp_path, monkeypatch):
+    # A fresh user renamed other weights (same names, shapes and size) over weights.npz between the
+    # sha256 check and the read: the engine held them. Each file is now read once, and what is
+    # hashed is what is used. The swap is real; the wrapper only times it.
+    import jaxray.inference.artifact_loader as loader  # the module whose read_verified is wrapped
+
+    copy = shutil.copytree(artifact, tmp_path / "copy")
+    with np.load(copy / "weights.npz") as npz:
+        original = {k: npz[k] for k in npz.files}
+    np.savez(
+        tmp_path / "halved.npz", **{k: v * 0.5 if v.dtype.kind == "f" else v for k, v in original.items()}
+    )
+    read = loader.read_verified
+
+    def read_then_swapped(directory, manifest):
+        files = read(directory, manifest)
+        (tmp_path / "halved.npz").rename(copy / "weights.npz")
+        return files
+
+    monkeypatch.setattr(loader, "read_verified", read_then_swapped)
+    loaded = load_artifact(copy)
+    names = [leaf["name"] for leaf in loaded.manifest["weights"]["leaves"]]
+    with np.load(copy / "weights.npz") as swapped:  # the file on disk is the other one now
+        assert any(not np.array_equal(swapped[name], original[name]) for name in names)
+    for name, weight in zip(names, loaded.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(weight), original[name])
