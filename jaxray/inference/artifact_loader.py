@@ -50,13 +50,14 @@ class Artifact:
     path: the artifact directory; manifest: manifest.json as a dict; weights: the params' leaves
     as device arrays, manifest order; exported: ``jax.export.Exported`` keyed like the engine's
     compiled programs: ``("logits", None, None)``, ``("start", bucket, batch)``,
-    ``("decode", None, batch)``.
+    ``("decode", None, batch)``; manifest_sha256: the SHA-256 of the manifest.json bytes read.
     """
 
     path: Path
     manifest: dict
     weights: list
     exported: dict
+    manifest_sha256: str = ""  # of the manifest.json bytes every file was checked against
     _jitted: dict = field(default_factory=dict, repr=False)
 
     def program(self, key: tuple) -> Callable[..., Any]:
@@ -113,11 +114,18 @@ def sha256(path: Path) -> str:
 
 def read_artifact_manifest(directory: str | Path) -> dict:
     """manifest.json of an artifact. Raises ArtifactError if missing, damaged or of another format."""
+    return _parsed_manifest(directory)[0]
+
+
+def _parsed_manifest(directory: str | Path) -> tuple[dict, str]:
+    """(manifest.json of an artifact, the SHA-256 of the bytes parsed); raises as
+    ``read_artifact_manifest``."""
     path = Path(directory) / ARTIFACT_MANIFEST
     if not path.is_file():
         raise ArtifactError(f"{directory} is not an export artifact: {ARTIFACT_MANIFEST} is missing")
     try:
-        manifest = json.loads(path.read_text())
+        data = path.read_bytes()
+        manifest = json.loads(data)
     except ValueError as err:
         raise ArtifactError(f"{path} is damaged: {err}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -127,7 +135,7 @@ def read_artifact_manifest(directory: str | Path) -> dict:
             f"{path} has format_version {manifest.get('format_version')!r}; "
             f"this loader reads {FORMAT_VERSION}"
         )
-    return manifest
+    return manifest, hashlib.sha256(data).hexdigest()
 
 
 def read_verified(directory: Path, manifest: dict) -> dict[str, bytes]:
@@ -196,7 +204,7 @@ def load_artifact(directory: str | Path) -> Artifact:
     for this machine's platform. Warns when the JAX minor version differs from the exporter's.
     """
     directory = Path(directory)
-    manifest = read_artifact_manifest(directory)
+    manifest, manifest_sha256 = _parsed_manifest(directory)
     files = read_verified(directory, manifest)
     check_versions(manifest)
     platform = jax.export.default_export_platform()
@@ -212,4 +220,4 @@ def load_artifact(directory: str | Path) -> Artifact:
             raise ArtifactError(f"{directory / entry['file']} could not be deserialized: {err}") from None
     name = manifest["weights"]["file"]
     weights = load_weights(directory / name, manifest["weights"]["leaves"], files[name])
-    return Artifact(directory, manifest, weights, exported)
+    return Artifact(directory, manifest, weights, exported, manifest_sha256)

@@ -92,7 +92,7 @@ def load_engine(
             f"restart the server to serve the new ones"
         )
     if is_artifact(path):
-        return engine_from_artifact(path, settings)
+        return engine_from_artifact(path, settings, expected)
     resolved = check_checkpoint(path, settings)
     model, params = restore_checked(resolved, expected)  # a folder replaced since the check: refused
     return Engine.for_model(model, params, settings, source=str(resolved))
@@ -152,11 +152,20 @@ def _decode_chunk(exported: dict, state_tree, params, state, max_steps):
     return jax.tree.unflatten(state_tree, leaves), tokens, counts
 
 
-def engine_from_artifact(path: str | Path, settings: EngineSettings | None = None) -> Engine:
+def engine_from_artifact(
+    path: str | Path, settings: EngineSettings | None = None, expected: str | None = None
+) -> Engine:
     """An ``Engine`` whose programs call an artifact's exported functions; its params are the
     artifact's flat weights. Raises ArtifactError (a ValueError) for a damaged artifact, ValueError
-    naming the setting when ``settings`` asks for programs the artifact lacks (``settings_for``)."""
+    naming the setting when ``settings`` asks for programs the artifact lacks (``settings_for``),
+    CheckpointError when the manifest read is not the one whose ``fingerprint`` is ``expected`` (a
+    folder swapped in after the caller's check)."""
     artifact = load_artifact(path)
+    if expected is not None and artifact.manifest_sha256 != expected:
+        raise checkpoint.CheckpointError(
+            f"{path} changed while it was read (its manifest's SHA-256 was {expected} when it was "
+            f"checked, is {artifact.manifest_sha256}); read it again once nothing writes to it"
+        )
     config = ModelConfig.model_validate(artifact.manifest["model"])
     settings = settings_for(artifact.manifest, settings)
     layers = tuple((None, None) for _ in range(config.num_layers))

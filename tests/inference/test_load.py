@@ -3,6 +3,7 @@ cannot be served is refused, naming the path or the setting, before any weights 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -121,3 +122,28 @@ def test_weights_replaced_after_the_check_are_refused_by_their_fingerprint(
         with pytest.raises(checkpoint.CheckpointError, match="changed after the server checked it") as err:
             load_engine(copy, given, expected=checked)
         assert checked in str(err.value) and fingerprint(copy) in str(err.value)
+
+
+def test_an_artifact_swapped_in_after_the_servers_check_is_refused(artifact, tmp_path, monkeypatch):
+    # A fresh user renamed another, self-consistent export into the folder between a replica's
+    # fingerprint check and its read (2 of 12 tries loaded the other weights). The swap is real;
+    # the wrapper only times it.
+    import jaxray.inference.load as load  # the module whose fingerprint is wrapped
+
+    served = Path(shutil.copytree(artifact, tmp_path / "served"))
+    other = Path(shutil.copytree(artifact, tmp_path / "other"))
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["created_by_test"] = "another export"  # another manifest, every file still consistent
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    expected = load.fingerprint(served)
+    checked = load.fingerprint
+
+    def checked_then_swapped(path):
+        digest = checked(path)
+        served.rename(tmp_path / "served.old")
+        other.rename(served)
+        return digest
+
+    monkeypatch.setattr(load, "fingerprint", checked_then_swapped)
+    with pytest.raises(checkpoint.CheckpointError, match="changed while it was read"):
+        load.load_engine(served, expected=expected)
