@@ -173,11 +173,11 @@ def check_versions(manifest: dict) -> None:
         )
 
 
-def load_weights(path: Path, leaves: list[dict], data: bytes | None = None) -> list:
-    """The weights in manifest order, as device arrays, from the .npz file ``path`` (or its bytes
-    ``data``, already read). ArtifactError names a leaf that is missing or not of the manifest's
-    shape and dtype."""
-    with np.load(io.BytesIO(data) if data is not None else path, allow_pickle=False) as npz:
+def load_weights(path: Path, leaves: list[dict], data: bytes) -> list:
+    """The weights in manifest order, as device arrays, from ``data``, the bytes of the .npz file
+    ``path`` (read and verified once: ``read_verified``). ArtifactError names a leaf that is missing
+    or not of the manifest's shape and dtype."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
         out = []
         for leaf in leaves:
             if leaf["name"] not in npz.files:

@@ -106,12 +106,19 @@ def restore_checked(
     replaced between that check and the restore is refused, not read as the checked weights.
     Raises CheckpointError as ``checkpoint.restore`` does, and naming both digests."""
     model, params = checkpoint.restore(directory, sharding)
-    if expected is not None and (now := fingerprint(directory)) != expected:
-        raise checkpoint.CheckpointError(
-            f"{directory} changed while it was read (its digest manifest's SHA-256 was {expected} "
-            f"when it was checked, is {now}); read it again once nothing writes to it"
-        )
+    if expected is not None:
+        check_read_as_checked(directory, expected, fingerprint(directory))
     return model, params
+
+
+def check_read_as_checked(path: str | Path, expected: str, read: str | None) -> None:
+    """Raise CheckpointError when the weights read from ``path`` (their digest manifest's SHA-256
+    ``read``) are not the ones a caller checked (``expected``): a folder swapped in between."""
+    if read != expected:
+        raise checkpoint.CheckpointError(
+            f"{path} changed while it was read (its digest manifest's SHA-256 was {expected} when "
+            f"it was checked, is {read}); read it again once nothing writes to it"
+        )
 
 
 def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:
@@ -161,11 +168,8 @@ def engine_from_artifact(
     CheckpointError when the manifest read is not the one whose ``fingerprint`` is ``expected`` (a
     folder swapped in after the caller's check)."""
     artifact = load_artifact(path)
-    if expected is not None and artifact.manifest_sha256 != expected:
-        raise checkpoint.CheckpointError(
-            f"{path} changed while it was read (its manifest's SHA-256 was {expected} when it was "
-            f"checked, is {artifact.manifest_sha256}); read it again once nothing writes to it"
-        )
+    if expected is not None:
+        check_read_as_checked(path, expected, artifact.manifest_sha256)
     config = ModelConfig.model_validate(artifact.manifest["model"])
     settings = settings_for(artifact.manifest, settings)
     layers = tuple((None, None) for _ in range(config.num_layers))
