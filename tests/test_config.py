@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tune_cli import tune_cli as run_cli
 
 from jaxray.config import ConfigError, parse_trial
 from jaxray.config.experiment import MODEL_PRESETS, load_experiment
@@ -229,16 +228,6 @@ def test_transformer_checks():
         parse_trial({"model": {"workload": "transformer", "max_seq_len": 64}, "data": {"seq_len": 128}})
 
 
-def run_cli(*args, cwd=ROOT):
-    return subprocess.run(
-        [sys.executable, "-m", "jaxray.tune", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_cli_rejects_a_batch_larger_than_the_data(tmp_path, real_dir):
     big = write(tmp_path, GOOD.replace("global_batch: [256, 512]", "global_batch: [100000]"))
     proc = run_cli("--config", big, "--data-dir", real_dir, "--out", tmp_path / "o")
@@ -265,12 +254,7 @@ def test_cli_keeps_earlier_results_unless_overwrite(tmp_path, real_dir):
 
 def test_cli_rejects_bad_config_before_starting_ray(tmp_path):
     bad = write(tmp_path, GOOD.replace("global_batch: [256, 512]", "global_batch: [256, 510]"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxray.tune", "--config", str(bad), "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli("--config", bad, "--out", tmp_path / "o")
     assert proc.returncode == 2
     assert "global_batch 510 is not divisible by the device count 4" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -3,16 +3,10 @@ folder another run is writing is refused before it reads or moves anything."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from tune_cli import tune_cli
 
 from jaxray.runs import RunFolderError, exclusive
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_held_folder_is_refused_in_another_process_and_left_as_it_was(tmp_path):
@@ -20,14 +14,8 @@ def test_a_held_folder_is_refused_in_another_process_and_left_as_it_was(tmp_path
     with exclusive(out):
         (out / "experiment.yaml").write_text("experiment: first\n")  # the first run's files
         before = {p.name: p.read_bytes() for p in out.iterdir()}
-        proc = subprocess.run(
-            [sys.executable, "-m", "jaxray.tune", "--config", "tune_configs/smoke.yaml"]
-            + ["--out", str(out), "--overwrite"],
-            cwd=ROOT,
-            env={**os.environ, "RAY_ADDRESS": "local"},
-            capture_output=True,
-            text=True,
-            timeout=120,
+        proc = tune_cli(
+            "--config", "tune_configs/smoke.yaml", "--out", out, "--overwrite", env={"RAY_ADDRESS": "local"}
         )
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert f"another python -m jaxray.tune is writing into {out}" in proc.stderr

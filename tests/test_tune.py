@@ -5,13 +5,12 @@ saved experiment.yaml round-trips. (The resume itself: tests/integration/test_tu
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from earlier_runs import earlier_run, files
 from full_disk import fill, small_tmpfs
+from tune_cli import tune_cli as tune
 
 from jaxray.config import ConfigError
 from jaxray.config.experiment import load_experiment
@@ -29,12 +28,6 @@ from jaxray.tune import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def tune(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "jaxray.tune", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
 
 
 def test_resume_of_a_missing_folder(tmp_path):

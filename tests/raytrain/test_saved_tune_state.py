@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tune_cli import tune_cli
 
 from jaxray.config import ConfigError
 from jaxray.config.experiment import load_experiment
@@ -84,14 +85,7 @@ def test_resume_refuses_a_missing_tuner_file_before_ray_starts_and_changes_nothi
     run = copy_of(saved_run, tmp_path)
     (run / "tune" / "mlp" / "tuner.pkl").unlink()
     before = files(run)
-    done = subprocess.run(
-        [sys.executable, "-m", "jaxray.tune", "--resume", str(run)],
-        cwd=ROOT,
-        env={**os.environ, "RAY_ADDRESS": "local"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = tune_cli("--resume", run, env={"RAY_ADDRESS": "local"})
     assert done.returncode == 2, done.stderr[-3000:]
     assert (
         f"{run / 'tune' / 'mlp' / 'tuner.pkl'}, part of the saved Tune state of the mlp sweep, is missing"
