@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -270,34 +272,58 @@ def test_a_state_of_another_optimiser_names_the_entry_or_the_mismatch(tmp_path, 
         )
 
 
-def rewrite_in_place_keeping_mtime(a: Path, _b: Path) -> None:
+def rewrite_in_place_keeping_mtime(a: Path, _b: Path) -> Callable[[], None]:
     """Flip a byte of the largest params file where it is, then set its times back (cp -p, touch -r)."""
     victim = largest_params_file(a)
     times = victim.stat()
-    flip_a_byte(victim)
-    os.utime(victim, ns=(times.st_atime_ns, times.st_mtime_ns))
+
+    def change() -> None:
+        flip_a_byte(victim)
+        os.utime(victim, ns=(times.st_atime_ns, times.st_mtime_ns))
+
+    return change
 
 
-def move_the_others_params_in(a: Path, b: Path) -> None:
-    (a / "params").rename(a / "params.orig")
-    shutil.copytree(b / "params", a / "params")
+def move_the_others_params_in(a: Path, b: Path) -> Callable[[], None]:
+    def change() -> None:
+        (a / "params").rename(a / "params.orig")
+        shutil.copytree(b / "params", a / "params")
+
+    return change
 
 
-@pytest.mark.parametrize("swap", [move_the_others_params_in, rewrite_in_place_keeping_mtime])
+def write_through_a_shared_mmap(a: Path, _b: Path) -> Callable[[], None]:
+    """Map the largest params file shared and dirty its page with the bytes it holds (the hash still
+    matches; the write fault updates the times now), so the change later is a store into a dirty
+    page: no syscall, no fault, neither mtime nor ctime moves (what a fresh user did)."""
+    with open(largest_params_file(a), "r+b") as f:
+        mapped = mmap.mmap(f.fileno(), 0)
+    middle = len(mapped) // 2
+    mapped[middle : middle + 64] = mapped[middle : middle + 64]
+
+    def change() -> None:
+        mapped[middle : middle + 64] = bytes(b ^ 0xFF for b in mapped[middle : middle + 64])
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "swap", [move_the_others_params_in, rewrite_in_place_keeping_mtime, write_through_a_shared_mmap]
+)
 @pytest.mark.parametrize("reader", ["restore", "restore_state"])
 def test_a_checkpoint_replaced_while_it_is_read_is_refused(tmp_path, state, monkeypatch, reader, swap):
     # A fresh user moved another checkpoint's params/ in between the digest check and the arrays'
     # read (what a copy of another checkpoint into the folder does): evaluate used those params and
-    # recorded the first checkpoint's digest; the next one rewrote a file in place and set its mtime
-    # back. The changes are real; the wrapper only times them.
+    # recorded the first checkpoint's digest; the next ones rewrote a file in place and set its
+    # mtime back, or wrote through a shared mmap. The changes are real; the wrapper only times them.
     other = init_state(build(TRIAL.model).init(jax.random.key(1)), make_optimizer(1e-3, 0.0))
     a = checkpoint.save_state(tmp_path / "a", state, TRIAL, [], {})
     b = checkpoint.save_state(tmp_path / "b", other, TRIAL, [], {})
-    read_tree, done = checkpoint.restore_tree, []
+    read_tree, change, done = checkpoint.restore_tree, swap(a, b), []
 
     def swapped_then_read(directory, *args):
         if not done:
-            swap(a, b)
+            change()
             done.append(swap)
         return read_tree(directory, *args)
 

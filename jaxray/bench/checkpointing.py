@@ -5,10 +5,10 @@ cost.
   ``repeats`` saves of a freshly initialised train state whose Adam moments are given noise, as a
   trained state's are (Orbax writes of the params and the Optax
   state, the configs, history and checksums, then the copy into the run's storage that Ray Train's
-  report makes, as ``shutil.copytree``), and of restores (checksums verified, Orbax into abstract
-  targets replicated on the mesh, ``block_until_ready``), and of the same restores without the
-  checksums (what verifying costs; issue 15's target: at most 1.2x); size is the folder's bytes
-  on disk.
+  report makes, as ``shutil.copytree``), and of restores (checksums verified before and after,
+  Orbax into abstract targets replicated on the mesh, ``block_until_ready``), and of the same
+  restores without the checksums (what verifying costs; issue 15's target: at most 1.2x); size
+  is the folder's bytes on disk.
 * Step-time cost: the same training run (``jaxray.train.run.train`` in this process, one device,
   the same batches) without checkpoints and with a checkpoint every ``every`` steps, alternately,
   ``repeats`` times; ms/step is the whole loop's host time per step after the first, saves
@@ -195,9 +195,9 @@ def checkpoint_benchmark(runs: list[CostRun], repeats: int, data_dir: str | None
     notes = [
         f"Target (issue 6): checkpointing every 100 steps costs <= {TARGET:g}x the step time without.",
         "save s: Orbax writes of params and Optax state, configs, history and SHA-256 checksums, then the "
-        "copy into the run's storage that Ray Train's report makes; restore s: checksums verified and Orbax "
-        "restore onto the mesh; restore s, no verify: the same restore without the checksums (issue 15: "
-        "verifying costs at most 1.2x). Medians after one warm-up.",
+        "copy into the run's storage that Ray Train's report makes; restore s: checksums verified before "
+        "and after the Orbax restore onto the mesh; restore s, no verify: the same restore without the "
+        "checksums (issue 15: verifying costs at most 1.2x). Medians after one warm-up.",
         "ms/step: the loop's host time per step after the first, saves included; median over repeats, the "
         "two runs alternating. The cost at another size is about save s / (every x step time).",
     ]

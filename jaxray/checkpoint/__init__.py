@@ -16,7 +16,8 @@ Layout of a checkpoint directory::
     checksums.json       (params only, ``save``, written last) the SHA-256 of every other file
 
 Every read (``restore``: generate, evaluate, export, serve; ``restore_state``: resume) checks each
-file against those digests first (``open_for_reading``). A params-only checkpoint older than
+file against those digests first (``open_for_reading``), and again after the arrays are read
+(``failures.unchanged``: a file changed meanwhile is refused). A params-only checkpoint older than
 ``checksums.json`` loads unverified, with a warning once per folder. A save or read that fails says
 so in words, naming the folder and the cause (``failures``): a full disk is a CheckpointSaveError
 "could not save the checkpoint of step 40 in DIR: [Errno 28] No space left on device: FILE".
@@ -251,7 +252,7 @@ def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[d
     be read (the cause in words) or was saved for another model or optimiser (naming the entry and
     both shapes)."""
     directory = Path(directory).absolute()
-    with unchanged(directory):
+    with unchanged(directory, lambda: verify(directory)):
         return _read_state(directory, target, verify(directory))
 
 
@@ -334,7 +335,7 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
     """
     directory = Path(directory).absolute()
     _require_checkpoint(directory)
-    with unchanged(directory):
+    with unchanged(directory, lambda: open_for_reading(directory)):
         open_for_reading(directory)
         model = build(load_model_config(directory))
         sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

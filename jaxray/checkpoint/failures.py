@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -125,15 +125,25 @@ def _raise(err: OSError) -> None:  # os.walk's errors are ignored unless a handl
 
 
 @contextmanager
-def unchanged(directory: Path) -> Iterator[None]:
-    """Raise CheckpointError when a file of ``directory`` was replaced, added or removed while the
-    block read it: the digests are checked first and the arrays read after, from the same paths, so
-    a checkpoint copied over another between the two would be used unverified (a fresh user had
-    evaluate report one checkpoint's digest for another's params so)."""
+def unchanged(directory: Path, verify_again: Callable[[], object]) -> Iterator[None]:
+    """Raise CheckpointError when a file of ``directory`` changed while the block read it: the
+    digests are checked first and the arrays read after, from the same paths, so a checkpoint
+    copied over another between the two would be used unverified (a fresh user had evaluate report
+    one checkpoint's digest for another's params so). Two checks after the block: every file's
+    (device, inode, size, mtime, ctime) as before it (replaced, added, removed), and
+    ``verify_again`` (the digest check, raising CheckpointError on a mismatch) for bytes changed
+    where they are through a shared memory map, which updates neither time. A change undone before
+    ``verify_again`` hashes the file again is not seen."""
     before = _snapshot(directory)
     yield
-    if _snapshot(directory) != before:
+    try:
+        verify_again()
+        same = _snapshot(directory) == before
+    except CheckpointError:
+        same = False
+    if not same:
         raise CheckpointError(
-            f"{directory} changed while it was read (a file was replaced, added or removed), so what "
-            f"was read is not what was verified; read it again once nothing writes to it"
+            f"{directory} changed while it was read (a file was replaced, added, removed or "
+            f"rewritten), so what was read is not what was verified; read it again once nothing "
+            f"writes to it"
         )
