@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from jaxray.data.batching import num_rows
 from jaxray.data.manifest import ManifestError
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
+from jaxray.overwrite import ASIDE_DIR, check_out, finished, resume_hint, set_aside, settle_aside
 from jaxray.parallel.checks import check_experiment
 from jaxray.raytrain.cluster import check_gpus, init_ray
 from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep
@@ -41,11 +41,7 @@ from jaxray.reporting.sweep import markdown_summary, write_reports
 from jaxray.runs import (
     EXPERIMENT_FILE,
     EXPERIMENT_HEADER,
-    FILES,
-    RUN_DIRS,
-    SUMMARY_JSON,
     RunFolderError,
-    check_not_nested,
     check_unedited,
     exclusive,
     full_disk,
@@ -55,8 +51,6 @@ from jaxray.runs import (
 )
 
 INTERRUPTED = 130  # exit code of an interrupted run (as a shell reports Ctrl+C)
-# Where --overwrite keeps the earlier run's results until the new run ends complete (settle_aside).
-ASIDE_DIR = ".overwritten"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,82 +86,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "to start over use --config FILE --out DIR --overwrite)"
         )
     return args
-
-
-def check_out(out: Path, overwrite: bool) -> list[Path]:
-    """The earlier run's results in the folder ``out`` (what jaxray writes there; ``runs.exclusive``
-    refuses a file), checked before anything runs: refuse earlier results without ``overwrite``,
-    and a folder that still holds the results an earlier ``--overwrite`` set aside. Raises
-    ConfigError, or RunFolderError for a folder in another run's or holding one (``check_not_nested``)."""
-    if (out / ASIDE_DIR).exists():
-        raise ConfigError(
-            f"{out / ASIDE_DIR} holds the results of a run that an interrupted --overwrite set aside; "
-            f"move what you want to keep out of it and delete it, or choose another --out"
-        )
-    ours = [out / name for name in (*FILES, *RUN_DIRS, EXPERIMENT_FILE) if (out / name).exists()]
-    if ours and not any((out / marker).is_file() for marker in (EXPERIMENT_FILE, SUMMARY_JSON)):
-        # Folders named like a run's (train/, tensorboard/) without the files every run writes are
-        # someone else's: never replaced, whatever --overwrite says.
-        raise ConfigError(
-            f"{out} holds {', '.join(p.name for p in ours)} but no {EXPERIMENT_FILE} or "
-            f"{SUMMARY_JSON}, so it is not a run folder of python -m jaxray.tune and nothing in it is "
-            f"replaced; choose another --out (a new or empty folder)"
-        )
-    if ours and not overwrite:
-        resume = f", --resume {out} to finish that run" if (out / EXPERIMENT_FILE).is_file() else ""
-        raise ConfigError(
-            f"{out} already holds the results of an earlier run ({', '.join(p.name for p in ours)}); "
-            f"pass --overwrite to replace them{resume}, or choose another --out"
-        )
-    check_not_nested(out, ours)
-    return ours
-
-
-def set_aside(out: Path, ours: list[Path]) -> Path | None:
-    """Move the earlier run's results into ``out/.overwritten/`` (renames within the folder, so
-    nothing is copied or lost) and return that folder; None when there were none."""
-    if not ours:
-        return None
-    aside = out / ASIDE_DIR
-    aside.mkdir()
-    for path in ours:
-        path.rename(aside / path.name)
-    return aside
-
-
-def settle_aside(out: Path, aside: Path | None, results: list[TrialRows], complete: bool) -> None:
-    """When the new run ends: the earlier results are deleted only if it is ``complete`` (every
-    trial of every sweep finished and the reports written: exit 0). If no trial finished, the new
-    run's files are removed and the earlier ones put back; otherwise (a trial failed, or the run was
-    interrupted, after one finished) both are kept. The terminal says which."""
-    if aside is None:
-        return
-    if not aside.is_dir():  # moved: run_sweeps' caller has said so
-        return
-    if complete:  # renamed first: an rmtree cut short leaves no half of the earlier run under its name
-        doomed = aside.with_name(f"{ASIDE_DIR}.deleting")
-        shutil.rmtree(doomed, ignore_errors=True)  # one a killed deletion left: condemned already
-        shutil.rmtree(aside.rename(doomed))
-        return
-    if finished(results):
-        print(
-            f"error: the new run did not finish every trial, so the earlier run's results are kept in "
-            f"{aside}; delete that folder once you do not need them",
-            file=sys.stderr,
-        )
-        return
-    for name in (*FILES, *RUN_DIRS, EXPERIMENT_FILE):
-        path = out / name
-        if path.exists():
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    for path in aside.iterdir():
-        path.rename(out / path.name)
-    aside.rmdir()
-    print(
-        f"no trial of the new run finished, so there is nothing of it to keep or resume: the earlier "
-        f"run's results are back in {out}",
-        file=sys.stderr,
-    )
 
 
 def save_experiment(out: Path, exp: ExperimentConfig) -> Path:
@@ -294,11 +212,6 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     return 0
 
 
-def finished(results: list[TrialRows]) -> bool:
-    """True once a trial has finished without an error."""
-    return any(not row.get("error") for row, _ in results)
-
-
 def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool, results: list[TrialRows]) -> int:
     """Run every sweep, appending each trial's rows to ``results``; the exit code (INTERRUPTED when
     a sweep was interrupted: no later sweep starts and no report is written)."""
@@ -314,14 +227,6 @@ def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool, res
             )
             return INTERRUPTED
     return report(out, exp, results)
-
-
-def resume_hint(out: Path, resume: bool, results: list[TrialRows]) -> str:
-    """How to finish an interrupted run; empty when there is nothing of it to resume: with earlier
-    results set aside and no trial finished, settle_aside puts them back."""
-    kept = resume or finished(results) or not (out / ASIDE_DIR).exists()
-    kept = kept and (out / EXPERIMENT_FILE).is_file()  # else the new run had not started
-    return f"; the state is saved. Resume with: python -m jaxray.tune --resume {out}" if kept else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jaxray.raytrain",),
     ("jaxray.serve",),
     ("jaxray.bench",),
+    ("jaxray.overwrite",),
     ("jaxray.tune", "jaxray.generate", "jaxray.export", "jaxray.evaluate", "jaxray.doctor"),
 )
 MAX_MODULE_LINES = 400

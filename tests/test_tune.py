@@ -14,18 +14,9 @@ from tune_cli import tune_cli as tune
 
 from jaxray.config import ConfigError
 from jaxray.config.experiment import load_experiment
-from jaxray.runs import EXPERIMENT_FILE, SUMMARY_JSON, TRAIN_DIR, RunFolderError
-from jaxray.tune import (
-    ASIDE_DIR,
-    check_out,
-    full_disk,
-    load_resume,
-    main,
-    parse_args,
-    save_experiment,
-    set_aside,
-    settle_aside,
-)
+from jaxray.overwrite import ASIDE_DIR, check_out, set_aside, settle_aside
+from jaxray.runs import EXPERIMENT_FILE, SUMMARY_JSON, TRAIN_DIR, RunFolderError, full_disk
+from jaxray.tune import load_resume, main, parse_args, save_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from earlier_runs import earlier_run, files
 
-from jaxray.tune import ASIDE_DIR
+from jaxray.overwrite import ASIDE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

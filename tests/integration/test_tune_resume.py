@@ -16,7 +16,7 @@ import pytest
 from earlier_runs import earlier_run
 from earlier_runs import files as files_of
 
-from jaxray.tune import ASIDE_DIR
+from jaxray.overwrite import ASIDE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
