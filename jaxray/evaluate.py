@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
-import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +50,11 @@ from jaxray.inference.sampling import Sampling, encode_prompt, generate, printab
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 from jaxray.reporting import eval_figures
-from jaxray.reporting.format import json_safe
-from jaxray.runs import TRAIN_DIR, check_overwrite, exclusive, removed_if_failed
+from jaxray.reporting.eval_results import FIGURES, default_out, results_folder, write_results
+from jaxray.runs import exclusive
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import jit_eval_step
 from jaxray.train.run import eval_batch_size
-
-DEFAULT_OUT_ROOT = Path("runs") / "eval"
-WRITER = "jaxray.evaluate"  # summary.json's "written_by": what --out may overwrite (runs.check_overwrite)
-FIGURES = ("confusion_matrix.png", "predictions_grid.png")
 
 
 def predict_step(params: Any, batch: dict[str, jax.Array], *, apply) -> jax.Array:
@@ -106,19 +99,6 @@ def confusion_matrix(
             raise ValueError(f"a {name} is outside 0..{num_classes - 1}")
     counts = np.bincount(labels * num_classes + predictions, minlength=num_classes * num_classes)
     return counts.reshape(num_classes, num_classes).astype(np.int64)
-
-
-def default_out(directory: str | Path) -> Path:
-    """``runs/eval/<name>``, one per checkpoint: the checkpoint folder's name or, for a Ray Train
-    ``checkpoint_<step or timestamp>`` folder, ``<trial>/<checkpoint>`` (the name alone says nothing
-    about the model; the trial alone is shared by all its checkpoints), with ``<experiment>/`` first
-    when the trial folder is in a run folder's ``train/``."""
-    directory = Path(directory).absolute()
-    if not directory.name.startswith("checkpoint"):
-        return DEFAULT_OUT_ROOT / directory.name
-    trial = directory.parent
-    experiment = [trial.parent.parent.name] if trial.parent.name == TRAIN_DIR else []
-    return DEFAULT_OUT_ROOT.joinpath(*experiment, trial.name, directory.name)
 
 
 def evaluate_classifier(model: Model, params: Any, held_out: Arrays, global_batch: int, mesh: Mesh) -> dict:
@@ -197,9 +177,9 @@ def run(
             f"{directory} holds a {trial.model.workload} checkpoint, not {workload}"
         )
     weights = fingerprint(directory)
-    out = _results_folder(out or default_out(directory), directory, weights, overwrite)
+    out = results_folder(out or default_out(directory), directory, weights, overwrite)
     with exclusive(out, "python -m jaxray.evaluate"):  # two evaluations into one --out: one refused
-        _results_folder(out, directory, weights, overwrite)  # again, now that it is held
+        results_folder(out, directory, weights, overwrite)  # again, now that it is held
         # The recorded folder may not exist on this machine: read_verified then searches on as usual.
         data_dir = data_dir or trial.data.data_dir
         _, held_out = load_arrays(
@@ -212,84 +192,11 @@ def run(
         head |= {"workload": trial.model.workload, "data_dir": data_dir}
         if trial.model.workload != "transformer":
             result = evaluate_classifier(model, params, held_out, batch, mesh)
-            return _write_results(out, *_classifier_files(head | result, held_out, out))
+            return write_results(out, *_classifier_files(head | result, held_out, out))
         sampled = evaluate_language_model(
             model, params, held_out, batch, mesh, prompt, max_new_tokens, temperature, seed
         )
-        return _write_results(out, head | {"seq_len": trial.data.seq_len} | sampled, {})
-
-
-class ResultsWriteError(OSError):
-    """The results could not be written into --out (a full disk, say); nothing there was changed."""
-
-
-def _results_folder(out: str | Path, directory: Path, weights: str | None, overwrite: bool) -> Path:
-    """``out``, absolute, checked (not created) before any data is read: CheckpointError if it is
-    in a checkpoint folder, ValueError if it holds another tool's summary.json, ConfigError if it
-    holds the evaluation of other weights than ``directory``'s (another path, or the same path
-    whose digest manifest's SHA-256 ``weights`` differs: a folder replaced or a symlink moved
-    since) unless ``overwrite``, or cannot be created (its nearest existing folder is not a
-    writable directory)."""
-    out = Path(out).absolute()
-    checkpoint.check_outside(out)
-    check_overwrite(out, WRITER)
-    if (out / "summary.json").is_file() and not overwrite:  # check_overwrite: it is an evaluation's
-        earlier = json.loads((out / "summary.json").read_text())
-        recorded, digest = earlier.get("checkpoint"), earlier.get("checkpoint_sha256")
-        if recorded and Path(recorded).resolve() != directory.resolve():
-            raise ConfigError(
-                f"--out {out} holds the evaluation of {recorded}; pass --overwrite or another --out "
-                f"(nothing was changed)"
-            )
-        if digest and digest != weights:
-            raise ConfigError(
-                f"--out {out} holds the evaluation of the weights that were in {recorded} (digest "
-                f"manifest SHA-256 {digest}), not of those there now ({weights}); pass --overwrite "
-                f"or another --out (nothing was changed)"
-            )
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        kind = "not a directory" if not existing.is_dir() else "not writable"
-        raise ConfigError(f"--out {out} cannot be a results folder: {existing} is {kind}")
-    return out
-
-
-def _write_results(out: Path, summary: dict, figures: dict[str, Callable[[Path], None]]) -> dict:
-    """Creates ``out`` and writes ``figures`` (name -> draw(path)) and ``out/summary.json``, each to
-    a temporary file first, then renamed over the earlier ones (figures an earlier evaluation left
-    and this one does not write are removed); returns ``summary`` with its path and ``written_by``.
-    Raises ResultsWriteError, having removed its temporary files and the folders it created."""
-    summary["summary_json"] = str(out / "summary.json")
-    summary["written_by"] = WRITER
-    partial = {out / f".partial-{name}": out / name for name in [*figures, "summary.json"]}
-    try:
-        with removed_if_failed(out):
-            try:
-                _write_files(out, summary, figures, partial)
-            except BaseException:
-                for tmp in partial:  # before the folders this run created are removed
-                    tmp.unlink(missing_ok=True)
-                raise
-    except OSError as err:
-        raise ResultsWriteError(
-            f"the evaluation could not be written to {out}: {err}; nothing there was changed"
-        ) from None
-    return summary
-
-
-def _write_files(
-    out: Path, summary: dict, figures: dict[str, Callable[[Path], None]], partial: dict[Path, Path]
-) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for name, draw in figures.items():
-        draw(out / f".partial-{name}")
-    # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
-    text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
-    (out / ".partial-summary.json").write_text(text)
-    for name in set(FIGURES) - set(figures):
-        (out / name).unlink(missing_ok=True)
-    for tmp, final in partial.items():  # summary.json last: it marks the results complete
-        os.replace(tmp, final)
+        return write_results(out, head | {"seq_len": trial.data.seq_len} | sampled, {})
 
 
 def _classifier_files(result: dict, held_out: Arrays, out: Path) -> tuple[dict, dict]:
