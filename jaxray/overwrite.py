@@ -2,7 +2,7 @@
 anything runs (``check_out``), set aside in ``DIR/.overwritten/`` once every check has passed
 (``set_aside``), and, when the new run ends, deleted only if it is complete, put back if none of
 its trials finished, else kept beside it (``settle_aside``). Nothing of an earlier run is deleted
-before a new one has replaced it whole."""
+before a new one has replaced it whole. A sweep stopped by a full disk says so (``full_disk``)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,21 @@ import shutil
 import sys
 from pathlib import Path
 
+from jaxray import checkpoint
 from jaxray.config import ConfigError
 from jaxray.raytrain.sweep import TrialRows
-from jaxray.runs import EXPERIMENT_FILE, FILES, RUN_DIRS, SUMMARY_JSON, check_not_nested
+from jaxray.runs import EXPERIMENT_FILE, FILES, RUN_DIRS, SUMMARY_JSON, TRAIN_DIR, check_not_nested
 
 # Where --overwrite keeps the earlier run's results until the new run ends complete (settle_aside).
 ASIDE_DIR = ".overwritten"
+# Below this much free space on the run folder's disk, a sweep that stops is said to have filled it.
+FULL_DISK_BYTES = 64 << 20
 
 
 def check_out(out: Path, overwrite: bool) -> list[Path]:
     """The earlier run's results in the folder ``out`` (what jaxray writes there; ``runs.exclusive``
-    refuses a file), checked before anything runs: refuse earlier results without ``overwrite``,
+    refuses a file), checked before anything runs: refuse a folder in a checkpoint folder
+    (``checkpoint.check_outside``), earlier results without ``overwrite``,
     and a folder that still holds the results an earlier ``--overwrite`` set aside. Raises
     ConfigError, or RunFolderError for a folder in another run's or holding one (``check_not_nested``)."""
     if (out / ASIDE_DIR).exists():
@@ -44,6 +48,10 @@ def check_out(out: Path, overwrite: bool) -> list[Path]:
             f"pass --overwrite to replace them{resume}, or choose another --out"
         )
     check_not_nested(out, ours)
+    try:
+        checkpoint.check_outside(out)  # a run inside a checkpoint folder is deleted with it
+    except checkpoint.CheckpointError as err:
+        raise ConfigError(str(err)) from None
     return ours
 
 
@@ -105,3 +113,24 @@ def resume_hint(out: Path, resume: bool, results: list[TrialRows]) -> str:
     kept = resume or finished(results) or not (out / ASIDE_DIR).exists()
     kept = kept and (out / EXPERIMENT_FILE).is_file()  # else the new run had not started
     return f"; the state is saved. Resume with: python -m jaxray.tune --resume {out}" if kept else ""
+
+
+def full_disk(out: Path, err: Exception, keeps_new: bool = True) -> str | None:
+    """The message for a sweep stopped by ``err`` while the disk holding ``out`` is full (less than
+    ``FULL_DISK_BYTES`` free), else None. Ray Tune and Train write their own state into the run
+    folder too; with the disk full to the last byte they fail in ways of their own (Tune 2.60 then
+    raises ``EOFError`` reading an empty ``error.pkl``), so the cause is told from the disk. Unless
+    the run ``keeps_new`` (an ``--overwrite`` none of whose trials finished: its files are removed and
+    the earlier run's put back), it names the checkpoints the new run saved."""
+    try:
+        free = shutil.disk_usage(out).free
+    except OSError:
+        return None
+    if free >= FULL_DISK_BYTES:
+        return None
+    return (
+        f"the sweep stopped ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}) with "
+        f"the disk holding {out} full ({free} bytes free), so neither the trials nor Ray could save "
+        f"their state.{f' The checkpoints saved before are kept in {out / TRAIN_DIR};' if keeps_new else ''} "
+        f"Free space, then run the sweep again"
+    )

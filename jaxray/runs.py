@@ -22,7 +22,9 @@ runs/<experiment>`` that loads the best trial (``jaxray.checkpoint.resolve``) ag
 A run folder is relocatable: what it records about its own files is relative to it, so a copy on
 another path or machine reads its own checkpoints. A recorded path is never followed outside the
 folder (``folder_path``): an absolute one from a folder written before paths were relative is read
-as the same path under this folder, from its ``train/`` part on, with a warning naming it.
+as the same path under this folder, from its ``train/`` part on, with a warning naming it; a
+symlink inside the folder that leads out of it (``train/`` on scratch storage) is followed, with a
+warning naming its target.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import json
 import logging
 import math
 import os
-import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,8 +58,6 @@ RUN_DIRS = (TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR)  # what a run writes besides t
 LOCK_FILE = ".jaxray.lock"  # held by the one command writing into the folder (``exclusive``)
 # experiment.yaml's line holding the SHA-256 of the config below it (``signed``, ``check_unedited``).
 CONFIG_DIGEST = "# SHA-256 of the config below it (--resume refuses an edited config): "
-# Below this much free space on the run folder's disk, a sweep that stops is said to have filled it.
-FULL_DISK_BYTES = 64 << 20
 COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the trial's compiled step
 # Ranks a workload that no sweep and no default names (a hand-written row).
 FALLBACK_METRIC = ("test_accuracy", "max")
@@ -345,10 +344,13 @@ def folder_path(run_dir: str | Path, recorded: str, what: str = "a path") -> Pat
     it is) names: a relative one joined to the folder; an absolute one inside the folder as it is;
     an absolute one outside it (a folder written before paths were relative, since copied or
     moved) read as the same path under this folder from its ``train/`` part on (the first that
-    exists, else the last), with a warning naming both. Never a path outside the folder.
+    exists, else the last), with a warning naming both. Never a path outside the folder, but a
+    symlink in it that leads out is followed, with a warning naming its target.
 
     Raises RunFolderError naming ``summary.json``, ``what`` and the recorded path when it leads out
     of the folder (``..``) or is absolute, outside it and has no ``train/`` part."""
+    if not isinstance(recorded, str):  # a hand-edited summary.json: "checkpoint": 5
+        raise RunFolderError(f"{Path(run_dir) / SUMMARY_JSON} names {what} as {recorded!r}, not a path")
     run_dir, path = Path(run_dir), Path(recorded)
     refusal = (
         f"{run_dir / SUMMARY_JSON} names {what} as {recorded}, outside the run folder {run_dir}; a "
@@ -357,10 +359,10 @@ def folder_path(run_dir: str | Path, recorded: str, what: str = "a path") -> Pat
     if not path.is_absolute():
         if os.path.normpath(path).split(os.sep)[0] == "..":
             raise RunFolderError(refusal)
-        return run_dir / path
+        return _named_if_linked_out(run_dir, run_dir / path, what)
     base = run_dir.absolute()
     if path.is_relative_to(base) or path.is_relative_to(base.resolve()):
-        return path
+        return _named_if_linked_out(run_dir, path, what)
     mapped = in_moved_folder(run_dir, path)
     if mapped is None:
         raise RunFolderError(refusal)
@@ -372,25 +374,13 @@ def folder_path(run_dir: str | Path, recorded: str, what: str = "a path") -> Pat
         recorded,
         mapped,
     )
-    return mapped
+    return _named_if_linked_out(run_dir, mapped, what)
 
 
-def full_disk(out: Path, err: Exception, keeps_new: bool = True) -> str | None:
-    """The message for a sweep stopped by ``err`` while the disk holding ``out`` is full (less than
-    ``FULL_DISK_BYTES`` free), else None. Ray Tune and Train write their own state into the run
-    folder too; with the disk full to the last byte they fail in ways of their own (Tune 2.60 then
-    raises ``EOFError`` reading an empty ``error.pkl``), so the cause is told from the disk. Unless
-    the run ``keeps_new`` (an ``--overwrite`` none of whose trials finished: its files are removed and
-    the earlier run's put back), it names the checkpoints the new run saved."""
-    try:
-        free = shutil.disk_usage(out).free
-    except OSError:
-        return None
-    if free >= FULL_DISK_BYTES:
-        return None
-    return (
-        f"the sweep stopped ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}) with "
-        f"the disk holding {out} full ({free} bytes free), so neither the trials nor Ray could save "
-        f"their state.{f' The checkpoints saved before are kept in {out / TRAIN_DIR};' if keeps_new else ''} "
-        f"Free space, then run the sweep again"
-    )
+def _named_if_linked_out(run_dir: Path, path: Path, what: str) -> Path:
+    """``path``, with a warning naming where it leads when a symlink on it leads out of the run
+    folder (train/ linked to scratch storage, say: a copy of the folder would read the original's)."""
+    target = path.resolve()
+    if not target.is_relative_to(run_dir.resolve()):
+        log.warning("%s of %s is %s, a symlink to %s outside the run folder", what, run_dir, path, target)
+    return path

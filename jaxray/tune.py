@@ -33,7 +33,7 @@ from jaxray.data.batching import num_rows
 from jaxray.data.manifest import ManifestError
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
-from jaxray.overwrite import ASIDE_DIR, check_out, finished, resume_hint, set_aside, settle_aside
+from jaxray.overwrite import ASIDE_DIR, check_out, finished, full_disk, resume_hint, set_aside, settle_aside
 from jaxray.parallel.checks import check_experiment
 from jaxray.raytrain.cluster import check_gpus, init_ray
 from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep
@@ -44,7 +44,6 @@ from jaxray.runs import (
     RunFolderError,
     check_unedited,
     exclusive,
-    full_disk,
     signed,
     sweep_ranking,
     written_whole,

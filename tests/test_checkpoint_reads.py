@@ -154,6 +154,22 @@ def test_a_recorded_path_outside_the_folder_is_refused_naming_it(tmp_path, state
     assert runs.record_path(folder, outside) == str(outside)  # the writer keeps it absolute, not "../"
 
 
+def test_a_symlink_in_the_folder_that_leads_out_is_named_and_a_non_path_refused(tmp_path, state, caplog):
+    # A fresh user linked a checkpoint path to one outside the folder: it was read without a word.
+    folder = run_folder(tmp_path / "run", state)
+    outside = checkpoint.save(tmp_path / "elsewhere" / "ck", state.params, TRIAL)
+    (folder / "train" / "lnk").symlink_to(outside)
+    rows = runs.read_summary(folder)
+    (folder / runs.SUMMARY_JSON).write_text(json.dumps([{**rows[0], "checkpoint": "train/lnk"}]))
+    with caplog.at_level(logging.WARNING, logger="jaxray.runs"):
+        assert checkpoint.resolve(folder) == folder / "train" / "lnk"
+    assert f"is {folder / 'train' / 'lnk'}, a symlink to {outside} outside the run folder" in caplog.text
+    # A hand-edited row whose checkpoint is no string: one line, not pathlib's TypeError.
+    (folder / runs.SUMMARY_JSON).write_text(json.dumps([{**rows[0], "checkpoint": 5}]))
+    with pytest.raises(checkpoint.CheckpointError, match="names the checkpoint of trial .* as 5, not a path"):
+        checkpoint.resolve(folder)
+
+
 # Restore errors in words (issue 15, point 5): the checkpoint folder and the cause, never TensorStore's
 # spec or an object's repr.
 INTERNALS = ("<bound method", "pybind11", "TensorStore(", "<class", " object at 0x", "os_error_code")
@@ -336,3 +352,31 @@ def test_a_checkpoint_replaced_while_it_is_read_is_refused(tmp_path, state, monk
     with pytest.raises(checkpoint.CheckpointError, match="changed while it was read") as err:
         read(a)
     assert str(a) in str(err.value)
+
+
+@pytest.mark.parametrize("reader", ["restore", "restore_state"])
+def test_a_change_undone_before_the_files_are_hashed_again_is_refused(tmp_path, state, monkeypatch, reader):
+    # A fresh user flipped bytes through a shared mmap just before the arrays were read and flipped
+    # them back just after: the files hash as recorded both times, only the arrays read differ
+    # (export then wrote those weights into an artifact that verifies clean).
+    a = checkpoint.save_state(tmp_path / "a", state, TRIAL, [], {})
+    flip = write_through_a_shared_mmap(a, a)
+    read_tree = checkpoint.restore_tree
+
+    def flipped_while_read(directory, *args):
+        flip()
+        try:
+            return read_tree(directory, *args)
+        finally:
+            flip()  # XOR again: the file is as its save wrote it
+
+    monkeypatch.setattr(checkpoint, "restore_tree", flipped_while_read)
+    with pytest.raises(checkpoint.CheckpointError, match="changed while it was read: the arrays") as err:
+        if reader == "restore":
+            checkpoint.restore(a)
+        else:
+            checkpoint.restore_state(a, jax.eval_shape(lambda: state))
+    assert str(a) in str(err.value)
+    monkeypatch.undo()
+    checkpoint.open_for_reading(a)  # the files are as saved: the next read is not refused
+    checkpoint.restore(a)

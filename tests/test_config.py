@@ -183,6 +183,9 @@ def test_good_config_expands_grid(tmp_path):
             "early_stopping.grace: unknown key",
         ),
         ("experiment: t", "experiment: t\nmax_concurrent_trials: 0", "max_concurrent_trials"),
+        # A fresh user's "." made runs/ itself a run folder; ".." wrote one into the working folder.
+        ("experiment: t", 'experiment: "."', "experiment: '.' is not a folder name of its own"),
+        ("experiment: t", 'experiment: ".."', "experiment: '..' is not a folder name of its own"),
     ],
 )
 def test_bad_config_names_the_field(tmp_path, old, new, expected):

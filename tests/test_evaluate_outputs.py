@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import pytest
 from checkpoint_copies import flip_a_byte, largest_params_file
+from earlier_runs import earlier_run, files
 from full_disk import fill, small_tmpfs
 
 from jaxray import checkpoint
@@ -156,3 +157,16 @@ def test_an_out_in_a_checkpoint_folder_is_refused(trial_checkpoints, tmp_path, c
     assert code == 2 and f"the checkpoint folder {ckpt}: results there would be mixed into" in err, err
     assert {str(p.relative_to(ckpt)): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
     checkpoint.open_for_reading(ckpt)  # still whole
+
+
+@pytest.mark.parametrize("where", ["train/exp", "tune/eval", "tensorboard"])
+def test_an_out_in_a_run_folders_own_folders_is_refused(trial_checkpoints, tmp_path, capsys, where):
+    # A fresh user kept an evaluation in the run's train/: the run's next --overwrite deleted it.
+    earlier_run(tmp_path / "run")
+    before = files(tmp_path / "run")
+    code, err = evaluate(capsys, "--checkpoint", trial_checkpoints[0], "--out", tmp_path / "run" / where)
+    run_dir = where.split("/")[0]
+    assert code == 2 and f"lies in {run_dir}/ of the run folder {tmp_path / 'run'}, which the next" in err, (
+        err
+    )
+    assert files(tmp_path / "run") == before

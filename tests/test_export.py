@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from earlier_runs import earlier_run
 
 from jaxray import checkpoint
 from jaxray import export as export_cli
@@ -84,3 +85,12 @@ def test_an_out_in_a_checkpoint_folder_is_refused(trained_transformer, capsys):
     assert export_cli.main(["--checkpoint", str(trained_transformer), "--out", str(ckpt / "export")]) == 2
     assert f"--out {ckpt / 'export'} lies in the checkpoint folder {ckpt}" in capsys.readouterr().err
     assert sorted(p.name for p in ckpt.iterdir()) == before
+
+
+def test_an_out_in_a_run_folders_train_is_refused(trained_transformer, tmp_path, capsys):
+    # A fresh user kept an export next to its trial: the run's next --overwrite deleted it.
+    earlier_run(tmp_path / "run")
+    out = tmp_path / "run" / "train" / "trial_0" / "export"
+    assert export_cli.main(["--checkpoint", str(trained_transformer), "--out", str(out)]) == 2
+    assert f"--out {out} lies in train/ of the run folder {tmp_path / 'run'}" in capsys.readouterr().err
+    assert not out.exists()

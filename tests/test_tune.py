@@ -7,15 +7,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import jax
 import pytest
 from earlier_runs import earlier_run, files
 from full_disk import fill, small_tmpfs
 from tune_cli import tune_cli as tune
 
-from jaxray.config import ConfigError
+from jaxray import checkpoint
+from jaxray.config import ConfigError, parse_trial
 from jaxray.config.experiment import load_experiment
-from jaxray.overwrite import ASIDE_DIR, check_out, set_aside, settle_aside
-from jaxray.runs import EXPERIMENT_FILE, SUMMARY_JSON, TRAIN_DIR, RunFolderError, full_disk
+from jaxray.models import build
+from jaxray.overwrite import ASIDE_DIR, check_out, full_disk, set_aside, settle_aside
+from jaxray.runs import EXPERIMENT_FILE, SUMMARY_JSON, TRAIN_DIR, RunFolderError
 from jaxray.tune import load_resume, main, parse_args, save_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,6 +243,16 @@ def test_a_run_folder_inside_another_run_is_refused(tmp_path):
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / EXPERIMENT_FILE).write_text("experiment: mine\n")
     assert check_out(tmp_path / "project" / "runs" / "x", overwrite=False) == []
+
+
+def test_a_run_folder_inside_a_checkpoint_folder_is_refused(tmp_path):
+    # A fresh user ran a sweep into a checkpoint copied out of a run (evaluate and export refused it).
+    trial = parse_trial({"model": {"workload": "mlp", "width": 8}})
+    ckpt = checkpoint.save(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), trial)
+    with pytest.raises(
+        ConfigError, match=re.escape(f"--out {ckpt / 'run'} lies in the checkpoint folder {ckpt}")
+    ):
+        check_out(ckpt / "run", overwrite=False)
 
 
 def test_an_overwrite_that_would_delete_a_run_inside_the_earlier_one_is_refused(tmp_path):

@@ -17,7 +17,8 @@ Layout of a checkpoint directory::
 
 Every read (``restore``: generate, evaluate, export, serve; ``restore_state``: resume) checks each
 file against those digests first (``open_for_reading``), and again after the arrays are read
-(``failures.unchanged``: a file changed meanwhile is refused). A params-only checkpoint older than
+(``failures.unchanged``), and the arrays read are compared with the SHA-256 of the arrays the
+save recorded (``trees.array_digest``): a change meanwhile is refused. A params-only checkpoint older than
 ``checksums.json`` loads unverified, with a warning once per folder. A save or read that fails says
 so in words, naming the folder and the cause (``failures``): a full disk is a CheckpointSaveError
 "could not save the checkpoint of step 40 in DIR: [Errno 28] No space left on device: FILE".
@@ -29,12 +30,10 @@ checkpoint is damaged, the trial's newest good one is used, with a warning namin
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 from jaxray import runs
+from jaxray.checkpoint.digests import array_digest, check_arrays, file_digests, sha256_all
 from jaxray.checkpoint.failures import CheckpointError, reading, saving, unchanged
 from jaxray.checkpoint.failures import CheckpointSaveError as CheckpointSaveError  # what a failed save raises
 from jaxray.checkpoint.trees import OPTIMISER_ENTRY, abstract, local_copy, restore_tree, save_tree
@@ -72,7 +72,8 @@ def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
     directory = Path(directory).absolute()
     with saving(directory, "the checkpoint"):
         _save_params(directory, params, trial)
-        _write_json(directory / CHECKSUMS, {"files": _files(directory)})
+        doc = {"arrays": {PARAMS_DIR: array_digest(params)}, "files": file_digests(directory, MANIFESTS)}
+        _write_json(directory / CHECKSUMS, doc)
     return directory
 
 
@@ -91,26 +92,6 @@ def _save_params(directory: str | Path, params: Any, trial: TrialConfig) -> Path
     (directory / MODEL_CONFIG).write_text(trial.model.model_dump_json(indent=2))
     (directory / TRIAL_CONFIG).write_text(trial.model_dump_json(indent=2))
     return directory
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _sha256_all(paths: list[Path]) -> list[str]:  # hashlib releases the GIL: files in parallel
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        return list(pool.map(_sha256, paths))
-
-
-def _files(directory: Path) -> dict[str, str]:
-    """{path relative to ``directory``: SHA-256} of every file but the digest manifests."""
-    rels = [f.relative_to(directory).as_posix() for f in sorted(directory.rglob("*")) if f.is_file()]
-    rels = [r for r in rels if r not in MANIFESTS]
-    return dict(zip(rels, _sha256_all([directory / r for r in rels]), strict=True))
 
 
 def save_state(
@@ -144,7 +125,8 @@ def save_state(
             **position,
             "rng_key_data": np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist(),
             **({"summary": summary} if summary is not None else {}),
-            "files": _files(directory),
+            "arrays": {PARAMS_DIR: array_digest(state.params), OPT_STATE_DIR: array_digest(state.opt_state)},
+            "files": file_digests(directory, MANIFESTS),
         }
         _write_json(directory / TRAIN_STATE, doc)
     return directory
@@ -171,11 +153,13 @@ def _manifest(directory: Path, full_state: bool) -> tuple[str | None, dict[str, 
     return name, doc
 
 
-def open_for_reading(directory: str | Path, full_state: bool = False) -> dict[str, Any]:
+def open_for_reading(directory: str | Path, full_state: bool = False, again: bool = False) -> dict[str, Any]:
     """The one way a checkpoint is opened for reading: the SHA-256 of every file its save listed is
     checked against that list (``train_state.json``, or ``checksums.json`` of a params-only
     ``save``) before any array is read. Returns the manifest's document (``{}`` for a params-only
-    checkpoint older than checksums: loaded unverified, with a warning once per folder).
+    checkpoint older than checksums: loaded unverified, with a warning once per folder). With
+    ``again`` (the check after a read, ``failures.unchanged``) the files of a folder whose arrays'
+    SHA-256 the manifest records are left out: ``check_arrays`` compares what was read of them.
 
     Raises CheckpointError naming the checkpoint and the file when it is no folder, is incomplete
     (opt_state/ or history.json without ``train_state.json``: the save never finished; with
@@ -185,7 +169,7 @@ def open_for_reading(directory: str | Path, full_state: bool = False) -> dict[st
     """
     directory = Path(directory)
     with reading(directory):
-        return _check_digests(directory, full_state)
+        return _check_digests(directory, full_state, again)
 
 
 def _require_folder(directory: Path) -> None:
@@ -194,7 +178,7 @@ def _require_folder(directory: Path) -> None:
         raise CheckpointError(f"{directory} is not a checkpoint: {what}")
 
 
-def _check_digests(directory: Path, full_state: bool) -> dict[str, Any]:
+def _check_digests(directory: Path, full_state: bool, again: bool) -> dict[str, Any]:
     """``open_for_reading`` less the translation of OS errors into CheckpointError."""
     _require_folder(directory)
     name, doc = _manifest(directory, full_state)
@@ -206,10 +190,12 @@ def _check_digests(directory: Path, full_state: bool) -> dict[str, Any]:
             )
         return doc
     listed = [(rel, directory / rel, digest) for rel, digest in doc["files"].items()]
+    if again and isinstance(doc.get("arrays"), dict):  # after a read: the arrays' digests cover theirs
+        listed = [entry for entry in listed if entry[0].split("/")[0] not in doc["arrays"]]
     missing = next((rel for rel, f, _ in listed if not f.is_file()), None)
     if missing is not None:
         raise CheckpointError(f"{directory} is damaged: {missing} is missing")
-    found = _sha256_all([f for _, f, _ in listed])
+    found = sha256_all([f for _, f, _ in listed])
     for (rel, _, expected), got in zip(listed, found, strict=True):
         if got != expected:
             raise CheckpointError(
@@ -228,17 +214,32 @@ def verify(directory: str | Path) -> dict[str, Any]:
 
 
 def check_outside(out: str | Path) -> None:
-    """Refuse a results folder ``out`` (evaluate's, export's) that is a checkpoint folder or lies in
-    one (the nearest of it and its parents holding a digest manifest): its files would be mixed
-    into the checkpoint's, and deleted with it when Ray Train rotates checkpoints. Raises
-    CheckpointError naming both folders."""
+    """Refuse a results folder ``out`` (evaluate's, export's, tune's) that is a checkpoint folder or
+    lies in one (the nearest of it and its parents holding a digest manifest): its files would be
+    mixed into the checkpoint's, and deleted with it when Ray Train rotates checkpoints; or that lies
+    in a run folder's train/, tune/ or tensorboard/, which its next ``--overwrite`` deletes whole
+    (through symlinks too). Raises CheckpointError naming both folders."""
     here = Path(out).absolute()
-    inside = next((d for d in (here, *here.parents) if any((d / m).is_file() for m in MANIFESTS)), None)
+    above = dict.fromkeys((here, *here.parents, here.resolve(), *here.resolve().parents))
+    inside = next((d for d in above if any((d / m).is_file() for m in MANIFESTS)), None)
     if inside is not None:
         raise CheckpointError(
             f"--out {here} {'is' if inside == here else 'lies in'} the checkpoint folder {inside}: "
             f"results there would be mixed into the checkpoint (and deleted with it when Ray Train "
             f"rotates checkpoints); choose another --out (nothing was changed)"
+        )
+    run = next(
+        (
+            d
+            for d in above
+            if d.name in runs.RUN_DIRS and runs.written_by_a_run(d.parent / runs.EXPERIMENT_FILE)
+        ),
+        None,
+    )
+    if run is not None:
+        raise CheckpointError(
+            f"--out {here} lies in {run.name}/ of the run folder {run.parent}, which the next "
+            f"--overwrite of that run deletes whole; choose another --out (nothing was changed)"
         )
 
 
@@ -252,8 +253,12 @@ def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[d
     be read (the cause in words) or was saved for another model or optimiser (naming the entry and
     both shapes)."""
     directory = Path(directory).absolute()
-    with unchanged(directory, lambda: verify(directory)):
-        return _read_state(directory, target, verify(directory))
+    with unchanged(directory, lambda: open_for_reading(directory, full_state=True, again=True)):
+        state, doc, history = _read_state(directory, target, verify(directory))
+        check_arrays(
+            directory, doc.get("arrays", {}), {PARAMS_DIR: state.params, OPT_STATE_DIR: state.opt_state}
+        )
+    return state, doc, history
 
 
 def _read_state(directory: Path, target: Any, doc: dict) -> tuple[Any, dict, list[dict]]:
@@ -335,12 +340,13 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
     """
     directory = Path(directory).absolute()
     _require_checkpoint(directory)
-    with unchanged(directory, lambda: open_for_reading(directory)):
-        open_for_reading(directory)
+    with unchanged(directory, lambda: open_for_reading(directory, again=True)):
+        doc = open_for_reading(directory)
         model = build(load_model_config(directory))
         sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
         params = restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")
+        check_arrays(directory, doc.get("arrays", {}), {PARAMS_DIR: params})
     return model, params
 
 

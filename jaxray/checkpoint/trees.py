@@ -48,7 +48,7 @@ def save_tree(path: Path, tree: Any) -> None:
     checkpointer.wait_until_finished()
 
 
-def _names(path: tuple) -> tuple[str, ...]:
+def key_names(path: tuple) -> tuple[str, ...]:
     """A PyTree key path as plain names (dict keys, list indices, attributes; NNX's ``value`` dropped),
     so Orbax's metadata tree and an NNX State target compare."""
     names = tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
@@ -61,7 +61,7 @@ def _shape_mismatch(path: Path, target: Any, kind: str) -> str | None:
     meta = ocp.StandardCheckpointer().metadata(path)
     meta = getattr(meta, "item_metadata", meta)
     saved = {
-        _names(k): v
+        key_names(k): v
         for k, v in jax.tree_util.tree_flatten_with_path(
             getattr(meta, "tree", meta), is_leaf=lambda x: hasattr(x, "shape")
         )[0]
@@ -70,7 +70,7 @@ def _shape_mismatch(path: Path, target: Any, kind: str) -> str | None:
         return "it holds no arrays that Orbax can read (its _METADATA is missing or empty)"
     whose = "optimiser" if kind == OPTIMISER_ENTRY else "model"
     for key, want in jax.tree_util.tree_flatten_with_path(target)[0]:
-        name, have = "/".join(_names(key)), saved.get(_names(key))
+        name, have = "/".join(key_names(key)), saved.get(key_names(key))
         if have is None:
             return f"it has no {kind} {name} (the {whose} expects shape {tuple(want.shape)})"
         if tuple(have.shape) != tuple(want.shape):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, Strict, model_validator
+from pydantic import Field, Strict, field_validator, model_validator
 
 from jaxray.config import (
     DEFAULT_WIDTH,
@@ -183,6 +183,16 @@ class ExperimentConfig(FrozenConfig):
     max_concurrent_trials: PosInt | None = None
     fault: FaultConfig = FaultConfig()
     sweeps: list[SweepConfig] = Field(min_length=1)
+
+    @field_validator("experiment")
+    @classmethod
+    def _a_folder_name(cls, name: str) -> str:  # the default --out is runs/<experiment>
+        if name in (".", ".."):
+            raise ValueError(
+                f"{name!r} is not a folder name of its own (the run would be written into runs/ or its "
+                f"parent); use letters, digits, _ . - (not '.' or '..')"
+            )
+        return name
 
     @model_validator(mode="after")
     def _one_sweep_per_workload(self) -> ExperimentConfig:
