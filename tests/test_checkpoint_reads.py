@@ -9,6 +9,7 @@ import json
 import logging
 import mmap
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -380,3 +381,15 @@ def test_a_change_undone_before_the_files_are_hashed_again_is_refused(tmp_path, 
     monkeypatch.undo()
     checkpoint.open_for_reading(a)  # the files are as saved: the next read is not refused
     checkpoint.restore(a)
+
+
+def test_a_hand_edited_arrays_record_is_refused_in_words(tmp_path, state):
+    saved = checkpoint.save(tmp_path / "ck", state.params, TRIAL)
+    doc = json.loads((saved / checkpoint.CHECKSUMS).read_text())
+    for arrays, expected in (
+        ([], "checksums.json is damaged: its arrays are a list, not an object"),
+        ({"params": "0" * 64}, "do not match the SHA-256 its save recorded"),
+    ):
+        (saved / checkpoint.CHECKSUMS).write_text(json.dumps({**doc, "arrays": arrays}))
+        with pytest.raises(checkpoint.CheckpointError, match=re.escape(expected)):
+            checkpoint.restore(saved)

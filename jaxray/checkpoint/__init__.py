@@ -146,8 +146,9 @@ def _manifest(directory: Path, full_state: bool) -> tuple[str | None, dict[str, 
     path = directory / name
     try:
         doc = json.loads(path.read_text())
-        if not isinstance(doc["files"], dict):
-            raise TypeError(f"its files are a {type(doc['files']).__name__}, not an object")
+        for key, value in (("files", doc["files"]), ("arrays", doc.get("arrays", {}))):
+            if not isinstance(value, dict):
+                raise TypeError(f"its {key} are a {type(value).__name__}, not an object")
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{path} is damaged: {err}") from None
     return name, doc

@@ -63,5 +63,6 @@ def check_arrays(directory: Path, recorded: dict[str, str], restored: dict[str, 
             raise CheckpointError(
                 f"{directory} changed while it was read: the arrays restored from {name}/ do not "
                 f"match the SHA-256 its save recorded, so what was read is not what was verified; "
-                f"read it again once nothing writes to it"
+                f"read it again once nothing writes to it (refused again: the record was edited or "
+                f"the checkpoint is damaged)"
             )
