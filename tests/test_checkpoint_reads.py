@@ -383,13 +383,24 @@ def test_a_change_undone_before_the_files_are_hashed_again_is_refused(tmp_path, 
     checkpoint.restore(a)
 
 
-def test_a_hand_edited_arrays_record_is_refused_in_words(tmp_path, state):
-    saved = checkpoint.save(tmp_path / "ck", state.params, TRIAL)
-    doc = json.loads((saved / checkpoint.CHECKSUMS).read_text())
+def test_a_hand_edited_arrays_record_is_refused_in_words(tmp_path, state, caplog):
+    # A fresh user cut "params" out of "arrays": the check of the arrays read was skipped silently.
+    saved = checkpoint.save_state(tmp_path / "ck", state, TRIAL, [], {})
+    doc = json.loads((saved / checkpoint.TRAIN_STATE).read_text())
+    target = jax.eval_shape(lambda: state)
     for arrays, expected in (
-        ([], "checksums.json is damaged: its arrays are a list, not an object"),
-        ({"params": "0" * 64}, "do not match the SHA-256 its save recorded"),
+        ([], "train_state.json is damaged: its arrays are a list, not an object"),
+        ({**doc["arrays"], "params": 5}, "is damaged: arrays['params'] is 5, not a SHA-256"),
+        ({"opt_state": doc["arrays"]["opt_state"]}, "records the arrays of opt_state, not of params/"),
+        ({**doc["arrays"], "params": "0" * 64}, f"its save recorded {'0' * 64}, so what was read"),
     ):
-        (saved / checkpoint.CHECKSUMS).write_text(json.dumps({**doc, "arrays": arrays}))
-        with pytest.raises(checkpoint.CheckpointError, match=re.escape(expected)):
-            checkpoint.restore(saved)
+        (saved / checkpoint.TRAIN_STATE).write_text(json.dumps({**doc, "arrays": arrays}))
+        for read in (checkpoint.restore, lambda d: checkpoint.restore_state(d, target)):
+            with pytest.raises(checkpoint.CheckpointError, match=re.escape(expected)):
+                read(saved)
+    # No "arrays" at all: a checkpoint saved before them, read with one warning.
+    (saved / checkpoint.TRAIN_STATE).write_text(json.dumps({k: v for k, v in doc.items() if k != "arrays"}))
+    with caplog.at_level(logging.WARNING, logger="jaxray.checkpoint"):
+        checkpoint.restore(saved)
+        checkpoint.restore_state(saved, target)
+    assert caplog.text.count("saved before array digests: its files are checked, not the arrays read") == 1

@@ -10,10 +10,11 @@ Layout of a checkpoint directory::
     history.json         (full train state) every log row so far
     train_state.json     (full train state, written last, atomically) step, data position (epoch,
                          batch in epoch, shuffle seed), the init RNG key's raw data, the final
-                         checkpoint's summary row (``summary``), and the SHA-256 of every other
-                         file: a checkpoint without it is incomplete, one whose files do not match
-                         it is damaged (``verify``)
-    checksums.json       (params only, ``save``, written last) the SHA-256 of every other file
+                         checkpoint's summary row (``summary``), the SHA-256 of every other file
+                         (``files``) and of the params' and Optax state's arrays (``arrays``): a
+                         checkpoint without it is incomplete, one whose files do not match it is
+                         damaged (``verify``)
+    checksums.json       (params only, ``save``, written last) ``files`` and ``arrays`` of params/
 
 Every read (``restore``: generate, evaluate, export, serve; ``restore_state``: resume) checks each
 file against those digests first (``open_for_reading``), and again after the arrays are read
@@ -42,7 +43,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 from jaxray import runs
-from jaxray.checkpoint.digests import array_digest, check_arrays, file_digests, sha256_all
+from jaxray.checkpoint.digests import array_digest, check_arrays, check_recorded, file_digests, sha256_all
 from jaxray.checkpoint.failures import CheckpointError, reading, saving, unchanged
 from jaxray.checkpoint.failures import CheckpointSaveError as CheckpointSaveError  # what a failed save raises
 from jaxray.checkpoint.trees import OPTIMISER_ENTRY, abstract, local_copy, restore_tree, save_tree
@@ -146,11 +147,11 @@ def _manifest(directory: Path, full_state: bool) -> tuple[str | None, dict[str, 
     path = directory / name
     try:
         doc = json.loads(path.read_text())
-        for key, value in (("files", doc["files"]), ("arrays", doc.get("arrays", {}))):
-            if not isinstance(value, dict):
-                raise TypeError(f"its {key} are a {type(value).__name__}, not an object")
+        if not isinstance(doc["files"], dict):
+            raise TypeError(f"its files are a {type(doc['files']).__name__}, not an object")
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{path} is damaged: {err}") from None
+    check_recorded(path, doc)
     return name, doc
 
 
@@ -256,9 +257,7 @@ def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[d
     directory = Path(directory).absolute()
     with unchanged(directory, lambda: open_for_reading(directory, full_state=True, again=True)):
         state, doc, history = _read_state(directory, target, verify(directory))
-        check_arrays(
-            directory, doc.get("arrays", {}), {PARAMS_DIR: state.params, OPT_STATE_DIR: state.opt_state}
-        )
+        check_arrays(directory, doc, {PARAMS_DIR: state.params, OPT_STATE_DIR: state.opt_state})
     return state, doc, history
 
 
@@ -347,7 +346,7 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
         sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
         params = restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")
-        check_arrays(directory, doc.get("arrays", {}), {PARAMS_DIR: params})
+        check_arrays(directory, doc, {PARAMS_DIR: params})
     return model, params
 
 

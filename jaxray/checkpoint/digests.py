@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,10 @@ import numpy as np
 
 from jaxray.checkpoint.failures import CheckpointError
 from jaxray.checkpoint.trees import key_names, local_copy
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+log = logging.getLogger(__name__)
+_warned_no_arrays: set[str] = set()  # folders already named in the "no array digests" warning
 
 
 def sha256(path: Path) -> str:
@@ -52,17 +58,48 @@ def array_digest(tree: Any) -> str:
     return digest.hexdigest()
 
 
-def check_arrays(directory: Path, recorded: dict[str, str], restored: dict[str, Any]) -> None:
-    """Raise CheckpointError "changed while it was read" when a restored tree (``restored``: its
-    folder name -> the tree) differs from the ``array_digest`` its save recorded (``recorded``, the
-    manifest's "arrays"; checkpoints saved before it have none: nothing to compare)."""
-    if not isinstance(recorded, dict):
-        raise CheckpointError(f"{directory}'s digest manifest is damaged: its arrays are no object")
-    for name, tree in restored.items():
-        if name in recorded and array_digest(tree) != recorded[name]:
+def check_recorded(manifest: Path, doc: dict[str, Any]) -> None:
+    """Raise CheckpointError "<manifest> is damaged" when its "arrays" (absent in checkpoints saved
+    before them) is no object or a value in it is no SHA-256 (64 lowercase hex digits)."""
+    arrays = doc.get("arrays", {})
+    if not isinstance(arrays, dict):
+        raise CheckpointError(
+            f"{manifest} is damaged: its arrays are a {type(arrays).__name__}, not an object"
+        )
+    for name, digest in arrays.items():
+        if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
             raise CheckpointError(
-                f"{directory} changed while it was read: the arrays restored from {name}/ do not "
-                f"match the SHA-256 its save recorded, so what was read is not what was verified; "
-                f"read it again once nothing writes to it (refused again: the record was edited or "
-                f"the checkpoint is damaged)"
+                f"{manifest} is damaged: arrays[{name!r}] is {digest!r}, not a SHA-256 (64 hex digits, "
+                f"lower case)"
+            )
+
+
+def check_arrays(directory: Path, doc: dict[str, Any], restored: dict[str, Any]) -> None:
+    """Raise CheckpointError when a restored tree (``restored``: its folder name -> the tree)
+    differs from the ``array_digest`` the save recorded in ``doc`` (the manifest's document,
+    ``check_recorded`` already), "changed while it was read" with both digests; or when ``doc``
+    records arrays but not those of a tree read ("damaged": a record cut or edited). A manifest
+    without "arrays" (saved before them) gets a warning, once per folder: its files were checked,
+    not the arrays read; ``doc`` ``{}`` (no manifest at all) was warned of already."""
+    if "arrays" not in doc:
+        if "files" in doc and str(directory) not in _warned_no_arrays:
+            _warned_no_arrays.add(str(directory))
+            log.warning(
+                "%s was saved before array digests: its files are checked, not the arrays read", directory
+            )
+        return
+    recorded = doc.get("arrays", {})
+    for name, tree in restored.items():
+        if name not in recorded:
+            raise CheckpointError(
+                f"{directory} is damaged: its digest manifest records the arrays of "
+                f"{', '.join(sorted(recorded)) or 'nothing'}, not of {name}/ (a record cut or edited)"
+            )
+        found = array_digest(tree)
+        if found != recorded[name]:
+            raise CheckpointError(
+                f"{directory} changed while it was read: the arrays restored from {name}/ have SHA-256 "
+                f"{found}, its save recorded {recorded[name]}, so what was read is not what was "
+                f"verified; read it again once nothing writes to it (refused again: the record was "
+                f"edited or the checkpoint is damaged)"
             )
