@@ -391,6 +391,7 @@ def test_a_hand_edited_arrays_record_is_refused_in_words(tmp_path, state, caplog
     for arrays, expected in (
         ([], "train_state.json is damaged: its arrays are a list, not an object"),
         ({**doc["arrays"], "params": 5}, "is damaged: arrays['params'] is 5, not a SHA-256"),
+        ({**doc["arrays"], "model_config.json": "0" * 64}, "arrays names 'model_config.json', not one of"),
         ({"opt_state": doc["arrays"]["opt_state"]}, "records the arrays of opt_state, not of params/"),
         ({**doc["arrays"], "params": "0" * 64}, f"its save recorded {'0' * 64}, so what was read"),
     ):

@@ -151,7 +151,7 @@ def _manifest(directory: Path, full_state: bool) -> tuple[str | None, dict[str, 
             raise TypeError(f"its files are a {type(doc['files']).__name__}, not an object")
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{path} is damaged: {err}") from None
-    check_recorded(path, doc)
+    check_recorded(path, doc, (PARAMS_DIR, OPT_STATE_DIR))
     return name, doc
 
 

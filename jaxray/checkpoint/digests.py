@@ -58,15 +58,20 @@ def array_digest(tree: Any) -> str:
     return digest.hexdigest()
 
 
-def check_recorded(manifest: Path, doc: dict[str, Any]) -> None:
+def check_recorded(manifest: Path, doc: dict[str, Any], trees: tuple[str, ...]) -> None:
     """Raise CheckpointError "<manifest> is damaged" when its "arrays" (absent in checkpoints saved
-    before them) is no object or a value in it is no SHA-256 (64 lowercase hex digits)."""
+    before them) is no object, names a folder that is none of ``trees`` (the array folders), or a
+    value in it is no SHA-256 (64 lowercase hex digits)."""
     arrays = doc.get("arrays", {})
     if not isinstance(arrays, dict):
         raise CheckpointError(
             f"{manifest} is damaged: its arrays are a {type(arrays).__name__}, not an object"
         )
     for name, digest in arrays.items():
+        if name not in trees:
+            raise CheckpointError(
+                f"{manifest} is damaged: arrays names {name!r}, not one of {', '.join(trees)}"
+            )
         if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
             raise CheckpointError(
                 f"{manifest} is damaged: arrays[{name!r}] is {digest!r}, not a SHA-256 (64 hex digits, "
