@@ -100,11 +100,27 @@ def test_summary_json_records_checkpoints_relative_to_the_run_folder(tmp_path, s
     assert checkpoint.resolve(folder) == folder / row["checkpoint"]
 
 
-def test_through_a_run_folder_the_newest_good_checkpoint_is_used_with_a_warning(tmp_path, state, caplog):
+def cut_the_params_digest(newest: Path) -> str:
+    """Cut "params" out of the arrays train_state.json records (a fresh user's edit); the refusal."""
+    doc = json.loads((newest / checkpoint.TRAIN_STATE).read_text())
+    del doc["arrays"]["params"]
+    (newest / checkpoint.TRAIN_STATE).write_text(json.dumps(doc))
+    return "its arrays record 'opt_state', not"
+
+
+def damage_the_params(newest: Path) -> str:
+    flip_a_byte(largest_params_file(newest))
+    return "does not match its checksum"
+
+
+@pytest.mark.parametrize("damage", [damage_the_params, cut_the_params_digest])
+def test_through_a_run_folder_the_newest_good_checkpoint_is_used_with_a_warning(
+    tmp_path, state, caplog, damage
+):
     folder = run_folder(tmp_path / "run", state)
     newest, older = (folder / "train" / TRIAL_NAME / checkpoint_name(s, 1) for s in (20, 10))
-    flip_a_byte(largest_params_file(newest))
-    with pytest.raises(checkpoint.CheckpointError, match="does not match its checksum"):
+    refusal = damage(newest)
+    with pytest.raises(checkpoint.CheckpointError, match=refusal):
         checkpoint.restore(newest)  # given directly: refused
     for given in (folder, folder / "train" / TRIAL_NAME):  # runs/<experiment>, a Ray Train run folder
         caplog.clear()
@@ -391,8 +407,14 @@ def test_a_hand_edited_arrays_record_is_refused_in_words(tmp_path, state, caplog
     for arrays, expected in (
         ([], "train_state.json is damaged: its arrays are a list, not an object"),
         ({**doc["arrays"], "params": 5}, "is damaged: arrays['params'] is 5, not a SHA-256"),
-        ({**doc["arrays"], "model_config.json": "0" * 64}, "arrays names 'model_config.json', not one of"),
-        ({"opt_state": doc["arrays"]["opt_state"]}, "records the arrays of opt_state, not of params/"),
+        (
+            {**doc["arrays"], "model_config.json": "0" * 64},
+            "its arrays record 'model_config.json', 'opt_state', 'params', not",
+        ),
+        (
+            {"opt_state": doc["arrays"]["opt_state"]},
+            "train_state.json is damaged: its arrays record 'opt_state', not 'params', 'opt_state'",
+        ),
         ({**doc["arrays"], "params": "0" * 64}, f"its save recorded {'0' * 64}, so what was read"),
     ):
         (saved / checkpoint.TRAIN_STATE).write_text(json.dumps({**doc, "arrays": arrays}))

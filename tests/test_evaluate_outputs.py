@@ -170,3 +170,16 @@ def test_an_out_in_a_run_folders_own_folders_is_refused(trial_checkpoints, tmp_p
         err
     )
     assert files(tmp_path / "run") == before
+
+
+def test_figures_of_the_users_own_in_out_are_never_replaced(trial_checkpoints, tmp_path, capsys):
+    # A fresh user's own confusion_matrix.png was overwritten (an MLP's evaluation) or deleted (a
+    # transformer's, which writes no figures) by an evaluate into that folder.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "confusion_matrix.png").write_text("my own figure")
+    code, err = evaluate(
+        capsys, "--checkpoint", trial_checkpoints[0], "--out", tmp_path / "mine", "--overwrite"
+    )
+    assert code == 2 and "holds confusion_matrix.png but no evaluation (no summary.json)" in err, err
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["confusion_matrix.png"]
+    assert (tmp_path / "mine" / "confusion_matrix.png").read_text() == "my own figure"

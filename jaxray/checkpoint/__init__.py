@@ -58,6 +58,7 @@ HISTORY_FILE = "history.json"
 TRAIN_STATE = "train_state.json"
 CHECKSUMS = "checksums.json"
 MANIFESTS = (TRAIN_STATE, CHECKSUMS)  # the files that hold the others' digests
+ARRAY_TREES = {TRAIN_STATE: (PARAMS_DIR, OPT_STATE_DIR), CHECKSUMS: (PARAMS_DIR,)}  # what each records
 log = logging.getLogger(__name__)
 _warned_unverified: set[str] = set()  # folders already named in the "no checksums" warning
 
@@ -151,7 +152,7 @@ def _manifest(directory: Path, full_state: bool) -> tuple[str | None, dict[str, 
             raise TypeError(f"its files are a {type(doc['files']).__name__}, not an object")
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{path} is damaged: {err}") from None
-    check_recorded(path, doc, (PARAMS_DIR, OPT_STATE_DIR))
+    check_recorded(path, doc, ARRAY_TREES[name])
     return name, doc
 
 

@@ -60,18 +60,19 @@ def array_digest(tree: Any) -> str:
 
 def check_recorded(manifest: Path, doc: dict[str, Any], trees: tuple[str, ...]) -> None:
     """Raise CheckpointError "<manifest> is damaged" when its "arrays" (absent in checkpoints saved
-    before them) is no object, names a folder that is none of ``trees`` (the array folders), or a
-    value in it is no SHA-256 (64 lowercase hex digits)."""
+    before them) is no object, does not record exactly the array folders ``trees`` (a record cut or
+    edited), or holds a value that is no SHA-256 (64 lowercase hex digits)."""
     arrays = doc.get("arrays", {})
     if not isinstance(arrays, dict):
         raise CheckpointError(
             f"{manifest} is damaged: its arrays are a {type(arrays).__name__}, not an object"
         )
+    if "arrays" in doc and sorted(arrays) != sorted(trees):
+        raise CheckpointError(
+            f"{manifest} is damaged: its arrays record {', '.join(map(repr, sorted(arrays))) or 'nothing'}, "
+            f"not {', '.join(map(repr, trees))} (a record cut or edited)"
+        )
     for name, digest in arrays.items():
-        if name not in trees:
-            raise CheckpointError(
-                f"{manifest} is damaged: arrays names {name!r}, not one of {', '.join(trees)}"
-            )
         if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
             raise CheckpointError(
                 f"{manifest} is damaged: arrays[{name!r}] is {digest!r}, not a SHA-256 (64 hex digits, "
@@ -82,8 +83,7 @@ def check_recorded(manifest: Path, doc: dict[str, Any], trees: tuple[str, ...]) 
 def check_arrays(directory: Path, doc: dict[str, Any], restored: dict[str, Any]) -> None:
     """Raise CheckpointError when a restored tree (``restored``: its folder name -> the tree)
     differs from the ``array_digest`` the save recorded in ``doc`` (the manifest's document,
-    ``check_recorded`` already), "changed while it was read" with both digests; or when ``doc``
-    records arrays but not those of a tree read ("damaged": a record cut or edited). A manifest
+    ``check_recorded`` already), "changed while it was read" with both digests. A manifest
     without "arrays" (saved before them) gets a warning, once per folder: its files were checked,
     not the arrays read; ``doc`` ``{}`` (no manifest at all) was warned of already."""
     if "arrays" not in doc:
@@ -94,12 +94,7 @@ def check_arrays(directory: Path, doc: dict[str, Any], restored: dict[str, Any])
             )
         return
     recorded = doc.get("arrays", {})
-    for name, tree in restored.items():
-        if name not in recorded:
-            raise CheckpointError(
-                f"{directory} is damaged: its digest manifest records the arrays of "
-                f"{', '.join(sorted(recorded)) or 'nothing'}, not of {name}/ (a record cut or edited)"
-            )
+    for name, tree in restored.items():  # check_recorded: ``recorded`` holds every tree read
         found = array_digest(tree)
         if found != recorded[name]:
             raise CheckpointError(

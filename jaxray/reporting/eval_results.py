@@ -42,8 +42,8 @@ def results_folder(out: str | Path, directory: Path, weights: str | None, overwr
     in a checkpoint folder, ValueError if it holds another tool's summary.json, ConfigError if it
     holds the evaluation of other weights than ``directory``'s (another path, or the same path
     whose digest manifest's SHA-256 ``weights`` differs: a folder replaced or a symlink moved
-    since) unless ``overwrite``, or cannot be created (its nearest existing folder is not a
-    writable directory)."""
+    since) unless ``overwrite``, holds files named like the figures without an evaluation's
+    summary.json, or cannot be created (its nearest existing folder is not a writable directory)."""
     out = Path(out).absolute()
     checkpoint.check_outside(out)
     check_overwrite(out, WRITER)
@@ -61,6 +61,12 @@ def results_folder(out: str | Path, directory: Path, weights: str | None, overwr
                 f"manifest SHA-256 {digest}), not of those there now ({weights}); pass --overwrite "
                 f"or another --out (nothing was changed)"
             )
+    theirs = [n for n in FIGURES if (out / n).exists()] if not (out / "summary.json").is_file() else []
+    if theirs:  # figure names with no evaluation beside them: someone else's files, never replaced
+        raise ConfigError(
+            f"--out {out} holds {', '.join(theirs)} but no evaluation (no summary.json), so they are "
+            f"not an earlier evaluation's and would be replaced; choose another --out (nothing was changed)"
+        )
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         kind = "not a directory" if not existing.is_dir() else "not writable"
