@@ -110,5 +110,9 @@ sys.exit(f"the head was not up within {timeout:.0f} s; see {log}; stop it with l
 PY
 echo "dashboard and job API: http://127.0.0.1:$port (token auth: 'ray get-auth-token' prints the token)"
 echo "GCS address (RAY_ADDRESS for a driver run on this machine): $(cat "$state.address")"
-echo "submit: RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:$port --runtime-env cluster/runtime_env.yaml -- python -m jaxray.tune --config tune_configs/smoke.yaml --out \$PWD/runs/smoke"
+# The README's submission (On a cluster). The job runs with the head's environment, so a
+# JAXRAY_DATA_DIR exported before this script serves instead of --data-dir.
+data_dir=" --data-dir \$PWD/../shared/data"
+[ -z "${JAXRAY_DATA_DIR:-}" ] || data_dir=""
+echo "submit: RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:$port --runtime-env cluster/runtime_env.yaml -- python -m jaxray.tune --config tune_configs/smoke.yaml$data_dir --out \$PWD/runs/smoke"
 echo "stop:   ${RAY_DASHBOARD_PORT:+RAY_DASHBOARD_PORT=$port }cluster/local-down.sh"

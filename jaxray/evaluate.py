@@ -165,12 +165,14 @@ def run(
     another checkpoint, and must be creatable. Raises CheckpointError, ConfigError or ValueError
     (bad path, checkpoint, --out or sampling argument), DataFileError (missing or damaged data
     file) and ResultsWriteError (the results could not be written; nothing in ``out`` changed).
+    Names the checkpoint resolved on stderr (``checkpoint.describe``) before anything is loaded.
     """
     Sampling(max_new_tokens, temperature, seed).check()
     prompt_window(encode_prompt(prompt), 1)  # an empty prompt fails here, not after the restore
     if data_dir is not None and not Path(data_dir).is_dir():  # else a typo falls to the default search
         raise ConfigError(f"--data-dir {data_dir} is not a directory")
     directory = checkpoint.resolve(path, workload).absolute()
+    print(checkpoint.describe(directory), file=sys.stderr, flush=True)  # which one, before the work
     trial = checkpoint.load_trial_config(directory)
     if workload and trial.model.workload != workload:
         raise checkpoint.CheckpointError(

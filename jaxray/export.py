@@ -18,8 +18,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from jaxray import checkpoint
 from jaxray.argtypes import TRANSFORMER_CHECKPOINT_HELP, cli_parser
-from jaxray.inference.artifact import ATTENTION_NOTE, ExportError, export_checkpoint
+from jaxray.inference.artifact import ATTENTION_NOTE, ExportError, check_out, export_checkpoint
+from jaxray.inference.load import check_checkpoint
 from jaxray.inference.settings import EngineSettings, add_engine_options, engine_overrides
 from jaxray.runs import removed_if_failed
 
@@ -49,6 +51,16 @@ def _size(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.iterdir())
 
 
+def _resolved(args: argparse.Namespace, out: Path) -> Path:
+    """The checkpoint ``--checkpoint`` resolves to, named on stderr (``checkpoint.describe``) once
+    --out and the settings are checked, before the export's work starts; raises as
+    ``export_checkpoint`` does."""
+    check_out(out)
+    source = check_checkpoint(args.checkpoint, _settings(args), purpose="exported")
+    print(checkpoint.describe(source), file=sys.stderr, flush=True)
+    return source
+
+
 def main(argv: list[str] | None = None) -> int:
     p = cli_parser(
         "python -m jaxray.export",
@@ -62,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).absolute()
     try:
         with removed_if_failed(out):
-            manifest = export_checkpoint(args.checkpoint, out, _settings(args))
+            manifest = export_checkpoint(_resolved(args, out), out, _settings(args))
     except ValueError as err:  # CheckpointError, ExportError, AttentionError, a context_keep out of range
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -67,8 +67,11 @@ def checked_checkpoint(args: argparse.Namespace) -> Path:
 
 
 def sample_text(args: argparse.Namespace) -> str:
-    """The text sampled after ``args.prompt`` by the chosen sampler (the prompt not included)."""
-    model, params = checkpoint.restore(checked_checkpoint(args))
+    """The text sampled after ``args.prompt`` by the chosen sampler (the prompt not included); the
+    checkpoint resolved is named on stderr first (``checkpoint.describe``), stdout staying the text."""
+    path = checked_checkpoint(args)
+    print(checkpoint.describe(path), file=sys.stderr, flush=True)
+    model, params = checkpoint.restore(path)
     sampling = sampling_options(args)
     if args.sampler == "kv":
         return kv_generate(model, params, args.prompt, sampling, args.context_keep)

@@ -7,12 +7,12 @@ before a new one has replaced it whole. A sweep stopped by a full disk says so (
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 from jaxray import checkpoint
 from jaxray.config import ConfigError
 from jaxray.raytrain.sweep import TrialRows
+from jaxray.reporting import terminal
 from jaxray.runs import EXPERIMENT_FILE, FILES, RUN_DIRS, SUMMARY_JSON, TRAIN_DIR, check_not_nested
 
 # Where --overwrite keeps the earlier run's results until the new run ends complete (settle_aside).
@@ -49,7 +49,7 @@ def check_out(out: Path, overwrite: bool) -> list[Path]:
         )
     check_not_nested(out, ours)
     try:
-        checkpoint.check_outside(out)  # a run inside a checkpoint folder is deleted with it
+        checkpoint.check_outside(out, run=True)  # a run inside a checkpoint folder is deleted with it
     except checkpoint.CheckpointError as err:
         raise ConfigError(str(err)) from None
     return ours
@@ -85,7 +85,7 @@ def settle_aside(out: Path, aside: Path | None, results: list[TrialRows], comple
         print(
             f"error: the new run did not finish every trial, so the earlier run's results are kept in "
             f"{aside}; delete that folder once you do not need them",
-            file=sys.stderr,
+            file=terminal.err(),
         )
         return
     for name in (*FILES, *RUN_DIRS, EXPERIMENT_FILE):
@@ -98,7 +98,7 @@ def settle_aside(out: Path, aside: Path | None, results: list[TrialRows], comple
     print(
         f"no trial of the new run finished, so there is nothing of it to keep or resume: the earlier "
         f"run's results are back in {out}",
-        file=sys.stderr,
+        file=terminal.err(),
     )
 
 

@@ -56,6 +56,8 @@ FILES = (SUMMARY_JSON, SUMMARY_MD, THROUGHPUT_PLOT, LOSS_PLOT)  # the sweep repo
 TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR = "train", "tune", "tensorboard"
 RUN_DIRS = (TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR)  # what a run writes besides the files above
 LOCK_FILE = ".jaxray.lock"  # held by the one command writing into the folder (``exclusive``)
+# One log per python -m jaxray.tune in the folder (Ray's, Tune's, Orbax's output); kept by --overwrite.
+LOGS_DIR = "logs"
 # experiment.yaml's line holding the SHA-256 of the config below it (``signed``, ``check_unedited``).
 CONFIG_DIGEST = "# SHA-256 of the config below it (--resume refuses an edited config): "
 COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the trial's compiled step
@@ -297,11 +299,19 @@ def read_summary(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def best_checkpoint(run_dir: str | Path, workload: str | None = None) -> Path:
     """The checkpoint of the best trial of ``workload`` in the run folder ``run_dir``: the trial
+    ``summary.md`` names (``best_row``). The path is inside ``run_dir`` (``folder_path``). Raises
+    RunFolderError as ``best_row`` does, or when the recorded path leads outside the folder."""
+    best = best_row(run_dir, workload)
+    return folder_path(run_dir, best["checkpoint"], f"the checkpoint of trial {best.get('trial')!r}")
+
+
+def best_row(run_dir: str | Path, workload: str | None = None) -> dict[str, Any]:
+    """The summary row of the best trial of ``workload`` in the run folder ``run_dir``: the trial
     ``summary.md`` names (``best_trial`` by the sweep's saved ranking), among those with a
     checkpoint; the first of them when none has a finite value. Default workload: the transformer
-    if the sweep has one, else the first by name. The path is inside ``run_dir`` (``folder_path``).
-    Raises RunFolderError naming the file when ``summary.json`` or ``experiment.yaml`` cannot be
-    read, no trial of ``workload`` has a checkpoint, or its recorded path leads outside the folder."""
+    if the sweep has one, else the first by name. Raises RunFolderError naming the file when
+    ``summary.json`` or ``experiment.yaml`` cannot be read or no trial of ``workload`` has a
+    checkpoint."""
     rows = [r for r in read_summary(run_dir) if r.get("checkpoint") and r.get("workload")]
     workloads = sorted({r["workload"] for r in rows})
     workload = workload or ("transformer" if "transformer" in workloads else next(iter(workloads), None))
@@ -312,8 +322,7 @@ def best_checkpoint(run_dir: str | Path, workload: str | None = None) -> Path:
             f"{Path(run_dir) / SUMMARY_JSON} has no finished trial with a checkpoint{which}; a failed "
             f"trial's own checkpoints are under {Path(run_dir) / TRAIN_DIR}/<trial>: pass that folder"
         )
-    best = best_trial(rows, workload, saved_ranking(run_dir)) or rows[0]
-    return folder_path(run_dir, best["checkpoint"], f"the checkpoint of trial {best.get('trial')!r}")
+    return best_trial(rows, workload, saved_ranking(run_dir)) or rows[0]
 
 
 def record_path(run_dir: str | Path, path: str | Path) -> str:

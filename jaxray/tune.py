@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +39,15 @@ from jaxray.overwrite import ASIDE_DIR, check_out, finished, full_disk, resume_h
 from jaxray.parallel.checks import check_experiment
 from jaxray.raytrain.cluster import check_gpus, init_ray
 from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep
+from jaxray.reporting import terminal
 from jaxray.reporting.sweep import markdown_summary, write_reports
 from jaxray.runs import (
     EXPERIMENT_FILE,
     EXPERIMENT_HEADER,
+    LOGS_DIR,
+    SUMMARY_MD,
+    TENSORBOARD_DIR,
+    TUNE_DIR,
     RunFolderError,
     check_unedited,
     exclusive,
@@ -69,6 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="output folder (default: runs/<experiment>)")
     p.add_argument(
         "--data-dir", help="folder with the data files (default: $JAXRAY_DATA_DIR, then the cache)"
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help=f"print Ray's, Tune's and Orbax's output here as it comes (default: a progress display "
+        f"here, that output in DIR/{LOGS_DIR}/tune-<time>.log)",
     )
     p.add_argument(
         "--overwrite",
@@ -177,7 +190,7 @@ def prepare(
                 f"note: {out / ASIDE_DIR} holds the results of an earlier run that an interrupted "
                 f"--overwrite set aside; the resume keeps them there (delete the folder once you "
                 f"do not need them)",
-                file=sys.stderr,
+                file=terminal.err(),
             )
     else:
         exp = load_experiment(args.config, overrides)
@@ -192,8 +205,41 @@ def prepare(
         exp,
         parquet_rows(exp) if exp.data.parquet else {w: num_rows(train) for w, (train, _) in arrays.items()},
     )
-    check_gpus(exp, init_ray(exp))
+    if not args.verbose:
+        quiet_terminal(out, stack)
+    joined, dashboard = init_ray(exp)
+    print(header(exp, out, joined, dashboard), file=terminal.err(), flush=True)
+    check_gpus(exp, joined)
     return exp, out, arrays, ours
+
+
+def quiet_terminal(out: Path, stack: contextlib.ExitStack) -> None:
+    """From here until ``stack`` closes, everything but jaxray's own lines goes to the run's log,
+    ``out/logs/tune-<time>.log``; a log that cannot be created (a full disk) leaves the terminal as
+    it is, with a warning."""
+    log = out / LOGS_DIR / f"tune-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    try:
+        stack.enter_context(terminal.quiet(log))
+    except OSError as err:
+        print(f"warning: cannot write the log {log} ({err}); Ray's output follows here", file=sys.stderr)
+        return
+    stack.callback(ray.shutdown)  # before the log is closed: Ray's last words go there too
+
+
+def header(exp: ExperimentConfig, out: Path, joined: bool, dashboard: str | None) -> str:
+    """The run's first lines on the terminal: what runs, where results and the log go, the cluster."""
+    trials = [s.grid_size() for s in exp.sweeps]
+    sweeps = ", ".join(f"{s.workload} ({n} trial{'s' * (n != 1)})" for s, n in zip(exp.sweeps, trials))
+    cluster = "the joined cluster's" if joined else "a local Ray started for this run"
+    lines = [
+        f"jaxray.tune: experiment {exp.experiment}, {sum(trials)} trial(s) in {len(exp.sweeps)} "
+        f"sweep(s): {sweeps}",
+        f"results: {out}",
+        f"dashboard: {dashboard or 'none'} ({cluster})",
+    ]
+    if terminal.log_file():
+        lines.insert(2, f"log: {terminal.log_file()} (Ray, Tune and Orbax output; --verbose prints it here)")
+    return "\n".join(lines)
 
 
 def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
@@ -202,13 +248,36 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     rows = [row for row, _ in results]
     ranking = sweep_ranking(exp.sweeps)
     write_reports(out, rows, {row["trial"]: history for row, history in results}, ranking)
-    print(markdown_summary(rows, ranking))
-    print(f"\nresults in {out}")
+    print(markdown_summary(rows, ranking), file=terminal.out())
+    print(f"results in {out}", file=terminal.out())
+    print(next_steps(out, rows), file=terminal.out())
     failed = [r["trial"] for r in rows if r.get("error")]
     if failed:
-        print(f"error: {len(failed)} trial(s) failed: {', '.join(failed)}", file=sys.stderr)
+        log = f"; all output: {terminal.log_file()}" if terminal.log_file() else ""
+        print(
+            f"error: {len(failed)} trial(s) failed: {', '.join(failed)} (their errors are in "
+            f"{out / SUMMARY_MD}, tracebacks in {out / TUNE_DIR}/<workload>/<trial>/error.txt{log})",
+            file=terminal.err(),
+        )
         return 1
     return 0
+
+
+def next_steps(out: Path, rows: list[dict]) -> str:
+    """The commands that use the run's results: each best trial's (the transformer's: generate and
+    serve), and TensorBoard on the event files."""
+    here = Path.cwd()
+    folder = shlex.quote(str(out.relative_to(here) if out.is_relative_to(here) else out))
+    done = {r["workload"] for r in rows if not r.get("error")}
+    lines = ["next:"]
+    if "transformer" in done:
+        lines += [
+            f'  python -m jaxray.generate --checkpoint {folder} --prompt "ROMEO:"',
+            f"  python -m jaxray.serve --checkpoint {folder}",
+        ]
+    lines += [f"  python -m jaxray.evaluate --checkpoint {folder} --workload {w}" for w in sorted(done)]
+    lines.append(f"  tensorboard --logdir {folder}/{TENSORBOARD_DIR}")
+    return "\n".join(lines)
 
 
 def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool, results: list[TrialRows]) -> int:
@@ -222,7 +291,7 @@ def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool, res
             print(
                 f"error: interrupted with {unfinished} trial(s) of the {sweep.workload} sweep "
                 f"unfinished{resume_hint(out, resume, results)}",
-                file=sys.stderr,
+                file=terminal.err(),
             )
             return INTERRUPTED
     return report(out, exp, results)
@@ -246,11 +315,11 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         interrupts.stop_if_interrupted()  # a Ctrl-C during the imports was only recorded
         exp, out, arrays, ours = prepare(args, stack)
     except (ConfigError, DataFileError, RunFolderError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {err}", file=terminal.err())
         ray.shutdown()
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted before the run started; nothing was changed", file=sys.stderr)
+        print("error: interrupted before the run started; nothing was changed", file=terminal.err())
         ray.shutdown()
         return INTERRUPTED
     results: list[TrialRows] = []
@@ -265,12 +334,12 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             print(
                 f"error: {out} was moved while the run wrote into it, so it holds part of the new run "
                 f"at most; the earlier run's results are in the {ASIDE_DIR}/ of the folder it became",
-                file=sys.stderr,
+                file=terminal.err(),
             )
             code = 1
         return code
     except KeyboardInterrupt:  # before Tune took over Ctrl-C: settle_aside decides, as after Tune's
-        print(f"error: interrupted{resume_hint(out, resume, results)}", file=sys.stderr)
+        print(f"error: interrupted{resume_hint(out, resume, results)}", file=terminal.err())
         return INTERRUPTED
     except BaseException as err:
         # A full disk is a failure like a failed trial (settle_aside decides); anything else is a
@@ -278,10 +347,10 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         keeps_new = aside is None or finished(results)
         message = full_disk(out, err, keeps_new) if isinstance(err, Exception) else None
         if message:
-            print(f"error: {message}", file=sys.stderr)
+            print(f"error: {message}", file=terminal.err())
             return 1
         if aside is not None:
-            print(f"error: the earlier run's results are kept in {aside}", file=sys.stderr)
+            print(f"error: the earlier run's results are kept in {aside}", file=terminal.err())
             aside = None
         raise
     finally:

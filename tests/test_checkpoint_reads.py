@@ -35,15 +35,18 @@ def state():
     return init_state(build(TRIAL.model).init(jax.random.key(0)), make_optimizer(1e-3, 0.0))
 
 
-def run_folder(root: Path, state, steps=(10, 20)) -> Path:
+def run_folder(root: Path, state, steps=(10, 20), recorded: bool = False) -> Path:
     """A run folder as a sweep leaves it: ``train/<trial>/checkpoint_step_*`` (real full-state
     saves, as the workers write them) and summary.json from the real writer, whose row names the
-    newest checkpoint by its absolute path, as Tune reports it."""
+    newest checkpoint by its absolute path, as Tune reports it, and (``recorded``, as runs since
+    round 12 of issue 15 write it) its manifest's SHA-256."""
     saved = [
         checkpoint.save_state(root / "train" / TRIAL_NAME / checkpoint_name(s, 1), state, TRIAL, [], {})
         for s in steps
     ]
     row = {"trial": TRIAL_NAME, "workload": "mlp", "test_accuracy": 0.9, "checkpoint": str(saved[-1])}
+    if recorded:
+        row["checkpoint_sha256"] = checkpoint.manifest_sha256(saved[-1])
     write_reports(root, [row], {TRIAL_NAME: []})
     return root
 
@@ -132,6 +135,35 @@ def test_through_a_run_folder_the_newest_good_checkpoint_is_used_with_a_warning(
     with pytest.raises(checkpoint.CheckpointError, match="no usable checkpoint") as err:
         checkpoint.resolve(folder)
     assert str(newest) in str(err.value) and str(older) in str(err.value)
+
+
+def swap_the_two(newest: Path, older: Path, other_state) -> None:
+    """The older checkpoint renamed into the newest's place, and the newest into the older's."""
+    newest.rename(newest.with_name("swap"))
+    older.rename(newest)
+    newest.with_name("swap").rename(older)
+
+
+def copy_in_another_runs(newest: Path, older: Path, other_state) -> None:
+    """Another run's checkpoint (other weights, consistent with itself) copied into the newest's place."""
+    shutil.rmtree(newest)
+    checkpoint.save_state(newest, other_state, TRIAL, [], {})
+
+
+@pytest.mark.parametrize("by_hand", [swap_the_two, copy_in_another_runs])
+def test_a_checkpoint_put_in_the_place_the_summary_names_is_never_used_for_it(
+    tmp_path, state, caplog, by_hand
+):
+    """Round 12: each file check passes on a folder put there by hand; the SHA-256 of its manifest,
+    which the summary row records, tells it from the one the run saved."""
+    folder = run_folder(tmp_path / "run", state, recorded=True)
+    newest, older = (folder / "train" / TRIAL_NAME / checkpoint_name(s, 1) for s in (20, 10))
+    by_hand(newest, older, state._replace(params=jax.tree.map(lambda x: x + 1, state.params)))
+    with caplog.at_level(logging.WARNING, logger="jaxray.checkpoint"):
+        assert checkpoint.resolve(folder) == older
+    assert f"{newest} is not the checkpoint the run's summary.json names" in caplog.text
+    assert f"using {older} instead" in caplog.text
+    checkpoint.restore(newest)  # given directly it is what it is: nothing to compare it with
 
 
 def test_a_copied_run_folder_reads_its_own_checkpoints_once_the_original_is_gone(tmp_path, state):

@@ -41,8 +41,10 @@ def trial_checkpoints(real_dir, tmp_path_factory) -> tuple[Path, Path]:
 
 
 def evaluate(capsys, *args: str) -> tuple[int, str]:
+    """(exit code, stderr less the line naming the checkpoint resolved: tests/test_chosen_checkpoint.py)."""
     code = main([*map(str, args)])
-    return code, capsys.readouterr().err
+    err = capsys.readouterr().err.splitlines(keepends=True)
+    return code, "".join(line for line in err if not line.startswith("checkpoint: "))
 
 
 def contents(folder: Path) -> dict[str, bytes]:
@@ -169,6 +171,18 @@ def test_an_out_in_a_run_folders_own_folders_is_refused(trial_checkpoints, tmp_p
     assert code == 2 and f"lies in {run_dir}/ of the run folder {tmp_path / 'run'}, which the next" in err, (
         err
     )
+    assert files(tmp_path / "run") == before
+
+
+def test_an_out_that_is_a_run_folder_is_refused(trial_checkpoints, tmp_path, capsys):
+    # Round 12: evaluate --out an interrupted run folder (no summary.json yet) was accepted, and the
+    # run's --resume then replaced that evaluation's summary.json without a word.
+    earlier_run(tmp_path / "run")
+    (tmp_path / "run" / "summary.json").unlink()  # interrupted: no report yet
+    before = files(tmp_path / "run")
+    code, err = evaluate(capsys, "--checkpoint", trial_checkpoints[0], "--out", tmp_path / "run")
+    said = f"--out {tmp_path / 'run'} is the run folder of a python -m jaxray.tune run"
+    assert code == 2 and said in err, err
     assert files(tmp_path / "run") == before
 
 

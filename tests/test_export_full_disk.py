@@ -35,8 +35,10 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(
         fill(disk, leave=leave)
         for out in (disk / "new", disk / "a" / "b" / "new"):
             code = export_cli.main(["--checkpoint", str(trained_transformer), "--out", str(out), *OPTIONS])
-            err = capsys.readouterr().err
-            assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+            err = capsys.readouterr().err  # after the line naming the checkpoint (test_chosen_checkpoint.py)
+            named, err = err.split("\n", 1)
+            assert named.startswith("checkpoint: ") and code == 1
+            assert err.count("\n") == 1 and "Traceback" not in err
             assert err.startswith(f"error: the export to --out {out} could not be written")
             assert "No space left on device" in err
             assert sorted(p.name for p in disk.iterdir()) == ["earlier", "filler"]

@@ -149,7 +149,7 @@ def test_a_new_run_with_no_finished_trial_puts_the_earlier_results_back(tmp_path
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_an_overwrite_refused_by_the_cluster_leaves_the_earlier_run_in_place(tmp_path, monkeypatch, capsys):
+def test_an_overwrite_refused_by_the_cluster_leaves_the_earlier_run_in_place(tmp_path, monkeypatch, capfd):
     """use_gpu on a private Ray without GPUs fails once Ray is up (the last check before training):
     before, --overwrite had already deleted the earlier results by then."""
     monkeypatch.setenv("RAY_ADDRESS", "local")
@@ -159,13 +159,16 @@ def test_an_overwrite_refused_by_the_cluster_leaves_the_earlier_run_in_place(tmp
     config.write_text(smoke.replace("devices_per_worker: 1}", "devices_per_worker: 1, use_gpu: true}"))
     assert "use_gpu: true" in config.read_text()
     assert main(["--config", str(config), "--out", str(tmp_path / "out"), "--overwrite"]) == 2
-    assert "workers.use_gpu is true" in capsys.readouterr().err
-    assert files(tmp_path / "out") == before
+    assert "workers.use_gpu is true" in capfd.readouterr().err  # the terminal's descriptor
+    after = files(tmp_path / "out")
+    [log] = [name for name in after if name.startswith("logs/tune-")]  # the new run's log, beside
+    assert {k: v for k, v in after.items() if k != log} == before
+    assert b"error: workers.use_gpu is true" in after[log]  # jaxray's lines too: the whole record
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_an_overwrite_stopped_by_a_full_disk_puts_the_earlier_run_back(tmp_path, monkeypatch, capsys):
+def test_an_overwrite_stopped_by_a_full_disk_puts_the_earlier_run_back(tmp_path, monkeypatch, capfd):
     """The disk fills once every check has passed and the earlier results are set aside: the new
     run cannot write its experiment.yaml. A full disk is a failure, not a crash: the new run's files
     are removed and the earlier ones put back (before, they stayed in .overwritten/ and the next
@@ -178,10 +181,12 @@ def test_an_overwrite_stopped_by_a_full_disk_puts_the_earlier_run_back(tmp_path,
         assert (
             main(["--config", str(ROOT / "tune_configs/smoke.yaml"), "--out", str(out), "--overwrite"]) == 1
         )
-        err = capsys.readouterr().err
+        err = capfd.readouterr().err
         assert f"with the disk holding {out} full (" in err and "No space left on device" in err, err
         assert f"the earlier run's results are back in {out}" in err and "kept in" not in err, err
-        assert files(out) == before and not (out / ASIDE_DIR).exists()
+        after = files(out)  # and the new run's log, if the full disk let it start one
+        assert {k: v for k, v in after.items() if not k.startswith("logs/")} == before
+        assert not (out / ASIDE_DIR).exists()
 
 
 def test_a_sweep_stopped_on_a_full_disk_is_told_from_the_disk(tmp_path):

@@ -27,6 +27,10 @@ so in words, naming the folder and the cause (``failures``): a full disk is a Ch
 A ``runs/<experiment>`` directory also resolves to a checkpoint: its ``summary.json`` names one per
 trial and ``resolve`` picks the best of a workload, as ``jaxray.runs`` ranks them; when that
 checkpoint is damaged, the trial's newest good one is used, with a warning naming the skipped one.
+checkpoint is damaged, the trial's newest good one is used, with a warning naming the skipped one
+(``resolution``; its ``describe`` words the line a command prints for the checkpoint it resolved).
+The file names, the digest check every read begins with and the saved configs are ``layout``'s;
+the package re-exports the public names of both, so callers import them from here.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,24 +47,35 @@ import numpy as np
 from jax.sharding import Sharding
 
 from jaxray import runs
-from jaxray.checkpoint.digests import array_digest, check_arrays, check_recorded, file_digests, sha256_all
+from jaxray.checkpoint.digests import array_digest, check_arrays, file_digests
 from jaxray.checkpoint.failures import CheckpointError, reading, saving, unchanged
 from jaxray.checkpoint.failures import CheckpointSaveError as CheckpointSaveError  # what a failed save raises
+from jaxray.checkpoint.layout import ARRAY_TREES as ARRAY_TREES
+from jaxray.checkpoint.layout import (
+    CHECKSUMS,
+    HISTORY_FILE,
+    MANIFESTS,
+    MODEL_CONFIG,
+    OPT_STATE_DIR,
+    PARAMS_DIR,
+    TRAIN_STATE,
+    TRIAL_CONFIG,
+    load_model_config,
+    open_for_reading,
+    require_checkpoint,
+    verify,
+)
+from jaxray.checkpoint.layout import load_trial_config as load_trial_config
+from jaxray.checkpoint.layout import manifest_sha256 as manifest_sha256
+from jaxray.checkpoint.resolution import describe as describe
+from jaxray.checkpoint.resolution import resolve as resolve
+from jaxray.checkpoint.resolution import restore_latest as restore_latest
+from jaxray.checkpoint.resolution import trial_checkpoints as trial_checkpoints
 from jaxray.checkpoint.trees import OPTIMISER_ENTRY, abstract, local_copy, restore_tree, save_tree
-from jaxray.config import ModelConfig, TrialConfig
+from jaxray.config import TrialConfig
 from jaxray.models import Model, build
 
-PARAMS_DIR = "params"
-MODEL_CONFIG = "model_config.json"
-TRIAL_CONFIG = "trial_config.json"
-OPT_STATE_DIR = "opt_state"
-HISTORY_FILE = "history.json"
-TRAIN_STATE = "train_state.json"
-CHECKSUMS = "checksums.json"
-MANIFESTS = (TRAIN_STATE, CHECKSUMS)  # the files that hold the others' digests
-ARRAY_TREES = {TRAIN_STATE: (PARAMS_DIR, OPT_STATE_DIR), CHECKSUMS: (PARAMS_DIR,)}  # what each records
 log = logging.getLogger(__name__)
-_warned_unverified: set[str] = set()  # folders already named in the "no checksums" warning
 
 
 def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
@@ -134,95 +149,20 @@ def save_state(
     return directory
 
 
-def _manifest(directory: Path, full_state: bool) -> tuple[str | None, dict[str, Any]]:
-    """(the digest manifest's name, its document) of ``directory``; (None, {}) for a params-only
-    checkpoint saved before checksums were recorded. CheckpointError when it is incomplete."""
-    name = next((n for n in MANIFESTS if (directory / n).is_file()), None)
-    full_state = full_state or any((directory / n).exists() for n in (OPT_STATE_DIR, HISTORY_FILE))
-    if full_state and name != TRAIN_STATE:
-        raise CheckpointError(
-            f"{directory} is incomplete: {TRAIN_STATE} is missing (its save did not finish)"
-        )
-    if name is None:
-        return None, {}
-    path = directory / name
-    try:
-        doc = json.loads(path.read_text())
-        if not isinstance(doc["files"], dict):
-            raise TypeError(f"its files are a {type(doc['files']).__name__}, not an object")
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{path} is damaged: {err}") from None
-    check_recorded(path, doc, ARRAY_TREES[name])
-    return name, doc
-
-
-def open_for_reading(directory: str | Path, full_state: bool = False, again: bool = False) -> dict[str, Any]:
-    """The one way a checkpoint is opened for reading: the SHA-256 of every file its save listed is
-    checked against that list (``train_state.json``, or ``checksums.json`` of a params-only
-    ``save``) before any array is read. Returns the manifest's document (``{}`` for a params-only
-    checkpoint older than checksums: loaded unverified, with a warning once per folder). With
-    ``again`` (the check after a read, ``failures.unchanged``) the files of a folder whose arrays'
-    SHA-256 the manifest records are left out: ``check_arrays`` compares what was read of them.
-
-    Raises CheckpointError naming the checkpoint and the file when it is no folder, is incomplete
-    (opt_state/ or history.json without ``train_state.json``: the save never finished; with
-    ``full_state`` any checkpoint without it), its manifest is unreadable, a listed file is missing
-    or cannot be read (the OS error in words), or a file's SHA-256 differs (the message gives the
-    expected and the found digest).
-    """
-    directory = Path(directory)
-    with reading(directory):
-        return _check_digests(directory, full_state, again)
-
-
-def _require_folder(directory: Path) -> None:
-    if not directory.is_dir():
-        what = "it is a file" if directory.exists() else "no such folder"
-        raise CheckpointError(f"{directory} is not a checkpoint: {what}")
-
-
-def _check_digests(directory: Path, full_state: bool, again: bool) -> dict[str, Any]:
-    """``open_for_reading`` less the translation of OS errors into CheckpointError."""
-    _require_folder(directory)
-    name, doc = _manifest(directory, full_state)
-    if name is None:
-        if str(directory) not in _warned_unverified:
-            _warned_unverified.add(str(directory))
-            log.warning(
-                "%s has no checksums.json (saved before jaxray wrote one): loaded unverified", directory
-            )
-        return doc
-    listed = [(rel, directory / rel, digest) for rel, digest in doc["files"].items()]
-    if again and isinstance(doc.get("arrays"), dict):  # after a read: the arrays' digests cover theirs
-        listed = [entry for entry in listed if entry[0].split("/")[0] not in doc["arrays"]]
-    missing = next((rel for rel, f, _ in listed if not f.is_file()), None)
-    if missing is not None:
-        raise CheckpointError(f"{directory} is damaged: {missing} is missing")
-    found = sha256_all([f for _, f, _ in listed])
-    for (rel, _, expected), got in zip(listed, found, strict=True):
-        if got != expected:
-            raise CheckpointError(
-                f"{directory} is damaged: {rel} does not match its checksum (truncated or "
-                f"overwritten): {name} records SHA-256 {expected}, the file has {got}"
-            )
-    return doc
-
-
-def verify(directory: str | Path) -> dict[str, Any]:
-    """``train_state.json`` of a complete, undamaged full-state checkpoint (``open_for_reading``
-    with ``full_state``). Raises CheckpointError naming the checkpoint and the file when it is
-    incomplete (no ``train_state.json``: the save never finished), a listed file is missing, or a
-    file's SHA-256 differs (truncated, damaged; both digests given)."""
-    return open_for_reading(directory, full_state=True)
-
-
-def check_outside(out: str | Path) -> None:
-    """Refuse a results folder ``out`` (evaluate's, export's, tune's) that is a checkpoint folder or
-    lies in one (the nearest of it and its parents holding a digest manifest): its files would be
-    mixed into the checkpoint's, and deleted with it when Ray Train rotates checkpoints; or that lies
-    in a run folder's train/, tune/ or tensorboard/, which its next ``--overwrite`` deletes whole
-    (through symlinks too). Raises CheckpointError naming both folders."""
+def check_outside(out: str | Path, run: bool = False) -> None:
+    """Refuse a results folder ``out`` (evaluate's, export's, tune's: ``run``) that is a checkpoint
+    folder or lies in one (the nearest of it and its parents holding a digest manifest): its files
+    would be mixed into the checkpoint's, and deleted with it when Ray Train rotates checkpoints; or
+    that lies in a run folder's train/, tune/ or tensorboard/, which its next ``--overwrite``
+    deletes whole (through symlinks too); or, unless it is for a ``run``, that is a run folder,
+    whose next ``--resume`` or ``--overwrite`` replaces its summary.json. Raises CheckpointError
+    naming both folders."""
     here = Path(out).absolute()
+    if not run and runs.written_by_a_run(here / runs.EXPERIMENT_FILE):
+        raise CheckpointError(
+            f"--out {here} is the run folder of a python -m jaxray.tune run, whose next --resume or "
+            f"--overwrite replaces what is written there; choose another --out (nothing was changed)"
+        )
     above = dict.fromkeys((here, *here.parents, here.resolve(), *here.resolve().parents))
     inside = next((d for d in above if any((d / m).is_file() for m in MANIFESTS)), None)
     if inside is not None:
@@ -277,57 +217,6 @@ def _read_state(directory: Path, target: Any, doc: dict) -> tuple[Any, dict, lis
     return target._replace(params=params, opt_state=opt_state, step=step), doc, history
 
 
-def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -> tuple[Any, Path]:
-    """``restore(path)`` of the newest candidate that restores (``candidates`` newest first),
-    logging a warning that names each one skipped, why, and the one used instead. Raises
-    CheckpointError listing every reason if none restores."""
-    errors = []
-    for path in candidates:
-        try:
-            value = restore(path)
-        except CheckpointError as err:
-            errors.append(str(err))  # each names its checkpoint
-            continue
-        if errors:
-            log.warning("checkpoint skipped: %s; using %s instead", "; ".join(errors), path)
-        return value, path
-    raise CheckpointError(
-        f"no usable checkpoint of the {len(errors)} tried, newest first: " + "; ".join(errors)
-    )
-
-
-def _load_config(directory: str | Path, name: str, cls):
-    path = Path(directory) / name
-    with reading(Path(directory)):  # a file that cannot be opened: the OS error in words
-        if not path.is_file():
-            raise CheckpointError(f"{directory} is not a jaxray checkpoint: {name} is missing")
-        text = path.read_text()
-    try:
-        return cls.model_validate_json(text)
-    except ValueError as err:
-        raise CheckpointError(f"{path} is damaged: {err}") from None
-
-
-def load_model_config(directory: str | Path) -> ModelConfig:
-    """The ModelConfig saved beside the params. Raises CheckpointError if missing or invalid."""
-    return _load_config(directory, MODEL_CONFIG, ModelConfig)
-
-
-def load_trial_config(directory: str | Path) -> TrialConfig:
-    """The TrialConfig the params were trained with. Raises CheckpointError if missing or invalid."""
-    return _load_config(directory, TRIAL_CONFIG, TrialConfig)
-
-
-def _require_checkpoint(directory: Path) -> None:
-    """CheckpointError naming what is missing when ``directory`` is not a jaxray checkpoint."""
-    with reading(directory):
-        _require_folder(directory)
-        for name in (MODEL_CONFIG, PARAMS_DIR):
-            if not (directory / name).exists():
-                shown = name if name == MODEL_CONFIG else f"{name}/"
-                raise CheckpointError(f"{directory} is not a jaxray checkpoint: {shown} is missing")
-
-
 def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Model, Any]:
     """Rebuild the model from its config and restore params into an abstract target, after every
     file is checked against its recorded SHA-256 (``open_for_reading``).
@@ -340,7 +229,7 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
     the model its config describes (naming the parameter and both shapes).
     """
     directory = Path(directory).absolute()
-    _require_checkpoint(directory)
+    require_checkpoint(directory)
     with unchanged(directory, lambda: open_for_reading(directory, again=True)):
         doc = open_for_reading(directory)
         model = build(load_model_config(directory))
@@ -349,52 +238,3 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
         params = restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")
         check_arrays(directory, doc, {PARAMS_DIR: params})
     return model, params
-
-
-def _usable(directory: Path) -> Path:  # a checkpoint whose files match their digests
-    _require_checkpoint(directory)
-    open_for_reading(directory)
-    return directory
-
-
-def trial_checkpoints(named: Path) -> list[Path]:
-    """``named``, then the older ``checkpoint_*`` folders beside it (its trial's), newest first; not
-    Ray Train's files there (``checkpoint_manager_snapshot.json``), which are no checkpoints."""
-    older = sorted(
-        (c for c in named.parent.glob("checkpoint_*") if c.name < named.name and c.is_dir()), reverse=True
-    )
-    return [named, *older]
-
-
-def resolve(path: str | Path, workload: str | None = None) -> Path:
-    """A checkpoint directory from ``path``: a checkpoint itself (as it is: ``restore`` refuses it
-    if damaged), a Ray Train run folder (its newest good ``checkpoint_*``), or a
-    ``runs/<experiment>`` run folder: the checkpoint of its best trial of ``workload``
-    (``jaxray.runs.best_checkpoint``: the trial ``summary.md`` names, ranked by the metric the
-    sweep saved; default workload: the transformer if the sweep has one). From a run folder, a
-    damaged checkpoint is skipped for the trial's next older good one, with a warning naming it.
-
-    Raises CheckpointError naming the path and what was looked for, or every skipped checkpoint
-    and why when none of the trial's is good.
-    """
-    path = Path(path)
-    with reading(path):  # a folder on the way that cannot be opened: the OS error in words
-        return _resolve(path, workload)
-
-
-def _resolve(path: Path, workload: str | None) -> Path:  # ``resolve`` less its OS errors in words
-    if (path / MODEL_CONFIG).is_file():
-        return path
-    inside = sorted(p.parent for p in path.glob(f"checkpoint_*/{MODEL_CONFIG}"))
-    if inside:  # a Ray Train run folder: its newest good checkpoint (names sort by step or time)
-        return restore_latest(inside[::-1], _usable)[1]
-    if not (path / runs.SUMMARY_JSON).is_file():
-        raise CheckpointError(
-            f"{path} is neither a checkpoint (no {MODEL_CONFIG}) nor an experiment "
-            f"directory (no {runs.SUMMARY_JSON})"
-        )
-    try:
-        named = runs.best_checkpoint(path, workload)
-    except runs.RunFolderError as err:
-        raise CheckpointError(str(err)) from None
-    return restore_latest(trial_checkpoints(named), _usable)[1]

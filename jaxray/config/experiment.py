@@ -8,6 +8,7 @@ ranking back from a run folder's ``experiment.yaml``.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -161,6 +162,10 @@ class SweepConfig(FrozenConfig):
             "dtype": s.dtype or [ModelConfig.model_fields["dtype"].default],
             "width": s.width or [self._preset().get("width", DEFAULT_WIDTH[self.workload])],
         }
+
+    def grid_size(self) -> int:
+        """How many trials the grid holds."""
+        return math.prod(len(values) for values in self.axes().values())
 
     def trial_dicts(self, base: dict[str, Any]) -> list[dict[str, Any]]:
         """The grid expanded into TrialConfig dicts (validate each with ``parse_trial``)."""

@@ -65,6 +65,15 @@ def check_source(path: str | Path, settings: EngineSettings | None = None) -> Pa
     return check_checkpoint(path, settings)
 
 
+def describe_source(path: str | Path) -> str:
+    """The one line naming what ``check_source`` resolved ``path`` to: ``checkpoint.describe`` of a
+    checkpoint (trial, step, metric), or ``artifact: PATH (exported from CHECKPOINT)``. Only reads;
+    raises ArtifactError as ``read_artifact_manifest`` for an artifact (``check_source`` read it)."""
+    if not is_artifact(path):
+        return checkpoint.describe(path)
+    return f"artifact: {path} (exported from {read_artifact_manifest(path)['checkpoint']})"
+
+
 def fingerprint(path: str | Path) -> str | None:
     """The SHA-256 of the digest manifest of the checkpoint or artifact directory ``path``
     (``train_state.json`` or ``checksums.json``; an artifact's ``manifest.json``), which holds

@@ -28,6 +28,7 @@ from ray.train.collective import broadcast_from_rank_zero
 from jaxray.config import ConfigError, WorkersConfig
 from jaxray.config.experiment import ExperimentConfig
 from jaxray.models.attention import AttentionChoice
+from jaxray.reporting import terminal
 
 # Ray Data's per-dataset progress bars would flood the log of every trial.
 QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
@@ -68,10 +69,11 @@ def running_local_cluster(address_file: Path | None = None) -> str | None:
     return address
 
 
-def init_ray(exp: ExperimentConfig) -> bool:
+def init_ray(exp: ExperimentConfig) -> tuple[bool, str | None]:
     """Join ``RAY_ADDRESS`` or a live ``ray start`` cluster on this machine; otherwise (or with
-    ``RAY_ADDRESS=local``) start a local Ray sized for the sweep. Returns True if it joined a
-    cluster. Raises ConfigError naming the address when joining fails."""
+    ``RAY_ADDRESS=local``) start a local Ray sized for the sweep. Returns (True if it joined a
+    cluster, the dashboard's URL or None without a dashboard). Raises ConfigError naming the address
+    when joining fails."""
     os.environ.update(QUIET_ENV)
     ray.data.DataContext.get_current().enable_progress_bars = False
     runtime_env = {"env_vars": QUIET_ENV}
@@ -85,7 +87,7 @@ def init_ray(exp: ExperimentConfig) -> bool:
         os.environ.setdefault("RAY_AUTH_MODE", "token")
     if address and address != "local":
         try:
-            ray.init(address=address, runtime_env=runtime_env)
+            context = ray.init(address=address, runtime_env=runtime_env)
         except Exception as err:  # Ray raises ConnectionError, RuntimeError or its own auth errors
             raise ConfigError(
                 f"could not join the Ray cluster at {address}: {type(err).__name__}: {err}\n"
@@ -94,12 +96,18 @@ def init_ray(exp: ExperimentConfig) -> bool:
             ) from None
         # Which cluster this driver joined, in the job's log: with several heads on one machine the
         # address a job's driver is given comes from a file the latest `ray start` wrote.
-        print(f"jaxray: joined the Ray cluster at {ray.get_runtime_context().gcs_address}", file=sys.stderr)
-        return True
+        print(
+            f"jaxray: joined the Ray cluster at {ray.get_runtime_context().gcs_address}", file=terminal.err()
+        )
+        return True, _url(context.dashboard_url)
     # One CPU for each trial driver and each worker; Tune queues what does not fit.
     need = (exp.max_concurrent_trials or 1) * (1 + exp.workers.num_workers) + 1
-    ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), runtime_env=runtime_env)
-    return False
+    context = ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), runtime_env=runtime_env)
+    return False, _url(context.dashboard_url)
+
+
+def _url(dashboard: str | None) -> str | None:  # Ray gives host:port
+    return f"http://{dashboard}" if dashboard and "://" not in dashboard else dashboard or None
 
 
 def check_gpus(exp: ExperimentConfig, joined: bool) -> None:
@@ -118,7 +126,7 @@ def check_gpus(exp: ExperimentConfig, joined: bool) -> None:
     )
     if not joined:
         raise ConfigError(message)
-    print(f"warning: {message}; waiting for the cluster to add GPU nodes", file=sys.stderr)
+    print(f"warning: {message}; waiting for the cluster to add GPU nodes", file=terminal.err())
 
 
 def join_cpu_program(rank: int, world: int) -> None:

@@ -9,10 +9,10 @@ one summary row per trial: what the trial's workers reported last, without Tune'
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,14 @@ from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallba
 from ray.tune.schedulers import ASHAScheduler
 
 from jaxray.checkpoint import HISTORY_FILE
+from jaxray.checkpoint import manifest_sha256 as checkpoint_manifest_sha256
 from jaxray.config import ConfigError, TrainConfig, parse_trial
 from jaxray.config.experiment import ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
-from jaxray.raytrain import interrupts
+from jaxray.raytrain import interrupts, progress
+from jaxray.raytrain.progress import TrialProgress
 from jaxray.raytrain.trainer import make_trainer
+from jaxray.reporting import terminal
 from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR, in_moved_folder
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -146,7 +149,7 @@ def run_sweep(
     if resume and tune.Tuner.can_restore(path):
         # Names, scheduler and concurrency come back from the saved experiment; the trainable (with
         # this session's datasets) is given again. Finished trials are not run again.
-        print(f"resuming the {sweep.workload} sweep from {path}", file=sys.stderr)
+        print(f"resuming the {sweep.workload} sweep from {path}", file=terminal.err())
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
         return _fit(sweep, tuner, out)
     tuner = tune.Tuner(
@@ -158,7 +161,12 @@ def run_sweep(
             trial_name_creator=lambda t: trial_name(sweep.workload, t.config),
             trial_dirname_creator=lambda t: trial_name(sweep.workload, t.config),
         ),
-        run_config=tune.RunConfig(name=sweep.workload, storage_path=str(out / TUNE_DIR), verbose=1),
+        run_config=tune.RunConfig(
+            name=sweep.workload,
+            storage_path=str(out / TUNE_DIR),
+            verbose=1,  # Tune's status tables: on the terminal with --verbose, else in the run's log
+            callbacks=[TrialProgress(functools.partial(trial_name, sweep.workload))],
+        ),
     )
     return _fit(sweep, tuner, out)
 
@@ -194,7 +202,9 @@ def check_saved_state(out: Path, workload: str) -> None:
 
 def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRows], int]:
     interrupts.stop_if_interrupted()
-    with interrupts.around_fit():
+    steps = sweep.train.get("steps", TrainConfig().steps)
+    title = f"{sweep.workload} sweep: {sweep.grid_size()} trial(s)"
+    with progress.showing(title, steps), interrupts.around_fit():
         results = tuner.fit()
     # On Ctrl+C (SIGINT) Tune saves the experiment's state, then stops the running trials, marking
     # them terminated in memory, and fit() returns as if the sweep had ended. The saved state (what
@@ -205,7 +215,7 @@ def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRo
         print(
             f"warning: could not read the saved state of the {sweep.workload} sweep ({err}); "
             f"taking it as complete",
-            file=sys.stderr,
+            file=terminal.err(),
         )
         saved = []
     unfinished = sum(t.status not in (Trial.TERMINATED, Trial.ERROR) for t in saved)
@@ -254,6 +264,8 @@ def trial_rows(workload: str, result: tune.Result, out: Path) -> TrialRows:
     checkpoint = metrics.get(CHECKPOINT_PATH_KEY)
     if checkpoint and not Path(checkpoint).is_relative_to(out):
         checkpoint = str(in_moved_folder(out, checkpoint) or checkpoint)
-    row.update(reported(metrics), trial=name, checkpoint=checkpoint)
+    # Which checkpoint, by content: reads through the run folder refuse one put in its place by hand.
+    digest = checkpoint_manifest_sha256(checkpoint) if checkpoint else None
+    row.update(reported(metrics), trial=name, checkpoint=checkpoint, checkpoint_sha256=digest)
     history_file = Path(checkpoint or "") / HISTORY_FILE
     return row, json.loads(history_file.read_text()) if history_file.is_file() else []

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import signal
@@ -43,6 +44,7 @@ from jaxray.serve.settings import (
     add_replica_options,
     args_error,
     replica_overrides,
+    with_checkpoint,
 )
 
 APP_NAME = "jaxray"
@@ -75,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         help=f"seconds before an unanswered request gets a JSON 504 (default {REQUEST_TIMEOUT_S:g})",
     )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Ray's and Serve's own INFO output too (default: their warnings and errors only)",
+    )
     add_replica_options(p)
     add_engine_options(p)
     return p
@@ -82,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def read_config(path: str, parser_error: Callable[[str], NoReturn]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(http_options, args) of the Serve config file ``path``, which must hold one application
-    built by ``IMPORT_PATH``, its args valid AppArgs; ``parser_error`` (exit 2) says what is wrong."""
+    built by ``IMPORT_PATH``, its args valid AppArgs (the checkpoint filled in as ``app_builder``
+    does: ``with_checkpoint``); ``parser_error`` (exit 2) says what is wrong."""
     from ray.serve.schema import ServeDeploySchema  # deferred: ray is heavy; --help stays fast
 
     try:
@@ -94,11 +102,12 @@ def read_config(path: str, parser_error: Callable[[str], NoReturn]) -> tuple[dic
         parser_error(
             f"--config {path}: expected one application of import_path {IMPORT_PATH}, found {len(apps)}"
         )
+    args = with_checkpoint(apps[0].args)  # as app_builder reads them: $JAXRAY_CHECKPOINT, runs/demo
     try:
-        AppArgs.model_validate(apps[0].args)
+        AppArgs.model_validate(args)
     except ValidationError as err:
         parser_error(f"--config {path}: args: {args_error(err)}")
-    return config.http_options.model_dump(), dict(apps[0].args)
+    return config.http_options.model_dump(), args
 
 
 def app_args(
@@ -136,22 +145,29 @@ def check_port(host: str, port: int) -> str | None:
     return None
 
 
-def init_ray() -> bool:
+def init_ray(verbose: bool = False) -> bool:
     """Join the cluster ``RAY_ADDRESS`` names (``auto``: the one ``ray start`` left on this machine);
     otherwise start a private local Ray. True if joined.
 
     Never joins on its own: another user's or another test's Ray on the same machine (with its own
-    auth token) would make ``ray.init`` retry forever instead of serving.
+    auth token) would make ``ray.init`` retry forever instead of serving. Unless ``verbose``, the
+    driver's Ray and Serve loggers show warnings and errors only (``logging_level``, and the level
+    of ``ray.serve``, which Serve sets itself on import), which also
+    drops the INFO line Serve's ``serve.run`` logs when ``serve.start`` set the HTTP options first
+    ("Connecting to existing Serve app ... New http_options will not be applied": ``serve.run``
+    always calls Serve's start again, and ``serve.start`` is the only public way to set them).
     """
     import ray  # deferred: ray is heavy; --help and option errors stay fast
 
+    # Importing ray.serve gave its driver logger a handler and level INFO of its own.
+    logging.getLogger("ray.serve").setLevel(_level(verbose))
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
         if (Path.home() / ".ray" / "auth_token").is_file():
             os.environ.setdefault(
                 "RAY_AUTH_MODE", "token"
             )  # a `ray start` cluster of Ray 2.60 uses token auth
-        ray.init(address=address)
+        ray.init(address=address, logging_level=_level(verbose))
         return True
     # Ray Serve's own throughput mode (fewer per-request log writes, gRPC to the replica): on 2
     # CPU cores Serve's per-request work costs about as much CPU as decoding 64 bytes, and this
@@ -163,8 +179,21 @@ def init_ray() -> bool:
     os.environ.setdefault(PROXY_CALLBACK, "jaxray.serve.routes:proxy_middlewares")
     # Where this process tells that proxy the app failed (jaxray.serve.routes.FAILED_FILE).
     os.environ[FAILED_FILE] = str(Path(tempfile.mkdtemp(prefix="jaxray-serve-")) / "failed")
-    ray.init(address="local", include_dashboard=False)
+    ray.init(address="local", include_dashboard=False, logging_level=_level(verbose))
     return False
+
+
+def _level(verbose: bool) -> int:
+    """The level of the driver's ``ray`` loggers (``ray.serve`` among them): Ray's default, INFO,
+    with ``--verbose``; else WARNING, so warnings and errors still reach the terminal."""
+    return logging.INFO if verbose else logging.WARNING
+
+
+def serve_logging(verbose: bool) -> dict[str, Any]:
+    """Serve's LoggingConfig for the controller, the proxy and the replica: Serve's default (INFO,
+    with a line per request) with ``--verbose``, else WARNING; what they log reaches the terminal
+    through Ray's ``log_to_driver`` either way, and all of it Ray's log files."""
+    return {} if verbose else {"log_level": "WARNING"}
 
 
 class AppFailed(RuntimeError):
@@ -196,14 +225,17 @@ def check_gpus(num_gpus: float, joined: bool) -> None:
 
 
 def ready_message(host: str, port: int) -> str:
-    """The URL, the compile time the replica reported, and a curl example."""
+    """The ready line (the URL, the compile time the replica reported, the routes), a curl example
+    and how to stop."""
+    from jaxray.serve.routes import ROUTES  # deferred: FastAPI comes with it (loaded by main already)
+
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     with urllib.request.urlopen(f"{url}/info", timeout=30) as reply:
         compiled = json.load(reply)
     body = json.dumps({"prompt": "ROMEO:", "max_new_tokens": 64, "temperature": 0})
     return (
         f"jaxray is serving on {url} ({compiled['programs']} programs compiled in "
-        f"{compiled['compile_s']:.1f} s)\n"
+        f"{compiled['compile_s']:.1f} s) routes: {ROUTES}\n"
         f"  curl -s {url}/generate -H 'Content-Type: application/json' -d '{body}'\n"
         f"Ctrl-C stops it."
     )
@@ -225,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         app = build_app(settings)
     except ValueError as err:
         parser.error(str(err))
-    joined = init_ray()
+    joined = init_ray(args.verbose)
     signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which installs Ray's own handler
     try:
         return _serve(app, args, settings.num_gpus, joined)
@@ -245,8 +277,9 @@ def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
     try:
         check_gpus(num_gpus, joined)
         http = {"host": args.host, "port": args.port, "request_timeout_s": args.request_timeout_s}
-        serve.start(http_options=http)
-        serve.run(app, name=APP_NAME, route_prefix="/")
+        logs = serve_logging(args.verbose)
+        serve.start(http_options=http, logging_config=logs or None)
+        serve.run(app, name=APP_NAME, route_prefix="/", logging_config=logs or None)
         print(ready_message(args.host, args.port), flush=True)
         watch(APP_NAME)
     except KeyboardInterrupt:

@@ -42,7 +42,7 @@ from starlette.requests import Request as HttpRequest
 
 from jaxray.inference.artifact_loader import read_artifact_manifest
 from jaxray.inference.engine import Request
-from jaxray.inference.load import check_source, fingerprint, is_artifact, load_engine
+from jaxray.inference.load import check_source, describe_source, fingerprint, is_artifact, load_engine
 from jaxray.inference.settings import EngineSettings
 from jaxray.serve.routes import (
     Counted,
@@ -63,8 +63,9 @@ from jaxray.serve.schema import (
     Limits,
     completion_object,
     parse,
+    served_model,
 )
-from jaxray.serve.settings import AppArgs, args_error
+from jaxray.serve.settings import AppArgs, args_error, with_checkpoint
 
 logger = logging.getLogger("ray.serve")
 ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed")
@@ -160,6 +161,7 @@ class JaxrayServer:
     async def info(self) -> dict[str, Any]:
         return {
             **self.engine.info(),
+            "model": served_model(self.engine.config.model_dump()),
             "server": {
                 **self.batching,
                 "limits": vars(self.limits),
@@ -314,6 +316,7 @@ def build_app(args: AppArgs) -> Application:
     # checkpoint resolved here and its fingerprint, so one that Serve starts later (a replacement)
     # serves these weights or none, even if runs/<experiment> names another best trial by then.
     source = check_source(path, args.engine)
+    print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
     check_restores(source, args.engine)
     server = deployment(args)
     return server.bind(
@@ -323,7 +326,8 @@ def build_app(args: AppArgs) -> Application:
 
 def app_builder(args: dict[str, Any]) -> Application:
     """``import_path: jaxray.serve.app:app_builder`` for ``serve run``: validates ``args`` (see
-    AppArgs) and builds the app. Raises ValueError naming the bad argument, CheckpointError /
+    AppArgs; without a ``checkpoint``, ``$JAXRAY_CHECKPOINT`` or ``runs/demo``: ``with_checkpoint``)
+    and builds the app. Raises ValueError naming the bad argument, CheckpointError /
     ArtifactError (ValueErrors) naming the damaged file (``build_app``). Under ``serve run
     serve/config.yaml`` Serve builds in a task of its own and reports the application as
     DEPLOY_FAILED with that message, nothing deployed, but Ray 2.60's command then only sleeps
@@ -332,7 +336,7 @@ def app_builder(args: dict[str, Any]) -> Application:
     [key=value ...]`` builds in the command's own process before Ray starts: the error ends it
     (exit 1) in seconds."""
     try:
-        parsed = AppArgs.model_validate(args)
+        parsed = AppArgs.model_validate(with_checkpoint(args))
     except ValidationError as err:
         raise ValueError(f"serve args: {args_error(err)}") from None
     in_build_task = ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE

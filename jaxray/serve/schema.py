@@ -29,6 +29,22 @@ MAX_SEED = 2**32 - 1
 DEFAULT_NEW_TOKENS = 128  # /generate without max_new_tokens (lowered to the server's cap if that is smaller)
 OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
 OPENAI_DEFAULT_TEMPERATURE = 1.0
+# The ModelConfig fields each workload's model reads (jaxray.models.build): /info shows only the
+# served model's, so a transformer's has no block_repeats (the shared-block MLP's alone).
+MODEL_FIELDS: dict[str, tuple[str, ...]] = {
+    "mlp": ("workload", "width", "dtype"),
+    "shared_block_mlp": ("workload", "width", "dtype", "block_repeats"),
+    "transformer": (
+        "workload",
+        "width",
+        "dtype",
+        "num_layers",
+        "num_heads",
+        "max_seq_len",
+        "vocab_size",
+        "attention",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -159,6 +175,12 @@ class GenerateResponse(BaseModel):
     prompt_tokens: int = Field(description="prompt bytes the model read (the last max_seq_len at most)")
     new_tokens: int = Field(description="bytes generated")
     latency_ms: float = Field(description="from request parsed to last byte, milliseconds")
+
+
+def served_model(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (a ModelConfig's ``model_dump()``) less the fields its workload does not use
+    (``MODEL_FIELDS``); /info's ``model``."""
+    return {k: v for k, v in config.items() if k in MODEL_FIELDS[config["workload"]]}
 
 
 def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:

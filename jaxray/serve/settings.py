@@ -6,6 +6,7 @@ command-line options, declared once for ``python -m jaxray.serve`` and ``python 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterable
 from typing import Annotated, Any
 
@@ -29,6 +30,10 @@ from jaxray.inference.settings import EngineSettings
 # which looks this often) instead of waiting for a replica that will never come.
 FAILED_FILE = "JAXRAY_SERVE_FAILED_FILE"
 FAILED_POLL_S = 0.5
+# Serve config files do not expand environment variables: args that name no checkpoint
+# (serve/config.yaml's) get it from here, else DEFAULT_CHECKPOINT (``with_checkpoint``).
+CHECKPOINT_ENV = "JAXRAY_CHECKPOINT"
+DEFAULT_CHECKPOINT = "runs/demo"
 
 
 class AppArgs(BaseModel):
@@ -59,6 +64,16 @@ class AppArgs(BaseModel):
         0, description="GPUs reserved per replica (0: none)"
     )
     engine: EngineSettings = Field(default_factory=EngineSettings)
+
+
+def with_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` (a Serve config's application args), with ``checkpoint`` from the environment
+    variable ``JAXRAY_CHECKPOINT``, else ``runs/demo``, where they name none. Read in the process
+    that builds the app: under ``serve run`` a worker of the Ray it started, which inherits the
+    shell's environment (of ``ray start``'s shell, on a cluster started that way)."""
+    if "checkpoint" in args:
+        return dict(args)
+    return {**args, "checkpoint": os.environ.get(CHECKPOINT_ENV) or DEFAULT_CHECKPOINT}
 
 
 # AppArgs' replica fields as command-line options (jaxray.argtypes.add_field_options).

@@ -92,7 +92,14 @@ def test_a_full_disk_fails_the_trial_in_words_and_keeps_every_earlier_checkpoint
         text = log.read_text()
         assert rc == 1, text[-5000:]  # a failed trial (jaxray.tune.report)
         assert f"error: 1 trial(s) failed: {TRIAL}" in text
-        assert "jaxray: attempt 2, resuming from" in text  # Ray Train's restart failed the same way
+        # The trial's error reaches the terminal when it fails, with where its traceback and the
+        # run's whole output are; Ray's, Tune's and the workers' lines are only in that log.
+        [run_log] = (out / "logs").glob("tune-*.log")
+        failed = next(ln for ln in text.splitlines() if ln.startswith(f"error: trial {TRIAL} failed: "))
+        assert "CheckpointSaveError" in failed and f"(traceback: {out / 'tune' / 'mlp'}/" in failed, failed
+        assert failed.endswith(f"; all output: {run_log}"), failed
+        assert "(RayTrainWorker pid=" not in text
+        assert "jaxray: attempt 2, resuming from" in run_log.read_text()  # Ray Train's restart failed too
 
         [row] = json.loads((out / "summary.json").read_text())
         failure = "CheckpointSaveError: could not copy the checkpoint of step "

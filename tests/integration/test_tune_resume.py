@@ -122,8 +122,9 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, how):
         checkpoint = str(out / Path(checkpoint).relative_to(started_in))
         before_all = {out / p.relative_to(started_in) for p in before_all}
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxray.tune", "--resume", str(out)],
+    logs = set((out / "logs").iterdir())
+    proc = subprocess.run(  # --verbose: Ray's and Tune's output here, as before the quiet terminal
+        [sys.executable, "-m", "jaxray.tune", "--resume", str(out), "--verbose"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -135,6 +136,7 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, how):
     if how == "moved_folder":
         assert str(started_in) not in proc.stdout + proc.stderr, proc.stderr[-5000:]
     assert "Failed to fetch metrics" not in proc.stderr, proc.stderr[-5000:]
+    assert "Trial status" in proc.stdout and set((out / "logs").iterdir()) == logs  # no log: all shown
 
     rows = {r["trial"]: r for r in json.loads((out / "summary.json").read_text())}
     assert sorted(rows) == sorted(TRIALS)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxray import checkpoint
 from jaxray.reporting.sweep import KEY_ORDER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +55,7 @@ def test_summary_has_a_row_per_trial(smoke):
         assert not row.get("error")
         assert row["devices"] == 1 and row["ms_per_step"] > 0 and math.isfinite(row["final_train_loss"])
         assert (out / row["checkpoint"] / "model_config.json").is_file()  # relative to the run folder
+        assert row["checkpoint_sha256"] == checkpoint.manifest_sha256(out / row["checkpoint"])
         if row["workload"] == "mlp":
             assert row["steps"] == 20 and row["examples_per_sec"] > 0
             assert 0.5 < row["test_accuracy"] <= 1 and row["test_examples"] == 10_000
@@ -66,10 +68,33 @@ def test_summary_has_a_row_per_trial(smoke):
             assert row["attention_note"] == "auto: cuDNN attention needs an NVIDIA GPU, this device is cpu"
 
 
+def run_log(out: Path) -> str:
+    """The run's log: Ray's, Tune's and Orbax's output, and the workers' lines."""
+    [log] = (out / "logs").glob("tune-*.log")
+    return log.read_text()
+
+
+def test_the_terminal_shows_progress_and_the_results_and_the_log_holds_the_rest(smoke):
+    out, proc = smoke
+    terminal = proc.stdout.splitlines() + proc.stderr.splitlines()
+    assert len(terminal) <= 40, "\n".join(terminal)
+    [log] = (out / "logs").glob("tune-*.log")
+    assert f"log: {log} (Ray, Tune and Orbax output" in proc.stderr
+    for trial, steps in (("mlp_b128_float32_w64", 20), ("transformer_b8_float32_w32", 4)):
+        row = next(ln.rstrip() for ln in proc.stderr.splitlines() if ln.startswith(trial + " "))
+        assert f"{steps}/{steps} steps" in row and "loss " in row and row.endswith("done"), row
+    assert "## Best per workload" in proc.stdout and "next:" in proc.stdout
+    assert f"python -m jaxray.generate --checkpoint {out} " in proc.stdout
+    assert f"tensorboard --logdir {out}/tensorboard" in proc.stdout
+    text = run_log(out)
+    for theirs in ("Trial status", "orbax", "(RayTrainWorker pid=", "Started a local Ray instance"):
+        assert theirs in text and theirs not in proc.stdout + proc.stderr, theirs
+
+
 def test_the_attention_auto_chose_is_logged_and_summarised(smoke):
     out, proc = smoke
     said = "attention xla (auto: cuDNN attention needs an NVIDIA GPU, this device is cpu)"
-    assert said in proc.stdout + proc.stderr
+    assert said in run_log(out)
     line = next(ln for ln in (out / "summary.md").read_text().splitlines() if "transformer_b8" in ln)
     assert "| xla (auto: cuDNN attention needs an NVIDIA GPU, this device is cpu) |" in line
 

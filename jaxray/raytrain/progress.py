@@ -1,0 +1,151 @@
+"""A sweep's live progress on the terminal: one rich progress row per trial (trial, step / steps,
+loss, throughput, ETA), fed by a Ray Tune callback in the driver.
+
+``TrialProgress`` is the Tune callback (``RunConfig(callbacks=...)``). Tune pickles it into the
+sweep's ``tuner.pkl`` and ``Tuner.restore`` brings it back, so it holds only plain values and
+draws on the display that is showing now (``showing``), if any: none with ``--verbose``, where
+Tune's own status tables are the progress. A failed trial's error reaches the terminal when it
+happens, with the file that holds its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from ray import tune
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+
+from jaxray.reporting import terminal
+
+# Throughput from the counters a log row carries: tokens for the transformer, examples for MLPs;
+# the final report's own figure (timed by the worker, without compile time) replaces it.
+COUNTERS = (("tokens", "tok/s", "tokens_per_sec"), ("examples", "ex/s", "examples_per_sec"))
+WIDTH = 120  # columns of the rows when the terminal is not one (a pipe or file has no width)
+MAX_ERROR_CHARS = 300  # of the error line printed when a trial fails
+
+
+class SweepDisplay:
+    """The rows of one sweep's trials on ``file`` (a terminal stream): name, bar, steps done of
+    ``steps``, last loss, throughput (examples/s or tokens/s), time left (elapsed once done) and
+    status. On a terminal the rows update in place; elsewhere (a pipe, a file) their final state is
+    printed once, when the sweep ends."""
+
+    def __init__(self, steps: int, file: TextIO) -> None:
+        self.steps = steps
+        self.file = file
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=24),
+            TextColumn("{task.completed:>6.0f}/{task.total:.0f} steps"),
+            TextColumn("{task.fields[loss]}"),
+            TextColumn("{task.fields[speed]}"),
+            TimeRemainingColumn(elapsed_when_finished=True),
+            TextColumn("{task.fields[status]}"),
+            console=Console(file=file, width=None if file.isatty() else WIDTH),
+        )
+        self.tasks: dict[str, TaskID] = {}
+        self.last: dict[str, tuple[float, float]] = {}  # trial -> (counter, seconds) of its last row
+
+    def row(self, name: str) -> TaskID:
+        """The task of trial ``name``, added on first use."""
+        if name not in self.tasks:
+            self.tasks[name] = self.progress.add_task(
+                name, total=self.steps, loss="", speed="", status="running"
+            )
+        return self.tasks[name]
+
+    def result(self, name: str, result: dict[str, Any]) -> None:
+        """A log row of trial ``name`` (Tune's result: step, loss, examples or tokens, and Tune's
+        ``time_total_s``, seconds since the trial started)."""
+        task, fields = self.row(name), {}
+        if "loss" in result:
+            fields["loss"] = f"loss {float(result['loss']):.4f}"
+        for key, unit, final in COUNTERS:
+            if final in result:
+                fields["speed"] = f"{float(result[final]):,.0f} {unit}"
+                break
+            if key in result and "time_total_s" in result:
+                count, seconds = float(result[key]), float(result["time_total_s"])
+                before = self.last.get(name, (0.0, 0.0))
+                if seconds > before[1]:
+                    fields["speed"] = f"{(count - before[0]) / (seconds - before[1]):,.0f} {unit}"
+                self.last[name] = (count, seconds)
+                break
+        self.progress.update(task, completed=result.get("step", 0), **fields)
+
+    def end(self, name: str, status: str) -> None:
+        """Trial ``name`` ended: ``done`` (its bar full) or ``failed``."""
+        task = self.row(name)
+        self.progress.update(task, status=status, **({"completed": self.steps} if status == "done" else {}))
+
+    def say(self, line: str) -> None:
+        """A line above the rows (a failed trial's error), on the terminal only."""
+        self.progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+_showing: SweepDisplay | None = None
+
+
+@contextlib.contextmanager
+def showing(title: str, steps: int) -> Iterator[SweepDisplay | None]:
+    """Inside: the progress rows of one sweep of ``steps`` steps per trial on the terminal
+    (``terminal.err()``), headed by ``title``; nothing when the terminal is not quiet
+    (``--verbose``: Tune's tables show the progress)."""
+    global _showing
+    if not terminal.is_quiet():
+        yield None
+        return
+    print(title, file=terminal.err(), flush=True)
+    display = SweepDisplay(steps, terminal.display())
+    _showing = display
+    try:
+        with display.progress:
+            yield display
+    finally:
+        _showing = None
+
+
+def error_line(trial: Any) -> str:
+    """The last line of a failed trial's traceback (the exception), and where the whole one is."""
+    path = Path(trial.error_file) if trial.error_file else None
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except (OSError, AttributeError):
+        lines = []
+    cause = (lines[-1] if lines else "no error file was written")[:MAX_ERROR_CHARS]
+    where = Path(trial.path) / path.name if path and trial.path else path
+    return f"{cause} (traceback: {where})"
+
+
+class TrialProgress(tune.Callback):
+    """Tune callback: trials' starts, log rows and ends to the display that is ``showing``.
+    ``name``: the trial name of a grid point (``config`` -> str)."""
+
+    def __init__(self, name: Callable[[dict], str]) -> None:
+        self.name = name
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if _showing:
+            _showing.row(self.name(trial.config))
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if _showing:
+            _showing.result(self.name(trial.config), result)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if _showing:
+            _showing.end(self.name(trial.config), "done")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if _showing:
+            name = self.name(trial.config)
+            _showing.end(name, "failed")
+            log = f"; all output: {terminal.log_file()}" if terminal.log_file() else ""
+            line = f"error: trial {name} failed: {error_line(trial)}{log}"
+            print(line, file=sys.stderr, flush=True)  # the log, while the terminal is quiet
+            _showing.say(line)

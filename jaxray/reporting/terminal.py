@@ -1,0 +1,163 @@
+"""The main job's terminal: jaxray's own lines there, everything else in a log file.
+
+``quiet(log_file)`` points this process's file descriptors 1 and 2 at ``log_file``, so whatever
+writes to them goes there whole: Ray's driver logs, the lines Ray forwards from every worker
+(``log_to_driver``), Tune's status tables, Orbax's and absl's logs, Python warnings, and the
+processes started meanwhile (a local Ray's own). jaxray's lines go to the terminal through ``out()``
+(results) and ``err()`` (header, warnings, errors), which write to the terminal's stdout/stderr
+and to the log while quiet (so the log is the whole record), and are ``sys.stdout``/``sys.stderr``
+otherwise (``--verbose``: today's full output, unchanged); a live display draws on ``display()``,
+the terminal alone. The ``jaxray`` logger's warnings and errors reach the terminal once each.
+
+Redirecting descriptors rather than filtering text keeps every byte in the log: Ray writes worker
+lines to whatever ``sys.stderr`` is, so swapping Python's streams would bring them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+_terminal: tuple[TextIO, TextIO] | None = None  # (stdout, stderr) of the terminal while quiet
+_lines: tuple[TextIO, TextIO] | None = None  # the same, each also written to the log
+_log_file: Path | None = None  # where everything else goes meanwhile
+
+
+def out() -> TextIO:
+    """Where jaxray's results go: the terminal's stdout and the log (``sys.stdout`` when not quiet)."""
+    return _lines[0] if _lines else sys.stdout
+
+
+def err() -> TextIO:
+    """Where jaxray's header, warnings and errors go: the terminal's stderr and the log."""
+    return _lines[1] if _lines else sys.stderr
+
+
+def display() -> TextIO:
+    """The terminal's stderr alone, for a live display (its redraws would litter the log)."""
+    return _terminal[1] if _terminal else sys.stderr
+
+
+def is_quiet() -> bool:
+    """True inside ``quiet``."""
+    return _terminal is not None
+
+
+def log_file() -> Path | None:
+    """The log file of ``quiet`` while inside it, else None."""
+    return _log_file
+
+
+class _Forgiving:
+    """A text stream whose failed writes are dropped: a log on a full disk must not fail whoever
+    prints to it (Tune's loop, Ray's log thread), as the run's own checkpoints fail in words."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+class _Tee:
+    """A text stream that writes to the terminal and to the log."""
+
+    def __init__(self, terminal: TextIO, log: TextIO) -> None:
+        self.terminal, self.log = terminal, log
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        return self.terminal.write(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+        self.terminal.flush()
+
+    def isatty(self) -> bool:
+        return self.terminal.isatty()
+
+
+class _Lowercase(logging.Formatter):
+    """``warning: message``, as jaxray's own lines read."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+class _Once(logging.Filter):
+    """Lets each distinct message through once (a warning repeated by every read says nothing new)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.getMessage())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+@contextlib.contextmanager
+def quiet(log_file: Path) -> Iterator[Path]:
+    """Inside: descriptors 1 and 2 write to ``log_file`` (created with its folder, appended to), and
+    ``out()``/``err()`` to the terminal; the ``jaxray`` logger's warnings and errors reach ``err()``
+    once each and the log always. Afterwards everything is as before. Yields ``log_file``.
+
+    Raises OSError when the log file cannot be created (before anything is redirected)."""
+    global _terminal, _lines, _log_file
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = os.dup(1), os.dup(2)
+    terminal = tuple(os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8") for fd in saved)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    # Python's writers get the log as a stream of its own: the one they had may not be descriptor 2
+    # (a host such as pytest replaces sys.stderr).
+    log = _Forgiving(os.fdopen(log_fd, "w", buffering=1, encoding="utf-8", errors="replace"))
+    streams = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = log
+    _terminal, _log_file = terminal, log_file
+    _lines = _Tee(terminal[0], sys.stdout), _Tee(terminal[1], sys.stderr)
+    handlers = [logging.StreamHandler(terminal[1]), logging.StreamHandler(sys.stderr)]  # the log's
+    handlers[0].addFilter(_Once())
+    jaxray_log = logging.getLogger("jaxray")
+    for handler in handlers:
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(_Lowercase())
+        jaxray_log.addHandler(handler)
+    try:
+        yield log_file
+    finally:
+        for handler in handlers:
+            jaxray_log.removeHandler(handler)
+        for stream in (sys.stdout, sys.stderr, *terminal):
+            stream.flush()
+        sys.stdout, sys.stderr = streams
+        with contextlib.suppress(OSError):
+            log.stream.close()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+        for stream in terminal:
+            stream.close()
+        _terminal = _lines = _log_file = None

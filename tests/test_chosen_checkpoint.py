@@ -1,0 +1,112 @@
+"""Say what was chosen (issue 16, part 2): generate, evaluate and export name on stderr, in one line,
+the checkpoint ``runs/<experiment>`` resolved to (path, trial, step, the held-out metric its final
+save recorded), stdout keeping its own output; ``checkpoint.describe`` words it for every kind of
+checkpoint. On a transformer trained here on real TinyShakespeare bytes and saved as a sweep's
+final full-state checkpoint, in a run folder written by the sweep's report writer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jaxray import checkpoint
+from jaxray import evaluate as evaluate_cli
+from jaxray import export as export_cli
+from jaxray import generate as generate_cli
+from jaxray.data.batching import train_batches
+from jaxray.data.workloads import load_arrays
+from jaxray.parallel.mesh import make_mesh
+from jaxray.raytrain.resume import checkpoint_name
+from jaxray.reporting.sweep import write_reports
+from jaxray.train.run import train
+
+TRIAL_NAME = "transformer_b16_float32_w64"
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def trained(trained_transformer):
+    """(the trial, its TrainResult): ``trained_transformer``'s trial (tests/conftest.py), 20 steps."""
+    trial = checkpoint.load_trial_config(trained_transformer)
+    trial = trial.model_copy(update={"train": trial.train.model_copy(update={"steps": STEPS})})
+    train_arrays, held_out = load_arrays(trial)
+    return trial, train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
+
+
+@pytest.fixture(scope="module")
+def run(trained, tmp_path_factory) -> tuple[Path, dict]:
+    """(a run folder holding the trial's final checkpoint, that save's summary row)."""
+    trial, result = trained
+    root = tmp_path_factory.mktemp("runs") / "demo"
+    row = {**result.summary, "final": True}
+    folder = root / "train" / TRIAL_NAME / checkpoint_name(STEPS, 1)
+    saved = checkpoint.save_state(folder, result.state, trial, result.history, {}, summary=row)
+    write_reports(
+        root, [{**row, "trial": TRIAL_NAME, "checkpoint": str(saved)}], {TRIAL_NAME: result.history}
+    )
+    return root, row
+
+
+def chosen_line(run: tuple[Path, dict]) -> str:
+    root, row = run
+    named = root / "train" / TRIAL_NAME / checkpoint_name(STEPS, 1)
+    return (
+        f"checkpoint: {named} (trial {TRIAL_NAME}, step {STEPS}, val loss {row['val_loss']:.4f}, "
+        f"perplexity {row['val_perplexity']:.2f})"
+    )
+
+
+def test_describe_names_trial_step_and_held_out_metric(run):
+    root, _ = run
+    assert checkpoint.describe(checkpoint.resolve(root)) == chosen_line(run)
+
+
+def test_describe_shows_a_path_inside_the_working_directory_relative(run, monkeypatch):
+    root, _ = run
+    monkeypatch.chdir(root.parent)
+    line = checkpoint.describe(checkpoint.resolve("demo"))
+    assert line.startswith(f"checkpoint: demo/train/{TRIAL_NAME}/{checkpoint_name(STEPS, 1)} (trial ")
+
+
+def test_describe_of_an_earlier_save_and_of_params_only(trained, trained_transformer, tmp_path):
+    trial, result = trained  # saved without the summary row, as the saves before the last are
+    earlier = checkpoint.save_state(
+        tmp_path / TRIAL_NAME / "checkpoint_x", result.state, trial, result.history, {}
+    )
+    last = result.history[-1]
+    assert checkpoint.describe(earlier) == (
+        f"checkpoint: {earlier} (trial {TRIAL_NAME}, step {STEPS}, train loss {last['loss']:.4f} at "
+        f"step {last['step']} (no held-out metric saved))"
+    )
+    assert checkpoint.describe(trained_transformer) == (
+        f"checkpoint: {trained_transformer} (params only, no metric recorded)"
+    )
+
+
+def stderr_lines(capsys) -> tuple[str, list[str]]:
+    captured = capsys.readouterr()
+    return captured.out, [line for line in captured.err.splitlines() if line.startswith("checkpoint: ")]
+
+
+def test_generate_names_the_checkpoint_on_stderr_and_keeps_stdout_the_text(run, capsys):
+    root, _ = run
+    assert generate_cli.main(["--checkpoint", str(root), "--max-new-tokens", "8", "--temperature", "0"]) == 0
+    out, named = stderr_lines(capsys)
+    assert named == [chosen_line(run)] and "checkpoint" not in out and out.startswith("ROMEO:")
+
+
+def test_evaluate_names_the_checkpoint_it_resolved(run, tmp_path, capsys):
+    root, _ = run
+    argv = ["--checkpoint", str(root), "--out", str(tmp_path / "eval"), "--max-new-tokens", "8"]
+    assert evaluate_cli.main(argv) == 0
+    _, named = stderr_lines(capsys)
+    assert named == [chosen_line(run)]
+
+
+def test_export_names_the_checkpoint_it_resolved(run, tmp_path, capsys):
+    root, _ = run
+    argv = ["--checkpoint", str(root), "--out", str(tmp_path / "export"), "--buckets", "16"]
+    assert export_cli.main([*argv, "--batch-sizes", "1", "--chunk", "8"]) == 0
+    out, named = stderr_lines(capsys)
+    assert named == [chosen_line(run)] and out.startswith("exported ")
