@@ -21,7 +21,7 @@ from jaxray.raytrain.resume import checkpoint_name, count_attempt
 from jaxray.reporting.sweep import write_reports
 
 TRIAL = parse_trial({"model": {"workload": "mlp", "width": 8}})
-TRIAL_NAME = "mlp_b64_float32_w8"
+TRIAL_NAME = TRIAL.name()  # its folder, as a sweep names it
 SNAPSHOT = "checkpoint_manager_snapshot.json"
 
 

@@ -27,7 +27,7 @@ from jaxray.reporting.sweep import write_reports
 from jaxray.train.step import init_state, make_optimizer
 
 TRIAL = parse_trial({"model": {"workload": "mlp", "width": 8}})
-TRIAL_NAME = "mlp_b64_float32_w8"
+TRIAL_NAME = TRIAL.name()  # its folder, as a sweep names it
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +164,30 @@ def test_a_checkpoint_put_in_the_place_the_summary_names_is_never_used_for_it(
     assert f"{newest} is not the checkpoint the run's summary.json names" in caplog.text
     assert f"using {older} instead" in caplog.text
     checkpoint.restore(newest)  # given directly it is what it is: nothing to compare it with
+
+
+OTHER_TRIAL = parse_trial({"model": {"workload": "mlp", "width": 8}, "train": {"global_batch": 32}})
+
+
+def test_a_checkpoint_of_another_trial_in_a_trials_folder_is_never_used_for_it(tmp_path, state, caplog):
+    """Round 13: another trial's checkpoint copied into a trial's folder under a newer name, or two
+    trial folders swapped, passed every digest check and was used (and named) as the trial's."""
+    folder = run_folder(tmp_path / "run", state, recorded=True)
+    trial_dir = folder / "train" / TRIAL_NAME
+    stray = checkpoint.save_state(trial_dir / checkpoint_name(90, 1), state, OTHER_TRIAL, [], {})
+    with caplog.at_level(logging.WARNING, logger="jaxray.checkpoint"):
+        assert checkpoint.resolve(trial_dir) == trial_dir / checkpoint_name(20, 1)
+    said = f"{stray} lies in the folder of trial {TRIAL_NAME} but is a checkpoint of trial "
+    assert said + OTHER_TRIAL.name() in caplog.text
+    assert f"(trial {OTHER_TRIAL.name()}," in checkpoint.describe(stray)  # its own trial, given directly
+    shutil.rmtree(stray)
+    # Both checkpoints of the trial folder another trial's (the folders swapped): none is used.
+    for step in (10, 20):
+        shutil.rmtree(trial_dir / checkpoint_name(step, 1))
+        checkpoint.save_state(trial_dir / checkpoint_name(step, 1), state, OTHER_TRIAL, [], {})
+    with pytest.raises(checkpoint.CheckpointError, match="no usable checkpoint") as err:
+        checkpoint.resolve(folder)
+    assert str(err.value).count(f"is a checkpoint of trial {OTHER_TRIAL.name()}") == 1  # the older one
 
 
 def test_a_copied_run_folder_reads_its_own_checkpoints_once_the_original_is_gone(tmp_path, state):

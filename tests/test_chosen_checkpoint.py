@@ -80,7 +80,7 @@ def test_describe_of_an_earlier_save_and_of_params_only(trained, trained_transfo
         f"step {last['step']} (no held-out metric saved))"
     )
     assert checkpoint.describe(trained_transformer) == (
-        f"checkpoint: {trained_transformer} (params only, no metric recorded)"
+        f"checkpoint: {trained_transformer} (trial {TRIAL_NAME}, params only, no metric recorded)"
     )
 
 

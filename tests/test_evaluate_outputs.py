@@ -23,7 +23,7 @@ from jaxray.models import build
 from jaxray.raytrain.resume import checkpoint_name
 from jaxray.runs import exclusive
 
-TRIAL_NAME = "mlp_b64_float32_w8"
+TRIAL_NAME = parse_trial({"model": {"workload": "mlp", "width": 8}}).name()  # as a sweep names it
 RESULTS = ["confusion_matrix.png", "predictions_grid.png", "summary.json"]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from jaxray.checkpoint.layout import (
     HISTORY_FILE,
     MODEL_CONFIG,
     TRAIN_STATE,
+    TRIAL_CONFIG,
+    load_trial_config,
     manifest_sha256,
     open_for_reading,
     require_checkpoint,
@@ -36,6 +39,7 @@ from jaxray.checkpoint.layout import (
 
 log = logging.getLogger(__name__)
 CHECKPOINT_PREFIX = "checkpoint_"  # Ray Train's checkpoint folders: train/<trial>/checkpoint_*
+TRIAL_NAME = re.compile(r"[a-z_]+_b\d+_[a-z0-9]+_w\d+")  # jaxray.config.grid_point_name's names
 
 
 def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -> tuple[Any, Path]:
@@ -64,7 +68,26 @@ def _usable(directory: Path, recorded: str | None = None) -> Path:
     require_checkpoint(directory)
     open_for_reading(directory)
     check_identity(directory, recorded)
+    check_trial(directory)
     return directory
+
+
+def check_trial(directory: Path) -> None:
+    """A checkpoint in a trial's folder (``train/<trial>/checkpoint_*``, the folder named as
+    python -m jaxray.tune names trials) must be that trial's: its ``trial_config.json`` names the
+    same trial (a checkpoint or a whole trial folder moved by hand holds another trial's weights).
+    Raises CheckpointError naming both trials; a folder named otherwise is not compared."""
+    folder = directory.parent.name
+    if not (directory.name.startswith(CHECKPOINT_PREFIX) and TRIAL_NAME.fullmatch(folder)):
+        return
+    if not (directory / TRIAL_CONFIG).is_file():  # a params-only save: no trial recorded
+        return
+    saved = load_trial_config(directory).name()
+    if saved != folder:
+        raise CheckpointError(
+            f"{directory} lies in the folder of trial {folder} but is a checkpoint of trial {saved} "
+            f"(its {TRIAL_CONFIG}): a checkpoint or trial folder moved by hand?"
+        )
 
 
 def check_identity(directory: Path, recorded: str | None = None) -> None:
@@ -141,11 +164,20 @@ def describe(directory: str | Path) -> str:
         if directory.absolute().is_relative_to(Path.cwd())
         else directory
     )
-    state = _json(directory / TRAIN_STATE)
-    parts = [f"trial {directory.parent.name}"] if directory.name.startswith(CHECKPOINT_PREFIX) else []
+    state, trial = _json(directory / TRAIN_STATE), _saved_trial(directory)
+    parts = [f"trial {trial}"] if trial else []
     parts.append(f"step {state['step']}" if isinstance(state, dict) and "step" in state else "params only")
     parts.append(_metric(directory, state))
     return f"checkpoint: {shown} ({', '.join(p for p in parts if p)})"
+
+
+def _saved_trial(directory: Path) -> str | None:
+    """The trial the checkpoint's ``trial_config.json`` names, else its Ray Train run folder's name
+    (a params-only checkpoint there), else None."""
+    try:
+        return load_trial_config(directory).name()
+    except CheckpointError:
+        return directory.parent.name if directory.name.startswith(CHECKPOINT_PREFIX) else None
 
 
 def _json(path: Path) -> Any:

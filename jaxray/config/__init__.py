@@ -200,6 +200,11 @@ class FaultConfig(FrozenConfig):
     corrupt_latest_checkpoint: StrictBool = False
 
 
+def grid_point_name(workload: str, global_batch: int, dtype: str, width: int) -> str:
+    """A trial's name, ``<workload>_b<global_batch>_<dtype>_w<width>``: its Ray Train run folder's."""
+    return f"{workload}_b{global_batch}_{dtype}_w{width}"
+
+
 class TrialConfig(FrozenConfig):
     """Everything one Ray Train run needs; it travels to the workers as a plain dict."""
 
@@ -208,6 +213,11 @@ class TrialConfig(FrozenConfig):
     data: DataConfig = DataConfig()
     workers: WorkersConfig = WorkersConfig()
     fault: FaultConfig = FaultConfig()
+
+    def name(self) -> str:
+        """The trial's name (``grid_point_name``), as python -m jaxray.tune names its folders."""
+        m = self.model
+        return grid_point_name(m.workload, self.train.global_batch, m.dtype, m.width)
 
     @model_validator(mode="after")
     def _check(self) -> TrialConfig:

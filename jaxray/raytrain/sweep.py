@@ -25,7 +25,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 from jaxray.checkpoint import HISTORY_FILE
 from jaxray.checkpoint import manifest_sha256 as checkpoint_manifest_sha256
-from jaxray.config import ConfigError, TrainConfig, parse_trial
+from jaxray.config import ConfigError, TrainConfig, grid_point_name, parse_trial
 from jaxray.config.experiment import ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
 from jaxray.raytrain import interrupts, progress
@@ -63,7 +63,7 @@ def grid(sweep: SweepConfig) -> dict[str, Any]:
 
 def trial_name(workload: str, config: dict[str, Any]) -> str:
     """``<workload>_b<global_batch>_<dtype>_w<width>`` of a grid point."""
-    return f"{workload}_b{config['global_batch']}_{config['dtype']}_w{config['width']}"
+    return grid_point_name(workload, config["global_batch"], config["dtype"], config["width"])
 
 
 def run_trial(
