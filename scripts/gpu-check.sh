@@ -190,7 +190,7 @@ fi
 step doctor 60 60 0 0 "$PY" -m jaxray.doctor --json
 step precision 150 240 0 0 "$PY" -m jaxray.bench precision --preset $preset --out "$out/bench-precision"
 
-step tune 240 400 0 0 "$PY" -m jaxray.tune --config $tune_yaml --out "$work/tune" --overwrite
+step tune 240 400 0 0 "$PY" -m jaxray.tune --config $tune_yaml --out "$work/tune" --overwrite --verbose
 mkdir -p "$out/tune"  # the sweep's reports and compile reports (not its checkpoints) into OUTDIR
 cp "$work"/tune/summary.* "$work"/tune/*.png "$out/tune/" 2>/dev/null
 for f in "$work"/tune/train/*/compile.json; do
