@@ -25,3 +25,9 @@ def earlier_run(out: Path) -> dict[str, bytes]:
 def files(out: Path) -> dict[str, bytes]:
     """{path relative to ``out``: bytes} of every file under ``out``."""
     return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def results(out: Path) -> dict[str, bytes]:
+    """``files(out)`` less the runs' logs (``logs/tune-<time>.log``: each run started there adds
+    one, beside the results, whatever becomes of them)."""
+    return {k: v for k, v in files(out).items() if not k.startswith("logs/")}

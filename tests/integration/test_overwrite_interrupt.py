@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from earlier_runs import earlier_run, files
+from earlier_runs import earlier_run, results
 
 from jaxray.overwrite import ASIDE_DIR
 
@@ -48,4 +48,4 @@ def test_ctrl_c_just_after_the_set_aside_puts_the_earlier_run_back(real_dir, tmp
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, log[-4000:]
     assert not (out / ASIDE_DIR).exists(), log[-4000:]
-    assert files(out) == before, log[-4000:]
+    assert results(out) == before, log[-4000:]  # and the interrupted run's log beside them
