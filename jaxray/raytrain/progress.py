@@ -47,6 +47,10 @@ class SweepDisplay:
             TimeRemainingColumn(elapsed_when_finished=True),
             TextColumn("{task.fields[status]}"),
             console=Console(file=file, width=None if file.isatty() else WIDTH),
+            # Rich would point sys.stdout/sys.stderr at the terminal while the rows are live: Ray's
+            # and Tune's output, which they hold for the log, would come back to it.
+            redirect_stdout=False,
+            redirect_stderr=False,
         )
         self.tasks: dict[str, TaskID] = {}
         self.last: dict[str, tuple[float, float]] = {}  # trial -> (counter, seconds) of its last row

@@ -26,3 +26,22 @@ def test_rows_show_steps_loss_throughput_and_status():
     assert "100/100 steps" in mlp and "loss 0.5000" in mlp and "12,346 ex/s" in mlp  # the worker's figure
     assert transformer.startswith("transformer_b8_float32_w32 ") and transformer.endswith(" failed")
     assert "10/100 steps" in transformer and "loss 5.5000" in transformer and "640 tok/s" in transformer
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal, as the one `make demo` prints on."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_what_others_print_stays_out_of_the_rows(capsys):
+    # `make demo` on a terminal showed Tune's tables among the rows: rich's live display pointed
+    # sys.stdout at the terminal, and what Ray and Tune print belongs to the run's log.
+    file = Terminal()
+    display = SweepDisplay(steps=10, file=file)
+    with display.progress:
+        display.result("mlp_b8_float32_w64", {"step": 5, "loss": 1.0})
+        print("Trial status: 1 RUNNING")  # Tune, in the driver
+    assert "Trial status" not in file.getvalue() and "mlp_b8_float32_w64" in file.getvalue()
+    assert "Trial status: 1 RUNNING" in capsys.readouterr().out  # where it was printed: the log, there
