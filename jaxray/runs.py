@@ -301,8 +301,12 @@ def best_checkpoint(run_dir: str | Path, workload: str | None = None) -> Path:
     """The checkpoint of the best trial of ``workload`` in the run folder ``run_dir``: the trial
     ``summary.md`` names (``best_row``). The path is inside ``run_dir`` (``folder_path``). Raises
     RunFolderError as ``best_row`` does, or when the recorded path leads outside the folder."""
-    best = best_row(run_dir, workload)
-    return folder_path(run_dir, best["checkpoint"], f"the checkpoint of trial {best.get('trial')!r}")
+    return checkpoint_of(run_dir, best_row(run_dir, workload))
+
+
+def checkpoint_of(run_dir: str | Path, row: dict[str, Any]) -> Path:
+    """The checkpoint the summary ``row`` of the run folder ``run_dir`` names (``folder_path``)."""
+    return folder_path(run_dir, row["checkpoint"], f"the checkpoint of trial {row.get('trial')!r}")
 
 
 def best_row(run_dir: str | Path, workload: str | None = None) -> dict[str, Any]:

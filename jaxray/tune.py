@@ -253,10 +253,10 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     print(next_steps(out, rows), file=terminal.out())
     failed = [r["trial"] for r in rows if r.get("error")]
     if failed:
-        log = f"; all output: {terminal.log_file()}" if terminal.log_file() else ""
         print(
             f"error: {len(failed)} trial(s) failed: {', '.join(failed)} (their errors are in "
-            f"{out / SUMMARY_MD}, tracebacks in {out / TUNE_DIR}/<workload>/<trial>/error.txt{log})",
+            f"{out / SUMMARY_MD}, tracebacks in {out / TUNE_DIR}/<workload>/<trial>/error.txt"
+            f"{terminal.log_hint()})",
             file=terminal.err(),
         )
         return 1

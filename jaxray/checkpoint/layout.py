@@ -29,10 +29,15 @@ log = logging.getLogger(__name__)
 _warned_unverified: set[str] = set()  # folders already named in the "no checksums" warning
 
 
+def _manifest_name(directory: Path) -> str | None:
+    """The digest manifest ``directory`` holds (``train_state.json``, else ``checksums.json``), or None."""
+    return next((n for n in MANIFESTS if (directory / n).is_file()), None)
+
+
 def _manifest(directory: Path, full_state: bool) -> tuple[str | None, dict[str, Any]]:
     """(the digest manifest's name, its document) of ``directory``; (None, {}) for a params-only
     checkpoint saved before checksums were recorded. CheckpointError when it is incomplete."""
-    name = next((n for n in MANIFESTS if (directory / n).is_file()), None)
+    name = _manifest_name(directory)
     full_state = full_state or any((directory / n).exists() for n in (OPT_STATE_DIR, HISTORY_FILE))
     if full_state and name != TRAIN_STATE:
         raise CheckpointError(
@@ -55,9 +60,8 @@ def manifest_sha256(directory: str | Path) -> str | None:
     """The SHA-256 of ``directory``'s digest manifest (``train_state.json``, else ``checksums.json``):
     one value that names every file and array of the checkpoint, as a run's summary row records it
     (``checkpoint_sha256``); None without a manifest."""
-    directory = Path(directory)
-    name = next((n for n in MANIFESTS if (directory / n).is_file()), None)
-    return sha256_all([directory / name])[0] if name else None
+    name = _manifest_name(Path(directory))
+    return sha256_all([Path(directory) / name])[0] if name else None
 
 
 def open_for_reading(directory: str | Path, full_state: bool = False, again: bool = False) -> dict[str, Any]:

@@ -9,9 +9,10 @@ line generate, evaluate, export and serve print once they resolved it::
     checkpoint: runs/demo/train/transformer_b16_float32_w128/checkpoint_step_00000300_attempt1
     (trial transformer_b16_float32_w128, step 300, val loss 2.4185, perplexity 11.23)
 
-(one line): the trial is the Ray Train run folder the checkpoint lies in, the step and the metric
-what the checkpoint's ``train_state.json`` records (the final checkpoint's summary row: held-out
-loss and perplexity of a transformer, test accuracy of an MLP; an earlier one's last training loss).
+(one line): the trial the checkpoint's ``trial_config.json`` names (else the Ray Train run folder it
+lies in), the step and the metric what the checkpoint's ``train_state.json`` records (the final
+checkpoint's summary row: held-out loss and perplexity of a transformer, test accuracy of an MLP;
+an earlier one's last training loss).
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def _resolve(path: Path, workload: str | None) -> Path:  # ``resolve`` less its 
         )
     try:
         row = runs.best_row(path, workload)
-        named = runs.folder_path(path, row["checkpoint"], f"the checkpoint of trial {row.get('trial')!r}")
+        named = runs.checkpoint_of(path, row)
     except runs.RunFolderError as err:
         raise CheckpointError(str(err)) from None
     recorded = row.get("checkpoint_sha256")

@@ -37,7 +37,6 @@ class SweepDisplay:
 
     def __init__(self, steps: int, file: TextIO) -> None:
         self.steps = steps
-        self.file = file
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(bar_width=24),
@@ -98,8 +97,8 @@ _showing: SweepDisplay | None = None
 @contextlib.contextmanager
 def showing(title: str, steps: int) -> Iterator[SweepDisplay | None]:
     """Inside: the progress rows of one sweep of ``steps`` steps per trial on the terminal
-    (``terminal.err()``), headed by ``title``; nothing when the terminal is not quiet
-    (``--verbose``: Tune's tables show the progress)."""
+    (``terminal.display()``), headed by ``title`` (``terminal.err()``: the log has it too); nothing
+    when the terminal is not quiet (``--verbose``: Tune's tables show the progress)."""
     global _showing
     if not terminal.is_quiet():
         yield None
@@ -149,7 +148,6 @@ class TrialProgress(tune.Callback):
         if _showing:
             name = self.name(trial.config)
             _showing.end(name, "failed")
-            log = f"; all output: {terminal.log_file()}" if terminal.log_file() else ""
-            line = f"error: trial {name} failed: {error_line(trial)}{log}"
+            line = f"error: trial {name} failed: {error_line(trial)}{terminal.log_hint()}"
             print(line, file=sys.stderr, flush=True)  # the log, while the terminal is quiet
             _showing.say(line)

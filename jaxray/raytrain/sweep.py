@@ -99,6 +99,11 @@ def concurrent_trials(exp: ExperimentConfig, resources: dict[str, float]) -> int
     return max(1, int(resources.get("GPU", 0)) // exp.workers.total_devices)
 
 
+def sweep_steps(sweep: SweepConfig) -> int:
+    """Each trial's ``train.steps`` in ``sweep`` (the TrainConfig default where it sets none)."""
+    return sweep.train.get("steps", TrainConfig().steps)
+
+
 def early_stopping(sweep: SweepConfig) -> ASHAScheduler | None:
     """The sweep's ASHA scheduler (``sweep.early_stopping``), or None (every trial runs all its
     steps). Trials report ``step`` and the training metrics every ``train.report_interval`` steps;
@@ -106,7 +111,7 @@ def early_stopping(sweep: SweepConfig) -> ASHAScheduler | None:
     rule = sweep.early_stopping
     if rule is None:
         return None
-    steps = sweep.train.get("steps", TrainConfig().steps)
+    steps = sweep_steps(sweep)
     return ASHAScheduler(
         time_attr="step",
         metric=rule.metric,
@@ -202,9 +207,8 @@ def check_saved_state(out: Path, workload: str) -> None:
 
 def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRows], int]:
     interrupts.stop_if_interrupted()
-    steps = sweep.train.get("steps", TrainConfig().steps)
     title = f"{sweep.workload} sweep: {sweep.grid_size()} trial(s)"
-    with progress.showing(title, steps), interrupts.around_fit():
+    with progress.showing(title, sweep_steps(sweep)), interrupts.around_fit():
         results = tuner.fit()
     # On Ctrl+C (SIGINT) Tune saves the experiment's state, then stops the running trials, marking
     # them terminated in memory, and fit() returns as if the sweep had ended. The saved state (what

@@ -53,6 +53,11 @@ def log_file() -> Path | None:
     return _log_file
 
 
+def log_hint() -> str:
+    """``; all output: LOG`` for an error line while quiet (where the rest of the story is), else ''."""
+    return f"; all output: {_log_file}" if _log_file else ""
+
+
 class _Forgiving:
     """A text stream whose failed writes are dropped: a log on a full disk must not fail whoever
     prints to it (Tune's loop, Ray's log thread), as the run's own checkpoints fail in words."""
