@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: install
-	$(PY) -m jaxray.tune --config tune_configs/demo.yaml --out runs/demo --overwrite
+	$(PY) -m jaxray.tune --config tune_configs/demo.yaml --out runs/demo
 	$(PY) -m jaxray.generate --checkpoint runs/demo --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --seed 0
 
 # make lint: ruff's lint rules and formatting (pyproject.toml [tool.ruff]); make test runs it first.

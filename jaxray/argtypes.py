@@ -115,8 +115,7 @@ def port(text: str) -> int:
 
 
 def context_keep(text: str) -> int:
-    """Bytes of context kept when the window is full: an integer >= 2 (its upper bound,
-    max_seq_len, is checked against the model)."""
+    """Bytes of context kept when the window is full: an integer >= 2 (max_seq_len checked later)."""
     value = positive_int(text)
     if value < 2:
         raise argparse.ArgumentTypeError(
@@ -125,8 +124,7 @@ def context_keep(text: str) -> int:
     return value
 
 
-# A settings field as an option: field name -> (argparse type, what it sets, the help's default
-# when the field's default is None).
+# Field name -> (argparse type, help text, help's default when the field's default is None).
 FieldOptions = dict[str, tuple[Callable[[str], Any], str, str]]
 
 
@@ -139,9 +137,8 @@ def _shown(value: Any, when_none: str) -> str:
 def add_field_options(
     parser: argparse.ArgumentParser, model: Any, options: FieldOptions, names: Iterable[str], note: str = ""
 ) -> None:
-    """One option per field of the pydantic ``model`` in ``names`` (``max_batch_size`` ->
-    ``--max-batch-size``), typed and described by ``options``. Each defaults to None, so the model's
-    own default (shown in the help) applies unless given; ``note`` ends every help line."""
+    """One option per field in ``names`` of pydantic ``model`` (``max_batch_size`` ->
+    ``--max-batch-size``), defaulting to None so the model's default applies; ``note`` ends each help."""
     for name in names:
         kind, what, when_none = options[name]
         shown = _shown(model.model_fields[name].default, when_none)
@@ -150,6 +147,5 @@ def add_field_options(
 
 
 def given_options(args: argparse.Namespace, options: FieldOptions) -> dict[str, Any]:
-    """{field: value} for the ``options`` given on the command line (the others keep the model's
-    default)."""
+    """{field: value} for the ``options`` given on the command line."""
     return {name: getattr(args, name) for name in options if getattr(args, name, None) is not None}

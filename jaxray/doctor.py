@@ -1,11 +1,7 @@
 """``python -m jaxray.doctor``: which devices JAX sees, why only the CPU if so, and how a batch shards.
 
-Run it first wherever training will run (laptop, GPU box, container, Ray worker image). It exits 0
-whenever it ran, because it is a diagnosis, not a gate (argparse exits 2 on bad arguments).
-``--json`` prints the facts as one JSON object for CI logs; ``--cpu-devices N`` forces N host devices to
-preview a multi-device mesh on a laptop (it does not replace a GPU backend that is present).
-jax is imported only inside the functions, after parsing, because XLA_FLAGS must be set before jax
-starts.
+Exits 0 whenever it ran (a diagnosis, not a gate). ``--json`` prints the facts as one JSON object;
+``--cpu-devices N`` forces N host devices. jax is imported inside functions, after XLA_FLAGS is set.
 """
 
 from __future__ import annotations
@@ -54,10 +50,8 @@ class Facts:
 
 
 def cpu_only_reason(facts: Facts) -> str | None:
-    """Why JAX has no accelerator device, from checked facts; None when it has one.
-
-    Checked in the order the fixes must happen: platform choice, install, driver, visibility, versions.
-    """
+    """Why JAX has no accelerator device, from checked facts; None when it has one. Checked in fix
+    order: platform choice, install, driver, visibility, versions."""
     if any(d["platform"] != "cpu" for d in facts.devices):
         return None
     forced = facts.env.get("JAX_PLATFORMS")
@@ -111,11 +105,8 @@ def _installed(names: Sequence[str]) -> dict[str, str]:
 
 
 def _cuda_versions() -> tuple[str | None, str | None]:
-    """(CUDA runtime, cuDNN) versions, e.g. ("12.8", "9.8.0"); None where unknown.
-
-    First the CUDA plugin's ``_versions`` module, which JAX itself reads (private, so any failure falls
-    through), then the versions of the NVIDIA pip wheels the plugin depends on.
-    """
+    """(CUDA runtime, cuDNN) versions, e.g. ("12.8", "9.8.0"); None where unknown. Tries the CUDA
+    plugin's private ``_versions`` module, then the NVIDIA pip wheels' versions."""
     for module in ("jax_cuda13_plugin._versions", "jax_cuda12_plugin._versions"):
         try:
             v = importlib.import_module(module)
@@ -133,7 +124,7 @@ def _cuda_versions() -> tuple[str | None, str | None]:
 
 def collect() -> Facts:
     """Query jax, pip metadata, nvidia-smi and the environment. Imports jax."""
-    # deferred: jax reads XLA_FLAGS once, when it loads; main sets --cpu-devices' flag before this runs
+    # deferred: main sets XLA_FLAGS before jax loads
     import jax
     import jaxlib  # deferred with jax, which it loads
 
@@ -194,7 +185,7 @@ def check_mesh(show: bool) -> dict:
     """Build the data mesh and place a batch and a weight on it; ``show`` prints how they shard."""
     import jax  # deferred: jax must not load before main has set XLA_FLAGS
 
-    # deferred: imports jax (see above)
+    # deferred: imports jax
     from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 
     mesh = make_mesh()

@@ -38,20 +38,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxray import checkpoint
+from jaxray import checkpoint, runs
 from jaxray.argtypes import CHECKPOINT_HELP, cli_parser
 from jaxray.config import WORKLOADS, ConfigError
 from jaxray.data.batching import Arrays, eval_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays
-from jaxray.inference.load import fingerprint, restore_checked
 from jaxray.inference.sampling import Sampling, encode_prompt, generate, printable, prompt_window
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 from jaxray.reporting import eval_figures
 from jaxray.reporting.eval_results import FIGURES, default_out, results_folder, write_results
-from jaxray.runs import exclusive
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import jit_eval_step
 from jaxray.train.run import eval_batch_size
@@ -171,26 +169,25 @@ def run(
     prompt_window(encode_prompt(prompt), 1)  # an empty prompt fails here, not after the restore
     if data_dir is not None and not Path(data_dir).is_dir():  # else a typo falls to the default search
         raise ConfigError(f"--data-dir {data_dir} is not a directory")
-    directory = checkpoint.resolve(path, workload).absolute()
+    directory = runs.resolve(path, workload).absolute()
     print(checkpoint.describe(directory), file=sys.stderr, flush=True)  # which one, before the work
     trial = checkpoint.load_trial_config(directory)
     if workload and trial.model.workload != workload:
         raise checkpoint.CheckpointError(
             f"{directory} holds a {trial.model.workload} checkpoint, not {workload}"
         )
-    weights = fingerprint(directory)
-    out = results_folder(out or default_out(directory), directory, weights, overwrite)
-    with exclusive(out, "python -m jaxray.evaluate"):  # two evaluations into one --out: one refused
-        results_folder(out, directory, weights, overwrite)  # again, now that it is held
+    out = results_folder(out or default_out(directory), directory, overwrite)
+    with runs.exclusive(out, "python -m jaxray.evaluate"):  # two evaluations into one --out: one refused
+        results_folder(out, directory, overwrite)  # again, now that it is held
         # The recorded folder may not exist on this machine: read_verified then searches on as usual.
         data_dir = data_dir or trial.data.data_dir
         _, held_out = load_arrays(
             trial.model_copy(update={"data": trial.data.model_copy(update={"data_dir": data_dir})})
         )
         mesh = make_mesh(jax.devices()[:1])  # one device: small, and no batch must divide
-        model, params = restore_checked(directory, weights, replicated(mesh))
+        model, params = checkpoint.restore(directory, replicated(mesh))
         batch = eval_batch_size(trial, 1)
-        head = {"checkpoint": str(directory), "checkpoint_sha256": weights}
+        head = {"checkpoint": str(directory)}
         head |= {"workload": trial.model.workload, "data_dir": data_dir}
         if trial.model.workload != "transformer":
             result = evaluate_classifier(model, params, held_out, batch, mesh)

@@ -1,12 +1,9 @@
 """Export a trained transformer with ``jax.export``; ``python -m jaxray.export``.
 
-The artifact's layout and writer are ``jaxray.inference.artifact``; this is its command line. An
-export that cannot be written (a full disk, an unwritable folder) ends with one line naming --out
-and the OS error, exit code 1, having removed what it wrote: the artifact's temporary folder and
-any folders above --out it created.
+Command line of ``jaxray.inference.artifact``. A failed write exits 1 with one line naming --out
+and the OS error, having removed what it wrote.
 
-  python -m jaxray.export --checkpoint runs/demo --out exports/demo --buckets 32,128,256 \\
-      --batch-sizes 1,4,16 --chunk 32
+  python -m jaxray.export --checkpoint runs/demo --out exports/demo --buckets 32,128,256
 """
 
 from __future__ import annotations
@@ -52,9 +49,8 @@ def _size(directory: Path) -> int:
 
 
 def _resolved(args: argparse.Namespace, out: Path) -> Path:
-    """The checkpoint ``--checkpoint`` resolves to, named on stderr (``checkpoint.describe``) once
-    --out and the settings are checked, before the export's work starts; raises as
-    ``export_checkpoint`` does."""
+    """The checkpoint ``--checkpoint`` resolves to, named on stderr once --out and the settings are
+    checked; raises as ``export_checkpoint``."""
     check_out(out)
     source = check_checkpoint(args.checkpoint, _settings(args), purpose="exported")
     print(checkpoint.describe(source), file=sys.stderr, flush=True)

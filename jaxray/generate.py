@@ -1,12 +1,9 @@
 """Byte-level sampling from a trained transformer; ``python -m jaxray.generate``.
 
-Two samplers: ``kv`` (the default) prefills the prompt once and decodes each new byte against a KV
-cache (``jaxray.inference.engine.kv_generate``); ``full`` is the learning path's recipe, the
-full-recompute sampler ``jaxray.inference.sampling.generate``, kept as the reference both are
-tested against.
+Samplers: ``kv`` (default, ``jaxray.inference.engine.kv_generate``) and ``full``, the full-recompute
+reference (``jaxray.inference.sampling.generate``).
 
-  python -m jaxray.generate --checkpoint runs/demo --prompt "ROMEO:" --max-new-tokens 300 \\
-      --temperature 0.8 --seed 0
+  python -m jaxray.generate --checkpoint runs/demo --prompt "ROMEO:" --max-new-tokens 300
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxray import argtypes, checkpoint
+from jaxray import argtypes, checkpoint, runs
 from jaxray.inference.engine import kv_generate
 from jaxray.inference.sampling import Sampling, encode_prompt, generate, printable, prompt_window
 
@@ -55,7 +52,7 @@ def checked_checkpoint(args: argparse.Namespace) -> Path:
     Raises ValueError naming the option, CheckpointError naming the path."""
     sampling_options(args).check()
     prompt_window(encode_prompt(args.prompt), 1)  # an empty prompt fails before the restore
-    path = checkpoint.resolve(args.checkpoint, workload="transformer")
+    path = runs.resolve(args.checkpoint, workload="transformer")
     workload = checkpoint.load_model_config(path).workload
     if workload != "transformer":
         raise checkpoint.CheckpointError(
@@ -67,8 +64,7 @@ def checked_checkpoint(args: argparse.Namespace) -> Path:
 
 
 def sample_text(args: argparse.Namespace) -> str:
-    """The text sampled after ``args.prompt`` by the chosen sampler (the prompt not included); the
-    checkpoint resolved is named on stderr first (``checkpoint.describe``), stdout staying the text."""
+    """The text sampled after ``args.prompt`` (prompt excluded); the checkpoint is named on stderr."""
     path = checked_checkpoint(args)
     print(checkpoint.describe(path), file=sys.stderr, flush=True)
     model, params = checkpoint.restore(path)

@@ -1,30 +1,12 @@
-"""The run folder of a sweep, ``runs/<experiment>`` (``python -m jaxray.tune --out``): what lives
-where, who wrote a summary, and which trial is best.
+"""Run folders of ``python -m jaxray.tune``: where a run writes, which run and trial is best, and
+which checkpoint a ``--checkpoint`` path means.
 
-Layout::
-
-    experiment.yaml          the resolved experiment config, written before the first trial
-                             (``--resume`` reads it; so does the best-trial ranking)
-    summary.json             one row per trial (``jaxray.reporting.sweep``); its checkpoint paths
-                             are relative to the folder (``record_path``)
-    summary.md               the same table and the best trial per workload
-    throughput_vs_batch.png  throughput against global batch
-    loss_curves.png          training loss against examples or tokens
-    train/<trial>/           the trial's Ray Train run: its checkpoints and compile.json
-    tune/<workload>/         the sweep's Tune experiment state (``Tuner.restore``)
-    tensorboard/<trial>/     the trial's TensorBoard event files
-    .jaxray.lock             while a run writes into the folder: held by it (``exclusive``)
-
-The best trial of a workload is ranked by the metric its sweep saved in ``experiment.yaml``
-(``metric`` and ``mode``, default ``DEFAULT_METRIC``), so ``summary.md`` and a ``--checkpoint
-runs/<experiment>`` that loads the best trial (``jaxray.checkpoint.resolve``) agree.
-
-A run folder is relocatable: what it records about its own files is relative to it, so a copy on
-another path or machine reads its own checkpoints. A recorded path is never followed outside the
-folder (``folder_path``): an absolute one from a folder written before paths were relative is read
-as the same path under this folder, from its ``train/`` part on, with a warning naming it; a
-symlink inside the folder that leads out of it (``train/`` on scratch storage) is followed, with a
-warning naming its target.
+Every run writes a new folder, never an earlier one: ``runs/<experiment>/<YYYYmmdd-HHMMSS>/``
+(``new_run``) holding ``experiment.yaml`` (the resolved config, ``--resume`` reads it),
+``summary.json``/``summary.md`` (one row per trial, checkpoint paths relative to the folder), the
+plots, ``train/<trial>/`` (Ray Train's checkpoints), ``tune/<workload>/`` (Tune's state),
+``tensorboard/<trial>/`` and ``logs/``. ``runs/<experiment>`` resolves to its newest complete run
+(summary written, no trial failed), so a failed or interrupted run never hides an earlier one.
 """
 
 from __future__ import annotations
@@ -34,6 +16,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +26,7 @@ import filelock
 import yaml
 from pydantic import ValidationError
 
+from jaxray import checkpoint
 from jaxray.config import ConfigError
 from jaxray.config.experiment import DEFAULT_METRIC, ExperimentConfig, SweepConfig
 
@@ -56,7 +40,7 @@ FILES = (SUMMARY_JSON, SUMMARY_MD, THROUGHPUT_PLOT, LOSS_PLOT)  # the sweep repo
 TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR = "train", "tune", "tensorboard"
 RUN_DIRS = (TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR)  # what a run writes besides the files above
 LOCK_FILE = ".jaxray.lock"  # held by the one command writing into the folder (``exclusive``)
-# One log per python -m jaxray.tune in the folder (Ray's, Tune's, Orbax's output); kept by --overwrite.
+# One log per python -m jaxray.tune in the folder (Ray's, Tune's, Orbax's output).
 LOGS_DIR = "logs"
 # experiment.yaml's line holding the SHA-256 of the config below it (``signed``, ``check_unedited``).
 CONFIG_DIGEST = "# SHA-256 of the config below it (--resume refuses an edited config): "
@@ -162,28 +146,6 @@ def written_by_a_run(path: Path) -> bool:
         return False
 
 
-def check_not_nested(out: Path, replaced: Iterable[Path] = ()) -> None:
-    """Raise RunFolderError when the run folder ``out`` lies inside another run folder (one above
-    it holds experiment.yaml), or when one of the ``replaced`` folders (what ``--overwrite`` sets
-    aside, then deletes) holds another run: a run written into another's ``train/`` is deleted with
-    it, and a read of the outer folder's checkpoints takes no notice of it (a fresh user saw both)."""
-    # Through a symlink too: the folder it leads to is the one written into.
-    above = dict.fromkeys((*out.parents, *out.resolve().parents))
-    outer = next((p for p in above if written_by_a_run(p / EXPERIMENT_FILE)), None)
-    if outer is not None:
-        raise RunFolderError(
-            f"--out {out} lies in the run folder {outer}: a run there would be deleted with that "
-            f"run's results by its next --overwrite; choose a folder outside it (nothing was changed)"
-        )
-    for folder in replaced:
-        inner = next((f for f in folder.rglob(EXPERIMENT_FILE) if written_by_a_run(f)), None)
-        if inner is not None:
-            raise RunFolderError(
-                f"{inner.parent} is another run's folder inside {folder}, which --overwrite would "
-                f"delete with the earlier results; move it out of {out} first (nothing was changed)"
-            )
-
-
 def check_overwrite(out_dir: str | Path, writer: str, name: str = SUMMARY_JSON) -> None:
     """Refuse to replace a ``summary.json`` (or ``name``) in ``out_dir`` that ``writer`` (e.g.
     "jaxray.bench") did not write (its ``written_by``), so pointing ``--out`` at a sweep's folder
@@ -208,23 +170,18 @@ def signed(config: str) -> str:
 
 
 def check_unedited(path: Path) -> None:
-    """Raise ConfigError when the config file ``path``, written ``signed``, was edited since: what
-    follows its digest line no longer has that SHA-256. A resumed run must train its unfinished
-    trials with the config its finished ones had, or one summary would mix two configs. A file
-    without the line (written before it existed) passes."""
+    """Raise ConfigError when the config file ``path``, written ``signed``, was edited since: a
+    resumed run must train its unfinished trials with the config its finished ones had."""
     try:
         _, found, rest = path.read_text(encoding="utf-8").partition(CONFIG_DIGEST)
-    except (OSError, UnicodeDecodeError):  # the config's loader says what is wrong with the file
-        return
-    if not found:
-        return
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path} cannot be read: {err}") from err
     recorded, _, config = rest.partition("\n")
-    if hashlib.sha256(config.encode()).hexdigest() != recorded.strip():
+    if not found or hashlib.sha256(config.encode()).hexdigest() != recorded.strip():
         raise ConfigError(
             f"{path} was edited after the run started (its content no longer has the SHA-256 "
             f"recorded in it), so a resume would train the unfinished trials with another config "
-            f"than the finished ones; undo the edit, or start a new run with --config (nothing was "
-            f"changed)"
+            f"than the finished ones; undo the edit, or start a new run with --config"
         )
 
 
@@ -297,16 +254,24 @@ def read_summary(run_dir: str | Path) -> list[dict[str, Any]]:
     return doc
 
 
-def best_checkpoint(run_dir: str | Path, workload: str | None = None) -> Path:
-    """The checkpoint of the best trial of ``workload`` in the run folder ``run_dir``: the trial
-    ``summary.md`` names (``best_row``). The path is inside ``run_dir`` (``folder_path``). Raises
-    RunFolderError as ``best_row`` does, or when the recorded path leads outside the folder."""
-    return checkpoint_of(run_dir, best_row(run_dir, workload))
-
-
 def checkpoint_of(run_dir: str | Path, row: dict[str, Any]) -> Path:
-    """The checkpoint the summary ``row`` of the run folder ``run_dir`` names (``folder_path``)."""
-    return folder_path(run_dir, row["checkpoint"], f"the checkpoint of trial {row.get('trial')!r}")
+    """The checkpoint the summary ``row`` of ``run_dir`` names: a path relative to the folder (so a
+    copied or moved folder reads its own). Raises RunFolderError when it is not such a path."""
+    recorded = row.get("checkpoint")
+    path = Path(recorded) if isinstance(recorded, str) else None
+    if path is None or path.is_absolute() or ".." in path.parts:
+        raise RunFolderError(
+            f"{Path(run_dir) / SUMMARY_JSON} names the checkpoint of trial {row.get('trial')!r} as "
+            f"{recorded!r}, not a path inside the run folder"
+        )
+    return Path(run_dir) / path
+
+
+def record_path(run_dir: str | Path, path: str | Path) -> str:
+    """``path`` as ``summary.json`` records it: relative to ``run_dir`` (POSIX separators); one
+    outside it stays as it is (and ``checkpoint_of`` refuses it)."""
+    path, run_dir = Path(path).absolute(), Path(run_dir).absolute()
+    return path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else str(path)
 
 
 def best_row(run_dir: str | Path, workload: str | None = None) -> dict[str, Any]:
@@ -329,71 +294,87 @@ def best_row(run_dir: str | Path, workload: str | None = None) -> dict[str, Any]
     return best_trial(rows, workload, saved_ranking(run_dir)) or rows[0]
 
 
-def record_path(run_dir: str | Path, path: str | Path) -> str:
-    """``path`` as a file of the run folder ``run_dir`` records it: relative to the folder (POSIX
-    separators), so the folder can be copied or moved; a path outside the folder stays absolute
-    (and ``folder_path`` refuses it)."""
-    run_dir, path = Path(run_dir).absolute(), Path(path).absolute()
-    for base, target in ((run_dir, path), (run_dir.resolve(), path.resolve())):
-        if target.is_relative_to(base):
-            return target.relative_to(base).as_posix()
-    return str(path)
+def new_run(experiment_dir: str | Path) -> Path:
+    """A new, empty run folder ``experiment_dir/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``... when a run
+    started the same second), created with its parents. Raises RunFolderError when ``experiment_dir``
+    is a run folder itself (its runs go beside it) or cannot be written."""
+    experiment_dir = Path(experiment_dir).absolute()
+    if (experiment_dir / EXPERIMENT_FILE).is_file():
+        raise RunFolderError(
+            f"--out {experiment_dir} is the folder of one run; pass its experiment folder "
+            f"{experiment_dir.parent}, where every run gets a folder of its own"
+        )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 100):
+        run = experiment_dir / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            run.mkdir(parents=True)
+            return run
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise RunFolderError(f"--out {experiment_dir} cannot be written: {err}") from err
+    raise RunFolderError(f"--out {experiment_dir}: too many runs started at {stamp}")
 
 
-def in_moved_folder(run_dir: str | Path, path: str | Path) -> Path | None:
-    """The path under ``run_dir`` that an absolute ``path`` the run recorded before its folder was
-    moved or copied names: ``path`` from its ``train/`` part on, joined to the folder (the first such
-    part whose path exists, else the last); None when ``path`` has no ``train/`` part."""
-    run_dir, path = Path(run_dir), Path(path)
-    tails = [path.parts[i:] for i, part in enumerate(path.parts) if part == TRAIN_DIR]
-    if not tails:
-        return None
-    found = next((run_dir.joinpath(*t) for t in tails if run_dir.joinpath(*t).exists()), None)
-    return found or run_dir.joinpath(*tails[-1])
+def run_folders(experiment_dir: str | Path) -> list[Path]:
+    """The run folders of ``experiment_dir`` (those holding ``experiment.yaml``), newest first."""
+    found = [p.parent for p in Path(experiment_dir).glob(f"*/{EXPERIMENT_FILE}")]
+    return sorted(found, key=lambda p: p.name, reverse=True)
 
 
-def folder_path(run_dir: str | Path, recorded: str, what: str = "a path") -> Path:
-    """The path inside ``run_dir`` that ``recorded`` (a path a file of the folder records, ``what``
-    it is) names: a relative one joined to the folder; an absolute one inside the folder as it is;
-    an absolute one outside it (a folder written before paths were relative, since copied or
-    moved) read as the same path under this folder from its ``train/`` part on (the first that
-    exists, else the last), with a warning naming both. Never a path outside the folder, but a
-    symlink in it that leads out is followed, with a warning naming its target.
+def complete(run_dir: Path) -> bool:
+    """True when the run wrote its summary and none of its trials failed."""
+    try:
+        return all(not row.get("error") for row in read_summary(run_dir))
+    except (OSError, RunFolderError):
+        return False
 
-    Raises RunFolderError naming ``summary.json``, ``what`` and the recorded path when it leads out
-    of the folder (``..``) or is absolute, outside it and has no ``train/`` part."""
-    if not isinstance(recorded, str):  # a hand-edited summary.json: "checkpoint": 5
-        raise RunFolderError(f"{Path(run_dir) / SUMMARY_JSON} names {what} as {recorded!r}, not a path")
-    run_dir, path = Path(run_dir), Path(recorded)
-    refusal = (
-        f"{run_dir / SUMMARY_JSON} names {what} as {recorded}, outside the run folder {run_dir}; a "
-        f"path outside it is never followed (copy the checkpoint into the folder, or pass it itself)"
+
+def latest_run(path: str | Path) -> Path:
+    """The run folder ``path`` means: itself when it holds a ``summary.json``, else the newest
+    complete run in the experiment folder ``path``. Raises RunFolderError naming the folder and
+    what it holds when there is none."""
+    path = Path(path)
+    if (path / SUMMARY_JSON).is_file():
+        return path
+    runs = run_folders(path)
+    done = next((r for r in runs if complete(r)), None)
+    if done is not None:
+        return done
+    if runs:
+        raise RunFolderError(
+            f"{path} has no complete run: its {len(runs)} run(s), newest {runs[0].name}, failed or were "
+            f"interrupted; pass one of them (e.g. {runs[0]}) or --resume it"
+        )
+    raise RunFolderError(
+        f"{path} is neither a checkpoint (no {checkpoint.MODEL_CONFIG}), a run folder (no {SUMMARY_JSON}) "
+        f"nor an experiment folder holding runs"
     )
-    if not path.is_absolute():
-        if os.path.normpath(path).split(os.sep)[0] == "..":
-            raise RunFolderError(refusal)
-        return _named_if_linked_out(run_dir, run_dir / path, what)
-    base = run_dir.absolute()
-    if path.is_relative_to(base) or path.is_relative_to(base.resolve()):
-        return _named_if_linked_out(run_dir, path, what)
-    mapped = in_moved_folder(run_dir, path)
-    if mapped is None:
-        raise RunFolderError(refusal)
-    log.warning(
-        "%s names %s as %s, outside the run folder (written before run folders were relocatable); "
-        "reading it as %s, inside the folder",
-        run_dir / SUMMARY_JSON,
-        what,
-        recorded,
-        mapped,
-    )
-    return _named_if_linked_out(run_dir, mapped, what)
 
 
-def _named_if_linked_out(run_dir: Path, path: Path, what: str) -> Path:
-    """``path``, with a warning naming where it leads when a symlink on it leads out of the run
-    folder (train/ linked to scratch storage, say: a copy of the folder would read the original's)."""
-    target = path.resolve()
-    if not target.is_relative_to(run_dir.resolve()):
-        log.warning("%s of %s is %s, a symlink to %s outside the run folder", what, run_dir, path, target)
-    return path
+def trial_checkpoints(named: Path) -> list[Path]:
+    """``named``, then the older ``checkpoint_*`` folders beside it (its trial's), newest first."""
+    prefix = checkpoint.CHECKPOINT_PREFIX
+    older = [c for c in named.parent.glob(f"{prefix}*") if c.name < named.name and c.is_dir()]
+    return [named, *sorted(older, reverse=True)]
+
+
+def resolve(path: str | Path, workload: str | None = None) -> Path:
+    """The checkpoint folder a command's ``--checkpoint`` names: a checkpoint itself (as it is:
+    restoring verifies it), a Ray Train run folder (its newest good ``checkpoint_*``), a run folder
+    or an experiment folder (``latest_run``): the checkpoint of its best trial of ``workload``
+    (``best_row``), or that trial's newest good older one, with a warning, when it is damaged.
+    Raises CheckpointError naming the path and why."""
+    path = Path(path)
+    if (path / checkpoint.MODEL_CONFIG).is_file():
+        return path
+    inside = sorted(p.parent for p in path.glob(f"{checkpoint.CHECKPOINT_PREFIX}*/{checkpoint.MODEL_CONFIG}"))
+    if inside:
+        return checkpoint.restore_latest(inside[::-1], checkpoint.verify)[1]
+    try:
+        run = latest_run(path)
+        named = checkpoint_of(run, best_row(run, workload))
+    except RunFolderError as err:
+        raise checkpoint.CheckpointError(str(err)) from err
+    return checkpoint.restore_latest(trial_checkpoints(named), checkpoint.verify)[1]

@@ -1,18 +1,13 @@
 """python -m jaxray.tune --config tune_configs/NAME.yaml: the main job.
-python -m jaxray.tune --resume runs/<experiment>: finish an interrupted one.
+python -m jaxray.tune --resume runs/<experiment>: finish its newest run after an interruption.
 
 Each sweep of the experiment YAML becomes one Ray Tune grid over global batch, compute dtype and
-model width; each trial is one Ray Train run (``jaxray.raytrain.trainer``). Results land in
-``runs/<experiment>/`` (``--out``): summary.json / summary.md, plots, TensorBoard event files and the
-trials' Orbax checkpoints. Joins a running cluster (``RAY_ADDRESS`` or a local ``ray start``),
-otherwise starts a local Ray in-process.
-
-A run first saves its resolved experiment config in the output folder (experiment.yaml). After an
-interruption (Ctrl+C, a lost driver) ``--resume DIR`` reads it from there and restores each sweep's
-Tune experiment (``Tuner.restore``): finished trials keep their results and checkpoints and are not
-run again; unfinished and failed ones run again, from their newest checkpoint when
-train.checkpoint_every is set, else from step 0; a sweep that never started runs as usual. The
-reports then cover every trial.
+model width; each trial is one Ray Train run (``jaxray.raytrain.trainer``). Every run writes a new
+folder ``runs/<experiment>/<YYYYmmdd-HHMMSS>/`` (``--out`` names the experiment folder): the resolved
+config, summary.json / summary.md, plots, TensorBoard event files and the trials' Orbax checkpoints.
+``--resume`` restores each sweep's Tune experiment: finished trials keep their results, unfinished
+ones continue from their newest checkpoint. Joins a running cluster (``RAY_ADDRESS`` or a local
+``ray start``), otherwise starts a local Ray in-process.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,14 +24,12 @@ from typing import Any
 import ray
 import yaml
 
-import jaxray.raytrain.interrupts as interrupts  # first of jaxray's: records a Ctrl-C during the imports
 from jaxray.config import ConfigError, parse_trial
 from jaxray.config.experiment import ExperimentConfig, load_experiment
 from jaxray.data.batching import num_rows
 from jaxray.data.manifest import ManifestError
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
-from jaxray.overwrite import ASIDE_DIR, check_out, finished, full_disk, resume_hint, set_aside, settle_aside
 from jaxray.parallel.checks import check_experiment
 from jaxray.raytrain.cluster import check_gpus, init_ray
 from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep
@@ -46,17 +40,21 @@ from jaxray.runs import (
     EXPERIMENT_HEADER,
     LOGS_DIR,
     SUMMARY_MD,
-    TENSORBOARD_DIR,
+    TRAIN_DIR,
     TUNE_DIR,
     RunFolderError,
     check_unedited,
     exclusive,
+    latest_run,
+    new_run,
+    run_folders,
     signed,
     sweep_ranking,
     written_whole,
 )
 
 INTERRUPTED = 130  # exit code of an interrupted run (as a shell reports Ctrl+C)
+FULL_DISK_BYTES = 64 << 20  # below this much free space, a sweep that stops is said to have filled the disk
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,10 +68,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     what.add_argument(
         "--resume",
         metavar="DIR",
-        help=f"finish the interrupted run whose output folder is DIR (e.g. runs/demo), with the "
-        f"config saved there ({EXPERIMENT_FILE}); finished trials are kept, not run again",
+        help=f"finish the interrupted run in DIR (a run folder, or an experiment folder such as runs/demo: "
+        f"its newest run), with the config saved there ({EXPERIMENT_FILE}); finished trials are kept",
     )
-    p.add_argument("--out", help="output folder (default: runs/<experiment>)")
+    p.add_argument(
+        "--out",
+        help="experiment folder: each run writes a new <YYYYmmdd-HHMMSS>/ in it (default: runs/<experiment>)",
+    )
     p.add_argument(
         "--data-dir", help="folder with the data files (default: $JAXRAY_DATA_DIR, then the cache)"
     )
@@ -83,19 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"print Ray's, Tune's and Orbax's output here as it comes (default: a progress display "
         f"here, that output in DIR/{LOGS_DIR}/tune-<time>.log)",
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help=f"replace the results of an earlier run in the output folder, kept in DIR/{ASIDE_DIR} until a "
-        "trial of the new run has finished (default: refuse)",
-    )
     args = p.parse_args(argv)
     if args.resume is not None and args.out is not None:
-        p.error("argument --out: not allowed with argument --resume (a resumed run writes into DIR)")
-    if args.resume is not None and args.overwrite:
         p.error(
-            "argument --overwrite: not allowed with argument --resume (resuming keeps everything in DIR; "
-            "to start over use --config FILE --out DIR --overwrite)"
+            "argument --out: not allowed with argument --resume (a resumed run writes into its own folder)"
         )
     return args
 
@@ -118,23 +110,17 @@ def save_experiment(out: Path, exp: ExperimentConfig) -> Path:
     return path
 
 
-def load_resume(out: Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """The experiment config saved in the output folder ``out`` of an earlier run. Raises
-    ConfigError naming the path when ``out`` is missing, not a folder, or not a jaxray.tune output
-    folder (no experiment.yaml), or when the saved config no longer validates."""
-    if not out.exists():
-        raise ConfigError(f"--resume {out}: no such folder")
-    if not out.is_dir():
-        raise ConfigError(f"--resume {out} is a file, not a folder")
-    saved = out / EXPERIMENT_FILE
-    if not saved.is_file():
+def load_resume(path: Path, overrides: dict[str, Any] | None = None) -> tuple[ExperimentConfig, Path]:
+    """(the experiment config saved in the run, its run folder) for ``--resume path``: ``path`` a run
+    folder, or an experiment folder whose newest run is meant. Raises ConfigError naming the path
+    when it holds no run, or the saved config was edited or no longer validates."""
+    run = path if (path / EXPERIMENT_FILE).is_file() else next(iter(run_folders(path)), None)
+    if run is None:
         raise ConfigError(
-            f"--resume {out}: {saved} is missing, so this is not the output folder of a "
-            f"python -m jaxray.tune run that can be resumed (a run saves it before its first "
-            f"trial)"
+            f"--resume {path}: no run of python -m jaxray.tune there (a run folder holds {EXPERIMENT_FILE})"
         )
-    check_unedited(saved)
-    return load_experiment(saved, overrides)
+    check_unedited(run / EXPERIMENT_FILE)
+    return load_experiment(run / EXPERIMENT_FILE, overrides), run
 
 
 def check_batches(exp: ExperimentConfig, rows: dict[str, int]) -> None:
@@ -173,44 +159,35 @@ def load_sweep_arrays(exp: ExperimentConfig) -> dict[str, tuple]:
 
 def prepare(
     args: argparse.Namespace, stack: contextlib.ExitStack
-) -> tuple[ExperimentConfig, Path, dict[str, tuple], list[Path]]:
-    """(the experiment, the output folder, each sweep's arrays, the earlier run's results there that
-    ``--overwrite`` replaces) after every check that can fail on the user's input, before the first
-    trial starts; Ray is up when it returns. Nothing is moved or written here: the caller sets the
-    earlier results aside (``set_aside``) once every check, the cluster's included, has passed. The
-    output folder is held (``runs.exclusive``) until ``stack`` closes. Raises ConfigError,
-    DataFileError or RunFolderError (another run holds the folder)."""
-    resume = args.resume is not None
+) -> tuple[ExperimentConfig, Path, dict[str, tuple]]:
+    """(the experiment, its run folder, each sweep's arrays) once every check that can fail on the
+    user's input has passed, all before Ray starts; a new run's folder is created (with its
+    experiment.yaml) only then. Ray is up when it returns; the run folder is held
+    (``runs.exclusive``) until ``stack`` closes. Raises ConfigError, DataFileError or RunFolderError."""
     overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
-    if resume:  # nothing in the folder is moved or removed
-        out = Path(args.resume).absolute()
-        exp = load_resume(out, overrides)
-        if (out / ASIDE_DIR).is_dir():
-            print(
-                f"note: {out / ASIDE_DIR} holds the results of an earlier run that an interrupted "
-                f"--overwrite set aside; the resume keeps them there (delete the folder once you "
-                f"do not need them)",
-                file=terminal.err(),
-            )
+    if args.resume is not None:
+        exp, out = load_resume(Path(args.resume).absolute(), overrides)
+        source = str(out / EXPERIMENT_FILE)
     else:
-        exp = load_experiment(args.config, overrides)
-        out = Path(args.out or Path("runs") / exp.experiment).absolute()
-    check_experiment(exp, str(out / EXPERIMENT_FILE if resume else Path(args.config)))
-    stack.enter_context(exclusive(out))
-    ours = [] if resume else check_out(out, args.overwrite)
-    for sweep in exp.sweeps if resume else ():
-        check_saved_state(out, sweep.workload)
+        exp, out, source = load_experiment(args.config, overrides), None, args.config
+    check_experiment(exp, source)
     arrays = {} if exp.data.parquet else load_sweep_arrays(exp)
     check_batches(
         exp,
         parquet_rows(exp) if exp.data.parquet else {w: num_rows(train) for w, (train, _) in arrays.items()},
     )
+    if out is None:
+        out = new_run(Path(args.out or Path("runs") / exp.experiment))
+        save_experiment(out, exp)
+    stack.enter_context(exclusive(out))
+    for sweep in exp.sweeps if args.resume is not None else ():
+        check_saved_state(out, sweep.workload)
     if not args.verbose:
         quiet_terminal(out, stack)
     joined, dashboard = init_ray(exp)
     print(header(exp, out, joined, dashboard), file=terminal.err(), flush=True)
     check_gpus(exp, joined)
-    return exp, out, arrays, ours
+    return exp, out, arrays
 
 
 def quiet_terminal(out: Path, stack: contextlib.ExitStack) -> None:
@@ -250,8 +227,8 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     write_reports(out, rows, {row["trial"]: history for row, history in results}, ranking)
     print(markdown_summary(rows, ranking), file=terminal.out())
     print(f"results in {out}", file=terminal.out())
-    print(next_steps(out, rows), file=terminal.out())
     failed = [r["trial"] for r in rows if r.get("error")]
+    print(next_steps(out if failed or latest(out.parent) != out else out.parent, rows), file=terminal.out())
     if failed:
         print(
             f"error: {len(failed)} trial(s) failed: {', '.join(failed)} (their errors are in "
@@ -263,9 +240,17 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     return 0
 
 
+def latest(experiment_dir: Path) -> Path | None:
+    """The run ``experiment_dir`` resolves to (``runs.latest_run``), None when none."""
+    try:
+        return latest_run(experiment_dir)
+    except RunFolderError:
+        return None
+
+
 def next_steps(out: Path, rows: list[dict]) -> str:
-    """The commands that use the run's results: each best trial's (the transformer's: generate and
-    serve), and TensorBoard on the event files."""
+    """The commands that use the run's results (``out``: its folder, or the experiment folder that
+    resolves to it): each best trial's (the transformer's: generate and serve), and TensorBoard."""
     here = Path.cwd()
     folder = shlex.quote(str(out.relative_to(here) if out.is_relative_to(here) else out))
     done = {r["workload"] for r in rows if not r.get("error")}
@@ -276,86 +261,72 @@ def next_steps(out: Path, rows: list[dict]) -> str:
             f"  python -m jaxray.serve --checkpoint {folder}",
         ]
     lines += [f"  python -m jaxray.evaluate --checkpoint {folder} --workload {w}" for w in sorted(done)]
-    lines.append(f"  tensorboard --logdir {folder}/{TENSORBOARD_DIR}")
+    lines.append(f"  tensorboard --logdir {folder}")
     return "\n".join(lines)
 
 
-def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool, results: list[TrialRows]) -> int:
-    """Run every sweep, appending each trial's rows to ``results``; the exit code (INTERRUPTED when
-    a sweep was interrupted: no later sweep starts and no report is written)."""
+def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool) -> int:
+    """Run every sweep, then write the reports; the exit code (INTERRUPTED when a sweep was
+    interrupted: no later sweep starts and no report is written)."""
+    results: list[TrialRows] = []
     for sweep in exp.sweeps:
         rows, unfinished = run_sweep(exp, sweep, arrays.get(sweep.workload), out, resume)
         results += rows
         if unfinished:
-            # With earlier results set aside and no trial finished, settle_aside puts them back.
             print(
                 f"error: interrupted with {unfinished} trial(s) of the {sweep.workload} sweep "
-                f"unfinished{resume_hint(out, resume, results)}",
+                f"unfinished{resume_hint(out)}",
                 file=terminal.err(),
             )
             return INTERRUPTED
     return report(out, exp, results)
 
 
+def resume_hint(out: Path) -> str:
+    return f"; the state is saved. Resume with: python -m jaxray.tune --resume {out}"
+
+
+def full_disk(out: Path, err: Exception) -> str | None:
+    """The message for a sweep stopped by ``err`` while the disk holding ``out`` is full (less than
+    ``FULL_DISK_BYTES`` free), else None: Ray Tune and Train fail in ways of their own then, so the
+    cause is told from the disk."""
+    try:
+        free = shutil.disk_usage(out).free
+    except OSError:
+        return None
+    if free >= FULL_DISK_BYTES:
+        return None
+    return (
+        f"the sweep stopped ({type(err).__name__}: {err}) with the disk holding {out} full ({free} bytes "
+        f"free); the checkpoints saved before are kept in {out / TRAIN_DIR}. Free space, then "
+        f"--resume {out}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with interrupts.recording():
-        stack = contextlib.ExitStack()
+    with contextlib.ExitStack() as stack:
         try:
-            return _run(args, stack)
-        finally:
-            with interrupts.shielded():  # a late Ctrl-C while the folder's lock is released
-                stack.close()
-
-
-def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
-    """``main`` with the output folder held until ``stack`` closes."""
-    resume = args.resume is not None
-    try:
-        interrupts.stop_if_interrupted()  # a Ctrl-C during the imports was only recorded
-        exp, out, arrays, ours = prepare(args, stack)
-    except (ConfigError, DataFileError, RunFolderError) as err:
-        print(f"error: {err}", file=terminal.err())
-        ray.shutdown()
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted before the run started; nothing was changed", file=terminal.err())
-        ray.shutdown()
-        return INTERRUPTED
-    results: list[TrialRows] = []
-    aside, code = None, None
-    try:
-        with interrupts.deferred():  # the renames are never left half-done
-            aside = set_aside(out, ours)
-        if not resume:
-            save_experiment(out, exp)
-        code = run_sweeps(exp, out, arrays, resume, results)
-        if aside is not None and not aside.is_dir():
-            print(
-                f"error: {out} was moved while the run wrote into it, so it holds part of the new run "
-                f"at most; the earlier run's results are in the {ASIDE_DIR}/ of the folder it became",
-                file=terminal.err(),
-            )
-            code = 1
-        return code
-    except KeyboardInterrupt:  # before Tune took over Ctrl-C: settle_aside decides, as after Tune's
-        print(f"error: interrupted{resume_hint(out, resume, results)}", file=terminal.err())
-        return INTERRUPTED
-    except BaseException as err:
-        # A full disk is a failure like a failed trial (settle_aside decides); anything else is a
-        # crash, and nothing is decided for the user.
-        keeps_new = aside is None or finished(results)
-        message = full_disk(out, err, keeps_new) if isinstance(err, Exception) else None
-        if message:
+            exp, out, arrays = prepare(args, stack)
+        except (ConfigError, DataFileError, RunFolderError) as err:
+            print(f"error: {err}", file=terminal.err())
+            ray.shutdown()
+            return 2
+        except KeyboardInterrupt:
+            print("error: interrupted before the run started", file=terminal.err())
+            ray.shutdown()
+            return INTERRUPTED
+        try:
+            return run_sweeps(exp, out, arrays, args.resume is not None)
+        except KeyboardInterrupt:
+            print(f"error: interrupted{resume_hint(out)}", file=terminal.err())
+            return INTERRUPTED
+        except Exception as err:
+            message = full_disk(out, err)
+            if message is None:
+                raise
             print(f"error: {message}", file=terminal.err())
             return 1
-        if aside is not None:
-            print(f"error: the earlier run's results are kept in {aside}", file=terminal.err())
-            aside = None
-        raise
-    finally:
-        with interrupts.shielded():  # a second Ctrl-C never leaves the put-back or deletion half-done
-            settle_aside(out, aside, results, complete=code == 0)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@
 # Steps, most important first (each under its own `timeout`; one that fails is recorded and the
 # next one runs): doctor; bench precision (--preset gpu); a real Ray Tune + Ray Train sweep
 # (tune_configs/gpu_check.yaml: one worker owning the GPU, float32 vs bfloat16) and the GPU UUID its
-# worker logs; bench serve (1 and 16 clients) on that sweep's checkpoint; bench compile float32 and
-# bfloat16; pytest -m gpu; bench decode; pytest of decoding/export/attention; bench attention;
-# bench batch-sweep; bench throughput --model-preset gpt2_small (optional).
+# worker logs; bench serve --url (1 and 16 clients) against python -m jaxray.serve of that sweep's
+# checkpoint, started in the background; bench compile float32 and bfloat16; pytest -m gpu; bench
+# decode; pytest of decoding/export/attention; bench attention; bench batch-sweep; bench throughput
+# --model-preset gpt2_small (optional).
 #
 # --cpu       the same steps at tiny sizes (--preset tiny, gpu_check_cpu.yaml, ...), to know the
 #             script works before a GPU minute is spent (about 7 minutes on 2 cores)
@@ -190,10 +191,11 @@ fi
 step doctor 60 60 0 0 "$PY" -m jaxray.doctor --json
 step precision 150 240 0 0 "$PY" -m jaxray.bench precision --preset $preset --out "$out/bench-precision"
 
-step tune 240 400 0 0 "$PY" -m jaxray.tune --config $tune_yaml --out "$work/tune" --overwrite --verbose
+step tune 240 400 0 0 "$PY" -m jaxray.tune --config $tune_yaml --out "$work/tune" --verbose
 mkdir -p "$out/tune"  # the sweep's reports and compile reports (not its checkpoints) into OUTDIR
-cp "$work"/tune/summary.* "$work"/tune/*.png "$out/tune/" 2>/dev/null
-for f in "$work"/tune/train/*/compile.json; do
+run_dir=$(ls -d "$work"/tune/*/ 2>/dev/null | sort | tail -n 1)  # the run's own folder: <YYYYmmdd-HHMMSS>/
+cp "$run_dir"summary.* "$run_dir"*.png "$out/tune/" 2>/dev/null
+for f in "$run_dir"train/*/compile.json; do
   [ -f "$f" ] && cp "$f" "$out/tune/compile-$(basename "$(dirname "$f")").json"
 done
 
@@ -201,8 +203,29 @@ done
 # runs): none preallocates 75 % of the GPU's memory, so none starves another (the benchmarks keep it).
 noprealloc=(env XLA_PYTHON_CLIENT_PREALLOCATE=false)
 port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-step serve 200 300 0 0 "${noprealloc[@]}" "$PY" -m jaxray.bench serve --checkpoint "$work/tune" --clients 1,16 "${serve_load[@]}" "${serve_gpus[@]}" \
-  --port "$port" --out "$out/serve"
+# The app runs in the background (log: logs/serve-app.log) while `bench serve --url` loads it.
+"${noprealloc[@]}" "$PY" scripts/gpu_check_report.py exec "$PY" -m jaxray.serve --checkpoint "$work/tune" \
+  --host 127.0.0.1 --port "$port" ${serve_gpus[@]+"${serve_gpus[@]}"} > "$out/logs/serve-app.log" 2>&1 < /dev/null &
+server=$!
+up=$(( deadline - $(date +%s) - KILL_AFTER - MIN_STEP ))
+[ $cpu = 1 ] || up=$(( up < 240 ? up : 240 ))
+"$PY" -c '
+import os, sys, time, urllib.request
+url, end, pid = sys.argv[1], time.time() + float(sys.argv[2]), int(sys.argv[3])
+while time.time() < end:
+    try:
+        sys.exit(urllib.request.urlopen(url, timeout=2).close())
+    except OSError:
+        os.kill(pid, 0)  # raises (exit 1) once the app has exited
+        time.sleep(1)
+sys.exit(1)' "http://127.0.0.1:$port/healthz" "$up" "$server" 2>/dev/null ||
+  say "serve: the app did not answer /healthz (see logs/serve-app.log)"
+step serve 200 300 0 0 "$PY" -m jaxray.bench serve --url "http://127.0.0.1:$port" --clients 1,16 \
+  "${serve_load[@]}" --out "$out/serve"
+kill -INT "$server" 2>/dev/null  # as Ctrl-C: the app is removed and its Ray stopped
+for _ in $(seq 60); do kill -0 "$server" 2>/dev/null || break; sleep 0.5; done
+if kill -0 "$server" 2>/dev/null; then kill -TERM "$server"; sleep 10; kill -KILL "$server" 2>/dev/null; fi
+wait "$server" 2>/dev/null
 
 for dtype in float32 bfloat16; do
   step compile-$dtype 90 120 0 0 "$PY" -m jaxray.bench compile --workload transformer --dtype $dtype \
@@ -219,7 +242,7 @@ else
 fi
 
 ckpt=()
-[ $cpu = 1 ] && [ -f "$work/tune/summary.json" ] && ckpt=(--checkpoint "$work/tune")  # the tiny model: seconds, not minutes
+[ $cpu = 1 ] && compgen -G "$work/tune/*/summary.json" >/dev/null && ckpt=(--checkpoint "$work/tune")  # the tiny model: seconds, not minutes
 step decode 120 240 0 0 "$PY" -m jaxray.bench decode --batch-sizes 1,16 ${decode_opts[@]+"${decode_opts[@]}"} ${ckpt[@]+"${ckpt[@]}"} --out "$out/decode"
 
 step pytest 150 300 0 0 "${noprealloc[@]}" "$PY" -m pytest -q -p no:cacheprovider "${pytest_files[@]}" -m "not slow and not gpu"

@@ -17,7 +17,7 @@ import aiohttp
 import psutil
 import requests
 
-from jaxray.bench.loadtest import Sample, send
+from jaxray.bench.load import Sample, send
 
 REPLICA_TITLE = "ServeReplica:jaxray:JaxrayServer"  # in the replica process's title
 SMALL_ENGINE = ["--buckets", "16", "--batch-sizes", "1,4", "--chunk", "8"]  # quick to compile
@@ -72,7 +72,7 @@ async def load(
     timeout_s: float,
     last: Callable[[Sample], bool] = lambda _: False,
 ) -> list[Sample]:
-    """``clients`` closed-loop clients of the real load client (jaxray.bench.loadtest.send, each
+    """``clients`` closed-loop clients of the real load client (jaxray.bench.load.send, each
     request timing out after ``timeout_s``) until ``stop`` is set; a client whose answer is
     ``last`` sends no more and sets ``stop``."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from tune_cli import tune_cli as run_cli
+from tune_cli import tune_main as run_cli
 
 from jaxray.config import ConfigError, parse_trial
 from jaxray.config.experiment import MODEL_PRESETS, load_experiment
@@ -239,20 +239,12 @@ def test_cli_rejects_a_batch_larger_than_the_data(tmp_path, real_dir):
     assert not (tmp_path / "o").exists()
 
 
-def test_cli_keeps_earlier_results_unless_overwrite(tmp_path, real_dir):
-    out = tmp_path / "o"
-    out.mkdir()
-    (out / "summary.json").write_text("[]")
-    (out / "notes.txt").write_text("mine")
-    proc = run_cli("--config", ROOT / "tune_configs" / "smoke.yaml", "--data-dir", real_dir, "--out", out)
-    assert (
-        proc.returncode == 2 and "already holds the results of an earlier run (summary.json)" in proc.stderr
-    )
-    assert (out / "summary.json").read_text() == "[]"
+def test_cli_refuses_an_out_that_is_a_file(tmp_path, real_dir):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     proc = run_cli("--config", ROOT / "tune_configs" / "smoke.yaml", "--data-dir", real_dir, "--out", a_file)
-    assert proc.returncode == 2 and "is a file, not a folder" in proc.stderr
+    assert proc.returncode == 2 and f"--out {a_file} cannot be written" in proc.stderr, proc.stderr
+    assert a_file.read_text() == "x"
 
 
 def test_cli_rejects_bad_config_before_starting_ray(tmp_path):

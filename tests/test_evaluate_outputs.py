@@ -1,8 +1,7 @@
-"""Where ``python -m jaxray.evaluate`` writes, and that it never loses an earlier evaluation (issue
-15 fresh-user findings): one default folder per checkpoint (two checkpoints of one trial no longer
-share ``runs/eval/<trial>``), an --out holding another checkpoint's evaluation is refused unless
---overwrite, a failed evaluation creates no folder, and a full disk (a real tmpfs) leaves the earlier
-results as they were. Real Orbax checkpoints of an untrained MLP, the real Fashion-MNIST test set."""
+"""Where ``python -m jaxray.evaluate`` writes, and that it never loses an earlier evaluation: one
+default folder per checkpoint, an --out holding another checkpoint's evaluation is refused unless
+--overwrite, a failed evaluation creates no folder, and a full disk (a real tmpfs) leaves the
+earlier results as they were. Real Orbax checkpoints of an untrained MLP, the real test set."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from pathlib import Path
 import jax
 import pytest
 from checkpoint_copies import flip_a_byte, largest_params_file
-from earlier_runs import earlier_run, files
 from full_disk import fill, small_tmpfs
 
 from jaxray import checkpoint
@@ -41,7 +39,7 @@ def trial_checkpoints(real_dir, tmp_path_factory) -> tuple[Path, Path]:
 
 
 def evaluate(capsys, *args: str) -> tuple[int, str]:
-    """(exit code, stderr less the line naming the checkpoint resolved: tests/test_chosen_checkpoint.py)."""
+    """(exit code, stderr less the line naming the checkpoint resolved: tests/checkpoint/test_describe.py)."""
     code = main([*map(str, args)])
     err = capsys.readouterr().err.splitlines(keepends=True)
     return code, "".join(line for line in err if not line.startswith("checkpoint: "))
@@ -79,23 +77,6 @@ def test_another_checkpoints_evaluation_is_replaced_only_with_overwrite(trial_ch
     assert evaluate(capsys, "--checkpoint", second, "--out", out, "--overwrite") == (0, "")
     assert json.loads((out / "summary.json").read_text())["checkpoint"] == str(second)
     assert sorted(contents(out)) == RESULTS
-
-
-def test_other_weights_at_the_same_path_are_not_taken_for_the_evaluated_ones(
-    trial_checkpoints, tmp_path, capsys
-):
-    # The run folder replaced by another run's (same trial and checkpoint names), or a symlink moved:
-    # the path recorded is the same, the weights are not.
-    first, second = trial_checkpoints
-    link, out = tmp_path / "latest", tmp_path / "eval"
-    link.symlink_to(first, target_is_directory=True)
-    assert evaluate(capsys, "--checkpoint", link, "--out", out) == (0, "")
-    before = contents(out)
-    link.unlink()
-    link.symlink_to(second, target_is_directory=True)
-    code, err = evaluate(capsys, "--checkpoint", link, "--out", out)
-    assert code == 2 and "holds the evaluation of" in err and "pass --overwrite" in err, err
-    assert contents(out) == before
 
 
 def test_an_out_another_evaluation_is_writing_is_refused(trial_checkpoints, tmp_path, capsys):
@@ -149,46 +130,9 @@ def test_a_full_disk_leaves_the_earlier_evaluation_as_it_was(trial_checkpoints, 
         assert sorted(p.name for p in disk.iterdir()) == ["eval", "filler"]
 
 
-@pytest.mark.parametrize("where", [".", "eval", "params/eval"])
-def test_an_out_in_a_checkpoint_folder_is_refused(trial_checkpoints, tmp_path, capsys, where):
-    # Copied: the session's checkpoints stay as they were whatever happens here.
-    ckpt = Path(shutil.copytree(trial_checkpoints[0], tmp_path / "ckpt"))
-    before = {str(p.relative_to(ckpt)): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
-    out = (ckpt / where).absolute()
-    code, err = evaluate(capsys, "--checkpoint", ckpt, "--out", out)
-    assert code == 2 and f"the checkpoint folder {ckpt}: results there would be mixed into" in err, err
-    assert {str(p.relative_to(ckpt)): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
-    checkpoint.open_for_reading(ckpt)  # still whole
-
-
-@pytest.mark.parametrize("where", ["train/exp", "tune/eval", "tensorboard"])
-def test_an_out_in_a_run_folders_own_folders_is_refused(trial_checkpoints, tmp_path, capsys, where):
-    # A fresh user kept an evaluation in the run's train/: the run's next --overwrite deleted it.
-    earlier_run(tmp_path / "run")
-    before = files(tmp_path / "run")
-    code, err = evaluate(capsys, "--checkpoint", trial_checkpoints[0], "--out", tmp_path / "run" / where)
-    run_dir = where.split("/")[0]
-    assert code == 2 and f"lies in {run_dir}/ of the run folder {tmp_path / 'run'}, which the next" in err, (
-        err
-    )
-    assert files(tmp_path / "run") == before
-
-
-def test_an_out_that_is_a_run_folder_is_refused(trial_checkpoints, tmp_path, capsys):
-    # Round 12: evaluate --out an interrupted run folder (no summary.json yet) was accepted, and the
-    # run's --resume then replaced that evaluation's summary.json without a word.
-    earlier_run(tmp_path / "run")
-    (tmp_path / "run" / "summary.json").unlink()  # interrupted: no report yet
-    before = files(tmp_path / "run")
-    code, err = evaluate(capsys, "--checkpoint", trial_checkpoints[0], "--out", tmp_path / "run")
-    said = f"--out {tmp_path / 'run'} is the run folder of a python -m jaxray.tune run"
-    assert code == 2 and said in err, err
-    assert files(tmp_path / "run") == before
-
-
 def test_figures_of_the_users_own_in_out_are_never_replaced(trial_checkpoints, tmp_path, capsys):
-    # A fresh user's own confusion_matrix.png was overwritten (an MLP's evaluation) or deleted (a
-    # transformer's, which writes no figures) by an evaluate into that folder.
+    # A user's own confusion_matrix.png: never overwritten (an MLP's evaluation) or deleted (a
+    # transformer's, which writes no figures).
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "confusion_matrix.png").write_text("my own figure")
     code, err = evaluate(

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import jax
 import pytest
-from earlier_runs import earlier_run
 
 from jaxray import checkpoint
 from jaxray import export as export_cli
@@ -77,20 +76,3 @@ def test_bad_option_values_name_the_option(trained_transformer, tmp_path, capsys
     assert exit_info.value.code == 2 and "--buckets" in capsys.readouterr().err
     assert export_cli.main([*base, "--chunk", "10000000"]) == 2
     assert "--chunk:" in capsys.readouterr().err and not (tmp_path / "o").exists()
-
-
-def test_an_out_in_a_checkpoint_folder_is_refused(trained_transformer, capsys):
-    ckpt = checkpoint.resolve(trained_transformer)
-    before = sorted(p.name for p in ckpt.iterdir())
-    assert export_cli.main(["--checkpoint", str(trained_transformer), "--out", str(ckpt / "export")]) == 2
-    assert f"--out {ckpt / 'export'} lies in the checkpoint folder {ckpt}" in capsys.readouterr().err
-    assert sorted(p.name for p in ckpt.iterdir()) == before
-
-
-def test_an_out_in_a_run_folders_train_is_refused(trained_transformer, tmp_path, capsys):
-    # A fresh user kept an export next to its trial: the run's next --overwrite deleted it.
-    earlier_run(tmp_path / "run")
-    out = tmp_path / "run" / "train" / "trial_0" / "export"
-    assert export_cli.main(["--checkpoint", str(trained_transformer), "--out", str(out)]) == 2
-    assert f"--out {out} lies in train/ of the run folder {tmp_path / 'run'}" in capsys.readouterr().err
-    assert not out.exists()

@@ -3,7 +3,7 @@
 Walks every ``import`` in ``jaxray`` (module top and function bodies alike) with ``ast``, without
 importing anything, and fails on an import cycle, on an import that runs up the flow, on an import
 inside a function without a reason written beside it, and on a module or function over its size.
-The rooms, bottom to top, are the README's "How the code is laid out".
+The rooms, bottom to top, are docs/architecture.md's layout.
 """
 
 from __future__ import annotations
@@ -20,15 +20,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jaxray.data",),
     ("jaxray.models",),
     ("jaxray.parallel",),
-    ("jaxray.runs",),
     ("jaxray.checkpoint",),
+    ("jaxray.runs",),
     ("jaxray.train",),
     ("jaxray.reporting",),
     ("jaxray.inference",),
     ("jaxray.raytrain",),
     ("jaxray.serve",),
     ("jaxray.bench",),
-    ("jaxray.overwrite",),
     ("jaxray.tune", "jaxray.generate", "jaxray.export", "jaxray.evaluate", "jaxray.doctor"),
 )
 MAX_MODULE_LINES = 400

@@ -1,15 +1,15 @@
-"""Every ``python -m jaxray...`` command the READMEs show exists and parses.
+"""Every ``python -m jaxray...`` command the READMEs and docs/ show exists and parses.
 
-The commands come from README.md and serve/README.md: fenced code blocks (``\\`` continuations
-joined, ``# comments`` dropped, a leading ``.venv/bin/python`` or ``ENV=... `` allowed) and inline
-code spans (also across a line break), with their shorthand (``bench compile``, ``jaxray.doctor
---json``). Each is parsed by the module's own argparse parser, with its values, without running
-anything: one subprocess imports every module, takes the parser the module's ``main`` builds
-(``ArgumentParser.parse_args`` is intercepted at its first call, before anything runs) and parses
-each command with it, abbreviations of options disallowed. So a flag the parser does not have, a
-sub-command it does not know (``bench comapre``), a value outside its ``choices`` or of the wrong
-type (``--batch x``) fails the test with argparse's own message. And cluster/local-up.sh prints
-the README's ``ray job submit`` command.
+The commands come from README.md, serve/README.md and every docs/*.md: fenced code blocks (``\\``
+continuations joined, ``# comments`` dropped, a leading ``.venv/bin/python`` or ``ENV=... ``
+allowed) and inline code spans (also across a line break), with their shorthand (``bench compile``,
+``jaxray.doctor --json``). Each is parsed by the module's own argparse parser, with its values,
+without running anything: one subprocess imports every module, takes the parser the module's
+``main`` builds (``ArgumentParser.parse_args`` is intercepted at its first call, before anything
+runs) and parses each command with it, abbreviations of options disallowed. So a flag the parser
+does not have, a sub-command it does not know (``bench comapre``), a value outside its ``choices``
+or of the wrong type (``--batch x``) fails the test with argparse's own message. And
+cluster/local-up.sh prints the README's ``ray job submit`` command.
 
 What the docs write as notation, not as a command line, is read as such: ``[--opt V]`` is the
 option, ``[...]`` and ``[any option below]`` are dropped, ``a|b`` (``a\\|b`` in a table) checks each
@@ -34,7 +34,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "serve/README.md")
+DOCS = (
+    "README.md",
+    "serve/README.md",
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
+)
 # Every module a user runs; the docs must show each at least once (else the extractor went blind).
 MODULES = (
     "jaxray.tune",
@@ -307,11 +311,21 @@ def test_a_broken_copy_fails() -> None:
     assert len(reported) == len(BROKEN_ERRORS) + len(problems(doc_commands(), parsed)), reported
 
 
+def test_docs_folder_is_read() -> None:
+    """docs/*.md is part of what the commands are taken from, and each of its files shows one."""
+    docs = [doc for doc in DOCS if doc.startswith("docs/")]
+    assert docs, "no docs/*.md found"
+    shown = {c.doc for c in doc_commands()}
+    mention = [doc for doc in docs if "python -m jaxray" in (ROOT / doc).read_text(encoding="utf-8")]
+    assert mention and set(mention) <= shown, f"no command found in {sorted(set(mention) - shown)}"
+
+
 def test_local_up_prints_the_readme_submission() -> None:
-    """cluster/local-up.sh's printed submit hint is the README's ``ray job submit`` command, and
-    leaves ``--data-dir`` out when JAXRAY_DATA_DIR is exported (the job gets the head's environment)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    readme = [s for _, s in snippets(text) if "ray job submit --address" in s]
+    """cluster/local-up.sh's printed submit hint is the docs' one ``ray job submit`` command to the
+    local head, and leaves ``--data-dir`` out when JAXRAY_DATA_DIR is exported (the job gets the
+    head's environment)."""
+    texts = [(ROOT / doc).read_text(encoding="utf-8") for doc in DOCS]
+    readme = [s for text in texts for _, s in snippets(text) if "ray job submit --address" in s]
     assert len(readme) == 1, readme
     script = (ROOT / "cluster" / "local-up.sh").read_text(encoding="utf-8")
     hint = re.search(r"^data_dir=.*?^echo \"submit: .*?\"$", script, re.S | re.M)

@@ -1,6 +1,6 @@
 """The reading commands on a run folder that was copied elsewhere, the original deleted: generate,
 evaluate and export read the copy's own checkpoint; a damaged one is refused by each, naming the
-file and both digests (issue 15, points 2 and 3). Serve on a copied run folder:
+file and both digests. Serve on a copied run folder:
 tests/integration/test_serve_faults.py."""
 
 from __future__ import annotations

@@ -1,24 +1,26 @@
 """One run per run folder (``jaxray.runs.exclusive``): a second ``python -m jaxray.tune`` into a
-folder another run is writing is refused before it reads or moves anything."""
+run folder another is writing (a ``--resume``) is refused before it reads or moves anything."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from tune_cli import tune_cli
 
+from jaxray.config.experiment import load_experiment
 from jaxray.runs import RunFolderError, exclusive
+from jaxray.tune import main, save_experiment
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_held_folder_is_refused_in_another_process_and_left_as_it_was(tmp_path):
+def test_a_resume_of_a_held_run_is_refused_and_leaves_it_as_it_was(tmp_path, capsys):
     out = tmp_path / "run"
     with exclusive(out):
-        (out / "experiment.yaml").write_text("experiment: first\n")  # the first run's files
+        save_experiment(out, load_experiment(ROOT / "tune_configs/smoke.yaml"))  # the first run's files
         before = {p.name: p.read_bytes() for p in out.iterdir()}
-        proc = tune_cli(
-            "--config", "tune_configs/smoke.yaml", "--out", out, "--overwrite", env={"RAY_ADDRESS": "local"}
-        )
-        assert proc.returncode == 2, proc.stderr[-3000:]
-        assert f"another python -m jaxray.tune is writing into {out}" in proc.stderr
+        assert main(["--resume", str(out)]) == 2
+        assert f"another python -m jaxray.tune is writing into {out}" in capsys.readouterr().err
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     # Released when the holder is done: the next run may take it.
     with exclusive(out):

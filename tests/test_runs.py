@@ -69,28 +69,28 @@ def test_the_default_and_the_saved_metric_disagree_and_the_saved_one_wins(tmp_pa
     ranking = runs.saved_ranking(folder)
     assert ranking == {"mlp": ("test_loss", "min")}  # mode follows the metric when not given
     assert runs.best_trial(ROWS, "mlp", ranking)["trial"] == "calm"
-    assert runs.best_checkpoint(folder) == folder / ROWS[1]["checkpoint"]
-    assert checkpoint.resolve(folder) == folder / ROWS[1]["checkpoint"]
+    assert runs.resolve(folder) == folder / ROWS[1]["checkpoint"]
+    assert runs.resolve(folder) == folder / ROWS[1]["checkpoint"]
     assert best_named_in_summary_md(ROWS, ranking) == "calm"
 
 
 def test_an_explicit_mode_is_honoured(tmp_path, stored):
     folder = populate(sweep_folder(tmp_path, ROWS, metric="test_loss", mode="max"), ROWS, stored)
     assert runs.saved_ranking(folder) == {"mlp": ("test_loss", "max")}
-    assert checkpoint.resolve(folder).parent.name == "bad"
+    assert runs.resolve(folder).parent.name == "bad"
     assert best_named_in_summary_md(ROWS, runs.saved_ranking(folder)) == "bad"
 
 
 def test_a_sweep_on_the_default_metric_ranks_as_before(tmp_path, stored):
     folder = populate(sweep_folder(tmp_path, ROWS, metric=None), ROWS, stored)
     assert runs.saved_ranking(folder) == {"mlp": ("test_accuracy", "max")}
-    assert checkpoint.resolve(folder).parent.name == "sharp"
+    assert runs.resolve(folder).parent.name == "sharp"
 
 
 def test_without_experiment_yaml_the_default_metric_ranks(tmp_path, stored):
     (populate(tmp_path, ROWS, stored) / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))
     assert runs.saved_ranking(tmp_path) == {}
-    assert checkpoint.resolve(tmp_path).parent.name == "sharp"
+    assert runs.resolve(tmp_path).parent.name == "sharp"
 
 
 def test_a_damaged_experiment_yaml_is_named(tmp_path):
@@ -101,7 +101,7 @@ def test_a_damaged_experiment_yaml_is_named(tmp_path):
     with pytest.raises(runs.RunFolderError, match="experiment.yaml is damaged"):
         runs.saved_ranking(tmp_path)
     with pytest.raises(checkpoint.CheckpointError, match="experiment.yaml is damaged"):
-        checkpoint.resolve(tmp_path)
+        runs.resolve(tmp_path)
 
 
 def test_missing_and_non_finite_values_rank_last_and_ties_go_to_the_first():
@@ -121,7 +121,7 @@ def test_missing_and_non_finite_values_rank_last_and_ties_go_to_the_first():
 def test_a_sweep_whose_trials_all_diverged_still_resolves_to_its_first_checkpoint(tmp_path, stored):
     rows = [mlp("a", float("nan"), float("nan")), mlp("b", None, None)]
     folder = populate(sweep_folder(tmp_path, rows), rows, stored)
-    assert checkpoint.resolve(folder).parent.name == "a"
+    assert runs.resolve(folder).parent.name == "a"
     assert "no trial finished with a finite test loss" in markdown_summary(rows, runs.saved_ranking(folder))
 
 
@@ -141,13 +141,13 @@ def test_other_workloads_keep_their_own_ranking():
 def test_the_default_workload_is_the_transformer_then_the_first_by_name(tmp_path):
     rows = [*ROWS, {"trial": "t", "workload": "transformer", "val_loss": 2.0, "checkpoint": "train/t/c"}]
     (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(rows))
-    assert runs.best_checkpoint(tmp_path) == tmp_path / "train/t/c"
+    assert runs.checkpoint_of(tmp_path, runs.best_row(tmp_path)) == tmp_path / "train/t/c"
     with pytest.raises(
         runs.RunFolderError, match="no finished trial with a checkpoint of workload 'shared_block_mlp'"
     ):
-        runs.best_checkpoint(tmp_path, "shared_block_mlp")
+        runs.best_row(tmp_path, "shared_block_mlp")
     (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))
-    assert runs.best_checkpoint(tmp_path).parent.name == "sharp"
+    assert runs.best_row(tmp_path)["trial"] == "sharp"
 
 
 def test_read_summary_refuses_what_is_not_a_sweep_summary(tmp_path):
@@ -176,3 +176,31 @@ def test_check_overwrite_lets_only_the_same_writer_replace_a_summary(tmp_path):
 def test_the_layout_names():
     assert runs.FILES == ("summary.json", "summary.md", "throughput_vs_batch.png", "loss_curves.png")
     assert runs.RUN_DIRS == ("train", "tune", "tensorboard") and runs.EXPERIMENT_FILE == "experiment.yaml"
+
+
+def test_an_experiment_folder_resolves_to_its_newest_complete_run(tmp_path, stored):
+    """A newer run that failed, or was interrupted before its summary, never hides a complete one;
+    a run folder itself is read as it is."""
+    experiment = tmp_path / "demo"
+    complete = populate(sweep_folder(experiment / "20261201-100000", ROWS), ROWS, stored)
+    failed_rows = [mlp("sharp", 0.95, 0.1), {"trial": "x", "workload": "mlp", "error": "boom"}]
+    failed = populate(sweep_folder(experiment / "20261202-100000", failed_rows), failed_rows[:1], stored)
+    interrupted = experiment / "20261203-100000"
+    save_experiment(
+        interrupted, ExperimentConfig.model_validate({"experiment": "x", "sweeps": [{"workload": "mlp"}]})
+    )
+    assert runs.run_folders(experiment) == [interrupted, failed, complete]
+    assert runs.latest_run(experiment) == complete
+    assert runs.resolve(experiment).is_relative_to(complete)
+    assert runs.resolve(failed).is_relative_to(failed)  # named itself: used
+    with pytest.raises(checkpoint.CheckpointError, match="neither a checkpoint"):
+        runs.resolve(tmp_path / "empty")
+    shutil.rmtree(complete)
+    with pytest.raises(checkpoint.CheckpointError, match="has no complete run: its 2 run"):
+        runs.resolve(experiment)
+
+
+def test_a_recorded_path_outside_the_run_folder_is_refused(tmp_path):
+    for recorded in ("/elsewhere/ck", "../other/ck", 5):
+        with pytest.raises(runs.RunFolderError, match="not a path inside the run folder"):
+            runs.checkpoint_of(tmp_path, {"trial": "t", "checkpoint": recorded})

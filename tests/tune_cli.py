@@ -21,3 +21,16 @@ def tune_cli(*args, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subp
         text=True,
         timeout=120,
     )
+
+
+def tune_main(*args) -> subprocess.CompletedProcess:
+    """``jaxray.tune.main(args)`` in this process, its stdout and stderr captured as a subprocess's."""
+    import contextlib
+    import io
+
+    from jaxray.tune import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([*map(str, args)])
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())

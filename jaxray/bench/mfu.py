@@ -1,19 +1,6 @@
-"""Model FLOPs and model FLOPs utilisation (MFU).
-
-Training FLOPs follow the PaLM paper's accounting (Chowdhery et al. 2022, appendix B): 6 FLOPs per
-matmul weight per example or token (2 forward, 4 backward), plus, for the transformer, attention's
-score and value matmuls, 12 x L x T x D per token for full attention, counted at half (6 x L x T x D)
-because causal attention needs only the lower triangle. Embedding lookups, biases, norms and
-element-wise ops are not counted (well under 1 % here). T is the sequence length processed (every
-position goes through the model, though T - 1 of them are predicted), so
-
-    transformer FLOPs per token   = 6 x (L x (4 D^2 + 2 D F) + D V) + 6 x L x T x D
-    transformer FLOPs per example = T x FLOPs per token
-    MLP FLOPs per example         = 6 x (784 W + W W/2 + W/2 x 10)
-    shared-block FLOPs per example = 6 x (784 W + R W^2 + 10 W)  (the block runs R times)
-
-MFU = achieved model FLOP/s / (devices x the device's peak FLOP/s for the compute dtype).
-"""
+"""Model FLOPs and MFU, counted as PaLM does (Chowdhery et al. 2022, app. B): 6 FLOPs per matmul
+weight per example or token, plus causal attention's 6 x L x T x D per token; embeddings, norms and
+element-wise ops are not counted. MFU = model FLOP/s / (devices x peak FLOP/s for the dtype)."""
 
 from __future__ import annotations
 
@@ -32,8 +19,7 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 
 
 def matmul_weights(cfg: ModelConfig) -> int:
-    """Matmul weights one example (MLPs) or one token (transformer) passes through, counting a
-    shared block once per repeat."""
+    """Matmul weights an example (MLPs) or a token (transformer) passes through."""
     w = cfg.width
     if cfg.workload == "mlp":
         return IN_FEATURES * w + w * (w // 2) + (w // 2) * NUM_CLASSES
@@ -48,24 +34,21 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
 
 def flops_per_example(cfg: ModelConfig, seq_len: int = 0) -> float:
-    """Training FLOPs per example: per image for the MLPs, per sequence of ``seq_len`` for the transformer."""
+    """Training FLOPs per image (MLPs) or per sequence of ``seq_len`` (transformer)."""
     if cfg.workload == "transformer":
         return seq_len * flops_per_token(cfg, seq_len)
     return 6.0 * matmul_weights(cfg)
 
 
 def peak_flops(device_kind: str, dtype: str) -> float | None:
-    """Peak FLOP/s of one device of ``device_kind`` for ``dtype``; None when unknown (CPUs, other GPUs)."""
+    """Peak FLOP/s of one ``device_kind`` device for ``dtype``; None when unknown (CPUs)."""
     for key, peaks in PEAK_TFLOPS.items():
         if key in device_kind:
             return peaks[dtype] * 1e12
     return None
 
 
-def mfu(
-    examples_per_sec: float, per_example: float, device_kind: str, dtype: str, devices: int
-) -> float | None:
-    """Model FLOPs utilisation in [0, 1] (examples/s x FLOPs per example over the devices' peak), or
-    None when the peak is unknown."""
+def mfu(rate: float, per_example: float, device_kind: str, dtype: str, devices: int) -> float | None:
+    """Model FLOPs utilisation in [0, 1] at ``rate`` examples/s; None when the peak is unknown."""
     peak = peak_flops(device_kind, dtype)
-    return None if peak is None else examples_per_sec * per_example / (peak * devices)
+    return None if peak is None else rate * per_example / (peak * devices)

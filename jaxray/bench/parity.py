@@ -1,10 +1,6 @@
-"""How far apart two runs' params are: the check behind "same numbers, different step".
-
-The attention key bias is reported on its own. Its gradient is analytically zero (it adds the same
-q.b to every score of a query, which softmax ignores), so what it receives is rounding noise that
-Adam scales up to learning-rate-sized steps; reduction order, not the data, then decides its
-value, and it can differ by up to about lr x steps between two correct implementations.
-"""
+"""How far apart two runs' params are. The attention key bias is reported apart: its gradient is
+zero (softmax ignores the q.b it adds to every score), so Adam scales rounding noise into
+lr-sized steps and two correct implementations may differ by about lr x steps there."""
 
 from __future__ import annotations
 

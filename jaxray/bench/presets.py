@@ -1,11 +1,6 @@
-"""Sizes for each benchmark, kept as data in ``presets.yaml`` beside this module: ``cpu`` finishes
-``python -m jaxray.bench all`` on a 2-core CPU in under 10 minutes; ``gpu`` uses the learning path's
-sizes (labs 4, 6 and 7); ``tiny`` takes seconds per suite (tests, first check on a new machine).
-
-A size is a dict of ``make_spec`` arguments (workload, global_batch, width, seq_len, ... and the
-timing fields steps, repeats, warmup). ``MODEL_SIZES``: model shapes ``throughput --model-preset
-NAME`` selects (the other options given still win).
-"""
+"""Sizes per benchmark from ``presets.yaml``: ``cpu`` (``all`` in under 10 minutes on 2 cores),
+``gpu`` (the learning path's sizes), ``tiny`` (seconds). A size is a dict of ``make_spec`` arguments.
+``MODEL_SIZES``: the shapes ``--model-preset NAME`` selects. Imports no JAX."""
 
 from __future__ import annotations
 
@@ -18,20 +13,15 @@ import yaml
 from jaxray.config.experiment import MODEL_PRESETS
 
 Size = dict[str, Any]
-
-# GPT-2 small's shape (D 768, 12 layers, 12 heads) over full 1024-byte windows: a GPU-sized step.
-_GPT2_SMALL: Size = {
-    "workload": "transformer",
-    **MODEL_PRESETS["gpt2_small"],
-    "seq_len": MODEL_PRESETS["gpt2_small"]["max_seq_len"],
+_GPT2 = MODEL_PRESETS["gpt2_small"]
+MODEL_SIZES: dict[str, Size] = {
+    "gpt2_small": {"workload": "transformer", **_GPT2, "seq_len": _GPT2["max_seq_len"]}
 }
-MODEL_SIZES: dict[str, Size] = {"gpt2_small": _GPT2_SMALL}
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Per-benchmark sizes. In ``devices`` a size's ``global_batch`` is the per-device batch of the
-    weak-scaling runs; ``sweep_batches``: the global batches of ``batch-sweep``."""
+    """Per-benchmark sizes; in ``devices`` a ``global_batch`` is the per-device batch."""
 
     name: str
     dispatch: Size
@@ -45,13 +35,5 @@ class Preset:
     throughput: Size = field(default_factory=dict)
 
 
-PRESETS_FILE = Path(__file__).with_name("presets.yaml")
-
-
-def _load(path: Path) -> dict[str, Preset]:
-    """{name: Preset} from ``path``'s ``presets`` mapping (its sizes merge shared model shapes)."""
-    doc = yaml.safe_load(path.read_text())
-    return {name: Preset(name=name, **fields) for name, fields in doc["presets"].items()}
-
-
-PRESETS = _load(PRESETS_FILE)
+_DOC = yaml.safe_load(Path(__file__).with_name("presets.yaml").read_text())
+PRESETS = {name: Preset(name=name, **fields) for name, fields in _DOC["presets"].items()}

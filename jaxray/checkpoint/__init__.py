@@ -1,44 +1,20 @@
-"""Orbax checkpoints of trained params, and the bridge to Ray Train checkpoints.
+"""Orbax checkpoints of a trained model, and of the whole train state for resuming.
 
-Layout of a checkpoint directory::
-
-    params/              Orbax StandardCheckpointer: float32 params (a dict of arrays for the MLPs,
-                         ``nnx.state(model, nnx.Param)`` for the transformer)
-    model_config.json    the ModelConfig, so a restore rebuilds the model without guessing
-    trial_config.json    the whole TrialConfig the params were trained with
-    opt_state/           (full train state) Orbax: the Optax state
-    history.json         (full train state) every log row so far
-    train_state.json     (full train state, written last, atomically) step, data position (epoch,
-                         batch in epoch, shuffle seed), the init RNG key's raw data, the final
-                         checkpoint's summary row (``summary``), the SHA-256 of every other file
-                         (``files``) and of the params' and Optax state's arrays (``arrays``): a
-                         checkpoint without it is incomplete, one whose files do not match it is
-                         damaged (``verify``)
-    checksums.json       (params only, ``save``, written last) ``files`` and ``arrays`` of params/
-
-Every read (``restore``: generate, evaluate, export, serve; ``restore_state``: resume) checks each
-file against those digests first (``open_for_reading``), and again after the arrays are read
-(``failures.unchanged``), and the arrays read are compared with the SHA-256 of the arrays the
-save recorded (``trees.array_digest``): a change meanwhile is refused. A params-only checkpoint older than
-``checksums.json`` loads unverified, with a warning once per folder. A save or read that fails says
-so in words, naming the folder and the cause (``failures``): a full disk is a CheckpointSaveError
-"could not save the checkpoint of step 40 in DIR: [Errno 28] No space left on device: FILE".
-
-A ``runs/<experiment>`` directory also resolves to a checkpoint: its ``summary.json`` names one per
-trial and ``resolve`` picks the best of a workload, as ``jaxray.runs`` ranks them; when that
-checkpoint is damaged, the trial's newest good one is used, with a warning naming the skipped one.
-checkpoint is damaged, the trial's newest good one is used, with a warning naming the skipped one
-(``resolution``; its ``describe`` words the line a command prints for the checkpoint it resolved).
-The file names, the digest check every read begins with and the saved configs are ``layout``'s;
-the package re-exports the public names of both, so callers import them from here.
+A checkpoint folder holds ``params/`` (Orbax), ``model_config.json`` and ``trial_config.json``;
+a full train state adds ``opt_state/`` (Orbax) and ``history.json``. ``train_state.json`` is
+written last, by rename: it marks the checkpoint complete and records the SHA-256 of every other
+file (``files``), with the step, data position and the final summary row of a full state. Every
+read checks those digests once before restoring (``verify``) and refuses a mismatch naming the file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,69 +22,69 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from jaxray import runs
-from jaxray.checkpoint.digests import array_digest, check_arrays, file_digests
-from jaxray.checkpoint.failures import CheckpointError, reading, saving, unchanged
-from jaxray.checkpoint.failures import CheckpointSaveError as CheckpointSaveError  # what a failed save raises
-from jaxray.checkpoint.layout import ARRAY_TREES as ARRAY_TREES
-from jaxray.checkpoint.layout import (
-    CHECKSUMS,
-    HISTORY_FILE,
-    MANIFESTS,
-    MODEL_CONFIG,
-    OPT_STATE_DIR,
-    PARAMS_DIR,
-    TRAIN_STATE,
-    TRIAL_CONFIG,
-    load_model_config,
-    open_for_reading,
-    require_checkpoint,
-    verify,
+from jaxray.checkpoint.trees import (
+    OPTIMISER_ENTRY,
+    CheckpointError,
+    CheckpointSaveError,
+    abstract,
+    local_copy,
+    restore_tree,
+    save_tree,
 )
-from jaxray.checkpoint.layout import load_trial_config as load_trial_config
-from jaxray.checkpoint.layout import manifest_sha256 as manifest_sha256
-from jaxray.checkpoint.resolution import describe as describe
-from jaxray.checkpoint.resolution import resolve as resolve
-from jaxray.checkpoint.resolution import restore_latest as restore_latest
-from jaxray.checkpoint.resolution import trial_checkpoints as trial_checkpoints
-from jaxray.checkpoint.trees import OPTIMISER_ENTRY, abstract, local_copy, restore_tree, save_tree
-from jaxray.config import TrialConfig
+from jaxray.config import ModelConfig, TrialConfig
 from jaxray.models import Model, build
 
+__all__ = ["CheckpointError", "CheckpointSaveError"]
+
+PARAMS_DIR, OPT_STATE_DIR = "params", "opt_state"
+MODEL_CONFIG, TRIAL_CONFIG = "model_config.json", "trial_config.json"
+HISTORY_FILE, TRAIN_STATE = "history.json", "train_state.json"
+CHECKPOINT_PREFIX = "checkpoint_"  # Ray Train's checkpoint folders: train/<trial>/checkpoint_*
 log = logging.getLogger(__name__)
 
 
-def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
-    """Write ``params`` and the configs under ``directory`` (created; must not hold a checkpoint
-    yet), then ``checksums.json`` with every file's SHA-256 (temp file + rename, last).
-
-    Blocks until Orbax has finalised the write, so the directory is complete when this returns.
-    In a multi-process JAX program one process calls it (the params are replicated). Raises
-    CheckpointSaveError naming the directory and the cause (a full disk: ``[Errno 28] ...``).
-    """
-    directory = Path(directory).absolute()
-    with saving(directory, "the checkpoint"):
-        _save_params(directory, params, trial)
-        doc = {"arrays": {PARAMS_DIR: array_digest(params)}, "files": file_digests(directory, MANIFESTS)}
-        _write_json(directory / CHECKSUMS, doc)
-    return directory
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
-def _write_json(path: Path, doc: dict) -> None:
-    """``doc`` as JSON at ``path``, through a temp file and a rename: there whole or not at all."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, path)
+def _file_digests(directory: Path) -> dict[str, str]:
+    """{path relative to ``directory``: SHA-256} of every file but ``train_state.json``."""
+    files = [f for f in sorted(directory.rglob("*")) if f.is_file() and f.name != TRAIN_STATE]
+    return {f.relative_to(directory).as_posix(): sha256(f) for f in files}
 
 
-def _save_params(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
-    """``params/`` and the two configs under ``directory`` (created); its absolute path."""
-    directory = Path(directory).absolute()
+@contextmanager
+def _saving(directory: Path, what: str) -> Iterator[None]:
+    """A failure inside becomes CheckpointSaveError naming ``what`` and ``directory``, from the cause
+    (Orbax and TensorStore raise ValueErrors or bare Exceptions for a failed write, a full disk too)."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        raise CheckpointSaveError(f"could not save {what} in {directory}: {err}") from err
+
+
+def _save(directory: Path, params: Any, trial: TrialConfig, extra: Callable[[], dict[str, Any]]) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     save_tree(directory / PARAMS_DIR, params)
     (directory / MODEL_CONFIG).write_text(trial.model.model_dump_json(indent=2))
     (directory / TRIAL_CONFIG).write_text(trial.model_dump_json(indent=2))
+    doc = {**extra(), "files": _file_digests(directory)}
+    tmp = directory / f".{TRAIN_STATE}.tmp"
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, directory / TRAIN_STATE)
     return directory
+
+
+def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
+    """Write ``params`` (a PyTree of replicated arrays) and the configs under ``directory``, then
+    ``train_state.json``; returns the absolute path. Raises CheckpointSaveError naming the folder."""
+    directory = Path(directory).absolute()
+    with _saving(directory, "the checkpoint"):
+        return _save(directory, params, trial, dict)
 
 
 def save_state(
@@ -120,121 +96,169 @@ def save_state(
     before_manifest: Callable[[], None] | None = None,
     summary: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the full train state under ``directory`` (see the module docstring): ``state`` a
-    TrainState (params, opt_state, step), ``history`` the log rows so far, ``position`` the data
-    position (``{"epoch", "batch_in_epoch"}``, may be empty), ``summary`` the final checkpoint's
-    summary row (so that a run resumed from it reports what was measured, not an empty timing:
-    ``jaxray.train.run.train``). ``train_state.json`` is written last
-    (temp file + rename), with the checksum of every other file; ``before_manifest`` runs just
-    before it (fault injection: a kill there leaves an incomplete checkpoint). Returns the path.
-    Raises CheckpointSaveError naming the directory, the step and the cause (a full disk:
-    ``[Errno 28] No space left on device: FILE``); what was written stays incomplete (no manifest)."""
+    """Write the full train state under ``directory``: ``state`` a TrainState (params, opt_state,
+    step), ``history`` the log rows so far, ``position`` the data position (``{"epoch",
+    "batch_in_epoch"}``, may be empty), ``summary`` the final checkpoint's summary row.
+    ``before_manifest`` runs just before ``train_state.json`` is written (fault injection: a kill
+    there leaves an incomplete checkpoint). Returns the absolute path. Raises CheckpointSaveError
+    naming the folder and the step; what was written stays incomplete (no ``train_state.json``)."""
     directory, step = Path(directory).absolute(), int(jax.device_get(local_copy(state.step)))
-    with saving(directory, f"the checkpoint of step {step}"):
-        _save_params(directory, state.params, trial)
+
+    def extra() -> dict[str, Any]:
         save_tree(directory / OPT_STATE_DIR, state.opt_state)
         (directory / HISTORY_FILE).write_text(json.dumps(history))
         if before_manifest is not None:
             before_manifest()
-        doc = {
-            "step": step,
-            "seed": trial.train.seed,
-            **position,
-            "rng_key_data": np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist(),
-            **({"summary": summary} if summary is not None else {}),
-            "arrays": {PARAMS_DIR: array_digest(state.params), OPT_STATE_DIR: array_digest(state.opt_state)},
-            "files": file_digests(directory, MANIFESTS),
-        }
-        _write_json(directory / TRAIN_STATE, doc)
-    return directory
+        key = np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist()
+        doc = {"step": step, "seed": trial.train.seed, **position, "rng_key_data": key}
+        return {**doc, **({"summary": summary} if summary is not None else {})}
+
+    with _saving(directory, f"the checkpoint of step {step}"):
+        return _save(directory, state.params, trial, extra)
 
 
-def check_outside(out: str | Path, run: bool = False) -> None:
-    """Refuse a results folder ``out`` (evaluate's, export's, tune's: ``run``) that is a checkpoint
-    folder or lies in one (the nearest of it and its parents holding a digest manifest): its files
-    would be mixed into the checkpoint's, and deleted with it when Ray Train rotates checkpoints; or
-    that lies in a run folder's train/, tune/ or tensorboard/, which its next ``--overwrite``
-    deletes whole (through symlinks too); or, unless it is for a ``run``, that is a run folder,
-    whose next ``--resume`` or ``--overwrite`` replaces its summary.json. Raises CheckpointError
-    naming both folders."""
-    here = Path(out).absolute()
-    if not run and runs.written_by_a_run(here / runs.EXPERIMENT_FILE):
-        raise CheckpointError(
-            f"--out {here} is the run folder of a python -m jaxray.tune run, whose next --resume or "
-            f"--overwrite replaces what is written there; choose another --out (nothing was changed)"
-        )
-    above = dict.fromkeys((here, *here.parents, here.resolve(), *here.resolve().parents))
-    inside = next((d for d in above if any((d / m).is_file() for m in MANIFESTS)), None)
-    if inside is not None:
-        raise CheckpointError(
-            f"--out {here} {'is' if inside == here else 'lies in'} the checkpoint folder {inside}: "
-            f"results there would be mixed into the checkpoint (and deleted with it when Ray Train "
-            f"rotates checkpoints); choose another --out (nothing was changed)"
-        )
-    run = next(
-        (
-            d
-            for d in above
-            if d.name in runs.RUN_DIRS and runs.written_by_a_run(d.parent / runs.EXPERIMENT_FILE)
-        ),
-        None,
-    )
-    if run is not None:
-        raise CheckpointError(
-            f"--out {here} lies in {run.name}/ of the run folder {run.parent}, which the next "
-            f"--overwrite of that run deletes whole; choose another --out (nothing was changed)"
-        )
+def verify(directory: str | Path, full_state: bool = False) -> dict[str, Any]:
+    """``train_state.json`` of ``directory`` once every file it lists matches its SHA-256. With
+    ``full_state`` it must be a full train state (with a step). Raises CheckpointError naming the
+    folder: not a folder, incomplete (no ``train_state.json``: the save never finished), params
+    only where a full state is needed, a listed file missing or unreadable, or a file's SHA-256
+    differs (naming the file and both digests)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory} is not a checkpoint: no such folder")
+    manifest = directory / TRAIN_STATE
+    if not manifest.is_file():
+        what = "" if (directory / PARAMS_DIR).exists() else f" ({MODEL_CONFIG} and {PARAMS_DIR}/ expected)"
+        raise CheckpointError(f"{directory} is incomplete: {TRAIN_STATE} is missing{what}")
+    try:
+        doc = json.loads(manifest.read_text())
+        files = dict(doc["files"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{manifest} is damaged: {err}") from err
+    if full_state and "step" not in doc:
+        raise CheckpointError(f"{directory} holds params only, not a train state to resume from")
+    for rel, expected in files.items():
+        try:
+            found = sha256(directory / rel)
+        except OSError as err:
+            raise CheckpointError(f"{directory} is damaged: {rel} cannot be read: {err}") from err
+        if found != expected:
+            raise CheckpointError(
+                f"{directory} is damaged: {rel} does not match its checksum (truncated or "
+                f"overwritten): {TRAIN_STATE} records SHA-256 {expected}, the file has {found}"
+            )
+    return doc
+
+
+def _load_config(directory: str | Path, name: str, cls):
+    path = Path(directory) / name
+    try:
+        return cls.model_validate_json(path.read_text())
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{directory} is not a jaxray checkpoint: {name} is missing") from err
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is damaged: {err}") from err
+
+
+def load_model_config(directory: str | Path) -> ModelConfig:
+    """The ModelConfig saved beside the params. Raises CheckpointError if missing or invalid."""
+    return _load_config(directory, MODEL_CONFIG, ModelConfig)
+
+
+def load_trial_config(directory: str | Path) -> TrialConfig:
+    """The TrialConfig the params were trained with. Raises CheckpointError if missing or invalid."""
+    return _load_config(directory, TRIAL_CONFIG, TrialConfig)
 
 
 def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[dict]]:
     """(train state, train_state.json, history) of a full-state checkpoint, restored into
     ``target``: the train state as ``jax.ShapeDtypeStruct`` leaves that carry the shardings wanted
-    (``jaxray.train.step.abstract_state``; a NamedTuple with ``params``, ``opt_state`` and
-    ``step``, whose type the result has). Orbax places every array as its target says, so a
-    checkpoint saved on 1 device restores onto a mesh of 4 and back. Raises CheckpointError when
-    the checkpoint is incomplete or damaged (``verify``: naming the file and both digests), cannot
-    be read (the cause in words) or was saved for another model or optimiser (naming the entry and
-    both shapes)."""
+    (``jaxray.train.step.abstract_state``; a NamedTuple with ``params``, ``opt_state`` and ``step``).
+    Orbax places every array as its target says, so a checkpoint saved on 1 device restores onto a
+    mesh of 4 and back. Raises CheckpointError as ``verify`` does, or naming the entry and both
+    shapes for a save of another model or optimiser."""
     directory = Path(directory).absolute()
-    with unchanged(directory, lambda: open_for_reading(directory, full_state=True, again=True)):
-        state, doc, history = _read_state(directory, target, verify(directory))
-        check_arrays(directory, doc, {PARAMS_DIR: state.params, OPT_STATE_DIR: state.opt_state})
-    return state, doc, history
-
-
-def _read_state(directory: Path, target: Any, doc: dict) -> tuple[Any, dict, list[dict]]:
-    """``restore_state`` once ``doc`` (train_state.json) is verified; alone only in ``jaxray.bench
-    checkpoint``, which times what verifying adds."""
+    doc = verify(directory, full_state=True)
     params = restore_tree(directory / PARAMS_DIR, target.params, "the model")
     opt_state = restore_tree(directory / OPT_STATE_DIR, target.opt_state, "the optimiser", OPTIMISER_ENTRY)
     step = jax.device_put(np.asarray(doc["step"], target.step.dtype), target.step.sharding)
-    with reading(directory):
-        text = (directory / HISTORY_FILE).read_text()
-    try:
-        history = json.loads(text)
-    except ValueError as err:
-        raise CheckpointError(f"{directory / HISTORY_FILE} is damaged: {err}") from None
+    history = json.loads((directory / HISTORY_FILE).read_text())  # verified above
     return target._replace(params=params, opt_state=opt_state, step=step), doc, history
 
 
 def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Model, Any]:
-    """Rebuild the model from its config and restore params into an abstract target, after every
-    file is checked against its recorded SHA-256 (``open_for_reading``).
-
-    The target is ``jax.eval_shape(model.init)``: ShapeDtypeStructs, each given ``sharding`` (default:
-    the first local device), so Orbax places the arrays directly where they are wanted.
-    Returns ``(model, params)``. Raises CheckpointError if ``directory`` is not a checkpoint, is
-    incomplete, if a file's SHA-256 differs from the recorded one (naming the file and both
-    digests), cannot be read (the OS error in words), or if its params are damaged or do not fit
-    the model its config describes (naming the parameter and both shapes).
-    """
+    """(model, params): the model rebuilt from its config, the params restored (after ``verify``)
+    into ``jax.eval_shape(model.init)`` targets carrying ``sharding`` (default: the first local
+    device). Raises CheckpointError as ``verify`` does, or naming the parameter and both shapes when
+    the params do not fit the model its config describes."""
     directory = Path(directory).absolute()
-    require_checkpoint(directory)
-    with unchanged(directory, lambda: open_for_reading(directory, again=True)):
-        doc = open_for_reading(directory)
-        model = build(load_model_config(directory))
-        sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
-        params = restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")
-        check_arrays(directory, doc, {PARAMS_DIR: params})
-    return model, params
+    verify(directory)
+    model = build(load_model_config(directory))
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
+    return model, restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")
+
+
+def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -> tuple[Any, Path]:
+    """``restore(path)`` of the first of ``candidates`` (newest first) that does not raise
+    CheckpointError, with a warning naming each one skipped and why. Raises CheckpointError listing
+    every reason if none restores."""
+    errors = []
+    for path in candidates:
+        try:
+            value = restore(path)
+        except CheckpointError as err:
+            errors.append(str(err))
+            continue
+        if errors:
+            log.warning("checkpoint skipped: %s; using %s instead", "; ".join(errors), path)
+        return value, path
+    raise CheckpointError(
+        f"no usable checkpoint of the {len(errors)} tried, newest first: " + "; ".join(errors)
+    )
+
+
+def describe(directory: str | Path) -> str:
+    """``checkpoint: PATH (trial T, step S, METRIC)`` for a resolved checkpoint ``directory``: PATH
+    relative to the working directory when inside it; the trial its ``trial_config.json`` names; the
+    step and the held-out metric of the final checkpoint's summary row, else the last training loss
+    ("params only" without a step). Only reads: what cannot be read is left out."""
+    directory = Path(directory)
+    here = directory.absolute()
+    shown = Path(os.path.relpath(here)) if here.is_relative_to(Path.cwd()) else directory
+    state = _json(directory / TRAIN_STATE)
+    state = state if isinstance(state, dict) else {}
+    try:
+        parts = [f"trial {load_trial_config(directory).name()}"]
+    except CheckpointError:
+        parts = []
+    parts.append(f"step {state['step']}" if "step" in state else "params only")
+    parts.append(_metric(directory, state))
+    return f"checkpoint: {shown} ({', '.join(p for p in parts if p)})"
+
+
+def _json(path: Path) -> Any:
+    """``path`` parsed; None when it is missing, unreadable or no JSON (``describe`` only shows)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _metric(directory: Path, state: dict) -> str:
+    """The held-out metric of the final checkpoint's summary row, else the last training loss."""
+    row = state.get("summary") if isinstance(state.get("summary"), dict) else {}
+    pairs = (("val_loss", "val loss {:.4f}"), ("val_perplexity", "perplexity {:.2f}"))
+    pairs += (("test_accuracy", "test accuracy {:.4f}"), ("test_loss", "test loss {:.4f}"))
+    shown = ", ".join(fmt.format(row[key]) for key, fmt in pairs if _number(row.get(key)))
+    if shown:
+        return shown
+    history = _json(directory / HISTORY_FILE) if "step" in state else None
+    last = history[-1] if isinstance(history, list) and history and isinstance(history[-1], dict) else {}
+    if _number(last.get("loss")):
+        return f"train loss {last['loss']:.4f} at step {last.get('step', '?')} (no held-out metric saved)"
+    return "no metric recorded"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -1,8 +1,6 @@
 """One PyTree through Orbax (a StandardCheckpointer folder): saved by one process of a
 multi-process program alone, restored into an abstract target whose leaves carry the shardings
-wanted, its shapes checked first so a mismatch names the entry, and a restore that fails says why in
-words (``failures.cause``), never with TensorStore's spec.
-"""
+wanted, its shapes checked first so that a mismatch names the entry."""
 
 from __future__ import annotations
 
@@ -14,9 +12,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Sharding
 
-from jaxray.checkpoint.failures import CheckpointError, cause, os_error
-
 PARAMETER, OPTIMISER_ENTRY = "parameter", "optimiser entry"  # what ``restore_tree`` names a leaf
+
+
+class CheckpointError(ValueError):
+    """A path that is not a usable checkpoint; the message names it and says what is wrong."""
+
+
+class CheckpointSaveError(OSError):
+    """A save that could not finish; the message names the folder, what was saved and the cause."""
 
 
 def local_copy(tree: Any) -> Any:
@@ -60,14 +64,10 @@ def _shape_mismatch(path: Path, target: Any, kind: str) -> str | None:
     or that was not saved, in words; None when every one fits."""
     meta = ocp.StandardCheckpointer().metadata(path)
     meta = getattr(meta, "item_metadata", meta)
-    saved = {
-        key_names(k): v
-        for k, v in jax.tree_util.tree_flatten_with_path(
-            getattr(meta, "tree", meta), is_leaf=lambda x: hasattr(x, "shape")
-        )[0]
-    }
-    if not saved:
-        return "it holds no arrays that Orbax can read (its _METADATA is missing or empty)"
+    leaves = jax.tree_util.tree_flatten_with_path(
+        getattr(meta, "tree", meta), is_leaf=lambda x: hasattr(x, "shape")
+    )
+    saved = {key_names(k): v for k, v in leaves[0]}
     whose = "optimiser" if kind == OPTIMISER_ENTRY else "model"
     for key, want in jax.tree_util.tree_flatten_with_path(target)[0]:
         name, have = "/".join(key_names(key)), saved.get(key_names(key))
@@ -83,12 +83,12 @@ def _shape_mismatch(path: Path, target: Any, kind: str) -> str | None:
 
 def restore_tree(path: Path, target: Any, into: str, kind: str = PARAMETER) -> Any:
     """Orbax's restore of ``path`` into ``target`` (``into`` words it: "the model"), its shapes
-    checked first (naming the entry, unlike Orbax's own error); CheckpointError with the cause in
-    words when the save does not fit or cannot be read (``failures.cause``: no TensorStore spec)."""
+    checked first. Raises CheckpointError naming ``path`` and the entry whose shape differs, or
+    Orbax's own error as the cause (``from`` it) when the save cannot be read."""
     try:
         mismatch = _shape_mismatch(path, target, kind)
         if mismatch is None:
             return ocp.StandardCheckpointer().restore(path, target)
     except Exception as err:  # noqa: BLE001 - Orbax raises bare Exceptions for damaged or unreadable data
-        mismatch = os_error(err) or f"{cause(err)} (a damaged file, or a save of another model or optimiser)"
+        raise CheckpointError(f"{path} could not be restored into {into}: {err}") from err
     raise CheckpointError(f"{path} could not be restored into {into}: {mismatch}")

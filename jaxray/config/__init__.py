@@ -1,16 +1,8 @@
 """Typed configs of one trial (model, train, data, workers, fault), parsed from Tune dicts and
-validated in one place; ``jaxray.config.experiment`` holds the sweep and experiment configs and
-reads the YAML.
+validated in one place; ``jaxray.config.experiment`` holds the sweep and experiment configs.
 
-Every config is a frozen pydantic model with ``extra="forbid"``: a misspelled key is rejected with
-its name and the allowed ones, a bad value with the field's path and the allowed values, before Ray
-starts or anything compiles. Booleans take only true/false, numbers that must be finite say so
-for NaN and infinity, and every message about a value repeats the value received ("got ...").
-``check_devices`` holds the checks that need the device count; what needs more than the config
-(whether cuDNN attention can run) is ``jaxray.parallel.checks``.
-
-The axis letters and batch terms of every docstring are defined once, in ``jaxray.models``.
-"""
+Every config is a frozen pydantic model with ``extra="forbid"``; errors name the field path, what is
+allowed and the value received. ``check_devices`` holds the checks that need the device count."""
 
 from __future__ import annotations
 
@@ -42,10 +34,8 @@ DEFAULT_LEARNING_RATE = {"mlp": 3e-3, "shared_block_mlp": 3e-4, "transformer": 3
 
 
 def _finite_number(value: Any) -> Any:
-    """A float field's input as given, unless it is a boolean or NaN/infinity (ValueError): YAML's
-    true/false would otherwise pass as 1/0 (pydantic's lax mode accepts bools as numbers), and NaN
-    would be reported against the field's range ("greater than 0") instead of as not finite.
-    Checked before the range so that ``.nan``, ``nan`` and ``-.inf`` all get that message."""
+    """A float field's input as given; ValueError for a boolean (pydantic would take it as 1/0) or
+    NaN/infinity (checked before the range so the message says "not finite")."""
     if isinstance(value, bool):
         raise ValueError("a boolean is not a number")
     if isinstance(value, (int, float, str)):
@@ -75,11 +65,8 @@ class FrozenConfig(BaseModel):
 
 
 class ModelConfig(FrozenConfig):
-    """Model hyper-parameters. ``width`` is the MLP hidden width or the transformer's d_model (D).
-
-    ``attention`` (transformer only): "xla", "cudnn" (an error where cuDNN cannot run) or "auto"
-    (cuDNN where it can run, else XLA); see ``jaxray.models.attention``.
-    """
+    """Model hyper-parameters. ``width``: MLP hidden width or transformer d_model (D). ``attention``
+    (transformer only): "xla", "cudnn" or "auto" (``jaxray.models.attention``)."""
 
     workload: Workload
     width: PosInt | None = None
@@ -123,27 +110,21 @@ class TrainConfig(FrozenConfig):
     log_every: PosInt = 25
     report_every: PosInt | None = None
     eval_batch: PosInt | None = None
-    # Full train state (params, optimizer state, step, data position) every this many steps and at
-    # the end; None: only at the end. keep_checkpoints: the newest kept by Ray Train.
+    # Checkpoint every this many steps and at the end (None: only at the end).
     checkpoint_every: PosInt | None = None
     keep_checkpoints: PosInt = 3
 
     @property
     def report_interval(self) -> int:
-        """Steps between ``ray.train.report`` calls: ``report_every`` or about four reports per run.
-
-        Each report is a barrier across workers that costs about a second here, so it is kept rarer
-        than ``log_every`` (history and TensorBoard)."""
+        """Steps between ``ray.train.report`` calls (each a cross-worker barrier): ``report_every``
+        or about four reports per run."""
         return self.report_every or max(self.log_every, -(-self.steps // 4))
 
 
 class DataConfig(FrozenConfig):
-    """Where the data files are (None: the search order of ``jaxray.data.sources``) and the sequence
-    length. ``parquet``: a folder or pyarrow URI (``gs://...``) holding ``tinyshakespeare/`` and/or
-    ``fashion-mnist/`` as ``python -m jaxray.data prepare`` writes them; training then streams
-    them through Ray Data, each epoch in the order ``train.seed`` draws (``jaxray.data.parquet``).
-    ``parquet_cache_mib``: a training split whose decoded rows fit in this many MiB is read through
-    Ray Data once and later epochs are reordered in host memory; 0 reads every epoch."""
+    """Data files (None: ``jaxray.data.sources`` search order) and sequence length. ``parquet``: a
+    folder or pyarrow URI as ``python -m jaxray.data prepare`` writes, streamed through Ray Data.
+    ``parquet_cache_mib``: a split that fits is read once; 0 reads every epoch."""
 
     data_dir: str | None = None
     seq_len: PosInt = 256
@@ -160,18 +141,13 @@ class DataConfig(FrozenConfig):
 
 
 class WorkersConfig(FrozenConfig):
-    """Ray Train scaling: ``num_workers`` JAX processes, each owning ``devices_per_worker`` devices.
-
-    On CPU (``use_gpu: false``) a worker's devices are forced host devices, at most
-    ``jaxray.argtypes.MAX_CPU_DEVICES`` (as the command lines' ``--cpu-devices``): a larger
-    ``devices_per_worker`` is a ValueError naming the field, the value and the bound.
-    """
+    """Ray Train scaling: ``num_workers`` JAX processes, each owning ``devices_per_worker`` devices
+    (on CPU at most ``jaxray.argtypes.MAX_CPU_DEVICES``, else ValueError)."""
 
     num_workers: PosInt = 1
     devices_per_worker: PosInt = 1
     use_gpu: StrictBool = False
-    # Ray Train restarts the worker group this many times after a worker dies; the loop resumes
-    # from the last checkpoint (``train.checkpoint_every``).
+    # Worker-group restarts after a worker dies; the loop resumes from the last checkpoint.
     max_failures: Annotated[int, Strict(), Field(ge=0)] = 0
 
     @model_validator(mode="after")
@@ -189,12 +165,9 @@ class WorkersConfig(FrozenConfig):
 
 
 class FaultConfig(FrozenConfig):
-    """Fault injection for tests of recovery. ``kill_at_step``: the worker of rank 0 ends its process
-    (``os._exit``) once, right after step K; at a checkpoint step, in the middle of that checkpoint's
-    save (Orbax has written the arrays, the manifest and the report to Ray are not done). The
-    restarted worker does not kill itself again. ``corrupt_latest_checkpoint``: before the first
-    restore after a restart, damage the newest checkpoint (one of its array files is truncated), so
-    the restore has to fall back to the one before."""
+    """Fault injection for recovery tests. ``kill_at_step``: rank 0 calls ``os._exit`` once after step
+    K (mid-save at a checkpoint step). ``corrupt_latest_checkpoint``: truncate an array file of the
+    newest checkpoint before the first restore after a restart."""
 
     kill_at_step: PosInt | None = None
     corrupt_latest_checkpoint: StrictBool = False
@@ -276,8 +249,8 @@ def _where(prefix: str, loc: tuple = ()) -> str:
 
 
 def shown(value: Any) -> str:
-    """``value`` as a config message quotes it: YAML's spelling for booleans and null (true, null),
-    strings quoted, anything else as Python prints it (nan, inf, [1, 2]), at most 80 characters."""
+    """``value`` as config messages quote it: YAML spelling for booleans and null, strings quoted,
+    else Python's repr; at most 80 characters."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -287,8 +260,7 @@ def shown(value: Any) -> str:
 
 
 def _message(e: dict) -> str:
-    """One pydantic error in words, ending with the value received ("..., got 0"); a check of a
-    whole section (a model validator, whose input is the mapping) words its own message."""
+    """One pydantic error in words, ending with the value received ("..., got 0")."""
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "bool_type":
         msg = "Input should be true or false"
@@ -309,15 +281,14 @@ def _format(err: ValidationError, source: str, root: type[BaseModel], prefix: st
 
 
 def invalid(source: str, message: str, prefix: str = "") -> ConfigError:
-    """The ConfigError of a check made after parsing, worded as ``validate`` words its own:
-    "invalid config SOURCE:" then the field path (``prefix`` without its last dot, or "(top
-    level)") and ``message``."""
+    """The ConfigError of a post-parse check, worded as ``validate``'s: "invalid config SOURCE:",
+    the field path and ``message``."""
     return ConfigError(f"invalid config {source}:\n  {_where(prefix)}: {message}")
 
 
 def validate(cls: type[BaseModel], data: Any, source: str, prefix: str = ""):
-    """``cls.model_validate(data)``. Raises ConfigError whose message starts with ``source`` and
-    gives each field's path after ``prefix``, what is allowed and the value received."""
+    """``cls.model_validate(data)``; ConfigError naming ``source``, each field's path after
+    ``prefix``, what is allowed and the value received."""
     try:
         return cls.model_validate(data)
     except ValidationError as err:
@@ -327,6 +298,5 @@ def validate(cls: type[BaseModel], data: Any, source: str, prefix: str = ""):
 
 
 def parse_trial(data: dict[str, Any], source: str = "(trial)", prefix: str = "") -> TrialConfig:
-    """A TrialConfig from a plain dict (what Tune and the workers pass around). Raises ConfigError
-    whose message starts with ``source`` and gives each field's path after ``prefix``."""
+    """A TrialConfig from a plain dict; raises ConfigError as ``validate``."""
     return validate(TrialConfig, data, source, prefix)

@@ -1,9 +1,6 @@
-"""The experiment YAML: one sweep (a grid over global batch, dtype and width) per workload, shared
-data and worker settings; ``load_experiment`` reads and validates it, every grid point included.
-
-Sweeps rank their trials by ``metric`` (default ``DEFAULT_METRIC``); ``jaxray.runs`` reads that
-ranking back from a run folder's ``experiment.yaml``.
-"""
+"""The experiment YAML: one sweep (a grid over global batch, dtype and width) per workload plus
+shared data and worker settings; ``load_experiment`` reads and validates it, every grid point
+included. Sweeps rank trials by ``metric`` (default ``DEFAULT_METRIC``)."""
 
 from __future__ import annotations
 
@@ -46,11 +43,9 @@ MODEL_KEYS = {
     "shared_block_mlp": ("block_repeats",),
     "transformer": ("preset", "num_layers", "num_heads", "max_seq_len", "attention"),
 }
-# Named transformer shapes a sweep's ``model: {preset: NAME}`` starts from (see SweepConfig).
-# "width" (D) is the grid's default d_model, since width is a searchable axis.
+# Transformer shapes for ``model: {preset: NAME}``; "width" (D) is the grid's default d_model.
 MODEL_PRESETS: dict[str, dict[str, int]] = {
-    # GPT-2 small (Radford et al. 2019) on bytes: 12 layers, 12 heads of K = 64, D 768, ffn 3072,
-    # 1024-token windows (~85M matmul weights; V = 256 instead of 50,257, so no big embedding).
+    # GPT-2 small (Radford et al. 2019) on bytes: 12 layers, 12 heads of K = 64, D 768, 1024 tokens.
     "gpt2_small": {"width": 768, "num_layers": 12, "num_heads": 12, "max_seq_len": 1024},
 }
 METRICS = {
@@ -77,10 +72,9 @@ class SearchSpace(FrozenConfig):
 
 
 class EarlyStoppingConfig(FrozenConfig):
-    """ASHA (``ray.tune.schedulers.ASHAScheduler``): at steps grace_period, grace_period x
-    reduction_factor, ... a trial goes on only if its ``metric`` is in the best 1 / reduction_factor
-    of the trials that reached that step. ``metric`` is one the trials report while they train
-    (the training ``loss`` or ``accuracy``; held-out metrics arrive only at the end)."""
+    """ASHA (``ray.tune.schedulers.ASHAScheduler``) on a ``metric`` reported during training
+    (``loss`` or ``accuracy``): at steps grace_period x reduction_factor^i only the best
+    1 / reduction_factor of trials go on."""
 
     type: Literal["asha"] = "asha"
     metric: Literal["loss", "accuracy"] = "loss"
@@ -96,15 +90,9 @@ class EarlyStoppingConfig(FrozenConfig):
 
 
 class SweepConfig(FrozenConfig):
-    """One workload's grid: fixed model/train settings plus the search space; ranked by ``metric``;
-    optional ASHA early stopping for long sweeps.
-
-    ``model: {preset: NAME}`` (transformer) starts from ``MODEL_PRESETS[NAME]``: its num_layers,
-    num_heads and max_seq_len, each overridden by the same key given in ``model``, and its width as
-    the grid's width when ``search_space.width`` is not given. ``model`` keeps the preset's name
-    (the sweep re-validates as written); ``model_settings()`` is the expanded mapping. An unknown
-    name is a ConfigError naming ``model.preset`` and the allowed names.
-    """
+    """One workload's grid: fixed model/train settings, the search space, ranking ``metric`` and
+    optional ASHA. ``model: {preset: NAME}`` starts from ``MODEL_PRESETS[NAME]`` (keys in ``model``
+    override); unknown names raise ConfigError."""
 
     workload: Workload
     metric: str | None = None
@@ -148,14 +136,12 @@ class SweepConfig(FrozenConfig):
         return MODEL_PRESETS.get(self.model.get("preset"), {})
 
     def model_settings(self) -> dict[str, Any]:
-        """The sweep's fixed model keys with its preset expanded (keys given in ``model`` win);
-        without width, which is a grid axis (``axes``)."""
+        """The sweep's fixed model keys with its preset expanded (``model`` wins), without width."""
         preset = {k: v for k, v in self._preset().items() if k != "width"}
         return {**preset, **{k: v for k, v in self.model.items() if k != "preset"}}
 
     def axes(self) -> dict[str, list]:
-        """The grid's values per searchable axis, in SEARCHABLE order; an axis not searched holds
-        its default (width: the preset's, else the workload's)."""
+        """Grid values per searchable axis, in SEARCHABLE order; unsearched axes hold the default."""
         s = self.search_space
         return {
             "global_batch": s.global_batch or [TrainConfig().global_batch],
@@ -183,8 +169,7 @@ class ExperimentConfig(FrozenConfig):
     experiment: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     data: DataConfig = DataConfig()
     workers: WorkersConfig = WorkersConfig()
-    # None: derived from the cluster (``jaxray.raytrain.sweep.concurrent_trials``): as many trials as its GPUs
-    # hold with use_gpu, else one (CPU trials sharing cores would time each other).
+    # None: derived from the cluster (``concurrent_trials``).
     max_concurrent_trials: PosInt | None = None
     fault: FaultConfig = FaultConfig()
     sweeps: list[SweepConfig] = Field(min_length=1)
@@ -222,9 +207,7 @@ BOOL_TAG = "tag:yaml.org,2002:bool"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last silently)
-    and reads only true/false as booleans (YAML 1.2): PyYAML's YAML 1.1 also turns yes, no, on
-    and off into booleans, which a strict boolean field would then accept."""
+    """SafeLoader that rejects duplicate keys and reads only true/false as booleans (YAML 1.2)."""
 
     yaml_implicit_resolvers = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag != BOOL_TAG]
@@ -249,14 +232,9 @@ _UniqueKeyLoader.add_implicit_resolver(
 
 
 def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """Read and validate an experiment YAML, then expand every sweep so each trial is checked up front.
-
-    Raises ConfigError for a missing, empty or non-UTF-8 file, invalid YAML, a top level that is not
-    a mapping, unknown keys, wrong types or values (the message repeats the value received), and for
-    any grid point that cannot run (for example a global batch the device count does not divide).
-    Whether the attention a grid point asks for can run is not decided here (it needs the model
-    code): ``jaxray.parallel.checks.check_experiment``.
-    """
+    """Read and validate an experiment YAML, expanding every sweep so each trial is checked up front.
+    Raises ConfigError for a missing, empty or non-UTF-8 file, invalid YAML, unknown keys, bad types
+    or values, or a grid point that cannot run (attention: ``checks.check_experiment``)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")

@@ -1,11 +1,7 @@
-"""``python -m jaxray.data SUB-COMMAND``: see ``--help``.
+"""``python -m jaxray.data SUB-COMMAND``: see ``--help``. Options are checked before any file is read.
 
-  python -m jaxray.data prepare --dataset tinyshakespeare --out data/shakespeare-256 --seq-len 256
-  python -m jaxray.data prepare --dataset fashion-mnist --out data/fashion-mnist
-
-Writes the real data as Parquet for Ray Data (layout: ``jaxray.data.manifest``; order:
-``jaxray.data.prepare``). Every option is checked before any file is read: a bad one exits with
-code 2 and a message naming it.
+python -m jaxray.data prepare --dataset tinyshakespeare --out data/shakespeare-256 --seq-len 256
+python -m jaxray.data prepare --dataset fashion-mnist --out data/fashion-mnist
 """
 
 from __future__ import annotations

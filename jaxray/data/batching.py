@@ -1,9 +1,5 @@
-"""Fixed-shape batches from in-memory arrays: training batches drop the partial tail (so the jitted
-step never recompiles), evaluation batches pad it and carry a mask (so no example is dropped).
-
-Arrays are dicts of equal-length numpy arrays, e.g. ``{"image": [N, 784], "label": [N]}`` or
-``{"tokens": [N, T]}``.
-"""
+"""Fixed-shape batches from in-memory arrays (dicts of equal-length numpy arrays): training batches
+drop the partial tail, evaluation batches pad it and carry a mask."""
 
 from __future__ import annotations
 
@@ -25,24 +21,18 @@ def num_rows(arrays: Arrays) -> int:
 
 
 def epoch_order(rows: int, seed: int, epoch: int) -> np.ndarray:
-    """The row order of one epoch: a permutation of ``range(rows)`` [rows] int64 drawn with
-    ``np.random.default_rng([seed, epoch])``. Every data path (in memory here, Parquet through Ray
-    Data in ``jaxray.data.parquet``) visits rows in this order, so all give the same batches."""
+    """The row order of one epoch: a permutation [rows] int64 from ``np.random.default_rng([seed,
+    epoch])``; every data path (memory, Parquet) uses it."""
     return np.random.default_rng([seed, epoch]).permutation(rows)
 
 
 def train_batches(
     arrays: Arrays, batch_size: int, seed: int | None = None, process_index: int = 0, process_count: int = 1
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless training batches, epoch after epoch; each epoch's partial last batch is dropped.
-
-    ``seed`` None: every epoch in the arrays' order. Otherwise epoch e follows ``epoch_order(n,
-    seed, e)``. Global batch k of an epoch is rows ``[k * batch_size, (k + 1) * batch_size)`` of
-    that order, and this process yields its ``batch_size / process_count`` of them: rows
-    ``[p * local, (p + 1) * local)`` of each global batch, the ones its own devices hold under the
-    ``data`` sharding. Raises ValueError if there are fewer rows than one batch or ``batch_size``
-    does not divide by ``process_count``.
-    """
+    """Endless training batches; each epoch's partial last batch is dropped. ``seed`` None keeps
+    the arrays' order, else epoch e follows ``epoch_order(n, seed, e)``. This process yields rows
+    ``[p * local, (p + 1) * local)`` of each global batch. Raises ValueError for fewer rows than one
+    batch or a ``batch_size`` not divisible by ``process_count``."""
     n = num_rows(arrays)
     per_epoch = n // batch_size
     if per_epoch == 0:
@@ -59,12 +49,8 @@ def train_batches(
 
 
 def eval_batches(arrays: Arrays, global_batch: int) -> Iterator[dict[str, np.ndarray]]:
-    """This process's rows of each ``global_batch``-row eval batch, the last one zero-padded.
-
-    Every batch gains ``"mask"`` [rows] float32 (1 real, 0 padding). With P processes each yields
-    rows ``[p * global_batch / P, (p + 1) * global_batch / P)`` of every global batch, the rows its
-    own devices hold under the ``data`` sharding; ``global_batch`` must be divisible by P.
-    """
+    """This process's rows of each ``global_batch``-row eval batch, the last zero-padded, each with
+    ``"mask"`` [rows] float32 (1 real, 0 padding); ``global_batch`` must divide by process count."""
     n = num_rows(arrays)
     processes, index = jax.process_count(), jax.process_index()
     local = global_batch // processes

@@ -1,12 +1,7 @@
-"""How a prepared folder's columns are stored in Parquet and read back (``jaxray.data.manifest``
-describes the folder). No Ray here: writing a folder (``jaxray.data.prepare``) needs none.
+"""How a prepared folder's columns are stored in Parquet and read back (no Ray needed).
 
-Each column's manifest spec is ``{"dtype": "int32"|"float32", "shape": [per-row dims]}`` (what
-readers return), plus ``"stored": "uint8"`` for a column kept as bytes. Fashion-MNIST pixels are the
-IDX bytes divided by 255 (``jaxray.data.fashion_mnist``): stored as those bytes, a quarter of
-float32's size (an epoch streams 4x faster), and divided again when read (:func:`decode_column`),
-which gives the same float32 values bit for bit.
-"""
+Column spec: ``{"dtype": "int32"|"float32", "shape": [per-row dims]}`` plus ``"stored": "uint8"``
+for Fashion-MNIST pixels, stored as their IDX bytes and divided by 255 on read (bit-exact)."""
 
 from __future__ import annotations
 
@@ -53,9 +48,8 @@ def column_numpy(column: pa.ChunkedArray, shape: list[int]) -> np.ndarray:
 
 
 def decode_column(values: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
-    """A column's stored values ([rows, *shape]) -> what readers return (``spec``: its manifest
-    entry): ``uint8`` bytes become float32 ``x / 255`` (as the Fashion-MNIST loader computes them),
-    other columns stay as they are."""
+    """A column's stored values ([rows, *shape]) -> what readers return: ``uint8`` bytes become
+    float32 ``x / 255``, others unchanged."""
     if spec.get("stored") == "uint8":
         return values.astype(np.float32) / np.float32(255.0)
     return values

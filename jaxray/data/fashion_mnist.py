@@ -1,9 +1,5 @@
-"""Fashion-MNIST: IDX parsing and loading into float32 arrays.
-
-The files are found and checksum-verified by :mod:`jaxray.data.sources`; this
-module only turns verified bytes into arrays. It does not shuffle: the
-training pipeline owns ordering, so that it can be seeded in one place.
-"""
+"""Fashion-MNIST: IDX parsing of verified bytes (:mod:`jaxray.data.sources`) into float32 arrays,
+unshuffled."""
 
 from __future__ import annotations
 
@@ -36,14 +32,9 @@ _LABELS_MAGIC = 2049  # IDX: unsigned byte, 1 dimension
 
 @dataclass(frozen=True)
 class FashionMNIST:
-    """The Fashion-MNIST train and test splits, in file order (unshuffled).
-
-    Attributes:
-        train_images: [60000, 784] float32 in [0, 1], rows are 28x28 row-major.
-        train_labels: [60000] int32 in 0..9, indexes :data:`CLASS_NAMES`.
-        test_images: [10000, 784] float32 in [0, 1].
-        test_labels: [10000] int32 in 0..9.
-    """
+    """The Fashion-MNIST splits in file order: ``train_images`` [60000, 784] float32 in [0, 1]
+    (28x28 row-major), ``train_labels`` [60000] int32 in 0..9 (:data:`CLASS_NAMES`),
+    ``test_images`` [10000, 784], ``test_labels`` [10000]."""
 
     train_images: np.ndarray
     train_labels: np.ndarray
@@ -63,8 +54,7 @@ def _check_size(raw: bytes, expected: int, name: str) -> None:
 
 
 def _header(raw: bytes, n_fields: int, magic: int, name: str) -> tuple[int, ...]:
-    # Magic first: handing the labels file to the images parser should say so,
-    # not complain about a short header.
+    # Magic first, so a swapped file is reported as such, not as a short header.
     if len(raw) >= 4 and struct.unpack(">I", raw[:4])[0] != magic:
         raise DataFileError(
             f"{name} is not the expected IDX file: magic number "
@@ -77,16 +67,9 @@ def _header(raw: bytes, n_fields: int, magic: int, name: str) -> tuple[int, ...]
 
 
 def parse_idx_images(raw: bytes, name: str) -> np.ndarray:
-    """Parse decompressed IDX3 image bytes into a [N, 28, 28] uint8 array.
-
-    ``name`` is used in error messages only. The result is a read-only view
-    of ``raw``.
-
-    Raises:
-        DataFileError: wrong magic number (not 2051), images not 28x28, or a
-            payload shorter (truncated) or longer (trailing bytes) than the
-            header's N*28*28 bytes.
-    """
+    """Decompressed IDX3 bytes -> [N, 28, 28] uint8, a read-only view of ``raw`` (``name``: for
+    messages). DataFileError for a magic other than 2051, images not 28x28, or a payload not of
+    N*28*28 bytes."""
     n, rows, cols = _header(raw, 4, _IMAGES_MAGIC, name)
     if (rows, cols) != (IMAGE_SIDE, IMAGE_SIDE):
         raise DataFileError(f"{name} holds {rows}x{cols} images, expected {IMAGE_SIDE}x{IMAGE_SIDE}.")
@@ -95,15 +78,8 @@ def parse_idx_images(raw: bytes, name: str) -> np.ndarray:
 
 
 def parse_idx_labels(raw: bytes, name: str) -> np.ndarray:
-    """Parse decompressed IDX1 label bytes into a [N] uint8 array in 0..9.
-
-    ``name`` is used in error messages only. The result is a read-only view
-    of ``raw``.
-
-    Raises:
-        DataFileError: wrong magic number (not 2049), a payload shorter or
-            longer than the header's N bytes, or a label outside 0..9.
-    """
+    """Decompressed IDX1 bytes -> [N] uint8 in 0..9, a read-only view of ``raw``. DataFileError for
+    a magic other than 2049, a payload not of N bytes, or a label outside 0..9."""
     (n,) = _header(raw, 2, _LABELS_MAGIC, name)
     _check_size(raw, 8 + n, name)
     labels = np.frombuffer(raw, dtype=np.uint8, offset=8)
@@ -130,16 +106,8 @@ def _load_split(prefix: str, data_dir: str | os.PathLike | None) -> tuple[np.nda
 
 
 def load_fashion_mnist(data_dir: str | os.PathLike | None = None) -> FashionMNIST:
-    """Load and verify Fashion-MNIST, unshuffled (see :class:`FashionMNIST`).
-
-    ``data_dir`` is searched first; see :func:`jaxray.data.sources.read_verified`
-    for the full search order and download behaviour.
-
-    Raises:
-        DataFileError: a file is missing (and cannot be downloaded), corrupt,
-            has the wrong checksum or malformed IDX content, or a split's image
-            and label counts differ.
-    """
+    """Load and verify Fashion-MNIST, unshuffled (``data_dir`` searched first). DataFileError for a
+    missing, corrupt or malformed file, or differing image and label counts."""
     train_images, train_labels = _load_split("train", data_dir)
     test_images, test_labels = _load_split("t10k", data_dir)
     return FashionMNIST(train_images, train_labels, test_images, test_labels)

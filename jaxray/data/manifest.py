@@ -1,14 +1,8 @@
 """The manifest of a prepared Parquet folder (``python -m jaxray.data prepare``), and where it lives.
 
-A prepared folder, local or behind any pyarrow filesystem URI (``gs://bucket/dir``, ``s3://...``)::
-
-    manifest.json                 this module's Manifest, as JSON
-    train/part-00000.parquet ...  the training rows, in natural (unshuffled) order
-    validation/ or test/          the held-out rows (TinyShakespeare / Fashion-MNIST)
-
-Each Parquet file has a ``row`` int64 column (the global row id within its split, 0..N-1) and the
-data columns: ``tokens`` fixed_size_list<int32>[T], or ``image`` fixed_size_list<uint8>[784] (the
-stored bytes, read as float32 / 255) and ``label`` int32.
+A folder (local or a pyarrow URI) holds ``manifest.json``, ``train/part-NNNNN.parquet`` and
+``validation/`` or ``test/``, rows in natural order. Columns: ``row`` int64 (0..N-1), then
+``tokens`` fixed_size_list<int32>[T], or ``image`` fixed_size_list<uint8>[784] and ``label`` int32.
 """
 
 from __future__ import annotations
@@ -85,12 +79,9 @@ def file_sha256(fs: pafs.FileSystem, path: str) -> str:
 def read_manifest(
     path_or_uri: str, filesystem: pafs.FileSystem | None = None, verify_checksums: bool = False
 ) -> Manifest:
-    """Read and validate ``<folder>/manifest.json``: the format and version, a known dataset, its two
-    splits, row counts that add up, every listed file present (and, with ``verify_checksums``, of
-    the recorded SHA-256: reads every byte).
-
-    Raises ManifestError naming the manifest (or the Parquet file at fault) and what is wrong.
-    """
+    """Read and validate ``<folder>/manifest.json``: format, version, dataset, splits, row counts and
+    every listed file present (with ``verify_checksums``, its SHA-256 too). Raises ManifestError
+    naming the file at fault and what is wrong."""
     fs, root = resolve(path_or_uri, filesystem)
     where = f"{root}/{MANIFEST}"
     try:

@@ -1,40 +1,11 @@
-"""Training batches from a prepared Parquet folder (``python -m jaxray.data prepare``) through Ray Data,
-identical in content and order to ``train_batches`` over the unshuffled arrays.
+"""Training batches from a prepared Parquet folder through Ray Data, identical in content and order
+to ``train_batches`` over the unshuffled arrays.
 
-Recipe, for epoch e of a split of N rows, global batch G over P processes (L = G / P rows each),
-usable = (N // G) * G rows (the partial last global batch is dropped, as in memory):
-
-* ``order = epoch_order(N, seed, e)``; row r sits at position ``pos[r]`` of the epoch
-  (``pos[order] = arange(N)``), so it belongs to global batch ``pos // G``, and to process
-  ``(pos % G) // L`` within it (``train_batches``' slicing under the ``data`` sharding).
-* Process p keeps the rows with ``pos < usable`` and ``(pos % G) // L == p``, each with the key
-  ``(pos // G) * L + pos % L``: its keys are exactly ``0 .. (N // G) * L - 1``, local batch k being
-  keys ``[k L, (k + 1) L)``.
-* Ray Data reads the files and keeps this process's rows with their keys, in parallel tasks
-  (``read_parquet -> map_batches``: only 1/P of the rows reach each process); the process writes
-  each row at its key in an epoch buffer (``buffer[key] = row``), and batch k is the slice
-  ``buffer[k L:(k + 1) L]``.
-
-Any exact order needs every row of an epoch before its first batch (a uniform permutation puts rows
-of every file in batch 0). Writing rows at their keys costs one copy; a distributed sort by key
-(``Dataset.sort`` with fixed boundaries) gave the same batches but took about 4x longer per epoch on
-the 2-core development machine (a shuffle's map and reduce tasks, and the object store in between).
-Each epoch is built on a background thread one epoch ahead, so the step does not wait at the
-boundary when reading an epoch takes less time than training on one. Memory: two epochs of this
-process's rows (N / P each) in host RAM. Every process gets exactly N // G batches per epoch
-whatever the file sizes, as its key set does not depend on them; a missing or repeated key raises
-rather than hangs.
-
-Read once: a split whose decoded rows fit in ``cache_bytes`` (default 1 GiB, ``data.parquet_cache_mib``
-in the experiment YAML) is read through Ray Data once, every row in natural order (``split_arrays``),
-and batches are then gathered from it on the host by ``train_batches`` itself (what ``tf.data``'s
-``cache()`` does after its first pass). Reading Fashion-MNIST through Ray Data takes about 1 s per
-epoch on the 2-core development machine, more than the MLP trains on one (0.45 s at global batch
-1024), so re-reading every epoch made that step wait at each boundary (2.3-3.1x the pre-staged step
-time); a gathered batch is also a fresh array that ``jax.device_put`` can take without a copy on
-CPU (0.05 ms against 0.5 ms for a slice of an epoch buffer, 1024 images). Larger splits are read
-every epoch as above. Memory when cached: the split (N rows, decoded).
-"""
+Epoch e of N rows, global batch G over P processes (L = G / P): ``order = epoch_order(N, seed, e)``,
+row r at position ``pos[r]``; process p keeps rows with ``pos < (N // G) * G`` and
+``(pos % G) // L == p``, keyed ``(pos // G) * L + pos % L``, written at their key into an epoch buffer
+(built one epoch ahead on a background thread). Splits whose decoded rows fit in ``cache_bytes``
+are read once (``split_arrays``) and batches gathered in host memory by ``train_batches``."""
 
 from __future__ import annotations
 
@@ -78,16 +49,9 @@ def _planning(**settings: Any) -> Iterator[None]:
 def parquet_dataset(
     path_or_uri: str, split: str, filesystem: pafs.FileSystem | None = None, manifest: Manifest | None = None
 ) -> ray.data.Dataset:
-    """``ray.data.read_parquet`` over the files of ``split`` listed in the folder's manifest, in
-    manifest order (rows in natural order: ``row`` 0..N-1). ``path_or_uri``: a local folder or a
-    pyarrow filesystem URI (``gs://bucket/dir``); ``filesystem``: one to read it through instead.
-    Progress bars are off and block order preserved on this dataset's own context.
-
-    One read task per file, through Ray Data's first Parquet reader (``use_datasource_v2=False``):
-    on the 2-core development machine an epoch of Fashion-MNIST (8 files) took 0.9 s this way
-    against 2.1 s through the default reader (a listing task, then all files in one read task) and
-    4 s with the default block count.
-
+    """``ray.data.read_parquet`` over the manifest's files of ``split``, in manifest order (rows in
+    natural order). ``path_or_uri``: a local folder or pyarrow URI; ``filesystem``: one to read
+    through instead. One read task per file (``use_datasource_v2=False``: faster here).
     Raises ManifestError (missing or inconsistent manifest, unknown split)."""
     fs, root = resolve(path_or_uri, filesystem)
     manifest = manifest or read_manifest(root, fs)
@@ -105,9 +69,8 @@ def parquet_dataset(
 def local_keys(
     rows: int, seed: int, epoch: int, global_batch: int, process_index: int, process_count: int
 ) -> np.ndarray:
-    """[rows] int64: each row's key in this process's stream for ``epoch`` (see the module
-    docstring), -1 for rows of other processes and of the dropped tail. Cached: every read task of
-    an epoch on a worker shares one computation."""
+    """[rows] int64: each row's key in this process's stream for ``epoch``, -1 for rows of other
+    processes and of the dropped tail. Cached across an epoch's read tasks."""
     local = global_batch // process_count
     pos = np.empty(rows, np.int64)
     pos[epoch_order(rows, seed, epoch)] = np.arange(rows)
@@ -130,10 +93,8 @@ def _fill(
     what: str,
     stop: threading.Event | None = None,
 ) -> dict[str, np.ndarray] | None:
-    """Write each row of ``tables`` at its ``key`` column's value in ``{column: [total, *shape]}``
-    arrays (decoded: ``jaxray.data.columns.decode_column``); None if ``stop`` was set before every
-    key came. Raises RuntimeError naming ``what`` if a key is missing or repeated (a bug, never a
-    hang)."""
+    """Write each row of ``tables`` at its ``key`` into decoded ``{column: [total, *shape]}`` arrays;
+    None if ``stop`` was set first. RuntimeError naming ``what`` if a key is missing or repeated."""
     out = {name: np.empty((total, *c["shape"]), c["dtype"]) for name, c in columns.items()}
     filled = np.zeros(total, bool)
     for table in tables:
@@ -153,10 +114,9 @@ def _fill(
 def split_arrays(
     path_or_uri: str, split: str, filesystem: pafs.FileSystem | None = None, manifest: Manifest | None = None
 ) -> dict[str, np.ndarray]:
-    """Every row of ``split`` in natural order, decoded as ``parquet_batches`` yields them
-    (``{"tokens": [N, T] int32}`` or ``{"image": [N, 784] float32, "label": [N] int32}``), read
-    through Ray Data in parallel. Raises ManifestError, or RuntimeError if a row is missing or
-    repeated."""
+    """Every row of ``split`` in natural order, decoded (``{"tokens": [N, T] int32}`` or ``{"image":
+    [N, 784] float32, "label": [N] int32}``). Raises ManifestError, or RuntimeError on a missing or
+    repeated row."""
     fs, root = resolve(path_or_uri, filesystem)
     manifest = manifest or read_manifest(root, fs)
     ds = parquet_dataset(root, split, fs, manifest)
@@ -181,10 +141,8 @@ def decoded_bytes(manifest: Manifest, split: str) -> int:
 
 @dataclass(frozen=True)
 class ProcessShare:
-    """What one process reads of a split each epoch: the folder (``root`` on ``fs``, as ``resolve``
-    gives it, and its ``manifest``), the ``split``, and the batching (``global_batch`` over
-    ``process_count`` processes, epoch order from ``seed``); ``prefetch_blocks``: Ray Data blocks
-    fetched ahead."""
+    """What one process reads of a split each epoch: folder (``root`` on ``fs``, ``manifest``),
+    ``split``, batching (``global_batch`` over ``process_count``, ``seed``) and ``prefetch_blocks``."""
 
     root: str
     fs: pafs.FileSystem
@@ -200,9 +158,8 @@ class ProcessShare:
 def epoch_arrays(
     share: ProcessShare, epoch: int, stop: threading.Event | None = None
 ) -> dict[str, np.ndarray] | None:
-    """This process's rows of one epoch in batch order, ``{column: [(N // G) * L, *shape]}`` (see the
-    module docstring), read through Ray Data; None if ``stop`` was set before the epoch was
-    complete. Raises RuntimeError if a key is missing or repeated (a bug, never a hang)."""
+    """This process's rows of one epoch in batch order, ``{column: [(N // G) * L, *shape]}``; None if
+    ``stop`` was set first. RuntimeError if a key is missing or repeated."""
     rows, local = share.manifest.split(share.split).rows, share.global_batch // share.process_count
     keys_args = {
         "rows": rows,
@@ -241,7 +198,7 @@ class _Ahead:
         return self._value
 
     def cancel(self, timeout_s: float = 60.0) -> None:
-        """Ask ``fn`` to stop and wait for it (at most ``timeout_s``), so no read outlives its consumer."""
+        """Ask ``fn`` to stop and wait for it (at most ``timeout_s``)."""
         self._stop.set()
         self._thread.join(timeout_s)
 
@@ -271,20 +228,12 @@ def parquet_batches(
     filesystem: pafs.FileSystem | None = None,
     cache_bytes: int = CACHE_BYTES,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless batches of this process, epoch after epoch, equal to ``train_batches(arrays,
-    global_batch, seed, process_index, process_count)`` over the folder's unshuffled arrays:
-    ``{"tokens": [L, T] int32}`` or ``{"image": [L, 784] float32, "label": [L] int32}``, L =
-    global_batch / process_count (read every epoch: views of the epoch buffer, do not write to
-    them). Needs a running Ray (``ray.init``). ``prefetch_batches``: Ray Data blocks fetched ahead
-    while an epoch is read. ``cache_bytes``: a split whose decoded rows fit (``decoded_bytes``) is
-    read once and later epochs gathered from memory; 0 reads every epoch through Ray Data (module
-    docstring).
-
-    Raises ManifestError, or ValueError (as ``train_batches``) if the split has fewer rows than one
-    global batch, ``global_batch`` does not divide over ``process_count``, ``process_index`` is
-    out of range or ``cache_bytes`` is negative; RuntimeError if an epoch comes back incomplete (a
-    bug, never a hang).
-    """
+    """Endless batches of this process, equal to ``train_batches(arrays, global_batch, seed,
+    process_index, process_count)`` over the unshuffled arrays: ``{"tokens": [L, T] int32}`` or
+    ``{"image": [L, 784] float32, "label": [L] int32}``, L = global_batch / process_count (views of
+    the epoch buffer: do not write). Needs ``ray.init``. ``cache_bytes``: read a split that fits once;
+    0 reads every epoch. Raises ManifestError, ValueError (as ``train_batches``, or negative
+    ``cache_bytes``), RuntimeError if an epoch comes back incomplete."""
     fs, root = resolve(path_or_uri, filesystem)
     manifest = read_manifest(root, fs)
     _check_batching(manifest.split(split).rows, global_batch, process_index, process_count, cache_bytes)
@@ -300,8 +249,7 @@ def parquet_batches(
 
 
 def _epochs_ahead(share: ProcessShare, per_epoch: int, local: int) -> Iterator[dict[str, np.ndarray]]:
-    """Batches of ``local`` rows, ``per_epoch`` per epoch, from ``epoch_arrays(share, epoch)``,
-    each epoch read on a background thread while the one before is consumed."""
+    """Batches of ``local`` rows, ``per_epoch`` per epoch, each epoch read on a background thread."""
 
     def read(epoch: int, stop: threading.Event) -> dict[str, np.ndarray] | None:
         return epoch_arrays(share, epoch, stop=stop)

@@ -1,14 +1,8 @@
 """Write a workload's real data as Parquet for Ray Data (``python -m jaxray.data prepare``).
 
-Order: row i of a split's files is row i of the unshuffled arrays (:func:`natural_splits`: text
-order for TinyShakespeare's sequences, file order for Fashion-MNIST's images), and the ``row``
-column holds i. Nothing is shuffled here: training visits epoch e in ``epoch_order(N, seed, e)`` at
-read time (``jaxray.data.parquet``), so one prepared folder serves every seed and gives the same
-batches as ``train_batches`` over these arrays. The layout is in ``jaxray.data.manifest``.
-
-The folder is written beside ``out`` under a temporary name and renamed into place when complete,
-so a reader never sees half a folder; an ``out`` that exists and is not empty is refused.
-"""
+Row i of a split's files is row i of the unshuffled arrays (``row`` column = i); epochs are
+ordered at read time (``jaxray.data.parquet``), so one folder serves every seed. The folder is
+written under a temporary name and renamed into place; a non-empty ``out`` is refused."""
 
 from __future__ import annotations
 
@@ -115,11 +109,8 @@ def prepare(
     rows_per_file: int = DEFAULT_ROWS_PER_FILE,
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
 ) -> dict:
-    """Write ``dataset`` (see the module docstring) under ``out`` -> the manifest written.
-
-    Raises ValueError if ``out`` exists and is not an empty folder (nothing is read or written
-    then), DataFileError if a source file is missing or damaged.
-    """
+    """Write ``dataset`` under ``out`` -> the manifest written. Raises ValueError if ``out`` exists
+    and is not an empty folder, DataFileError if a source file is missing or damaged."""
     out = Path(out).absolute()
     problem = out_problem(out)
     if problem:

@@ -1,8 +1,5 @@
-"""Ray Datasets from the workload arrays, and the per-worker batch iterator over a dataset shard.
-
-Columns keep their numpy dtypes and shapes (tensor columns through Ray's Arrow tensor extension),
-so what a worker sees is what the in-memory path sees, row for row and in the same order.
-"""
+"""Ray Datasets from the workload arrays (same dtypes, shapes and order), and the per-worker batch
+iterator over a dataset shard."""
 
 from __future__ import annotations
 
@@ -23,10 +20,8 @@ def to_dataset(arrays: Arrays) -> ray.data.Dataset:
 
 
 def shard_batches(shard, batch_size: int, prefetch_batches: int = 2) -> Iterator[dict[str, np.ndarray]]:
-    """Endless ``[batch_size, ...]`` numpy batches from a ``ray.train.get_dataset_shard`` iterator,
-    epoch after epoch in the dataset's order; the partial last batch of each epoch is dropped.
-
-    Raises ValueError if the shard holds fewer rows than one batch (it would never yield).
+    """Endless ``[batch_size, ...]`` numpy batches from a dataset shard iterator, in the dataset's
+    order, each epoch's partial last batch dropped. ValueError if the shard holds less than a batch.
     """
     while True:
         produced = 0

@@ -1,8 +1,4 @@
-"""TinyShakespeare as byte-level token sequences.
-
-Tokens are raw UTF-8 bytes (vocabulary 256), so there is no tokenizer file to
-ship, version or keep in sync with checkpoints.
-"""
+"""TinyShakespeare as byte-level token sequences (raw UTF-8 bytes, vocabulary 256)."""
 
 from __future__ import annotations
 
@@ -19,14 +15,9 @@ VOCAB_SIZE = 256
 
 @dataclass(frozen=True)
 class ByteSequences:
-    """Non-overlapping byte-token sequences of one length.
-
-    Attributes:
-        train: [N_train, seq_len] int32 in 0..255, in shuffled order (text order
-            when split with ``seed=None``).
-        validation: [N_val, seq_len] int32 in 0..255, in text order.
-        seq_len: length of every sequence.
-    """
+    """Non-overlapping byte-token sequences of one length: ``train`` [N_train, seq_len] int32 in
+    0..255, shuffled (text order with ``seed=None``); ``validation`` [N_val, seq_len] int32, in
+    text order; ``seq_len``."""
 
     train: np.ndarray
     validation: np.ndarray
@@ -39,15 +30,8 @@ def encode(text: str) -> np.ndarray:
 
 
 def bytes_to_text(tokens) -> str:
-    """Decode a 1-D sequence of byte tokens (list, NumPy or JAX array) to text.
-
-    Invalid UTF-8 (e.g. a sample cut mid-character) becomes U+FFFD replacement
-    characters; it never raises for that.
-
-    Raises:
-        ValueError: ``tokens`` is not 1-D, not integers, or has a value
-            outside 0..255 (a bug upstream, so it is not silently wrapped).
-    """
+    """Decode a 1-D sequence of byte tokens (list, NumPy or JAX array) to text; invalid UTF-8
+    becomes U+FFFD. Raises ValueError if ``tokens`` is not 1-D, not integers, or outside 0..255."""
     arr = np.asarray(tokens)
     if arr.size == 0:
         return ""
@@ -63,20 +47,10 @@ def bytes_to_text(tokens) -> str:
 def split_sequences(
     tokens: np.ndarray, seq_len: int, seed: int | None, val_fraction: float = 0.1
 ) -> ByteSequences:
-    """Cut ``tokens`` into train/validation sequences of ``seq_len``.
-
-    ``tokens`` ([T] integers) is cut into n = T // seq_len non-overlapping
-    sequences (the tail is dropped). The first floor((1 - val_fraction) * n)
-    sequences are train, the rest validation; splitting by position keeps
-    validation text unseen. Only the train order is then shuffled, with
-    ``np.random.default_rng(seed).permutation``; ``seed`` None keeps it in
-    text order (the order ``python -m jaxray.data prepare`` writes).
-
-    Raises:
-        ValueError: ``seq_len`` < 2, ``val_fraction`` not in (0, 1),
-            ``tokens`` not 1-D, or too few tokens for one train and one
-            validation sequence.
-    """
+    """Cut ``tokens`` ([T] integers) into n = T // seq_len sequences (tail dropped): the first
+    floor((1 - val_fraction) * n) are train (shuffled by ``default_rng(seed).permutation``; ``seed``
+    None: text order), the rest validation. ValueError for ``seq_len`` < 2, ``val_fraction`` not in
+    (0, 1), ``tokens`` not 1-D, or too few tokens for one train and one validation sequence."""
     if seq_len < 2:
         raise ValueError(f"seq_len must be >= 2 (input and shifted target), got {seq_len}")
     if not 0.0 < val_fraction < 1.0:
@@ -102,16 +76,9 @@ def split_sequences(
 def load_shakespeare(
     seq_len: int = 256, seed: int | None = 0, data_dir: str | os.PathLike | None = None
 ) -> ByteSequences:
-    """Load verified TinyShakespeare and split it with :func:`split_sequences`.
-
-    With seq_len=256: 4357 sequences, 3921 train and 436 validation.
-    ``data_dir`` is searched first; see :func:`jaxray.data.sources.read_verified`.
-
-    Raises:
-        DataFileError: the file is missing (and cannot be downloaded) or has
-            the wrong checksum.
-        ValueError: as :func:`split_sequences`.
-    """
+    """Load verified TinyShakespeare (``data_dir`` searched first) and :func:`split_sequences` it;
+    seq_len=256 gives 3921 train and 436 validation sequences. Raises DataFileError (missing file,
+    wrong checksum) or ValueError as :func:`split_sequences`."""
     raw = read_verified("tinyshakespeare.txt", data_dir)
     tokens = np.frombuffer(raw, dtype=np.uint8)
     return split_sequences(tokens, seq_len, seed)

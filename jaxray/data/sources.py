@@ -1,18 +1,9 @@
 """Locate, verify and (if needed) download the data files jaxray trains on.
 
-Every file is pinned by the SHA-256 of its *decompressed* content: the Debian
-package recompresses the Fashion-MNIST archives, so digests of the .gz bytes
-differ between equally good copies while the payload digests do not.
-
-Places searched by :func:`read_verified`, in this order (first hit wins):
-
-1. the ``data_dir`` argument (the CLI's ``--data-dir``),
-2. the directory in the environment variable ``JAXRAY_DATA_DIR``,
-3. the download cache, ``~/.cache/jaxray`` (``JAXRAY_CACHE_DIR`` overrides),
-4. ``/usr/share/datasets/fashion-mnist`` (Debian package
-   ``dataset-fashion-mnist``), for Fashion-MNIST files only,
-5. a download from the canonical URL into the cache.
-"""
+Every file is pinned by the SHA-256 of its *decompressed* content (the Debian package recompresses
+the Fashion-MNIST archives). Search order (first hit wins): ``data_dir``, ``$JAXRAY_DATA_DIR``, the
+cache (``~/.cache/jaxray`` or ``$JAXRAY_CACHE_DIR``), ``/usr/share/datasets/fashion-mnist``
+(Fashion-MNIST only), then a download into the cache."""
 
 from __future__ import annotations
 
@@ -35,11 +26,8 @@ _FMNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 
 
 class DataFileError(Exception):
-    """A data file is missing, truncated, corrupt or not the expected version.
-
-    The message is meant for the user: it names the file(s) involved and says
-    how to fix the problem.
-    """
+    """A data file is missing, truncated, corrupt or not the expected version; the message names
+    the file(s) and the fix."""
 
 
 class KnownFile(NamedTuple):
@@ -85,26 +73,11 @@ def cache_dir() -> Path:
 
 
 def read_verified(name: str, data_dir: str | os.PathLike | None = None) -> bytes:
-    """Return the decompressed, checksum-verified content of a registered file.
-
-    ``name`` is a key of :data:`REGISTRY`, e.g. ``"tinyshakespeare.txt"`` or
-    ``"fashion-mnist/train-images-idx3-ubyte.gz"``. Directories are searched
-    in this order: ``data_dir``, ``$JAXRAY_DATA_DIR``, the cache
-    (``$JAXRAY_CACHE_DIR`` or ``~/.cache/jaxray``), and for Fashion-MNIST
-    ``/usr/share/datasets/fashion-mnist``. In each directory ``d`` the paths
-    ``d/<name>`` and ``d/<basename>`` are tried, each also without ``.gz``
-    (an already decompressed copy). If none exists the file is downloaded
-    into the cache.
-
-    The first copy found is the one used: a bad copy is reported, never
-    skipped in favour of a later one, so the user learns which file to fix.
-
-    Raises:
-        ValueError: ``name`` is not in :data:`REGISTRY`.
-        DataFileError: the copy found is unreadable, a truncated/corrupt gzip,
-            or has the wrong SHA-256; or no copy exists and the download
-            failed (the message lists every path searched).
-    """
+    """The decompressed, checksum-verified content of registered file ``name`` (:data:`REGISTRY`).
+    Each searched directory ``d`` is tried as ``d/<name>`` and ``d/<basename>``, each also without
+    ``.gz``, else the file is downloaded; the first copy found is used, a bad one reported. Raises
+    ValueError (unknown ``name``) or DataFileError (unreadable, corrupt, wrong SHA-256, or not
+    found and the download failed: every path searched is listed)."""
     if name not in REGISTRY:
         raise ValueError(f"unknown data file {name!r}; known: {sorted(REGISTRY)}")
     known = REGISTRY[name]
@@ -191,8 +164,7 @@ def _download_into_cache(name: str, known: KnownFile, searched: list[Path]) -> b
     tmp_path = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        # Same directory as the target so the final rename is atomic: a crash
-        # mid-download never leaves a half-written file under the real name.
+        # Same directory as the target so the final rename is atomic.
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-", suffix=target.suffix)
         os.close(fd)
         tmp_path = Path(tmp)

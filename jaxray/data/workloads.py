@@ -1,9 +1,5 @@
-"""The real arrays each workload trains and evaluates on.
-
-``{"image": [N, 784] float32, "label": [N] int32}`` (Fashion-MNIST; train order a seeded permutation,
-test order as in the file) or ``{"tokens": [N, T] int32}`` (TinyShakespeare bytes; train order a
-seeded permutation, validation in text order).
-"""
+"""The real arrays each workload trains and evaluates on: ``{"image": [N, 784] float32, "label": [N]
+int32}`` (Fashion-MNIST) or ``{"tokens": [N, T] int32}`` (TinyShakespeare); train order seeded."""
 
 from __future__ import annotations
 
@@ -43,10 +39,8 @@ def held_out_split(workload: str) -> str:
 
 
 def parquet_folder(trial: TrialConfig) -> tuple[str, Manifest]:
-    """(folder, Manifest) of ``trial``'s prepared Parquet data: ``data.parquet``/<dataset>.
-
-    Raises ManifestError when the folder is missing or damaged, holds another dataset, or (the
-    transformer) sequences of another length than ``data.seq_len``."""
+    """(folder, Manifest) of ``trial``'s prepared Parquet data (``data.parquet``/<dataset>). Raises
+    ManifestError when missing, damaged, another dataset or another ``data.seq_len``."""
     dataset = WORKLOAD_DATASET[trial.model.workload]
     root = trial.data.parquet.rstrip("/")
     fs, local = resolve(root)

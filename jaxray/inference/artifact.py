@@ -1,20 +1,9 @@
 """The export artifact writer: a trained transformer through ``jax.export`` (``python -m jaxray.export``).
 
-Writes an artifact directory (layout in ``jaxray.inference.artifact_loader``): the full forward
-``logits`` and the serving engine's ``start`` program per (prompt bucket, batch size) and
-``decode_chunk`` program per batch size (``decode_n{B}``), as serialized StableHLO, with the float32
-weights beside them in ``weights.npz`` and a ``manifest.json``. Params are an argument of every
-function, never constants baked into the programs, and travel as a flat list of leaves so that
-``jaxray.inference.artifact_loader`` can run the artifact without jaxray's model code, Flax or
-Orbax. ``jaxray.inference.load.load_engine`` serves an artifact with ``Engine``.
-
-The export always uses the XLA attention implementation: cuDNN attention lowers to custom calls
-tied to NVIDIA GPUs and a cuDNN version, so it would not run on other platforms. The programs are
-lowered for this machine's platform plus CPU and CUDA.
-
-  python -m jaxray.export --checkpoint runs/demo --out exports/demo --buckets 32,128,256 \\
-      --batch-sizes 1,4,16 --chunk 32
-"""
+Writes ``logits``, ``start`` per (bucket, batch size) and ``decode_n{B}`` as serialized StableHLO,
+float32 weights in ``weights.npz`` and ``manifest.json`` (layout: ``artifact_loader``). Params are
+a flat-list argument, never baked in. Always XLA attention (cuDNN custom calls would tie it to
+NVIDIA); lowered for this platform plus CPU and CUDA."""
 
 from __future__ import annotations
 
@@ -52,9 +41,7 @@ class ExportError(ValueError):
 
 
 def check_out(out: Path) -> None:
-    """ExportError naming --out when it exists and is not an empty directory (never overwritten);
-    CheckpointError when it is in a checkpoint folder."""
-    checkpoint.check_outside(out)
+    """ExportError naming --out when it exists and is not an empty directory (never overwritten)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(
             f"--out {out} exists and is not an empty directory; an export never overwrites, "
@@ -69,7 +56,7 @@ def platforms() -> tuple[str, ...]:
 
 def named_weights(params: Any) -> dict[str, np.ndarray]:
     """The params' leaves on the host, in flattening order, named by key path ("blocks/0/ln1/scale/value").
-    ExportError if a leaf is not float32 (jaxray keeps params float32; npz cannot hold bfloat16)."""
+    ExportError if a leaf is not float32."""
     flat, _ = jax.tree_util.tree_flatten_with_path(params)
     out = {jax.tree_util.keystr(path, simple=True, separator="/"): np.asarray(leaf) for path, leaf in flat}
     odd = [name for name, leaf in out.items() if leaf.dtype != np.float32]
@@ -84,11 +71,8 @@ def _spec(x) -> jax.ShapeDtypeStruct:
 
 def export_programs(model, params, engine: Engine, targets: tuple[str, ...]) -> dict[str, tuple[dict, Any]]:
     """``{file stem: (manifest entry, jax.export.Exported)}`` for ``logits`` (batch symbolic, T = S),
-    every ``start_b{bucket}_n{batch}`` and every ``decode_n{batch}`` (``decode_chunk``) of ``engine``.
-
-    Each function takes the flat list of weights first and unflattens it inside, and the decode
-    state travels as a flat tuple, so the artifact's pytrees are plain lists and tuples.
-    """
+    every ``start_b{bucket}_n{batch}`` and ``decode_n{batch}``; weights come first as a flat list and
+    the decode state is a flat tuple."""
     treedef = jax.tree.structure(params)
     weights = [_spec(x) for x in jax.tree.leaves(params)]
     unflatten = functools.partial(jax.tree.unflatten, treedef)
@@ -169,8 +153,8 @@ def base_manifest(
 
 
 def write_artifact(out: Path, manifest: dict, weights: dict[str, np.ndarray], programs: dict) -> None:
-    """Write the artifact into a temporary sibling of ``out``, then rename it to ``out`` (an absent
-    or empty directory), so a failed export leaves nothing behind and never touches existing files."""
+    """Write the artifact into a temporary sibling, then rename it to ``out`` (absent or empty), so a
+    failed export leaves nothing behind."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
@@ -196,14 +180,10 @@ def write_artifact(out: Path, manifest: dict, weights: dict[str, np.ndarray], pr
 
 
 def export_checkpoint(path: str | Path, out: str | Path, settings: EngineSettings | None = None) -> dict:
-    """Export the transformer at ``path`` (a checkpoint, run folder or ``runs/<experiment>``, its
-    best transformer) to the new directory ``out``, for ``settings``' buckets, batch sizes, chunk
-    and context_keep (default ``EngineSettings()``). Returns the manifest.
-
-    Raises ExportError naming --out when it exists and is not empty, CheckpointError naming the
-    path when it holds no transformer checkpoint, ValueError for a context_keep outside
-    2..max_seq_len; all before anything is restored or written.
-    """
+    """Export the transformer at ``path`` (checkpoint, run folder or experiment) to the new directory
+    ``out`` for ``settings`` (default ``EngineSettings()``). Returns the manifest. Raises ExportError
+    (``out`` not empty), CheckpointError (no transformer checkpoint) or ValueError (context_keep),
+    before anything is written."""
     out, settings = Path(out), settings or EngineSettings()
     check_out(out)
     source = check_checkpoint(path, settings, purpose="exported")

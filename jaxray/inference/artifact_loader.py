@@ -1,24 +1,10 @@
-"""Run a ``python -m jaxray.export`` artifact with JAX alone: no jaxray model code, Flax or Orbax.
+"""Run a ``python -m jaxray.export`` artifact with JAX alone (stdlib, NumPy, JAX: copyable).
 
-This module imports only the standard library, NumPy and JAX, so it can be copied next to an
-artifact and used where jaxray is not installed. An artifact directory holds::
-
-    manifest.json          format, versions, model config, buckets, batch sizes, the weights' order,
-                           and per file its sha256 and per function its input/output shapes
-    weights.npz            the float32 params, one array per leaf, named by its key path
-    logits.exported        tokens [b, S] int32 -> logits [b, S, V] float32 (b symbolic)
-    start_b{P}_n{B}.exported, decode_n{B}.exported
-                           the serving engine's programs (``jaxray.inference.kv_decode``) per prompt bucket P
-                           and batch size B, as serialized ``jax.export.Exported`` (StableHLO)
-
-Every exported function takes the flat list of weights (the manifest's ``weights.leaves`` order)
-first; the decode state is a flat tuple (the manifest's ``state_leaves``)::
-
-    art = load_artifact("exports/demo")
-    logits = art.logits(np.array([[72, 105]], np.int32))          # [1, 2, 256] float32
-    state, first = art.start(tokens, lengths, seeds, temperature, top_k, max_new)
-    state, new, counts = art.decode_chunk(state, np.int32(art.manifest["chunk"]))
-"""
+An artifact directory holds ``manifest.json`` (format, versions, config, buckets, batch sizes,
+weight order, per file its sha256), ``weights.npz`` (float32 params by key path),
+``logits.exported`` (tokens [b, S] int32 -> logits [b, S, V] float32) and
+``start_b{P}_n{B}.exported``/``decode_n{B}.exported`` (``jaxray.inference.kv_decode``). Every
+function takes the flat weights first; the decode state is a flat tuple."""
 
 from __future__ import annotations
 
@@ -45,13 +31,9 @@ class ArtifactError(ValueError):
 
 @dataclass
 class Artifact:
-    """A loaded, verified artifact.
-
-    path: the artifact directory; manifest: manifest.json as a dict; weights: the params' leaves
-    as device arrays, manifest order; exported: ``jax.export.Exported`` keyed like the engine's
-    compiled programs: ``("logits", None, None)``, ``("start", bucket, batch)``,
-    ``("decode", None, batch)``; manifest_sha256: the SHA-256 of the manifest.json bytes read.
-    """
+    """A loaded, verified artifact: ``path``, ``manifest`` (dict), ``weights`` (device arrays, manifest
+    order), ``exported`` keyed ``("logits", None, None)``, ``("start", bucket, batch)``,
+    ``("decode", None, batch)``, and ``manifest_sha256``."""
 
     path: Path
     manifest: dict
@@ -70,11 +52,8 @@ class Artifact:
         return lambda *args: fn(self.weights, *args)
 
     def logits(self, tokens) -> np.ndarray:
-        """tokens [B, T] integers in 0..V-1, 1 <= T <= S -> logits [B, T, V] float32.
-
-        Rows are zero-padded to S = max_seq_len: causal attention means the padding never changes
-        the logits at positions < T. Raises ValueError naming ``tokens`` for a bad shape or value.
-        """
+        """tokens [B, T] integers in 0..V-1, 1 <= T <= S -> logits [B, T, V] float32 (rows
+        zero-padded to S). Raises ValueError naming ``tokens`` for a bad shape or value."""
         tokens = np.asarray(tokens)
         size, vocab = self.manifest["max_seq_len"], self.manifest["vocab_size"]
         if tokens.ndim != 2 or not 1 <= tokens.shape[1] <= size or tokens.shape[0] < 1:
@@ -97,9 +76,8 @@ class Artifact:
         )
 
     def decode_chunk(self, state, max_steps):
-        """``jaxray.inference.kv_decode.decode_chunk`` (the artifact's ``decode_n{B}`` program): state
-        from ``start``/``decode_chunk``, max_steps () int32. Returns (state, tokens [B, chunk] int32,
-        counts [B] int32)."""
+        """``jaxray.inference.kv_decode.decode_chunk``: max_steps () int32 -> (state, tokens [B,
+        chunk] int32, counts [B] int32)."""
         return self.program(("decode", None, np.shape(state[0])[0]))(state, max_steps)
 
 
@@ -118,8 +96,7 @@ def read_artifact_manifest(directory: str | Path) -> dict:
 
 
 def _parsed_manifest(directory: str | Path) -> tuple[dict, str]:
-    """(manifest.json of an artifact, the SHA-256 of the bytes parsed); raises as
-    ``read_artifact_manifest``."""
+    """(manifest.json, SHA-256 of its bytes); raises as ``read_artifact_manifest``."""
     path = Path(directory) / ARTIFACT_MANIFEST
     if not path.is_file():
         raise ArtifactError(f"{directory} is not an export artifact: {ARTIFACT_MANIFEST} is missing")
@@ -139,11 +116,9 @@ def _parsed_manifest(directory: str | Path) -> tuple[dict, str]:
 
 
 def read_verified(directory: Path, manifest: dict) -> dict[str, bytes]:
-    """Every file the manifest lists (weights and programs), read once into memory and checked
-    against its sha256: {file name: its bytes}. What is used is what was hashed, so a file replaced
-    after the check cannot be loaded in its place (a fresh user swapped weights.npz so). ArtifactError
-    naming the first file that is missing, or whose sha256 is not the manifest's (both digests
-    given), or a manifest entry without a file or digest."""
+    """Every file the manifest lists, read once and checked against its sha256: {file name: bytes}
+    (what is used is what was hashed). ArtifactError naming the first file missing or mismatched
+    (both digests given), or an entry without a file or digest."""
     files = [manifest["weights"]] + list(manifest["functions"].values())
     read = {}
     for entry in files:
@@ -164,8 +139,7 @@ def read_verified(directory: Path, manifest: dict) -> dict[str, bytes]:
 
 
 def check_versions(manifest: dict) -> None:
-    """Warn when the artifact was exported by another JAX minor version (``jax.export`` keeps
-    backward compatibility for a while, but numerics and support windows may differ)."""
+    """Warn when the artifact was exported by another JAX minor version."""
     minor = lambda version: tuple(str(version).split(".")[:2])  # noqa: E731
     if minor(manifest.get("jax", "")) != minor(jax.__version__):
         warnings.warn(
@@ -174,9 +148,8 @@ def check_versions(manifest: dict) -> None:
 
 
 def load_weights(path: Path, leaves: list[dict], data: bytes) -> list:
-    """The weights in manifest order, as device arrays, from ``data``, the bytes of the .npz file
-    ``path`` (read and verified once: ``read_verified``). ArtifactError names a leaf that is missing
-    or not of the manifest's shape and dtype."""
+    """The weights in manifest order as device arrays, from the verified bytes ``data`` of ``path``.
+    ArtifactError names a leaf that is missing or of the wrong shape or dtype."""
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
         out = []
         for leaf in leaves:
@@ -197,12 +170,9 @@ def _key(entry: dict) -> tuple:
 
 
 def load_artifact(directory: str | Path) -> Artifact:
-    """Read, verify and deserialize an artifact directory.
-
-    Raises ArtifactError (a ValueError) for a missing or damaged manifest, a file missing or whose
-    sha256 differs (naming it), weights that do not match the manifest, or an artifact not exported
-    for this machine's platform. Warns when the JAX minor version differs from the exporter's.
-    """
+    """Read, verify and deserialize an artifact directory. Raises ArtifactError for a missing or
+    damaged manifest, a missing or mismatched file, bad weights, or another platform; warns on a
+    JAX minor version mismatch."""
     directory = Path(directory)
     manifest, manifest_sha256 = _parsed_manifest(directory)
     files = read_verified(directory, manifest)

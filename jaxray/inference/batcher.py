@@ -1,16 +1,8 @@
 """Continuous batching: requests join a running batch between decode calls and leave it when done.
 
-A batch that runs to completion keeps late arrivals waiting for its longest request, and under
-steady load it splits the clients into groups that take turns: with 16 closed-loop HTTP clients the
-engine ran alternating batches of ~8 requests, each in the 16-row program. Here the running batch
-is one ``DecodeState``: between two ``step`` calls (``chunk`` tokens each) new requests are
-prefilled and joined to it, and rows that finished are dropped, both on device with the engine's
-compiled ``gather`` programs, the batch size following the number of live rows (the smallest
-compiled size that holds them). Rows are independent, so a request's tokens do not depend on
-which requests shared its batch (tested against ``Engine.generate`` of the request alone).
-
-One thread drives a ``Batcher`` (``jaxray.serve.scheduler`` does, from the replica's event loop).
-"""
+The running batch is one ``DecodeState``: between two ``step`` calls new requests are prefilled and
+joined, and finished rows dropped, on device with the engine's compiled ``gather`` programs. Rows
+are independent, so a request's tokens do not depend on its batch-mates. Driven from one thread."""
 
 from __future__ import annotations
 
@@ -33,12 +25,9 @@ class Update:
 
 
 class Batcher:
-    """The running batch of an ``Engine`` (compiled) with at most ``max_batch_size`` live rows.
-
-    ``admit`` adds requests, ``step`` (one scheduling step: one ``Engine.decode_chunk`` call)
-    advances every live row by up to ``chunk`` tokens; both return ``Update``s. Not thread-safe:
-    call both from one thread.
-    """
+    """The running batch of a compiled ``Engine``, at most ``max_batch_size`` live rows. ``admit``
+    adds requests, ``step`` advances every live row by up to ``chunk`` tokens; both return
+    ``Update``s. Not thread-safe."""
 
     def __init__(self, engine: Engine, max_batch_size: int | None = None):
         max_batch_size = max_batch_size or engine.max_batch_size
@@ -65,9 +54,9 @@ class Batcher:
         return self.max_batch_size - self.live
 
     def admit(self, requests: list[Request], tickets: list[Hashable]) -> list[Update]:
-        """Prefill ``requests`` (checked with ``Engine.check``; 1..free of them) and join them to the
-        running batch. Returns each one's first token. ``tickets`` name the requests in updates
-        (distinct from every live one). Raises ValueError when they do not fit."""
+        """Prefill ``requests`` (checked; 1..free of them) and join them to the running batch;
+        ``tickets`` (distinct from live ones) name them in updates. Returns each one's first token.
+        Raises ValueError when they do not fit."""
         if not 1 <= len(requests) <= self.free or len(tickets) != len(requests):
             raise ValueError(
                 f"admit takes 1..{self.free} requests (free rows) with one ticket each, got "
@@ -119,8 +108,7 @@ class Batcher:
         return [i for i, ticket in enumerate(self.rows) if ticket is not None]
 
     def _drop_finished(self) -> None:
-        """Free the rows of finished requests, shrinking the batch to the smallest size that holds
-        the rest."""
+        """Free finished rows, shrinking the batch to the smallest compiled size that holds the rest."""
         for row, ticket in enumerate(self.rows):
             if ticket is not None and self._left[ticket] <= 0:
                 del self._left[ticket]

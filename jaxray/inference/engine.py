@@ -1,17 +1,8 @@
 """The serving engine: KV-cache sampling compiled ahead of time for fixed prompt buckets and batch sizes.
 
-Requests of one batch are padded to the smallest compiled batch size that holds them, and their
-prompts to the smallest length bucket that holds the longest, so no request ever compiles:
-``compile()`` lowers and compiles every (bucket, batch) ``start`` program and every batch's
-``decode_chunk`` program up front (``jit(...).lower(...).compile()``), and the first request runs
-as fast as the tenth. An engine runs a live model's programs (``Engine.for_model``) or an export
-artifact's; ``jaxray.inference.load`` picks between them for a path.
-
-  engine = load_engine("runs/demo")          # jaxray.inference.load: a checkpoint, run folder, artifact
-  engine.compile()
-  [done] = engine.generate([Request(b"ROMEO:", max_new_tokens=100, temperature=0.8)])
-  print(done.text)
-"""
+Requests are padded to the smallest compiled batch size and prompt bucket that hold them, so no
+request compiles: ``compile()`` builds every ``start`` and ``decode_chunk`` program up front.
+``jaxray.inference.load`` builds an engine from a checkpoint, run folder or export artifact."""
 
 from __future__ import annotations
 
@@ -63,8 +54,7 @@ class Completion:
 @dataclass
 class Programs:
     """Uncompiled programs: ``start(params, tokens, lengths, seeds, temperature, top_k, max_new)`` and
-    ``decode_chunk(params, state, max_steps)``, as in ``jaxray.inference.kv_decode`` with the model
-    bound."""
+    ``decode_chunk(params, state, max_steps)`` (``jaxray.inference.kv_decode`` with the model bound)."""
 
     start: Callable[..., tuple]
     decode_chunk: Callable[..., tuple]
@@ -93,9 +83,8 @@ class Engine:
 
     @classmethod
     def for_model(cls, model, params, settings: EngineSettings | None = None, source: str = "") -> Engine:
-        """The engine of a live transformer ``model`` (``jaxray.models.Model``) and its params; ``source``
-        names where they came from (``info``). Raises ValueError for a context_keep outside
-        2..max_seq_len."""
+        """The engine of a live transformer ``model`` and its params; ``source`` names their origin.
+        Raises ValueError for a context_keep outside 2..max_seq_len."""
         settings = settings or EngineSettings()
         keep = check_keep(settings, model.config.max_seq_len)
         return cls(model.config, params, settings, programs_for(model, settings.chunk, keep), source)
@@ -109,13 +98,8 @@ class Engine:
         return self.settings.batch_sizes[-1]
 
     def compile(self) -> dict:
-        """Compile every program the engine may run, then run each once (a first execution still
-        pays one-time costs: the first HTTP request took twice as long as the next ones without
-        it); idempotent. Returns {"compile_s", "programs"}.
-
-        Programs: ``start`` per (bucket, batch size), ``decode_chunk`` per batch size, and the row
-        ``gather`` programs continuous batching uses (``jaxray.inference.batcher``): a running batch of any
-        size joined with a fresh one into any size that holds the fresh rows, or shrunk alone."""
+        """Compile, then run once, every ``start`` (per bucket and batch size), ``decode_chunk`` and
+        ``gather`` program; idempotent. Returns {"compile_s", "programs"}."""
         if not self.compiled:
             begin = time.perf_counter()
             states = {}
@@ -141,9 +125,8 @@ class Engine:
         return next(b for b in self.settings.batch_sizes if b >= rows)
 
     def start(self, requests: list[Request]) -> tuple[kv_decode.DecodeState, np.ndarray]:
-        """Prefill already checked ``requests`` (1..max_batch_size) at the smallest batch size and
-        prompt bucket that hold them: (DecodeState of that batch, padding rows finished; first new
-        token of each request [len(requests)] int32)."""
+        """Prefill checked ``requests`` at the smallest batch size and bucket that hold them:
+        (DecodeState, padding rows finished; first new token per request [len(requests)] int32)."""
         batch = self.batch_for(len(requests))
         bucket = next(b for b in self.buckets if b >= max(map(self.prompt_tokens, requests)))
         state, first = self._program("start", bucket, batch)(
@@ -165,14 +148,13 @@ class Engine:
     def gather(
         self, states: list[kv_decode.DecodeState], index: np.ndarray, valid: np.ndarray
     ) -> kv_decode.DecodeState:
-        """``kv_decode.gather_rows`` compiled for these batch sizes: index, valid [B'] with B' a
-        compiled batch size (see ``gather_shapes``)."""
+        """``kv_decode.gather_rows`` compiled: index, valid [B'] with B' a compiled batch size."""
         sizes = tuple(s.pending.shape[0] for s in states)
         return self._program("gather", sizes, len(index))(tuple(states), index, valid)
 
     def _program(self, kind: str, shape, batch: int):
-        """The compiled program ``kind``: start (shape = bucket), decode_chunk, or gather (shape = the
-        joined states' batch sizes), for ``batch`` rows."""
+        """The compiled program ``kind`` (start: shape = bucket; decode_chunk; gather: shape = the
+        joined states' batch sizes) for ``batch`` rows."""
         key = (kind, shape, batch)
         if key not in self.compiled:
             if kind == "gather":
@@ -185,19 +167,16 @@ class Engine:
         return self.compiled[key]
 
     def start_args(self, bucket: int, batch: int) -> tuple[jax.ShapeDtypeStruct, ...]:
-        """The abstract arguments after params of the ``start`` program for prompt bucket ``bucket``
-        and ``batch`` rows, in order: tokens [batch, bucket] int32, lengths [batch] int32, seeds
-        [batch] uint32, temperature [batch] float32, top_k [batch] int32, max_new_tokens [batch]
-        int32. What ``compile`` lowers, and what ``jaxray.inference.artifact`` exports."""
+        """Abstract arguments after params of ``start`` for ``bucket`` and ``batch``: tokens [batch,
+        bucket] int32, lengths [batch] int32, seeds [batch] uint32, temperature [batch] float32,
+        top_k [batch] int32, max_new_tokens [batch] int32."""
         per_row = [jnp.int32, jnp.uint32, jnp.float32, jnp.int32, jnp.int32]
         tokens = jax.ShapeDtypeStruct((batch, bucket), jnp.int32)
         return (tokens, *(jax.ShapeDtypeStruct((batch,), dtype) for dtype in per_row))
 
     def decode_chunk_args(self, batch: int) -> tuple[kv_decode.DecodeState, jax.ShapeDtypeStruct]:
-        """The abstract arguments after params of the ``decode_chunk`` program for ``batch`` rows:
-        (a ``DecodeState`` of ``jax.ShapeDtypeStruct`` leaves, max_steps () int32). The state's
-        shapes do not depend on the prompt bucket (the cache always holds max_seq_len positions).
-        What ``compile`` lowers, and what ``jaxray.inference.artifact`` exports."""
+        """Abstract arguments after params of ``decode_chunk`` for ``batch`` rows: (``DecodeState`` of
+        ``jax.ShapeDtypeStruct`` leaves, max_steps () int32); independent of the prompt bucket."""
         state, _ = jax.eval_shape(self.programs.start, self.params, *self.start_args(self.buckets[0], batch))
         return state, jax.ShapeDtypeStruct((), jnp.int32)
 
@@ -232,8 +211,8 @@ class Engine:
         return min(len(request.prompt), self.config.max_seq_len)
 
     def stream(self, requests: list[Request]) -> Iterator[list[list[int]]]:
-        """Yields, chunk by chunk, each request's new tokens ([] once it is finished) until all are
-        done. Raises ValueError as ``check``, or when there are more than ``max_batch_size`` requests."""
+        """Yields, chunk by chunk, each request's new tokens ([] once finished) until all are done.
+        Raises ValueError as ``check``, or for more than ``max_batch_size`` requests."""
         if not 1 <= len(requests) <= self.max_batch_size:
             raise ValueError(f"a batch holds 1..{self.max_batch_size} requests, got {len(requests)}")
         for request in requests:
@@ -288,9 +267,8 @@ def check_keep(settings: EngineSettings, max_seq_len: int) -> int:
 
 
 def gather_shapes(batch_sizes: tuple[int, ...]) -> list[tuple[tuple[int, ...], int]]:
-    """(joined batch sizes, target batch size) of every ``gather`` program continuous batching can
-    call: a running batch B joined with a fresh batch b into any B' >= b (the fresh rows must fit),
-    or a running batch alone shrunk to any smaller B'."""
+    """(joined batch sizes, target batch size) of every ``gather`` program: a running batch B joined
+    with a fresh batch b into any B' >= b, or a running batch shrunk to any smaller B'."""
     joins = [
         ((running, fresh), target)
         for running in batch_sizes
@@ -309,10 +287,9 @@ def compiled_buckets(settings: EngineSettings, max_seq_len: int) -> tuple[int, .
 
 
 def kv_generate(model, params, prompt: str, sampling: Sampling, context_keep: int | None = None) -> str:
-    """As ``generate``, with the KV-cache sampler in one compiled call: equal to ``generate`` token
-    for token while prompt + output fit in max_seq_len, and beyond when ``context_keep`` is
-    max_seq_len (see ``jaxray.inference.kv_decode`` for the window policy; default max_seq_len // 2). Raises
-    ValueError as ``generate``, or for ``context_keep`` outside 2..max_seq_len."""
+    """As ``generate`` with the KV-cache sampler in one compiled call; equal token for token while
+    prompt + output fit in max_seq_len. Raises ValueError as ``generate``, or for ``context_keep``
+    outside 2..max_seq_len."""
     sampling.check(model.config.vocab_size)
     max_new_tokens = sampling.max_new_tokens
     encoded = encode_prompt(prompt)

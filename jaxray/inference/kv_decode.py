@@ -1,24 +1,10 @@
 """Sampling with a KV cache: a prefill of the prompt, then one cached decode step per new token.
 
-Pure functions over the model's ``prefill`` / ``decode_step`` pair (``jaxray.models.Model``), so the
-same code runs from a live model, under ``jax.export`` and in the serving engine:
-
-* ``start`` prefills prompts of one length bucket and samples each row's first new token;
-* ``decode_chunk`` runs up to ``chunk`` decode steps in one ``lax.while_loop``, stopping early once
-  every row has all its tokens, so a caller streams by calling it again with the returned state.
-
-Rows of a batch are independent: each has its own prompt length, temperature, top-k, seed and
-token budget. Sampling follows ``jaxray.inference.sampling.sample`` (the full-recompute sampler) key for key,
-so both give the same tokens for the same seed; greedy (temperature 0) equality is tested.
-
-Context window policy: a row's cache holds at most S = max_seq_len positions (learned absolute
-position embeddings end there). When a row needs position S, its context is cut to its newest
-``keep`` tokens: the ``keep - 1`` before the pending token are prefilled again at positions
-0..keep-2 and decoding goes on from position keep-1. ``keep = S`` re-prefills the last S - 1 bytes
-for every token past the window: exactly the full-recompute sampler's sliding window (same tokens),
-at its cost. A smaller ``keep`` (the engine's default is S // 2) buys S - keep cheap steps per
-re-prefill, and the model then sees between keep and S bytes of context.
-"""
+Pure functions over the model's ``prefill``/``decode_step``: ``start`` prefills one length bucket
+and samples each row's first token; ``decode_chunk`` runs up to ``chunk`` steps in a
+``lax.while_loop``. Rows are independent; sampling matches ``jaxray.inference.sampling.sample`` key
+for key. A row reaching position S = max_seq_len restarts from its newest ``keep`` tokens
+(re-prefilled at 0..keep-2); ``keep = S`` equals the full-recompute sliding window."""
 
 from __future__ import annotations
 
@@ -42,8 +28,7 @@ class DecodeState(NamedTuple):
     remaining:   [B] int32, new tokens still to sample (<= 0: the row is finished)
     rng:         [B, 2] uint32, each row's PRNG key data (threefry)
     temperature: [B] float32, 0 is greedy
-    top_k:       [B] int32, sample among the k most likely tokens (V: all)
-    """
+    top_k:       [B] int32, sample among the k most likely tokens (V: all)"""
 
     cache: KVCache
     context: jax.Array
@@ -78,13 +63,9 @@ def start(
     max_new_tokens: jax.Array,
     max_seq_len: int,
 ):
-    """Prefill prompts and sample each row's first new token.
-
-    tokens [B, P] int32, row b's prompt in ``tokens[b, :lengths[b]]`` (1 <= length <= P <= S),
-    anything after it ignored (causal attention); seeds [B] uint32; temperature [B] float32;
-    top_k [B] int32 (1..V); max_new_tokens [B] int32 (0 for padding rows). Returns
-    (DecodeState, first [B] int32): the first token is already counted in ``remaining``.
-    """
+    """Prefill prompts and sample each row's first new token. tokens [B, P] int32 (row b's prompt in
+    ``tokens[b, :lengths[b]]``); seeds [B] uint32; temperature [B] float32; top_k [B] int32 (1..V);
+    max_new_tokens [B] int32 (0 for padding). Returns (DecodeState, first [B] int32)."""
     logits, cache = prefill(params, tokens)  # [B, P, V]
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     rng = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(seeds)
@@ -104,11 +85,8 @@ def start(
 
 
 def gather_rows(states: tuple[DecodeState, ...], index: jax.Array, valid: jax.Array) -> DecodeState:
-    """A batch of rows taken from ``states`` joined along the batch axis (rows of ``states[0]``
-    first): row i is joined row ``index[i]`` (``index`` [B'] int32), or a finished padding row where
-    ``valid[i]`` ([B'] bool) is False. Continuous batching (``jaxray.inference.batcher``) adds new requests to
-    a running batch and drops finished ones this way, on device; rows are independent, so a row
-    decodes the same tokens whichever batch holds it."""
+    """Rows of ``states`` joined along the batch axis: row i is joined row ``index[i]`` ([B'] int32),
+    or a finished padding row where ``valid[i]`` ([B'] bool) is False (continuous batching)."""
     joined = jax.tree.map(lambda *rows: jnp.concatenate(rows), *states)
     picked = jax.tree.map(lambda x: jnp.take(x, index, axis=0), joined)
     return picked._replace(remaining=jnp.where(valid, picked.remaining, 0))
@@ -138,11 +116,8 @@ def decode_chunk(
     keep: int,
 ):
     """Up to ``min(max_steps, chunk)`` decode steps, fewer once no row has tokens to sample.
-
-    ``keep`` (2..S, static) is the context window policy of the module docstring. Returns
-    (state, tokens [B, chunk] int32, counts [B] int32): row b's new tokens are
-    ``tokens[b, :counts[b]]``.
-    """
+    ``keep`` (2..S, static): the window policy. Returns (state, tokens [B, chunk] int32, counts [B]
+    int32); row b's new tokens are ``tokens[b, :counts[b]]``."""
     size = state.context.shape[1]
     rows = jnp.arange(state.pending.shape[0])
     limit = jnp.minimum(max_steps, chunk)
@@ -172,8 +147,7 @@ def decode_chunk(
         return i + 1, state, out.at[:, i].set(token)
 
     def slide_then_steps(carry):
-        # The slide's lax.cond sits outside the per-token loop: as an operand of a conditional the
-        # cache was copied on every step.
+        # The slide's lax.cond sits outside the per-token loop (inside, the cache was copied per step).
         i, state, out = carry
         full = (state.remaining > 0) & (state.positions >= size)
         state = jax.lax.cond(

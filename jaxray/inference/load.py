@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
 
 import jax
-from jax.sharding import Sharding
 
-from jaxray import checkpoint
+from jaxray import checkpoint, runs
 from jaxray.config import ModelConfig
 from jaxray.inference import kv_decode
-from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest, sha256
+from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest
 from jaxray.inference.engine import Engine, Programs, check_keep, compiled_buckets
 from jaxray.inference.settings import EngineSettings
-from jaxray.models import Model
 
 
 def is_artifact(path: str | Path) -> bool:
@@ -44,7 +41,7 @@ def check_checkpoint(
     Raises CheckpointError (a ValueError) naming the path when it holds no checkpoint or one of
     another workload, ValueError for a ``settings.context_keep`` outside 2..max_seq_len.
     """
-    resolved = checkpoint.resolve(path, workload="transformer")
+    resolved = runs.resolve(path, workload="transformer")
     cfg = checkpoint.load_model_config(resolved)
     if cfg.workload != "transformer":
         raise checkpoint.CheckpointError(
@@ -74,60 +71,16 @@ def describe_source(path: str | Path) -> str:
     return f"artifact: {path} (exported from {read_artifact_manifest(path)['checkpoint']})"
 
 
-def fingerprint(path: str | Path) -> str | None:
-    """The SHA-256 of the digest manifest of the checkpoint or artifact directory ``path``
-    (``train_state.json`` or ``checksums.json``; an artifact's ``manifest.json``), which holds
-    every other file's digest: equal fingerprints, the same weights. None where there is none (a
-    params-only checkpoint saved before checksums were recorded)."""
-    names = (ARTIFACT_MANIFEST,) if is_artifact(path) else checkpoint.MANIFESTS
-    found = next((Path(path) / n for n in names if (Path(path) / n).is_file()), None)
-    return sha256(found) if found else None
-
-
-def load_engine(
-    path: str | Path, settings: EngineSettings | None = None, expected: str | None = None
-) -> Engine:
+def load_engine(path: str | Path, settings: EngineSettings | None = None) -> Engine:
     """The engine for a checkpoint, a Ray Train run folder, ``runs/<experiment>`` (its best
     transformer) or an export artifact (``engine_from_artifact``); ``settings`` default to
-    ``EngineSettings()`` for a checkpoint and to the exported ones for an artifact. ``expected``:
-    the ``fingerprint`` the weights at ``path`` must still have (a server's replicas serve what the
-    server checked when it started, even when the folder was replaced since). Raises as
-    ``check_source``, ArtifactError for a damaged artifact, CheckpointError when the fingerprint
-    differs."""
-    if expected is not None and (now := fingerprint(path)) != expected:
-        raise checkpoint.CheckpointError(
-            f"{path} changed after the server checked it (its digest manifest's SHA-256 was "
-            f"{expected}, is {now}): a replica serves only the weights the server started with; "
-            f"restart the server to serve the new ones"
-        )
+    ``EngineSettings()`` for a checkpoint and to the exported ones for an artifact. Raises as
+    ``check_source``, ArtifactError for a damaged artifact, CheckpointError for a damaged checkpoint."""
     if is_artifact(path):
-        return engine_from_artifact(path, settings, expected)
+        return engine_from_artifact(path, settings)
     resolved = check_checkpoint(path, settings)
-    model, params = restore_checked(resolved, expected)  # a folder replaced since the check: refused
+    model, params = checkpoint.restore(resolved)
     return Engine.for_model(model, params, settings, source=str(resolved))
-
-
-def restore_checked(
-    directory: str | Path, expected: str | None, sharding: Sharding | None = None
-) -> tuple[Model, Any]:
-    """``checkpoint.restore``, then a check that the weights restored still have the ``fingerprint``
-    ``expected`` (the caller's, taken when it checked them; None: nothing to compare): a folder
-    replaced between that check and the restore is refused, not read as the checked weights.
-    Raises CheckpointError as ``checkpoint.restore`` does, and naming both digests."""
-    model, params = checkpoint.restore(directory, sharding)
-    if expected is not None:
-        check_read_as_checked(directory, expected, fingerprint(directory))
-    return model, params
-
-
-def check_read_as_checked(path: str | Path, expected: str, read: str | None) -> None:
-    """Raise CheckpointError when the weights read from ``path`` (their digest manifest's SHA-256
-    ``read``) are not the ones a caller checked (``expected``): a folder swapped in between."""
-    if read != expected:
-        raise checkpoint.CheckpointError(
-            f"{path} changed while it was read (its digest manifest's SHA-256 was {expected} when "
-            f"it was checked, is {read}); read it again once nothing writes to it"
-        )
 
 
 def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:
@@ -168,17 +121,11 @@ def _decode_chunk(exported: dict, state_tree, params, state, max_steps):
     return jax.tree.unflatten(state_tree, leaves), tokens, counts
 
 
-def engine_from_artifact(
-    path: str | Path, settings: EngineSettings | None = None, expected: str | None = None
-) -> Engine:
+def engine_from_artifact(path: str | Path, settings: EngineSettings | None = None) -> Engine:
     """An ``Engine`` whose programs call an artifact's exported functions; its params are the
     artifact's flat weights. Raises ArtifactError (a ValueError) for a damaged artifact, ValueError
-    naming the setting when ``settings`` asks for programs the artifact lacks (``settings_for``),
-    CheckpointError when the manifest read is not the one whose ``fingerprint`` is ``expected`` (a
-    folder swapped in after the caller's check)."""
+    naming the setting when ``settings`` asks for programs the artifact lacks (``settings_for``)."""
     artifact = load_artifact(path)
-    if expected is not None:
-        check_read_as_checked(path, expected, artifact.manifest_sha256)
     config = ModelConfig.model_validate(artifact.manifest["model"])
     settings = settings_for(artifact.manifest, settings)
     layers = tuple((None, None) for _ in range(config.num_layers))

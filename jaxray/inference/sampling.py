@@ -1,14 +1,9 @@
-"""Byte-level sampling: the checks, prompt window and encoding shared by every sampler, the
-per-token draw and top-k mask, and the learning path's full-recompute sampler.
+"""Byte-level sampling: checks, prompt window and encoding shared by every sampler, the per-token
+draw and top-k mask, and the full-recompute sampler ``sample``.
 
-``sample`` is pure over a ``tokens_to_logits`` callback (testable without a model). It recomputes the
-full fixed-size window for every new byte (the learning path's recipe) but keeps the whole loop on
-device in one ``lax.fori_loop``: one compiled program per (window, max_new_tokens), the same at
-every step, and no host round trip per byte. Prompts longer than the window keep their last
-``max_seq_len`` bytes; once the window is full it slides by one byte per new token. The KV-cache
-sampler (``jaxray.inference.kv_decode``) draws with the same ``draw`` and key schedule, so both give
-the same tokens for the same seed.
-"""
+``sample`` recomputes the full window for every new byte inside one ``lax.fori_loop``; prompts keep
+their last ``max_seq_len`` bytes. The KV-cache sampler (``jaxray.inference.kv_decode``) uses the same
+``draw`` and key schedule, so both give the same tokens for the same seed."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ import numpy as np
 
 from jaxray.data.shakespeare import bytes_to_text
 
-# One call samples up to this many bytes (the whole loop is one compiled program, so the cap bounds
-# its run time); seeds are 32-bit.
+# Cap on bytes per call (the loop is one compiled program); seeds are 32-bit.
 MAX_NEW_TOKENS = 10_000
 MAX_SEED = 2**32 - 1
 
@@ -54,9 +48,7 @@ def sample(
     """Sample ``max_new_tokens`` bytes after the prompt held in ``window``.
 
     window: [T] int32, the prompt in ``window[:length]`` (1 <= length <= T), zeros after it.
-    Returns [max_new_tokens] int32. Causal attention means the padding after position
-    ``length - 1`` never changes the logits read there.
-    """
+    Returns [max_new_tokens] int32."""
     size = window.shape[0]
 
     def step(i, carry):
@@ -74,10 +66,8 @@ def sample(
 
 
 def prompt_window(prompt: bytes, max_seq_len: int) -> tuple[np.ndarray, int]:
-    """The prompt's last ``max_seq_len`` bytes left-aligned in a [max_seq_len] int32 window, and its length.
-
-    Raises ValueError for an empty prompt.
-    """
+    """The prompt's last ``max_seq_len`` bytes left-aligned in a [max_seq_len] int32 window, and its
+    length. Raises ValueError for an empty prompt."""
     if not prompt:
         raise ValueError("prompt is empty: give at least one character")
     tail = np.frombuffer(prompt[-max_seq_len:], np.uint8).astype(np.int32)
@@ -108,8 +98,7 @@ def check_sampling(
 
 
 def encode_prompt(prompt: str) -> bytes:
-    """``prompt`` as UTF-8 bytes. ValueError naming the prompt if it holds lone surrogates (text a
-    shell decoded from invalid UTF-8), which have no UTF-8 form."""
+    """``prompt`` as UTF-8 bytes. ValueError naming the prompt if it holds lone surrogates."""
     try:
         return prompt.encode("utf-8")
     except UnicodeEncodeError as err:
@@ -120,8 +109,8 @@ def encode_prompt(prompt: str) -> bytes:
 
 @dataclass(frozen=True)
 class Sampling:
-    """What both samplers' ``generate`` take besides the prompt: ``max_new_tokens`` bytes, drawn at
-    ``temperature`` (0 is greedy) among the ``top_k`` most likely (None: all), from PRNG ``seed``."""
+    """Options of both samplers' ``generate``: ``max_new_tokens``, ``temperature`` (0 is greedy),
+    ``top_k`` (None: all) and PRNG ``seed``."""
 
     max_new_tokens: int
     temperature: float = 0.8
@@ -153,19 +142,14 @@ def generate(model, params, prompt: str, sampling: Sampling) -> str:
 
 
 def printable(text: str) -> str:
-    """``text`` safe to print on a terminal: control characters other than newline and tab (an
-    undertrained model samples bytes such as ESC or carriage return) become U+FFFD."""
+    """``text`` safe to print on a terminal: control characters other than newline and tab become
+    U+FFFD."""
     return "".join(c if c in "\n\t" or c.isprintable() else "\ufffd" for c in text)
 
 
 def next_tokens(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top_k: jax.Array):
     """Sample one token per row. logits [B, V] float32; rng [B, 2] uint32 key data; temperature [B];
-    top_k [B] int32. Returns (tokens [B] int32, rng [B, 2]).
-
-    Row b: split its key; argmax when temperature <= 0, else a categorical draw at ``temperature``
-    among its ``top_k`` largest logits (ties at the k-th value are kept); see ``draw``. The same key
-    schedule as ``sample``.
-    """
+    top_k [B] int32. Returns (tokens [B] int32, rng [B, 2]); same key schedule as ``sample``."""
     logits = jnp.where(top_k_mask(logits, top_k), logits, -jnp.inf)
 
     def row(logits, key_data, temperature):
@@ -177,12 +161,8 @@ def next_tokens(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top_k
 
 def draw(logits: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Array:
     """One token from logits [V] float32 (-inf: excluded): argmax when temperature <= 0, else a
-    draw from softmax(logits / temperature) by inverting its CDF at one uniform number.
-
-    One random number per token rather than ``jax.random.categorical``'s V Gumbel draws: the
-    threefry work for those took about a tenth of a batch-16 decode step on CPU. Both samplers
-    (``sample`` and ``jaxray.inference.kv_decode``) draw this way, so they agree for the same seed.
-    """
+    draw from softmax(logits / temperature) by inverting its CDF at one uniform number (cheaper
+    than ``jax.random.categorical``'s V Gumbel draws)."""
     probs = jax.nn.softmax(logits / jnp.maximum(temperature, 1e-6))
     cdf = jnp.cumsum(probs)
     above = cdf > jax.random.uniform(key) * cdf[-1]  # the first token whose CDF passes u is drawn
@@ -192,12 +172,8 @@ def draw(logits: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Array
 
 
 def top_k_mask(logits: jax.Array, top_k: jax.Array) -> jax.Array:
-    """[B, V] bool: the logits of row b among its top_k[b] largest (ties at the k-th value kept).
-
-    A logit is kept when fewer than k logits are larger: the same set as ``logits >= (k-th largest)``,
-    without a sort (XLA's CPU sort took most of a decode step at batch 16). Skipped entirely when no
-    row restricts (top_k = V everywhere).
-    """
+    """[B, V] bool: the logits of row b among its top_k[b] largest (ties at the k-th value kept),
+    computed by counting larger logits rather than sorting; skipped when no row restricts."""
 
     def ranked(logits):
         larger = (logits[:, None, :] > logits[:, :, None]).sum(axis=-1)  # [B, V]: count of larger logits

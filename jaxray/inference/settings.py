@@ -1,9 +1,5 @@
 """What an engine compiles and accepts (``EngineSettings``), and the same settings as command-line
-options, declared once for every command that builds an engine: ``python -m jaxray.serve``,
-``python -m jaxray.export`` and ``python -m jaxray.bench serve`` (which passes them on to serve).
-
-Imports neither JAX nor Ray, so a command's ``--help`` and option errors stay fast.
-"""
+options for serve, export and bench serve. Imports neither JAX nor Ray (fast ``--help``)."""
 
 from __future__ import annotations
 
@@ -24,15 +20,10 @@ from jaxray.argtypes import (
 
 
 class EngineSettings(BaseModel):
-    """What a replica compiles and accepts.
-
-    buckets: prompt lengths compiled (max_seq_len is always added; longer ones are dropped);
-    batch_sizes: batch sizes compiled, a batch pads to the next one; chunk: new tokens per decode
-    call (the streaming granularity); max_new_tokens: the per-request cap; max_prompt_bytes: longer
-    prompts are refused (only the last max_seq_len bytes are read anyway); context_keep: tokens kept
-    when a row's window is full (``jaxray.inference.kv_decode``; default max_seq_len // 2, max_seq_len makes
-    long outputs equal the full-recompute sampler's).
-    """
+    """What a replica compiles and accepts: ``buckets`` (prompt lengths; max_seq_len always added),
+    ``batch_sizes``, ``chunk`` (new tokens per decode call), ``max_new_tokens`` (per-request cap),
+    ``max_prompt_bytes``, ``context_keep`` (tokens kept when the window is full; default
+    max_seq_len // 2)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -65,8 +56,8 @@ OPTIONS: FieldOptions = {
 def add_engine_options(
     parser: argparse.ArgumentParser, names: Iterable[str] = OPTIONS, note: str = ""
 ) -> None:
-    """Add ``--buckets``, ``--batch-sizes``, ... (the ``OPTIONS`` in ``names``) to ``parser``; each
-    defaults to None, and EngineSettings' default (shown in the help) then applies."""
+    """Add the ``OPTIONS`` in ``names`` to ``parser``, each defaulting to None (EngineSettings'
+    default applies)."""
     add_field_options(parser, EngineSettings, OPTIONS, names, note)
 
 

@@ -1,14 +1,10 @@
 """Model families behind one functional interface: ``build(cfg) -> Model(init, apply)``.
 
-``init(key) -> params`` gives float32 params (a dict of arrays for the MLPs, the ``nnx.State`` of
-``nnx.Param`` variables for the transformer); ``apply(params, inputs) -> logits`` float32 is pure, so
-one jitted step, Orbax and sharding treat every family alike.
+``init(key) -> params`` (float32); ``apply(params, inputs) -> logits`` float32, pure.
 
-Vocabulary of every docstring in the package (defined here only): axis letters B batch, T time
-(sequence), S max_seq_len (a KV cache's length), D model width, H heads, K head dim, V vocab.
-"Global batch" is the batch of one optimizer step over all devices of all workers; "per-device
-batch" is global batch / (workers x devices per worker).
-"""
+Axis letters used package-wide: B batch, T time, S max_seq_len (KV cache length), D model width,
+H heads, K head dim, V vocab. "Global batch": one optimizer step over all devices of all workers;
+"per-device batch": global batch / (workers x devices per worker)."""
 
 from __future__ import annotations
 
@@ -32,12 +28,8 @@ Params = Any
 @dataclass(frozen=True)
 class Model:
     """A model family's pure functions. ``apply`` takes images [B, 784] float32 or tokens [B, T] int32.
-
-    The transformer also has the KV-cache pair (see ``Transformer.prefill`` / ``decode_step``):
-    ``prefill(params, tokens [B, T]) -> (logits [B, T, V], cache)`` and
-    ``decode_step(params, tokens [B], positions [B], cache) -> (logits [B, V], cache)``, where the cache
-    holds per layer (keys, values) [B, H, T or S, K] (``transformer.KVCache``).
-    """
+    The transformer adds ``prefill(params, tokens [B, T]) -> (logits [B, T, V], cache)`` and
+    ``decode_step(params, tokens [B], positions [B], cache) -> (logits [B, V], cache)``."""
 
     config: ModelConfig
     init: Callable[[jax.Array], Params]
@@ -95,9 +87,8 @@ def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
 
 
 def build(cfg: ModelConfig, attention: str | None = None) -> Model:
-    """The Model for ``cfg.workload``. For the transformer ``attention`` ("xla", "cudnn" or "auto")
-    overrides ``cfg.attention``, decided by ``resolve_attention``. Raises AttentionError for cuDNN
-    attention where it cannot run."""
+    """The Model for ``cfg.workload``; ``attention`` ("xla", "cudnn" or "auto") overrides
+    ``cfg.attention``. Raises AttentionError for cuDNN attention where it cannot run."""
     dtype = compute_dtype(cfg)
     if cfg.workload == "transformer":
         return _transformer(cfg, resolve_attention(cfg, attention))

@@ -1,15 +1,9 @@
 """Which attention implementation the transformer uses: XLA everywhere, cuDNN flash attention where
-it can run.
+it can run. ``choose`` decides up front, so ``auto`` falls back to XLA with a reason and ``cudnn``
+raises ``AttentionError`` before compiling.
 
-``jax.nn.dot_product_attention(implementation="cudnn")`` raises deep inside XLA lowering when the
-hardware, dtype or head dim is unsupported. ``choose`` decides up front from facts about the
-device and the model, so ``auto`` falls back to XLA with a recorded reason and an explicit
-``cudnn`` fails with a clear ``AttentionError`` before anything compiles.
-
-cuDNN's conditions (from ``jax._src.cudnn.fused_attention_stablehlo`` in JAX 0.10): an NVIDIA GPU
-of compute capability >= 8.0, bfloat16 or float16 inputs, head dim a multiple of 8 and <= 128
-(<= 256 from compute capability 9.0, Hopper).
-"""
+cuDNN's conditions (``jax._src.cudnn.fused_attention_stablehlo``, JAX 0.10): NVIDIA GPU of compute
+capability >= 8.0, bfloat16/float16, head dim a multiple of 8 and <= 128 (<= 256 from 9.0)."""
 
 from __future__ import annotations
 
@@ -37,9 +31,8 @@ class AttentionChoice:
 
     @property
     def note(self) -> str:
-        """Why this implementation, in words for logs and summaries: "requested in model.attention"
-        for an explicit request, else what ``auto`` found ("auto: cuDNN can run here" or "auto:
-        <reason>")."""
+        """Why this implementation: "requested in model.attention", or what ``auto`` found
+        ("auto: cuDNN can run here" or "auto: <reason>")."""
         if self.requested != "auto":
             return "requested in model.attention"
         return f"auto: {self.reason or 'cuDNN can run here'}"
@@ -85,9 +78,8 @@ def cudnn_blockers(target: Target) -> list[str]:
 
 
 def config_blockers(dtype: str, head_dim: int, use_gpu: bool) -> list[str]:
-    """What rules out cuDNN attention before any device is seen: no GPU workers, the compute
-    dtype, a head dim no GPU supports (the compute capability is checked on the worker).
-    ``jaxray.parallel.checks.check_attention`` refuses a trial with these."""
+    """What rules out cuDNN attention before any device is seen: no GPU workers, the compute dtype,
+    or a head dim no GPU supports."""
     blockers = [] if use_gpu else ["it needs GPU workers (workers.use_gpu: true)"]
     if dtype not in CUDNN_DTYPES:
         blockers.append(f"dtype {dtype} is not bfloat16 or float16")
@@ -97,11 +89,8 @@ def config_blockers(dtype: str, head_dim: int, use_gpu: bool) -> list[str]:
 
 
 def choose(requested: str, target: Target) -> AttentionChoice:
-    """The implementation to use for ``requested`` ("xla", "cudnn" or "auto") on ``target``.
-
-    Raises AttentionError for an unknown request, or for "cudnn" where ``cudnn_blockers`` finds
-    a reason it cannot run (the message lists them and suggests "auto" or "xla").
-    """
+    """The implementation for ``requested`` ("xla", "cudnn" or "auto") on ``target``. Raises
+    AttentionError for an unknown request, or "cudnn" where ``cudnn_blockers`` finds a reason."""
     if requested not in REQUESTS:
         raise AttentionError(f"attention must be one of {', '.join(REQUESTS)}, got {requested!r}")
     if requested == "xla":

@@ -1,7 +1,4 @@
-"""The learning path's Fashion-MNIST MLP (lab 4) as a PyTree of arrays: 784 -> D -> D/2 -> 10, GELU.
-
-``width`` (D) is the first hidden width; the default 256 gives the lab's 784-256-128-10.
-"""
+"""The learning path's Fashion-MNIST MLP (lab 4): 784 -> D -> D/2 -> 10, GELU (D = ``width``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The learning path's compute-heavy MLP (lab 6): one D x D block applied ``block_repeats`` times.
-
-The block's weights are shared across repeats and run under ``lax.scan`` so the compiled program
-holds one copy of the block; each repeat mixes ``h = 0.9 h + 0.1 gelu(h W + b)`` as in the lab.
-"""
+"""The learning path's compute-heavy MLP (lab 6): one shared D x D block applied ``block_repeats``
+times under ``lax.scan``, each repeat ``h = 0.9 h + 0.1 gelu(h W + b)``."""
 
 from __future__ import annotations
 

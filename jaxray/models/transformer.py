@@ -3,8 +3,7 @@
 Token plus learned position embeddings (``embed_tokens``, ``embed_positions``: no gather or scatter in
 a training step), ``num_layers`` pre-norm blocks (causal multi-head attention:
 block-skipping XLA attention or cuDNN's, GELU feed-forward of 4 x D), a final LayerNorm and a
-bias-free LM head. Params are float32; ``dtype`` is the compute dtype; logits come back float32.
-"""
+bias-free LM head. Params are float32; ``dtype`` is the compute dtype; logits come back float32."""
 
 from __future__ import annotations
 
@@ -24,10 +23,7 @@ ATTENTION_BLOCK = 64
 
 def causal_attention(query, key, value, implementation=None, **_):
     """q, k, v [B, T, H, K] -> [B, T, H, K]; causal; cuDNN when ``implementation == "cudnn"``, else
-    ``blocked_causal_attention`` (XLA).
-
-    ``nnx.MultiHeadAttention`` passes mask/dropout arguments this model does not use; they are ignored.
-    """
+    ``blocked_causal_attention``. Mask/dropout arguments from ``nnx.MultiHeadAttention`` are ignored."""
     if implementation == "cudnn":
         return jax.nn.dot_product_attention(query, key, value, is_causal=True, implementation="cudnn")
     return blocked_causal_attention(query, key, value)
@@ -37,12 +33,8 @@ def blocked_causal_attention(query, key, value, block: int = ATTENTION_BLOCK):
     """Exact causal softmax attention that skips the masked upper triangle block by block.
 
     q, k, v: [B, T, H, K] -> [B, T, H, K]. Query rows [i*block, (i+1)*block) attend to keys
-    [0, (i+1)*block) only: the keys after a block's last row are masked for every row of the block,
-    so their scores are never computed. Each row's softmax still spans all of its visible keys
-    (not an online softmax), so the result equals ``jax.nn.dot_product_attention(is_causal=True)``
-    up to float rounding while doing about (n + 1) / 2n of its score and value work for n blocks.
-    Scores and softmax are float32 whatever the input dtype, as in JAX's XLA implementation.
-    """
+    [0, (i+1)*block) only; equals ``jax.nn.dot_product_attention(is_causal=True)`` up to rounding.
+    Scores and softmax are float32 whatever the input dtype."""
     t, k_dim = query.shape[1], query.shape[-1]
     query = query * jnp.asarray(1.0 / math.sqrt(k_dim), query.dtype)
     outputs = []
@@ -61,12 +53,8 @@ def blocked_causal_attention(query, key, value, block: int = ATTENTION_BLOCK):
 def cached_attention(query, keys, values, positions):
     """One new query per row against a KV cache.
 
-    query [B, 1, H, K]; keys, values [B, H, S, K] (the cache with this step's entry written; heads
-    before positions so both matmuls are batched over (B, H) without transposing the cache);
-    positions [B] int32, the query's position. Row b sees cache entries 0..positions[b] only.
-    Returns [B, 1, H, K]. Same scaling and float32 softmax as ``blocked_causal_attention``, so a
-    decode step reproduces the full forward's logits up to float rounding.
-    """
+    query [B, 1, H, K]; keys, values [B, H, S, K] (this step's entry written); positions [B] int32.
+    Row b sees cache entries 0..positions[b] only. Returns [B, 1, H, K]; float32 softmax."""
     query = query[:, 0] * jnp.asarray(1.0 / math.sqrt(query.shape[-1]), query.dtype)  # [B, H, K]
     scores = jnp.einsum("bhk,bhsk->bhs", query, keys, preferred_element_type=jnp.float32)  # [B, H, S]
     visible = jnp.arange(keys.shape[2])[None, :] <= positions[:, None]  # [B, S]
@@ -76,16 +64,10 @@ def cached_attention(query, keys, values, positions):
 
 
 def embed_tokens(embed: nnx.Embed, tokens: jax.Array) -> jax.Array:
-    """tokens [B, T] int32 -> [B, T, D] in ``embed.dtype``, as ``embed(tokens)`` gives, through a
-    one-hot matmul rather than a gather.
+    """tokens [B, T] int32 -> [B, T, D] in ``embed.dtype`` through a one-hot matmul, not a gather.
 
-    A gather's gradient is a scatter-add into the [V, D] table, in the compute dtype. NVIDIA GPUs
-    have no 16-bit atomic add, so in bfloat16 XLA emits a compare-and-swap loop in which the B x T
-    updates to V = 256 rows serialise (openxla/xla#26371; jaxlib 0.10.2 to 0.11.0 do it for float32
-    too, openxla/xla#46225). The one-hot matmul's gradient is a matmul (tensor cores in bf16), and
-    its cost, 2 x V x D FLOPs per token each way, is that of the LM head. ``HIGHEST`` precision keeps
-    the float32 lookup exact on GPUs, whose float32 matmuls otherwise round inputs to TF32.
-    """
+    A gather's gradient is a scatter-add that serialises in bf16 on NVIDIA GPUs (openxla/xla#26371,
+    openxla/xla#46225). ``HIGHEST`` precision keeps the float32 lookup exact (no TF32 rounding)."""
     table = embed.embedding[...].astype(embed.dtype)  # [V, D]
     one_hot = jax.nn.one_hot(tokens, table.shape[0], dtype=table.dtype)  # [B, T, V]
     return jnp.dot(one_hot, table, precision=jax.lax.Precision.HIGHEST)
@@ -100,11 +82,8 @@ def embed_positions(embed: nnx.Embed, length: int) -> jax.Array:
 def write_cache(cache: jax.Array, positions: jax.Array, entry: jax.Array) -> jax.Array:
     """cache [B, H, S, K] with ``entry`` [B, H, K] written at ``positions`` [B] (row b, every head).
 
-    One row is written with one index per head: XLA's CPU compiler turns a single-index scatter into
-    a dynamic-update-slice that it then fused twice (the loop's new cache and the attention's
-    operand), and copied the whole cache four times per decode step, half of a batch-1 step at the
-    lab size (0.99 -> 0.59 ms per step without the copies). Several rows keep one index per row,
-    which measured faster there (B = 2, 16)."""
+    One row is written with one index per head: a single-index scatter made XLA's CPU compiler copy
+    the whole cache several times per decode step."""
     entry = entry.astype(cache.dtype)
     batch, heads = cache.shape[:2]
     if batch == 1:
@@ -114,11 +93,8 @@ def write_cache(cache: jax.Array, positions: jax.Array, entry: jax.Array) -> jax
 
 
 class Block(nnx.Module):
-    """Pre-norm block: x + attn(ln(x)), then x + ffn(ln(x)). x [B, T, D].
-
-    The attention's projections are called one by one (not ``attn(x)``) so that the full forward
-    and the KV-cache decode share them and return this layer's keys and values.
-    """
+    """Pre-norm block: x + attn(ln(x)), then x + ffn(ln(x)). x [B, T, D]. Projections are called one
+    by one so the full forward and the KV-cache decode share them."""
 
     def __init__(self, d_model: int, num_heads: int, ffn_dim: int, dtype, attention_fn, rngs: nnx.Rngs):
         dense = functools.partial(nnx.Linear, dtype=dtype, rngs=rngs)
@@ -151,9 +127,7 @@ class Block(nnx.Module):
 
     def decode_step(self, x: jax.Array, positions: jax.Array, keys: jax.Array, values: jax.Array):
         """One new position per row: x [B, 1, D] at ``positions`` [B]; keys, values [B, H, S, K] this
-        layer's cache. Returns (x [B, 1, D], keys, values) with this step's entries written at
-        ``positions`` (in place inside a loop: each layer's cache is its own array, since slicing one
-        stacked cache copied it every step)."""
+        layer's cache. Returns (x [B, 1, D], keys, values) with this step's entries written."""
         query, key, value = self._qkv(x)
         keys = write_cache(keys, positions, key[:, 0])
         values = write_cache(values, positions, value[:, 0])
@@ -169,11 +143,8 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-    """tokens [B, T] int32 (T <= max_seq_len) -> logits [B, T, V] float32.
-
-    ``prefill`` also returns every layer's keys and values, and ``decode_step`` appends one position to
-    such a KV cache, so sampling need not recompute the window for each new token.
-    """
+    """tokens [B, T] int32 (T <= max_seq_len) -> logits [B, T, V] float32; ``prefill`` and
+    ``decode_step`` run it with a KV cache."""
 
     def __init__(
         self,

@@ -1,10 +1,5 @@
-"""The only place that builds meshes and shardings.
-
-Data parallelism over one mesh axis, ``data``: params and optimizer state are replicated (``P()``),
-every batch is split on its leading (batch) dimension (``P("data")``). With several processes
-(Ray Train workers) ``jax.devices()`` lists each process's local devices contiguously, so each
-process feeds the rows of the global batch that live on its own devices.
-"""
+"""The only place that builds meshes and shardings: data parallelism over one axis, ``data``
+(params and optimizer state replicated, batches split on their leading dimension)."""
 
 from __future__ import annotations
 
@@ -20,11 +15,8 @@ DATA_AXIS = "data"
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A 1-D mesh over ``devices`` (default: every device of every process) with axis ``data``.
-
-    Devices are ordered by process, then id: each process's devices sit side by side on ``data``,
-    so process p holds global-batch rows ``[p * B / P, (p + 1) * B / P)`` (what its data feeds).
-    """
+    """A 1-D ``data`` mesh over ``devices`` (default: all), ordered by process then id, so process p
+    holds global-batch rows ``[p * B / P, (p + 1) * B / P)``."""
     devices = devices if devices is not None else jax.devices()
     return Mesh(np.asarray(sorted(devices, key=lambda d: (d.process_index, d.id))), (DATA_AXIS,))
 
@@ -49,10 +41,8 @@ def shard_batch(
     mesh: Mesh, local_batch: Mapping[str, np.ndarray], stacked: bool = False
 ) -> dict[str, jax.Array]:
     """This process's rows ``{name: [B_local, ...]}`` -> global arrays ``[B_local x processes, ...]``
-    (``stacked``: ``[K, B_local, ...]`` -> ``[K, B_local x processes, ...]``).
-
-    Raises ValueError (from JAX) if B_local is not divisible by this process's device count.
-    """
+    (``stacked``: ``[K, B_local, ...]`` -> ``[K, B_local x processes, ...]``). Raises ValueError (from
+    JAX) if B_local is not divisible by this process's device count."""
     sharding = batch_sharding(mesh, stacked)
     return {
         k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()
@@ -60,8 +50,6 @@ def shard_batch(
 
 
 def needs_sync_per_step(mesh: Mesh) -> bool:
-    """True for a mesh of several CPU devices: there, XLA's in-process all-reduce can deadlock when
-    many steps are dispatched ahead (seen with JAX 0.10.2 on a 2-core machine with 4 forced host
-    devices: one device's rendezvous never arrives and XLA aborts the process after 40 s), so
-    loops wait for each step. GPUs and single devices keep asynchronous dispatch."""
+    """True for a mesh of several CPU devices, where XLA's in-process all-reduce can deadlock when
+    many steps are dispatched ahead (JAX 0.10.2), so loops wait for each step."""
     return mesh.devices.size > 1 and mesh.devices.flat[0].platform == "cpu"

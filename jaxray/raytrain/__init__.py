@@ -1,7 +1,6 @@
 """The Ray adapters around one training run (``jaxray.train.run.train``), in the order a sweep uses them:
 
   sweep     the Tune driver: the grid, one trial function per point, scheduler and concurrency
-  interrupts  a Ctrl-C in the driver before Tune's fit: recorded, so it is never lost
   trainer   ``make_trainer``: the ``JaxTrainer`` for one trial, its workers' environment
   worker    ``train_loop_per_worker``: config, rank, mesh, data shard, restore, loop, final save
   shards    each worker's batches (Ray Data shards or the prepared Parquet files)

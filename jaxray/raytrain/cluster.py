@@ -1,14 +1,8 @@
 """Where the Ray cluster is, and how a trial's workers become one JAX program.
 
-Driver side: ``init_ray`` joins ``RAY_ADDRESS`` or a live ``ray start`` cluster of this machine
-(``running_local_cluster``: the address file ``ray start`` writes, probed over TCP), otherwise
-starts a private local Ray; ``check_gpus`` refuses GPU workers on a cluster that has none.
-
-Worker side: each worker is one JAX process that owns ``devices_per_worker`` devices. With several
-workers on GPU the JaxTrainer backend initialises ``jax.distributed`` itself; on CPU
-``cpu_program`` does (gloo collectives, the coordinator address broadcast from rank 0 with Ray
-Train's collective helper). The mesh then spans every device of every process.
-"""
+Driver: ``init_ray`` joins ``RAY_ADDRESS`` or a live ``ray start`` cluster of this machine, else
+starts a private local Ray. Worker: one JAX process per worker; on GPU the JaxTrainer backend
+initialises ``jax.distributed``, on CPU ``cpu_program`` does (gloo collectives)."""
 
 from __future__ import annotations
 
@@ -35,9 +29,8 @@ QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
 
 
 def ray_address_file() -> Path:
-    """The file in which ``ray start`` records its cluster's ``host:port`` (the "latest cluster
-    started on this machine" that ``ray.init()`` looks for): ``ray/ray_current_cluster`` under
-    ``$RAY_TMPDIR``, else ``$TMPDIR`` (Linux), else ``/tmp``, Ray's default temp folder."""
+    """Where ``ray start`` records its cluster's ``host:port``: ``ray/ray_current_cluster`` under
+    ``$RAY_TMPDIR``, else ``$TMPDIR``, else ``/tmp``."""
     if "RAY_TMPDIR" in os.environ:
         root = os.environ["RAY_TMPDIR"]
     elif sys.platform.startswith("linux"):
@@ -48,13 +41,9 @@ def ray_address_file() -> Path:
 
 
 def running_local_cluster(address_file: Path | None = None) -> str | None:
-    """The ``host:port`` of a live cluster started on this machine with ``ray start``, or None.
-
-    ``address_file``: where ``ray start`` wrote it (default ``ray_address_file()``). Ray's
-    ``address="auto"`` trusts that file and waits minutes for a cluster that was killed; a
-    one-second TCP probe of its GCS port tells live from stale. A missing, empty or unparsable
-    file means no cluster.
-    """
+    """The ``host:port`` of a live ``ray start`` cluster on this machine, or None. A one-second TCP
+    probe of the GCS port tells live from stale (``address="auto"`` would wait minutes for a dead
+    one); a missing, empty or unparsable ``address_file`` means no cluster."""
     try:
         address = (address_file or ray_address_file()).read_text().strip()
     except OSError:
@@ -70,10 +59,9 @@ def running_local_cluster(address_file: Path | None = None) -> str | None:
 
 
 def init_ray(exp: ExperimentConfig) -> tuple[bool, str | None]:
-    """Join ``RAY_ADDRESS`` or a live ``ray start`` cluster on this machine; otherwise (or with
-    ``RAY_ADDRESS=local``) start a local Ray sized for the sweep. Returns (True if it joined a
-    cluster, the dashboard's URL or None without a dashboard). Raises ConfigError naming the address
-    when joining fails."""
+    """Join ``RAY_ADDRESS`` or a live local ``ray start`` cluster; otherwise (or with
+    ``RAY_ADDRESS=local``) start a local Ray. Returns (joined a cluster, dashboard URL or None).
+    Raises ConfigError naming the address when joining fails."""
     os.environ.update(QUIET_ENV)
     ray.data.DataContext.get_current().enable_progress_bars = False
     runtime_env = {"env_vars": QUIET_ENV}
@@ -94,8 +82,6 @@ def init_ray(exp: ExperimentConfig) -> tuple[bool, str | None]:
                 f"With token auth set RAY_AUTH_MODE=token; to start a private local Ray "
                 f"instead set RAY_ADDRESS=local"
             ) from None
-        # Which cluster this driver joined, in the job's log: with several heads on one machine the
-        # address a job's driver is given comes from a file the latest `ray start` wrote.
         print(
             f"jaxray: joined the Ray cluster at {ray.get_runtime_context().gcs_address}", file=terminal.err()
         )
@@ -111,9 +97,8 @@ def _url(dashboard: str | None) -> str | None:  # Ray gives host:port
 
 
 def check_gpus(exp: ExperimentConfig, joined: bool) -> None:
-    """With ``use_gpu`` the workers wait for GPUs; on a cluster that has too few (and, when started
-    here, never will) Tune would wait forever, so say so now. A joined cluster may autoscale: warn.
-    Raises ConfigError (a cluster started here without enough GPUs)."""
+    """With ``use_gpu``, ConfigError for a cluster started here without enough GPUs (Tune would wait
+    forever); a joined cluster may autoscale, so only warn."""
     w = exp.workers
     if not w.use_gpu:
         return
@@ -130,13 +115,8 @@ def check_gpus(exp: ExperimentConfig, joined: bool) -> None:
 
 
 def join_cpu_program(rank: int, world: int) -> None:
-    """Make this worker process ``rank`` of one ``world``-process JAX program on CPU. Call before
-    JAX's backend starts (any device query starts it).
-
-    Rank 0 picks a free port on its node and Ray Train broadcasts ``host:port`` to every worker
-    (``ray.train.collective.broadcast_from_rank_zero``, also a barrier); CPU collectives go through
-    gloo (``jax_cpu_collectives_implementation``), as JAX's multi-process CPU backend needs.
-    """
+    """Make this worker process ``rank`` of one ``world``-process JAX program on CPU, before JAX's
+    backend starts. Rank 0's ``host:port`` is broadcast by Ray Train; collectives use gloo."""
     address = None
     if rank == 0:
         with socket.socket() as probe:
@@ -149,9 +129,8 @@ def join_cpu_program(rank: int, world: int) -> None:
 
 @contextlib.contextmanager
 def cpu_program(workers: WorkersConfig, rank: int, world: int) -> Iterator[None]:
-    """Inside: this worker is ``rank`` of one ``world``-process JAX program (``join_cpu_program``)
-    when several workers train on CPU; on GPU, or alone, nothing to do. Enter before JAX's backend
-    starts."""
+    """Inside: this worker is ``rank`` of a ``world``-process CPU JAX program when several workers
+    train on CPU; otherwise nothing. Enter before JAX's backend starts."""
     joined = world > 1 and not workers.use_gpu
     if joined:
         join_cpu_program(rank, world)
@@ -171,9 +150,8 @@ def check_local_devices(workers: WorkersConfig) -> None:
 
 
 def describe_worker(rank: int, attention: AttentionChoice | None = None) -> str:
-    """One log line: Ray rank, JAX process index and count, local devices, on GPU the physical
-    GPUs' UUIDs (so two workers sharing a GPU show the same UUID) and, for the transformer, the
-    attention implementation used and why (``AttentionChoice.describe``)."""
+    """One log line: Ray rank, JAX process index and count, local devices, GPU UUIDs and, for the
+    transformer, the attention implementation and why."""
     line = (
         f"jaxray worker rank {rank}: JAX process {jax.process_index()} of {jax.process_count()}, "
         f"local devices {jax.local_devices()}"

@@ -1,12 +1,6 @@
 """A sweep's live progress on the terminal: one rich progress row per trial (trial, step / steps,
-loss, throughput, ETA), fed by a Ray Tune callback in the driver.
-
-``TrialProgress`` is the Tune callback (``RunConfig(callbacks=...)``). Tune pickles it into the
-sweep's ``tuner.pkl`` and ``Tuner.restore`` brings it back, so it holds only plain values and
-draws on the display that is showing now (``showing``), if any: none with ``--verbose``, where
-Tune's own status tables are the progress. A failed trial's error reaches the terminal when it
-happens, with the file that holds its traceback.
-"""
+loss, throughput, ETA), fed by a Ray Tune callback in the driver. ``TrialProgress`` is pickled into
+``tuner.pkl``, so it holds only plain values and draws on whatever display is ``showing``."""
 
 from __future__ import annotations
 
@@ -22,18 +16,16 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemaining
 
 from jaxray.reporting import terminal
 
-# Throughput from the counters a log row carries: tokens for the transformer, examples for MLPs;
-# the final report's own figure (timed by the worker, without compile time) replaces it.
+# Throughput from a log row's counters (tokens or examples); the final report's own figure replaces it.
 COUNTERS = (("tokens", "tok/s", "tokens_per_sec"), ("examples", "ex/s", "examples_per_sec"))
 WIDTH = 120  # columns of the rows when the terminal is not one (a pipe or file has no width)
 MAX_ERROR_CHARS = 300  # of the error line printed when a trial fails
 
 
 class SweepDisplay:
-    """The rows of one sweep's trials on ``file`` (a terminal stream): name, bar, steps done of
-    ``steps``, last loss, throughput (examples/s or tokens/s), time left (elapsed once done) and
-    status. On a terminal the rows update in place; elsewhere (a pipe, a file) their final state is
-    printed once, when the sweep ends."""
+    """The rows of one sweep's trials on ``file``: name, bar, steps done, last loss, throughput
+    (examples/s or tokens/s), time left and status. Updated in place on a terminal; elsewhere the
+    final state is printed once."""
 
     def __init__(self, steps: int, file: TextIO) -> None:
         self.steps = steps
@@ -46,8 +38,7 @@ class SweepDisplay:
             TimeRemainingColumn(elapsed_when_finished=True),
             TextColumn("{task.fields[status]}"),
             console=Console(file=file, width=None if file.isatty() else WIDTH),
-            # Rich would point sys.stdout/sys.stderr at the terminal while the rows are live: Ray's
-            # and Tune's output, which they hold for the log, would come back to it.
+            # Rich must not redirect sys.stdout/stderr: Ray's and Tune's output belongs in the log.
             redirect_stdout=False,
             redirect_stderr=False,
         )
@@ -96,9 +87,8 @@ _showing: SweepDisplay | None = None
 
 @contextlib.contextmanager
 def showing(title: str, steps: int) -> Iterator[SweepDisplay | None]:
-    """Inside: the progress rows of one sweep of ``steps`` steps per trial on the terminal
-    (``terminal.display()``), headed by ``title`` (``terminal.err()``: the log has it too); nothing
-    when the terminal is not quiet (``--verbose``: Tune's tables show the progress)."""
+    """Inside: the progress rows of one sweep (``steps`` per trial) on ``terminal.display()``, headed
+    by ``title``; nothing when not quiet (``--verbose``)."""
     global _showing
     if not terminal.is_quiet():
         yield None

@@ -23,7 +23,6 @@ from ray.train import Checkpoint
 
 from jaxray import checkpoint
 from jaxray.checkpoint import CheckpointSaveError
-from jaxray.checkpoint.failures import cause
 from jaxray.config import TrainConfig, TrialConfig
 from jaxray.raytrain.faults import kill_in_save
 from jaxray.raytrain.resume import checkpoint_name
@@ -100,8 +99,8 @@ def save_locally(step: int, write: Callable[[Path], Path]) -> Path:
     except OSError as err:
         raise CheckpointSaveError(
             f"could not save the checkpoint of step {step}: no local folder for it in "
-            f"{tempfile.gettempdir()}: {cause(err)}"
-        ) from None
+            f"{tempfile.gettempdir()}: {err}"
+        ) from err
     try:
         return write(folder)
     except BaseException as err:
@@ -109,7 +108,7 @@ def save_locally(step: int, write: Callable[[Path], Path]) -> Path:
         if isinstance(err, CheckpointSaveError):
             raise CheckpointSaveError(
                 f"{err} (the partial folder is removed; earlier checkpoints are kept)"
-            ) from None
+            ) from err
         raise
 
 
@@ -146,8 +145,8 @@ def copying(step: int, name: str, ckpt: Checkpoint | None) -> Iterator[None]:
         where = target[1] if target else f"{name} of the run's storage"
         raise CheckpointSaveError(
             f"could not copy the checkpoint of step {step} into the run's storage {where}: "
-            f"{cause(err)} (the partial copy is removed; earlier checkpoints are kept)"
-        ) from None
+            f"{err} (the partial copy is removed; earlier checkpoints are kept)"
+        ) from err
 
 
 def compile_writer(path: str | None) -> Callable[[dict], None] | None:

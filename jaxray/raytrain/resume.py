@@ -77,7 +77,7 @@ def choose(candidates: list[Path]) -> tuple[Path | None, list[str]]:
     With none usable: (None, every name), after a warning: the run starts again from step 0 rather
     than fail."""
     try:
-        _, path = checkpoint.restore_latest(candidates, checkpoint.verify)
+        _, path = checkpoint.restore_latest(candidates, lambda c: checkpoint.verify(c, full_state=True))
     except checkpoint.CheckpointError as err:
         checkpoint.log.warning("%s; starting again from step 0", err)
         return None, [c.name for c in candidates]

@@ -1,11 +1,6 @@
-"""What one Ray Train worker trains and evaluates on: its rows of every global batch, from the
-dataset shard Ray Train hands it or streamed from the prepared Parquet folder, and the whole
-held-out set.
-
-Each worker takes rows ``[rank * L, (rank + 1) * L)`` of each ``global_batch``-row batch
-(L = global_batch / world): the rows its own devices hold under the ``data`` sharding, so the
-global batches are the same whatever the number of workers.
-"""
+"""What one Ray Train worker trains and evaluates on: rows ``[rank * L, (rank + 1) * L)`` of every
+global batch (L = global_batch / world), from its Ray Train shard or the Parquet folder, and the
+whole held-out set."""
 
 from __future__ import annotations
 
@@ -24,21 +19,17 @@ Batches = Iterator[dict[str, np.ndarray]]
 
 
 def rank_batches(shard, global_batch: int, rank: int, world: int, prefetch_batches: int = 2) -> Batches:
-    """This worker's rows of every global batch from an unsplit dataset iterator, endlessly: rows
-    ``[rank * L, (rank + 1) * L)`` of each ``global_batch``-row batch (L = global_batch / world).
-    Every worker gets the same number of batches, and together they see exactly what
-    ``train_batches(arrays, global_batch)`` gives one process. Raises ValueError if the dataset
-    holds fewer rows than one global batch."""
+    """This worker's rows of every global batch from an unsplit dataset iterator, endlessly; together
+    the workers see what ``train_batches(arrays, global_batch)`` gives one process. Raises ValueError
+    if the dataset holds fewer rows than one global batch."""
     local = global_batch // world
     for batch in shard_batches(shard, global_batch, prefetch_batches):
         yield {k: v[rank * local : (rank + 1) * local] for k, v in batch.items()}
 
 
 def parquet_data(trial: TrialConfig, rank: int, world: int) -> tuple[Batches, Arrays, int]:
-    """(this worker's training batches, the whole held-out split, the training rows) from
-    ``data.parquet``: Ray Data streams the prepared files, each epoch in the order ``train.seed``
-    draws, and the worker keeps its rows of every global batch
-    (``jaxray.data.parquet.parquet_batches``)."""
+    """(this worker's training batches, the held-out split, the training rows) streamed from
+    ``data.parquet`` (``jaxray.data.parquet.parquet_batches``)."""
     folder, manifest = parquet_folder(trial)
     batches = parquet_batches(
         folder,
@@ -62,9 +53,8 @@ def collect(shard) -> Arrays:
 def worker_data(
     trial: TrialConfig, rank: int, world: int, train_rows: int | None
 ) -> tuple[Batches, Arrays, int | None]:
-    """(this worker's training batches, the held-out arrays, the training rows if known): from
-    ``data.parquet`` when set, else from the ``train`` and ``eval`` dataset shards of Ray Train
-    (``train_rows``: the ``train`` dataset's row count, counted by the driver)."""
+    """(training batches, held-out arrays, training rows if known) from ``data.parquet`` when set,
+    else from Ray Train's ``train`` and ``eval`` shards."""
     if trial.data.parquet:
         return parquet_data(trial, rank, world)
     batches = rank_batches(ray.train.get_dataset_shard("train"), trial.train.global_batch, rank, world)

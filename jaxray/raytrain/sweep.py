@@ -24,15 +24,14 @@ from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallba
 from ray.tune.schedulers import ASHAScheduler
 
 from jaxray.checkpoint import HISTORY_FILE
-from jaxray.checkpoint import manifest_sha256 as checkpoint_manifest_sha256
 from jaxray.config import ConfigError, TrainConfig, grid_point_name, parse_trial
 from jaxray.config.experiment import ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
-from jaxray.raytrain import interrupts, progress
+from jaxray.raytrain import progress
 from jaxray.raytrain.progress import TrialProgress
 from jaxray.raytrain.trainer import make_trainer
 from jaxray.reporting import terminal
-from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR, in_moved_folder
+from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # A log row's keys: the final report carries the last one for schedulers; the summary row does not.
@@ -132,8 +131,7 @@ def run_sweep(
     """Fit one sweep on its (train, held-out) arrays, fed to the workers as Ray Datasets, or (None,
     with ``data.parquet``) on its prepared Parquet folder. With ``resume`` a sweep whose Tune
     experiment exists under ``out/tune/<workload>`` is restored (``Tuner.restore``): its finished
-    trials are kept as they are, its unfinished and failed ones run again. A Ctrl-C recorded before
-    Tune's fit starts (``interrupts``) raises KeyboardInterrupt instead of starting it.
+    trials are kept as they are, its unfinished and failed ones run again.
 
     Returns ((summary row, history rows) per trial, how many trials did not finish because the run
     was interrupted); a failed trial's row carries ``error``.
@@ -206,9 +204,8 @@ def check_saved_state(out: Path, workload: str) -> None:
 
 
 def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRows], int]:
-    interrupts.stop_if_interrupted()
     title = f"{sweep.workload} sweep: {sweep.grid_size()} trial(s)"
-    with progress.showing(title, sweep_steps(sweep)), interrupts.around_fit():
+    with progress.showing(title, sweep_steps(sweep)):
         results = tuner.fit()
     # On Ctrl+C (SIGINT) Tune saves the experiment's state, then stops the running trials, marking
     # them terminated in memory, and fit() returns as if the sweep had ended. The saved state (what
@@ -250,10 +247,7 @@ def error_text(error: BaseException) -> str:
 def trial_rows(workload: str, result: tune.Result, out: Path) -> TrialRows:
     """(summary row, history rows) of one trial of the run in ``out`` from its Tune ``result``: the
     grid point, the summary its workers reported, the final checkpoint's path and its
-    ``history.json``; a failed trial's row carries ``error`` (``error_text``) and no history.
-
-    Tune keeps the checkpoint path a trial reported as it was: for a trial that finished before the
-    run folder was moved and then resumed there, that is the old place, read under ``out``."""
+    ``history.json``; a failed trial's row carries ``error`` (``error_text``) and no history."""
     # A trial that errored can come back without its config; its folder still carries its name.
     config = result.config or {}
     name = trial_name(workload, config) if config else Path(result.path or "unknown-trial").name
@@ -266,10 +260,8 @@ def trial_rows(workload: str, result: tune.Result, out: Path) -> TrialRows:
         row["error"] = "trial ended without its final report"
         return row, []
     checkpoint = metrics.get(CHECKPOINT_PATH_KEY)
-    if checkpoint and not Path(checkpoint).is_relative_to(out):
-        checkpoint = str(in_moved_folder(out, checkpoint) or checkpoint)
-    # Which checkpoint, by content: reads through the run folder refuse one put in its place by hand.
-    digest = checkpoint_manifest_sha256(checkpoint) if checkpoint else None
-    row.update(reported(metrics), trial=name, checkpoint=checkpoint, checkpoint_sha256=digest)
+    if checkpoint:  # train/<trial>/<checkpoint> of this folder, also where Tune recorded another (moved)
+        checkpoint = str(out / TRAIN_DIR / Path(checkpoint).parent.name / Path(checkpoint).name)
+    row.update(reported(metrics), trial=name, checkpoint=checkpoint)
     history_file = Path(checkpoint or "") / HISTORY_FILE
     return row, json.loads(history_file.read_text()) if history_file.is_file() else []

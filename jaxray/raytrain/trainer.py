@@ -1,11 +1,5 @@
 """The ``JaxTrainer`` of one trial: ``make_trainer`` wires the worker (``jaxray.raytrain.worker``),
-its datasets, the workers' resources and environment, fault tolerance and checkpoint rotation.
-
-Each worker is one JAX process that owns ``devices_per_worker`` devices (GPUs through
-``ScalingConfig(use_gpu=True, resources_per_worker={"GPU": k})``, or forced host devices on CPU);
-with several workers they form one JAX program (``jaxray.raytrain.cluster``) and each worker feeds
-the rows of each global batch that its own devices hold (``jaxray.raytrain.shards``).
-"""
+its datasets, resources and environment, fault tolerance and checkpoint rotation."""
 
 from __future__ import annotations
 
@@ -31,9 +25,8 @@ def cpu_xla_flags(devices: int, flags: str = "") -> str:
 
 
 def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str, str]:
-    """Environment for the worker processes, set by Ray before JAX is imported there. ``xla_flags``:
-    the driver's XLA_FLAGS (None: this process's), kept for the workers; on CPU the forced device
-    count (``workers.devices_per_worker``) is added to them (``cpu_xla_flags``)."""
+    """Environment for the worker processes (set before JAX is imported there): ``xla_flags`` (None:
+    this process's) plus, on CPU, the forced device count."""
     flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
     if workers.use_gpu:
         # Several JAX processes may share a GPU in small tests; preallocation would starve them.
@@ -47,8 +40,7 @@ def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str
 
 
 def _ordered_ingest():
-    """Ray Data's ingest options with block order kept: without it the same seed gives a different
-    batch order (and loss curve) from run to run."""
+    """Ray Data's ingest options with block order kept (else the same seed gives another order)."""
     options = DataConfig.default_ingest_options()
     options.preserve_order = True
     return options
@@ -63,12 +55,9 @@ def make_trainer(
     callbacks: list | None = None,
     xla_flags: str | None = None,
 ) -> JaxTrainer:
-    """A JaxTrainer for one trial. ``datasets``: ``{"train": Dataset, "eval": Dataset}``, both given
-    whole to every worker: each takes its rows of every global batch of ``train`` and of ``eval``
-    ({} with ``data.parquet``: each worker streams its rows itself). The run is
-    ``storage_path/name``; the attempt counter (``name.attempts.json``) lies beside it.
-    ``xla_flags``: the driver's XLA_FLAGS, which the workers keep (``worker_env``; None: this
-    process's)."""
+    """A JaxTrainer for one trial. ``datasets``: ``{"train": Dataset, "eval": Dataset}`` given whole
+    to every worker ({} with ``data.parquet``). The run is ``storage_path/name``, the attempt counter
+    ``name.attempts.json`` beside it. ``xla_flags``: kept for the workers (None: this process's)."""
     w = trial.workers
     resources = {"GPU": w.devices_per_worker} if w.use_gpu else {"CPU": 1}
     # Outside Ray's own run folder (Ray Train v2 keeps that for its own state).
@@ -85,8 +74,7 @@ def make_trainer(
         scaling_config=ScalingConfig(
             num_workers=w.num_workers, use_gpu=w.use_gpu, resources_per_worker=resources
         ),
-        # Unsplit: each worker takes its rows of every global batch (``shards.rank_batches``), so the
-        # global batches are the same whatever the number of workers.
+        # Unsplit: each worker takes its rows of every global batch (``shards.rank_batches``).
         dataset_config=DataConfig(datasets_to_split=[], execution_options=_ordered_ingest()),
         datasets=datasets,
         run_config=RunConfig(

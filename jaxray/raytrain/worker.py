@@ -1,11 +1,5 @@
-"""The Ray Train worker: an adapter that runs ``jaxray.train.run.train`` in each worker process.
-
-It parses the trial config, reads rank and world size from Ray Train's context, joins the other
-workers into one JAX program (``cluster``), builds the mesh over every device of every process,
-takes this worker's rows of every global batch (``shards``), continues from the newest usable
-checkpoint (``resume``) and runs the loop with hooks that report to Ray Train (``reports``) and,
-in the fault-tolerance tests, inject faults (``faults``).
-"""
+"""The Ray Train worker: runs ``jaxray.train.run.train`` in each worker process (config, rank,
+multi-process JAX program, mesh, batch shards, resume, Ray Train reports, fault injection)."""
 
 from __future__ import annotations
 
@@ -30,15 +24,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point. ``config``: ``{"trial": TrialConfig dict, "tensorboard_dir": str | None,
     "attempts_file": str | None, "compile_file": str | None, "train_rows": int | None}``.
 
-    Reports a log row with ``ray.train.report`` every ``train.report_interval`` steps, a full-state
-    checkpoint every ``train.checkpoint_every`` steps and, at the end, the summary row with the
-    final full-state checkpoint (saved by rank 0, with ``history.json``, every logged row). After a
-    worker died, Ray Train restarts the group (``workers.max_failures``) and the loop resumes from
-    the newest usable checkpoint (``resume_point``). The summary records ``restarts`` and
-    ``resumed_from_step`` and, for the transformer, the ``attention`` used and why
-    (``attention_note``), which the worker's first log line gives too. Rank 0 also writes
-    TensorBoard events at every log step, and the step's compile report to ``compile_file``
-    before the first step (``jaxray.train.compile_report``).
+    Reports a log row every ``train.report_interval`` steps, a checkpoint every
+    ``train.checkpoint_every`` steps and the summary with the final checkpoint; after a restart
+    resumes from the newest usable checkpoint. Rank 0 writes TensorBoard events and the compile report.
     """
     trial = parse_trial(config["trial"])
     context = ray.train.get_context()
@@ -46,8 +34,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     with cpu_program(trial.workers, rank, world):
         check_local_devices(trial.workers)
         attempt = count_attempt(config.get("attempts_file")) if rank == 0 else 1
-        # stdout reaches the driver's console and the Ray dashboard, prefixed with the worker's pid.
-        # The attention is decided as ``train`` decides it (same request, same device).
         attention = resolve_attention(trial.model) if trial.model.workload == "transformer" else None
         print(describe_worker(rank, attention), flush=True)
         start = resume_point(trial, rank, attempt)
@@ -71,12 +57,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 hooks=fault_hooks(trial, rank, start.attempt),
                 on_compile=compile_writer(config.get("compile_file") if rank == 0 else None),
             )
-            # A count, not the names (Tune's TensorBoard logger takes numbers only); the names are in
-            # the worker log's warning.
+            # A count: Tune's TensorBoard logger takes numbers only.
             result.summary.update(restarts=start.attempt - 1, skipped_checkpoints=len(start.skipped))
             if tb:
                 tb.add_final(result.summary, trial.train.steps)
-        # The final checkpoint with the summary, and the last logged row too (step, loss, ...):
-        # schedulers such as ASHA read them in every report.
+        # The final row carries the last logged metrics too: ASHA reads them in every report.
         final_row = {**result.history[-1], **result.summary, "final": True}
         save(trial.train.steps, result.state, result.history, row=final_row)

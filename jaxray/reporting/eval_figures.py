@@ -1,8 +1,5 @@
-"""The two figures ``python -m jaxray.evaluate`` writes for a Fashion-MNIST classifier.
-
-confusion_matrix.png   rows true class, columns predicted; cells show row-normalised percentages
-predictions_grid.png   the first 25 test images titled "pred: X / true: Y", green if right, red if wrong
-"""
+"""The two figures ``python -m jaxray.evaluate`` writes for a Fashion-MNIST classifier:
+confusion_matrix.png (row-normalised percentages) and predictions_grid.png (first 25 test images)."""
 
 from __future__ import annotations
 
@@ -60,9 +57,8 @@ def plot_confusion_matrix(matrix: np.ndarray, class_names: Sequence[str], path: 
 def plot_predictions_grid(
     images: np.ndarray, labels: np.ndarray, predictions: np.ndarray, class_names: Sequence[str], path: Path
 ) -> None:
-    """Writes the first GRID_SIDE**2 of ``images`` ([N, 784] float32 in [0, 1]) in a grid, each titled
-    "pred: X / true: Y" (broken after the slash so long class names fit) in green when
-    ``predictions`` ([N] int) matches ``labels`` ([N] int), else red."""
+    """Writes the first GRID_SIDE**2 of ``images`` ([N, 784] float32 in [0, 1]) in a grid titled
+    "pred: X / true: Y", green when ``predictions`` ([N] int) match ``labels`` ([N] int), else red."""
     fig, axes = plt.subplots(GRID_SIDE, GRID_SIDE, figsize=(10, 11))
     for k, ax in enumerate(axes.flat):
         ax.set_axis_off()

@@ -1,7 +1,5 @@
-"""Where ``python -m jaxray.evaluate`` puts its results and how it writes them: ``runs/eval/<name>``
-by default, one folder per checkpoint (``default_out``); an ``--out`` checked before any data is read
-(``results_folder``); the files written to temporary names and renamed over the earlier ones, so a
-failed write changes nothing there (``write_results``)."""
+"""Where ``python -m jaxray.evaluate`` puts its results (``runs/eval/<name>``, one per checkpoint) and
+how it writes them (temporary names renamed over the earlier ones)."""
 
 from __future__ import annotations
 
@@ -10,7 +8,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from jaxray import checkpoint
 from jaxray.config import ConfigError
 from jaxray.reporting.format import json_safe
 from jaxray.runs import TRAIN_DIR, check_overwrite, removed_if_failed
@@ -21,10 +18,8 @@ FIGURES = ("confusion_matrix.png", "predictions_grid.png")
 
 
 def default_out(directory: str | Path) -> Path:
-    """``runs/eval/<name>``, one per checkpoint: the checkpoint folder's name or, for a Ray Train
-    ``checkpoint_<step or timestamp>`` folder, ``<trial>/<checkpoint>`` (the name alone says nothing
-    about the model; the trial alone is shared by all its checkpoints), with ``<experiment>/`` first
-    when the trial folder is in a run folder's ``train/``."""
+    """``runs/eval/<name>``: the checkpoint folder's name, or ``<trial>/<checkpoint>`` for a Ray
+    Train ``checkpoint_*`` folder, prefixed ``<experiment>/`` when inside a run folder."""
     directory = Path(directory).absolute()
     if not directory.name.startswith("checkpoint"):
         return DEFAULT_OUT_ROOT / directory.name
@@ -37,29 +32,18 @@ class ResultsWriteError(OSError):
     """The results could not be written into --out (a full disk, say); nothing there was changed."""
 
 
-def results_folder(out: str | Path, directory: Path, weights: str | None, overwrite: bool) -> Path:
-    """``out``, absolute, checked (not created) before any data is read: CheckpointError if it is
-    in a checkpoint folder, ValueError if it holds another tool's summary.json, ConfigError if it
-    holds the evaluation of other weights than ``directory``'s (another path, or the same path
-    whose digest manifest's SHA-256 ``weights`` differs: a folder replaced or a symlink moved
-    since) unless ``overwrite``, holds files named like the figures without an evaluation's
-    summary.json, or cannot be created (its nearest existing folder is not a writable directory)."""
+def results_folder(out: str | Path, directory: Path, overwrite: bool) -> Path:
+    """``out``, absolute, checked (not created) before any data is read: ValueError if it holds
+    another tool's summary.json; ConfigError if it holds another checkpoint's evaluation (unless
+    ``overwrite``), foreign figure-named files, or cannot be created."""
     out = Path(out).absolute()
-    checkpoint.check_outside(out)
     check_overwrite(out, WRITER)
     if (out / "summary.json").is_file() and not overwrite:  # check_overwrite: it is an evaluation's
-        earlier = json.loads((out / "summary.json").read_text())
-        recorded, digest = earlier.get("checkpoint"), earlier.get("checkpoint_sha256")
+        recorded = json.loads((out / "summary.json").read_text()).get("checkpoint")
         if recorded and Path(recorded).resolve() != directory.resolve():
             raise ConfigError(
                 f"--out {out} holds the evaluation of {recorded}; pass --overwrite or another --out "
                 f"(nothing was changed)"
-            )
-        if digest and digest != weights:
-            raise ConfigError(
-                f"--out {out} holds the evaluation of the weights that were in {recorded} (digest "
-                f"manifest SHA-256 {digest}), not of those there now ({weights}); pass --overwrite "
-                f"or another --out (nothing was changed)"
             )
     theirs = [n for n in FIGURES if (out / n).exists()] if not (out / "summary.json").is_file() else []
     if theirs:  # figure names with no evaluation beside them: someone else's files, never replaced
@@ -75,10 +59,9 @@ def results_folder(out: str | Path, directory: Path, weights: str | None, overwr
 
 
 def write_results(out: Path, summary: dict, figures: dict[str, Callable[[Path], None]]) -> dict:
-    """Creates ``out`` and writes ``figures`` (name -> draw(path)) and ``out/summary.json``, each to
-    a temporary file first, then renamed over the earlier ones (figures an earlier evaluation left
-    and this one does not write are removed); returns ``summary`` with its path and ``written_by``.
-    Raises ResultsWriteError, having removed its temporary files and the folders it created."""
+    """Creates ``out`` and writes ``figures`` (name -> draw(path)) and ``summary.json`` via temporary
+    files renamed over the earlier ones (stale figures removed); returns ``summary`` with its path
+    and ``written_by``. Raises ResultsWriteError, having cleaned up."""
     summary["summary_json"] = str(out / "summary.json")
     summary["written_by"] = WRITER
     partial = {out / f".partial-{name}": out / name for name in [*figures, "summary.json"]}

@@ -1,9 +1,5 @@
-"""Figures: the sweep's two plots and the helpers every jaxray figure uses (saving, a log2 batch
-axis, compact tick labels). Importing this module selects matplotlib's Agg backend.
-
-throughput_vs_batch.png  examples/s (MLPs) or tokens/s (transformer) against global batch (log2)
-loss_curves.png          training loss (nats) against examples (MLPs) or tokens (transformer)
-"""
+"""Figures: the sweep's two plots (throughput_vs_batch.png, loss_curves.png) and shared helpers
+(saving, a log2 batch axis, compact tick labels). Importing selects matplotlib's Agg backend."""
 
 from __future__ import annotations
 
@@ -92,10 +88,8 @@ def _curve(history: list[dict], xkey: str) -> list[tuple[float, float]]:
 
 
 def plot_loss_curves(rows: list[dict], histories: dict[str, list[dict]], path: Path) -> None:
-    """Writes training loss (nats) against examples (MLPs) or tokens (transformer) processed.
-
-    Trials with no history, or whose name is not in ``rows`` (workload unknown), are skipped.
-    """
+    """Writes training loss (nats) against examples (MLPs) or tokens (transformer); trials without
+    history or not in ``rows`` are skipped."""
     by_trial = {r.get("trial"): r for r in rows}
     traced = [by_trial[t] for t, h in histories.items() if h and t in by_trial]
     shown = workloads(traced)

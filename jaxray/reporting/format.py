@@ -1,6 +1,5 @@
-"""Values as report text and as JSON: what the sweep report, the benchmarks and the evaluation
-share. Missing values are ``None`` and show as empty cells; NaN and inf are kept in text (a
-diverged run should read as one) and become ``null`` in JSON."""
+"""Values as report text and as JSON. Missing values are ``None`` (empty cells); NaN and inf stay
+in text and become ``null`` in JSON."""
 
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
-"""The report a Tune sweep leaves in its run folder (``jaxray.runs``): summary.json, summary.md and
-the two plots of ``jaxray.reporting.figures``.
+"""The report a Tune sweep leaves in its run folder: summary.json (one object per trial, KEY_ORDER
+keys first, NaN/inf -> null, checkpoint paths relative), summary.md, throughput_vs_batch.png and
+loss_curves.png (``jaxray.reporting.figures``).
 
-Written under ``out_dir`` by ``write_reports``:
-
-    summary.json             one object per trial: KEY_ORDER keys first, then extras; NaN/inf -> null;
-                             the checkpoint path relative to out_dir (``jaxray.runs.record_path``)
-    summary.md               heading, a table row per trial (failed ones too), best trial per workload
-    throughput_vs_batch.png  examples/s (MLPs) or tokens/s (transformer) against global batch (log2)
-    loss_curves.png          training loss against examples (MLPs) or tokens (transformer) processed
-
-A transformer trial's row names the attention it used (``attention``: "xla" or "cudnn") and why
-(``attention_note``: "requested in model.attention", or what ``auto`` found;
-``jaxray.models.attention``).
-
-Units: throughput in examples/s or tokens/s, ``ms_per_step`` in milliseconds, ``compile_s`` in
-seconds, ``peak_bytes_per_device`` in bytes (shown in MiB: XLA's memory analysis of the compiled
-step, ``jaxray.train.compile_report``), losses in nats (cross-entropy), perplexity = exp(val_loss).
-The best trial is ``jaxray.runs.best_trial``, the ranking ``--checkpoint runs/<experiment>`` loads by.
-"""
+Units: throughput in examples/s or tokens/s, ``ms_per_step`` in ms, ``compile_s`` in s,
+``peak_bytes_per_device`` in bytes (shown in MiB), losses in nats, perplexity = exp(val_loss)."""
 
 from __future__ import annotations
 
@@ -86,12 +72,9 @@ def write_reports(
 ) -> dict[str, Path]:
     """Writes summary.json, summary.md, throughput_vs_batch.png and loss_curves.png under out_dir.
 
-    ``histories`` maps a trial name to its logged rows (``step``, ``examples``, ``loss``, and
-    ``tokens`` for the transformer). ``ranking`` maps a workload to the (metric, "min"|"max") that
-    picks its best trial (default: ``jaxray.config.experiment.DEFAULT_METRIC``). A row's
-    ``checkpoint`` is written relative to ``out_dir``, so the run folder can be moved. Returns {file
-    name: path}.
-    """
+    ``histories``: trial name -> logged rows (``step``, ``examples``, ``loss``, ``tokens``).
+    ``ranking``: workload -> (metric, "min"|"max") (default ``DEFAULT_METRIC``). Returns {file
+    name: path}."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in FILES}
@@ -164,8 +147,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def best_per_workload(rows: list[dict], ranking: Ranking | None = None) -> list[str]:
-    """One Markdown bullet per workload: its best trial by ``ranking`` (``jaxray.runs.best_trial``;
-    default: highest test_accuracy for the MLPs, lowest val_loss for the transformer)."""
+    """One Markdown bullet per workload: its best trial by ``ranking`` (``jaxray.runs.best_trial``)."""
     lines = []
     for w in workloads(rows):
         key = ranking_metric(w, ranking)[0]

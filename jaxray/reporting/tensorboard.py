@@ -11,11 +11,8 @@ log = logging.getLogger(__name__)
 
 
 class TensorBoardLogger:
-    """Writes each logged row as scalars ``train/<name>`` at its ``step``; ``close`` flushes.
-
-    Without ``flush()`` and ``close()`` at the end tensorboardX loses the last scalars, so use it as a
-    context manager.
-    """
+    """Writes each logged row as scalars ``train/<name>`` at its ``step``. Use as a context manager:
+    without ``close()`` tensorboardX loses the last scalars."""
 
     def __init__(self, logdir: str | Path):
         self._logdir = Path(logdir)
@@ -49,6 +46,5 @@ class TensorBoardLogger:
         except OSError as err:
             if kind is None:
                 raise
-            # An exception is already on its way out (a checkpoint save that failed on the same
-            # full disk, say): a failing close must not replace it.
+            # An exception is already on its way out: a failing close must not replace it.
             log.warning("%s", err)

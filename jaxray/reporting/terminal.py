@@ -1,17 +1,9 @@
 """The main job's terminal: jaxray's own lines there, everything else in a log file.
 
-``quiet(log_file)`` points this process's file descriptors 1 and 2 at ``log_file``, so whatever
-writes to them goes there whole: Ray's driver logs, the lines Ray forwards from every worker
-(``log_to_driver``), Tune's status tables, Orbax's and absl's logs, Python warnings, and the
-processes started meanwhile (a local Ray's own). jaxray's lines go to the terminal through ``out()``
-(results) and ``err()`` (header, warnings, errors), which write to the terminal's stdout/stderr
-and to the log while quiet (so the log is the whole record), and are ``sys.stdout``/``sys.stderr``
-otherwise (``--verbose``: today's full output, unchanged); a live display draws on ``display()``,
-the terminal alone. The ``jaxray`` logger's warnings and errors reach the terminal once each.
-
-Redirecting descriptors rather than filtering text keeps every byte in the log: Ray writes worker
-lines to whatever ``sys.stderr`` is, so swapping Python's streams would bring them back.
-"""
+``quiet(log_file)`` points file descriptors 1 and 2 at ``log_file`` (Ray, Tune, Orbax, warnings,
+child processes); jaxray writes through ``out()``/``err()`` (terminal and log) and a live display
+through ``display()`` (terminal only). Descriptors, not Python streams, are redirected because Ray
+writes worker lines to whatever ``sys.stderr`` is."""
 
 from __future__ import annotations
 
@@ -59,8 +51,7 @@ def log_hint() -> str:
 
 
 class _Forgiving:
-    """A text stream whose failed writes are dropped: a log on a full disk must not fail whoever
-    prints to it (Tune's loop, Ray's log thread), as the run's own checkpoints fail in words."""
+    """A text stream whose failed writes are dropped (a full disk must not fail whoever prints)."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
@@ -121,10 +112,8 @@ class _Once(logging.Filter):
 
 @contextlib.contextmanager
 def quiet(log_file: Path) -> Iterator[Path]:
-    """Inside: descriptors 1 and 2 write to ``log_file`` (created with its folder, appended to), and
-    ``out()``/``err()`` to the terminal; the ``jaxray`` logger's warnings and errors reach ``err()``
-    once each and the log always. Afterwards everything is as before. Yields ``log_file``.
-
+    """Inside: descriptors 1 and 2 write to ``log_file`` (created, appended to), ``out()``/``err()``
+    to the terminal; ``jaxray`` logger warnings reach ``err()`` once each. Yields ``log_file``.
     Raises OSError when the log file cannot be created (before anything is redirected)."""
     global _terminal, _lines, _log_file
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -135,8 +124,7 @@ def quiet(log_file: Path) -> Iterator[Path]:
     terminal = tuple(os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8") for fd in saved)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    # Python's writers get the log as a stream of its own: the one they had may not be descriptor 2
-    # (a host such as pytest replaces sys.stderr).
+    # Python's writers get the log as their own stream (pytest may have replaced sys.stderr).
     log = _Forgiving(os.fdopen(log_fd, "w", buffering=1, encoding="utf-8", errors="replace"))
     streams = sys.stdout, sys.stderr
     sys.stdout = sys.stderr = log

@@ -1,4 +1,4 @@
-"""The Ray Serve application for the trained transformer (see ``serve/README.md``).
+"""The Ray Serve application for the trained transformer (see ``docs/serving.md``).
 
   jaxray.serve.schema    request/response models, limits, the error format (no Ray, no JAX)
   jaxray.serve.routes    the FastAPI app, its error handlers, body reading, SSE streams (no Ray, no JAX)

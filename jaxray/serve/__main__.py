@@ -1,15 +1,11 @@
 """python -m jaxray.serve --checkpoint PATH: serve a trained transformer over HTTP with Ray Serve.
 
-Every option is checked (and the port tried), and the weights restored once (every file checked
-against its SHA-256), before Ray starts: a damaged checkpoint is refused in seconds, naming the
-file (exit 2). Joins the cluster ``RAY_ADDRESS`` names (``RAY_ADDRESS=auto``: a ``ray start``
-cluster on this machine), otherwise starts a private local Ray in-process. Prints the URL and a
-curl example once the replica has compiled; a replica that fails to start, at first or as the
-replacement of one that died, ends the command within seconds with its exception (exit 1),
-requests still waiting for it answered with a JSON 503 naming the cause. Ctrl-C (SIGINT) or
-SIGTERM removes the app and stops what it started, in seconds: SIGTERM is handled here as Ctrl-C
-(Ray 2.60's native failure-signal handler, which would abort the process with exit 134 and leave
-Ray's agents behind, is replaced once Ray is up).
+Every option is checked (and the port tried), and the weights restored once, before Ray starts: a
+damaged checkpoint is refused naming the file (exit 2). Joins the cluster ``RAY_ADDRESS`` names
+(``auto``: a ``ray start`` cluster on this machine), otherwise starts a private local Ray. Then
+``serve.run``: a replica that fails to start ends the command with its error (exit 1); later
+failures are Serve's to handle (a dead replica is replaced; its errors reach this terminal
+through Ray's log forwarding). Ctrl-C removes the app and stops what it started.
 
   python -m jaxray.serve --checkpoint runs/demo --port 8000 --max-batch-size 16 --batch-wait-ms 10
   python -m jaxray.serve --config serve/config.yaml   # serve run's config, failing and stopping fast
@@ -21,11 +17,8 @@ import argparse
 import json
 import logging
 import os
-import shutil
-import signal
 import socket
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -38,8 +31,6 @@ from pydantic import ValidationError
 from jaxray.argtypes import cli_parser, port, positive_float
 from jaxray.inference.settings import add_engine_options, engine_overrides
 from jaxray.serve.settings import (
-    FAILED_FILE,
-    FAILED_POLL_S,
     AppArgs,
     add_replica_options,
     args_error,
@@ -51,12 +42,6 @@ APP_NAME = "jaxray"
 IMPORT_PATH = "jaxray.serve.app:app_builder"  # the application of a config file (serve/config.yaml)
 PROXY_CALLBACK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"  # Serve's: middlewares for its proxy
 REQUEST_TIMEOUT_S = 60.0  # Serve's proxy answers a request still unanswered after this with a JSON 504
-WATCH_S = 2.0  # how often the app's status is read while it serves
-# Serve 2.60's deployment messages once a replica's constructor raised (DeploymentState.
-# record_replica_startup_failure, and _check_curr_status once the retries are used up): for a
-# replacement Serve retries without end and the status stays UNHEALTHY, as while a replacement
-# still compiles; these messages tell the two apart.
-STARTUP_FAILED = ("A replica failed to start", "The deployment failed to start")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,8 +162,6 @@ def init_ray(verbose: bool = False) -> bool:
     # Serve's proxy (a worker of this Ray, so it inherits this) with jaxray's JSON errors: Ray 2.60
     # refuses middlewares in http_options, this callback is how a proxy gets them.
     os.environ.setdefault(PROXY_CALLBACK, "jaxray.serve.routes:proxy_middlewares")
-    # Where this process tells that proxy the app failed (jaxray.serve.routes.FAILED_FILE).
-    os.environ[FAILED_FILE] = str(Path(tempfile.mkdtemp(prefix="jaxray-serve-")) / "failed")
     ray.init(address="local", include_dashboard=False, logging_level=_level(verbose))
     return False
 
@@ -194,15 +177,6 @@ def serve_logging(verbose: bool) -> dict[str, Any]:
     with a line per request) with ``--verbose``, else WARNING; what they log reaches the terminal
     through Ray's ``log_to_driver`` either way, and all of it Ray's log files."""
     return {} if verbose else {"log_level": "WARNING"}
-
-
-class AppFailed(RuntimeError):
-    """The app cannot serve any more: Serve gave up on it, or a replica failed to start. The
-    message is Serve's (a replica's traceback among them); ``cause`` its last line, the exception."""
-
-    @property
-    def cause(self) -> str:
-        return next((line for line in reversed(str(self).splitlines()) if line.strip()), "").strip()
 
 
 class GpuShortage(ValueError):
@@ -258,20 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     joined = init_ray(args.verbose)
-    signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which installs Ray's own handler
     try:
         return _serve(app, args, settings.num_gpus, joined)
     finally:
         _stop(joined)
 
 
-def _interrupt(signum: int, _frame) -> NoReturn:
-    """SIGTERM as Ctrl-C: the app is removed and Ray stopped on the way out."""
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
-    """Deploy ``app``, print the ready message and wait for Ctrl-C / SIGTERM; the exit status."""
+    """Deploy ``app``, print the ready message and wait for Ctrl-C; the exit status."""
     from ray import serve  # deferred: ray is heavy; --help and option errors stay fast
 
     try:
@@ -281,85 +249,30 @@ def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
         serve.start(http_options=http, logging_config=logs or None)
         serve.run(app, name=APP_NAME, route_prefix="/", logging_config=logs or None)
         print(ready_message(args.host, args.port), flush=True)
-        watch(APP_NAME)
+        while True:
+            time.sleep(3600)
     except KeyboardInterrupt:
         print("stopping", file=sys.stderr, flush=True)
         return 0
-    except AppFailed as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        if not joined:  # the proxy of the Ray started here, which reads FAILED_FILE
-            _tell_waiting(f"the app failed and python -m jaxray.serve is stopping: {err.cause}")
-        return 1
     except GpuShortage as err:  # bad input, found once Ray is up
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (RuntimeError, ValueError) as err:  # a replica that failed to start: Serve's status says why
-        from jaxray.serve.app import deploy_failure  # deferred: loaded already, by main()
-
-        print(f"error: {err}\n{deploy_failure(APP_NAME)}".rstrip(), file=sys.stderr)
+    except RuntimeError as err:  # serve.run: a replica failed to start, Serve's message says why
+        print(f"error: {err}", file=sys.stderr)
         return 1
 
 
-def watch(name: str, every_s: float = WATCH_S) -> NoReturn:
-    """Until interrupted: every ``every_s`` s, Serve's status of application ``name``; when it
-    changes, say so in the terminal with Serve's messages. Raises AppFailed with those messages
-    once the app cannot serve: DEPLOY_FAILED, or a replica failed to start (``failed``). An
-    UNHEALTHY app whose replica died and is being replaced is told, and watched on."""
-    from ray import serve  # deferred: ray is heavy; --help and option errors stay fast
-
-    from jaxray.serve.app import deploy_failure  # deferred: loaded already, by main()
-
-    last = "RUNNING"
-    while True:
-        time.sleep(every_s)
-        try:
-            status = serve.status().applications[name].status
-            status = getattr(status, "value", str(status))  # ApplicationStatus, a str Enum
-            why = deploy_failure(name) if status != "RUNNING" else ""
-        except Exception as err:  # the controller busy or restarting: tell, try again
-            status, why = "UNKNOWN", f"{type(err).__name__}: {err}"
-        if failed(status, why):
-            raise AppFailed(f"the app is {status.lower()}: {why}")
-        if status != last:
-            print(
-                f"jaxray: the app is {status.lower()}{': ' + why if why else ''}", file=sys.stderr, flush=True
-            )
-            last = status
-
-
-def failed(status: str, why: str) -> bool:
-    """Whether an app of Serve status ``status`` and messages ``why`` (``deploy_failure``) cannot
-    serve again without a new deploy: DEPLOY_FAILED, or a replica's constructor raised (a
-    replacement that finds other or damaged weights refuses them: it will never start)."""
-    return status == "DEPLOY_FAILED" or any(marker in why for marker in STARTUP_FAILED)
-
-
-def _tell_waiting(why: str) -> None:
-    """Have the proxy answer the requests still waiting for a replica with a JSON 503 saying
-    ``why`` (``jaxray.serve.routes.JsonErrors``), and give it the time to."""
-    Path(os.environ[FAILED_FILE]).write_text(why)
-    time.sleep(2 * FAILED_POLL_S + 0.5)
-
-
 def _stop(joined: bool) -> None:
-    """Remove our app from a joined cluster; stop the private Ray this process started."""
+    """Remove our app from a joined cluster; stop the private Ray this process started (Serve's
+    controller, proxy and replica with it)."""
     import ray  # deferred: ray is heavy; --help and option errors stay fast
     from ray import serve  # deferred: as ray
 
-    # A second Ctrl-C would leave Ray half stopped: both signals wait until it is done.
-    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         if joined:
             serve.delete(APP_NAME)
-        # A private Ray goes whole, Serve's controller, proxy and replica with it. serve.shutdown()
-        # first would wait for the controller to stop every replica and proxy, and up to 30 s for
-        # one that a terminal's Ctrl-C (sent to the whole process group) may already have ended.
     finally:
         ray.shutdown()
-        if not joined:  # the folder init_ray made for FAILED_FILE
-            shutil.rmtree(Path(os.environ.pop(FAILED_FILE)).parent, ignore_errors=True)
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from starlette.requests import Request as HttpRequest
 
 from jaxray.inference.artifact_loader import read_artifact_manifest
 from jaxray.inference.engine import Request
-from jaxray.inference.load import check_source, describe_source, fingerprint, is_artifact, load_engine
+from jaxray.inference.load import check_source, describe_source, is_artifact, load_engine
 from jaxray.inference.settings import EngineSettings
 from jaxray.serve.routes import (
     Counted,
@@ -70,7 +70,7 @@ from jaxray.serve.settings import AppArgs, args_error, with_checkpoint
 logger = logging.getLogger("ray.serve")
 ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed")
 MERGED_BATCHES = 16  # Serve batches in flight at once, merged by the scheduler
-# Deployment options for short faults (see the module docstring and serve/README.md).
+# Deployment options for short faults (see the module docstring and docs/serving.md).
 CONSTRUCTOR_TRIES = 1  # a replica whose __init__ raises fails the deploy at once, with its exception
 HEALTH_CHECK_PERIOD_S = 2.0  # how often Serve checks the replica: a dead one is noticed this soon
 RETRY_AFTER_S = 1  # the Retry-After of a 503 for a full queue
@@ -110,8 +110,7 @@ class JaxrayServer:
     checkpoint: an absolute path ``jaxray.inference.load.load_engine`` accepts; settings: the
     engine's; max_batch_size: requests decoded together (<= max(settings.batch_sizes));
     batch_wait_s: how long the first request of a batch waits for company; compute_cpus: CPUs for
-    JAX's compute threads (``pin_compute``); weights_sha256: what ``load_engine`` must find at
-    ``checkpoint`` (``jaxray.inference.load.fingerprint``; None: not checked).
+    JAX's compute threads (``pin_compute``).
     """
 
     def __init__(
@@ -121,12 +120,11 @@ class JaxrayServer:
         max_batch_size: int,
         batch_wait_s: float,
         compute_cpus: int | None = None,
-        weights_sha256: str | None = None,
     ):
         self.started = time.monotonic()
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.compute_cpus = pin_compute(compute_cpus)
-        self.engine = load_engine(checkpoint, settings, expected=weights_sha256)
+        self.engine = load_engine(checkpoint, settings)
         report = self.engine.compile()
         logger.info(
             "jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s",
@@ -313,15 +311,12 @@ def build_app(args: AppArgs) -> Application:
             f"a batch could never fill"
         )
     # A wrong workload or artifact settings: refused before Ray starts. The replicas get the
-    # checkpoint resolved here and its fingerprint, so one that Serve starts later (a replacement)
-    # serves these weights or none, even if runs/<experiment> names another best trial by then.
+    # checkpoint resolved here, so a replacement serves the same one.
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
     check_restores(source, args.engine)
     server = deployment(args)
-    return server.bind(
-        str(source), args.engine, max_batch, args.batch_wait_ms / 1e3, args.compute_cpus, fingerprint(source)
-    )
+    return server.bind(str(source), args.engine, max_batch, args.batch_wait_ms / 1e3, args.compute_cpus)
 
 
 def app_builder(args: dict[str, Any]) -> Application:
@@ -350,17 +345,3 @@ def app_builder(args: dict[str, Any]) -> Application:
     except ValueError as err:  # the build task's own output reaches the `serve run` terminal
         print(f"jaxray: cannot serve: {err}", file=sys.stderr, flush=True)
         raise
-
-
-def deploy_failure(name: str) -> str:
-    """Why Serve's application ``name`` failed to deploy, in Serve's words: the application's and
-    its deployments' status messages (a replica constructor's traceback among them); '' when there
-    are none. Raises what ``serve.status`` raises when Serve is not running."""
-    app = serve.status().applications.get(name)
-    if app is None:
-        return ""
-    lines = [app.message] if app.message else []
-    lines += [
-        f"{deployment}: {status.message}" for deployment, status in app.deployments.items() if status.message
-    ]
-    return "\n".join(lines)

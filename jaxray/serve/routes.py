@@ -19,11 +19,9 @@ time-out) the same JSON error shape. No Ray and no JAX.
 """
 
 # No `from __future__ import annotations`: FastAPI reads handler signatures at runtime.
-import asyncio
 import codecs
 import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 
@@ -35,7 +33,6 @@ from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 
 from jaxray.serve.schema import ApiError, completion_object, sse
-from jaxray.serve.settings import FAILED_FILE, FAILED_POLL_S
 
 logger = logging.getLogger("ray.serve")
 api = FastAPI(
@@ -184,13 +181,10 @@ class JsonErrors:
     Serve's request time-out (its 408), and 500 when the replica died before answering (Serve
     sends nothing). ``/healthz`` gets a time-out of ``healthz_timeout_s`` (504 when no replica
     answers in time, e.g. while one is replaced). A stream already under way is left as it is.
-    A request still waiting for a replica when the app failed for good (``failed_file``, by
-    default the file ``FAILED_FILE`` names) gets a 503 with the cause at once.
     """
 
-    def __init__(self, app, healthz_timeout_s: float = HEALTHZ_TIMEOUT_S, failed_file: str | None = None):
+    def __init__(self, app, healthz_timeout_s: float = HEALTHZ_TIMEOUT_S):
         self.app, self.healthz_timeout_s = app, healthz_timeout_s
-        self.failed_file = failed_file or os.environ.get(FAILED_FILE)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -219,10 +213,7 @@ class JsonErrors:
             await send(message)
 
         try:
-            if why := await self._unless_failed(self.app(scope, receive, guarded), state):
-                for reply in _json_reply(503, why):
-                    await send(reply)
-                return
+            await self.app(scope, receive, guarded)
         except Exception as err:  # noqa: BLE001 - answered as JSON when nothing was sent yet
             if state["started"]:
                 raise
@@ -234,31 +225,6 @@ class JsonErrors:
             status = state["held"][0] if state["held"] else 500
             for reply in _json_reply(PROXY_STATUS.get(status, status), NO_ANSWER):
                 await send(reply)
-
-    async def _unless_failed(self, answer, state: dict) -> str:
-        """Await ``answer``; '' once done. If the app is reported failed (``FAILED_FILE``) while
-        no answer has started, cancel it and return why."""
-        if not self.failed_file:
-            await answer
-            return ""
-        task = asyncio.ensure_future(answer)
-        while not task.done():
-            await asyncio.wait([task], timeout=FAILED_POLL_S)
-            if not task.done() and not state["started"] and (why := _failure(self.failed_file)):
-                task.cancel()
-                await asyncio.wait([task], timeout=FAILED_POLL_S)  # let it end, but not wait on it
-                return why
-        task.result()  # raises what the proxy raised
-        return ""
-
-
-def _failure(path: str) -> str:
-    """What python -m jaxray.serve wrote to ``path`` when the app failed; '' while it has not."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return ""
 
 
 def proxy_middlewares() -> list[Middleware]:

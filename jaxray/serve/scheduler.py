@@ -1,13 +1,8 @@
 """The replica's engine loop: continuous batching (``jaxray.inference.batcher``) fed by Serve's batches.
 
-Ray Serve's ``@serve.batch`` forms the next batch as soon as the previous one *starts* (the batch
-queue is read again while the first batch still holds its concurrency permit), so under load it
-hands over many small batches (a mean of 1.7 requests with 16 closed-loop clients). Serve may run
-several batch handlers at once (``max_concurrent_batches``); each hands its group of requests here,
-and between two decode calls the loop admits every waiting group that fits in the free rows of the
-running batch, so requests join it within one chunk instead of waiting for a whole batch to end.
-Requests of one group are admitted together, so each handler still yields one list per step.
-"""
+``@serve.batch`` hands over many small batches under load; between two decode calls the loop admits
+every waiting group that fits in the free rows, so requests join within one chunk. A group's
+requests are admitted together."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ class _Group:
 
 
 class Scheduler:
-    """Runs the ``Batcher`` on one worker thread (JAX calls leave the event loop, so the replica
-    keeps answering /healthz while the batch decodes)."""
+    """Runs the ``Batcher`` on one worker thread so the event loop keeps answering /healthz."""
 
     def __init__(self, engine: Engine, max_batch_size: int):
         self.batcher = Batcher(engine, max_batch_size)
@@ -41,9 +35,8 @@ class Scheduler:
         self._driver: asyncio.Task | None = None
 
     async def run(self, requests: list[Request]) -> AsyncIterator[list[list[int]]]:
-        """Yields, step by step, the new tokens of each of ``requests`` ([] for one that is finished
-        or got none), until all are done. Raises what the engine raised. At most ``max_batch_size``
-        requests."""
+        """Yields, step by step, each request's new tokens ([] if finished or none) until all are
+        done; at most ``max_batch_size`` requests. Raises what the engine raised."""
         if not 1 <= len(requests) <= self.batcher.max_batch_size:
             raise ValueError(f"a group holds 1..{self.batcher.max_batch_size} requests, got {len(requests)}")
         if self._driver is None or self._driver.done():
@@ -68,8 +61,7 @@ class Scheduler:
         }
 
     def _admissible(self) -> list[_Group]:
-        """The waiting groups, oldest first, that fit in the free rows (stopping at the first that
-        does not)."""
+        """The waiting groups, oldest first, that fit in the free rows (up to the first that does not)."""
         groups, free = [], self.batcher.free
         while self._waiting and len(self._waiting[0].requests) <= free:
             groups.append(self._waiting.popleft())
@@ -91,8 +83,8 @@ class Scheduler:
                 await self._run(loop, None, self.batcher.step)
 
     async def _run(self, loop, admitted: list[_Group] | None, call, *args) -> None:
-        """``call`` on the engine thread, its updates sent to their groups. On an engine error every
-        group involved (``admitted``, or all live ones) gets the error and the running batch is reset."""
+        """``call`` on the engine thread, updates sent to their groups; on an engine error the groups
+        involved get it and the running batch is reset."""
         try:
             updates = await loop.run_in_executor(self._thread, call, *args)
         except Exception as err:  # noqa: BLE001 - the handlers get the error, the loop goes on

@@ -1,19 +1,8 @@
 """HTTP request/response shapes of the Serve app, and the one error format every refusal uses.
 
-Requests are pydantic models parsed straight from the body bytes (``parse``) in strict mode: a
-boolean is not an integer, ``"0.5"`` is not a number, ``NaN``/``Infinity`` are refused, unknown
-fields are refused by name. The limits that depend on the server's settings (``Limits``: the
-max_new_tokens cap, the prompt byte limit, the vocabulary) travel as pydantic validation context,
-so one model serves every configuration.
-
-Every refusal is HTTP 400 (413 for a body far past any valid request, 404/405 for an unknown
-route or method) with the body::
-
-    {"error": {"field": "temperature", "message": "...", "allowed": "...",
-               "type": "invalid_request_error", "param": "temperature"}}
-
-``field`` names the request field (``body`` for a body that is not a JSON object); ``type`` and
-``param`` repeat it in the OpenAI error shape so OpenAI clients show the message.
+Requests are strict pydantic models parsed from the body bytes (``parse``); server-dependent
+``Limits`` travel as validation context. Refusals are 400 (413 for an oversized body) with
+``{"error": {"field", "message", "allowed", "type", "param"}}`` (``type``/``param``: OpenAI's shape).
 """
 
 from __future__ import annotations
@@ -29,8 +18,7 @@ MAX_SEED = 2**32 - 1
 DEFAULT_NEW_TOKENS = 128  # /generate without max_new_tokens (lowered to the server's cap if that is smaller)
 OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
 OPENAI_DEFAULT_TEMPERATURE = 1.0
-# The ModelConfig fields each workload's model reads (jaxray.models.build): /info shows only the
-# served model's, so a transformer's has no block_repeats (the shared-block MLP's alone).
+# ModelConfig fields each workload's model reads; /info shows only the served model's.
 MODEL_FIELDS: dict[str, tuple[str, ...]] = {
     "mlp": ("workload", "width", "dtype"),
     "shared_block_mlp": ("workload", "width", "dtype", "block_repeats"),
@@ -57,8 +45,8 @@ class Limits:
 
     @property
     def max_body_bytes(self) -> int:
-        """Bodies longer than this are refused unread (413): a JSON string spends at most 6
-        characters (``\\u00XX``) per prompt byte, plus room for the other fields."""
+        """Bodies longer than this are refused unread (413): at most 6 JSON characters per prompt
+        byte plus room for the other fields."""
         return 6 * self.max_prompt_bytes + 4096
 
 
@@ -119,8 +107,7 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description="PRNG seed; the same 
 
 
 class _Sampling(BaseModel):
-    """The checks both routes share (each route declares its fields, in the order its docs list
-    them). Strict: JSON types must match exactly."""
+    """The checks both routes share; strict: JSON types must match exactly."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
@@ -154,8 +141,8 @@ class GenerateRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    """``POST /v1/completions``: the OpenAI completions request, one string prompt, one choice.
-    ``model`` is accepted (OpenAI clients require it) and otherwise ignored."""
+    """``POST /v1/completions``: the OpenAI completions request, one string prompt, one choice;
+    ``model`` is accepted and ignored."""
 
     model: str | None = None
     prompt: Prompt
@@ -178,8 +165,7 @@ class GenerateResponse(BaseModel):
 
 
 def served_model(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` (a ModelConfig's ``model_dump()``) less the fields its workload does not use
-    (``MODEL_FIELDS``); /info's ``model``."""
+    """``config`` (a ModelConfig dump) less the fields its workload does not use; /info's ``model``."""
     return {k: v for k, v in config.items() if k in MODEL_FIELDS[config["workload"]]}
 
 
@@ -203,11 +189,8 @@ def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:
 
 
 def parse(model: type[_Sampling], body: bytes, limits: Limits) -> _Sampling:
-    """Parse ``body`` (raw request bytes) into ``model`` under ``limits``.
-
-    Raises ApiError(400) naming the first bad field, or ``body`` when the bytes are not a JSON
-    object; ApiError(413) when ``body`` is over ``limits.max_body_bytes``.
-    """
+    """Parse ``body`` (raw request bytes) into ``model`` under ``limits``. Raises ApiError(400) naming
+    the first bad field (or ``body``), ApiError(413) when over ``limits.max_body_bytes``."""
     if len(body) > limits.max_body_bytes:
         raise ApiError(
             413,
@@ -251,8 +234,7 @@ def completion_object(
     usage: dict | None = None,
     chunk: bool = False,
 ) -> dict[str, Any]:
-    """An OpenAI ``text_completion`` object (one choice); ``usage`` only on the non-stream answer.
-    OpenAI streams chunks with the same object name and ``finish_reason: null`` until the last."""
+    """An OpenAI ``text_completion`` object (one choice); ``usage`` only on the non-stream answer."""
     body: dict[str, Any] = {
         "id": completion_id,
         "object": "text_completion",

@@ -24,12 +24,6 @@ from pydantic import (
 from jaxray.argtypes import FieldOptions, add_field_options, given_options, non_negative_float, positive_int
 from jaxray.inference.settings import EngineSettings
 
-# The environment variable naming a file that python -m jaxray.serve hands its private Ray's proxy
-# (whose workers inherit the environment) and writes, with the cause, once the app failed for good:
-# requests still waiting for a replica then get a JSON 503 saying so (jaxray.serve.routes.JsonErrors,
-# which looks this often) instead of waiting for a replica that will never come.
-FAILED_FILE = "JAXRAY_SERVE_FAILED_FILE"
-FAILED_POLL_S = 0.5
 # Serve config files do not expand environment variables: args that name no checkpoint
 # (serve/config.yaml's) get it from here, else DEFAULT_CHECKPOINT (``with_checkpoint``).
 CHECKPOINT_ENV = "JAXRAY_CHECKPOINT"
@@ -95,7 +89,7 @@ OPTIONS: FieldOptions = {
         "CPUs for JAX's compute threads in the replica",
         "all but one, at least one",
     ),
-    "num_gpus": (non_negative_float, "GPUs Ray reserves for the replica (0: none; see serve/README.md)", ""),
+    "num_gpus": (non_negative_float, "GPUs Ray reserves for the replica (0: none; see docs/serving.md)", ""),
 }
 
 

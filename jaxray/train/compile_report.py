@@ -1,27 +1,9 @@
-"""What XLA knows about a compiled step before it runs: the compile report (``compile.json``).
-
-``report(compiled, compile_s)`` gathers, for one AOT-compiled program (``jax.jit(f).lower(...).compile()``):
-
-- ``compile_s``: seconds spent lowering and compiling (s);
-- ``flops`` and ``bytes_accessed``: XLA's cost analysis of one call (per device: the program is SPMD);
-- ``memory``: XLA's memory analysis per device, in bytes: ``argument_bytes``, ``output_bytes``,
-  ``alias_bytes`` (outputs that reuse donated arguments), ``temp_bytes`` (scratch), ``code_bytes``
-  and ``peak_bytes`` = argument + output - alias + temp (the "total memory size" of MaxText's
-  ``max_utils.print_compiled_memory_stats``: every buffer live at once, an upper bound);
-  ``xla_peak_bytes``: XLA's own ``peak_memory_in_bytes`` where jaxlib reports it (on CPU it leaves
-  temporaries out);
-- ``device_memory_bytes``: the device's memory: its allocator's limit
-  (``Device.memory_stats()["bytes_limit"]``, GPUs), or the host's physical RAM for a CPU device,
-  which allocates from it and reports no limit (shared by every forced host device);
-  ``memory_source`` says which ("device" or "host RAM"), and ``fits``: whether ``peak_bytes`` is
-  within it (None when unknown);
-- ``ops``: counts from the optimised HLO that explain speed: ``scatter`` and ``gather`` by element
-  type, ``collectives`` by opcode, ``custom_calls`` by target (cuDNN attention is
-  ``__cudnn$fmha...``), ``fusions`` by kind and ``dots``.
-
-``hlo_ops(text)`` parses any HLO text, so tests can count the scatters of a lowered, not yet
-compiled, program (``lowered.as_text(dialect="hlo")``).
-"""
+"""The compile report (``compile.json``) of an AOT-compiled program: ``compile_s`` (s), XLA's
+``flops`` and ``bytes_accessed`` per device, ``memory`` per device in bytes (``peak_bytes`` =
+argument + output - alias + temp, as MaxText's ``print_compiled_memory_stats``),
+``device_memory_bytes`` with its ``memory_source`` ("device" or "host RAM") and ``fits``, and
+``ops`` counted from the optimised HLO (``hlo_ops``: scatters, gathers, collectives, custom calls,
+fusions, dots)."""
 
 from __future__ import annotations
 
@@ -60,12 +42,9 @@ def _element_types(type_text: str) -> list[str]:
 
 
 def hlo_ops(text: str) -> dict[str, Any]:
-    """Op counts of an HLO module's text (every computation, fused ones included).
-
-    Returns ``{"scatter": {dtype: n}, "gather": {dtype: n}, "collectives": {opcode: n},
-    "custom_calls": {target: n}, "fusions": {kind: n}, "dots": n}``; dtypes are HLO's names
-    (``bf16``, ``f16``, ``f32``, ``s32``); an async collective counts once (its ``-start``).
-    """
+    """Op counts of an HLO module's text (every computation, fused ones included): ``{"scatter":
+    {dtype: n}, "gather": {dtype: n}, "collectives": {opcode: n}, "custom_calls": {target: n},
+    "fusions": {kind: n}, "dots": n}``; an async collective counts once (its ``-start``)."""
     scatter, gather, collectives, fusions = Counter(), Counter(), Counter(), Counter()
     custom_calls: Counter = Counter()
     dots = 0
@@ -98,10 +77,8 @@ def hlo_ops(text: str) -> dict[str, Any]:
 
 
 def sixteen_bit_scatters(text: str) -> dict[str, int]:
-    """Scatters of ``text`` (HLO) whose element type is 16-bit (bf16, f16): {dtype: n}, empty when none.
-
-    On NVIDIA GPUs a 16-bit scatter-add has no native atomic and becomes a compare-and-swap loop
-    that serialises updates to the same row (openxla/xla#26371)."""
+    """16-bit (bf16, f16) scatters of HLO ``text``: {dtype: n}. These serialise on NVIDIA GPUs
+    (openxla/xla#26371)."""
     return {dtype: n for dtype, n in hlo_ops(text)["scatter"].items() if dtype in ("bf16", "f16")}
 
 
@@ -240,9 +217,8 @@ MAX_ELEMENTS = 2**62
 
 
 def check_extents(trial) -> None:
-    """Raise ConfigError when the largest array of ``trial``'s step, about global batch x T x
-    max(4 D, V) elements for the transformer or global batch x max(D, 784) for the MLPs (and the
-    D x 4D weights), has more elements than XLA can index: it would abort the process."""
+    """ConfigError when the largest array of ``trial``'s step has more elements than XLA can index
+    (it would abort the process)."""
     m, b = trial.model, trial.train.global_batch
     rows = b * (trial.data.seq_len if m.workload == "transformer" else 1)
     largest = max(rows * max(4 * m.width, m.vocab_size, 784), 4 * m.width * m.width)
@@ -254,11 +230,9 @@ def check_extents(trial) -> None:
 
 
 def report_for(trial, mesh) -> dict[str, Any]:
-    """Compile ``trial``'s train step for ``mesh`` as training does, from shapes alone (no params or
-    batches are allocated, so a config too big for the device can still be reported), and return
-    its compile report with the config under ``config``. Raises ConfigError if the global batch
-    does not divide over the mesh's devices, the arrays are too big for XLA to index, or the trial
-    asks for cuDNN attention that cannot run (``jaxray.parallel.checks.check_trial``)."""
+    """Compile ``trial``'s train step for ``mesh`` from shapes alone and return its compile report
+    with the config under ``config``. Raises ConfigError for a batch that does not divide, arrays
+    too big for XLA, or cuDNN attention that cannot run."""
     check_trial(trial, mesh.devices.size)
     check_extents(trial)
     model = build(trial.model)

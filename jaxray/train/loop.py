@@ -1,11 +1,7 @@
 """The step loop: compile once, run N steps, call hooks on their own cadence, time it honestly.
 
-Timing recipe (as in the learning path): the step is compiled ahead of time (``compile_s``), the
-first step runs as warm-up and is timed on its own (``warmup_s``), then the clock runs over the
-remaining steps and is read only after ``jax.block_until_ready``. Input-pipeline time between
-steps is inside the timed window; host time spent in hooks (logging, Ray reports, TensorBoard)
-after the device has finished is not, and is reported as ``hook_s``.
-"""
+AOT compile (``compile_s``), step 1 timed alone (``warmup_s``), then steps 2..N timed up to
+``jax.block_until_ready``; input-pipeline time is inside, host time in hooks is not (``hook_s``)."""
 
 from __future__ import annotations
 
@@ -51,14 +47,9 @@ class LoopTiming:
 def compile_train_step(
     model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array], steps_per_call: int = 1
 ):
-    """AOT-compile the auto-sharded train step for these shapes and shardings -> (compiled step,
-    compile seconds).
-
-    State is replicated and donated (updated in place); the batch is sharded on ``data``; XLA
-    places the gradient all-reduce. With ``steps_per_call`` K > 1 one call runs K optimizer steps
-    under ``lax.scan`` over a stack of batches ``[K, B, ...]`` (sharded on its second dimension)
-    and returns metrics ``[K]``: the same updates in the same order, one dispatch instead of K.
-    """
+    """AOT-compile the auto-sharded train step -> (compiled step, compile seconds). State replicated
+    and donated, batch sharded on ``data``. ``steps_per_call`` K > 1 scans K steps over a stack
+    ``[K, B, ...]`` and returns metrics ``[K]``."""
     step = functools.partial(train_step, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx)
     if steps_per_call > 1:
         return _compile_step(functools.partial(jax.lax.scan, step), mesh, state, batch, stacked=True)
@@ -110,12 +101,8 @@ def run_loop(
     start: int = 0,
 ) -> tuple[TrainState, LoopTiming]:
     """Run steps ``start + 1 .. num_steps`` of ``step_fn(state, batch) -> (state, metrics)`` over
-    ``batches`` (``start``: the step a restored ``state`` had reached; hooks see global step numbers).
-
-    Hooks see device metrics; reading them (``jax.device_get``) is the hook's choice, so steps
-    between log points never wait for the host. ``sync_each_step`` waits for every step instead
-    (``jaxray.parallel.mesh.needs_sync_per_step``). Raises ValueError if ``batches`` runs dry.
-    """
+    ``batches``; hooks get device metrics and global step numbers. ``sync_each_step`` waits for
+    every step. Raises ValueError if ``batches`` runs dry."""
     if start >= num_steps:  # resumed from the final checkpoint: nothing left to run or time
         return state, LoopTiming(0.0, float("nan"), 0)
     clock_start = time.perf_counter()

@@ -1,8 +1,4 @@
-"""One training run, independent of Ray: build the model, compile, loop, evaluate, summarise.
-
-The Ray Train worker (``jaxray.raytrain.worker``) is a thin adapter around ``train``; tests and
-benchmarks call it directly with in-memory batches.
-"""
+"""One training run, independent of Ray: build the model, compile, loop, evaluate, summarise."""
 
 from __future__ import annotations
 
@@ -94,20 +90,13 @@ def train(
     hooks: Sequence[Hook] = (),
     on_compile: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainResult:
-    """Train ``trial`` on ``batches`` (this process's rows of each global batch, from the first batch of
-    the run) and evaluate. ``on_log(row)`` is called at every log step with ``step``, ``examples``,
-    ``loss``, ``accuracy``, ``grad_norm`` (and ``tokens``, ``perplexity`` for the transformer).
-    ``resume``: a full-state checkpoint (``jaxray.checkpoint.save_state``) to continue from: its state
-    is restored onto this mesh, the batches it had consumed are skipped, and the run goes on from its
-    step with the same data order, so it ends as an uninterrupted run would; a final checkpoint
-    (a sweep interrupted after a trial's last save, before Tune recorded it finished) gives back the
-    summary row saved in it, as measured by the attempt that trained. ``save(step, state,
-    history)`` is called every ``train.checkpoint_every`` steps before the last; ``hooks`` run after
-    those. ``on_compile(report)`` gets the step's compile report (``jaxray.train.compile_report``)
-    before the first step runs; the summary carries its ``peak_bytes_per_device`` and, for the
-    transformer, the ``attention`` implementation used and why (``attention_note``). Raises
-    ConfigError before compiling if the global batch does not divide over the mesh's devices or the
-    trial asks for cuDNN attention that cannot run (``jaxray.parallel.checks.check_trial``),
+    """Train ``trial`` on ``batches`` (this process's rows of each global batch) and evaluate.
+
+    ``on_log(row)`` gets ``step``, ``examples``, ``loss``, ``accuracy``, ``grad_norm`` (and ``tokens``,
+    ``perplexity``). ``resume``: a full-state checkpoint to continue from with the same data order
+    (a final one gives back its saved summary). ``save(step, state, history)`` runs every
+    ``train.checkpoint_every`` steps; ``on_compile(report)`` gets the compile report. Raises
+    ConfigError (batch does not divide, cuDNN attention cannot run) before compiling, or
     CheckpointError if ``resume`` is damaged or holds another model."""
     devices = mesh.devices.size
     check_trial(trial, devices)
@@ -158,9 +147,8 @@ def _loop_hooks(
 def _initial_state(
     trial: TrialConfig, model: Model, tx, mesh: Mesh, resume: Path | None
 ) -> tuple[TrainState, int, list[dict[str, float]], dict[str, Any]]:
-    """(state replicated over ``mesh``, the step it has reached, the log rows so far, the
-    checkpoint's ``train_state.json``): restored from the full-state checkpoint ``resume``, else
-    freshly initialised from ``train.seed`` at step 0 (and an empty dict)."""
+    """(replicated state, step reached, log rows so far, ``train_state.json``): restored from
+    ``resume``, else fresh from ``train.seed`` at step 0 (and an empty dict)."""
     if resume is None:
         return replicate(init_state(model.init(jax.random.key(trial.train.seed)), tx), mesh), 0, [], {}
     state, doc, history = checkpoint.restore_state(resume, abstract_state(model, tx, replicated(mesh)))

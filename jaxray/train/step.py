@@ -1,9 +1,7 @@
-"""Losses, ``train_step`` and ``eval_step``: pure functions, no I/O, nothing read that is not passed.
+"""Losses, ``train_step`` and ``eval_step``: pure functions, no I/O.
 
-Batches are dicts: ``{"image": [B, 784] float32, "label": [B] int32}`` for the MLPs and
-``{"tokens": [B, T] int32}`` for the transformer; eval batches add ``"mask": [B] float32`` (1 for a
-real row, 0 for padding) so every example is counted and none twice. Metrics stay on device.
-"""
+Batches: ``{"image": [B, 784] float32, "label": [B] int32}`` (MLPs) or ``{"tokens": [B, T] int32}``
+(transformer); eval batches add ``"mask": [B] float32`` (1 real row, 0 padding)."""
 
 from __future__ import annotations
 
@@ -29,12 +27,9 @@ class TrainState(NamedTuple):
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """logits [..., V] float32, labels [...] int32 -> cross-entropy [...] float32 (nats).
-
-    Against one-hot targets (``optax.softmax_cross_entropy``) rather than Optax's integer-label
-    version, whose ``take_along_axis`` has a scatter-add as gradient: on NVIDIA GPUs jaxlib 0.10.2
-    to 0.11.0 emit a compare-and-swap loop for it (openxla/xla#46225). Same value and gradient
-    (softmax - one_hot) up to float rounding."""
+    """logits [..., V] float32, labels [...] int32 -> cross-entropy [...] float32 (nats), against
+    one-hot targets: the integer-label version's scatter-add gradient is slow on NVIDIA GPUs
+    (openxla/xla#46225)."""
     return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype))
 
 
@@ -76,9 +71,8 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
 
 
 def abstract_state(model: Model, tx: optax.GradientTransformation, sharding: Sharding) -> TrainState:
-    """The TrainState of ``model`` and ``tx`` as ``jax.ShapeDtypeStruct`` leaves (shapes and dtypes
-    from ``jax.eval_shape``: nothing is allocated), each carrying ``sharding``: the target that
-    ``jaxray.checkpoint.restore_state`` places a saved state into."""
+    """The TrainState of ``model`` and ``tx`` as sharded ``jax.ShapeDtypeStruct`` leaves (nothing
+    allocated): the target ``jaxray.checkpoint.restore_state`` restores into."""
     shapes = jax.eval_shape(lambda: init_state(model.init(jax.random.key(0)), tx))
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes)
 
@@ -108,20 +102,14 @@ def apply_gradients(
 def train_step(
     state: TrainState, batch: Batch, *, apply: Callable, loss_fn: LossFn, tx: optax.GradientTransformation
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One AdamW step on the mean loss of ``batch``.
-
-    Returns the new state and float32 scalar metrics: ``loss``, ``accuracy`` and ``grad_norm``
-    (global L2 norm of the gradients before the update).
-    """
+    """One AdamW step on the mean loss of ``batch``. Returns the new state and float32 scalar
+    ``loss``, ``accuracy`` and ``grad_norm`` (global L2 norm of the gradients before the update)."""
     (loss, accuracy), grads = loss_and_grads(state.params, batch, apply=apply, loss_fn=loss_fn)
     return apply_gradients(state, grads, loss, accuracy, tx=tx)
 
 
 def eval_step(params: Any, batch: Batch, *, apply: Callable, loss_fn: LossFn) -> dict[str, jax.Array]:
-    """Masked sums over ``batch``: ``loss_sum``, ``correct_sum`` and ``count`` (real rows), float32.
-
-    Summing (not averaging) lets the caller add batches of different fill and divide once.
-    """
+    """Masked float32 sums over ``batch``: ``loss_sum``, ``correct_sum`` and ``count`` (real rows)."""
     loss, correct = loss_fn(apply(params, model_inputs(batch)), batch)
     mask = batch["mask"]
     return {"loss_sum": jnp.sum(loss * mask), "correct_sum": jnp.sum(correct * mask), "count": jnp.sum(mask)}

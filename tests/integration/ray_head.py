@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from jaxray.raytrain.cluster import ray_address_file
+from jaxray.runs import run_folders
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin/: its `ray` and `python`
@@ -143,6 +144,6 @@ def submit_smoke(address: str, env: dict[str, str], upload: list[str], data_dir:
     assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-2000:])
     succeeded = re.search(r"Job '(\S+)' succeeded", proc.stdout)  # printed only for JobStatus.SUCCEEDED
     assert succeeded, proc.stdout[-4000:]
-    rows = json.loads((out / "summary.json").read_text())
+    rows = json.loads((run_folders(out)[0] / "summary.json").read_text())
     assert len(rows) == 3 and not any(r.get("error") for r in rows)
     return proc.stdout

@@ -1,5 +1,5 @@
 """The best trial of a real sweep ranked by a metric that is not the default: the trial summary.md
-names is the one ``--checkpoint runs/<experiment>`` loads (``jaxray.checkpoint.resolve``).
+names is the one ``--checkpoint runs/<experiment>`` loads (``jaxray.runs.resolve``).
 
 A two-trial MLP sweep through `python -m jaxray.tune` (Ray Tune and Ray Train, the real data,
 RAY_ADDRESS=local) ranked by the highest test loss: the worst trial on held-out loss, which the
@@ -53,7 +53,7 @@ def sweep(real_dir, tmp_path_factory) -> Path:
         timeout=900,
     )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
-    return out
+    return runs.latest_run(out)
 
 
 def test_summary_md_and_the_checkpoint_lookup_name_the_same_trial(sweep):
@@ -61,7 +61,7 @@ def test_summary_md_and_the_checkpoint_lookup_name_the_same_trial(sweep):
     assert len(rows) == 2 and not any(r.get("error") for r in rows)
     named = re.search(r"- \*\*mlp\*\*: `([^`]+)`, test loss", (sweep / runs.SUMMARY_MD).read_text())
     assert named, (sweep / runs.SUMMARY_MD).read_text()
-    resolved = checkpoint.resolve(sweep)
+    resolved = runs.resolve(sweep)
     assert resolved.parent.name == named.group(1)  # train/<trial>/checkpoint_...
     best = max(rows, key=lambda r: r["test_loss"])
     assert named.group(1) == best["trial"] and resolved == sweep / best["checkpoint"]  # relative to it

@@ -39,7 +39,12 @@ sweeps:
 """
 TRIAL = "mlp_b64_float32_w256"
 HEADROOM = 1 << 20
-NO_SPACE = "[Errno 28] No space left on device"
+NO_SPACE = "No space left on device"
+
+
+def trial_folder(out: Path) -> Path:
+    """``TRIAL``'s Ray Train folder in the run that ``python -m jaxray.tune --out out`` made."""
+    return next(iter(out.glob(f"*/train/{TRIAL}")), out / "not-yet" / "train" / TRIAL)
 
 
 def registered(run: Path) -> list[str]:
@@ -55,7 +60,8 @@ def registered(run: Path) -> list[str]:
 def run_until_the_disk_fills(
     cmd: list[str], env: dict, run: Path, disk: Path, log: Path, leave: int = HEADROOM
 ) -> tuple[int, list[str]]:
-    """Start ``cmd``; once Ray Train has registered a checkpoint of ``run``, fill ``disk`` but
+    """Start ``cmd`` (a run into the experiment folder ``run``); once Ray Train has registered a
+    checkpoint of it, fill ``disk`` but
     ``leave`` bytes; (exit code, the checkpoints registered by then). SIGKILLs the process group and
     fails if the run has not ended 180 s after the disk filled."""
     with log.open("w") as sink:
@@ -64,10 +70,10 @@ def run_until_the_disk_fills(
         )
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None and not registered(run):
+        while time.monotonic() < deadline and proc.poll() is None and not registered(trial_folder(run)):
             time.sleep(0.2)
         assert proc.poll() is None, f"the run ended before the disk filled:\n{log.read_text()[-3000:]}"
-        before = registered(run)
+        before = registered(trial_folder(run))
         assert before, f"no checkpoint within 180 s:\n{log.read_text()[-3000:]}"
         fill(disk, leave=leave)
         try:
@@ -86,10 +92,10 @@ def test_a_full_disk_fails_the_trial_in_words_and_keeps_every_earlier_checkpoint
     env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
     with small_tmpfs(tmp_path / "disk", 64) as disk:
         out = disk / "out"
-        run = out / "train" / TRIAL
         cmd = [sys.executable, "-m", "jaxray.tune", "--config", str(config), "--out", str(out)]
-        rc, before = run_until_the_disk_fills(cmd, env, run, disk, log)
-        text = log.read_text()
+        rc, before = run_until_the_disk_fills(cmd, env, out, disk, log)
+        text, run = log.read_text(), trial_folder(out)
+        out = run.parent.parent  # the run's own folder
         assert rc == 1, text[-5000:]  # a failed trial (jaxray.tune.report)
         assert f"error: 1 trial(s) failed: {TRIAL}" in text
         # The trial's error reaches the terminal when it fails, with where its traceback and the
@@ -141,12 +147,11 @@ def test_a_disk_full_to_the_last_byte_ends_the_run_naming_the_full_disk(real_dir
     env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
     with small_tmpfs(tmp_path / "disk", 64) as disk:
         out = disk / "out"
-        run = out / "train" / TRIAL
         cmd = [sys.executable, "-m", "jaxray.tune", "--config", str(config), "--out", str(out)]
-        rc, before = run_until_the_disk_fills(cmd, env, run, disk, log, leave=0)
-        text = log.read_text()
+        rc, before = run_until_the_disk_fills(cmd, env, out, disk, log, leave=0)
+        text, run = log.read_text(), trial_folder(out)
         assert rc == 1, text[-5000:]
-        told = (f"with the disk holding {out} full (", f"error: 1 trial(s) failed: {TRIAL}")
+        told = (f"with the disk holding {run.parent.parent} full (", f"error: 1 trial(s) failed: {TRIAL}")
         assert any(t in text for t in told), text[-5000:]
         print(*(line for line in text.splitlines() if line.startswith("error: ")), sep="\n")
         (disk / "filler").unlink()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -23,9 +22,8 @@ from checkpoint_copies import damaged_copy
 from ray import serve
 from serve_load import free_port, healthz, load, replica_pids
 
-from jaxray import checkpoint
 from jaxray.serve.__main__ import PROXY_CALLBACK
-from jaxray.serve.app import app_builder, deploy_failure, deployment
+from jaxray.serve.app import app_builder, deployment
 from jaxray.serve.settings import AppArgs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -60,10 +58,10 @@ def test_a_replica_that_fails_to_start_fails_the_deploy_in_seconds_with_its_exce
     args = AppArgs(checkpoint=str(damaged), max_batch_size=4, engine=ENGINE)
     app = deployment(args).bind(str(damaged), args.engine, 4, 0.01, None)
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match="Deploying application broken failed"):
+    with pytest.raises(RuntimeError, match="Deploying application broken failed") as err:
         serve.run(app, name="broken", route_prefix="/broken")
     elapsed = time.monotonic() - start
-    why = deploy_failure("broken")  # what python -m jaxray.serve prints with Serve's error
+    why = str(err.value)  # what python -m jaxray.serve prints
     serve.delete("broken")
     assert f"{damaged} is damaged" in why and "does not match its checksum" in why, why
     assert elapsed < 30, f"the failed deploy took {elapsed:.1f} s"
@@ -141,24 +139,3 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(url, trained_transfor
         assert response.headers["retry-after"] == "1" and took < 2.0, (response.headers, took)
         error = response.json()["error"]
         assert error["field"] == "server" and "backpressure" in error["message"], error
-
-
-def test_a_replacement_replica_serves_the_checked_weights_or_none(url, trained_transformer, tmp_path):
-    # The folder served is replaced after the start (another run written there): the replica Serve
-    # starts after a kill refuses it, naming the change, instead of serving another model quietly.
-    copy = Path(shutil.copytree(trained_transformer, tmp_path / "served"))
-    serve.run(
-        app_builder({"checkpoint": str(copy), "max_batch_size": 4, "engine": ENGINE}),
-        name="changed",
-        route_prefix="/c",
-    )
-    manifest = next(copy / n for n in checkpoint.MANIFESTS if (copy / n).is_file())
-    manifest.write_text(manifest.read_text() + "\n")  # valid, other bytes: another save
-    [pid] = replica_pids("ServeReplica:changed:JaxrayServer")
-    os.kill(pid, signal.SIGKILL)
-    deadline, why = time.monotonic() + 120, ""
-    while "changed after the server checked it" not in why:
-        assert time.monotonic() < deadline, why
-        time.sleep(1)
-        why = deploy_failure("changed")
-    serve.delete("changed")

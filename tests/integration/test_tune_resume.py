@@ -13,10 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from earlier_runs import earlier_run
-from earlier_runs import files as files_of
 
-from jaxray.overwrite import ASIDE_DIR
+from jaxray import runs
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -57,7 +55,8 @@ def files(out: Path, trial: str) -> dict[str, tuple[int, int]]:
 
 
 def interrupt_after_first_trial(cmd: list[str], env: dict, out: Path, log: Path) -> tuple[int, str]:
-    """Run ``cmd`` in its own process group; once one trial has its final report and the other has
+    """Run ``cmd`` (a run into the experiment folder ``out``) in its own process group; once one
+    trial has its final report and the other has
     started (so Tune has marked the first one finished), send SIGINT to the driver. Returns (exit
     code, the finished trial); SIGKILLs the group if the driver does not exit within 120 s."""
     with log.open("w") as sink:
@@ -68,9 +67,10 @@ def interrupt_after_first_trial(cmd: list[str], env: dict, out: Path, log: Path)
         deadline = time.monotonic() + 240
         first = None
         while time.monotonic() < deadline and proc.poll() is None:
-            first = first or next((t for t in TRIALS if final_report(out, t)), None)
+            run = next(iter(runs.run_folders(out)), out)  # the run's own folder, once it made it
+            first = first or next((t for t in TRIALS if final_report(run, t)), None)
             second = next((t for t in TRIALS if t != first), None)
-            if first and ((out / "train" / second).exists() or (out / "tensorboard" / second).exists()):
+            if first and ((run / "train" / second).exists() or (run / "tensorboard" / second).exists()):
                 break
             time.sleep(0.5)
         assert proc.poll() is None, f"the sweep ended before it was interrupted:\n{log.read_text()[-3000:]}"
@@ -83,31 +83,28 @@ def interrupt_after_first_trial(cmd: list[str], env: dict, out: Path, log: Path)
             proc.wait()
 
 
-@pytest.mark.parametrize("how", ["in_place", "moved_folder", "overwrite"])
+@pytest.mark.parametrize("how", ["in_place", "moved_folder"])
 def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, how):
     """``moved_folder``: the interrupted run folder is moved elsewhere first (a copy whose original
     is gone); its resume must use the folder it is given, never the path the run was started in.
-    ``overwrite``: the interrupted run was an --overwrite of an earlier run, which is kept whole in
-    .overwritten/ (a fresh user saw it deleted once the new run's first trial had finished)."""
-    config, out = tmp_path / "two.yaml", tmp_path / "out"
+    The interrupted run is never what its experiment folder resolves to."""
+    config, experiment = tmp_path / "two.yaml", tmp_path / "out"
     config.write_text(TWO_TRIALS)
-    earlier = earlier_run(out) if how == "overwrite" else None
     env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
     rc, first = interrupt_after_first_trial(
-        [sys.executable, "-m", "jaxray.tune", "--config", str(config), "--out", str(out)]
-        + (["--overwrite"] if earlier else []),
+        [sys.executable, "-m", "jaxray.tune", "--config", str(config), "--out", str(experiment)],
         env,
-        out,
+        experiment,
         tmp_path / "first.log",
     )
+    out = runs.run_folders(experiment)[0]
     second = next(t for t in TRIALS if t != first)
     first_log = (tmp_path / "first.log").read_text()
     assert rc == 130, first_log[-3000:]
     assert f"Resume with: python -m jaxray.tune --resume {out}" in first_log
-    if earlier:
-        assert f"the earlier run's results are kept in {out / ASIDE_DIR}" in first_log, first_log[-3000:]
-        assert files_of(out / ASIDE_DIR) == {k: v for k, v in earlier.items() if k != "notes.txt"}
     assert not (out / "summary.json").exists()  # an interrupted run writes no reports
+    with pytest.raises(runs.RunFolderError, match="has no complete run"):
+        runs.latest_run(experiment)
     assert final_report(out, second) is None
 
     saved = (out / "experiment.yaml").read_text()
@@ -124,7 +121,14 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, how):
 
     logs = set((out / "logs").iterdir())
     proc = subprocess.run(  # --verbose: Ray's and Tune's output here, as before the quiet terminal
-        [sys.executable, "-m", "jaxray.tune", "--resume", str(out), "--verbose"],
+        [
+            sys.executable,
+            "-m",
+            "jaxray.tune",
+            "--resume",
+            str(out.parent if how == "in_place" else out),
+            "--verbose",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -4,7 +4,6 @@ workers reported, none of Tune's own fields)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
@@ -108,18 +107,12 @@ def test_trial_names_come_from_the_grid_point():
 
 def test_the_row_holds_what_the_workers_reported_and_none_of_tunes_fields(tmp_path):
     history = [{"step": 10, "loss": 0.7}, LOG_ROW]
-    (tmp_path / "ckpt").mkdir()
-    (tmp_path / "ckpt" / "history.json").write_text(json.dumps(history))
-    (tmp_path / "ckpt" / "train_state.json").write_text("{}")  # the manifest the row's digest names
-    metrics = {**LOG_ROW, **SUMMARY, "final": True, "checkpoint_path": str(tmp_path / "ckpt"), **TUNE_FIELDS}
+    ckpt = tmp_path / "train" / "mlp_b128_float32_w64" / "checkpoint_step_00000020_attempt1"
+    ckpt.mkdir(parents=True)
+    (ckpt / "history.json").write_text(json.dumps(history))
+    metrics = {**LOG_ROW, **SUMMARY, "final": True, "checkpoint_path": str(ckpt), **TUNE_FIELDS}
     row, rows = trial_rows("mlp", tune_result(tmp_path, metrics), tmp_path)
-    digest = hashlib.sha256(b"{}").hexdigest()
-    assert row == {
-        "trial": "mlp_b128_float32_w64",
-        **SUMMARY,
-        "checkpoint": str(tmp_path / "ckpt"),
-        "checkpoint_sha256": digest,
-    }
+    assert row == {"trial": "mlp_b128_float32_w64", **SUMMARY, "checkpoint": str(ckpt)}
     assert rows == history
 
 

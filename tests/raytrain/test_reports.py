@@ -16,7 +16,7 @@ import ray.train
 from full_disk import fill, small_tmpfs
 from ray.train.v2._internal.execution.storage import StorageContext
 
-from jaxray import checkpoint
+from jaxray import checkpoint, runs
 from jaxray.config import parse_trial
 from jaxray.models import build
 from jaxray.raytrain.reports import checkpoint_saver, save_locally
@@ -25,7 +25,7 @@ from jaxray.raytrain.sweep import MAX_ERROR_CHARS, error_text
 from jaxray.train.step import init_state, make_optimizer
 
 TRIAL = parse_trial({"model": {"workload": "mlp", "width": 64}})
-NO_SPACE = "[Errno 28] No space left on device"
+NO_SPACE = "No space left on device"
 # Orbax's background writer, stopped by the full disk, leaves an "Event loop is closed" behind.
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -92,12 +92,12 @@ def test_a_copy_into_full_storage_names_it_removes_both_and_keeps_the_earlier(tm
         assert NO_SPACE in message and "the partial copy is removed" in message
         assert not failed.exists() and not list(local.iterdir())
         assert checkpoint.verify(earlier)["step"] == 20
-        assert checkpoint.resolve(run) == earlier
+        assert runs.resolve(run) == earlier
 
 
 def test_a_failed_trials_row_keeps_the_end_of_a_long_error():
     failure = (
-        "jaxray.checkpoint.failures.CheckpointSaveError: could not copy the checkpoint of step 60 "
+        "jaxray.checkpoint.trees.CheckpointSaveError: could not copy the checkpoint of step 60 "
         f"into the run's storage /runs/x/train/t/checkpoint_step_00000060_attempt1: {NO_SPACE}"
     )
     traceback = "\n".join(f'  File "/site-packages/ray/x{i}.py", line {i}, in f' for i in range(200))

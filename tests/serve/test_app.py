@@ -250,22 +250,3 @@ def test_serve_run_of_the_import_path_ends_with_the_cause_of_a_damaged_checkpoin
         proc.stderr[-3000:]
     )
     assert elapsed < 30 and "Started a local Ray instance" not in proc.stderr, (elapsed, proc.stderr)
-
-
-@pytest.mark.parametrize(
-    "status,why,ends",
-    [
-        ("DEPLOY_FAILED", "Deploying application jaxray failed", True),
-        ("UNHEALTHY", "JaxrayServer: A replica failed to start with exception. Retrying. Error:\nX", True),
-        ("UNHEALTHY", "JaxrayServer: The deployment failed to start 1 times in a row. This may", True),
-        ("UNHEALTHY", "JaxrayServer: A replica's health check failed. This deployment will be", False),
-        ("DEPLOYING", "", False),
-    ],
-)
-def test_the_command_ends_once_the_app_cannot_serve_and_waits_out_a_replacement(status, why, ends):
-    from jaxray.serve.__main__ import AppFailed, failed
-
-    assert failed(status, why) is ends
-    assert AppFailed("the app is unhealthy: X\nTraceback:\n  ...\nCheckpointError: y\n\n").cause == (
-        "CheckpointError: y"
-    )

@@ -11,14 +11,12 @@ import json
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
 import uvicorn
 
 from jaxray.serve.routes import HEALTHZ_TIMEOUT_S, NO_ANSWER, TIMEOUT_HEADER, JsonErrors
-from jaxray.serve.settings import FAILED_POLL_S
 
 
 async def _plain(send, status: int, text: bytes, headers: list | None = None) -> None:
@@ -75,17 +73,11 @@ async def proxy_like(scope, receive, send) -> None:
 
 
 @pytest.fixture(scope="module")
-def failed_file(tmp_path_factory) -> Path:
-    """Where the tests report the app failed, as python -m jaxray.serve does (not yet)."""
-    return tmp_path_factory.mktemp("proxy") / "failed"
-
-
-@pytest.fixture(scope="module")
-def url(failed_file):
+def url():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    app = JsonErrors(proxy_like, failed_file=str(failed_file))
+    app = JsonErrors(proxy_like)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -133,23 +125,3 @@ def test_healthz_gets_its_short_time_out_whatever_the_client_sends(url):
     for headers in ({}, {"x-request-timeout-seconds": "0"}):
         answer = requests.get(url + "/healthz", headers=headers, timeout=10).json()
         assert answer == {"timeout": str(HEALTHZ_TIMEOUT_S)}
-
-
-def test_a_request_waiting_when_the_app_failed_gets_a_json_503_with_the_cause(url, failed_file):
-    cause = "CheckpointError: /x is damaged: params/d/0 does not match its checksum"
-
-    def report() -> None:
-        time.sleep(1.0)
-        failed_file.write_text(f"the app failed: {cause}\n")
-
-    reporter = threading.Thread(target=report)
-    reporter.start()
-    start = time.monotonic()
-    try:
-        response = requests.post(url + "/waits", data=b"{}", timeout=30)
-    finally:
-        reporter.join()
-        took = time.monotonic() - start
-        failed_file.unlink(missing_ok=True)  # the module's other tests see an app that did not fail
-    assert response.status_code == 503 and _error(response)["message"] == f"the app failed: {cause}"
-    assert took < 1.0 + 2 * FAILED_POLL_S + 0.5, f"answered {took:.1f} s after the request"

@@ -1,5 +1,5 @@
 """What the files of a full disk and a trial folder do to the small writers and listings around
-checkpoints (issue 15 fresh-user findings), on real saves and a real tmpfs: "no usable checkpoint"
+checkpoints , on real saves and a real tmpfs: "no usable checkpoint"
 lists only the trial's checkpoint folders, each with why it was refused (not Ray Train's
 ``checkpoint_manager_snapshot.json``); the attempt counter on a full disk raises an error in words
 and keeps its earlier count; the compile report on a full disk is a warning, not a failed trial."""
@@ -13,7 +13,7 @@ import pytest
 from checkpoint_copies import flip_a_byte, largest_params_file
 from full_disk import fill, small_tmpfs
 
-from jaxray import checkpoint
+from jaxray import checkpoint, runs
 from jaxray.config import parse_trial
 from jaxray.models import build
 from jaxray.raytrain.reports import compile_writer
@@ -35,7 +35,7 @@ def test_no_usable_checkpoint_lists_only_the_checkpoint_folders(tmp_path):
     for ck in saved:
         flip_a_byte(largest_params_file(ck))
     with pytest.raises(checkpoint.CheckpointError) as err:
-        checkpoint.resolve(tmp_path / "run")
+        runs.resolve(tmp_path / "run")
     message = str(err.value)
     assert message.startswith("no usable checkpoint of the 2 tried, newest first: ")
     assert SNAPSHOT not in message and message.count("does not match its checksum") == 2

@@ -1,4 +1,4 @@
-"""Say what was chosen (issue 16, part 2): generate, evaluate and export name on stderr, in one line,
+"""Generate, evaluate and export name on stderr, in one line,
 the checkpoint ``runs/<experiment>`` resolved to (path, trial, step, the held-out metric its final
 save recorded), stdout keeping its own output; ``checkpoint.describe`` words it for every kind of
 checkpoint. On a transformer trained here on real TinyShakespeare bytes and saved as a sweep's
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxray import checkpoint
+from jaxray import checkpoint, runs
 from jaxray import evaluate as evaluate_cli
 from jaxray import export as export_cli
 from jaxray import generate as generate_cli
@@ -59,13 +59,13 @@ def chosen_line(run: tuple[Path, dict]) -> str:
 
 def test_describe_names_trial_step_and_held_out_metric(run):
     root, _ = run
-    assert checkpoint.describe(checkpoint.resolve(root)) == chosen_line(run)
+    assert checkpoint.describe(runs.resolve(root)) == chosen_line(run)
 
 
 def test_describe_shows_a_path_inside_the_working_directory_relative(run, monkeypatch):
     root, _ = run
     monkeypatch.chdir(root.parent)
-    line = checkpoint.describe(checkpoint.resolve("demo"))
+    line = checkpoint.describe(runs.resolve("demo"))
     assert line.startswith(f"checkpoint: demo/train/{TRIAL_NAME}/{checkpoint_name(STEPS, 1)} (trial ")
 
 
