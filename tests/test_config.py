@@ -285,29 +285,13 @@ def test_data_parquet_names_a_missing_folder_and_a_dataset_folder(tmp_path):
         parquet_folder(trial(tmp_path / "fashion-mnist"))
 
 
-@pytest.mark.parametrize(
-    "fault, workers, message",
-    [
-        ({"kill_at_step": 5}, {}, "fault.kill_at_step needs workers.max_failures >= 1"),
-        (
-            {"corrupt_latest_checkpoint": True},
-            {"max_failures": 1},
-            "fault.corrupt_latest_checkpoint needs fault.kill_at_step",
-        ),
-        ({"kill_at_step": 10}, {"max_failures": 1}, "fault.kill_at_step 10 must be below train.steps 10"),
-        ({"kill_at_step": 0}, {"max_failures": 1}, "fault.kill_at_step"),
-        ({"bogus": 1}, {"max_failures": 1}, "fault.bogus"),
-    ],
-)
-def test_fault_injection_that_cannot_work_is_refused(fault, workers, message):
-    with pytest.raises(ConfigError, match=message):
-        parse_trial(
-            {"model": {"workload": "mlp"}, "train": {"steps": 10}, "workers": workers, "fault": fault}
-        )
+def test_fault_injection_is_no_config_key():
+    with pytest.raises(ConfigError, match="fault"):
+        parse_trial({"model": {"workload": "mlp"}, "fault": {"kill_at_step": 5}})
 
 
 @pytest.mark.parametrize("value", ["1", "0", "yes", "off", "'true'", "2.0"])
-@pytest.mark.parametrize("section, key", [("workers", "use_gpu"), ("fault", "corrupt_latest_checkpoint")])
+@pytest.mark.parametrize("section, key", [("workers", "use_gpu")])
 def test_booleans_take_only_true_or_false(tmp_path, section, key, value):
     config = GOOD.replace("experiment: t", f"experiment: t\n{section}: {{{key}: {value}}}")
     if section == "workers":

@@ -1,4 +1,4 @@
-"""Typed configs of one trial (model, train, data, workers, fault), parsed from Tune dicts and
+"""Typed configs of one trial (model, train, data, workers), parsed from Tune dicts and
 validated in one place; ``jaxray.config.experiment`` holds the sweep and experiment configs.
 
 Every config is a frozen pydantic model with ``extra="forbid"``; errors name the field path, what is
@@ -164,15 +164,6 @@ class WorkersConfig(FrozenConfig):
         return self.num_workers * self.devices_per_worker
 
 
-class FaultConfig(FrozenConfig):
-    """Fault injection for recovery tests. ``kill_at_step``: rank 0 calls ``os._exit`` once after step
-    K (mid-save at a checkpoint step). ``corrupt_latest_checkpoint``: truncate an array file of the
-    newest checkpoint before the first restore after a restart."""
-
-    kill_at_step: PosInt | None = None
-    corrupt_latest_checkpoint: StrictBool = False
-
-
 def grid_point_name(workload: str, global_batch: int, dtype: str, width: int) -> str:
     """A trial's name, ``<workload>_b<global_batch>_<dtype>_w<width>``: its Ray Train run folder's."""
     return f"{workload}_b{global_batch}_{dtype}_w{width}"
@@ -185,7 +176,6 @@ class TrialConfig(FrozenConfig):
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
     workers: WorkersConfig = WorkersConfig()
-    fault: FaultConfig = FaultConfig()
 
     def name(self) -> str:
         """The trial's name (``grid_point_name``), as python -m jaxray.tune names its folders."""
@@ -197,21 +187,6 @@ class TrialConfig(FrozenConfig):
         m, d = self.model, self.data
         if m.workload == "transformer" and d.seq_len > m.max_seq_len:
             raise ValueError(f"data.seq_len {d.seq_len} exceeds model.max_seq_len {m.max_seq_len}")
-        kill = self.fault.kill_at_step
-        if kill is not None and kill >= self.train.steps:
-            raise ValueError(
-                f"fault.kill_at_step {kill} must be below train.steps {self.train.steps} "
-                f"(the worker dies after that step, then resumes)"
-            )
-        if kill is not None and self.workers.max_failures < 1:
-            raise ValueError(
-                "fault.kill_at_step needs workers.max_failures >= 1 (without a restart the run can only fail)"
-            )
-        if self.fault.corrupt_latest_checkpoint and kill is None:
-            raise ValueError(
-                "fault.corrupt_latest_checkpoint needs fault.kill_at_step (it damages the newest "
-                "checkpoint before the restore that follows the kill)"
-            )
         check_devices(self.train.global_batch, self.workers.total_devices)
         return self
 

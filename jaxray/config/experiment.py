@@ -18,7 +18,6 @@ from jaxray.config import (
     ConfigError,
     DataConfig,
     DType,
-    FaultConfig,
     FrozenConfig,
     ModelConfig,
     PosInt,
@@ -171,7 +170,6 @@ class ExperimentConfig(FrozenConfig):
     workers: WorkersConfig = WorkersConfig()
     # None: derived from the cluster (``concurrent_trials``).
     max_concurrent_trials: PosInt | None = None
-    fault: FaultConfig = FaultConfig()
     sweeps: list[SweepConfig] = Field(min_length=1)
 
     @field_validator("experiment")
@@ -199,7 +197,6 @@ class ExperimentConfig(FrozenConfig):
         return {
             "data": self.data.model_dump(),
             "workers": self.workers.model_dump(),
-            "fault": self.fault.model_dump(),
         }
 
 

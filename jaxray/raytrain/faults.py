@@ -1,19 +1,35 @@
-"""Fault injection for the fault-tolerance tests (``fault`` in the trial config): a worker process
-that exits at a step, in the middle of a checkpoint's save, and a damaged newest checkpoint.
-
-Each fault fires on the first attempt of the worker group only (``damages_latest``: on the second,
-before the restore), so Ray Train's restart then runs undisturbed.
-"""
+"""Fault injection for the fault-tolerance tests, set only by them through the environment
+(``JAXRAY_FAULT``, JSON; the trainer passes it on to the workers): a worker process that exits at a
+step (``kill_at_step``; in the middle of the save at a checkpoint step) and a damaged newest
+checkpoint (``corrupt_latest_checkpoint``). Each fault fires on the first attempt of the worker group
+only (the damage: on the second, before the restore), so Ray Train's restart runs undisturbed."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from jaxray.config import TrialConfig
 from jaxray.train.loop import Hook
+
+FAULT_ENV = "JAXRAY_FAULT"
+
+
+@dataclass(frozen=True)
+class Fault:
+    kill_at_step: int | None = None
+    corrupt_latest_checkpoint: bool = False
+
+
+def injected() -> Fault:
+    """The fault ``JAXRAY_FAULT`` asks for (none when unset)."""
+    text = os.environ.get(FAULT_ENV)
+    return Fault(**json.loads(text)) if text else Fault()
+
 
 # Before an injected exit: several of Ray Train's 2 s health-check polls, also under load.
 FAULT_PAUSE_S = 10.0
@@ -31,27 +47,27 @@ def die(step: int) -> None:
 
 
 def fault_hooks(trial: TrialConfig, rank: int, attempt: int) -> tuple[Hook, ...]:
-    """The ``fault.kill_at_step`` hook: rank 0, first attempt only, and not at a checkpoint step
-    (there the save itself dies half-way, ``kill_in_save``); () otherwise."""
-    kill, every = trial.fault.kill_at_step, trial.train.checkpoint_every
+    """The ``kill_at_step`` hook: rank 0, first attempt only, and not at a checkpoint step (there the
+    save itself dies half-way, ``kill_in_save``); () otherwise."""
+    kill, every = injected().kill_at_step, trial.train.checkpoint_every
     if kill is None or rank != 0 or attempt != 1 or (every and kill % every == 0):
         return ()
     return (Hook(kill, lambda step, state, metrics: die(step) if step == kill else None),)
 
 
-def kill_in_save(trial: TrialConfig, step: int, attempt: int) -> Callable[[], None] | None:
+def kill_in_save(step: int, attempt: int) -> Callable[[], None] | None:
     """What the save of the checkpoint at ``step`` runs after writing the arrays and before its
-    manifest (``checkpoint.save_state``'s ``before_manifest``): ``die`` when ``fault.kill_at_step``
-    is this step on the first attempt, else None."""
-    if trial.fault.kill_at_step == step and attempt == 1:
+    manifest (``checkpoint.save_state``'s ``before_manifest``): ``die`` when ``kill_at_step`` is this
+    step on the first attempt, else None."""
+    if injected().kill_at_step == step and attempt == 1:
         return lambda: die(step)
     return None
 
 
-def damages_latest(trial: TrialConfig, attempt: int) -> bool:
-    """Whether ``fault.corrupt_latest_checkpoint`` damages the newest checkpoint now: on the first
-    restart (attempt 2), before rank 0 picks the one to restore."""
-    return trial.fault.corrupt_latest_checkpoint and attempt == 2
+def damages_latest(attempt: int) -> bool:
+    """Whether ``corrupt_latest_checkpoint`` damages the newest checkpoint now: on the first restart
+    (attempt 2), before rank 0 picks the one to restore."""
+    return injected().corrupt_latest_checkpoint and attempt == 2
 
 
 def damage(checkpoint_dir: Path) -> Path:

@@ -75,7 +75,7 @@ def checkpoint_saver(trial: TrialConfig, rank: int, attempt: int, batches_per_ep
                     trial,
                     history,
                     where,
-                    kill_in_save(trial, step, attempt),
+                    kill_in_save(step, attempt),
                     summary=row if row and row.get("final") else None,
                 ),
             )

@@ -17,7 +17,6 @@ import ray.train
 from ray.train.collective import broadcast_from_rank_zero
 
 from jaxray import checkpoint
-from jaxray.config import TrialConfig
 from jaxray.raytrain.faults import damage, damages_latest
 
 CHECKPOINT_GLOB = "checkpoint_step_*"  # every name ``checkpoint_name`` gives
@@ -84,7 +83,7 @@ def choose(candidates: list[Path]) -> tuple[Path | None, list[str]]:
     return path, [c.name for c in candidates[: candidates.index(path)]]
 
 
-def resume_point(trial: TrialConfig, rank: int, attempt: int) -> ResumePoint:
+def resume_point(rank: int, attempt: int) -> ResumePoint:
     """The checkpoint this worker group continues from, starting from ``ray.train.get_checkpoint()``
     (None on a fresh start). Rank 0 decides (after the ``corrupt_latest_checkpoint`` fault, if set)
     and broadcasts its choice with its ``attempt``; a damaged newest checkpoint is named in a
@@ -93,7 +92,7 @@ def resume_point(trial: TrialConfig, rank: int, attempt: int) -> ResumePoint:
     latest = ray.train.get_checkpoint()
     if rank == 0 and latest is not None:
         newest = Path(latest.path)
-        if damages_latest(trial, attempt):
+        if damages_latest(attempt):
             print(f"jaxray fault injection: damaged {damage(newest)}", flush=True)
         path, skipped = choose(restore_order(newest))
         chosen = str(path) if path else None

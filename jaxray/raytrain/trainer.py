@@ -11,6 +11,7 @@ from ray.train.v2.jax import JaxTrainer
 
 from jaxray.config import TrialConfig, WorkersConfig
 from jaxray.raytrain.cluster import QUIET_ENV
+from jaxray.raytrain.faults import FAULT_ENV
 from jaxray.raytrain.worker import train_loop_per_worker
 from jaxray.runs import COMPILE_FILE
 
@@ -28,12 +29,14 @@ def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str
     """Environment for the worker processes (set before JAX is imported there): ``xla_flags`` (None:
     this process's) plus, on CPU, the forced device count."""
     flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    fault = {FAULT_ENV: os.environ[FAULT_ENV]} if FAULT_ENV in os.environ else {}  # tests only
     if workers.use_gpu:
         # Several JAX processes may share a GPU in small tests; preallocation would starve them.
-        env = {**QUIET_ENV, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        env = {**QUIET_ENV, **fault, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
         return {**env, "XLA_FLAGS": flags} if flags.strip() else env
     return {
         **QUIET_ENV,
+        **fault,
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": cpu_xla_flags(workers.devices_per_worker, flags),
     }

@@ -36,7 +36,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         attempt = count_attempt(config.get("attempts_file")) if rank == 0 else 1
         attention = resolve_attention(trial.model) if trial.model.workload == "transformer" else None
         print(describe_worker(rank, attention), flush=True)
-        start = resume_point(trial, rank, attempt)
+        start = resume_point(rank, attempt)
         if start.checkpoint is not None and rank == 0:
             print(f"jaxray: attempt {start.attempt}, resuming from {start.checkpoint}", flush=True)
         mesh = make_mesh()

@@ -1,52 +1,71 @@
-"""Fault injection fires where the trial config says and only there: the kill hook on rank 0 of the
-first attempt, off checkpoint steps (there the save itself dies), the damage on the first
-restart. Nothing here is called that would end the test process."""
+"""Fault injection (``JAXRAY_FAULT``, set by the fault-tolerance tests only) fires where it says and
+only there: the kill hook on rank 0 of the first attempt, off checkpoint steps (there the save itself
+dies), the damage on the first restart. Nothing here is called that would end the test process."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from jaxray.config import FaultConfig, ModelConfig, TrainConfig, TrialConfig, WorkersConfig
-from jaxray.raytrain.faults import damage, damages_latest, fault_hooks, kill_in_save
+from jaxray.config import ModelConfig, TrainConfig, TrialConfig, WorkersConfig
+from jaxray.raytrain.faults import FAULT_ENV, damage, damages_latest, fault_hooks, kill_in_save
+from jaxray.raytrain.trainer import worker_env
 
 
-def trial(checkpoint_every: int | None = 4, **fault) -> TrialConfig:
+def trial(checkpoint_every: int | None = 4) -> TrialConfig:
     return TrialConfig(
         model=ModelConfig(workload="mlp", width=8),
         train=TrainConfig(steps=12, checkpoint_every=checkpoint_every),
         workers=WorkersConfig(max_failures=1),
-        fault=FaultConfig(**fault),
     )
 
 
+@pytest.fixture
+def fault(monkeypatch):
+    def inject(**fault) -> None:
+        monkeypatch.setenv(FAULT_ENV, json.dumps(fault))
+
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    return inject
+
+
 @pytest.mark.parametrize(
-    "cfg,rank,attempt,hooks",
+    "every,kill,rank,attempt,hooks",
     [
-        (trial(kill_at_step=6), 0, 1, 1),
-        (trial(kill_at_step=6), 1, 1, 0),  # rank 0 only
-        (trial(kill_at_step=6), 0, 2, 0),  # the restarted group runs undisturbed
-        (trial(kill_at_step=8), 0, 1, 0),  # a checkpoint step: the save dies instead
-        (trial(checkpoint_every=None, kill_at_step=8), 0, 1, 1),  # no checkpoints: the hook
-        (trial(), 0, 1, 0),
+        (4, 6, 0, 1, 1),
+        (4, 6, 1, 1, 0),  # rank 0 only
+        (4, 6, 0, 2, 0),  # the restarted group runs undisturbed
+        (4, 8, 0, 1, 0),  # a checkpoint step: the save dies instead
+        (None, 8, 0, 1, 1),  # no checkpoints: the hook
+        (4, None, 0, 1, 0),
     ],
 )
-def test_the_kill_hook(cfg, rank, attempt, hooks):
-    found = fault_hooks(cfg, rank, attempt)
+def test_the_kill_hook(fault, every, kill, rank, attempt, hooks):
+    if kill is not None:
+        fault(kill_at_step=kill)
+    found = fault_hooks(trial(every), rank, attempt)
     assert len(found) == hooks
-    assert all(h.every == cfg.fault.kill_at_step for h in found)
+    assert all(h.every == kill for h in found)
 
 
-def test_the_kill_in_a_save_is_at_its_step_on_the_first_attempt():
-    cfg = trial(kill_at_step=8)
-    assert callable(kill_in_save(cfg, 8, 1))
-    assert kill_in_save(cfg, 4, 1) is None and kill_in_save(cfg, 8, 2) is None
-    assert kill_in_save(trial(), 8, 1) is None
+def test_the_kill_in_a_save_is_at_its_step_on_the_first_attempt(fault):
+    assert kill_in_save(8, 1) is None
+    fault(kill_at_step=8)
+    assert callable(kill_in_save(8, 1))
+    assert kill_in_save(4, 1) is None and kill_in_save(8, 2) is None
 
 
-def test_the_newest_checkpoint_is_damaged_on_the_first_restart_only():
-    cfg = trial(kill_at_step=6, corrupt_latest_checkpoint=True)
-    assert [damages_latest(cfg, a) for a in (1, 2, 3)] == [False, True, False]
-    assert not damages_latest(trial(), 2)
+def test_the_newest_checkpoint_is_damaged_on_the_first_restart_only(fault):
+    assert not damages_latest(2)
+    fault(kill_at_step=6, corrupt_latest_checkpoint=True)
+    assert [damages_latest(a) for a in (1, 2, 3)] == [False, True, False]
+
+
+def test_the_fault_travels_to_the_workers_and_nothing_else_does(fault):
+    assert FAULT_ENV not in worker_env(WorkersConfig())
+    fault(kill_at_step=6)
+    assert json.loads(worker_env(WorkersConfig())[FAULT_ENV]) == {"kill_at_step": 6}
 
 
 def test_damage_halves_the_largest_file(tmp_path):
