@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import os
 import time
@@ -49,7 +48,6 @@ COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the tri
 FALLBACK_METRIC = ("test_accuracy", "max")
 
 Ranking = dict[str, tuple[str, str]]  # workload -> (metric, "min" | "max")
-log = logging.getLogger(__name__)
 
 
 class RunFolderError(ValueError):
@@ -134,16 +132,6 @@ def _remove_empty(out: Path, created: Path | None) -> None:
             folder.rmdir()
         if folder == created:
             return
-
-
-def written_by_a_run(path: Path) -> bool:
-    """True when ``path`` is an experiment.yaml that ``python -m jaxray.tune`` wrote (it starts with
-    ``EXPERIMENT_HEADER``), not a config of the user's that happens to have the name."""
-    try:
-        with path.open("rb") as f:
-            return f.read(len(EXPERIMENT_HEADER)) == EXPERIMENT_HEADER.encode()
-    except OSError:
-        return False
 
 
 def check_overwrite(out_dir: str | Path, writer: str, name: str = SUMMARY_JSON) -> None:

@@ -137,9 +137,10 @@ def _rows(run: _Run) -> list[dict]:
 
 
 def ingest_benchmark(args, sizes: list[IngestSize]) -> Report:
-    """Rows per size; starts a local Ray unless one runs. Without ``--parquet`` each dataset is
-    prepared into a temporary folder, removed afterwards."""
-    if not ray.is_initialized():
+    """Rows per size; starts a local Ray unless one runs (and stops it after). Without ``--parquet``
+    each dataset is prepared into a temporary folder, removed afterwards."""
+    started = not ray.is_initialized()
+    if started:
         ray.init(include_dashboard=False, log_to_driver=False)
     tmp = tempfile.mkdtemp(prefix="jaxray-ingest-")
 
@@ -153,6 +154,8 @@ def ingest_benchmark(args, sizes: list[IngestSize]) -> Report:
         results = run_cases([({"workload": s.workload}, lambda s=s: run(s)) for s in sizes], "ingest")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if started:
+            ray.shutdown()
     rows = [r for res in results for r in res.pop("rows", [res])]
     streamed = [r for r in rows if r.get("feed") in STREAMED]
     name = {"ray data": "ratio", "ray data, every epoch": "ratio_every_epoch"}

@@ -257,8 +257,10 @@ def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
     except GpuShortage as err:  # bad input, found once Ray is up
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except RuntimeError as err:  # serve.run: a replica failed to start, Serve's message says why
-        print(f"error: {err}", file=sys.stderr)
+    except RuntimeError as err:  # serve.run: a replica failed to start; Serve's status says why
+        from jaxray.serve.app import deploy_failure  # deferred: loaded already, by main()
+
+        print(f"error: {err}\n{deploy_failure(APP_NAME)}".rstrip(), file=sys.stderr)
         return 1
 
 

@@ -345,3 +345,15 @@ def app_builder(args: dict[str, Any]) -> Application:
     except ValueError as err:  # the build task's own output reaches the `serve run` terminal
         print(f"jaxray: cannot serve: {err}", file=sys.stderr, flush=True)
         raise
+
+
+def deploy_failure(name: str) -> str:
+    """Why Serve's application ``name`` failed to deploy, from ``serve.status()``: the application's
+    and its deployments' status messages (a replica constructor's traceback among them); '' when
+    there are none."""
+    app = serve.status().applications.get(name)
+    if app is None:
+        return ""
+    lines = [app.message] if app.message else []
+    lines += [f"{d}: {status.message}" for d, status in app.deployments.items() if status.message]
+    return "\n".join(lines)

@@ -137,23 +137,3 @@ def test_a_full_disk_fails_the_trial_in_words_and_keeps_every_earlier_checkpoint
         )
         assert done.returncode == 0, done.stderr[-3000:]
         assert f"checkpoint     {run / left[-1]} (mlp)" in done.stdout
-
-
-def test_a_disk_full_to_the_last_byte_ends_the_run_naming_the_full_disk(real_dir, tmp_path):
-    # Without headroom Ray's own state writes fail first (Train's controller, Tune's experiment
-    # state; Tune then raises EOFError reading an empty error.pkl): the run still ends, saying why.
-    config, log = tmp_path / "no-space.yaml", tmp_path / "tune.log"
-    config.write_text(EXPERIMENT)
-    env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
-    with small_tmpfs(tmp_path / "disk", 64) as disk:
-        out = disk / "out"
-        cmd = [sys.executable, "-m", "jaxray.tune", "--config", str(config), "--out", str(out)]
-        rc, before = run_until_the_disk_fills(cmd, env, out, disk, log, leave=0)
-        text, run = log.read_text(), trial_folder(out)
-        assert rc == 1, text[-5000:]
-        told = (f"with the disk holding {run.parent.parent} full (", f"error: 1 trial(s) failed: {TRIAL}")
-        assert any(t in text for t in told), text[-5000:]
-        print(*(line for line in text.splitlines() if line.startswith("error: ")), sep="\n")
-        (disk / "filler").unlink()
-        for name in before:  # registered before the disk filled: still whole
-            checkpoint.verify(run / name)

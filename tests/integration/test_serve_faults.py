@@ -23,7 +23,7 @@ from ray import serve
 from serve_load import free_port, healthz, load, replica_pids
 
 from jaxray.serve.__main__ import PROXY_CALLBACK
-from jaxray.serve.app import app_builder, deployment
+from jaxray.serve.app import app_builder, deploy_failure, deployment
 from jaxray.serve.settings import AppArgs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -61,7 +61,8 @@ def test_a_replica_that_fails_to_start_fails_the_deploy_in_seconds_with_its_exce
     with pytest.raises(RuntimeError, match="Deploying application broken failed") as err:
         serve.run(app, name="broken", route_prefix="/broken")
     elapsed = time.monotonic() - start
-    why = str(err.value)  # what python -m jaxray.serve prints
+    why = deploy_failure("broken")  # what python -m jaxray.serve prints after Serve's error
+    assert "Deploying application broken failed" in str(err.value)
     serve.delete("broken")
     assert f"{damaged} is damaged" in why and "does not match its checksum" in why, why
     assert elapsed < 30, f"the failed deploy took {elapsed:.1f} s"

@@ -83,11 +83,10 @@ def interrupt_after_first_trial(cmd: list[str], env: dict, out: Path, log: Path)
             proc.wait()
 
 
-@pytest.mark.parametrize("how", ["in_place", "moved_folder"])
-def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, how):
-    """``moved_folder``: the interrupted run folder is moved elsewhere first (a copy whose original
-    is gone); its resume must use the folder it is given, never the path the run was started in.
-    The interrupted run is never what its experiment folder resolves to."""
+def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
+    """The interrupted run is never what its experiment folder resolves to. Its experiment folder is
+    then moved elsewhere (a copy whose original is gone) and resumed through it: the resume finds
+    the newest run there and uses that folder, never the path the run was started in."""
     config, experiment = tmp_path / "two.yaml", tmp_path / "out"
     config.write_text(TWO_TRIALS)
     env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
@@ -112,12 +111,12 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, how):
     before_first = files(out, first)
     before_all = set(out.rglob("*"))
     assert (Path(checkpoint) / "history.json").is_file() and before_first
-    if how == "moved_folder":
-        started_in, out = out, tmp_path / "elsewhere" / "copy"
-        out.parent.mkdir()
-        started_in.rename(out)
-        checkpoint = str(out / Path(checkpoint).relative_to(started_in))
-        before_all = {out / p.relative_to(started_in) for p in before_all}
+    started_in, moved = out, tmp_path / "elsewhere" / "copy"
+    moved.parent.mkdir()
+    experiment.rename(moved)
+    out = moved / started_in.name
+    checkpoint = str(out / Path(checkpoint).relative_to(started_in))
+    before_all = {out / p.relative_to(started_in) for p in before_all}
 
     logs = set((out / "logs").iterdir())
     proc = subprocess.run(  # --verbose: Ray's and Tune's output here, as before the quiet terminal
@@ -126,7 +125,7 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, how):
             "-m",
             "jaxray.tune",
             "--resume",
-            str(out.parent if how == "in_place" else out),
+            str(moved),
             "--verbose",
         ],
         cwd=ROOT,
@@ -137,8 +136,7 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path, how):
     )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     assert f"resuming the mlp sweep from {out / 'tune' / 'mlp'}" in proc.stderr
-    if how == "moved_folder":
-        assert str(started_in) not in proc.stdout + proc.stderr, proc.stderr[-5000:]
+    assert str(started_in) not in proc.stdout + proc.stderr, proc.stderr[-5000:]
     assert "Failed to fetch metrics" not in proc.stderr, proc.stderr[-5000:]
     assert "Trial status" in proc.stdout and set((out / "logs").iterdir()) == logs  # no log: all shown
 
