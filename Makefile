@@ -32,13 +32,15 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# make test: everything but the slowest integration tests (marked slow), under 15 minutes on 2
-# cores; make test-all (CI): all of them.
+# make test: everything but the slowest integration tests (marked slow), two pytest workers
+# (pytest-xdist), about 5 minutes on 2 cores; make test-all (CI): then the slow ones, one at a time
+# (each starts its own Ray), each part printing its 25 slowest tests.
 test: install lint
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n 2 -m "not slow"
 
 test-all: install lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 -m "not slow" --durations=25
+	$(PY) -m pytest -q -m slow --durations=25
 
 clean:
 	rm -rf runs .pytest_cache
