@@ -169,8 +169,9 @@ def test_good_config_expands_grid(tmp_path):
         ),
         (
             "train: {steps: 5}",
-            "train: {steps: 5}\n    early_stopping: {metric: val_loss}",
-            "sweeps.0.early_stopping.metric: Input should be 'loss' or 'accuracy'",
+            "train: {steps: 5}\n    early_stopping: {metric: test_loss}",
+            "sweeps.0.early_stopping.metric: Input should be 'loss', 'accuracy', 'val_loss' or "
+            "'val_accuracy'",
         ),
         (
             "train: {steps: 5}",
@@ -345,8 +346,9 @@ def test_a_yaml_with_too_many_cpu_devices_is_refused(tmp_path):
         ("width: [64]", "width: [0]", "search_space.width.0: Input should be greater than 0, got 0"),
         (
             "train: {steps: 5}",
-            "train: {steps: 5}\n    early_stopping: {metric: val_loss}",
-            "early_stopping.metric: Input should be 'loss' or 'accuracy', got 'val_loss'",
+            "train: {steps: 5}\n    early_stopping: {metric: test_loss}",
+            "early_stopping.metric: Input should be 'loss', 'accuracy', 'val_loss' or 'val_accuracy', "
+            "got 'test_loss'",
         ),
         (
             "train: {steps: 5}",

@@ -31,6 +31,16 @@ DTYPES: tuple[str, ...] = DType.__args__
 # The learning path's defaults (labs 4, 6 and 7).
 DEFAULT_WIDTH = {"mlp": 256, "shared_block_mlp": 1024, "transformer": 256}
 DEFAULT_LEARNING_RATE = {"mlp": 3e-3, "shared_block_mlp": 3e-4, "transformer": 3e-4}
+Schedule = Literal["cosine", "linear", "constant"]
+# The optimizer recipe per workload where ``train`` leaves a key out. The transformer's follows
+# nanoGPT's small character-level models (warmup, cosine decay to 0.1x, clipping at 1.0, weight
+# decay 0.1 on matrices, beta2 0.99); the MLPs keep the learning path's constant AdamW.
+RECIPE: dict[str, dict[str, Any]] = {
+    "transformer": {"schedule": "cosine", "grad_clip_norm": 1.0, "weight_decay": 0.1, "beta2": 0.99},
+    "mlp": {"schedule": "constant", "grad_clip_norm": 0.0, "weight_decay": 1e-4, "beta2": 0.999},
+}
+RECIPE["shared_block_mlp"] = RECIPE["mlp"]
+MAX_DEFAULT_WARMUP = 100  # the transformer's default warmup: min(100, steps // 10) steps
 
 
 def _finite_number(value: Any) -> Any:
@@ -50,8 +60,11 @@ def _finite_number(value: Any) -> Any:
 
 # Integers are strict (no 2.5, "10" or true); floats accept YAML's 3e-3, which PyYAML reads as text.
 PosInt = Annotated[int, Strict(), Field(gt=0)]
+NonNegInt = Annotated[int, Strict(), Field(ge=0)]
 FiniteFloat = Annotated[float, BeforeValidator(_finite_number), Field(allow_inf_nan=False)]
 PosFloat = Annotated[FiniteFloat, Field(gt=0)]
+NonNegFloat = Annotated[FiniteFloat, Field(ge=0)]
+Beta = Annotated[FiniteFloat, Field(ge=0, lt=1)]
 
 
 class ConfigError(ValueError):
@@ -100,19 +113,45 @@ class ModelConfig(FrozenConfig):
 
 
 class TrainConfig(FrozenConfig):
-    """Optimisation and loop settings. ``learning_rate`` defaults to the learning path's per workload."""
+    """Optimisation and loop settings; a key left out (None) takes the workload's ``RECIPE`` value.
+    ``learning_rate`` is the peak rate, reached after ``warmup_steps`` (linear from 0), then held
+    (``constant``) or decayed to ``min_lr_ratio`` x peak at ``steps`` (``cosine``, ``linear``).
+    ``grad_clip_norm``: clip by global norm (0: off). ``weight_decay``: decoupled (AdamW), on weight
+    matrices only. ``eval_every``: held-out metrics over ``eval_batches`` fixed batches every that
+    many steps (a multiple of ``log_every``), reported to Tune as ``val_loss``/``val_accuracy``."""
 
     steps: PosInt = 100
     global_batch: PosInt = 256
     learning_rate: PosFloat | None = None
-    weight_decay: Annotated[FiniteFloat, Field(ge=0)] = 1e-4
+    schedule: Schedule | None = None
+    warmup_steps: NonNegInt | None = None
+    min_lr_ratio: Annotated[FiniteFloat, Field(ge=0, le=1)] = 0.1
+    grad_clip_norm: NonNegFloat | None = None
+    weight_decay: NonNegFloat | None = None
+    beta1: Beta = 0.9
+    beta2: Beta | None = None
     seed: Annotated[int, Strict(), Field(ge=0)] = 0
     log_every: PosInt = 25
+    eval_every: PosInt | None = None
+    eval_batches: PosInt = 8
     report_every: PosInt | None = None
     eval_batch: PosInt | None = None
     # Checkpoint every this many steps and at the end (None: only at the end).
     checkpoint_every: PosInt | None = None
     keep_checkpoints: PosInt = 3
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.warmup_steps is not None and self.warmup_steps > self.steps:
+            raise ValueError(
+                f"train.warmup_steps {self.warmup_steps} is beyond train.steps {self.steps} "
+                f"(allowed: 0..{self.steps})"
+            )
+        if self.eval_every is not None and self.eval_every % self.log_every:
+            raise ValueError(
+                f"train.eval_every {self.eval_every} must be a multiple of train.log_every {self.log_every}"
+            )
+        return self
 
     @property
     def report_interval(self) -> int:
@@ -193,6 +232,22 @@ class TrialConfig(FrozenConfig):
     @property
     def learning_rate(self) -> float:
         return self.train.learning_rate or DEFAULT_LEARNING_RATE[self.model.workload]
+
+    def recipe(self) -> dict[str, Any]:
+        """The optimizer settings this trial trains with: ``train``'s, else the workload's ``RECIPE``."""
+        t, defaults = self.train, RECIPE[self.model.workload]
+        given = {k: getattr(t, k) for k in ("schedule", "grad_clip_norm", "weight_decay", "beta2")}
+        recipe = {k: defaults[k] if v is None else v for k, v in given.items()}
+        default_warmup = min(MAX_DEFAULT_WARMUP, t.steps // 10) if self.model.workload == "transformer" else 0
+        warmup = default_warmup if t.warmup_steps is None else t.warmup_steps
+        return {
+            **recipe,
+            "learning_rate": self.learning_rate,
+            "warmup_steps": warmup,
+            "min_lr_ratio": t.min_lr_ratio,
+            "beta1": t.beta1,
+            "steps": t.steps,
+        }
 
 
 def check_devices(global_batch: int, devices: int) -> int:

@@ -20,6 +20,7 @@ from jaxray.config import (
     DType,
     FrozenConfig,
     ModelConfig,
+    PosFloat,
     PosInt,
     TrainConfig,
     WorkersConfig,
@@ -35,7 +36,7 @@ DEFAULT_METRIC = {
     "shared_block_mlp": ("test_accuracy", "max"),
     "transformer": ("val_loss", "min"),
 }
-SEARCHABLE = ("global_batch", "dtype", "width")
+SEARCHABLE = ("global_batch", "dtype", "width", "learning_rate")
 # Model keys a sweep may fix, per workload (others would be silently ignored by that model).
 MODEL_KEYS = {
     "mlp": (),
@@ -60,6 +61,7 @@ class SearchSpace(FrozenConfig):
     global_batch: list[PosInt] | None = Field(None, min_length=1)
     dtype: list[DType] | None = Field(None, min_length=1)
     width: list[PosInt] | None = Field(None, min_length=1)
+    learning_rate: list[PosFloat] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _unique(self) -> SearchSpace:
@@ -71,12 +73,13 @@ class SearchSpace(FrozenConfig):
 
 
 class EarlyStoppingConfig(FrozenConfig):
-    """ASHA (``ray.tune.schedulers.ASHAScheduler``) on a ``metric`` reported during training
-    (``loss`` or ``accuracy``): at steps grace_period x reduction_factor^i only the best
+    """ASHA (``ray.tune.schedulers.ASHAScheduler``) on a ``metric`` reported during training (the
+    training ``loss``/``accuracy``, or the held-out ``val_loss``/``val_accuracy`` that
+    ``train.eval_every`` adds): at steps grace_period x reduction_factor^i only the best
     1 / reduction_factor of trials go on."""
 
     type: Literal["asha"] = "asha"
-    metric: Literal["loss", "accuracy"] = "loss"
+    metric: Literal["loss", "accuracy", "val_loss", "val_accuracy"] = "loss"
     mode: Literal["min", "max"] | None = None
     grace_period: PosInt = 100
     reduction_factor: Annotated[int, Strict(), Field(ge=2)] = 3
@@ -84,7 +87,7 @@ class EarlyStoppingConfig(FrozenConfig):
     @model_validator(mode="after")
     def _mode(self) -> EarlyStoppingConfig:
         if self.mode is None:
-            object.__setattr__(self, "mode", "min" if self.metric == "loss" else "max")
+            object.__setattr__(self, "mode", "min" if self.metric.endswith("loss") else "max")
         return self
 
 
@@ -114,8 +117,15 @@ class SweepConfig(FrozenConfig):
                 f"metric {self.metric!r} is not reported by workload {self.workload!r}; "
                 f"allowed: {', '.join(METRICS[self.workload])}"
             )
+        rule = self.early_stopping
+        if rule is not None and rule.metric.startswith("val_") and not self.train.get("eval_every"):
+            raise ValueError(
+                f"early_stopping.metric {rule.metric} needs train.eval_every (the held-out metric is "
+                f"measured every that many steps)"
+            )
         for key in ("workload", *SEARCHABLE):
-            if key in self.model or key in self.train:
+            fixed_lr = key == "learning_rate" and not self.search_space.learning_rate  # train may fix it
+            if not fixed_lr and (key in self.model or key in self.train):
                 raise ValueError(f"{key!r} belongs at the sweep level or in search_space, not in model/train")
         unused = sorted(set(self.model) - set(MODEL_KEYS[self.workload]))
         if unused:
@@ -140,13 +150,15 @@ class SweepConfig(FrozenConfig):
         return {**preset, **{k: v for k, v in self.model.items() if k != "preset"}}
 
     def axes(self) -> dict[str, list]:
-        """Grid values per searchable axis, in SEARCHABLE order; unsearched axes hold the default."""
+        """Grid values per searchable axis, in SEARCHABLE order; unsearched axes hold the default
+        (the learning rate is an axis only when searched: else ``train``'s or the workload's)."""
         s = self.search_space
-        return {
+        axes = {
             "global_batch": s.global_batch or [TrainConfig().global_batch],
             "dtype": s.dtype or [ModelConfig.model_fields["dtype"].default],
             "width": s.width or [self._preset().get("width", DEFAULT_WIDTH[self.workload])],
         }
+        return {**axes, "learning_rate": s.learning_rate} if s.learning_rate else axes
 
     def grid_size(self) -> int:
         """How many trials the grid holds."""
@@ -154,12 +166,25 @@ class SweepConfig(FrozenConfig):
 
     def trial_dicts(self, base: dict[str, Any]) -> list[dict[str, Any]]:
         """The grid expanded into TrialConfig dicts (validate each with ``parse_trial``)."""
-        return [self.trial_dict(base, *point) for point in itertools.product(*self.axes().values())]
+        axes = self.axes()
+        return [
+            self.trial_dict(base, **dict(zip(axes, point))) for point in itertools.product(*axes.values())
+        ]
 
-    def trial_dict(self, base: dict[str, Any], global_batch: int, dtype: str, width: int) -> dict[str, Any]:
+    def trial_dict(
+        self,
+        base: dict[str, Any],
+        global_batch: int,
+        dtype: str,
+        width: int,
+        learning_rate: float | None = None,
+    ) -> dict[str, Any]:
         """One grid point as a TrialConfig dict: ``base`` (data, workers) plus this sweep's settings."""
         model = {**self.model_settings(), "workload": self.workload, "dtype": dtype, "width": width}
-        return {**base, "model": model, "train": {**self.train, "global_batch": global_batch}}
+        train = {**self.train, "global_batch": global_batch}
+        if learning_rate is not None:
+            train["learning_rate"] = learning_rate
+        return {**base, "model": model, "train": train}
 
 
 class ExperimentConfig(FrozenConfig):

@@ -59,6 +59,8 @@ class SweepDisplay:
         task, fields = self.row(name), {}
         if "loss" in result:
             fields["loss"] = f"loss {float(result['loss']):.4f}"
+        if "val_loss" in result:
+            fields["loss"] += f" val {float(result['val_loss']):.4f}"
         for key, unit, final in COUNTERS:
             if final in result:
                 fields["speed"] = f"{float(result[final]):,.0f} {unit}"

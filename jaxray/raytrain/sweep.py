@@ -35,7 +35,7 @@ from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # A log row's keys: the final report carries the last one for schedulers; the summary row does not.
-LOG_ROW_KEYS = ("step", "examples", "loss", "accuracy", "grad_norm", "tokens", "perplexity")
+LOG_ROW_KEYS = ("step", "examples", "loss", "accuracy", "grad_norm", "tokens", "perplexity", "lr")
 # What Tune adds to every result of a trial beside what its workers reported: its auto-filled
 # metrics (ray.tune.result), the config (whole and flattened as config/<key>), the trial's tag.
 TUNE_KEYS = frozenset(
@@ -61,8 +61,10 @@ def grid(sweep: SweepConfig) -> dict[str, Any]:
 
 
 def trial_name(workload: str, config: dict[str, Any]) -> str:
-    """``<workload>_b<global_batch>_<dtype>_w<width>`` of a grid point."""
-    return grid_point_name(workload, config["global_batch"], config["dtype"], config["width"])
+    """``<workload>_b<global_batch>_<dtype>_w<width>`` of a grid point, ``_lr<rate>`` added when the
+    sweep searches the learning rate."""
+    name = grid_point_name(workload, config["global_batch"], config["dtype"], config["width"])
+    return f"{name}_lr{config['learning_rate']:g}" if config.get("learning_rate") is not None else name
 
 
 def run_trial(
@@ -73,7 +75,8 @@ def run_trial(
     dict; ``out``: the output folder (the run under ``train/``, events under ``tensorboard/``);
     ``xla_flags``: the driver's XLA_FLAGS, kept by the workers (``trainer.worker_env``)."""
     sweep_cfg = SweepConfig.model_validate(sweep)
-    trial = parse_trial(sweep_cfg.trial_dict(base, config["global_batch"], config["dtype"], config["width"]))
+    point = {axis: config[axis] for axis in sweep_cfg.axes()}
+    trial = parse_trial(sweep_cfg.trial_dict(base, **point))
     name = trial_name(sweep_cfg.workload, config)
     make_trainer(
         trial,

@@ -21,8 +21,9 @@ class TensorBoardLogger:
     def __call__(self, row: dict[str, float]) -> None:
         step = int(row["step"])
         for name, value in row.items():
-            if name != "step":
-                self._writer.add_scalar(f"train/{name}", value, step)
+            if name != "step":  # held-out metrics under val/ (val/loss), the rest under train/
+                tag = f"val/{name[4:]}" if name.startswith("val_") else f"train/{name}"
+                self._writer.add_scalar(tag, value, step)
 
     def add_final(self, summary: dict, step: int) -> None:
         for name, value in summary.items():

@@ -20,7 +20,7 @@ from jaxray.models import build
 from jaxray.parallel.checks import check_trial
 from jaxray.parallel.mesh import batch_sharding
 from jaxray.train.loop import compile_train_step
-from jaxray.train.step import init_state, make_optimizer
+from jaxray.train.step import init_state, optimizer_for
 
 COLLECTIVES = (
     "all-reduce",
@@ -236,7 +236,7 @@ def report_for(trial, mesh) -> dict[str, Any]:
     check_trial(trial, mesh.devices.size)
     check_extents(trial)
     model = build(trial.model)
-    tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
+    tx, _ = optimizer_for(trial)
     state = jax.eval_shape(lambda key: init_state(model.init(key), tx), jax.random.key(trial.train.seed))
     compiled, compile_s = compile_train_step(model, tx, mesh, state, abstract_batch(trial, mesh))
     return {

@@ -14,14 +14,14 @@ from jax.sharding import Mesh
 
 from jaxray import checkpoint
 from jaxray.config import TrialConfig
-from jaxray.data.batching import Arrays
+from jaxray.data.batching import Arrays, num_rows
 from jaxray.models import Model, build, param_count
 from jaxray.parallel.checks import check_trial
 from jaxray.parallel.mesh import needs_sync_per_step, replicate, replicated, shard_batch
 from jaxray.train import compile_report
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
-from jaxray.train.step import TrainState, abstract_state, init_state, make_optimizer
+from jaxray.train.step import TrainState, abstract_state, init_state, optimizer_for
 
 LogFn = Callable[[dict[str, float]], None]
 # save(step, state, history so far): a full-state checkpoint at every ``train.checkpoint_every`` steps.
@@ -52,18 +52,29 @@ def eval_batch_size(trial: TrialConfig, devices: int) -> int:
     return -(-size // devices) * devices
 
 
-def _log_hook(trial: TrialConfig, history: list, on_log: Sequence[LogFn]) -> Hook:
-    per_example = tokens_per_example(trial)
+def _log_hook(
+    trial: TrialConfig, history: list, on_log: Sequence[LogFn], schedule: Callable, validate: Callable | None
+) -> Hook:
+    """Every ``log_every`` steps a row: the step's metrics, the learning rate it trained with
+    (``schedule(step - 1)``: the schedule counts updates from 0) and, every ``eval_every`` steps
+    (``validate(params)``), the held-out ``val_loss``/``val_accuracy``, carried on in later rows."""
+    per_example, every = tokens_per_example(trial), trial.train.eval_every
+    held = {k: v for k, v in (history[-1] if history else {}).items() if k.startswith("val_")}  # resumed
 
     def log(step: int, state: TrainState, metrics: dict[str, jax.Array]) -> None:
         row = {
             "step": step,
             "examples": step * trial.train.global_batch,
             **{k: float(v) for k, v in jax.device_get(metrics).items()},
+            "lr": float(schedule(step - 1)),
         }
         if per_example:
             row["tokens"] = row["examples"] * per_example
             row["perplexity"] = float(np.exp(row["loss"]))
+        if validate is not None and (step % every == 0 or step == trial.train.steps):
+            found = validate(state.params)
+            held.update(val_loss=found["loss"], val_accuracy=found["accuracy"])
+        row.update(held)
         history.append(row)
         for fn in on_log:
             fn(row)
@@ -101,7 +112,7 @@ def train(
     devices = mesh.devices.size
     check_trial(trial, devices)
     model = build(trial.model)
-    tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
+    tx, schedule = optimizer_for(trial)
     state, start, history, saved = _initial_state(trial, model, tx, mesh, resume)
     if start >= trial.train.steps and saved.get("summary"):  # nothing left to train or to time
         return TrainResult(state, {**saved["summary"], "resumed_from_step": start}, history, {})
@@ -120,7 +131,10 @@ def train(
         state,
         itertools.chain([first], sharded),
         trial.train.steps,
-        hooks=(*_loop_hooks(trial, history, on_log, save), *hooks),
+        hooks=(
+            *_loop_hooks(trial, history, on_log, save, schedule, _validator(trial, model, mesh, eval_arrays)),
+            *hooks,
+        ),
         sync_each_step=needs_sync_per_step(mesh),
         start=start,
     )
@@ -134,11 +148,28 @@ def train(
     return TrainResult(state, summary, history, report)
 
 
+def _validator(trial: TrialConfig, model: Model, mesh: Mesh, eval_arrays: Arrays) -> Callable | None:
+    """``params -> evaluate(...)`` over the first ``train.eval_batches`` eval batches of
+    ``eval_arrays`` (the same rows every time); None without ``train.eval_every``."""
+    if trial.train.eval_every is None:
+        return None
+    devices, eval_fn = mesh.devices.size, jit_eval_step(model, mesh)
+    batch = eval_batch_size(trial, devices)
+    rows = min(num_rows(eval_arrays), trial.train.eval_batches * batch)
+    subset = {k: v[:rows] for k, v in eval_arrays.items()}
+    return lambda params: evaluate(eval_fn, params, subset, batch, mesh)
+
+
 def _loop_hooks(
-    trial: TrialConfig, history: list, on_log: Sequence[LogFn], save: SaveFn | None
+    trial: TrialConfig,
+    history: list,
+    on_log: Sequence[LogFn],
+    save: SaveFn | None,
+    schedule: Callable,
+    validate: Callable | None,
 ) -> list[Hook]:
     """The log hook, and the checkpoint hook when ``save`` is given and ``train.checkpoint_every`` set."""
-    hooks = [_log_hook(trial, history, on_log)]
+    hooks = [_log_hook(trial, history, on_log, schedule, validate)]
     if save is not None and trial.train.checkpoint_every:
         hooks.append(_checkpoint_hook(trial, history, save))
     return hooks
@@ -170,6 +201,7 @@ def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> 
         "per_device_batch": t.global_batch // devices,
         "dtype": m.dtype,
         "width": m.width,
+        "learning_rate": trial.learning_rate,
         "steps": t.steps,
         "devices": devices,
         "params": n_params,

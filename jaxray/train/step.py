@@ -61,9 +61,65 @@ LOSSES: dict[str, LossFn] = {
 }
 
 
-def make_optimizer(learning_rate: float, weight_decay: float) -> optax.GradientTransformation:
-    """AdamW as in the learning path (Loshchilov & Hutter 2019; Optax defaults b1=0.9, b2=0.999)."""
-    return optax.adamw(learning_rate, weight_decay=weight_decay)
+LEARNING_PATH_WEIGHT_DECAY = 1e-4
+
+
+def make_optimizer(learning_rate: float, weight_decay: float | None = None) -> optax.GradientTransformation:
+    """The learning path's AdamW: a constant rate, decay on every parameter (default 1e-4; Loshchilov &
+    Hutter 2019; Optax defaults b1=0.9, b2=0.999). ``bench compare`` trains with it, like for like."""
+    return optax.adamw(
+        learning_rate, weight_decay=LEARNING_PATH_WEIGHT_DECAY if weight_decay is None else weight_decay
+    )
+
+
+def learning_rate_schedule(
+    peak: float, schedule: str, warmup_steps: int, steps: int, min_lr_ratio: float
+) -> optax.Schedule:
+    """The learning rate at each update count n = 0 .. steps - 1: linear from 0 to ``peak`` over
+    ``warmup_steps``, then ``peak`` (constant), or decaying to ``min_lr_ratio`` x peak at ``steps``:
+    cosine, peak_end + (peak - peak_end) (1 + cos(pi t)) / 2 with t the decay's fraction done (SGDR,
+    Loshchilov & Hutter 2017; Optax's warmup_cosine_decay_schedule), or linear."""
+    end, decay = peak * min_lr_ratio, max(steps - warmup_steps, 1)
+    if schedule == "cosine":
+        after = optax.cosine_decay_schedule(peak, decay, alpha=min_lr_ratio)
+    elif schedule == "linear":
+        after = optax.linear_schedule(peak, end, decay)
+    else:
+        after = optax.constant_schedule(peak)
+    if warmup_steps == 0:
+        return after
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup_steps), after], [warmup_steps])
+
+
+def decay_mask(params: Any) -> Any:
+    """True for the weight matrices (a layer's ``kernel``, an MLP's ``w*``), False for biases, norm
+    scales and embeddings: what decoupled weight decay applies to (nanoGPT, MaxText)."""
+
+    def is_matrix(path, leaf) -> bool:
+        names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+        name = next((n for n in reversed(names) if n != "value"), "")
+        return name == "kernel" or (name.startswith("w") and getattr(leaf, "ndim", 0) >= 2)
+
+    return jax.tree_util.tree_map_with_path(is_matrix, params)
+
+
+def optimizer_for(trial) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """(the optimizer, its learning-rate schedule) of ``trial`` (a TrialConfig; ``trial.recipe()``):
+    clipping by global norm, then AdamW on the schedule with weight decay on matrices only. The
+    schedule's count lives in the optimizer state, so a restored state resumes mid-schedule."""
+    r = trial.recipe()
+    schedule = learning_rate_schedule(
+        r["learning_rate"], r["schedule"], r["warmup_steps"], r["steps"], r["min_lr_ratio"]
+    )
+    adamw = optax.adamw(
+        schedule, b1=r["beta1"], b2=r["beta2"], weight_decay=r["weight_decay"], mask=decay_mask
+    )
+    return optax.chain(clipping(r["grad_clip_norm"]), adamw), schedule
+
+
+def clipping(max_norm: float) -> optax.GradientTransformation:
+    """Gradients scaled to a global L2 norm of at most ``max_norm`` (Pascanu et al. 2013); 0: as they are."""
+    return optax.clip_by_global_norm(max_norm) if max_norm > 0 else optax.identity()
 
 
 def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:

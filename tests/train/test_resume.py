@@ -29,7 +29,17 @@ ROOT = HERE.parents[1]
 TRIALS = {
     "transformer": TrialConfig(
         model=ModelConfig(workload="transformer", width=64, num_layers=2, num_heads=2, max_seq_len=64),
-        train=TrainConfig(steps=12, global_batch=16, learning_rate=3e-3, log_every=3, checkpoint_every=4),
+        # Warmup to step 6, then cosine decay: checkpoint 4 is mid-warmup, 8 mid-decay.
+        train=TrainConfig(
+            steps=12,
+            global_batch=16,
+            learning_rate=3e-3,
+            warmup_steps=6,
+            log_every=3,
+            eval_every=6,
+            eval_batches=2,
+            checkpoint_every=4,
+        ),
         data=DataConfig(seq_len=64),
     ),
     # 60000 / 4096 = 14 batches an epoch: the 20 steps cross an epoch boundary after the checkpoint.
@@ -62,14 +72,15 @@ def run(trial, tmp_path, resume=None):
     return result, saved
 
 
-@pytest.mark.parametrize("workload", ["transformer", "mlp"])
-def test_resumed_run_ends_bitwise_equal(real_dir, tmp_path, workload):
+@pytest.mark.parametrize("workload, at", [("transformer", 4), ("transformer", 8), ("mlp", 8)])
+def test_resumed_run_ends_bitwise_equal(real_dir, tmp_path, workload, at):
+    """Mid-warmup (4) and mid-decay (8): the schedule's count is restored with the optimizer state."""
     trial = TRIALS[workload]
     whole, saved = run(trial, tmp_path)
     every = trial.train.checkpoint_every
     assert sorted(saved) == list(range(every, trial.train.steps, every))
-    resumed, _ = run(trial, tmp_path, resume=saved[every])
-    assert resumed.summary["resumed_from_step"] == every
+    resumed, _ = run(trial, tmp_path, resume=saved[at])
+    assert resumed.summary["resumed_from_step"] == at
     for a, b in zip(jax.tree.leaves(whole.state.params), jax.tree.leaves(resumed.state.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert resumed.history == whole.history  # the restored history plus the same rows after it
