@@ -105,10 +105,14 @@ def test_a_preset_applies_to_the_transformer_only(tmp_path):
         load_experiment(write(tmp_path, mlp_with_preset))
 
 
-def test_demo_grid_has_ten_trials():
+def test_demo_grid_has_six_trials_and_sweeps_the_transformers_learning_rate():
     exp = load_experiment(ROOT / "tune_configs" / "demo.yaml")
     trials = [t for s in exp.sweeps for t in s.trial_dicts(exp.base())]
-    assert sorted(t["model"]["workload"] for t in trials) == ["mlp"] * 8 + ["transformer"] * 2
+    assert sorted(t["model"]["workload"] for t in trials) == ["mlp"] * 4 + ["transformer"] * 2
+    assert [t["train"]["learning_rate"] for t in trials if t["model"]["workload"] == "transformer"] == [
+        2e-3,
+        3e-3,
+    ]
 
 
 def test_good_config_expands_grid(tmp_path):

@@ -220,7 +220,8 @@ def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -
 
 def describe(directory: str | Path) -> str:
     """``checkpoint: PATH (trial T, step S, METRIC)`` for a resolved checkpoint ``directory``: PATH
-    relative to the working directory when inside it; the trial its ``trial_config.json`` names; the
+    relative to the working directory when inside it; the trial (its Ray Train folder's name, else
+    the one its ``trial_config.json`` names); the
     step and the held-out metric of the final checkpoint's summary row, else the last training loss
     ("params only" without a step). Only reads: what cannot be read is left out."""
     directory = Path(directory)
@@ -228,10 +229,13 @@ def describe(directory: str | Path) -> str:
     shown = Path(os.path.relpath(here)) if here.is_relative_to(Path.cwd()) else directory
     state = _json(directory / TRAIN_STATE)
     state = state if isinstance(state, dict) else {}
-    try:
-        parts = [f"trial {load_trial_config(directory).name()}"]
-    except CheckpointError:
-        parts = []
+    if directory.name.startswith(CHECKPOINT_PREFIX):  # in its trial's Ray Train folder, named by the sweep
+        parts = [f"trial {directory.parent.name}"]
+    else:
+        try:
+            parts = [f"trial {load_trial_config(directory).name()}"]
+        except CheckpointError:
+            parts = []
     parts.append(f"step {state['step']}" if "step" in state else "params only")
     parts.append(_metric(directory, state))
     return f"checkpoint: {shown} ({', '.join(p for p in parts if p)})"

@@ -142,8 +142,20 @@ def test_reports_plots_and_tensorboard(smoke):
     assert (out / "throughput_vs_batch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     events = list((out / "tensorboard").glob("*/events.out.tfevents.*"))
     assert len(events) == 3
-    assert all(b"train/loss" in e.read_bytes() for e in events)
+    assert all(b"train/loss" in e.read_bytes() and b"train/lr" in e.read_bytes() for e in events)
+    [lm] = [e for e in events if "transformer" in str(e)]
+    assert b"val/loss" in lm.read_bytes()  # train.eval_every: the held-out loss during training
     assert "mlp_b128_float32_w64" in proc.stdout  # the table is printed
+
+
+def test_the_held_out_loss_reaches_tune_during_training(smoke):
+    """smoke.yaml's transformer sweep: eval_every 2 of 4 steps and ASHA on val_loss; Tune's results
+    carry val_loss before the final one (the metric ASHA reads)."""
+    out, _ = smoke
+    [trial] = (out / "tune" / "transformer").glob("transformer_*/result.json")
+    results = [json.loads(line) for line in trial.read_text().splitlines() if line.strip()]
+    early = [r for r in results if not r.get("final")]
+    assert early and all(math.isfinite(r["val_loss"]) and r["lr"] > 0 for r in early), early
 
 
 def test_generate_from_the_experiment(smoke):
