@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -43,6 +44,7 @@ LOCK_FILE = ".jaxray.lock"  # held by the one command writing into the folder (`
 LOGS_DIR = "logs"
 # experiment.yaml's line holding the SHA-256 of the config below it (``signed``, ``check_unedited``).
 CONFIG_DIGEST = "# SHA-256 of the config below it (--resume refuses an edited config): "
+RUN_NAME = re.compile(r"(\d{8}-\d{6})(?:-(\d+))?")  # what ``new_run`` names a run folder
 COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the trial's compiled step
 # Ranks a workload that no sweep and no default names (a hand-written row).
 FALLBACK_METRIC = ("test_accuracy", "max")
@@ -292,7 +294,14 @@ def new_run(experiment_dir: str | Path) -> Path:
             f"--out {experiment_dir} is the folder of one run; pass its experiment folder "
             f"{experiment_dir.parent}, where every run gets a folder of its own"
         )
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    inside = next(
+        (p for p in (experiment_dir, *experiment_dir.parents) if (p / checkpoint.TRAIN_STATE).is_file()), None
+    )
+    if inside is not None:
+        raise RunFolderError(
+            f"--out {experiment_dir} lies in the checkpoint folder {inside}; choose another --out"
+        )
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())  # UTC: names sort in time order
     for n in range(1, 100):
         run = experiment_dir / (stamp if n == 1 else f"{stamp}-{n}")
         try:
@@ -306,9 +315,14 @@ def new_run(experiment_dir: str | Path) -> Path:
 
 
 def run_folders(experiment_dir: str | Path) -> list[Path]:
-    """The run folders of ``experiment_dir`` (those holding ``experiment.yaml``), newest first."""
-    found = [p.parent for p in Path(experiment_dir).glob(f"*/{EXPERIMENT_FILE}")]
-    return sorted(found, key=lambda p: p.name, reverse=True)
+    """The run folders of ``experiment_dir`` (named ``<YYYYmmdd-HHMMSS>[-n]`` by ``new_run``, holding
+    ``experiment.yaml``), newest first; a folder of any other name (a copy kept there) is not a run."""
+    found = [
+        (m.group(1), int(m.group(2) or 1), p.parent)
+        for p in Path(experiment_dir).glob(f"*/{EXPERIMENT_FILE}")
+        if (m := RUN_NAME.fullmatch(p.parent.name))
+    ]
+    return [p for *_, p in sorted(found, reverse=True)]
 
 
 def complete(run_dir: Path) -> bool:
@@ -320,13 +334,12 @@ def complete(run_dir: Path) -> bool:
 
 
 def latest_run(path: str | Path) -> Path:
-    """The run folder ``path`` means: itself when it holds a ``summary.json``, else the newest
-    complete run in the experiment folder ``path``. Raises RunFolderError naming the folder and
+    """The run folder ``path`` means: the newest complete run of the experiment folder ``path``, or
+    ``path`` itself when it holds no runs but a ``summary.json``. Raises RunFolderError naming the folder and
     what it holds when there is none."""
-    path = Path(path)
-    if (path / SUMMARY_JSON).is_file():
+    path, runs = Path(path), run_folders(path)
+    if not runs and (path / SUMMARY_JSON).is_file():
         return path
-    runs = run_folders(path)
     done = next((r for r in runs if complete(r)), None)
     if done is not None:
         return done

@@ -204,3 +204,18 @@ def test_a_recorded_path_outside_the_run_folder_is_refused(tmp_path):
     for recorded in ("/elsewhere/ck", "../other/ck", 5):
         with pytest.raises(runs.RunFolderError, match="not a path inside the run folder"):
             runs.checkpoint_of(tmp_path, {"trial": "t", "checkpoint": recorded})
+
+
+def test_only_timestamped_folders_are_runs_and_an_evaluation_beside_them_hides_none(tmp_path, stored):
+    experiment = tmp_path / "demo"
+    older = populate(sweep_folder(experiment / "20261201-100000", ROWS), ROWS, stored)
+    newer = populate(sweep_folder(experiment / "20261201-100000-2", ROWS), ROWS, stored)
+    shutil.copytree(older, experiment / "baseline")  # a copy kept beside the runs: not a run
+    (experiment / runs.SUMMARY_JSON).write_text('{"written_by": "jaxray.evaluate"}')  # evaluate --out here
+    assert runs.run_folders(experiment) == [newer, older]
+    assert runs.latest_run(experiment) == newer and runs.resolve(experiment).is_relative_to(newer)
+
+
+def test_a_run_is_never_made_inside_a_checkpoint(tmp_path, stored):
+    with pytest.raises(runs.RunFolderError, match="lies in the checkpoint folder"):
+        runs.new_run(stored / "params" / "out")

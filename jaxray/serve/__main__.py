@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -216,6 +217,9 @@ def ready_message(host: str, port: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Ctrl-C raises KeyboardInterrupt even where a shell started this in the background with SIGINT
+    # ignored (what Python then keeps): `kill -INT PID` stops the app as Ctrl-C does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = build_parser()
     args = parser.parse_args(argv)
     from jaxray.serve.app import build_app  # deferred: loads Ray and JAX, after --help has exited
