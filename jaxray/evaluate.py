@@ -1,28 +1,11 @@
 """Evaluate a saved checkpoint on its whole held-out set; ``python -m jaxray.evaluate``.
 
-MLP workloads (mlp, shared_block_mlp): test loss (nats) and accuracy over all 10,000 Fashion-MNIST
-test images (padded, masked eval batches, so none is dropped), a 10x10 confusion matrix from the
-per-image predictions, and two figures (``jaxray.reporting.eval_figures``). The transformer:
-validation loss in nats per byte, perplexity = exp(loss), bits per byte = loss / ln 2, byte
-accuracy, and a sampled text (``jaxray.inference.sampling.generate``).
-
-The data folder is ``--data-dir``, else the one recorded in the checkpoint's trial_config.json, else
-the search order of ``jaxray.data.sources``. Files go under ``--out``, by default
-``runs/eval/<name>`` (relative to the working directory), one folder per checkpoint: ``<name>`` is
-the checkpoint folder's name or, for a Ray Train ``checkpoint_*`` folder, ``<trial>/<checkpoint>``
-(``<experiment>/<trial>/<checkpoint>`` inside a run folder's ``train/``). An ``--out`` whose
-summary.json holds the evaluation of another checkpoint is refused unless ``--overwrite``; the
-folder is created only once the results are ready, and they replace the earlier ones only when all
-are written (temporary files, then renames), so a failed evaluation changes nothing there:
-
-    summary.json            the printed numbers (NaN/inf -> null); MLPs add the confusion matrix
-                            (rows true class, columns predicted), class names and the PNG paths
-    confusion_matrix.png    MLPs only: row-normalised percentages
-    predictions_grid.png    MLPs only: the first 25 test images with predicted and true class
+MLPs: test loss (nats), accuracy, 10x10 confusion matrix and figures over all 10,000 test images.
+Transformer: val loss (nats/byte), perplexity = exp(loss), bits/byte = loss / ln 2, a sample.
+Writes summary.json (and MLP PNGs) to ``--out`` (default ``runs/eval/<name>``).
 
   python -m jaxray.evaluate --checkpoint runs/demo --workload mlp
-  python -m jaxray.evaluate --checkpoint runs/demo --prompt "JULIET:" --max-new-tokens 300
-"""
+  python -m jaxray.evaluate --checkpoint runs/demo --prompt "JULIET:" --max-new-tokens 300"""
 
 from __future__ import annotations
 
@@ -62,8 +45,7 @@ def predict_step(params: Any, batch: dict[str, jax.Array], *, apply) -> jax.Arra
 
 
 def jit_predict_step(model: Model, mesh: Mesh):
-    """The jitted predict step. Params replicated, batch sharded; predictions replicated so that
-    every process reads the whole global batch's, in row order."""
+    """The jitted predict step: params replicated, batch sharded, predictions replicated."""
     step = functools.partial(predict_step, apply=model.apply)
     return jax.jit(
         step, in_shardings=(replicated(mesh), batch_sharding(mesh)), out_shardings=replicated(mesh)
@@ -71,11 +53,7 @@ def jit_predict_step(model: Model, mesh: Mesh):
 
 
 def predict(predict_fn, params: Any, arrays: Arrays, global_batch: int, mesh: Mesh) -> np.ndarray:
-    """[N] int32 predicted class of every row of ``arrays``, in order, padding removed.
-
-    Batches exactly as ``jaxray.train.held_out.evaluate`` (``eval_batches``, padded and masked).
-    """
-    # Dispatch every batch before reading any back, so the host never waits between batches.
+    """[N] int32 predicted class of every row of ``arrays``, in order, padding removed."""
     out = [predict_fn(params, shard_batch(mesh, b)) for b in eval_batches(arrays, global_batch)]
     predictions = np.concatenate(jax.device_get(out))
     return predictions[predictions >= 0]
@@ -84,11 +62,8 @@ def predict(predict_fn, params: Any, arrays: Arrays, global_batch: int, mesh: Me
 def confusion_matrix(
     labels: np.ndarray, predictions: np.ndarray, num_classes: int = NUM_CLASSES
 ) -> np.ndarray:
-    """[C, C] int64 counts, rows the true class, columns the predicted one.
-
-    ``labels`` and ``predictions``: [N] ints in 0..C-1. Raises ValueError if their lengths differ
-    or a value is out of range.
-    """
+    """[C, C] int64 counts, rows true class, columns predicted, from [N] ints in 0..C-1.
+    Raises ValueError if the lengths differ or a value is out of range."""
     labels, predictions = np.asarray(labels), np.asarray(predictions)
     if labels.shape != predictions.shape:
         raise ValueError(f"{len(labels)} labels but {len(predictions)} predictions")
@@ -155,16 +130,9 @@ def run(
     seed: int = 0,
     overwrite: bool = False,
 ) -> dict:
-    """Evaluate the checkpoint ``path`` names (anything ``checkpoint.resolve`` accepts) and write
-    summary.json (and the MLP figures) under ``out`` (default ``default_out``); returns the summary.
-
-    The sampling arguments (transformer only) and ``out`` are checked before anything is loaded:
-    ``out`` may not hold another tool's summary.json, nor (without ``overwrite``) the evaluation of
-    another checkpoint, and must be creatable. Raises CheckpointError, ConfigError or ValueError
-    (bad path, checkpoint, --out or sampling argument), DataFileError (missing or damaged data
-    file) and ResultsWriteError (the results could not be written; nothing in ``out`` changed).
-    Names the checkpoint resolved on stderr (``checkpoint.describe``) before anything is loaded.
-    """
+    """Evaluate the checkpoint ``path`` names and write summary.json (and MLP figures) under ``out``;
+    returns the summary. Raises CheckpointError, ConfigError, ValueError, DataFileError and
+    ResultsWriteError (nothing in ``out`` changed)."""
     Sampling(max_new_tokens, temperature, seed).check()
     prompt_window(encode_prompt(prompt), 1)  # an empty prompt fails here, not after the restore
     if data_dir is not None and not Path(data_dir).is_dir():  # else a typo falls to the default search
@@ -179,7 +147,6 @@ def run(
     out = results_folder(out or default_out(directory), directory, overwrite)
     with runs.exclusive(out, "python -m jaxray.evaluate"):  # two evaluations into one --out: one refused
         results_folder(out, directory, overwrite)  # again, now that it is held
-        # The recorded folder may not exist on this machine: read_verified then searches on as usual.
         data_dir = data_dir or trial.data.data_dir
         _, held_out = load_arrays(
             trial.model_copy(update={"data": trial.data.model_copy(update={"data_dir": data_dir})})
@@ -199,8 +166,7 @@ def run(
 
 
 def _classifier_files(result: dict, held_out: Arrays, out: Path) -> tuple[dict, dict]:
-    """(``result`` without the per-image predictions, with the class names and the figures'
-    paths; the figures to draw, for ``_write_results``)."""
+    """(summary: ``result`` less predictions, plus class names and figure paths; figures to draw)."""
     paths = {name: out / name for name in FIGURES}
     predictions = result.pop("predictions")
     n = eval_figures.GRID_SIDE**2

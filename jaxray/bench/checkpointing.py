@@ -4,8 +4,7 @@
   ``save_state`` plus the copy into the run's storage Ray Train's report makes, and of
   ``restore_state`` onto the mesh (checksums verified), ``block_until_ready`` before the clock.
 * Step-time cost: the same training run without checkpoints and with one every ``every`` steps,
-  alternately; ms/step is the loop's host time per step after the first, saves included.
-"""
+  alternately; ms/step is the loop's host time per step after the first, saves included."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 summary.json  {"written_by", "benchmark", "title", "summary", "notes", "rows"}: one row per case
 summary.md    the title, the table (plain Markdown text, also printed) and the notes
-*.png         the benchmark's charts (matplotlib, headless)
-"""
+*.png         the benchmark's charts (matplotlib, headless)"""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """``python -m jaxray.data SUB-COMMAND``: see ``--help``. Options are checked before any file is read.
 
 python -m jaxray.data prepare --dataset tinyshakespeare --out data/shakespeare-256 --seq-len 256
-python -m jaxray.data prepare --dataset fashion-mnist --out data/fashion-mnist
-"""
+python -m jaxray.data prepare --dataset fashion-mnist --out data/fashion-mnist"""
 
 from __future__ import annotations
 

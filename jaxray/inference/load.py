@@ -1,16 +1,10 @@
 """Where an engine comes from: the one dispatch between a checkpoint and an export artifact.
 
-A path that holds ``manifest.json`` is a ``python -m jaxray.export`` artifact: its exported
-programs (read by ``jaxray.inference.artifact_loader``) run in an ``Engine``, and its flat decode
-state becomes a ``DecodeState`` again, so the engine (continuous batching included) handles it as
-a live model's. Any other path is a checkpoint, a Ray Train run folder or ``runs/<experiment>``
-(its best transformer), restored with Orbax into a live model. ``check_source`` says what
-``load_engine`` would load without loading any weights, so a command can refuse a bad path before
-it starts anything.
+A path holding ``manifest.json`` is an export artifact whose programs run in an ``Engine``; any other
+is a checkpoint, run folder or ``runs/<experiment>``. ``check_source`` checks without loading weights.
 
   engine = load_engine("runs/demo")          # or "exports/demo"
-  engine.compile()
-"""
+  engine.compile()"""
 
 from __future__ import annotations
 
@@ -35,12 +29,8 @@ def is_artifact(path: str | Path) -> bool:
 def check_checkpoint(
     path: str | Path, settings: EngineSettings | None = None, purpose: str = "served"
 ) -> Path:
-    """The transformer checkpoint ``path`` (a checkpoint, run folder or ``runs/<experiment>``)
-    resolves to, checked without restoring it; ``purpose`` ("served", "exported") words the refusal.
-
-    Raises CheckpointError (a ValueError) naming the path when it holds no checkpoint or one of
-    another workload, ValueError for a ``settings.context_keep`` outside 2..max_seq_len.
-    """
+    """The transformer checkpoint ``path`` resolves to, checked without restoring it. Raises
+    CheckpointError naming the path (no or non-transformer checkpoint), ValueError for context_keep."""
     resolved = runs.resolve(path, workload="transformer")
     cfg = checkpoint.load_model_config(resolved)
     if cfg.workload != "transformer":
@@ -63,19 +53,15 @@ def check_source(path: str | Path, settings: EngineSettings | None = None) -> Pa
 
 
 def describe_source(path: str | Path) -> str:
-    """The one line naming what ``check_source`` resolved ``path`` to: ``checkpoint.describe`` of a
-    checkpoint (trial, step, metric), or ``artifact: PATH (exported from CHECKPOINT)``. Only reads;
-    raises ArtifactError as ``read_artifact_manifest`` for an artifact (``check_source`` read it)."""
+    """One line naming ``path``: ``checkpoint.describe``, or ``artifact: PATH (exported from ...)``."""
     if not is_artifact(path):
         return checkpoint.describe(path)
     return f"artifact: {path} (exported from {read_artifact_manifest(path)['checkpoint']})"
 
 
 def load_engine(path: str | Path, settings: EngineSettings | None = None) -> Engine:
-    """The engine for a checkpoint, a Ray Train run folder, ``runs/<experiment>`` (its best
-    transformer) or an export artifact (``engine_from_artifact``); ``settings`` default to
-    ``EngineSettings()`` for a checkpoint and to the exported ones for an artifact. Raises as
-    ``check_source``, ArtifactError for a damaged artifact, CheckpointError for a damaged checkpoint."""
+    """The engine for a checkpoint, run folder, ``runs/<experiment>`` or export artifact. Raises as
+    ``check_source``, ArtifactError / CheckpointError for damaged weights."""
     if is_artifact(path):
         return engine_from_artifact(path, settings)
     resolved = check_checkpoint(path, settings)

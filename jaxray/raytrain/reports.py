@@ -1,10 +1,5 @@
-"""What a Ray Train worker hands back: log rows and full-state checkpoints through
-``ray.train.report`` (Ray Train passes them on to Tune), and the step's compile report as a file.
-
-These are the hooks of ``jaxray.train.run.train`` (``on_log``, ``save``, ``on_compile``); the loop
-itself knows nothing of Ray. A checkpoint save that cannot finish (a full disk, locally or in the
-run's storage) fails the worker with a CheckpointSaveError in words, having removed what it wrote.
-"""
+"""The Ray hooks of ``jaxray.train.run.train`` (``on_log``, ``save``, ``on_compile``): log rows and
+checkpoints through ``ray.train.report``, and the compile report as a file."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ SaveFn = Callable[..., None]
 
 
 def log_reporter(train: TrainConfig) -> Callable[[dict[str, float]], None]:
-    """``on_log`` for ``train``: ``ray.train.report(row)`` every ``train.report_interval`` steps,
-    except the last step's row, which goes out with the final checkpoint and the summary."""
+    """``on_log``: ``ray.train.report(row)`` every ``train.report_interval`` steps but the last."""
 
     def report(row: dict[str, float]) -> None:
         if row["step"] % train.report_interval == 0 and row["step"] != train.steps:
@@ -51,17 +45,9 @@ def position(step: int, batches_per_epoch: int | None) -> dict[str, int]:
 
 
 def checkpoint_saver(trial: TrialConfig, rank: int, attempt: int, batches_per_epoch: int | None) -> SaveFn:
-    """``save(step, state, history, row=None)`` for ``train`` and for the final checkpoint: rank 0
-    writes the full state with Orbax into a local folder and every rank reports it to Ray Train (a
-    barrier) with ``row`` (default: the last log row), which copies it to the run's storage as
-    ``checkpoint_name(step, attempt)`` and keeps ``train.keep_checkpoints`` of them. The copy is
-    synchronous (``ASYNC`` upload was tried once and lost a checkpoint on a kill, before
-    ``faults.die``'s pause existed).
-
-    A save that cannot finish (a full disk) raises CheckpointSaveError naming the step, the folder
-    (the local one, or the checkpoint's folder in the run's storage) and the OS error; what it had
-    written is removed, every earlier checkpoint is left as it was, and the worker's failure ends the
-    trial (or Ray Train's ``workers.max_failures`` restarts, which resume from the newest one)."""
+    """``save(step, state, history, row=None)``: rank 0 writes the state locally, every rank reports
+    it to Ray Train, which copies it as ``checkpoint_name(step, attempt)``. Raises
+    CheckpointSaveError naming the step, folder and OS error, having removed what it wrote."""
 
     def save(step: int, state, history: list[dict], row: dict | None = None) -> None:
         ckpt = None
@@ -92,8 +78,7 @@ def checkpoint_saver(trial: TrialConfig, rank: int, attempt: int, batches_per_ep
 
 
 def save_locally(step: int, write: Callable[[Path], Path]) -> Path:
-    """``write(folder)`` (a ``checkpoint.save_state``) into a new local temp folder; its result. When
-    it fails, the folder is removed and CheckpointSaveError names it, the step and the cause."""
+    """``write(folder)`` into a new local temp folder; its result. Raises CheckpointSaveError."""
     try:
         folder = Path(tempfile.mkdtemp(prefix="jaxray-ckpt-"))
     except OSError as err:
@@ -125,10 +110,8 @@ def _storage_folder(name: str) -> tuple[Any, str, bool] | None:
 
 @contextmanager
 def copying(step: int, name: str, ckpt: Checkpoint | None) -> Iterator[None]:
-    """Around the ``ray.train.report`` that copies ``ckpt`` (rank 0's local checkpoint, else None)
-    into the run's storage as ``name``. When the copy fails: the local folder and the partial copy
-    (a folder this copy made: never one Ray Train registered) are removed, and an OSError becomes
-    CheckpointSaveError naming the step, the storage folder and the OS error."""
+    """Around the ``ray.train.report`` that copies ``ckpt`` to storage as ``name``: on failure removes
+    the local folder and partial copy; an OSError becomes CheckpointSaveError."""
     if ckpt is None:
         yield
         return
@@ -150,8 +133,7 @@ def copying(step: int, name: str, ckpt: Checkpoint | None) -> Iterator[None]:
 
 
 def compile_writer(path: str | None) -> Callable[[dict], None] | None:
-    """``on_compile`` for ``train``: the report as JSON at ``path`` (temp file, then rename), or None.
-    A report that cannot be written (a full disk) is a printed warning, not a failed trial."""
+    """``on_compile``: the report as JSON at ``path``, or None; a failed write only warns."""
     if not path:
         return None
 

@@ -1,10 +1,7 @@
 """Which checkpoint a (restarted) worker group continues from, and how its checkpoints are named.
 
-Ray Train keeps the run's checkpoints as ``checkpoint_step_<step>_attempt<n>`` folders and hands a
-restarted group the newest one it registered (``ray.train.get_checkpoint()``). That one may be
-damaged; rank 0 then walks back to the newest complete, undamaged one (``checkpoint.verify``) and
-broadcasts its choice, so every rank restores the same checkpoint.
-"""
+Rank 0 walks back from Ray Train's newest checkpoint to the newest undamaged one
+(``checkpoint.verify``) and broadcasts its choice, so every rank restores the same one."""
 
 from __future__ import annotations
 
@@ -23,9 +20,8 @@ CHECKPOINT_GLOB = "checkpoint_step_*"  # every name ``checkpoint_name`` gives
 
 
 class ResumePoint(NamedTuple):
-    """Where a worker group starts: ``checkpoint`` to continue from (None: step 0), the names of
-    the newer checkpoints ``skipped`` as damaged or incomplete, and rank 0's ``attempt`` number
-    (1 for the first start, one more for each Ray Train restart)."""
+    """Where a worker group starts: ``checkpoint`` (None: step 0), newer ones ``skipped`` as damaged,
+    and rank 0's ``attempt`` number (1 for the first start)."""
 
     checkpoint: Path | None
     skipped: list[str]
@@ -33,18 +29,14 @@ class ResumePoint(NamedTuple):
 
 
 def checkpoint_name(step: int, attempt: int) -> str:
-    """Ray Train folder name of the checkpoint at ``step`` saved by worker-group ``attempt``: names
-    sort by step, then attempt. The attempt keeps them unique: a restart that resumes from an older
-    checkpoint saves the later steps again, and Ray Train's rotation must never see one folder twice
-    (it would delete a folder it still lists)."""
+    """Folder name of the checkpoint at ``step`` saved by ``attempt``; sorts by step, then attempt.
+    The attempt keeps names unique across restarts (Ray Train's rotation must never see one twice)."""
     return f"checkpoint_step_{step:08d}_attempt{attempt}"
 
 
 def count_attempt(path: str | None) -> int:
-    """This worker group's attempt number (1 for the first start; Ray Train restarts add one),
-    counted in the JSON file ``path`` (rank 0 calls it once per start); 1 without a file. Written
-    to a temporary file, then renamed: a full disk never leaves it empty. A count that cannot be
-    read or written raises OSError in words (a restart must not reuse checkpoint names)."""
+    """This worker group's attempt number, counted in the JSON file ``path`` (1 without one).
+    Raises OSError in words when the count cannot be read or written."""
     if not path:
         return 1
     file = Path(path)
@@ -72,9 +64,7 @@ def restore_order(newest: Path) -> list[Path]:
 
 
 def choose(candidates: list[Path]) -> tuple[Path | None, list[str]]:
-    """(the first of ``candidates`` that is complete and undamaged, the names of those before it).
-    With none usable: (None, every name), after a warning: the run starts again from step 0 rather
-    than fail."""
+    """(the first undamaged of ``candidates``, the names of those before it); (None, every name) if none."""
     try:
         _, path = checkpoint.restore_latest(candidates, lambda c: checkpoint.verify(c, full_state=True))
     except checkpoint.CheckpointError as err:
@@ -84,10 +74,8 @@ def choose(candidates: list[Path]) -> tuple[Path | None, list[str]]:
 
 
 def resume_point(rank: int, attempt: int) -> ResumePoint:
-    """The checkpoint this worker group continues from, starting from ``ray.train.get_checkpoint()``
-    (None on a fresh start). Rank 0 decides (after the ``corrupt_latest_checkpoint`` fault, if set)
-    and broadcasts its choice with its ``attempt``; a damaged newest checkpoint is named in a
-    warning with the one used instead."""
+    """The checkpoint this worker group continues from (None on a fresh start), decided by rank 0
+    and broadcast with its ``attempt``."""
     chosen, skipped = None, []
     latest = ray.train.get_checkpoint()
     if rank == 0 and latest is not None:

@@ -1,11 +1,6 @@
-"""The Tune driver: each sweep of the experiment becomes one Ray Tune grid over global batch,
-compute dtype and model width, and each trial one Ray Train run (``make_trainer``) whose reports
-reach Tune through ``TuneReportCallback``.
-
-Trial and run names derive from the grid point and the workload only (``trial_name``), so the
-folders of an interrupted sweep are found again by name (``Tuner.restore``). ``run_sweep`` returns
-one summary row per trial: what the trial's workers reported last, without Tune's own fields.
-"""
+"""The Tune driver: each sweep is one Ray Tune grid (global batch, dtype, width), each trial one Ray
+Train run (``make_trainer``) reporting through ``TuneReportCallback``. Names derive from the grid
+point only (``trial_name``), so ``Tuner.restore`` finds an interrupted sweep's folders again."""
 
 from __future__ import annotations
 
@@ -36,8 +31,7 @@ from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # A log row's keys: the final report carries the last one for schedulers; the summary row does not.
 LOG_ROW_KEYS = ("step", "examples", "loss", "accuracy", "grad_norm", "tokens", "perplexity", "lr")
-# What Tune adds to every result of a trial beside what its workers reported: its auto-filled
-# metrics (ray.tune.result), the config (whole and flattened as config/<key>), the trial's tag.
+# What Tune adds to every result beside what the workers reported.
 TUNE_KEYS = frozenset(
     (
         *tune_result.AUTO_RESULT_KEYS,
@@ -51,7 +45,7 @@ MAX_ERROR_CHARS = 2000  # of a failed trial's ``error`` in its summary row
 # (summary row, history rows) of one trial; a failed trial's row carries ``error``.
 TrialRows = tuple[dict[str, Any], list[dict]]
 TUNER_FILE = "tuner.pkl"  # what Tuner.restore reads first; Tune writes it when the sweep starts
-# The other files Tuner.restore reads (Tune 2.60), with how: the search state is a pickle.
+# The other files Tuner.restore reads (Tune 2.60), with how.
 STATE_FILES = (("experiment_state-*.json", json.loads), ("basic-variant-state-*.json", cloudpickle.loads))
 
 
@@ -61,8 +55,7 @@ def grid(sweep: SweepConfig) -> dict[str, Any]:
 
 
 def trial_name(workload: str, config: dict[str, Any]) -> str:
-    """``<workload>_b<global_batch>_<dtype>_w<width>`` of a grid point, ``_lr<rate>`` added when the
-    sweep searches the learning rate."""
+    """``<workload>_b<global_batch>_<dtype>_w<width>`` of a grid point, plus ``_lr<rate>`` if searched."""
     name = grid_point_name(workload, config["global_batch"], config["dtype"], config["width"])
     return f"{name}_lr{config['learning_rate']:g}" if config.get("learning_rate") is not None else name
 
@@ -70,10 +63,8 @@ def trial_name(workload: str, config: dict[str, Any]) -> str:
 def run_trial(
     config: dict[str, Any], sweep: dict, base: dict, datasets: dict, out: str, xla_flags: str | None = None
 ) -> None:
-    """Tune function trainable: one Ray Train run whose reports reach Tune via TuneReportCallback.
-    ``config``: the grid point; ``sweep``: the SweepConfig dict; ``base``: the experiment's trial
-    dict; ``out``: the output folder (the run under ``train/``, events under ``tensorboard/``);
-    ``xla_flags``: the driver's XLA_FLAGS, kept by the workers (``trainer.worker_env``)."""
+    """Tune function trainable: one Ray Train run for the grid point ``config``, written under ``out``
+    (``train/``, ``tensorboard/``); ``xla_flags``: the driver's XLA_FLAGS, kept by the workers."""
     sweep_cfg = SweepConfig.model_validate(sweep)
     point = {axis: config[axis] for axis in sweep_cfg.axes()}
     trial = parse_trial(sweep_cfg.trial_dict(base, **point))
@@ -90,10 +81,8 @@ def run_trial(
 
 
 def concurrent_trials(exp: ExperimentConfig, resources: dict[str, float]) -> int:
-    """``max_concurrent_trials`` when set; else with ``use_gpu`` as many trials as the cluster's GPUs
-    hold (``resources``: ``ray.cluster_resources()``; each trial takes num_workers x
-    devices_per_worker GPUs), at least one; on CPU one (trials sharing cores would slow and time
-    each other)."""
+    """``max_concurrent_trials`` when set; else as many trials as the cluster's GPUs hold (at least
+    one), or one on CPU (trials sharing cores would skew each other's timings)."""
     if exp.max_concurrent_trials is not None:
         return exp.max_concurrent_trials
     if not exp.workers.use_gpu:
@@ -107,9 +96,7 @@ def sweep_steps(sweep: SweepConfig) -> int:
 
 
 def early_stopping(sweep: SweepConfig) -> ASHAScheduler | None:
-    """The sweep's ASHA scheduler (``sweep.early_stopping``), or None (every trial runs all its
-    steps). Trials report ``step`` and the training metrics every ``train.report_interval`` steps;
-    ASHA's rungs are in steps, up to the sweep's ``train.steps``."""
+    """The sweep's ASHA scheduler (rungs in steps, up to ``train.steps``), or None."""
     rule = sweep.early_stopping
     if rule is None:
         return None
@@ -131,15 +118,9 @@ def run_sweep(
     out: Path,
     resume: bool = False,
 ) -> tuple[list[TrialRows], int]:
-    """Fit one sweep on its (train, held-out) arrays, fed to the workers as Ray Datasets, or (None,
-    with ``data.parquet``) on its prepared Parquet folder. With ``resume`` a sweep whose Tune
-    experiment exists under ``out/tune/<workload>`` is restored (``Tuner.restore``): its finished
-    trials are kept as they are, its unfinished and failed ones run again.
-
-    Returns ((summary row, history rows) per trial, how many trials did not finish because the run
-    was interrupted); a failed trial's row carries ``error``.
-    """
-    # With data.parquet each worker streams its rows itself (jaxray.data.parquet): no dataset to pass.
+    """Fit one sweep on its (train, held-out) arrays (None with ``data.parquet``); with ``resume``
+    restore ``out/tune/<workload>``, rerunning unfinished and failed trials. Returns
+    ((summary row, history rows) per trial, trials left unfinished by an interruption)."""
     datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])} if arrays else {}
     # The driver's XLA_FLAGS: the trial runs in a Tune actor, whose environment is the cluster's.
     xla_flags = os.environ.get("XLA_FLAGS", "")
@@ -153,8 +134,6 @@ def run_sweep(
     )
     path = out / TUNE_DIR / sweep.workload
     if resume and tune.Tuner.can_restore(path):
-        # Names, scheduler and concurrency come back from the saved experiment; the trainable (with
-        # this session's datasets) is given again. Finished trials are not run again.
         print(f"resuming the {sweep.workload} sweep from {path}", file=terminal.err())
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
         return _fit(sweep, tuner, out)
@@ -178,17 +157,13 @@ def run_sweep(
 
 
 def check_saved_state(out: Path, workload: str) -> None:
-    """For ``--resume``: the saved Tune experiment of the ``workload`` sweep, ``out/tune/<workload>``
-    (when there is one), must be readable where ``Tuner.restore`` reads it: ``tuner.pkl`` and the
-    newest ``basic-variant-state-*.json`` unpickle, the newest ``experiment_state-*.json`` parses.
-    A damaged one either fails deep inside Tune or is logged and skipped, and the restored sweep then
-    creates trials without their config. Raises ConfigError naming the file, the cause and how to
-    run the sweep again (its trials keep their checkpoints)."""
+    """For ``--resume``: check that the saved Tune state in ``out/tune/<workload>`` (if any) reads.
+    Raises ConfigError naming the damaged or missing file and how to run the sweep again."""
     path = out / TUNE_DIR / workload
     if not path.is_dir():
         return
     for pattern, loads in ((TUNER_FILE, cloudpickle.loads), *STATE_FILES):
-        # Tune reads the newest of each (by name, which starts with the sweep's start time).
+        # Tune reads the newest of each (names start with the sweep's start time).
         file = max(path.glob(pattern), default=path / pattern)
         try:
             loads(file.read_bytes())
@@ -210,9 +185,7 @@ def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRo
     title = f"{sweep.workload} sweep: {sweep.grid_size()} trial(s)"
     with progress.showing(title, sweep_steps(sweep)):
         results = tuner.fit()
-    # On Ctrl+C (SIGINT) Tune saves the experiment's state, then stops the running trials, marking
-    # them terminated in memory, and fit() returns as if the sweep had ended. The saved state (what
-    # Tuner.restore resumes from) still has them running or pending.
+    # After Ctrl+C fit() returns as if done; only the saved state shows the unfinished trials.
     try:
         saved = tune.ExperimentAnalysis(results.experiment_path).trials
     except Exception as err:  # Tune already logged why its state was not saved; report what there is
@@ -227,19 +200,15 @@ def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRo
 
 
 def reported(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The trial summary in a trial's final Tune result: what its workers reported, without Tune's
-    fields (``TUNE_KEYS``, ``config/...``), the final log row, the ``final`` flag and the
-    checkpoint path TuneReportCallback adds."""
+    """What a trial's workers reported in its final Tune result, without Tune's fields and the log row."""
     dropped = {"final", CHECKPOINT_PATH_KEY, *LOG_ROW_KEYS, *TUNE_KEYS}
     prefix = f"{tune_result.CONFIG_PREFIX}/"
     return {k: v for k, v in metrics.items() if k not in dropped and not k.startswith(prefix)}
 
 
 def error_text(error: BaseException) -> str:
-    """A failed trial's ``error`` for its summary row: type and message, without ANSI colours, at
-    most ``MAX_ERROR_CHARS``. A longer one keeps its first line and its end: Ray's message for a
-    worker's failure is the worker's traceback, which ends with the exception that failed the trial
-    (a CheckpointSaveError naming the folder and the OS error, say)."""
+    """A failed trial's ``error``: type and message, no ANSI colours, at most ``MAX_ERROR_CHARS``
+    (first line and end kept: a worker's traceback ends with the exception that failed it)."""
     text = ANSI.sub("", f"{type(error).__name__}: {error}").strip()
     if len(text) <= MAX_ERROR_CHARS:
         return text
@@ -248,9 +217,8 @@ def error_text(error: BaseException) -> str:
 
 
 def trial_rows(workload: str, result: tune.Result, out: Path) -> TrialRows:
-    """(summary row, history rows) of one trial of the run in ``out`` from its Tune ``result``: the
-    grid point, the summary its workers reported, the final checkpoint's path and its
-    ``history.json``; a failed trial's row carries ``error`` (``error_text``) and no history."""
+    """(summary row, history rows) of one trial from its Tune ``result``; a failed trial's row
+    carries ``error`` and no history."""
     # A trial that errored can come back without its config; its folder still carries its name.
     config = result.config or {}
     name = trial_name(workload, config) if config else Path(result.path or "unknown-trial").name

@@ -1,15 +1,10 @@
 """python -m jaxray.serve --checkpoint PATH: serve a trained transformer over HTTP with Ray Serve.
 
-Every option is checked (and the port tried), and the weights restored once, before Ray starts: a
-damaged checkpoint is refused naming the file (exit 2). Joins the cluster ``RAY_ADDRESS`` names
-(``auto``: a ``ray start`` cluster on this machine), otherwise starts a private local Ray. Then
-``serve.run``: a replica that fails to start ends the command with its error (exit 1); later
-failures are Serve's to handle (a dead replica is replaced; its errors reach this terminal
-through Ray's log forwarding). Ctrl-C removes the app and stops what it started.
+Options, port and weights are checked before Ray starts (exit 2); a replica that fails to start
+ends the command (exit 1). Ctrl-C removes the app and stops what it started.
 
   python -m jaxray.serve --checkpoint runs/demo --port 8000 --max-batch-size 16 --batch-wait-ms 10
-  python -m jaxray.serve --config serve/config.yaml   # serve run's config, failing and stopping fast
-"""
+  python -m jaxray.serve --config serve/config.yaml   # serve run's config, failing and stopping fast"""
 
 from __future__ import annotations
 
@@ -74,9 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def read_config(path: str, parser_error: Callable[[str], NoReturn]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(http_options, args) of the Serve config file ``path``, which must hold one application
-    built by ``IMPORT_PATH``, its args valid AppArgs (the checkpoint filled in as ``app_builder``
-    does: ``with_checkpoint``); ``parser_error`` (exit 2) says what is wrong."""
+    """(http_options, args) of the Serve config ``path``: one ``IMPORT_PATH`` application with valid
+    AppArgs; ``parser_error`` (exit 2) says what is wrong."""
     from ray.serve.schema import ServeDeploySchema  # deferred: ray is heavy; --help stays fast
 
     try:
@@ -99,8 +93,7 @@ def read_config(path: str, parser_error: Callable[[str], NoReturn]) -> tuple[dic
 def app_args(
     args: argparse.Namespace, parser_error: Callable[[str], NoReturn], base: dict[str, Any] | None = None
 ) -> AppArgs:
-    """The validated AppArgs: the options given over ``base`` (a config file's args);
-    ``parser_error`` (exit 2) names the option of a bad value."""
+    """The validated AppArgs (options over ``base``); ``parser_error`` (exit 2) names a bad option."""
     base = base or {}
     if not (args.checkpoint or base.get("checkpoint")):
         parser_error("one of --checkpoint or --config is required")
@@ -123,7 +116,7 @@ def check_port(host: str, port: int) -> str | None:
     """None if ``host:port`` can be listened on, else why not."""
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            # As servers bind: a port whose last connections sit in TIME_WAIT is free to listen on.
+            # As servers bind: a port in TIME_WAIT is free to listen on.
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, port))
     except OSError as err:
@@ -132,20 +125,11 @@ def check_port(host: str, port: int) -> str | None:
 
 
 def init_ray(verbose: bool = False) -> bool:
-    """Join the cluster ``RAY_ADDRESS`` names (``auto``: the one ``ray start`` left on this machine);
-    otherwise start a private local Ray. True if joined.
-
-    Never joins on its own: another user's or another test's Ray on the same machine (with its own
-    auth token) would make ``ray.init`` retry forever instead of serving. Unless ``verbose``, the
-    driver's Ray and Serve loggers show warnings and errors only (``logging_level``, and the level
-    of ``ray.serve``, which Serve sets itself on import), which also
-    drops the INFO line Serve's ``serve.run`` logs when ``serve.start`` set the HTTP options first
-    ("Connecting to existing Serve app ... New http_options will not be applied": ``serve.run``
-    always calls Serve's start again, and ``serve.start`` is the only public way to set them).
-    """
+    """Join the cluster ``RAY_ADDRESS`` names, else start a private local Ray (never joins on its
+    own); True if joined. Unless ``verbose``, Ray's and Serve's loggers show warnings and errors only."""
     import ray  # deferred: ray is heavy; --help and option errors stay fast
 
-    # Importing ray.serve gave its driver logger a handler and level INFO of its own.
+    # ray.serve's logger has a level of its own.
     logging.getLogger("ray.serve").setLevel(_level(verbose))
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
@@ -155,28 +139,21 @@ def init_ray(verbose: bool = False) -> bool:
             )  # a `ray start` cluster of Ray 2.60 uses token auth
         ray.init(address=address, logging_level=_level(verbose))
         return True
-    # Ray Serve's own throughput mode (fewer per-request log writes, gRPC to the replica): on 2
-    # CPU cores Serve's per-request work costs about as much CPU as decoding 64 bytes, and this
-    # mode raised the 16-client tokens/s of `python -m jaxray.bench serve`. Workers of the private
-    # Ray started here inherit it; set it yourself before `ray start` / `serve run`.
+    # Serve's throughput mode: measurably faster on 2 cores (`python -m jaxray.bench serve`).
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-    # Serve's proxy (a worker of this Ray, so it inherits this) with jaxray's JSON errors: Ray 2.60
-    # refuses middlewares in http_options, this callback is how a proxy gets them.
+    # Ray 2.60 refuses middlewares in http_options: the proxy gets jaxray's JSON errors this way.
     os.environ.setdefault(PROXY_CALLBACK, "jaxray.serve.routes:proxy_middlewares")
     ray.init(address="local", include_dashboard=False, logging_level=_level(verbose))
     return False
 
 
 def _level(verbose: bool) -> int:
-    """The level of the driver's ``ray`` loggers (``ray.serve`` among them): Ray's default, INFO,
-    with ``--verbose``; else WARNING, so warnings and errors still reach the terminal."""
+    """The level of the driver's ``ray`` loggers: INFO with ``--verbose``, else WARNING."""
     return logging.INFO if verbose else logging.WARNING
 
 
 def serve_logging(verbose: bool) -> dict[str, Any]:
-    """Serve's LoggingConfig for the controller, the proxy and the replica: Serve's default (INFO,
-    with a line per request) with ``--verbose``, else WARNING; what they log reaches the terminal
-    through Ray's ``log_to_driver`` either way, and all of it Ray's log files."""
+    """Serve's LoggingConfig: Serve's default (INFO) with ``--verbose``, else WARNING."""
     return {} if verbose else {"log_level": "WARNING"}
 
 
@@ -185,9 +162,7 @@ class GpuShortage(ValueError):
 
 
 def check_gpus(num_gpus: float, joined: bool) -> None:
-    """A replica that asks for more GPUs than the cluster has is never placed, and Serve would wait
-    for it: refuse that on the private Ray started here (GpuShortage), warn on a joined cluster,
-    which may add GPU nodes."""
+    """Too few GPUs for the replica: GpuShortage on the private Ray, a warning on a joined cluster."""
     import ray  # deferred: ray is heavy; --help and option errors stay fast
 
     have = ray.cluster_resources().get("GPU", 0)
@@ -200,8 +175,7 @@ def check_gpus(num_gpus: float, joined: bool) -> None:
 
 
 def ready_message(host: str, port: int) -> str:
-    """The ready line (the URL, the compile time the replica reported, the routes), a curl example
-    and how to stop."""
+    """The ready line (URL, compile time, routes), a curl example and how to stop."""
     from jaxray.serve.routes import ROUTES  # deferred: FastAPI comes with it (loaded by main already)
 
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
@@ -217,8 +191,7 @@ def ready_message(host: str, port: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Ctrl-C raises KeyboardInterrupt even where a shell started this in the background with SIGINT
-    # ignored (what Python then keeps): `kill -INT PID` stops the app as Ctrl-C does.
+    # Background jobs start with SIGINT ignored: restore it so `kill -INT PID` stops the app.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -269,8 +242,7 @@ def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
 
 
 def _stop(joined: bool) -> None:
-    """Remove our app from a joined cluster; stop the private Ray this process started (Serve's
-    controller, proxy and replica with it)."""
+    """Remove our app from a joined cluster; stop the Ray this process started."""
     import ray  # deferred: ray is heavy; --help and option errors stay fast
     from ray import serve  # deferred: as ray
 
@@ -284,6 +256,6 @@ def _stop(joined: bool) -> None:
 if __name__ == "__main__":
     import jax  # deferred: only here, before JAX starts, so that main() called from tests is unaffected
 
-    # This process restores the weights only to check them: on the CPU, leaving the GPUs to the replica.
+    # Weights are restored here only to check them: on the CPU.
     jax.config.update("jax_platforms", "cpu")
     sys.exit(main())

@@ -1,25 +1,11 @@
 """The Ray Serve application: one replica holding a compiled ``jaxray.inference.engine.Engine``.
 
-The routes (``/generate``, ``/v1/completions``, ``/healthz``, ``/info``) are the replica's methods,
-on the FastAPI app of ``jaxray.serve.routes``, which lists them and holds the HTTP side they share.
+Routes are the replica's methods on the FastAPI app of ``jaxray.serve.routes``. Every program is
+compiled in ``__init__``; ``@serve.batch`` groups are merged by ``jaxray.serve.scheduler``.
+``serve run serve/config.yaml`` calls ``app_builder``; ``python -m jaxray.serve`` calls ``build_app``;
+both restore the weights once (``check_restores``) before anything is deployed."""
 
-The replica loads and compiles every (bucket, batch size) program in ``__init__``, before Serve
-routes traffic to it, so the first request runs the same compiled code as the tenth. Concurrent
-requests meet in ``@serve.batch`` async generators (stream and non-stream requests alike), whose
-groups ``jaxray.serve.scheduler`` admits into one running batch (continuous batching,
-``jaxray.inference.batcher``) on one worker thread, so the event loop keeps answering /healthz
-while it decodes.
-
-``serve run serve/config.yaml`` calls ``app_builder``; ``python -m jaxray.serve`` calls ``build_app``.
-Both restore the weights once in the calling process (``check_restores``) before anything is
-deployed, so a damaged checkpoint is refused there, naming the file. The deployment's options
-(``deployment``) make faults short: a replica whose constructor raises is not started again (the
-deploy fails with its exception), a replica that dies is noticed within seconds and replaced, a
-full queue answers 503 with Retry-After, and a stopped replica is killed after a few seconds.
-"""
-
-# No `from __future__ import annotations`: FastAPI reads the route signatures at runtime, and Serve's
-# class-based views cannot resolve string annotations such as "HttpRequest" from this module.
+# No `from __future__ import annotations`: FastAPI and Serve read the route annotations at runtime.
 import asyncio
 import logging
 import os
@@ -79,17 +65,9 @@ SHUTDOWN_TIMEOUT_S = 3.0  # ... and is killed after this
 
 
 def pin_compute(cpus: int | None) -> list[int]:
-    """Restrict the calling thread, and so every thread it starts later, to ``cpus`` of the CPUs this
-    process may use (None: all but one, at least one); returns them (sorted).
-
-    Called before JAX's backend starts: XLA creates its CPU compute threads then, inheriting this
-    mask and sized by it (the affinity mask is how JAX's maintainers advise limiting XLA's CPU
-    threads, jax-ml/jax#1539). On a 2-core machine a 16-row decode chunk took 27 ms on one pinned
-    core against 33 ms on both (the second compute thread cost more in synchronisation than it
-    gave), and the core left free runs Serve's HTTP proxy and Ray. Where the OS has no affinity
-    call (macOS) nothing is pinned and [] is returned. Raises ValueError when ``cpus`` exceeds the
-    CPUs available.
-    """
+    """Pin the calling thread (and threads it starts later, XLA's among them: jax-ml/jax#1539) to
+    ``cpus`` CPUs (None: all but one); returns them sorted, [] where the OS has no affinity call.
+    Raises ValueError when ``cpus`` exceeds the CPUs available."""
     if not hasattr(os, "sched_setaffinity"):
         return []
     available = sorted(os.sched_getaffinity(0))
@@ -107,11 +85,7 @@ def pin_compute(cpus: int | None) -> list[int]:
 class JaxrayServer:
     """One replica: the engine, its compiled programs, and the HTTP routes over them.
 
-    checkpoint: an absolute path ``jaxray.inference.load.load_engine`` accepts; settings: the
-    engine's; max_batch_size: requests decoded together (<= max(settings.batch_sizes));
-    batch_wait_s: how long the first request of a batch waits for company; compute_cpus: CPUs for
-    JAX's compute threads (``pin_compute``).
-    """
+    max_batch_size <= max(settings.batch_sizes); batch_wait_s: seconds the first request waits."""
 
     def __init__(
         self,
@@ -147,12 +121,11 @@ class JaxrayServer:
         self._batch.set_max_batch_size(max_batch_size)
         self._batch.set_batch_wait_timeout_s(batch_wait_s)
         self.scheduler = Scheduler(self.engine, max_batch_size)
-        self._draining: set[asyncio.Task] = set()  # references keep the drain tasks from being collected
+        self._draining: set[asyncio.Task] = set()  # keeps drain tasks from being collected
         self.served = {"batches": 0, "requests": 0, "largest_batch": 0}
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, Any]:
-        # Which replica answered and since when: a replaced replica shows as a new id.
         return {"status": "ok", "replica": self.replica, "up_s": round(time.monotonic() - self.started, 1)}
 
     @api.get("/info")
@@ -229,9 +202,7 @@ class JaxrayServer:
                 if done:
                     return
         finally:
-            # Serve ends this request's result stream only at the batch's next yield or end: read
-            # that last item in the background (so asyncio has no unretrieved StopAsyncIteration to
-            # log) rather than hold the response until the longest request of the batch is done.
+            # Serve ends the stream only at the batch's next yield: drain it in the background.
             task = asyncio.get_running_loop().create_task(drain(results))
             self._draining.add(task)
             task.add_done_callback(self._draining.discard)
@@ -239,9 +210,7 @@ class JaxrayServer:
     # Several Serve batches may wait at once: the scheduler admits each into the running batch.
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01, max_concurrent_batches=MERGED_BATCHES)
     async def _batch(self, requests: list[Request]) -> AsyncIterator[list]:
-        """Serve calls this with the requests that arrived together (max size and wait reset in
-        ``__init__``); each yield hands request i ``(tokens, done)``, and StopIteration (Serve's
-        end-of-stream marker) after it was done."""
+        """Each yield hands request i ``(tokens, done)``, then StopIteration (Serve's end of stream)."""
         self.served["batches"] += 1
         self.served["requests"] += len(requests)
         self.served["largest_batch"] = max(self.served["largest_batch"], len(requests))
@@ -258,11 +227,8 @@ class JaxrayServer:
 
 
 def check_restores(path: Path, settings: EngineSettings) -> None:
-    """Load the weights ``path`` serves once, in this process, as the replica will (every file
-    checked against its recorded SHA-256), so a damaged checkpoint or artifact is refused before
-    anything is deployed. An artifact exported only for another platform than this process's (a
-    GPU export, checked on a CPU driver) is left to the replica. Raises CheckpointError /
-    ArtifactError (ValueErrors) naming the path and the file, ValueError naming a setting."""
+    """Load the weights of ``path`` once here (SHA-256 checked); artifacts for another platform are
+    left to the replica. Raises CheckpointError / ArtifactError naming the file, ValueError a setting."""
     if (
         is_artifact(path)
         and jax.export.default_export_platform() not in read_artifact_manifest(path)["platforms"]
@@ -273,8 +239,7 @@ def check_restores(path: Path, settings: EngineSettings) -> None:
 
 
 def deployment(args: AppArgs) -> serve.Deployment:
-    """``JaxrayServer`` with the options of ``args`` and those that keep faults short (the
-    module docstring)."""
+    """``JaxrayServer`` with the options of ``args`` and those that keep faults short."""
     return JaxrayServer.options(
         max_ongoing_requests=args.max_ongoing_requests,
         max_queued_requests=args.max_queued_requests,
@@ -288,10 +253,8 @@ def deployment(args: AppArgs) -> serve.Deployment:
 
 
 def build_app(args: AppArgs) -> Application:
-    """The bound application for ``args``, once its weights restored here (``check_restores``).
-    Raises ValueError if the checkpoint path does not exist or ``max_batch_size`` exceeds the
-    largest compiled batch size or ``max_ongoing_requests``; CheckpointError / ArtifactError (both
-    ValueErrors) naming the file when the checkpoint or artifact is incomplete or damaged."""
+    """The bound application for ``args``, its weights restored here first. Raises ValueError (bad
+    path or max_batch_size), CheckpointError / ArtifactError naming a damaged file."""
     path = Path(args.checkpoint).expanduser().absolute()
     if not path.exists():
         raise ValueError(
@@ -310,8 +273,7 @@ def build_app(args: AppArgs) -> Application:
             f"max_batch_size {max_batch} exceeds max_ongoing_requests {args.max_ongoing_requests}: "
             f"a batch could never fill"
         )
-    # A wrong workload or artifact settings: refused before Ray starts. The replicas get the
-    # checkpoint resolved here, so a replacement serves the same one.
+    # Replicas get the checkpoint resolved here, so a replacement serves the same one.
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
     check_restores(source, args.engine)
@@ -320,25 +282,15 @@ def build_app(args: AppArgs) -> Application:
 
 
 def app_builder(args: dict[str, Any]) -> Application:
-    """``import_path: jaxray.serve.app:app_builder`` for ``serve run``: validates ``args`` (see
-    AppArgs; without a ``checkpoint``, ``$JAXRAY_CHECKPOINT`` or ``runs/demo``: ``with_checkpoint``)
-    and builds the app. Raises ValueError naming the bad argument, CheckpointError /
-    ArtifactError (ValueErrors) naming the damaged file (``build_app``). Under ``serve run
-    serve/config.yaml`` Serve builds in a task of its own and reports the application as
-    DEPLOY_FAILED with that message, nothing deployed, but Ray 2.60's command then only sleeps
-    (``ray/serve/scripts.py``, ``run``: ``deploy_apps(config, _blocking=False)``, then
-    ``while True: time.sleep(10)``). ``serve run jaxray.serve.app:app_builder checkpoint=PATH
-    [key=value ...]`` builds in the command's own process before Ray starts: the error ends it
-    (exit 1) in seconds."""
+    """``import_path`` for ``serve run``: validates ``args`` (AppArgs, ``with_checkpoint``) and builds
+    the app. Raises ValueError naming the bad argument, CheckpointError / ArtifactError the file."""
     try:
         parsed = AppArgs.model_validate(with_checkpoint(args))
     except ValidationError as err:
         raise ValueError(f"serve args: {args_error(err)}") from None
     in_build_task = ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
     if in_build_task or Path(sys.argv[0]).name == "serve":
-        # Serve's build task (serve run <config>), or Ray's serve command, which builds the app of
-        # an import path itself and stays up to deploy it: check on the CPU, leaving the GPUs to
-        # the replica. A no-op where JAX has already started.
+        # Check on the CPU, leaving the GPUs to the replica (a no-op once JAX has started).
         jax.config.update("jax_platforms", "cpu")
     try:
         return build_app(parsed)
@@ -348,9 +300,7 @@ def app_builder(args: dict[str, Any]) -> Application:
 
 
 def deploy_failure(name: str) -> str:
-    """Why Serve's application ``name`` failed to deploy, from ``serve.status()``: the application's
-    and its deployments' status messages (a replica constructor's traceback among them); '' when
-    there are none."""
+    """Why Serve's application ``name`` failed to deploy (``serve.status()`` messages); '' if none."""
     app = serve.status().applications.get(name)
     if app is None:
         return ""

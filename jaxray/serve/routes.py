@@ -1,22 +1,6 @@
-"""The HTTP side of the Serve app: the FastAPI app its routes hang on, and what they share.
-
-Routes (the handlers are methods of ``jaxray.serve.app.JaxrayServer``, which holds the engine;
-``jaxray.serve.schema`` has the request shapes and the error format):
-
-  POST /generate         {"prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream"}
-                         -> {"text", "prompt_tokens", "new_tokens", "latency_ms"}, or with
-                         "stream": true server-sent events ``data: {"text": ...}`` and a last
-                         ``data: {"done": true, "prompt_tokens", "new_tokens", "latency_ms"}``
-  POST /v1/completions   the OpenAI completions shape; streams OpenAI chunks and ``data: [DONE]``
-  GET  /healthz          {"status": "ok", "replica": Serve's replica id, "up_s": seconds since it started}
-  GET  /info             model config, checkpoint, engine settings, JAX devices, compile time
-
-Here: ``api`` and its error handlers (every refusal, unknown routes and engine failures alike, in
-the one JSON error shape), a body read that stops past its limit, the token streams turned into
-text and into the two routes' server-sent events, and ``JsonErrors``, the middleware of Serve's
-HTTP proxy that gives the proxy's own failures (a replica that died mid-request, a full queue, a
-time-out) the same JSON error shape. No Ray and no JAX.
-"""
+"""The HTTP side of the Serve app: the FastAPI ``api``, its JSON error handlers, body reads, SSE
+streams, and ``JsonErrors`` (Serve's proxy middleware). Handlers are methods of
+``jaxray.serve.app.JaxrayServer``; shapes in ``jaxray.serve.schema``. No Ray and no JAX."""
 
 # No `from __future__ import annotations`: FastAPI reads handler signatures at runtime.
 import codecs
@@ -55,7 +39,6 @@ async def _refused(_: HttpRequest, err: ApiError) -> JSONResponse:
 
 @api.exception_handler(HTTPException)
 async def _no_route(http: HttpRequest, err: HTTPException) -> JSONResponse:
-    # FastAPI's 404/405 as the same error shape as every other refusal.
     field = "method" if err.status_code == 405 else "path"
     message = f"{err.detail}: {http.method} {http.url.path}"
     return JSONResponse(ApiError(err.status_code, field, message, ROUTES).body(), status_code=err.status_code)
@@ -63,7 +46,6 @@ async def _no_route(http: HttpRequest, err: HTTPException) -> JSONResponse:
 
 @api.exception_handler(Exception)
 async def _failed(_: HttpRequest, err: Exception) -> JSONResponse:
-    # A bug or an engine failure: still the JSON error shape (the replica itself stays up).
     logger.exception("jaxray: request failed")
     return JSONResponse(ApiError(500, "engine", f"{type(err).__name__}: {err}").body(), status_code=500)
 
@@ -79,8 +61,7 @@ def body_schema(model: type[BaseModel]) -> dict:
 
 
 async def read_body(http: HttpRequest, limit: int) -> bytes:
-    """The request body, but stop reading once it is past ``limit`` bytes (``parse`` then refuses
-    it with 413): a client cannot make the replica buffer an arbitrarily large body."""
+    """The request body, read no further than just past ``limit`` bytes (``parse`` answers 413)."""
     body = bytearray()
     async for part in http.stream():
         body += part
@@ -90,8 +71,7 @@ async def read_body(http: HttpRequest, limit: int) -> bytes:
 
 
 async def decoded(chunks: AsyncIterator[list[int]]) -> AsyncIterator[str]:
-    """Text pieces of a token stream. The incremental decoder holds back a character split across
-    chunks (rather than emitting U+FFFD for each half); bytes that are not UTF-8 become U+FFFD."""
+    """Text pieces of a token stream; bytes that are not UTF-8 become U+FFFD."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     async for tokens in chunks:
         if text := decoder.decode(bytes(tokens)):
@@ -101,8 +81,7 @@ async def decoded(chunks: AsyncIterator[list[int]]) -> AsyncIterator[str]:
 
 
 async def _guarded(pieces: AsyncIterator[str]) -> AsyncIterator[str | bytes]:
-    """``pieces``, then an SSE error event (bytes) if the engine fails mid-stream: the status line
-    is already sent, so the error can only travel in the stream."""
+    """``pieces``, then an SSE error event (bytes) if the engine fails mid-stream."""
     try:
         async for piece in pieces:
             yield piece
@@ -130,8 +109,7 @@ class Counted:
 
 
 async def generate_events(chunks: Counted, usage: dict, start: float) -> AsyncIterator[bytes]:
-    """/generate's stream: ``{"text"}`` events, then ``{"done": true, **usage, "new_tokens",
-    "latency_ms"}`` (since ``start``, a ``time.perf_counter()``), or the error event that ends it."""
+    """/generate's stream: ``{"text"}`` events, then ``{"done": true, **usage, ...}``, or an error."""
     async for piece in _guarded(decoded(chunks)):
         if isinstance(piece, bytes):  # the error event ends the stream
             yield piece
@@ -142,8 +120,7 @@ async def generate_events(chunks: Counted, usage: dict, start: float) -> AsyncIt
 
 
 async def completion_events(chunks: Counted, completion_id: str, model_name: str) -> AsyncIterator[bytes]:
-    """/v1/completions' stream: OpenAI chunks, a last empty one with finish_reason "length", then
-    ``[DONE]``; or the error event that ends it."""
+    """/v1/completions' stream: OpenAI chunks, a "length" one, then ``[DONE]``; or an error."""
     async for piece in _guarded(decoded(chunks)):
         if isinstance(piece, bytes):  # the error event ends the stream
             yield piece
@@ -154,8 +131,7 @@ async def completion_events(chunks: Counted, completion_id: str, model_name: str
 
 
 def _json_reply(status: int, message: str, headers: list | None = None) -> list[dict]:
-    """The ASGI messages of a JSON error answer (``ApiError`` shape, field ``server``), keeping
-    ``headers`` (such as Retry-After) but content type and length."""
+    """ASGI messages of a JSON error answer (field ``server``), keeping ``headers`` such as Retry-After."""
     body = json.dumps(ApiError(status, "server", message).body()).encode()
     kept = [(k, v) for k, v in headers or [] if k.lower() not in (b"content-type", b"content-length")]
     kept += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -172,16 +148,9 @@ def _rewritten(status: int, headers: list) -> bool:
 
 
 class JsonErrors:
-    """ASGI middleware for Serve's HTTP proxy (``http_options`` middlewares, or the
-    ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` callback ``proxy_middlewares``).
-
-    The replica answers every error in the JSON shape of ``jaxray.serve.schema.ApiError``; these
-    come from the proxy itself, in plain text or not at all, and get that shape here (field
-    ``server``): 503 with Retry-After when the queue is full (``max_queued_requests``), 504 for
-    Serve's request time-out (its 408), and 500 when the replica died before answering (Serve
-    sends nothing). ``/healthz`` gets a time-out of ``healthz_timeout_s`` (504 when no replica
-    answers in time, e.g. while one is replaced). A stream already under way is left as it is.
-    """
+    """ASGI middleware for Serve's proxy: its own errors as JSON ``ApiError`` (field ``server``):
+    503 for a full queue, 504 for a time-out (Serve's 408), 500 for a replica that died.
+    ``/healthz`` times out after ``healthz_timeout_s``; a stream under way is left as it is."""
 
     def __init__(self, app, healthz_timeout_s: float = HEALTHZ_TIMEOUT_S):
         self.app, self.healthz_timeout_s = app, healthz_timeout_s
@@ -228,6 +197,5 @@ class JsonErrors:
 
 
 def proxy_middlewares() -> list[Middleware]:
-    """``[JsonErrors]``, for ``serve run`` (whose config file cannot name middlewares):
-    ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=jaxray.serve.routes:proxy_middlewares``."""
+    """``[JsonErrors]``, for ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``."""
     return [Middleware(JsonErrors)]
