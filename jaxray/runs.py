@@ -354,13 +354,6 @@ def latest_run(path: str | Path) -> Path:
     )
 
 
-def trial_checkpoints(named: Path) -> list[Path]:
-    """``named``, then the older ``checkpoint_*`` folders beside it (its trial's), newest first."""
-    prefix = checkpoint.CHECKPOINT_PREFIX
-    older = [c for c in named.parent.glob(f"{prefix}*") if c.name < named.name and c.is_dir()]
-    return [named, *sorted(older, reverse=True)]
-
-
 def resolve(path: str | Path, workload: str | None = None) -> Path:
     """The checkpoint folder a command's ``--checkpoint`` names: a checkpoint itself (as it is:
     restoring verifies it), a Ray Train run folder (its newest good ``checkpoint_*``), a run folder
@@ -378,4 +371,4 @@ def resolve(path: str | Path, workload: str | None = None) -> Path:
         named = checkpoint_of(run, best_row(run, workload))
     except RunFolderError as err:
         raise checkpoint.CheckpointError(str(err)) from err
-    return checkpoint.restore_latest(trial_checkpoints(named), checkpoint.verify)[1]
+    return checkpoint.restore_latest(checkpoint.trial_checkpoints(named), checkpoint.verify)[1]

@@ -67,14 +67,19 @@ def _saving(directory: Path, what: str) -> Iterator[None]:
         raise CheckpointSaveError(f"could not save {what} in {directory}: {err}") from err
 
 
-def _save(directory: Path, params: Any, trial: TrialConfig, extra: Callable[[], dict[str, Any]]) -> Path:
+def _save_params(directory: Path, params: Any, trial: TrialConfig) -> None:
+    """``params/`` and the two configs under ``directory`` (created)."""
     directory.mkdir(parents=True, exist_ok=True)
     save_tree(directory / PARAMS_DIR, params)
     (directory / MODEL_CONFIG).write_text(trial.model.model_dump_json(indent=2))
     (directory / TRIAL_CONFIG).write_text(trial.model_dump_json(indent=2))
-    doc = {**extra(), "files": _file_digests(directory)}
+
+
+def _write_manifest(directory: Path, doc: dict[str, Any]) -> Path:
+    """``train_state.json``: ``doc`` and every other file's SHA-256, through a temp file and a rename,
+    last: the checkpoint is complete once it exists."""
     tmp = directory / f".{TRAIN_STATE}.tmp"
-    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.write_text(json.dumps({**doc, "files": _file_digests(directory)}, indent=1))
     os.replace(tmp, directory / TRAIN_STATE)
     return directory
 
@@ -84,7 +89,8 @@ def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
     ``train_state.json``; returns the absolute path. Raises CheckpointSaveError naming the folder."""
     directory = Path(directory).absolute()
     with _saving(directory, "the checkpoint"):
-        return _save(directory, params, trial, dict)
+        _save_params(directory, params, trial)
+        return _write_manifest(directory, {})
 
 
 def save_state(
@@ -103,18 +109,15 @@ def save_state(
     there leaves an incomplete checkpoint). Returns the absolute path. Raises CheckpointSaveError
     naming the folder and the step; what was written stays incomplete (no ``train_state.json``)."""
     directory, step = Path(directory).absolute(), int(jax.device_get(local_copy(state.step)))
-
-    def extra() -> dict[str, Any]:
+    with _saving(directory, f"the checkpoint of step {step}"):
+        _save_params(directory, state.params, trial)
         save_tree(directory / OPT_STATE_DIR, state.opt_state)
         (directory / HISTORY_FILE).write_text(json.dumps(history))
         if before_manifest is not None:
             before_manifest()
         key = np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist()
         doc = {"step": step, "seed": trial.train.seed, **position, "rng_key_data": key}
-        return {**doc, **({"summary": summary} if summary is not None else {})}
-
-    with _saving(directory, f"the checkpoint of step {step}"):
-        return _save(directory, state.params, trial, extra)
+        return _write_manifest(directory, {**doc, **({"summary": summary} if summary is not None else {})})
 
 
 def verify(directory: str | Path, full_state: bool = False) -> dict[str, Any]:
@@ -197,6 +200,13 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
     return model, restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")
+
+
+def trial_checkpoints(named: Path) -> list[Path]:
+    """``named``, then the older ``checkpoint_*`` folders beside it (its trial's Ray Train folder), by
+    name (step, then attempt) newest first: the order a damaged checkpoint is fallen back from."""
+    older = [c for c in named.parent.glob(f"{CHECKPOINT_PREFIX}*") if c.name < named.name and c.is_dir()]
+    return [named, *sorted(older, reverse=True)]
 
 
 def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -> tuple[Any, Path]:

@@ -33,13 +33,12 @@ class ArtifactError(ValueError):
 class Artifact:
     """A loaded, verified artifact: ``path``, ``manifest`` (dict), ``weights`` (device arrays, manifest
     order), ``exported`` keyed ``("logits", None, None)``, ``("start", bucket, batch)``,
-    ``("decode", None, batch)``, and ``manifest_sha256``."""
+    ``("decode", None, batch)``."""
 
     path: Path
     manifest: dict
     weights: list
     exported: dict
-    manifest_sha256: str = ""  # of the manifest.json bytes every file was checked against
     _jitted: dict = field(default_factory=dict, repr=False)
 
     def program(self, key: tuple) -> Callable[..., Any]:
@@ -92,11 +91,6 @@ def sha256(path: Path) -> str:
 
 def read_artifact_manifest(directory: str | Path) -> dict:
     """manifest.json of an artifact. Raises ArtifactError if missing, damaged or of another format."""
-    return _parsed_manifest(directory)[0]
-
-
-def _parsed_manifest(directory: str | Path) -> tuple[dict, str]:
-    """(manifest.json, SHA-256 of its bytes); raises as ``read_artifact_manifest``."""
     path = Path(directory) / ARTIFACT_MANIFEST
     if not path.is_file():
         raise ArtifactError(f"{directory} is not an export artifact: {ARTIFACT_MANIFEST} is missing")
@@ -112,7 +106,7 @@ def _parsed_manifest(directory: str | Path) -> tuple[dict, str]:
             f"{path} has format_version {manifest.get('format_version')!r}; "
             f"this loader reads {FORMAT_VERSION}"
         )
-    return manifest, hashlib.sha256(data).hexdigest()
+    return manifest
 
 
 def read_verified(directory: Path, manifest: dict) -> dict[str, bytes]:
@@ -174,7 +168,7 @@ def load_artifact(directory: str | Path) -> Artifact:
     damaged manifest, a missing or mismatched file, bad weights, or another platform; warns on a
     JAX minor version mismatch."""
     directory = Path(directory)
-    manifest, manifest_sha256 = _parsed_manifest(directory)
+    manifest = read_artifact_manifest(directory)
     files = read_verified(directory, manifest)
     check_versions(manifest)
     platform = jax.export.default_export_platform()
@@ -190,4 +184,4 @@ def load_artifact(directory: str | Path) -> Artifact:
             raise ArtifactError(f"{directory / entry['file']} could not be deserialized: {err}") from None
     name = manifest["weights"]["file"]
     weights = load_weights(directory / name, manifest["weights"]["leaves"], files[name])
-    return Artifact(directory, manifest, weights, exported, manifest_sha256)
+    return Artifact(directory, manifest, weights, exported)

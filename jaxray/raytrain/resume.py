@@ -16,8 +16,6 @@ from ray.train.collective import broadcast_from_rank_zero
 from jaxray import checkpoint
 from jaxray.raytrain.faults import damage, damages_latest
 
-CHECKPOINT_GLOB = "checkpoint_step_*"  # every name ``checkpoint_name`` gives
-
 
 class ResumePoint(NamedTuple):
     """Where a worker group starts: ``checkpoint`` (None: step 0), newer ones ``skipped`` as damaged,
@@ -56,13 +54,6 @@ def count_attempt(path: str | None) -> int:
     return attempt
 
 
-def restore_order(newest: Path) -> list[Path]:
-    """The checkpoints to try, newest first: ``newest`` (Ray Train's latest), then every older
-    ``checkpoint_step_*`` folder beside it, by name (step, then attempt), newest first."""
-    older = sorted(newest.parent.glob(CHECKPOINT_GLOB), reverse=True)
-    return [newest] + [c for c in older if c.name < newest.name]
-
-
 def choose(candidates: list[Path]) -> tuple[Path | None, list[str]]:
     """(the first undamaged of ``candidates``, the names of those before it); (None, every name) if none."""
     try:
@@ -82,7 +73,7 @@ def resume_point(rank: int, attempt: int) -> ResumePoint:
         newest = Path(latest.path)
         if damages_latest(attempt):
             print(f"jaxray fault injection: damaged {damage(newest)}", flush=True)
-        path, skipped = choose(restore_order(newest))
+        path, skipped = choose(checkpoint.trial_checkpoints(newest))
         chosen = str(path) if path else None
     if ray.train.get_context().get_world_size() > 1:
         chosen, skipped, attempt = broadcast_from_rank_zero((chosen, skipped, attempt))

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Sharding
 
+from jaxray.checkpoint.trees import key_names
 from jaxray.models import Model
 
 Batch = dict[str, jax.Array]
@@ -96,8 +97,7 @@ def decay_mask(params: Any) -> Any:
     scales and embeddings: what decoupled weight decay applies to (nanoGPT, MaxText)."""
 
     def is_matrix(path, leaf) -> bool:
-        names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-        name = next((n for n in reversed(names) if n != "value"), "")
+        name = (key_names(path) or ("",))[-1]
         return name == "kernel" or (name.startswith("w") and getattr(leaf, "ndim", 0) >= 2)
 
     return jax.tree_util.tree_map_with_path(is_matrix, params)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxray.checkpoint import TRAIN_STATE, save_state
+from jaxray.checkpoint import TRAIN_STATE, save_state, trial_checkpoints
 from jaxray.config import ModelConfig, TrainConfig, TrialConfig
 from jaxray.models import build
 from jaxray.raytrain.faults import damage
-from jaxray.raytrain.resume import checkpoint_name, choose, count_attempt, restore_order
+from jaxray.raytrain.resume import checkpoint_name, choose, count_attempt
 from jaxray.train.step import init_state, make_optimizer
 
 TRIAL = TrialConfig(model=ModelConfig(workload="mlp", width=8), train=TrainConfig(steps=12))
@@ -47,20 +47,20 @@ def test_attempts_are_counted_per_start(tmp_path):
 def test_the_order_starts_at_rays_latest_and_walks_back(tmp_path, state):
     old4, old8, latest, newer = saved(tmp_path, state, (4, 1), (8, 1), (8, 2), (12, 1))
     # Ray Train's latest is step 8 of attempt 2; the step-12 folder of attempt 1 is not its to resume.
-    assert restore_order(latest) == [latest, old8, old4]
-    assert newer not in restore_order(latest)
+    assert trial_checkpoints(latest) == [latest, old8, old4]
+    assert newer not in trial_checkpoints(latest)
 
 
 def test_the_newest_usable_checkpoint_is_chosen(tmp_path, state):
     c4, c8, c12 = saved(tmp_path, state, (4, 1), (8, 1), (12, 1))
-    assert choose(restore_order(c12)) == (c12, [])
+    assert choose(trial_checkpoints(c12)) == (c12, [])
     damage(c12)
     (c8 / TRAIN_STATE).unlink()  # a save that never finished
-    assert choose(restore_order(c12)) == (c4, [c12.name, c8.name])
+    assert choose(trial_checkpoints(c12)) == (c4, [c12.name, c8.name])
 
 
 def test_none_usable_starts_again_from_step_zero(tmp_path, state, caplog):
     (c4,) = saved(tmp_path, state, (4, 1))
     damage(c4)
-    assert choose(restore_order(c4)) == (None, [c4.name])
+    assert choose(trial_checkpoints(c4)) == (None, [c4.name])
     assert "starting again from step 0" in caplog.text
