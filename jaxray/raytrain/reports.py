@@ -28,11 +28,15 @@ SaveFn = Callable[..., None]
 
 
 def log_reporter(train: TrainConfig) -> Callable[[dict[str, float]], None]:
-    """``on_log``: ``ray.train.report(row)`` every ``train.report_interval`` steps but the last."""
+    """``on_log``: ``ray.train.report(row)`` every ``train.report_interval`` steps but the last, with
+    the latest held-out metrics (``val_*``, measured every ``train.eval_every`` steps) added: the
+    metric an ASHA scheduler reads is then in every report after the first evaluation."""
+    held: dict[str, float] = {}
 
     def report(row: dict[str, float]) -> None:
+        held.update({k: v for k, v in row.items() if k.startswith("val_")})
         if row["step"] % train.report_interval == 0 and row["step"] != train.steps:
-            ray.train.report(row)
+            ray.train.report({**row, **held})
 
     return report
 

@@ -57,9 +57,8 @@ def _log_hook(
 ) -> Hook:
     """Every ``log_every`` steps a row: the step's metrics, the learning rate it trained with
     (``schedule(step - 1)``: the schedule counts updates from 0) and, every ``eval_every`` steps
-    (``validate(params)``), the held-out ``val_loss``/``val_accuracy``, carried on in later rows."""
+    (``validate(params)``), the held-out ``val_loss``/``val_accuracy`` measured then."""
     per_example, every = tokens_per_example(trial), trial.train.eval_every
-    held = {k: v for k, v in (history[-1] if history else {}).items() if k.startswith("val_")}  # resumed
 
     def log(step: int, state: TrainState, metrics: dict[str, jax.Array]) -> None:
         row = {
@@ -73,8 +72,7 @@ def _log_hook(
             row["perplexity"] = float(np.exp(row["loss"]))
         if validate is not None and (step % every == 0 or step == trial.train.steps):
             found = validate(state.params)
-            held.update(val_loss=found["loss"], val_accuracy=found["accuracy"])
-        row.update(held)
+            row.update(val_loss=found["loss"], val_accuracy=found["accuracy"])
         history.append(row)
         for fn in on_log:
             fn(row)

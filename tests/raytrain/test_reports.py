@@ -17,9 +17,9 @@ from full_disk import fill, small_tmpfs
 from ray.train.v2._internal.execution.storage import StorageContext
 
 from jaxray import checkpoint, runs
-from jaxray.config import parse_trial
+from jaxray.config import TrainConfig, parse_trial
 from jaxray.models import build
-from jaxray.raytrain.reports import checkpoint_saver, save_locally
+from jaxray.raytrain.reports import checkpoint_saver, log_reporter, save_locally
 from jaxray.raytrain.resume import checkpoint_name
 from jaxray.raytrain.sweep import MAX_ERROR_CHARS, error_text
 from jaxray.train.step import init_state, make_optimizer
@@ -106,3 +106,24 @@ def test_a_failed_trials_row_keeps_the_end_of_a_long_error():
     assert text.startswith("RuntimeError: Training failed due to worker errors:\n...\n")
     assert text.endswith(failure)
     assert error_text(ValueError("\x1b[31mshort\x1b[0m")) == "ValueError: short"
+
+
+def test_reports_carry_the_latest_held_out_metrics_the_log_rows_do_not(monkeypatch):
+    # What ASHA reads (val_loss) is in every report after the first evaluation; the log rows (and so
+    # TensorBoard) hold it only where it was measured.
+    sent = []
+    monkeypatch.setattr(ray.train, "report", lambda row: sent.append(row))
+    report = log_reporter(TrainConfig(steps=100, log_every=10, eval_every=20, report_every=10))
+    for step in range(10, 101, 10):
+        report({"step": step, "loss": 1.0, **({"val_loss": step / 100} if step % 20 == 0 else {})})
+    assert [(r["step"], r.get("val_loss")) for r in sent] == [
+        (10, None),
+        (20, 0.2),
+        (30, 0.2),
+        (40, 0.4),
+        (50, 0.4),
+        (60, 0.6),
+        (70, 0.6),
+        (80, 0.8),
+        (90, 0.8),
+    ]

@@ -84,6 +84,8 @@ def test_resumed_run_ends_bitwise_equal(real_dir, tmp_path, workload, at):
     for a, b in zip(jax.tree.leaves(whole.state.params), jax.tree.leaves(resumed.state.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert resumed.history == whole.history  # the restored history plus the same rows after it
+    if trial.train.eval_every:  # held-out metrics only in the rows of the steps they were measured at
+        assert [r["step"] for r in whole.history if "val_loss" in r] == [6, 12]
     assert resumed.summary["final_train_loss"] == whole.summary["final_train_loss"]
 
 
