@@ -346,7 +346,14 @@ def latest_run(path: str | Path) -> Path:
     if runs:
         raise RunFolderError(
             f"{path} has no complete run: its {len(runs)} run(s), newest {runs[0].name}, failed or were "
-            f"interrupted; pass one of them (e.g. {runs[0]}) or --resume it"
+            f"interrupted; finish one with python -m jaxray.tune --resume {runs[0]}, or pass one of "
+            f"its trials (a folder under {runs[0] / 'train'})"
+        )
+    if (path / EXPERIMENT_FILE).is_file():
+        raise RunFolderError(
+            f"the run {path} has not finished (no {SUMMARY_JSON}: interrupted, or still running); finish "
+            f"it with python -m jaxray.tune --resume {path}, or pass one of its trials (a folder under "
+            f"{path / 'train'})"
         )
     raise RunFolderError(
         f"{path} is neither a checkpoint (no {checkpoint.MODEL_CONFIG}), a run folder (no {SUMMARY_JSON}) "

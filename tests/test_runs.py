@@ -196,8 +196,13 @@ def test_an_experiment_folder_resolves_to_its_newest_complete_run(tmp_path, stor
     with pytest.raises(checkpoint.CheckpointError, match="neither a checkpoint"):
         runs.resolve(tmp_path / "empty")
     shutil.rmtree(complete)
-    with pytest.raises(checkpoint.CheckpointError, match="has no complete run: its 2 run"):
+    with pytest.raises(checkpoint.CheckpointError, match="has no complete run: its 2 run") as err:
         runs.resolve(experiment)
+    assert f"--resume {interrupted}" in str(err.value)
+    # The interrupted run named itself: the error says what to do with it, not that it is no run.
+    with pytest.raises(checkpoint.CheckpointError, match="has not finished") as err:
+        runs.resolve(interrupted)
+    assert f"--resume {interrupted}" in str(err.value) and str(interrupted / "train") in str(err.value)
 
 
 def test_a_recorded_path_outside_the_run_folder_is_refused(tmp_path):

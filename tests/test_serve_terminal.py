@@ -1,24 +1,18 @@
-"""What serving shows (issue 16): the checkpoint named in one line, ``/info``'s model with only the
-fields its model uses, the checkpoint of ``serve/config.yaml`` from ``JAXRAY_CHECKPOINT`` (default
-``runs/demo``), and ``python -m jaxray.serve``'s terminal: the ready line with the URL, the compile
-time and the routes, without Serve's "Connecting to existing Serve app" line. On the transformer
-trained on real TinyShakespeare bytes by ``tests/conftest.py``."""
+"""What serving shows: the checkpoint named in one line, ``/info``'s model with only the fields its
+model uses, the checkpoint of ``serve/config.yaml`` from ``JAXRAY_CHECKPOINT`` (default
+``runs/demo``). The terminal of ``python -m jaxray.serve`` is in integration/test_serve_command.py."""
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
-import requests
 import yaml
-from serve_load import free_port, start_serving
 
 from jaxray import checkpoint
 from jaxray.config import ModelConfig
 from jaxray.serve.__main__ import build_parser, read_config
 from jaxray.serve.app import app_builder
-from jaxray.serve.routes import ROUTES
 from jaxray.serve.schema import MODEL_FIELDS, served_model
 from jaxray.serve.settings import CHECKPOINT_ENV, DEFAULT_CHECKPOINT, with_checkpoint
 
@@ -67,24 +61,3 @@ def test_app_builder_serves_the_environments_checkpoint_and_names_it(
     assert app is not None
     named = [line for line in capsys.readouterr().err.splitlines() if line.startswith("checkpoint: ")]
     assert named == [checkpoint.describe(trained_transformer)]
-
-
-@pytest.mark.ray
-@pytest.mark.slow  # a private Ray and one replica: about a minute
-def test_the_terminal_shows_the_checkpoint_and_a_ready_line(trained_transformer):
-    port = free_port()
-    proc = start_serving(trained_transformer, port)  # returns once the ready line came
-    try:
-        info = requests.get(f"http://127.0.0.1:{port}/info", timeout=30).json()
-    finally:
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
-    lines = [line.rstrip("\n") for line in proc.lines]
-    text = "\n".join(lines)
-    ready = lines[-1]
-    assert ready.startswith(f"jaxray is serving on http://127.0.0.1:{port} ("), text
-    assert f"compiled in {info['compile_s']:.1f} s) routes: {ROUTES}" in ready
-    assert checkpoint.describe(trained_transformer) in lines, text
-    assert "Connecting to existing Serve app" not in text + rest and "Started a local Ray" not in text
-    assert "block_repeats" not in info["model"] and info["model"]["max_seq_len"] == 64
-    assert proc.returncode == 0, rest

@@ -1,5 +1,5 @@
-"""Helpers for the tests that start their own Ray heads with cluster/local-up.sh and submit the
-smoke sweep to them with `ray job submit` (test_local_head.py, test_two_heads.py)."""
+"""Helpers for the tests that start their own Ray heads with cluster/local-up.sh and submit sweeps to
+them with `ray job submit` (test_local_head.py)."""
 
 from __future__ import annotations
 
@@ -111,11 +111,18 @@ def started_head() -> Iterator[tuple[str, dict[str, str], int, tuple[int, int]]]
         clean_up(env, dashboard, gcs)
 
 
-def submit_smoke(address: str, env: dict[str, str], upload: list[str], data_dir: Path, out: Path) -> str:
-    """`ray job submit` (token auth) of tune_configs/smoke.yaml to ``address``, from the repository
-    root, with ``upload`` naming what to ship (``--working-dir DIR`` or ``--runtime-env FILE``).
-    Checks that the job SUCCEEDED and wrote 3 trial rows without errors; returns the job's output
-    (`ray job submit` follows the driver's log)."""
+def submit_sweep(
+    address: str,
+    env: dict[str, str],
+    data_dir: Path,
+    out: Path,
+    config: str = "tune_configs/smoke.yaml",
+    trials: int = 3,
+) -> str:
+    """`ray job submit --runtime-env cluster/runtime_env.yaml` (token auth) of ``python -m jaxray.tune
+    --config config`` to ``address``, from the repository root. Checks that the job SUCCEEDED and
+    wrote ``trials`` trial rows without errors; returns the job's output (`ray job submit` follows
+    the driver's log)."""
     proc = subprocess.run(
         [
             str(BIN / "ray"),
@@ -123,13 +130,14 @@ def submit_smoke(address: str, env: dict[str, str], upload: list[str], data_dir:
             "submit",
             "--address",
             address,
-            *upload,
+            "--runtime-env",
+            "cluster/runtime_env.yaml",
             "--",
             "python",
             "-m",
             "jaxray.tune",
             "--config",
-            "tune_configs/smoke.yaml",
+            config,
             "--data-dir",
             str(data_dir),
             "--out",
@@ -145,5 +153,5 @@ def submit_smoke(address: str, env: dict[str, str], upload: list[str], data_dir:
     succeeded = re.search(r"Job '(\S+)' succeeded", proc.stdout)  # printed only for JobStatus.SUCCEEDED
     assert succeeded, proc.stdout[-4000:]
     rows = json.loads((run_folders(out)[0] / "summary.json").read_text())
-    assert len(rows) == 3 and not any(r.get("error") for r in rows)
+    assert len(rows) == trials and not any(r.get("error") for r in rows)
     return proc.stdout

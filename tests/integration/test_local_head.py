@@ -1,18 +1,21 @@
 """cluster/README.md's local flow: cluster/local-up.sh, `ray job submit --runtime-env
-cluster/runtime_env.yaml` of the smoke sweep (token auth), cluster/local-down.sh. The job SUCCEEDED,
-and after local-down.sh no process of that head is alive and its ports are free. The head gets free
-ports and its own pid file (runs/ray-head-<dashboard port>.pid), so no other Ray on the machine is
-touched. local-up.sh returns only once the job API can take a job."""
+cluster/runtime_env.yaml` of a sweep (token auth) as soon as local-up.sh returns, cluster/local-down.sh.
+Two heads run on one machine at once, each on free ports of its own with its own pid file
+(runs/ray-head-<dashboard port>.pid) and Ray temp folder: the smoke sweep and a one-trial sweep,
+submitted to them at the same time, both SUCCEED and each job's driver joined the head it was
+submitted to (with one shared temp folder, Ray's job supervisor gave a job the address of the
+latest head started on the machine). local-down.sh of one head leaves no process of it alive and its
+ports free, and the other head running."""
 
 from __future__ import annotations
 
 import re
 import socket
-import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from ray_head import BIN, ROOT, clean_up, free_port, head_ports, run_script, started_head, submit_smoke
+from ray_head import clean_up, free_port, head_ports, run_script, started_head, submit_sweep
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -47,29 +50,6 @@ def port_free(port: int) -> bool:
         return True
 
 
-@pytest.fixture
-def local_head():
-    """(dashboard address, env, pgid, ports) of a head from local-up.sh; local-down.sh on the way out
-    if the test did not run it."""
-    with started_head() as head:
-        yield head
-
-
-def test_a_job_is_taken_as_soon_as_local_up_returns(local_head):
-    # Before local-up.sh waited for the job agent, a submission right away could fail with "No
-    # available agent to submit job".
-    address, env, _, _ = local_head
-    proc = subprocess.run(
-        [str(BIN / "ray"), "job", "submit", "--address", address, "--", "python", "-c", "print('taken')"],
-        cwd=ROOT,
-        env={**env, "RAY_AUTH_MODE": "token"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0 and "taken" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-2000:])
-
-
 def test_local_up_says_so_when_the_job_agent_never_answers():
     # The agent's port is taken, so the agent never comes up: local-up.sh must not return as if
     # the head could take jobs, and must say what it waited for.
@@ -88,11 +68,39 @@ def test_local_up_says_so_when_the_job_agent_never_answers():
             clean_up(env, dashboard, gcs)
 
 
-def test_local_up_submit_local_down(local_head, real_dir, tmp_path):
-    address, env, pgid, ports = local_head
-    submit_smoke(address, env, ["--runtime-env", "cluster/runtime_env.yaml"], real_dir, tmp_path / "out")
-    assert head_processes(pgid, ports[1]), "found no process of the head"
-    down = run_script("local-down.sh", env)
-    assert down.returncode == 0, (down.stdout, down.stderr)
-    assert not (left := head_processes(pgid, ports[1])), f"outlived local-down.sh: {left}"
-    assert all(port_free(p) for p in ports)
+# One MLP trial of smoke.yaml's sizes: the second head's job, lighter than a second smoke sweep.
+ONE_TRIAL = """
+experiment: second_head
+workers: {num_workers: 1, devices_per_worker: 1}
+sweeps:
+  - workload: mlp
+    train: {steps: 10, log_every: 5}
+    search_space: {global_batch: [128], width: [64]}
+"""
+
+
+def test_two_heads_take_jobs_at_once_and_local_down_ends_only_its_own(real_dir, tmp_path):
+    config = tmp_path / "one_trial.yaml"
+    config.write_text(ONE_TRIAL)
+    with started_head() as first, started_head() as second:
+        jobs = {
+            "first": (first, "tune_configs/smoke.yaml", 3),
+            "second": (second, str(config), 1),
+        }
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            futures = {
+                name: pool.submit(submit_sweep, head[0], head[1], real_dir, tmp_path / name, config_, n)
+                for name, (head, config_, n) in jobs.items()
+            }
+            logs = {name: future.result() for name, future in futures.items()}
+        for name, ((_, _, _, (_, gcs_port)), _, _) in jobs.items():
+            joined = re.findall(r"jaxray: joined the Ray cluster at \S+:(\d+)", logs[name])
+            assert joined == [str(gcs_port)], (name, gcs_port, logs[name][-3000:])
+
+        (_, env, pgid, ports), (_, _, other_pgid, other_ports) = first, second
+        assert head_processes(pgid, ports[1]), "found no process of the first head"
+        down = run_script("local-down.sh", env)
+        assert down.returncode == 0, (down.stdout, down.stderr)
+        assert not (left := head_processes(pgid, ports[1])), f"outlived local-down.sh: {left}"
+        assert all(port_free(p) for p in ports)
+        assert head_processes(other_pgid, other_ports[1]), "local-down.sh of one head ended the other"

@@ -1,11 +1,13 @@
 """`python -m jaxray.tune --resume DIR` after Ctrl+C: a 2-trial sweep is interrupted (SIGINT to the
 driver) once its first trial has finished; the resumed run trains only the second trial, keeps the
-first one's files untouched and writes the reports of both. Starts its own local Ray (RAY_ADDRESS=local)."""
+first one's files untouched and writes the reports of both, ranked by the sweep's own metric. Starts
+its own local Ray (RAY_ADDRESS=local)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,24 +16,28 @@ from pathlib import Path
 
 import pytest
 
-from jaxray import runs
+from jaxray import checkpoint, runs
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 # smoke.yaml's MLP sizes, two grid points run one after the other (one trial at a time on CPU).
+# Ranked by the highest test loss: the worse trial, which the default metric (the highest test
+# accuracy) would never pick; widths 8 and 64 train to clearly different losses and accuracies.
 TWO_TRIALS = """
 experiment: resume
 workers: {num_workers: 1, devices_per_worker: 1}
 max_concurrent_trials: 1
 sweeps:
   - workload: mlp
+    metric: test_loss
+    mode: max
     train: {steps: 20, log_every: 10}
     search_space:
-      global_batch: [64, 128]
-      width: [64]
+      global_batch: [128]
+      width: [8, 64]
 """
-TRIALS = ("mlp_b64_float32_w64", "mlp_b128_float32_w64")
+TRIALS = ("mlp_b128_float32_w8", "mlp_b128_float32_w64")
 
 
 def final_report(out: Path, trial: str) -> dict | None:
@@ -107,15 +113,15 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
     assert final_report(out, second) is None
 
     saved = (out / "experiment.yaml").read_text()
-    checkpoint = final_report(out, first)["checkpoint_path"]
+    first_ckpt = final_report(out, first)["checkpoint_path"]
     before_first = files(out, first)
     before_all = set(out.rglob("*"))
-    assert (Path(checkpoint) / "history.json").is_file() and before_first
+    assert (Path(first_ckpt) / "history.json").is_file() and before_first
     started_in, moved = out, tmp_path / "elsewhere" / "copy"
     moved.parent.mkdir()
     experiment.rename(moved)
     out = moved / started_in.name
-    checkpoint = str(out / Path(checkpoint).relative_to(started_in))
+    first_ckpt = str(out / Path(first_ckpt).relative_to(started_in))
     before_all = {out / p.relative_to(started_in) for p in before_all}
 
     logs = set((out / "logs").iterdir())
@@ -147,10 +153,21 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
         assert row["steps"] == 20 and 0.3 < row["test_accuracy"] <= 1 and row["test_examples"] == 10_000
         assert (out / row["checkpoint"] / "history.json").is_file()  # relative to the run folder
     # The first trial was not trained again: same checkpoint, and not one of its files was rewritten.
-    assert out / rows[first]["checkpoint"] == Path(checkpoint)
+    assert out / rows[first]["checkpoint"] == Path(first_ckpt)
     assert files(out, first) == before_first
     assert Path(final_report(out, second)["checkpoint_path"]) == out / rows[second]["checkpoint"]
     # Nothing saved before the resume was removed.
     assert before_all <= set(out.rglob("*"))
     assert (out / "experiment.yaml").read_text() == saved
     assert {"summary.md", "loss_curves.png"} <= {p.name for p in out.iterdir()}
+
+    # The sweep's metric ranks the resumed run: summary.md names the trial with the highest test loss,
+    # which `--checkpoint <experiment>` (runs.resolve) loads; the default metric would pick the other.
+    worst = max(rows.values(), key=lambda r: r["test_loss"])
+    assert runs.saved_ranking(out) == {"mlp": ("test_loss", "max")}
+    assert runs.best_trial(list(rows.values()), "mlp")["trial"] != worst["trial"]
+    named = re.search(r"- \*\*mlp\*\*: `([^`]+)`, test loss", (out / runs.SUMMARY_MD).read_text())
+    assert named and named.group(1) == worst["trial"], (out / runs.SUMMARY_MD).read_text()
+    resolved = runs.resolve(moved)
+    assert resolved == out / worst["checkpoint"]
+    assert checkpoint.load_trial_config(resolved).model.width == worst["width"]
