@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         default=argparse.SUPPRESS,
         help="output folder, created once the results are ready (default: runs/eval/<name>, one "
         "per checkpoint: the checkpoint folder's name, or <trial>/<checkpoint_...> for a Ray Train "
-        "checkpoint, under <experiment>/ in a run folder)",
+        "checkpoint, under <experiment>/<run>/ in a run folder)",
     )
     p.add_argument(
         "--overwrite",

@@ -56,6 +56,10 @@ def test_the_default_folder_is_one_per_checkpoint(trial_checkpoints, tmp_path, m
     loose = tmp_path / "elsewhere" / TRIAL_NAME / "checkpoint_2026-01-01_00-00-00"  # no run folder
     assert default_out(loose) == Path("runs/eval") / TRIAL_NAME / loose.name
     assert default_out(tmp_path / "mlp_ck") == Path("runs/eval/mlp_ck")
+    # In a run of python -m jaxray.tune: runs/<experiment>/<YYYYmmdd-HHMMSS>/train/<trial>/checkpoint_*
+    run = tmp_path / "runs" / "demo" / "20261203-101010"
+    in_run = run / "train" / TRIAL_NAME / first.name
+    assert default_out(in_run) == Path("runs/eval/demo/20261203-101010") / TRIAL_NAME / first.name
     monkeypatch.chdir(tmp_path)
     for ck in (first, second):
         assert evaluate(capsys, "--checkpoint", ck) == (0, "")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from jaxray.config import ConfigError
 from jaxray.reporting.format import json_safe
-from jaxray.runs import TRAIN_DIR, check_overwrite, removed_if_failed
+from jaxray.runs import RUN_NAME, TRAIN_DIR, check_overwrite, removed_if_failed
 
 DEFAULT_OUT_ROOT = Path("runs") / "eval"
 WRITER = "jaxray.evaluate"  # summary.json's "written_by": what --out may overwrite (runs.check_overwrite)
@@ -19,13 +19,20 @@ FIGURES = ("confusion_matrix.png", "predictions_grid.png")
 
 def default_out(directory: str | Path) -> Path:
     """``runs/eval/<name>``: the checkpoint folder's name, or ``<trial>/<checkpoint>`` for a Ray
-    Train ``checkpoint_*`` folder, prefixed ``<experiment>/`` when inside a run folder."""
+    Train ``checkpoint_*`` folder, prefixed ``<experiment>/<run>/`` when inside a run folder
+    (``<run>/`` alone when that folder is not named as ``runs.new_run`` names runs)."""
     directory = Path(directory).absolute()
     if not directory.name.startswith("checkpoint"):
         return DEFAULT_OUT_ROOT / directory.name
     trial = directory.parent
-    experiment = [trial.parent.parent.name] if trial.parent.name == TRAIN_DIR else []
-    return DEFAULT_OUT_ROOT.joinpath(*experiment, trial.name, directory.name)
+    run = trial.parent.parent
+    if trial.parent.name != TRAIN_DIR:
+        prefix = []
+    elif RUN_NAME.fullmatch(run.name):
+        prefix = [run.parent.name, run.name]
+    else:
+        prefix = [run.name]
+    return DEFAULT_OUT_ROOT.joinpath(*prefix, trial.name, directory.name)
 
 
 class ResultsWriteError(OSError):

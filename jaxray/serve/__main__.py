@@ -1,7 +1,7 @@
 """python -m jaxray.serve --checkpoint PATH: serve a trained transformer over HTTP with Ray Serve.
 
 Options, port and weights are checked before Ray starts (exit 2); a replica that fails to start
-ends the command (exit 1). Ctrl-C removes the app and stops what it started.
+ends the command (exit 1). Ctrl-C or SIGTERM removes the app and stops what it started.
 
   python -m jaxray.serve --checkpoint runs/demo --port 8000 --max-batch-size 16 --batch-wait-ms 10
   python -m jaxray.serve --config serve/config.yaml   # serve run's config, failing and stopping fast"""
@@ -209,10 +209,20 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     joined = init_ray(args.verbose)
+    # After ray.init, whose own handler would exit mid-call: SIGTERM (kill, docker stop, systemd)
+    # stops the app as Ctrl-C does.
+    sigterm = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return _serve(app, args, settings.num_gpus, joined)
     finally:
-        _stop(joined)
+        try:
+            _stop(joined)
+        finally:
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+def _interrupt(signum: int, frame: Any) -> NoReturn:
+    raise KeyboardInterrupt
 
 
 def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:

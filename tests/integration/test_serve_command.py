@@ -3,7 +3,7 @@ on real TinyShakespeare bytes by ``tests/conftest.py``: the terminal names the c
 the ready line (URL, compile time, routes) without Serve's "Connecting to existing Serve app" line;
 when its replica is killed, Serve starts a replacement and the command goes on serving; Ctrl-C
 (SIGINT to its whole process group, as a terminal sends it) ends the app, its private Ray included,
-within 10 s, with exit status 0."""
+within 10 s, with exit status 0; so does SIGTERM to the command alone (kill, docker stop)."""
 
 from __future__ import annotations
 
@@ -59,17 +59,35 @@ def test_ready_line_then_a_replaced_replica_then_ctrl_c(trained_transformer):
         assert samples and {s.outcome for s in samples} == {"ok"}, [s.error for s in samples]
         assert proc.poll() is None
 
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        start = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the group gets it
-        rest, _ = proc.communicate(timeout=60)
-        stopped = time.monotonic() - start
+        rest = stopped_by(proc, lambda: os.killpg(proc.pid, signal.SIGINT))  # as a terminal's Ctrl-C
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 0 and "stopping" in rest, rest[-3000:]
     assert "Connecting to existing Serve app" not in rest
-    assert stopped < STOP_S, f"Ctrl-C took {stopped:.1f} s to stop the app:\n{rest[-3000:]}"
+
+
+def test_sigterm_stops_the_app_as_ctrl_c_does(trained_transformer):
+    proc = start_serving(trained_transformer, free_port())
+    try:
+        rest = stopped_by(proc, lambda: proc.send_signal(signal.SIGTERM))  # the command alone
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "Traceback" not in rest, rest[-3000:]
+
+
+def stopped_by(proc, send) -> str:
+    """``send()`` a stop to the serving ``proc``; checks that it exits 0 saying "stopping" within
+    ``STOP_S`` and that Ray's processes went with it. Returns its output from then on."""
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    start = time.monotonic()
+    send()
+    rest, _ = proc.communicate(timeout=60)
+    stopped = time.monotonic() - start
+    assert proc.returncode == 0 and "stopping" in rest, rest[-3000:]
+    assert stopped < STOP_S, f"took {stopped:.1f} s to stop the app:\n{rest[-3000:]}"
     _, alive = psutil.wait_procs(tree, timeout=10)
     assert not alive, [p.cmdline() for p in alive]  # Ray's processes went with it
+    return rest

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,11 +73,25 @@ def run(trial, tmp_path, resume=None):
     return result, saved
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(real_dir, tmp_path_factory):
+    """workload -> (result, {step: checkpoint}) of ``TRIALS[workload]`` run once without a break,
+    saving; made once per module. Tests that damage a checkpoint work on a copy."""
+    done = {}
+
+    def get(workload: str):
+        if workload not in done:
+            done[workload] = run(TRIALS[workload], tmp_path_factory.mktemp(workload))
+        return done[workload]
+
+    return get
+
+
 @pytest.mark.parametrize("workload, at", [("transformer", 4), ("transformer", 8), ("mlp", 8)])
-def test_resumed_run_ends_bitwise_equal(real_dir, tmp_path, workload, at):
+def test_resumed_run_ends_bitwise_equal(uninterrupted, tmp_path, workload, at):
     """Mid-warmup (4) and mid-decay (8): the schedule's count is restored with the optimizer state."""
     trial = TRIALS[workload]
-    whole, saved = run(trial, tmp_path)
+    whole, saved = uninterrupted(workload)
     every = trial.train.checkpoint_every
     assert sorted(saved) == list(range(every, trial.train.steps, every))
     resumed, _ = run(trial, tmp_path, resume=saved[at])
@@ -89,11 +104,11 @@ def test_resumed_run_ends_bitwise_equal(real_dir, tmp_path, workload, at):
     assert resumed.summary["final_train_loss"] == whole.summary["final_train_loss"]
 
 
-def test_a_run_resumed_from_its_final_checkpoint_reports_what_was_measured(real_dir, tmp_path):
+def test_a_run_resumed_from_its_final_checkpoint_reports_what_was_measured(uninterrupted, tmp_path):
     # A sweep interrupted after a trial's final save but before Tune recorded the trial finished
     # runs it again from that checkpoint: no step is left, so nothing can be timed.
     trial = TRIALS["mlp"]
-    whole, _ = run(trial, tmp_path)
+    whole, _ = uninterrupted("mlp")
     final_row = {**whole.history[-1], **whole.summary, "final": True}
     final = save_state(tmp_path / "final", whole.state, trial, whole.history, {}, summary=final_row)
     again, _ = run(trial, tmp_path, resume=final)
@@ -104,8 +119,8 @@ def test_a_run_resumed_from_its_final_checkpoint_reports_what_was_measured(real_
     assert run(trial, tmp_path, resume=bare)[0].summary["resumed_from_step"] == trial.train.steps
 
 
-def test_checkpoint_files(real_dir, tmp_path):
-    _, saved = run(TRIALS["transformer"], tmp_path)
+def test_checkpoint_files(uninterrupted):
+    _, saved = uninterrupted("transformer")
     doc = verify(saved[4])
     assert doc["step"] == 4 and doc["seed"] == 0 and doc["epoch"] == 0
     assert doc["rng_key_data"] == np.asarray(jax.random.key_data(jax.random.key(0))).tolist()
@@ -113,8 +128,11 @@ def test_checkpoint_files(real_dir, tmp_path):
     assert json.loads((saved[8] / "history.json").read_text())[-1]["step"] == 6  # logged every 3
 
 
-def test_incomplete_and_damaged_checkpoints_fall_back_to_the_previous(real_dir, tmp_path, caplog):
-    _, saved = run(TRIALS["transformer"], tmp_path)
+def test_incomplete_and_damaged_checkpoints_fall_back_to_the_previous(uninterrupted, tmp_path, caplog):
+    saved = {
+        step: shutil.copytree(path, tmp_path / path.name)
+        for step, path in uninterrupted("transformer")[1].items()
+    }
     (saved[8] / "train_state.json").unlink()  # a save killed before its manifest
     with pytest.raises(CheckpointError, match="incomplete: train_state.json is missing"):
         verify(saved[8])
@@ -140,8 +158,8 @@ def checkpoint_state(saved):
     return init_state(model.init(jax.random.key(0)), make_optimizer(trial.learning_rate, 0.0))
 
 
-def test_restoring_into_another_model_names_the_parameter_and_shapes(real_dir, tmp_path):
-    _, saved = run(TRIALS["transformer"], tmp_path)
+def test_restoring_into_another_model_names_the_parameter_and_shapes(uninterrupted, tmp_path):
+    _, saved = uninterrupted("transformer")
     wider = TRIALS["transformer"].model_copy(
         update={"model": TRIALS["transformer"].model.model_copy(update={"width": 128})}
     )
