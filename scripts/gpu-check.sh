@@ -12,7 +12,7 @@
 # --model-preset gpt2_small (optional).
 #
 # --cpu       the same steps at tiny sizes (--preset tiny, gpu_check_cpu.yaml, ...), to know the
-#             script works before a GPU minute is spent (about 7 minutes on 2 cores)
+#             script works before a GPU minute is spent (about 4 minutes on 2 cores)
 # --bundle D  run D/install.sh first (the offline bundle of ../shared/tools/gpu-host-bundle.sh) and
 #             use python3 with PYTHONPATH=/tmp/site:<project>; else .venv/bin/python, else python3
 # --data-dir  the data files (default: $JAXRAY_DATA_DIR, else ../shared/data); exported as JAXRAY_DATA_DIR

@@ -1,6 +1,6 @@
 """End to end: ``bash scripts/gpu-check.sh --cpu`` (the GPU check's steps at tiny sizes: doctor, the
 benchmarks, a real Tune sweep, the Serve app under load, pytest) passes on a CPU and writes both
-reports. It starts its own local Ray twice (RAY_ADDRESS=local) and takes about 5-7 minutes on 2 cores."""
+reports. It starts its own local Ray twice (RAY_ADDRESS=local) and takes about 4 minutes on 2 cores."""
 
 from __future__ import annotations
 
