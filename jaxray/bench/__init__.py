@@ -1,1 +1,0 @@
-"""``python -m jaxray.bench NAME``: the learning path's measurements (see ``__main__``)."""

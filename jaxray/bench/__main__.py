@@ -1,14 +1,11 @@
-"""``python -m jaxray.bench NAME``: the learning path's measurements; ``--help`` lists them.
-
-  python -m jaxray.bench all --preset gpu
-  python -m jaxray.serve --checkpoint runs/demo &   # then, once it serves:
-  python -m jaxray.bench serve --url http://127.0.0.1:8000 --clients 1,16
-
+"""``python -m jaxray.bench NAME``: the learning path's measurements; ``--help`` lists them. E.g.
+``all --preset gpu``, or ``serve --url http://127.0.0.1:8000`` against a running ``python -m jaxray.serve``.
 ``--cpu-devices N`` sets XLA_FLAGS before JAX is imported, so a CPU shows N devices."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -16,29 +13,24 @@ from urllib.parse import urlsplit
 
 import jaxray.argtypes as at
 from jaxray.bench.presets import MODEL_SIZES  # imports no JAX, nor does anything above
+from jaxray.config import DTYPES, WORKLOADS, Attention
 from jaxray.data.sources import DataFileError
 
 SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
 MULTI_DEVICE = {"devices", "shard-map", "batch-sweep", "all"}
 FORCE_FLAG = "xla_force_host_platform_device_count"
-DEFAULT_CPU_DEVICES = 4
-WORKLOADS = ("mlp", "shared_block_mlp", "transformer")
-DTYPES, ATTENTION = ("float32", "bfloat16", "float16"), ("auto", "xla", "cudnn")
-STEPS, ALL = ("jit", "shard_map", "eager"), ("mlp", "transformer", "all")
+STEPS, ALL, ATTENTION = ("jit", "shard_map", "eager"), ("mlp", "transformer", "all"), Attention.__args__
 INT, INTS, COUNT, RATE = at.positive_int, at.positive_int_list, at.non_negative_int, at.non_negative_float
 FOLDER, SECONDS = at.folder, at.positive_float
 
 
 def url(text: str) -> str:
     """An ``http(s)://HOST:PORT`` base URL (argparse type)."""
-    try:
-        parts = urlsplit(text)
-        ok = parts.scheme in ("http", "https") and parts.hostname and parts.path in ("", "/") and parts.port
-    except ValueError:
-        ok = False
-    if not ok:
-        raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
-    return text
+    with contextlib.suppress(ValueError):  # urlsplit and .port raise on malformed text
+        p = urlsplit(text)
+        if p.scheme in ("http", "https") and p.hostname and p.path in ("", "/") and p.port:
+            return text
+    raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
 
 
 def prompt(text: str) -> str:
@@ -53,10 +45,6 @@ def _add(p: argparse.ArgumentParser, *options: tuple) -> argparse.ArgumentParser
         how = {"action": "store_true"} if kind is bool else how | {"default": default}
         p.add_argument(flag, help=text, **how)
     return p
-
-
-def _parent(*options: tuple) -> argparse.ArgumentParser:
-    return _add(argparse.ArgumentParser(add_help=False), *options)
 
 
 # (flag, type | choices tuple | bool for a switch, default, help)
@@ -93,12 +81,10 @@ COMMANDS = {  # name: (help, options); all but serve also take COMMON
         ("--workload", ALL, "transformer", ""), ("--steps", INT, None, "default 2 x --every + 1"),
         ("--batch", INT, None, None), ("--seq-len", INT, 128, None), ("--width", INT, None, None),
         ("--repeats", INT, 3, None)]),
-
     "serve": ("HTTP load on a running python -m jaxray.serve", [("--url", url, "http://127.0.0.1:8000", None),
         ("--clients", INTS, (1, 4, 16, 64), None), ("--duration", SECONDS, 20.0, "s per level"),
         ("--max-new-tokens", INT, 64, None), ("--prompt", prompt, "ROMEO:", ""), ("--top-k", INT, None, None),
         ("--temperature", RATE, 0.8, None), ("--seed", COUNT, 0, None),
-
         ("--timeout", SECONDS, 120.0, "s before a request counts as dropped")]),
 }
 # fmt: on
@@ -107,7 +93,7 @@ COMMANDS = {  # name: (help, options); all but serve also take COMMON
 def build_parser() -> argparse.ArgumentParser:
     p = at.cli_parser("python -m jaxray.bench", "The learning path's measurements.")
     sub = p.add_subparsers(dest="command", required=True)
-    out, common = _parent(*OUT), _parent(*COMMON)
+    out, common = (_add(argparse.ArgumentParser(add_help=False), *opts) for opts in (OUT, COMMON))
     for name, (text, options) in COMMANDS.items():
         parents = [out] if name == "serve" else [out, common]
         _add(sub.add_parser(name, help=text, parents=parents, formatter_class=p.formatter_class), *options)
@@ -115,10 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def set_cpu_devices(args: argparse.Namespace) -> None:
-    """Force the CPU device count in XLA_FLAGS (read once, when JAX starts); a count already there
-    stays unless ``--cpu-devices`` is given."""
+    """Set XLA_FLAGS' host device count before JAX starts; one already there stays unless --cpu-devices."""
     flags = os.environ.get("XLA_FLAGS", "")
-    default = DEFAULT_CPU_DEVICES if args.command in MULTI_DEVICE and FORCE_FLAG not in flags else None
+    default = 4 if args.command in MULTI_DEVICE and FORCE_FLAG not in flags else None
     if count := getattr(args, "cpu_devices", None) or default:
         flags = re.sub(rf"--{FORCE_FLAG}=\S*", "", flags)
         os.environ["XLA_FLAGS"] = f"{flags} --{FORCE_FLAG}={count}".strip()

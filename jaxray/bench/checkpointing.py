@@ -1,10 +1,6 @@
-"""``checkpoint``: what full-state checkpoints cost.
-
-* Per lab model: size on disk, and the median over ``repeats`` (after one warm-up) of
-  ``save_state`` plus the copy into the run's storage Ray Train's report makes, and of
-  ``restore_state`` onto the mesh (checksums verified), ``block_until_ready`` before the clock.
-* Step-time cost: the same training run without checkpoints and with one every ``every`` steps,
-  alternately; ms/step is the loop's host time per step after the first, saves included."""
+"""``checkpoint``: per lab model, size on disk and the medians (after a warm-up) of ``save_state`` plus
+the copy into the run's storage and of ``restore_state`` (checksums verified); and ms/step (host time,
+saves included) of one run without checkpoints vs one every ``every`` steps, alternately."""
 
 from __future__ import annotations
 
@@ -42,24 +38,18 @@ def _save_copy(folder: Path, state, trial, storage: Path) -> float:
     return time.perf_counter() - start
 
 
-def _noisy(tree, rng: np.random.Generator):
-    """Fresh Adam moments are zeros, which compress to nothing: noise makes them a trained state's."""
-
-    def add(x):
-        if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim:
-            return x + rng.standard_normal(x.shape).astype(x.dtype) * 1e-3
-        return x
-
-    return jax.tree.map(add, tree)
-
-
 def size_row(workload: str, repeats: int, data_dir: str | None) -> dict[str, Any]:
     """Save/restore seconds and size of the lab model's full train state."""
     trial = make_spec(workload, 16 if workload == "transformer" else 512, data_dir=data_dir).trial
     model, tx = build(trial.model), make_optimizer(trial.learning_rate, trial.train.weight_decay)
     mesh = make_mesh(jax.devices()[:1])
-    state = replicate(init_state(model.init(jax.random.key(0)), tx), mesh)
-    state = state._replace(opt_state=_noisy(state.opt_state, np.random.default_rng(0)))
+    state, rng = replicate(init_state(model.init(jax.random.key(0)), tx), mesh), np.random.default_rng(0)
+
+    def noisy(x):  # fresh Adam moments are zeros, which compress to nothing: make them a trained state's
+        floating = jnp.issubdtype(x.dtype, jnp.floating) and x.ndim
+        return x + rng.standard_normal(x.shape).astype(x.dtype) * 1e-3 if floating else x
+
+    state = state._replace(opt_state=jax.tree.map(noisy, state.opt_state))
     saves, restores = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats + 1):  # the first of each is warm-up
@@ -69,16 +59,10 @@ def size_row(workload: str, repeats: int, data_dir: str | None) -> dict[str, Any
             jax.block_until_ready(restore_state(stored, abstract_state(model, tx, replicated(mesh)))[0])
             restores.append(time.perf_counter() - start)
         size = sum(f.stat().st_size for f in (Path(tmp) / "stored0").rglob("*") if f.is_file())
-    return {
-        "case": f"{workload} (lab size) save / restore",
-        "workload": workload,
-        "params": param_count(state.params),
-        "size_mb": size / 1e6,
-        "save_s": statistics.median(saves[1:]),
-        "restore_s": statistics.median(restores[1:]),
-        "repeats": repeats,
-        **environment(1),
-    }
+    return {"case": f"{workload} (lab size) save / restore", "workload": workload,
+            "params": param_count(state.params), "size_mb": size / 1e6,
+            "save_s": statistics.median(saves[1:]), "restore_s": statistics.median(restores[1:]),
+            "repeats": repeats, **environment(1)}  # fmt: skip
 
 
 def _ms_per_step(trial, every: int | None, arrays, held_out, tmp: Path) -> float:
@@ -110,19 +94,15 @@ def cost_rows(workload: str, args) -> list[dict[str, Any]]:
                 times[every].append(_ms_per_step(trial, every, arrays, held_out, Path(tmp) / f"{i}-{every}"))
     env = environment(1) | {"workload": workload, "steps": steps}
     env["case"] = f"{workload} d{trial.model.width} batch {batch}, {steps} steps"
-    rows = [
-        {"every": e or "none", "ms_per_step": statistics.median(v), "ms_per_step_repeats": v}
-        for e, v in times.items()
-    ]
+    rows = [{"every": e or "none", "ms_per_step": statistics.median(v), "ms_per_step_repeats": v}
+            for e, v in times.items()]  # fmt: skip
     return [env | r | {"vs_none": r["ms_per_step"] / rows[0]["ms_per_step"]} for r in rows]
 
 
 def checkpoint_benchmark(args) -> Report:
     """Size rows for both lab models, then the cost rows of ``checkpoint``'s options."""
-    cases = [
-        ({"case": f"{w} save / restore"}, lambda w=w: size_row(w, args.repeats, args.data_dir))
-        for w in ("mlp", "transformer")
-    ]
+    cases = [({"case": f"{w} save / restore"}, lambda w=w: size_row(w, args.repeats, args.data_dir))
+             for w in ("mlp", "transformer")]  # fmt: skip
     for w in ["mlp", "transformer"] if args.workload == "all" else [args.workload]:
         cases.append(({"case": f"{w} every {args.every}"}, lambda w=w: {"rows": cost_rows(w, args)}))
     rows = [r for res in run_cases(cases, "checkpoint") for r in res.pop("rows", [res])]

@@ -1,7 +1,7 @@
-"""``compare --reference SCRIPT``: jaxray's step against the learning path's own script, run
-alternately in fresh processes on the same config (A B A B). Each pair gives a ratio jaxray /
-reference; the median ratio is reported. Both start from the same params and batches, so their
-final losses must agree to ``LOSS_RTOL``."""
+"""Against the learning path's own scripts. ``compare --reference SCRIPT``: jaxray's step vs the script,
+alternately in fresh processes (A B A B); the median ratio, final losses agreeing to ``LOSS_RTOL``.
+``decode``: new tokens/s of the KV-cache engine (default context_keep, and S) vs full-window recompute
+(``sampling.sample``) and the notebook's sampler script when found; medians of ``repeats`` after a warm-up."""
 
 from __future__ import annotations
 
@@ -14,28 +14,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
+from jaxray import checkpoint, runs
 from jaxray.bench import mfu
-from jaxray.bench.report import Report, bar_chart
+from jaxray.bench.report import Report, bar_chart, ratio, run_cases
+from jaxray.bench.suites import preload
+from jaxray.bench.throughput import environment, time_calls
 from jaxray.config import ModelConfig
+from jaxray.inference.engine import Engine, Request
+from jaxray.inference.sampling import check_sampling, encode_prompt, prompt_window, sample
+from jaxray.inference.settings import EngineSettings
+from jaxray.models import build
 
-TARGETS = {"transformer": 1.25, "mlp": 1.0}  # ratio targets on the 2-core CPU
-DEFAULT_BATCH = {"transformer": 16, "mlp": 512}
-DEFAULT_STEPS = {"transformer": 10, "mlp": 100}
+DEFAULTS = {"transformer": (1.25, 16, 10), "mlp": (1.0, 512, 100)}  # ratio target (2 CPU cores), batch, steps
 LOSS_RTOL = 1e-4
-
-
-def infer_workload(script: Path) -> str:
-    """ "transformer" or "mlp" from the script's name; ValueError if neither appears."""
-    for workload in TARGETS:
-        if workload in script.name:
-            return workload
-    raise ValueError(f"cannot tell the workload of {script.name}: pass --workload {' or '.join(TARGETS)}")
-
-
-def check(workload: str, dtype: str) -> None:
-    """ValueError for a dtype the reference script cannot run (only the MLP script takes --dtype)."""
-    if workload == "transformer" and dtype != "float32":
-        raise ValueError(f"--dtype {dtype}: the reference transformer script runs float32 only")
+LAB = ModelConfig(workload="transformer", attention="xla")  # the defaults: lab 7's d 256, 4 layers, T 256
+TARGET = 20.0  # KV-cache tokens/s over full-window tokens/s at batch 1
+COLUMNS = "sampler batch new_tokens tokens_per_sec ms_per_token vs_full vs_notebook"
 
 
 def run_json(cmd: list[str], env: dict[str, str] | None, timeout_s: float, key: str) -> dict[str, Any]:
@@ -47,32 +44,33 @@ def run_json(cmd: list[str], env: dict[str, str] | None, timeout_s: float, key: 
         raise RuntimeError(f"{shown} did not finish within {timeout_s:.0f} s (--timeout)") from None
     if proc.returncode != 0:
         raise RuntimeError(f"{shown} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
     try:
-        out = json.loads(lines[-1]) if lines else None
-    except ValueError as err:
-        raise RuntimeError(f"{shown} printed a line that is not JSON ({err})") from None
+        out = json.loads([ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")][-1])
+    except (IndexError, ValueError):  # no JSON line, or not JSON: the message below
+        out = None
     if not isinstance(out, dict) or not isinstance(out.get(key), (int, float)) or not out[key] > 0:
         raise RuntimeError(f"{shown} printed no JSON line with a positive {key!r} (got {str(out)[:200]})")
     return out
 
 
-def commands(script: Path, workload: str, batch: int, steps: int, dtype: str, data_dir: str | None):
-    """(reference command, jaxray command) of one pair."""
-    sizes = ["--steps", str(steps), "--batch", str(batch)]
-    reference = [sys.executable, str(script), *sizes, *(["--dtype", dtype] if workload == "mlp" else [])]
-    ours = [sys.executable, "-m", "jaxray.bench", "throughput", "--json", "--workload", workload, *sizes]
-    ours += ["--dtype", dtype, "--repeats", "1", "--warmup", "1", "--out", ""]
-    return reference, ours + (["--data-dir", data_dir] if data_dir else [])
-
-
-def compare(args, workload: str) -> Report:
+def compare(args) -> Report:
     """``args.pairs`` A/B pairs: a row per run; the median ratio and loss agreement in the summary."""
-    batch, steps = args.batch or DEFAULT_BATCH[workload], args.steps or DEFAULT_STEPS[workload]
-    env = dict(os.environ) | (
-        {"JAXRAY_DATA_DIR": str(Path(args.data_dir).absolute())} if args.data_dir else {}
-    )
-    ref_cmd, ours_cmd = commands(Path(args.reference), workload, batch, steps, args.dtype, args.data_dir)
+    if not args.reference or not Path(args.reference).is_file():
+        raise FileNotFoundError(f"--reference {args.reference}: not a file")
+    name = Path(args.reference).name  # the workload, unless given, is the one this name holds
+    if not (workload := args.workload or next((w for w in DEFAULTS if w in name), None)):
+        raise ValueError(f"cannot tell the workload of {name}: pass --workload {' or '.join(DEFAULTS)}")
+    if workload == "transformer" and args.dtype != "float32":  # only the MLP script takes --dtype
+        raise ValueError(f"--dtype {args.dtype}: the reference transformer script runs float32 only")
+    preload([{"workload": workload}], args.data_dir)
+    target, batch, steps = DEFAULTS[workload]
+    batch, steps = args.batch or batch, args.steps or steps
+    env = os.environ | ({"JAXRAY_DATA_DIR": str(Path(args.data_dir).absolute())} if args.data_dir else {})
+    sizes = ["--steps", str(steps), "--batch", str(batch)]
+    ref_cmd = [sys.executable, args.reference, *sizes, *(["--dtype", args.dtype] * (workload == "mlp"))]
+    ours_cmd = [sys.executable, "-m", "jaxray.bench", "throughput", "--json", "--workload", workload, *sizes]
+    ours_cmd += ["--dtype", args.dtype, "--repeats", "1", "--warmup", "1", "--out", ""]
+    ours_cmd += ["--data-dir", args.data_dir] if args.data_dir else []
     key = "tokens_per_sec" if workload == "transformer" else "examples_per_sec"
     per_example = mfu.flops_per_example(ModelConfig(workload=workload, dtype=args.dtype), 256)
     rows, ratios = [], []
@@ -88,27 +86,107 @@ def compare(args, workload: str) -> Report:
                 "ratio_vs_reference": ratios[-1] if impl == "jaxray" else None,
                 **{k: ours[k] for k in ("device_kind", "devices", "jax", "jaxlib")},
             })  # fmt: skip
-    return _report(args.reference, workload, rows, ratios, key)
-
-
-def _report(script: Path, workload: str, rows: list[dict], ratios: list[float], key: str) -> Report:
-    median, target = statistics.median(ratios), TARGETS[workload]
+    median = statistics.median(ratios)
     losses = [(r["final_loss"], o["final_loss"]) for r, o in zip(rows[::2], rows[1::2])]
     worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in losses)
     notes = [
         f"median ratio jaxray / reference ({key}): **{median:.3f}x** over {len(ratios)} pair(s) "
         f"({', '.join(f'{x:.3f}' for x in ratios)}); target >= {target:.2f}x",
         f"final loss agreement: worst relative difference {worst:.1e} (tolerance {LOSS_RTOL:.0e})",
-        f"reference: {script}",
+        f"reference: {args.reference}",
     ]
-    summary = {
-        "median_ratio": median,
-        "target": target,
-        "met": median >= target,
-        "max_final_loss_rel_diff": worst,
-    }
+    summary = {"median_ratio": median, "target": target, "met": median >= target}
+    summary["max_final_loss_rel_diff"] = worst
     cols = f"pair impl global_batch steps {key} ms_per_step achieved_tflops final_loss ratio_vs_reference"
     chart = {"compare.png": functools.partial(bar_chart, label="run", title="reference vs jaxray, A B pairs")}
-    return Report(
-        "compare", f"jaxray vs the learning path's {workload} step", rows, cols, notes, chart, summary
+    title = f"jaxray vs the learning path's {workload} step"
+    return Report("compare", title, rows, cols, notes, chart, summary)
+
+
+def _rates(s: float, tokens: int, batch: int) -> dict[str, float]:
+    return {"seconds": s, "tokens_per_sec": tokens / s, "ms_per_token": s * batch / tokens * 1e3}
+
+
+def _cases(model, params, prompt: bytes, new_tokens: int, batches, temperature: float, repeats: int):
+    size = model.config.max_seq_len
+
+    def kv(batch: int, keep: int | None):
+        shapes = {"buckets": (min(len(prompt), size),), "batch_sizes": (batch,), "chunk": new_tokens}
+        settings = EngineSettings(**shapes, max_new_tokens=new_tokens, context_keep=keep)
+
+        def run():
+            engine = Engine.for_model(model, params, settings)
+            compile_s = engine.compile()["compile_s"]
+            requests = [Request(prompt, new_tokens, temperature, None, seed) for seed in range(batch)]
+            median_s, _ = time_calls(lambda i: engine.generate(requests), calls=1, repeats=repeats)
+            return {"compile_s": compile_s, **_rates(median_s, new_tokens * batch, batch)}
+
+        return {"sampler": f"kv-cache, context_keep {keep or size // 2}", "batch": batch}, run
+
+    def full():
+        window, length = prompt_window(prompt, size)
+        logits_fn = jax.tree_util.Partial(model.apply, params)
+        args = (jnp.asarray(window), jnp.int32(length))
+
+        def call(i: int) -> jax.Array:
+            return sample(logits_fn, *args, jax.random.key(i), jnp.float32(temperature), new_tokens)
+
+        return _rates(time_calls(call, calls=1, repeats=repeats)[0], new_tokens, 1)
+
+    cases = [kv(b, None) for b in batches] + [kv(1, size)]
+    return cases + [({"sampler": "full recompute (jaxray.inference.sampling.sample)", "batch": 1}, full)]
+
+
+def decode_benchmark(args) -> Report:
+    """The report of the module docstring from ``decode``'s options; the notebook row where its script is."""
+    check_sampling(args.new_tokens, args.temperature, None)
+    prompt_window(encode_prompt(args.prompt), 1)
+    data = os.environ.get("JAXRAY_DATA_DIR")
+    places = [Path(args.reference or "/nonexistent"), Path("../shared/bench/reference_generate.py")]
+    places += [Path(data).parent / "bench" / "reference_generate.py"] if data else []
+    if args.reference and not places[0].is_file():
+        raise FileNotFoundError(f"--reference {args.reference}: not a file")
+    reference = next((p for p in places if p.is_file()), None)
+    if args.checkpoint:
+        model, params = checkpoint.restore(runs.resolve(args.checkpoint, workload="transformer"))
+    else:  # the lab's model, fresh weights
+        model = build(LAB)
+        params = model.init(jax.random.key(0))
+    cfg, prompt, n = model.config, args.prompt.encode("utf-8"), args.new_tokens
+    cases = _cases(model, params, prompt, n, args.batch_sizes, args.temperature, args.repeats)
+    if reference is not None:
+        cmd = [sys.executable, str(reference), "--new-tokens", str(n), "--temperature", str(args.temperature)]
+
+        def notebook():
+            rates = [run_json(cmd, None, args.timeout, "new_tokens_per_sec") for _ in range(args.repeats)]
+            return _rates(n / statistics.median(r["new_tokens_per_sec"] for r in rates), n, 1)
+
+        cases.append(({"sampler": f"notebook ({reference.name})", "batch": 1}, notebook))
+    cases = [({**fields, "new_tokens": n}, run) for fields, run in cases]
+    rows = [r | environment(1) for r in run_cases(cases, "decode")]
+
+    def first(prefix: str) -> dict | None:  # the sampler's batch-1 row
+        return next((r for r in rows if r["sampler"].startswith(prefix) and r["batch"] == 1), None)
+
+    full, notebook, tps = first("full recompute"), first("notebook"), "tokens_per_sec"
+    kv = first(f"kv-cache, context_keep {cfg.max_seq_len // 2}")
+    for r in rows:
+        r |= {"vs_full": ratio(r, full, tps), "vs_notebook": ratio(r, notebook, tps)}
+    summary = {"kv_vs_full": ratio(kv, full, tps), "target": TARGET}
+    summary["kv_vs_notebook"] = ratio(kv, notebook, tps)
+    fills = cfg.max_seq_len - len(prompt)
+    window = (
+        f"the window fills after {fills} new tokens, so the context_keep policy is exercised"
+        if n > fills
+        else "the window never fills, so both context_keep rows do the same work"
     )
+    notes = [
+        f"Model: d_model {cfg.width}, {cfg.num_layers} layers, {cfg.num_heads} heads, max_seq_len "
+        f"{cfg.max_seq_len}, {cfg.dtype}; prompt {len(prompt)} bytes + {n} new tokens: {window}.",
+        f"Target: KV-cache >= {TARGET:g}x the full-window sampler's tokens/s at batch 1; batch > 1 rows "
+        "count the tokens of every row.",
+    ]
+    if reference is None:
+        notes.append("The notebook row was skipped: no reference_generate.py found (pass --reference).")
+    title = "Decode: KV cache vs full-window recompute"
+    return Report("decode", title, rows, COLUMNS, notes, summary=summary)

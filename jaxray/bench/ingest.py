@@ -1,8 +1,6 @@
-"""``ingest``: the same compiled step, params and batches fed four ways, in turn each repeat:
-``pre-staged`` (on the device before the clock starts), ``in memory`` (``train_batches`` from host
-arrays), ``ray data`` (``parquet_batches``) and ``ray data, every epoch`` (``cache_bytes=0``). A
-repeat runs ``warmup`` untimed steps, then times ``steps`` (``block_until_ready`` before the clock);
-reported: median ms/step, its ratio to pre-staged, and the time spent waiting for batches."""
+"""``ingest``: one compiled step, params and batches fed, in turn each repeat, ``pre-staged`` (on device),
+``in memory`` (``train_batches``), ``ray data`` (``parquet_batches``) and ``ray data, every epoch``
+(``cache_bytes=0``): ``warmup`` untimed steps, then ``steps`` timed; median ms/step and input wait."""
 
 from __future__ import annotations
 
@@ -33,34 +31,28 @@ DATASET = {"mlp": "fashion-mnist", "transformer": "tinyshakespeare"}
 DEFAULTS = {"mlp": (1024, 10, 150), "transformer": (16, 2, 10)}  # global batch, warm-up, timed steps
 SEED = 0
 STREAMED = {"ray data": CACHE_BYTES, "ray data, every epoch": 0}  # feed -> cache_bytes
-COLUMNS = (
-    "workload feed global_batch ms_per_step vs_prestaged input_wait_ms_per_step epoch_boundaries final_loss"
-)
+COLUMNS = "workload feed global_batch ms_per_step vs_prestaged input_wait_ms_per_step"
+COLUMNS += " epoch_boundaries final_loss"
 IngestSize = namedtuple("IngestSize", "workload global_batch warmup steps repeats seq_len")
 
 
 def sizes_for(args) -> list[IngestSize]:
-    """The sizes ``ingest``'s options ask for (``--parquet``'s workload alone); ValueError for
-    options that contradict ``--parquet``'s data."""
+    """The sizes ``ingest``'s options ask for; ValueError where they contradict ``--parquet``'s data."""
     workloads = ["mlp", "transformer"] if args.workload in (None, "all") else [args.workload]
     seq_len = args.seq_len
     if args.parquet is not None:
         manifest = read_manifest(args.parquet)
         workloads = [next(w for w, d in DATASET.items() if d == manifest.dataset)]
         if args.workload not in (None, "all", workloads[0]):
-            raise ValueError(
-                f"--parquet {args.parquet} holds {manifest.dataset}, for --workload {workloads[0]}"
-            )
+            raise ValueError(f"--parquet {args.parquet} holds {manifest.dataset}: --workload {workloads[0]}")
         if seq_len and manifest.seq_len and seq_len != manifest.seq_len:
             raise ValueError(f"--seq-len {seq_len}: --parquet {args.parquet} holds {manifest.seq_len}")
         seq_len = seq_len or manifest.seq_len
     if args.seq_len is not None and "transformer" not in workloads:
         raise ValueError("--seq-len applies to the transformer only")
-    return [
-        IngestSize(w, args.batch or DEFAULTS[w][0], DEFAULTS[w][1] if args.warmup is None else args.warmup,
-                   args.steps or DEFAULTS[w][2], args.repeats, seq_len or 256)
-        for w in workloads
-    ]  # fmt: skip
+    return [IngestSize(w, args.batch or DEFAULTS[w][0],
+                       DEFAULTS[w][1] if args.warmup is None else args.warmup, args.steps or DEFAULTS[w][2],
+                       args.repeats, seq_len or 256) for w in workloads]  # fmt: skip
 
 
 class _Run:
@@ -68,9 +60,7 @@ class _Run:
 
     def __init__(self, size: IngestSize, folder: str, data_dir: str | None, prefetch_batches: int):
         self.size, self.folder, self.prefetch = size, folder, prefetch_batches
-        self.trial = make_spec(
-            size.workload, size.global_batch, seq_len=size.seq_len, data_dir=data_dir
-        ).trial
+        self.trial = make_spec(*size[:2], seq_len=size.seq_len, data_dir=data_dir).trial  # workload, batch
         self.mesh, model = make_mesh(jax.devices()[:1]), build(self.trial.model)
         self.arrays = natural_splits(DATASET[size.workload], data_dir, size.seq_len)["train"]
         self.per_epoch = len(next(iter(self.arrays.values()))) // size.global_batch
@@ -131,16 +121,14 @@ def _rows(run: _Run) -> list[dict]:
             "input_wait_ms_per_step": statistics.median(w for _, w, _ in runs) * 1e3,
             "examples_per_sec": rate, "final_loss": runs[0][2], "final_losses": [x for _, _, x in runs],
             "vs_prestaged": seconds * 1e3 / (rows[0]["ms_per_step"] if rows else seconds * 1e3),
-
         } | ({"tokens_per_sec": rate * tokens_per_example(run.trial)} if lm else {}))  # fmt: skip
     return rows
 
 
 def ingest_benchmark(args, sizes: list[IngestSize]) -> Report:
-    """Rows per size; starts a local Ray unless one runs (and stops it after). Without ``--parquet``
-    each dataset is prepared into a temporary folder, removed afterwards."""
-    started = not ray.is_initialized()
-    if started:
+    """Rows per size, in a local Ray (started and stopped unless one runs); without ``--parquet`` each
+    dataset is prepared into a temporary folder, removed afterwards."""
+    if started := not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
     tmp = tempfile.mkdtemp(prefix="jaxray-ingest-")
 

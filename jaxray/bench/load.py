@@ -1,7 +1,6 @@
-"""``serve --url URL``: closed-loop HTTP load on a running ``python -m jaxray.serve``. Per level,
-N asyncio clients each send a warm-up ``POST /generate``, then requests back to back for
-``duration`` s, each with its own seed. req/s and new tokens/s count each answer's share inside the
-window; latency (ms, client-side) is over measured 200s; 4xx/5xx/dropped count every request."""
+"""``serve --url URL``: closed-loop HTTP load on a running ``python -m jaxray.serve``: per level, N clients
+send a warm-up ``POST /generate``, then requests back to back for ``duration`` s, each its own seed. req/s
+and tokens/s count each answer's share inside the window; latency (ms) is over measured 200s."""
 
 from __future__ import annotations
 
@@ -14,9 +13,9 @@ from dataclasses import dataclass
 import aiohttp
 import numpy as np
 
-from jaxray.bench.report import Report, curve, line_chart, value
+from jaxray.bench.report import Report, curve, line_chart
+from jaxray.reporting.format import finite
 
-DROPPED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
 COLUMNS = "clients requests rps new_tokens_per_s p50_ms p95_ms p99_ms errors_4xx errors_5xx dropped"
 COLUMNS += " decode_calls mean_rows client_cpu_pct"
 
@@ -48,7 +47,7 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict, warmup: boo
         kind = {2: "ok", 4: "4xx", 5: "5xx"}.get(status // 100, "other")
         error = "" if kind == "ok" else f"HTTP {status}: {raw.decode(errors='replace')}"
         tokens = int(json.loads(raw)["new_tokens"]) if kind == "ok" else 0
-    except DROPPED as err:
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
         kind, error = "dropped", f"{type(err).__name__}: {err}"
     except (aiohttp.ClientError, ValueError, KeyError, TypeError) as err:  # not HTTP, or not /generate's body
         kind, error = "other", f"{type(err).__name__}: {err}"
@@ -86,13 +85,13 @@ def summarize(samples: list[Sample], clients: int, start_s: float, end_s: float)
     if not duration > 0:
         raise ValueError(f"empty window [{start_s}, {end_s}]")
     ok = [s for s in samples if s.outcome == "ok" and not s.warmup]
-    share = np.array([_overlap(s, start_s, end_s) for s in ok], dtype=float)
+    t0, t1 = np.array([(s.start_s, s.end_s) for s in ok], dtype=float).reshape(-1, 2).T
+    share = np.clip(np.minimum(t1, end_s) - np.maximum(t0, start_s), 0, None) / np.maximum(t1 - t0, 1e-9)
     tokens = np.array([s.new_tokens for s in ok], dtype=float)
     latency = np.array([s.latency_ms for s in ok], dtype=float)
     p50, p95, p99 = np.percentile(latency, [50, 95, 99]).tolist() if ok else (None, None, None)
     errors = [s for s in samples if s.outcome != "ok"]
     count = {k: sum(s.outcome == k for s in errors) for k in ("4xx", "5xx", "dropped", "other")}
-    # fmt: off
     return {
         "case": f"{clients} clients", "clients": clients, "duration_s": duration, "requests": len(ok),
         "rps": float(share.sum() / duration), "new_tokens": int(tokens.sum()),
@@ -100,16 +99,7 @@ def summarize(samples: list[Sample], clients: int, start_s: float, end_s: float)
         "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "mean_ms": float(latency.mean()) if ok else None,
         "errors_4xx": count["4xx"], "errors_5xx": count["5xx"], "dropped": count["dropped"],
         "errors_other": count["other"], "first_error": errors[0].error if errors else "",
-    }
-    # fmt: on
-
-
-def _overlap(s: Sample, start_s: float, end_s: float) -> float:
-    """The share (0..1) of ``s``'s [start, end] inside [start_s, end_s]."""
-    length = s.end_s - s.start_s
-    if length <= 0:
-        return float(start_s <= s.start_s <= end_s)
-    return max(0.0, min(s.end_s, end_s) - max(s.start_s, start_s)) / length
+    }  # fmt: skip
 
 
 def get_json(url: str, timeout_s: float = 10.0) -> dict | None:
@@ -143,7 +133,7 @@ def serve_report(args) -> Report:
             row["error"] = f"no request answered 200 (first error: {row['first_error'] or 'none'})"
         rows.append(row)
     by = {r["clients"]: r for r in rows}
-    one, sixteen = (value(by.get(n, {}), "new_tokens_per_s") for n in (1, 16))
+    one, sixteen = (finite(by.get(n, {}).get("new_tokens_per_s")) for n in (1, 16))
     summary = {"scaling_16_vs_1": sixteen / one if one and sixteen is not None else None, "target": 4.0}
     summary |= {"zero_errors_64": not (by[64]["errors_5xx"] or by[64]["dropped"])} if 64 in by else {}
     notes = [
@@ -152,9 +142,8 @@ def serve_report(args) -> Report:
         "req/s and new tok/s count each request's share inside the window; latency is client-side; "
         f"errors count every request (over {args.timeout:g} s: dropped); decode calls: GET /info.",
     ]
-    notes += [
-        f"16 vs 1 client: {x:.2f}x the new tokens/s (target >= 4x)" for x in [summary["scaling_16_vs_1"]] if x
-    ]
+    if x := summary["scaling_16_vs_1"]:
+        notes.append(f"16 vs 1 client: {x:.2f}x the new tokens/s (target >= 4x)")
 
     def chart(y: str):
         return lambda rows, path: line_chart(path, {"": curve(rows, "clients", y)}, "clients (log2)", y, True)

@@ -7,9 +7,8 @@ from __future__ import annotations
 from jaxray.config import ModelConfig
 from jaxray.models.mlp import IN_FEATURES, NUM_CLASSES
 
-# Dense (no sparsity) peak TFLOP/s per device from NVIDIA's data sheets. float32 matmuls run on
-# TF32 tensor cores at JAX's default precision on these GPUs, so float32 uses the TF32 peak.
-# Keys are matched against jax's device_kind (e.g. "NVIDIA H100 80GB HBM3"), most specific first.
+# Dense peak TFLOP/s per device (NVIDIA data sheets); float32 is the TF32 peak (JAX's default matmul
+# precision). Keys are matched against jax's device_kind ("NVIDIA H100 80GB HBM3"), most specific first.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
     "H100": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},  # SXM; PCIe is lower

@@ -1,6 +1,5 @@
-"""How far apart two runs' params are. The attention key bias is reported apart: its gradient is
-zero (softmax ignores the q.b it adds to every score), so Adam scales rounding noise into
-lr-sized steps and two correct implementations may differ by about lr x steps there."""
+"""How far apart two runs' params are. The attention key bias is reported apart: its gradient is zero
+(softmax ignores the q.b it adds to every score), so runs may differ there by about lr x steps (Adam)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Sizes per benchmark from ``presets.yaml``: ``cpu`` (``all`` in under 10 minutes on 2 cores),
-``gpu`` (the learning path's sizes), ``tiny`` (seconds). A size is a dict of ``make_spec`` arguments.
+"""Sizes (dicts of ``make_spec`` arguments) per benchmark from ``presets.yaml``: ``cpu``, ``gpu``, ``tiny``;
 ``MODEL_SIZES``: the shapes ``--model-preset NAME`` selects. Imports no JAX."""
 
 from __future__ import annotations
@@ -14,9 +13,7 @@ from jaxray.config.experiment import MODEL_PRESETS
 
 Size = dict[str, Any]
 _GPT2 = MODEL_PRESETS["gpt2_small"]
-MODEL_SIZES: dict[str, Size] = {
-    "gpt2_small": {"workload": "transformer", **_GPT2, "seq_len": _GPT2["max_seq_len"]}
-}
+MODEL_SIZES = {"gpt2_small": {"workload": "transformer", **_GPT2, "seq_len": _GPT2["max_seq_len"]}}
 
 
 @dataclass(frozen=True)

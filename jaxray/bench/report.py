@@ -1,8 +1,6 @@
-"""What every benchmark leaves under ``--out`` (default ``runs/bench/<name>/``), and its charts.
-
-summary.json  {"written_by", "benchmark", "title", "summary", "notes", "rows"}: one row per case
-summary.md    the title, the table (plain Markdown text, also printed) and the notes
-*.png         the benchmark's charts (matplotlib, headless)"""
+"""What every benchmark leaves under ``--out`` (default ``runs/bench/<name>/``): summary.json
+({"written_by", "benchmark", "title", "summary", "notes", "rows"}, a row per case), summary.md (the
+title, the Markdown table, also printed, and the notes) and its charts (*.png, matplotlib, headless)."""
 
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ import matplotlib.pyplot as plt
 from tqdm import tqdm
 
 from jaxray.reporting.figures import log2_batch_axis, save_figure
-from jaxray.reporting.format import cell, finite, json_safe, number, short_error
+from jaxray.reporting.format import cell, finite, json_safe, number, short_error, throughput
 
 WRITER = "jaxray.bench"  # summary.json's written_by is "jaxray.bench <name>"
 HEADERS = {
@@ -30,20 +28,18 @@ HEADERS = {
     "input_wait_ms_per_step": "input wait ms/step", "epoch_boundaries": "epoch ends timed",
 }  # fmt: skip
 SPEED = "tokens_per_sec examples_per_sec ms_per_step achieved_tflops mfu"
-Draw = Callable[[list[dict], Path], None]
 
 
 @dataclass
 class Report:
-    """Rows, the row keys shown as columns (space-separated), notes, charts {file: draw(rows, path)}
-    and the headline figures."""
+    """Rows, the keys shown as columns (space-separated), notes, charts {file: draw(rows, path)}, summary."""
 
     name: str
     title: str
     rows: list[dict[str, Any]]
     columns: str
     notes: list[str] = field(default_factory=list)
-    charts: dict[str, Draw] = field(default_factory=dict)
+    charts: dict[str, Callable[[list[dict], Path], None]] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -62,28 +58,21 @@ def run_cases(cases: list[tuple[dict, Callable[[], dict]]], desc: str) -> list[d
     return rows
 
 
-def value(row: dict, key: str) -> float | None:
-    """A finite float from ``row[key]``, else None."""
-    return finite(row.get(key))
-
-
 def ratio(a: dict | None, b: dict | None, key: str | None = None) -> float | None:
     """a's over b's ``key`` (default: tokens/s where a has it, else examples/s)."""
     if not a or not b:
         return None
     key = key or ("tokens_per_sec" if a.get("tokens_per_sec") is not None else "examples_per_sec")
-    x, y = value(a, key), value(b, key)
+    x, y = finite(a.get(key)), finite(b.get(key))
     return x / y if x and y else None
 
 
 def text(v: Any) -> str:
     """A table cell: ints with thousands separators, floats to 3-4 significant digits."""
     n = number(v)
-    if v is None or isinstance(v, (str, bool)) or n is None:
+    if n is None or isinstance(v, (str, bool)):
         return "" if v is None else str(v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    if abs(n) >= 1000:
+    if isinstance(v, int) or abs(n) >= 1000:
         return f"{n:,.0f}"
     return f"{n:.4g}" if n == 0 or abs(n) >= 1e-3 else f"{n:.1e}"
 
@@ -105,8 +94,17 @@ def render(report: Report) -> str:
     return "\n".join([*lines, "", *(f"- {n}" for n in notes), ""])
 
 
-def write_report(report: Report, out: Path, echo: bool = True) -> None:
-    """summary.json, summary.md and the charts under ``out``; prints the text when ``echo``."""
+def write_report(report: Report, out: Path | None, echo: bool = True) -> None:
+    """summary.json, summary.md and the charts under ``out`` (None: none); prints the text when ``echo``.
+    RuntimeError, and nothing written, when no case was measured."""
+    if all(r.get("error") or r.get("skipped") for r in report.rows):
+        print(render(report))
+        first = next((r.get("error") or r.get("skipped") for r in report.rows), "no cases")
+        raise RuntimeError(f"no case of {report.name} could be measured; {out} is as it was (first: {first})")
+    if echo:
+        print(render(report))
+    if out is None:
+        return
     out.mkdir(parents=True, exist_ok=True)
     doc = {"written_by": f"{WRITER} {report.name}", "benchmark": report.name, "title": report.title}
     doc |= {"summary": report.summary, "notes": report.notes, "rows": report.rows}
@@ -115,24 +113,16 @@ def write_report(report: Report, out: Path, echo: bool = True) -> None:
     for name, draw in report.charts.items():
         draw(report.rows, out / name)
     if echo:
-        print(render(report))
         print(f"written: {out}/summary.json, summary.md{''.join(', ' + n for n in report.charts)}")
-
-
-def speed(row: dict) -> tuple[float | None, str]:
-    """(throughput, unit): tokens/s for the transformer, else examples/s."""
-    if row.get("workload") == "transformer" or row.get("tokens_per_sec") is not None:
-        return value(row, "tokens_per_sec"), "tokens/s"
-    return value(row, "examples_per_sec"), "examples/s"
 
 
 def bar_chart(rows: list[dict], path: Path, label: str = "case", title: str = "") -> None:
     """A bar of throughput per row, one panel per unit; rows without a figure show as "n/a"."""
-    units = sorted({speed(r)[1] for r in rows}) or ["examples/s"]
+    units = sorted({throughput(r)[1] for r in rows}) or ["ex/s"]
     fig, axes = plt.subplots(1, len(units), figsize=(5.5 * len(units), 4), squeeze=False)
     for ax, unit in zip(axes[0], units):
-        picked = [r for r in rows if speed(r)[1] == unit]
-        values = [speed(r)[0] or 0.0 for r in picked]
+        picked = [r for r in rows if throughput(r)[1] == unit]
+        values = [finite(throughput(r)[0]) or 0.0 for r in picked]
         ax.bar([str(r.get(label)) for r in picked], values)
         for i, v in enumerate(values):
             ax.text(i, v, f"{v:,.0f}" if v else "n/a", ha="center", va="bottom", fontsize=8)
@@ -157,5 +147,5 @@ def line_chart(path: Path, series: dict[str, tuple[list, list]], xlabel: str, yl
 
 def curve(rows: list[dict], x: str, y: str) -> tuple[list, list]:
     """(xs, ys) of the rows where ``y`` is a finite number, sorted by ``x``."""
-    points = sorted((r[x], value(r, y)) for r in rows if value(r, y) is not None)
+    points = sorted((r[x], finite(r.get(y))) for r in rows if finite(r.get(y)) is not None)
     return [p[0] for p in points], [p[1] for p in points]

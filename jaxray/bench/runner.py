@@ -4,33 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 import jax
 
-from jaxray.bench import checkpointing, compare, decode, load, suites
+from jaxray.bench import checkpointing, compare, load, suites
 from jaxray.bench.presets import MODEL_SIZES, PRESETS
 from jaxray.bench.report import WRITER, Report, render, write_report
 from jaxray.bench.throughput import TIMING, check_device_count, make_spec
-from jaxray.inference.sampling import check_sampling, encode_prompt, prompt_window
 from jaxray.parallel.mesh import make_mesh
 from jaxray.reporting.format import json_safe
 from jaxray.runs import check_overwrite
 from jaxray.train import compile_report
-
-
-def _write(report: Report, out: Path | None, echo: bool = True) -> None:
-    """Print and write ``report``; one with no measured case is never written (RuntimeError)."""
-    if all(r.get("error") or r.get("skipped") for r in report.rows):
-        print(render(report))
-        first = next((r.get("error") or r.get("skipped") for r in report.rows), "no cases")
-        raise RuntimeError(f"no case of {report.name} could be measured; {out} is as it was (first: {first})")
-    if out is not None:
-        write_report(report, out, echo)
-    elif echo:
-        print(render(report))
 
 
 def throughput_size(args: argparse.Namespace) -> dict:
@@ -48,9 +34,7 @@ def throughput_size(args: argparse.Namespace) -> dict:
 def _throughput(args, out) -> int:
     suites.preload([size := throughput_size(args)], args.data_dir)
     report = suites.throughput(size, args.data_dir)
-    if report.rows[0].get("error"):
-        raise RuntimeError(report.rows[0]["error"])
-    _write(report, out, echo=not args.json)
+    write_report(report, out, echo=not args.json)
     print(json.dumps(json_safe({"impl": "jaxray", **report.rows[0], "ms_per_step_repeats": None})))
     return 0
 
@@ -64,26 +48,6 @@ def _compile(args, out) -> int:
         (out / "compile.json").write_text(json.dumps({"written_by": f"{WRITER} compile", **report}, indent=2))
     print(json.dumps(report) if args.json else compile_report.render(report))
     return 0
-
-
-def _compare(args) -> Report:
-    if not args.reference or not Path(args.reference).is_file():
-        raise FileNotFoundError(f"--reference {args.reference}: not a file")
-    workload = args.workload or compare.infer_workload(Path(args.reference))
-    compare.check(workload, args.dtype)
-    suites.preload([{"workload": workload}], args.data_dir)
-    return compare.compare(args, workload)
-
-
-def _decode(args) -> Report:
-    check_sampling(args.new_tokens, args.temperature, None)
-    prompt_window(encode_prompt(args.prompt), 1)
-    data = os.environ.get("JAXRAY_DATA_DIR")
-    places = [Path(args.reference or "/nonexistent"), Path("../shared/bench/reference_generate.py")]
-    places += [Path(data).parent / "bench" / "reference_generate.py"] if data else []
-    if args.reference and not places[0].is_file():
-        raise FileNotFoundError(f"--reference {args.reference}: not a file")
-    return decode.decode_benchmark(args, next((p for p in places if p.is_file()), None))
 
 
 def _ingest(args) -> Report:
@@ -107,7 +71,7 @@ def _suites(args, outs: dict[str, Path | None]) -> int:
         else:
             report = suites.SUITES[name](preset, args.data_dir, devices)
         try:
-            _write(report, out)
+            write_report(report, out)
         except RuntimeError as err:
             failed.append(f"{name}: {err}")
             continue
@@ -124,13 +88,12 @@ def _suites(args, outs: dict[str, Path | None]) -> int:
     return 1 if failed else 0
 
 
-REPORTS = {"compare": _compare, "decode": _decode, "ingest": _ingest, "serve": load.serve_report,
-           "checkpoint": checkpointing.checkpoint_benchmark}  # fmt: skip
+REPORTS = {"compare": compare.compare, "decode": compare.decode_benchmark, "ingest": _ingest,
+           "serve": load.serve_report, "checkpoint": checkpointing.checkpoint_benchmark}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``args.command``; the exit code. Every ``--out`` is checked first: none may hold a
-    summary.json (compile: compile.json) another tool wrote."""
+    """Run ``args.command``; its exit code. Every ``--out`` is checked first (``runs.check_overwrite``)."""
     base = None if args.out == "" else Path(args.out or f"runs/bench/{args.command}")
     names = [*suites.SUITES, "throughput"] if args.command == "all" else [args.command]
     outs = {name: (base / name if args.command == "all" else base) if base else None for name in names}
@@ -145,10 +108,8 @@ def run(args: argparse.Namespace) -> int:
         return (_throughput if args.command == "throughput" else _compile)(args, outs[args.command])
     if args.command not in REPORTS:
         return _suites(args, outs)
-    _write(report := REPORTS[args.command](args), outs[args.command])
+    write_report(report := REPORTS[args.command](args), outs[args.command])
     bad = [r for r in report.rows if r.get("errors_5xx") or r.get("dropped")]  # serve: any 5xx or drop fails
     for r in bad:
-        print(
-            f"failed: {r['case']}: {r['errors_5xx']} 5xx, {r['dropped']} dropped (first: {r['first_error']})"
-        )
+        print(f"failed: {r['case']}: {r['errors_5xx']} 5xx, {r['dropped']} dropped; {r['first_error']}")
     return 1 if report.failed or bad else 0

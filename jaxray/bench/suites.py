@@ -19,8 +19,7 @@ _DATA: dict[tuple, tuple] = {}  # (train, held-out) arrays per data set, read on
 
 def _data(trial) -> tuple:
     lm = trial.model.workload == "transformer"
-    key = (lm, trial.data.seq_len if lm else 0, trial.train.seed, trial.data.data_dir)
-    if key not in _DATA:
+    if (key := (lm, trial.data.seq_len if lm else 0, trial.train.seed, trial.data.data_dir)) not in _DATA:
         _DATA[key] = load_arrays(trial)
     return _DATA[key]
 
@@ -66,12 +65,8 @@ def dispatch(preset: Preset, data_dir: str | None, devices: int) -> Report:
 
 def precision(preset: Preset, data_dir: str | None, devices: int) -> Report:
     """float32 vs bfloat16 compute (params stay float32) per model, with held-out quality."""
-    dtypes = ("float32", "bfloat16")
-    cases = [
-        _case(f"{s['workload']} {d}", s, data_dir, dtype=d, evaluate=True)
-        for s in preset.precision
-        for d in dtypes
-    ]
+    cases = [_case(f"{s['workload']} {d}", s, data_dir, dtype=d, evaluate=True)
+             for s in preset.precision for d in ("float32", "bfloat16")]  # fmt: skip
     rows, notes = run_cases(cases, "precision"), ["Params and optimizer state stay float32."]
     for w in dict.fromkeys(r["workload"] for r in rows):
         pair = {r.get("dtype"): r for r in rows if r["workload"] == w}
@@ -94,11 +89,8 @@ def _loss_chart(kept: dict, rows, path) -> None:
 def devices_scaling(preset: Preset, data_dir: str | None, devices: int) -> Report:
     """Weak scaling: 1 device vs all ``devices`` at the same per-device batch."""
     kept, counts = {}, dict.fromkeys((1, devices))
-    cases = [
-        _case(f"{s['workload']} x{n}", s, data_dir, kept, devices=n, global_batch=s["global_batch"] * n)
-        for s in preset.devices
-        for n in counts
-    ]
+    cases = [_case(f"{s['workload']} x{n}", s, data_dir, kept, devices=n, global_batch=s["global_batch"] * n)
+             for s in preset.devices for n in counts]  # fmt: skip
     rows = run_cases(cases, "devices")
     by_case, notes = {r["case"]: r for r in rows}, [f"Same per-device batch on 1 and {devices} device(s)."]
     for w in (s["workload"] for s in preset.devices):
@@ -117,11 +109,8 @@ def devices_scaling(preset: Preset, data_dir: str | None, devices: int) -> Repor
 def shard_map(preset: Preset, data_dir: str | None, devices: int) -> Report:
     """Auto-sharded jit step vs explicit ``shard_map`` step: same numbers, both speeds."""
     kept = {}
-    cases = [
-        _case(f"{s['workload']} {kind}", s, data_dir, kept, devices=devices, step=kind)
-        for s in preset.shard_map
-        for kind in ("jit", "shard_map")
-    ]
+    cases = [_case(f"{s['workload']} {kind}", s, data_dir, kept, devices=devices, step=kind)
+             for s in preset.shard_map for kind in ("jit", "shard_map")]  # fmt: skip
     rows = run_cases(cases, "shard-map")
     by_case, notes = {r["case"]: r for r in rows}, [f"Same params and batches on {devices} device(s)."]
     for w in (s["workload"] for s in preset.shard_map):
@@ -149,10 +138,8 @@ def batch_sweep(preset: Preset, data_dir: str | None, devices: int, batches=None
         else:
             cases.append(_case(f"batch {b}", size, data_dir, devices=devices, global_batch=b))
     rows = sorted(rows + run_cases(cases, "batch-sweep"), key=lambda r: r["global_batch"])
-    count = {k: sum(bool(r.get(k)) for r in rows) for k in ("skipped", "error")}
-    notes = [
-        f"{size['workload']} on {devices} device(s); skipped {count['skipped']}, failed {count['error']}"
-    ]
+    n = {k: sum(bool(r.get(k)) for r in rows) for k in ("skipped", "error")}
+    notes = [f"{size['workload']} on {devices} device(s); skipped {n['skipped']}, failed {n['error']}"]
     key = "tokens_per_sec" if size["workload"] == "transformer" else "examples_per_sec"
 
     def chart(rows, path):

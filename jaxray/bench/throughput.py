@@ -1,7 +1,5 @@
-"""The clock, and one workload at one config: jaxray's step compiled and timed on real batches
-pre-staged on the devices. ``time_calls``: ``warmup`` untimed calls, then the median of ``repeats``
-windows, ``block_until_ready`` before each clock read. Warm-up on batch 0, then batches 0, 1, ...
-from the learning path's init seeds (``INIT_SEED``), as the reference scripts do."""
+"""The clock (``time_calls``) and one config's step compiled and timed on real batches pre-staged on the
+devices: warm-up on batch 0, then batches 0, 1, ..., from the reference scripts' seeds (``INIT_SEED``)."""
 
 from __future__ import annotations
 
@@ -56,8 +54,7 @@ def environment(devices: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Spec:
-    """``steps`` timed steps a window (``steps_per_call`` per dispatch), ``repeats`` windows after
-    ``warmup`` calls; ``evaluate`` scores the held-out set afterwards."""
+    """``repeats`` windows of ``steps`` steps (``steps_per_call`` a dispatch) after ``warmup`` calls."""
 
     trial: TrialConfig
     devices: int = 1
@@ -72,8 +69,7 @@ class Spec:
 def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: int | None = None,
               seq_len: int = 256, devices: int = 1, data_dir: str | None = None,
               **more: Any) -> Spec:  # fmt: skip
-    """A Spec checked like a training config (ConfigError names the field); ``more``: ``TIMING``
-    fields, else model fields (attention, num_layers, num_heads, max_seq_len, block_repeats)."""
+    """A Spec checked like a training config (ConfigError); ``more``: ``TIMING`` or model fields."""
     lm, timing = workload == "transformer", {k: v for k, v in more.items() if k in TIMING}
     model = {"workload": workload, "dtype": dtype, "width": width, **more}
     model |= {"max_seq_len": more.get("max_seq_len") or max(seq_len, 256)} if lm else {}
@@ -84,16 +80,13 @@ def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: i
     try:
         check_attention(trial := parse_trial(raw, source="(bench)"), source="(bench)")
     except ConfigError as err:
-        raise ConfigError(
-            f"{err}\n  (--batch: train.global_batch, --devices: workers.devices_per_worker)"
-        ) from None
+        hint = "--batch: train.global_batch, --devices: workers.devices_per_worker"
+        raise ConfigError(f"{err}\n  ({hint})") from None
     spec = Spec(trial, devices, **timing)
     if spec.step not in STEP_KINDS or (spec.steps_per_call > 1 and spec.step != "jit"):
         raise ValueError(f"step must be one of {STEP_KINDS} (jit for steps_per_call > 1), got {spec.step!r}")
     if min(spec.steps, spec.repeats, spec.steps_per_call) < 1 or spec.steps % spec.steps_per_call:
-        raise ValueError(
-            f"steps {spec.steps} must be a positive multiple of steps_per_call {spec.steps_per_call}"
-        )
+        raise ValueError(f"steps {spec.steps} must be a multiple of steps_per_call {spec.steps_per_call}")
     return spec
 
 
@@ -110,9 +103,7 @@ def stage_batches(arrays: Arrays, spec: Spec, mesh) -> list[dict[str, jax.Array]
     """Device batches of one window: ``[global_batch, ...]`` or ``[steps_per_call, global_batch, ...]``."""
     batch, k = spec.trial.train.global_batch, spec.steps_per_call
     if (n_calls := min(spec.steps // k, num_rows(arrays) // (batch * k))) < 1:
-        raise ValueError(
-            f"global batch {batch} x steps_per_call {k} is more than the {num_rows(arrays)} rows"
-        )
+        raise ValueError(f"batch {batch} x steps_per_call {k} is more than the {num_rows(arrays)} rows")
     windows = [{n: a[c * batch * k : (c + 1) * batch * k] for n, a in arrays.items()} for c in range(n_calls)]
     if k == 1:
         return [shard_batch(mesh, rows) for rows in windows]
@@ -123,9 +114,7 @@ def stage_batches(arrays: Arrays, spec: Spec, mesh) -> list[dict[str, jax.Array]
 def check_device_count(devices: int) -> None:
     """ValueError when fewer than ``devices`` devices are visible."""
     if devices > len(jax.devices()):
-        hint = (
-            "; on a CPU add --cpu-devices N to force N host devices" if jax.default_backend() == "cpu" else ""
-        )
+        hint = "; on a CPU, --cpu-devices N forces N host devices" if jax.default_backend() == "cpu" else ""
         raise ValueError(f"devices {devices} is more than the {len(jax.devices())} available{hint}")
 
 
@@ -139,8 +128,7 @@ def _compile(spec: Spec, model, tx, mesh, state, batch) -> tuple[Callable, float
 
 
 def measure(spec: Spec, data: tuple[Arrays, Arrays] | None = None) -> Measurement:
-    """Compile and time ``spec``'s step on ``data`` ((train, held-out); default ``load_arrays``): ms/step
-    (median), examples/s, tokens/s (T - 1 a sequence), final loss, compile s, TFLOP/s, MFU."""
+    """Compile and time ``spec``'s step on ``data`` ((train, held-out); default ``load_arrays``)."""
     trial = spec.trial
     check_device_count(spec.devices)
     check_devices(trial.train.global_batch, spec.devices)
@@ -176,7 +164,6 @@ def _row(spec: Spec, model, n_params: int, seconds: float, compile_s: float, los
     trial, cfg, batch = spec.trial, spec.trial.model, spec.trial.train.global_batch
     env, rate = environment(spec.devices), batch / seconds
     per_example = mfu.flops_per_example(cfg, trial.data.seq_len)
-    # fmt: off
     row = env | {
         "workload": cfg.workload, "step": spec.step, "steps_per_call": spec.steps_per_call,
         "dtype": cfg.dtype, "global_batch": batch, "per_device_batch": batch // spec.devices,
@@ -184,10 +171,10 @@ def _row(spec: Spec, model, n_params: int, seconds: float, compile_s: float, los
         "ms_per_step": seconds * 1e3, "examples_per_sec": rate,
         "final_loss": losses[-1], "compile_s": compile_s, "achieved_tflops": rate * per_example / 1e12,
         "mfu": mfu.mfu(rate, per_example, env["device_kind"], cfg.dtype, spec.devices),
-    }
+    }  # fmt: skip
     if cfg.workload == "transformer":
         row |= {"seq_len": trial.data.seq_len, "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
                 "tokens_per_sec": rate * tokens_per_example(trial),
-                "attention": model.attention.implementation, "attention_note": model.attention.reason}
-    # fmt: on
+                "attention": model.attention.implementation,
+                "attention_note": model.attention.reason}  # fmt: skip
     return row
