@@ -415,3 +415,22 @@ def test_nan_and_infinity_are_not_finite(tmp_path, setting, shown):
     field = setting.split(":")[0]
     assert f"train.{field}: not finite (NaN and infinity are not allowed), got {shown}" in message, message
     assert "greater than" not in message
+
+
+def test_a_sweeps_fsdp_reaches_its_trials_and_must_divide_a_workers_devices(tmp_path):
+    config = GOOD.replace("    train: {steps: 5}", "    train: {steps: 5}\n    parallel: {fsdp: 2}")
+    exp = load_experiment(write(tmp_path, config))
+    trials = [parse_trial(t) for t in exp.sweeps[0].trial_dicts(exp.base())]
+    assert {t.parallel.fsdp for t in trials} == {2}
+    assert parse_trial({"model": {"workload": "mlp"}}).parallel.fsdp == 1
+    with pytest.raises(ConfigError) as err:
+        load_experiment(write(tmp_path, config.replace("fsdp: 2", "fsdp: 3")))
+    assert (
+        "sweeps.0: parallel.fsdp 3 must divide workers.devices_per_worker 4: each group of 3 devices "
+        "sharing the params lies within one worker" in str(err.value)
+    ), str(err.value)
+    for bad, expected in (("fsdp: 0", "parallel.fsdp: Input should be greater than 0, got 0"),
+                          ("model: 2", "parallel.model: unknown key; allowed: fsdp")):  # fmt: skip
+        with pytest.raises(ConfigError) as err:
+            load_experiment(write(tmp_path, config.replace("fsdp: 2", bad)))
+        assert expected in str(err.value), str(err.value)

@@ -21,7 +21,7 @@ from jaxray.checkpoint import restore_state, save_state
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.models import build, param_count
-from jaxray.parallel.mesh import make_mesh, replicate, replicated
+from jaxray.parallel.mesh import make_mesh, replicate
 from jaxray.train.run import train
 from jaxray.train.step import abstract_state, init_state, make_optimizer
 
@@ -56,7 +56,7 @@ def size_row(workload: str, repeats: int, data_dir: str | None) -> dict[str, Any
             stored = Path(tmp) / f"stored{i}"
             saves.append(_save_copy(Path(tmp) / f"local{i}", state, trial, stored))
             start = time.perf_counter()
-            jax.block_until_ready(restore_state(stored, abstract_state(model, tx, replicated(mesh)))[0])
+            jax.block_until_ready(restore_state(stored, abstract_state(model, tx, mesh))[0])
             restores.append(time.perf_counter() - start)
         size = sum(f.stat().st_size for f in (Path(tmp) / "stored0").rglob("*") if f.is_file())
     return {"case": f"{workload} (lab size) save / restore", "workload": workload,

@@ -24,11 +24,22 @@ class CheckpointSaveError(OSError):
 
 
 def local_copy(tree: Any) -> Any:
-    """This process's copy of a replicated PyTree: host arrays in a multi-process program (whose
-    global arrays one process cannot read whole), the tree itself otherwise."""
+    """This process's copy of a PyTree that every process holds whole on its own devices (replicated,
+    or split only among them, as ``fsdp`` within a worker splits params): host arrays assembled from
+    the local shards in a multi-process program (whose global arrays one process cannot read
+    whole), the tree itself otherwise."""
     if jax.process_count() == 1:
         return tree
-    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else x, tree)
+
+    def host(x: Any) -> Any:
+        if not isinstance(x, jax.Array):
+            return x
+        out = np.empty(x.shape, x.dtype)
+        for shard in x.addressable_shards:
+            out[shard.index] = np.asarray(shard.data)
+        return out
+
+    return jax.tree.map(host, tree)
 
 
 def abstract(tree: Any, sharding: Sharding) -> Any:
@@ -37,7 +48,8 @@ def abstract(tree: Any, sharding: Sharding) -> Any:
 
 
 def save_tree(path: Path, tree: Any) -> None:
-    """One Orbax StandardCheckpointer save of a replicated PyTree, finalised when this returns."""
+    """One Orbax StandardCheckpointer save of a PyTree that each process holds whole (``local_copy``),
+    finalised when this returns."""
     options = ocp.options.MultiprocessingOptions()
     if jax.process_count() > 1:
         # One process of a multi-process program saves alone: its local copy of the replicated

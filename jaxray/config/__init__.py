@@ -203,6 +203,14 @@ class WorkersConfig(FrozenConfig):
         return self.num_workers * self.devices_per_worker
 
 
+class ParallelConfig(FrozenConfig):
+    """How a trial's devices share the model (``jaxray.parallel.mesh``): ``fsdp`` N > 1 splits each
+    large param and its optimizer state N ways within a worker (fully sharded data parallelism);
+    batches are split over every device either way."""
+
+    fsdp: PosInt = 1
+
+
 def grid_point_name(workload: str, global_batch: int, dtype: str, width: int) -> str:
     """A trial's name, ``<workload>_b<global_batch>_<dtype>_w<width>``: its Ray Train run folder's."""
     return f"{workload}_b{global_batch}_{dtype}_w{width}"
@@ -215,6 +223,7 @@ class TrialConfig(FrozenConfig):
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
     workers: WorkersConfig = WorkersConfig()
+    parallel: ParallelConfig = ParallelConfig()
 
     def name(self) -> str:
         """The trial's name (``grid_point_name``), as python -m jaxray.tune names its folders."""
@@ -227,6 +236,12 @@ class TrialConfig(FrozenConfig):
         if m.workload == "transformer" and d.seq_len > m.max_seq_len:
             raise ValueError(f"data.seq_len {d.seq_len} exceeds model.max_seq_len {m.max_seq_len}")
         check_devices(self.train.global_batch, self.workers.total_devices)
+        fsdp, per_worker = self.parallel.fsdp, self.workers.devices_per_worker
+        if per_worker % fsdp:
+            raise ValueError(
+                f"parallel.fsdp {fsdp} must divide workers.devices_per_worker {per_worker}: each group "
+                f"of {fsdp} devices sharing the params lies within one worker"
+            )
         return self
 
     @property

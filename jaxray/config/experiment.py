@@ -20,6 +20,7 @@ from jaxray.config import (
     DType,
     FrozenConfig,
     ModelConfig,
+    ParallelConfig,
     PosFloat,
     PosInt,
     TrainConfig,
@@ -92,8 +93,8 @@ class EarlyStoppingConfig(FrozenConfig):
 
 
 class SweepConfig(FrozenConfig):
-    """One workload's grid: fixed model/train settings, the search space, ranking ``metric`` and
-    optional ASHA. ``model: {preset: NAME}`` starts from ``MODEL_PRESETS[NAME]`` (keys in ``model``
+    """One workload's grid: fixed model/train/parallel settings, the search space, ranking ``metric``
+    and optional ASHA. ``model: {preset: NAME}`` starts from ``MODEL_PRESETS[NAME]`` (keys in ``model``
     override); unknown names raise ConfigError."""
 
     workload: Workload
@@ -101,6 +102,7 @@ class SweepConfig(FrozenConfig):
     mode: Literal["min", "max"] | None = None
     model: dict[str, Any] = {}
     train: dict[str, Any] = {}
+    parallel: ParallelConfig = ParallelConfig()
     search_space: SearchSpace = SearchSpace()
     early_stopping: EarlyStoppingConfig | None = None
 
@@ -184,7 +186,7 @@ class SweepConfig(FrozenConfig):
         train = {**self.train, "global_batch": global_batch}
         if learning_rate is not None:
             train["learning_rate"] = learning_rate
-        return {**base, "model": model, "train": train}
+        return {**base, "model": model, "train": train, "parallel": self.parallel.model_dump()}
 
 
 class ExperimentConfig(FrozenConfig):

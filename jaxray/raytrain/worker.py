@@ -39,7 +39,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         start = resume_point(rank, attempt)
         if start.checkpoint is not None and rank == 0:
             print(f"jaxray: attempt {start.attempt}, resuming from {start.checkpoint}", flush=True)
-        mesh = make_mesh()
+        mesh = make_mesh(fsdp=trial.parallel.fsdp)
         batches, held_out, rows = worker_data(trial, rank, world, config.get("train_rows"))
         save = checkpoint_saver(
             trial, rank, start.attempt, rows // trial.train.global_batch if rows else None

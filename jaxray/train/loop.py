@@ -14,7 +14,7 @@ import jax
 from jax.sharding import Mesh
 
 from jaxray.models import Model
-from jaxray.parallel.mesh import batch_sharding, replicated
+from jaxray.parallel.mesh import batch_sharding, replicated, state_shardings
 from jaxray.train.shard_map_step import shard_map_train_step
 from jaxray.train.step import LOSSES, TrainState, eval_step, train_step
 
@@ -47,9 +47,10 @@ class LoopTiming:
 def compile_train_step(
     model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array], steps_per_call: int = 1
 ):
-    """AOT-compile the auto-sharded train step -> (compiled step, compile seconds). State replicated
-    and donated, batch sharded on ``data``. ``steps_per_call`` K > 1 scans K steps over a stack
-    ``[K, B, ...]`` and returns metrics ``[K]``."""
+    """AOT-compile the auto-sharded train step -> (compiled step, compile seconds). State sharded
+    as ``state_shardings`` says (replicated without ``fsdp``) and donated, batch split over every
+    device. ``steps_per_call`` K > 1 scans K steps over a stack ``[K, B, ...]`` and returns metrics
+    ``[K]``."""
     step = functools.partial(train_step, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx)
     if steps_per_call > 1:
         return _compile_step(functools.partial(jax.lax.scan, step), mesh, state, batch, stacked=True)
@@ -70,12 +71,14 @@ def compile_shard_map_train_step(
 def _compile_step(
     step: Callable, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array], stacked: bool = False
 ):
-    """jit ``step(state, batch) -> (state, metrics)`` with the state replicated and donated, the batch
-    sharded on ``data`` and the outputs replicated; lower and compile ahead of time, timed."""
+    """jit ``step(state, batch) -> (state, metrics)`` with the state sharded by ``state_shardings``
+    in and out and donated, the batch split over every device and the metrics replicated; lower
+    and compile ahead of time, timed."""
+    shardings = state_shardings(state, mesh)
     jitted = jax.jit(
         step,
-        in_shardings=(replicated(mesh), batch_sharding(mesh, stacked)),
-        out_shardings=(replicated(mesh), replicated(mesh)),
+        in_shardings=(shardings, batch_sharding(mesh, stacked)),
+        out_shardings=(shardings, replicated(mesh)),
         donate_argnums=0,
     )
     start = time.perf_counter()
@@ -84,11 +87,10 @@ def _compile_step(
 
 
 def jit_eval_step(model: Model, mesh: Mesh):
-    """The jitted masked eval step (params replicated, batch sharded, sums replicated)."""
+    """The jitted masked eval step (params sharded as in training, batch split, sums replicated)."""
     step = functools.partial(eval_step, apply=model.apply, loss_fn=LOSSES[model.config.workload])
-    return jax.jit(
-        step, in_shardings=(replicated(mesh), batch_sharding(mesh)), out_shardings=replicated(mesh)
-    )
+    params = state_shardings(jax.eval_shape(model.init, jax.random.key(0)), mesh)
+    return jax.jit(step, in_shardings=(params, batch_sharding(mesh)), out_shardings=replicated(mesh))
 
 
 def run_loop(

@@ -17,7 +17,7 @@ from jaxray.config import TrialConfig
 from jaxray.data.batching import Arrays, num_rows
 from jaxray.models import Model, build, param_count
 from jaxray.parallel.checks import check_trial
-from jaxray.parallel.mesh import needs_sync_per_step, replicate, replicated, shard_batch
+from jaxray.parallel.mesh import needs_sync_per_step, place_state, shard_batch
 from jaxray.train import compile_report
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
@@ -141,6 +141,7 @@ def train(
         jit_eval_step(model, mesh), state.params, eval_arrays, eval_batch_size(trial, devices), mesh
     )
     summary = _summary(trial, devices, param_count(state.params), compile_s, timing, history, held_out)
+    summary["mesh"] = ",".join(f"{axis}={size}" for axis, size in mesh.shape.items())  # "data=2,fsdp=2"
     summary.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))
     summary.update(_attention(model))
     return TrainResult(state, summary, history, report)
@@ -176,11 +177,12 @@ def _loop_hooks(
 def _initial_state(
     trial: TrialConfig, model: Model, tx, mesh: Mesh, resume: Path | None
 ) -> tuple[TrainState, int, list[dict[str, float]], dict[str, Any]]:
-    """(replicated state, step reached, log rows so far, ``train_state.json``): restored from
-    ``resume``, else fresh from ``train.seed`` at step 0 (and an empty dict)."""
+    """(state placed on ``mesh`` as training shards it, step reached, log rows so far,
+    ``train_state.json``): restored from ``resume``, else fresh from ``train.seed`` at step 0 (and
+    an empty dict)."""
     if resume is None:
-        return replicate(init_state(model.init(jax.random.key(trial.train.seed)), tx), mesh), 0, [], {}
-    state, doc, history = checkpoint.restore_state(resume, abstract_state(model, tx, replicated(mesh)))
+        return place_state(init_state(model.init(jax.random.key(trial.train.seed)), tx), mesh), 0, [], {}
+    state, doc, history = checkpoint.restore_state(resume, abstract_state(model, tx, mesh))
     return state, doc["step"], history, doc
 
 

@@ -11,10 +11,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Sharding
+from jax.sharding import Mesh
 
 from jaxray.checkpoint.trees import key_names
 from jaxray.models import Model
+from jaxray.parallel.mesh import state_shardings
 
 Batch = dict[str, jax.Array]
 
@@ -126,11 +127,13 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
 
 
-def abstract_state(model: Model, tx: optax.GradientTransformation, sharding: Sharding) -> TrainState:
-    """The TrainState of ``model`` and ``tx`` as sharded ``jax.ShapeDtypeStruct`` leaves (nothing
-    allocated): the target ``jaxray.checkpoint.restore_state`` restores into."""
+def abstract_state(model: Model, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
+    """The TrainState of ``model`` and ``tx`` as ``jax.ShapeDtypeStruct`` leaves (nothing allocated)
+    carrying the shardings training uses on ``mesh`` (``jaxray.parallel.mesh.state_shardings``):
+    the target ``jaxray.checkpoint.restore_state`` restores into, whatever mesh the save ran on."""
     shapes = jax.eval_shape(lambda: init_state(model.init(jax.random.key(0)), tx))
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes)
+    shardings = state_shardings(shapes, mesh)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 
 def loss_and_grads(

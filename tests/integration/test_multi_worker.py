@@ -1,6 +1,7 @@
 """Two Ray Train workers x 2 forced CPU devices train as one 4-device JAX program (jax.distributed with
 gloo collectives, the coordinator address broadcast by Ray Train): on the real data, the logged
-losses and the final params equal a single-process run on 4 devices over the same global batches."""
+losses and the final params equal a single-process run on 4 devices over the same global batches,
+with the params whole on every device or split two ways within each worker (fsdp 2)."""
 
 from __future__ import annotations
 
@@ -91,15 +92,21 @@ def parquet(real_dir, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize(
-    "workload,source", [("mlp", "memory"), ("transformer", "memory"), ("transformer", "parquet")]
+    "workload,source,fsdp",
+    [("mlp", "memory", 1), ("transformer", "memory", 2), ("transformer", "parquet", 1)],
 )
-def test_two_workers_are_one_four_device_program(workload, source, real_dir, tmp_path, local_ray, request):
+def test_two_workers_are_one_four_device_program(
+    workload, source, fsdp, real_dir, tmp_path, local_ray, request
+):
     """memory: Ray Datasets of the in-memory arrays, unsplit, each worker taking its rows of every
-    global batch; parquet: each worker streaming its rows from the prepared files (data.parquet)."""
+    global batch; parquet: each worker streaming its rows from the prepared files (data.parquet).
+    fsdp 2: each worker's two devices split the params and optimizer state (the checkpoint, saved
+    from one worker's shards, holds them whole); the reference keeps them whole on every device."""
     from single_process_reference import flat_params
 
     data = {"parquet": str(request.getfixturevalue("parquet"))} if source == "parquet" else {}
-    trial = parse_trial(trial_dict(workload, real_dir, {"num_workers": 2, "devices_per_worker": 2}, **data))
+    workers = {"num_workers": 2, "devices_per_worker": 2}
+    trial = parse_trial({**trial_dict(workload, real_dir, workers, **data), "parallel": {"fsdp": fsdp}})
     datasets = {}
     if source == "memory":
         train_arrays, held_out = load_arrays(trial)
@@ -108,6 +115,7 @@ def test_two_workers_are_one_four_device_program(workload, source, real_dir, tmp
     result = make_trainer(trial, datasets, storage_path=tmp_path / "ray", name=workload).fit()
     assert result.error is None, result.error
     assert result.metrics["devices"] == 4  # one mesh over both workers' devices
+    assert result.metrics["mesh"] == ("data=4" if fsdp == 1 else "data=2,fsdp=2")
 
     reference = single_process(
         trial_dict(workload, real_dir, {"num_workers": 1, "devices_per_worker": 4}, **data), tmp_path

@@ -4,7 +4,9 @@
 mesh and on a 4-device mesh and prints one JSON line comparing them, plus where the batch and
 params live. ``four_device_parity.py DATA_DIR shard_map``: on the 4-device mesh, runs the
 auto-sharded step and the explicit ``shard_map`` step from the same init on the same batches and
-prints one JSON line with both runs' per-step metrics and their final param differences.
+prints one JSON line with both runs' per-step metrics and their final param differences. The
+first mode also trains on (data 1, fsdp 4) and (data 2, fsdp 2) meshes and reports how much of the
+params and optimizer state the first device holds.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.models import build
 from jaxray.parallel.mesh import make_mesh, replicate, shard_batch
+from jaxray.train import compile_report
 from jaxray.train.loop import compile_shard_map_train_step, compile_train_step
 from jaxray.train.run import train
 from jaxray.train.step import init_state, make_optimizer
@@ -45,11 +48,27 @@ def run(workload: str, data_dir: str) -> dict:
     )
     train_arrays, held_out = load_arrays(trial)
     held_out = {k: v[:64] for k, v in held_out.items()}
-    results = {}
-    for n in (1, 4):
-        mesh = make_mesh(jax.devices()[:n])
-        results[n] = train(trial, train_batches(train_arrays, 16), held_out, mesh)
+    meshes = {
+        1: make_mesh(jax.devices()[:1]),
+        4: make_mesh(),
+        "fsdp4": make_mesh(fsdp=4),  # data 1 x fsdp 4
+        "data2_fsdp2": make_mesh(fsdp=2),
+    }
+    results = {k: train(trial, train_batches(train_arrays, 16), held_out, mesh) for k, mesh in meshes.items()}
     one, four = results[1], results[4]
+    sharded = {
+        name: {
+            "mesh": dict(meshes[name].shape),
+            "loss": [r["loss"] for r in results[name].history],
+            **param_diffs(one.state.params, results[name].state.params),
+            "eval": results[name].summary.get("test_loss", results[name].summary.get("val_loss")),
+            "params_share": device_share(results[name].state.params),
+            "opt_state_share": device_share(results[name].state.opt_state),
+            "unsplit": unsplit(results[name].state.params, meshes[name].shape["fsdp"]),
+            "ops": compile_report.report_for(trial, meshes[name])["ops"],
+        }
+        for name in ("fsdp4", "data2_fsdp2")
+    }
     mesh4 = make_mesh()
     batch = shard_batch(mesh4, next(train_batches(train_arrays, 16)))
     leaf = jax.tree.leaves(four.state.params)[0]
@@ -64,7 +83,26 @@ def run(workload: str, data_dir: str) -> dict:
         **param_diffs(one.state.params, four.state.params),
         "eval_1": one.summary.get("test_loss", one.summary.get("val_loss")),
         "eval_4": four.summary.get("test_loss", four.summary.get("val_loss")),
+        "sharded": sharded,
     }
+
+
+def device_share(tree) -> float:
+    """Bytes of ``tree`` held on the first device over the bytes of the whole tree."""
+    leaves = [x for x in jax.tree.leaves(tree) if hasattr(x, "addressable_shards")]
+    first = jax.devices()[0]
+    held = sum(s.data.nbytes for x in leaves for s in x.addressable_shards if s.device == first)
+    return held / sum(x.nbytes for x in leaves)
+
+
+def unsplit(params, fsdp: int) -> list[str]:
+    """The params that some dimension of theirs could split ``fsdp`` ways but that are replicated."""
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    return [
+        jax.tree_util.keystr(path)
+        for path, x in flat
+        if any(d % fsdp == 0 for d in x.shape) and x.sharding.is_fully_replicated
+    ]
 
 
 def run_shard_map(workload: str, data_dir: str) -> dict:

@@ -1,7 +1,8 @@
-"""Run in a subprocess with 4 forced host devices: train on a mesh of ``--save-devices`` devices with
-a full-state checkpoint at step K, continue there to step N, then restore that checkpoint onto a
-mesh of ``--restore-devices`` devices and continue to N. Prints one JSON line: both runs' logged
-losses after K."""
+"""Run in a subprocess with 4 forced host devices: train on a mesh of ``--save-devices`` devices
+(params split ``--save-fsdp`` ways) with a full-state checkpoint at step K, continue there to step
+N, then restore that checkpoint onto a mesh of ``--restore-devices`` devices (``--restore-fsdp``)
+and continue to N. Prints one JSON line: both runs' logged losses after K, and each run's largest
+param's devices and shard shape."""
 
 import argparse
 import json
@@ -24,6 +25,8 @@ from jaxray.train.run import train  # noqa: E402
 p = argparse.ArgumentParser()
 p.add_argument("--save-devices", type=int, required=True)
 p.add_argument("--restore-devices", type=int, required=True)
+p.add_argument("--save-fsdp", type=int, default=1)
+p.add_argument("--restore-fsdp", type=int, default=1)
 a = p.parse_args()
 K, N = 6, 12
 trial = TrialConfig(
@@ -43,18 +46,25 @@ def batches():
     return train_batches(train_arrays, 16, trial.train.seed)
 
 
-first = train(trial, batches(), held_out, make_mesh(jax.devices()[: a.save_devices]), save=save)
-second = train(trial, batches(), held_out, make_mesh(jax.devices()[: a.restore_devices]), resume=saved[K])
+first_mesh = make_mesh(jax.devices()[: a.save_devices], fsdp=a.save_fsdp)
+first = train(trial, batches(), held_out, first_mesh, save=save)
+second_mesh = make_mesh(jax.devices()[: a.restore_devices], fsdp=a.restore_fsdp)
+second = train(trial, batches(), held_out, second_mesh, resume=saved[K])
+
+
+def largest(params) -> dict:
+    x = max(jax.tree.leaves(params), key=lambda leaf: leaf.size)
+    shard = x.addressable_shards[0].data.shape
+    return {"devices": len(x.sharding.device_set), "shape": x.shape, "shard": shard}
+
+
 print(
     json.dumps(
         {
             "continued": [r["loss"] for r in first.history if r["step"] > K],
             "restored": [r["loss"] for r in second.history if r["step"] > K],
             "restored_steps": [r["step"] for r in second.history],
-            "devices": [
-                len(first.state.params and jax.tree.leaves(first.state.params)[0].sharding.device_set),
-                len(jax.tree.leaves(second.state.params)[0].sharding.device_set),
-            ],
+            "largest": [largest(first.state.params), largest(second.state.params)],
             "resumed_from_step": second.summary["resumed_from_step"],
         }
     )

@@ -171,18 +171,22 @@ def test_restoring_into_another_model_names_the_parameter_and_shapes(uninterrupt
         run(wider, tmp_path, resume=saved[4])
 
 
-@pytest.mark.slow  # two 4-device subprocess runs (a minute); CI runs it
-@pytest.mark.parametrize("save_devices, restore_devices", [(1, 4), (4, 1)])
-def test_restore_onto_another_mesh_continues_with_the_same_loss(real_dir, save_devices, restore_devices):
+@pytest.mark.slow  # four 4-device subprocess runs (a minute); CI runs it
+@pytest.mark.parametrize(
+    "save, restore",
+    [((1, 1), (4, 1)), ((4, 1), (1, 1)), ((4, 4), (1, 1)), ((1, 1), (4, 2))],
+    ids=["1-4", "4-1", "fsdp4-1", "1-data2xfsdp2"],
+)
+def test_restore_onto_another_mesh_continues_with_the_same_loss(real_dir, save, restore):
+    """(devices, fsdp) saved on and restored onto: a checkpoint of params split over fsdp restores
+    whole onto one device (as serving does) and a whole one restores split."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
         [
             sys.executable,
             str(HERE / "resume_on_mesh.py"),
-            "--save-devices",
-            str(save_devices),
-            "--restore-devices",
-            str(restore_devices),
+            *("--save-devices", str(save[0]), "--save-fsdp", str(save[1])),
+            *("--restore-devices", str(restore[0]), "--restore-fsdp", str(restore[1])),
         ],
         cwd=ROOT,
         env=env,
@@ -192,6 +196,8 @@ def test_restore_onto_another_mesh_continues_with_the_same_loss(real_dir, save_d
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["devices"] == [save_devices, restore_devices] and out["resumed_from_step"] == 6
+    assert [r["devices"] for r in out["largest"]] == [save[0], restore[0]] and out["resumed_from_step"] == 6
+    for (_, fsdp), run in zip((save, restore), out["largest"], strict=True):
+        assert sorted(run["shard"]) == sorted([max(run["shape"]) // fsdp, min(run["shape"])]), run
     assert out["restored_steps"][-6:] == list(range(7, 13))
     np.testing.assert_allclose(out["restored"], out["continued"], rtol=1e-5)
