@@ -20,7 +20,7 @@ from jaxray.data.batching import Arrays, num_rows
 from jaxray.data.workloads import load_arrays
 from jaxray.models import build, param_count
 from jaxray.parallel.checks import check_attention
-from jaxray.parallel.mesh import make_mesh, needs_sync_per_step, replicate, shard_batch
+from jaxray.parallel.mesh import make_mesh, needs_sync_per_step, place_state, shard_batch
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import compile_shard_map_train_step, compile_train_step, jit_eval_step
 from jaxray.train.run import eval_batch_size, tokens_per_example
@@ -67,7 +67,7 @@ class Spec:
 
 
 def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: int | None = None,
-              seq_len: int = 256, devices: int = 1, data_dir: str | None = None,
+              seq_len: int = 256, devices: int = 1, data_dir: str | None = None, fsdp: int = 1,
               **more: Any) -> Spec:  # fmt: skip
     """A Spec checked like a training config (ConfigError); ``more``: ``TIMING`` or model fields."""
     lm, timing = workload == "transformer", {k: v for k, v in more.items() if k in TIMING}
@@ -77,12 +77,15 @@ def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: i
     raw["train"] = {"global_batch": global_batch}
     raw["data"] = {"data_dir": data_dir} | ({"seq_len": seq_len} if lm else {})
     raw["workers"] = {"devices_per_worker": devices, "use_gpu": jax.default_backend() == "gpu"}
+    raw["parallel"] = {"fsdp": fsdp}
     try:
         check_attention(trial := parse_trial(raw, source="(bench)"), source="(bench)")
     except ConfigError as err:
-        hint = "--batch: train.global_batch, --devices: workers.devices_per_worker"
+        hint = "--batch: train.global_batch, --devices: workers.devices_per_worker, --fsdp: parallel.fsdp"
         raise ConfigError(f"{err}\n  ({hint})") from None
     spec = Spec(trial, devices, **timing)
+    if spec.step == "shard_map" and fsdp > 1:  # its explicit step takes the params whole
+        raise ValueError(f"step shard_map keeps the params whole: it needs fsdp 1, got {fsdp}")
     if spec.step not in STEP_KINDS or (spec.steps_per_call > 1 and spec.step != "jit"):
         raise ValueError(f"step must be one of {STEP_KINDS} (jit for steps_per_call > 1), got {spec.step!r}")
     if min(spec.steps, spec.repeats, spec.steps_per_call) < 1 or spec.steps % spec.steps_per_call:
@@ -132,12 +135,12 @@ def measure(spec: Spec, data: tuple[Arrays, Arrays] | None = None) -> Measuremen
     trial = spec.trial
     check_device_count(spec.devices)
     check_devices(trial.train.global_batch, spec.devices)
-    mesh = make_mesh(jax.devices()[: spec.devices])
+    mesh = make_mesh(jax.devices()[: spec.devices], fsdp=trial.parallel.fsdp)
     train_arrays, held_out = data if data is not None else load_arrays(trial)
     batches = stage_batches(train_arrays, spec, mesh)
     model, tx = build(trial.model), make_optimizer(trial.learning_rate, trial.train.weight_decay)
     params = model.init(jax.random.key(INIT_SEED[trial.model.workload]))
-    state = replicate(init_state(params, tx), mesh)
+    state = place_state(init_state(params, tx), mesh)
     step, compile_s = _compile(spec, model, tx, mesh, state, batches[0])
     losses, sync = [], needs_sync_per_step(mesh)
 

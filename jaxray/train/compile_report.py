@@ -174,6 +174,7 @@ def describe(trial, devices: int) -> dict[str, Any]:
         "global_batch": batch,
         "per_device_batch": batch // devices,
         "devices": devices,
+        "fsdp": trial.parallel.fsdp,
     }
     if m.workload == "transformer":
         row.update(seq_len=trial.data.seq_len, num_layers=m.num_layers, num_heads=m.num_heads)
