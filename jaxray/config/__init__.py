@@ -204,9 +204,9 @@ class WorkersConfig(FrozenConfig):
 
 
 class ParallelConfig(FrozenConfig):
-    """How a trial's devices share the model (``jaxray.parallel.mesh``): ``fsdp`` N > 1 splits each
-    large param and its optimizer state N ways within a worker (fully sharded data parallelism);
-    batches are split over every device either way."""
+    """How a trial's devices share the model (``jaxray.parallel.mesh``): ``fsdp`` N > 1 splits every
+    param and optimizer-state array with a dimension N divides N ways within a worker (fully
+    sharded data parallelism); batches are split over every device either way."""
 
     fsdp: PosInt = 1
 

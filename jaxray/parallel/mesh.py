@@ -1,8 +1,8 @@
 """The only place that builds meshes and shardings. Batches are split on their leading dimension
 over every device. With ``fsdp`` 1 (the default) the mesh is 1-D, ``data``, and params and optimizer
-state are replicated; with ``fsdp`` N > 1 it is (``data``, ``fsdp``) and each large param and its
-optimizer state is split N ways over ``fsdp`` (fully sharded data parallelism: XLA gathers a param
-where the step uses it and reduce-scatters its gradient)."""
+state are replicated; with ``fsdp`` N > 1 it is (``data``, ``fsdp``) and each param and optimizer
+state array with a dimension N divides is split N ways over ``fsdp`` (fully sharded data
+parallelism: XLA gathers a param where the step uses it)."""
 
 from __future__ import annotations
 

@@ -204,7 +204,7 @@ def render(rep: dict[str, Any]) -> str:
 
 def abstract_batch(trial, mesh) -> dict[str, jax.ShapeDtypeStruct]:
     """The shapes of one global batch of ``trial``: ``tokens`` [B, T] int32, or ``image`` [B, 784]
-    float32 and ``label`` [B] int32, sharded on ``data`` as training shards them."""
+    float32 and ``label`` [B] int32, split over the devices as training splits them."""
     b, sharding = trial.train.global_batch, batch_sharding(mesh)
     if trial.model.workload == "transformer":
         shapes = {"tokens": ((b, trial.data.seq_len), jnp.int32)}

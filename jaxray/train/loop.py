@@ -14,7 +14,7 @@ import jax
 from jax.sharding import Mesh
 
 from jaxray.models import Model
-from jaxray.parallel.mesh import batch_sharding, replicated, state_shardings
+from jaxray.parallel.mesh import FSDP_AXIS, batch_sharding, replicated, state_shardings
 from jaxray.train.shard_map_step import shard_map_train_step
 from jaxray.train.step import LOSSES, TrainState, eval_step, train_step
 
@@ -61,7 +61,10 @@ def compile_shard_map_train_step(
     model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array]
 ):
     """AOT-compile the explicit ``shard_map`` train step (``jaxray.train.shard_map_step``) -> (compiled
-    step, compile seconds), with the same shardings and donation as ``compile_train_step``."""
+    step, compile seconds), with the same shardings and donation as ``compile_train_step``. Its
+    explicit step takes the params whole: ValueError on a mesh with an ``fsdp`` axis."""
+    if FSDP_AXIS in mesh.axis_names:
+        raise ValueError("the shard_map step keeps the params whole: it needs a mesh without fsdp")
     step = functools.partial(
         shard_map_train_step, mesh=mesh, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx
     )

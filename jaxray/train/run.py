@@ -17,11 +17,11 @@ from jaxray.config import TrialConfig
 from jaxray.data.batching import Arrays, num_rows
 from jaxray.models import Model, build, param_count
 from jaxray.parallel.checks import check_trial
-from jaxray.parallel.mesh import needs_sync_per_step, place_state, shard_batch
+from jaxray.parallel.mesh import needs_sync_per_step, shard_batch
 from jaxray.train import compile_report
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
-from jaxray.train.step import TrainState, abstract_state, init_state, optimizer_for
+from jaxray.train.step import TrainState, abstract_state, optimizer_for, placed_init_state
 
 LogFn = Callable[[dict[str, float]], None]
 # save(step, state, history so far): a full-state checkpoint at every ``train.checkpoint_every`` steps.
@@ -181,7 +181,7 @@ def _initial_state(
     ``train_state.json``): restored from ``resume``, else fresh from ``train.seed`` at step 0 (and
     an empty dict)."""
     if resume is None:
-        return place_state(init_state(model.init(jax.random.key(trial.train.seed)), tx), mesh), 0, [], {}
+        return placed_init_state(model, tx, mesh, jax.random.key(trial.train.seed)), 0, [], {}
     state, doc, history = checkpoint.restore_state(resume, abstract_state(model, tx, mesh))
     return state, doc["step"], history, doc
 

@@ -127,6 +127,15 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
 
 
+def placed_init_state(
+    model: Model, tx: optax.GradientTransformation, mesh: Mesh, key: jax.Array
+) -> TrainState:
+    """``init_state(model.init(key), tx)`` computed on ``mesh`` straight into the shardings training
+    uses (``state_shardings``): no device ever holds the whole state when ``fsdp`` splits it."""
+    shapes = jax.eval_shape(lambda k: init_state(model.init(k), tx), key)
+    return jax.jit(lambda k: init_state(model.init(k), tx), out_shardings=state_shardings(shapes, mesh))(key)
+
+
 def abstract_state(model: Model, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
     """The TrainState of ``model`` and ``tx`` as ``jax.ShapeDtypeStruct`` leaves (nothing allocated)
     carrying the shardings training uses on ``mesh`` (``jaxray.parallel.mesh.state_shardings``):
