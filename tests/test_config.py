@@ -426,8 +426,8 @@ def test_a_sweeps_fsdp_reaches_its_trials_and_must_divide_a_workers_devices(tmp_
     with pytest.raises(ConfigError) as err:
         load_experiment(write(tmp_path, config.replace("fsdp: 2", "fsdp: 3")))
     assert (
-        "sweeps.0: parallel.fsdp 3 must divide workers.devices_per_worker 4: each group of 3 devices "
-        "sharing the params lies within one worker" in str(err.value)
+        "sweeps.0: parallel.fsdp 3 must divide workers.devices_per_worker 4 (allowed: 1, 2, 4), so that "
+        "each group of devices sharing the params lies within one worker" in str(err.value)
     ), str(err.value)
     for bad, expected in (("fsdp: 0", "parallel.fsdp: Input should be greater than 0, got 0"),
                           ("model: 2", "parallel.model: unknown key; allowed: fsdp")):  # fmt: skip

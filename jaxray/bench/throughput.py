@@ -169,7 +169,8 @@ def _row(spec: Spec, model, n_params: int, seconds: float, compile_s: float, los
     per_example = mfu.flops_per_example(cfg, trial.data.seq_len)
     row = env | {
         "workload": cfg.workload, "step": spec.step, "steps_per_call": spec.steps_per_call,
-        "dtype": cfg.dtype, "global_batch": batch, "per_device_batch": batch // spec.devices,
+        "dtype": cfg.dtype, "fsdp": trial.parallel.fsdp, "global_batch": batch,
+        "per_device_batch": batch // spec.devices,
         "width": cfg.width, "params": n_params, "steps": spec.steps, "repeats": spec.repeats,
         "ms_per_step": seconds * 1e3, "examples_per_sec": rate,
         "final_loss": losses[-1], "compile_s": compile_s, "achieved_tflops": rate * per_example / 1e12,

@@ -238,9 +238,10 @@ class TrialConfig(FrozenConfig):
         check_devices(self.train.global_batch, self.workers.total_devices)
         fsdp, per_worker = self.parallel.fsdp, self.workers.devices_per_worker
         if per_worker % fsdp:
+            allowed = ", ".join(str(n) for n in range(1, per_worker + 1) if per_worker % n == 0)
             raise ValueError(
-                f"parallel.fsdp {fsdp} must divide workers.devices_per_worker {per_worker}: each group "
-                f"of {fsdp} devices sharing the params lies within one worker"
+                f"parallel.fsdp {fsdp} must divide workers.devices_per_worker {per_worker} (allowed: "
+                f"{allowed}), so that each group of devices sharing the params lies within one worker"
             )
         return self
 

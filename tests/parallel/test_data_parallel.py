@@ -83,7 +83,7 @@ def test_fsdp_matches_one_device_with_a_share_of_the_state_per_device(parity, wo
     assert r["unsplit"] == []
     assert 1 / fsdp <= r["params_share"] < 1.1 / fsdp, r["params_share"]
     assert 1 / fsdp <= r["opt_state_share"] < 1.1 / fsdp, r["opt_state_share"]
-    # XLA gathers the split params and reduce-scatters their gradients: collectives, never a scatter
+    # XLA gathers the split params (all-gathers) and reduces their gradients: never a scatter
     # (a 16-bit scatter-add is a compare-and-swap loop on NVIDIA GPUs: tests/train/test_no_scatter.py).
     assert r["ops"]["scatter"] == {} and "all-gather" in r["ops"]["collectives"], r["ops"]
 
