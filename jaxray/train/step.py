@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 
 from jaxray.checkpoint.trees import key_names
 from jaxray.models import Model
-from jaxray.parallel.mesh import state_shardings
+from jaxray.parallel.mesh import FSDP_AXIS, state_shardings
 
 Batch = dict[str, jax.Array]
 
@@ -130,10 +130,15 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
 def placed_init_state(
     model: Model, tx: optax.GradientTransformation, mesh: Mesh, key: jax.Array
 ) -> TrainState:
-    """``init_state(model.init(key), tx)`` computed on ``mesh`` straight into the shardings training
-    uses (``state_shardings``): no device ever holds the whole state when ``fsdp`` splits it."""
+    """``init_state(model.init(key), tx)`` placed on ``mesh`` as training shards it. With an ``fsdp``
+    axis it is computed by one jit straight into its shardings, so no device ever holds the whole
+    state (values can differ from the eager init's in the last bit); without one, eagerly, then
+    replicated."""
     shapes = jax.eval_shape(lambda k: init_state(model.init(k), tx), key)
-    return jax.jit(lambda k: init_state(model.init(k), tx), out_shardings=state_shardings(shapes, mesh))(key)
+    shardings = state_shardings(shapes, mesh)
+    if FSDP_AXIS not in mesh.axis_names:
+        return jax.device_put(init_state(model.init(key), tx), shardings)
+    return jax.jit(lambda k: init_state(model.init(k), tx), out_shardings=shardings)(key)
 
 
 def abstract_state(model: Model, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
