@@ -20,11 +20,11 @@ from jaxray.data.batching import Arrays, num_rows
 from jaxray.data.workloads import load_arrays
 from jaxray.models import build, param_count
 from jaxray.parallel.checks import check_attention
-from jaxray.parallel.mesh import make_mesh, needs_sync_per_step, place_state, shard_batch
+from jaxray.parallel.mesh import make_mesh, needs_sync_per_step, shard_batch
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import compile_shard_map_train_step, compile_train_step, jit_eval_step
 from jaxray.train.run import eval_batch_size, tokens_per_example
-from jaxray.train.step import LOSSES, init_state, make_optimizer, train_step
+from jaxray.train.step import LOSSES, make_optimizer, placed_init_state, train_step
 
 STEP_KINDS = ("jit", "shard_map", "eager")
 INIT_SEED = {"transformer": 1, "mlp": 3, "shared_block_mlp": 1}  # lab 7: nnx.Rngs(1); lab 4: key(3)
@@ -139,8 +139,8 @@ def measure(spec: Spec, data: tuple[Arrays, Arrays] | None = None) -> Measuremen
     train_arrays, held_out = data if data is not None else load_arrays(trial)
     batches = stage_batches(train_arrays, spec, mesh)
     model, tx = build(trial.model), make_optimizer(trial.learning_rate, trial.train.weight_decay)
-    params = model.init(jax.random.key(INIT_SEED[trial.model.workload]))
-    state = place_state(init_state(params, tx), mesh)
+    state = placed_init_state(model, tx, mesh, jax.random.key(INIT_SEED[trial.model.workload]))
+    n_params = param_count(state.params)  # before the first step donates the state
     step, compile_s = _compile(spec, model, tx, mesh, state, batches[0])
     losses, sync = [], needs_sync_per_step(mesh)
 
@@ -152,7 +152,7 @@ def measure(spec: Spec, data: tuple[Arrays, Arrays] | None = None) -> Measuremen
 
     median_s, windows = time_calls(call, spec.steps // spec.steps_per_call, spec.repeats, spec.warmup)
     flat = [float(x) for x in np.concatenate([np.ravel(v) for v in jax.device_get(losses)])]
-    row = _row(spec, model, param_count(params), median_s / spec.steps_per_call, compile_s, flat)
+    row = _row(spec, model, n_params, median_s / spec.steps_per_call, compile_s, flat)
     row |= {"sync_each_step": sync, "ms_per_step_repeats": [t / spec.steps_per_call * 1e3 for t in windows]}
     if spec.evaluate:
         size = eval_batch_size(trial, mesh.devices.size)

@@ -64,11 +64,6 @@ def state_shardings(tree: Any, mesh: Mesh) -> Any:
     return jax.tree.map(one, tree)
 
 
-def place_state(tree: Any, mesh: Mesh) -> Any:
-    """Put every leaf of ``tree`` on ``mesh`` as ``state_shardings`` says."""
-    return jax.device_put(tree, state_shardings(tree, mesh))
-
-
 def replicate(tree: Any, mesh: Mesh) -> Any:
     """Place every leaf of ``tree`` on all devices of ``mesh``."""
     return jax.device_put(tree, replicated(mesh))

@@ -134,11 +134,14 @@ def placed_init_state(
     axis it is computed by one jit straight into its shardings, so no device ever holds the whole
     state (values can differ from the eager init's in the last bit); without one, eagerly, then
     replicated."""
-    shapes = jax.eval_shape(lambda k: init_state(model.init(k), tx), key)
-    shardings = state_shardings(shapes, mesh)
+
+    def init(k: jax.Array) -> TrainState:
+        return init_state(model.init(k), tx)
+
     if FSDP_AXIS not in mesh.axis_names:
-        return jax.device_put(init_state(model.init(key), tx), shardings)
-    return jax.jit(lambda k: init_state(model.init(k), tx), out_shardings=shardings)(key)
+        state = init(key)
+        return jax.device_put(state, state_shardings(state, mesh))
+    return jax.jit(init, out_shardings=state_shardings(jax.eval_shape(init, key), mesh))(key)
 
 
 def abstract_state(model: Model, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
