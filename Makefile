@@ -32,14 +32,14 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# make test: everything but the slowest integration tests (marked slow), two pytest workers
-# (pytest-xdist), about 5 minutes on 2 cores; make test-all (CI): then the slow ones, one at a time
-# (each starts its own Ray), each part printing its 25 slowest tests.
+# make test: everything but the slowest tests (marked slow), two pytest workers (pytest-xdist; one
+# that runs out of tests steals from the other), about 4 minutes on 2 cores; make test-all (CI):
+# then the slow ones, one at a time (each starts its own Ray), each part printing its 25 slowest.
 test: install lint
-	$(PY) -m pytest -q -n 2 -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
 
 test-all: install lint
-	$(PY) -m pytest -q -n 2 -m "not slow" --durations=25
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" --durations=25
 	$(PY) -m pytest -q -m slow --durations=25
 
 clean:

@@ -267,10 +267,9 @@ def record_path(run_dir: str | Path, path: str | Path) -> str:
 def best_row(run_dir: str | Path, workload: str | None = None) -> dict[str, Any]:
     """The summary row of the best trial of ``workload`` in the run folder ``run_dir``: the trial
     ``summary.md`` names (``best_trial`` by the sweep's saved ranking), among those with a
-    checkpoint; the first of them when none has a finite value. Default workload: the transformer
-    if the sweep has one, else the first by name. Raises RunFolderError naming the file when
-    ``summary.json`` or ``experiment.yaml`` cannot be read or no trial of ``workload`` has a
-    checkpoint."""
+    checkpoint. Default workload: the transformer if the sweep has one, else the first by name.
+    Raises RunFolderError naming the file when ``summary.json`` or ``experiment.yaml`` cannot be
+    read, or no trial of ``workload`` has a checkpoint and a finite ranking metric."""
     rows = [r for r in read_summary(run_dir) if r.get("checkpoint") and r.get("workload")]
     workloads = sorted({r["workload"] for r in rows})
     workload = workload or ("transformer" if "transformer" in workloads else next(iter(workloads), None))
@@ -281,7 +280,14 @@ def best_row(run_dir: str | Path, workload: str | None = None) -> dict[str, Any]
             f"{Path(run_dir) / SUMMARY_JSON} has no finished trial with a checkpoint{which}; a failed "
             f"trial's own checkpoints are under {Path(run_dir) / TRAIN_DIR}/<trial>: pass that folder"
         )
-    return best_trial(rows, workload, saved_ranking(run_dir)) or rows[0]
+    best = best_trial(rows, workload, saved_ranking(run_dir))
+    if best is None:
+        metric = ranking_metric(workload, saved_ranking(run_dir))[0]
+        raise RunFolderError(
+            f"{Path(run_dir) / SUMMARY_JSON}: no trial of workload {workload!r} finished with a finite "
+            f"{metric} (every one failed or diverged), so none is the best"
+        )
+    return best
 
 
 def new_run(experiment_dir: str | Path) -> Path:
@@ -326,15 +332,18 @@ def run_folders(experiment_dir: str | Path) -> list[Path]:
 
 
 def complete(run_dir: Path) -> bool:
-    """True when the run wrote its summary and none of its trials failed."""
+    """True when the run wrote its summary, none of its trials failed and each workload has a best
+    trial (a finite ranking metric)."""
     try:
-        return all(not row.get("error") for row in read_summary(run_dir))
+        rows, ranking = read_summary(run_dir), saved_ranking(run_dir)
     except (OSError, RunFolderError):
         return False
+    found = {r.get("workload", "?") for r in rows}
+    return all(not r.get("error") for r in rows) and all(best_trial(rows, w, ranking) for w in found)
 
 
 def latest_run(path: str | Path) -> Path:
-    """The run folder ``path`` means: the newest complete run of the experiment folder ``path``, or
+    """The run folder ``path`` means: the newest ``complete`` run of the experiment folder ``path``, or
     ``path`` itself when it holds no runs but a ``summary.json``. Raises RunFolderError naming the folder and
     what it holds when there is none."""
     path, runs = Path(path), run_folders(path)
@@ -345,8 +354,8 @@ def latest_run(path: str | Path) -> Path:
         return done
     if runs:
         raise RunFolderError(
-            f"{path} has no complete run: its {len(runs)} run(s), newest {runs[0].name}, failed or were "
-            f"interrupted; finish one with python -m jaxray.tune --resume {runs[0]}, or pass one of "
+            f"{path} has no complete run: its {len(runs)} run(s), newest {runs[0].name}, failed, diverged "
+            f"or were interrupted; finish one with python -m jaxray.tune --resume {runs[0]}, or pass one of "
             f"its trials (a folder under {runs[0] / 'train'})"
         )
     if (path / EXPERIMENT_FILE).is_file():

@@ -1,10 +1,11 @@
 """python -m jaxray.tune --config tune_configs/NAME.yaml: the main job.
-python -m jaxray.tune --resume runs/<experiment>: finish its newest run after an interruption.
+python -m jaxray.tune --resume runs/<experiment>: finish its newest unfinished run.
 
-Each sweep of the experiment YAML becomes one Ray Tune grid over global batch, compute dtype and
-model width; each trial is one Ray Train run (``jaxray.raytrain.trainer``). Every run writes a new
-folder ``runs/<experiment>/<YYYYmmdd-HHMMSS>/`` (``--out`` names the experiment folder): the resolved
-config, summary.json / summary.md, plots, TensorBoard event files and the trials' Orbax checkpoints.
+Each sweep of the experiment YAML becomes one Ray Tune grid over global batch, compute dtype, model
+width and peak learning rate; each trial is one Ray Train run (``jaxray.raytrain.trainer``). Every
+run writes a new folder ``runs/<experiment>/<YYYYmmdd-HHMMSS>/`` (UTC; ``--out`` names the
+experiment folder): the resolved config, summary.json / summary.md, plots, TensorBoard event files
+and the trials' Orbax checkpoints.
 ``--resume`` restores each sweep's Tune experiment: finished trials keep their results, unfinished
 ones continue from their newest checkpoint. Joins a running cluster (``RAY_ADDRESS`` or a local
 ``ray start``), otherwise starts a local Ray in-process.
@@ -47,6 +48,7 @@ from jaxray.runs import (
     exclusive,
     latest_run,
     new_run,
+    read_summary,
     run_folders,
     signed,
     sweep_ranking,
@@ -69,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--resume",
         metavar="DIR",
         help=f"finish the interrupted run in DIR (a run folder, or an experiment folder such as runs/demo: "
-        f"its newest run), with the config saved there ({EXPERIMENT_FILE}); finished trials are kept",
+        f"its newest unfinished run), with the config saved there ({EXPERIMENT_FILE}); finished trials "
+        f"are kept",
     )
     p.add_argument(
         "--out",
@@ -110,15 +113,59 @@ def save_experiment(out: Path, exp: ExperimentConfig) -> Path:
     return path
 
 
-def load_resume(path: Path, overrides: dict[str, Any] | None = None) -> tuple[ExperimentConfig, Path]:
-    """(the experiment config saved in the run, its run folder) for ``--resume path``: ``path`` a run
-    folder, or an experiment folder whose newest run is meant. Raises ConfigError naming the path
-    when it holds no run, or the saved config was edited or no longer validates."""
-    run = path if (path / EXPERIMENT_FILE).is_file() else next(iter(run_folders(path)), None)
-    if run is None:
+class NothingToResume(Exception):
+    """``--resume`` found no unfinished run: the message says which runs finished (exit 0, no Ray)."""
+
+
+def unfinished(run: Path) -> bool:
+    """Whether ``--resume`` has work in the run folder ``run``: it wrote no summary (interrupted, or
+    stopped by a full disk), a damaged one, or a trial of it failed other than by diverging (Tune
+    trains those again; a diverged trial would diverge again, so it counts as finished)."""
+    try:
+        rows = read_summary(run)
+    except (OSError, RunFolderError):
+        return True
+    return any(r.get("error") and r.get("diverged_step") is None for r in rows)
+
+
+def resume_target(path: Path) -> Path:
+    """The run folder ``--resume path`` finishes: ``path`` itself when it is a run, else the newest
+    unfinished run of the experiment folder ``path``, naming on stderr every unfinished run found
+    and the one taken. Raises ConfigError when ``path`` holds no run, NothingToResume when the run
+    (or every run) finished."""
+    if (path / EXPERIMENT_FILE).is_file():
+        if not unfinished(path):
+            raise NothingToResume(
+                f"--resume {path}: the run finished ({path / SUMMARY_MD}), nothing to resume; a new "
+                f"run starts with --config"
+            )
+        return path
+    found = run_folders(path)
+    if not found:
         raise ConfigError(
             f"--resume {path}: no run of python -m jaxray.tune there (a run folder holds {EXPERIMENT_FILE})"
         )
+    todo = [run for run in found if unfinished(run)]
+    if not todo:
+        raise NothingToResume(
+            f"--resume {path}: its {len(found)} run(s) all finished (newest {found[0].name}), nothing "
+            f"to resume; a new run starts with --config"
+        )
+    others = (
+        f"; {len(todo) - 1} older unfinished run(s) stay as they are: "
+        f"{', '.join(r.name for r in todo[1:])} (finish one with --resume {path}/<run>)"
+        if len(todo) > 1
+        else ""
+    )
+    print(f"--resume {path}: resuming the unfinished run {todo[0].name}{others}", file=sys.stderr)
+    return todo[0]
+
+
+def load_resume(path: Path, overrides: dict[str, Any] | None = None) -> tuple[ExperimentConfig, Path]:
+    """(the experiment config saved in the run, its run folder) for ``--resume path``
+    (``resume_target``). Raises as ``resume_target``, or ConfigError when the saved config was
+    edited or no longer validates."""
+    run = resume_target(path)
     check_unedited(run / EXPERIMENT_FILE)
     return load_experiment(run / EXPERIMENT_FILE, overrides), run
 
@@ -194,7 +241,7 @@ def quiet_terminal(out: Path, stack: contextlib.ExitStack) -> None:
     """From here until ``stack`` closes, everything but jaxray's own lines goes to the run's log,
     ``out/logs/tune-<time>.log``; a log that cannot be created (a full disk) leaves the terminal as
     it is, with a warning."""
-    log = out / LOGS_DIR / f"tune-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log = out / LOGS_DIR / f"tune-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.log"  # UTC, as run folders
     try:
         stack.enter_context(terminal.quiet(log))
     except OSError as err:
@@ -228,7 +275,9 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     print(markdown_summary(rows, ranking), file=terminal.out())
     print(f"results in {out}", file=terminal.out())
     failed = [r["trial"] for r in rows if r.get("error")]
-    print(next_steps(out if failed or latest(out.parent) != out else out.parent, rows), file=terminal.out())
+    hints = next_steps(out if failed or latest(out.parent) != out else out.parent, rows)
+    if hints:
+        print(hints, file=terminal.out())
     if failed:
         print(
             f"error: {len(failed)} trial(s) failed: {', '.join(failed)} (their errors are in "
@@ -250,10 +299,13 @@ def latest(experiment_dir: Path) -> Path | None:
 
 def next_steps(out: Path, rows: list[dict]) -> str:
     """The commands that use the run's results (``out``: its folder, or the experiment folder that
-    resolves to it): each best trial's (the transformer's: generate and serve), and TensorBoard."""
+    resolves to it): each workload's best trial's (the transformer's: generate and serve too);
+    empty when no trial finished."""
     here = Path.cwd()
     folder = shlex.quote(str(out.relative_to(here) if out.is_relative_to(here) else out))
     done = {r["workload"] for r in rows if not r.get("error")}
+    if not done:
+        return ""
     lines = ["next:"]
     if "transformer" in done:
         lines += [
@@ -261,7 +313,6 @@ def next_steps(out: Path, rows: list[dict]) -> str:
             f"  python -m jaxray.serve --checkpoint {folder}",
         ]
     lines += [f"  python -m jaxray.evaluate --checkpoint {folder} --workload {w}" for w in sorted(done)]
-    lines.append(f"  tensorboard --logdir {folder}")
     return "\n".join(lines)
 
 
@@ -308,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         try:
             exp, out, arrays = prepare(args, stack)
+        except NothingToResume as err:
+            print(err, file=terminal.err())
+            return 0
         except (ConfigError, DataFileError, RunFolderError) as err:
             print(f"error: {err}", file=terminal.err())
             ray.shutdown()

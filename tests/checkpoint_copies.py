@@ -31,7 +31,7 @@ def damaged_copy(checkpoint: Path, into: Path) -> tuple[Path, str]:
     return copy, str(victim.relative_to(copy))
 
 
-COPIED_TRIAL = "transformer_b16_float32_w64"
+COPIED_TRIAL = "transformer_b16_float32_w64_lr0.003"
 
 
 def copied_run_folder(checkpoint: Path, cluster: Path, laptop: Path) -> Path:

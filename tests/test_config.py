@@ -9,7 +9,7 @@ import pytest
 from tune_cli import tune_main as run_cli
 
 from jaxray.config import ConfigError, parse_trial
-from jaxray.config.experiment import MODEL_PRESETS, load_experiment
+from jaxray.config.experiment import MODEL_PRESETS, SweepConfig, load_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = """
@@ -105,14 +105,23 @@ def test_a_preset_applies_to_the_transformer_only(tmp_path):
         load_experiment(write(tmp_path, mlp_with_preset))
 
 
-def test_demo_grid_has_six_trials_and_sweeps_the_transformers_learning_rate():
+def test_demo_grid_has_ten_trials_and_sweeps_the_transformers_learning_rate():
     exp = load_experiment(ROOT / "tune_configs" / "demo.yaml")
     trials = [t for s in exp.sweeps for t in s.trial_dicts(exp.base())]
-    assert sorted(t["model"]["workload"] for t in trials) == ["mlp"] * 4 + ["transformer"] * 2
+    assert sorted(t["model"]["workload"] for t in trials) == ["mlp"] * 8 + ["transformer"] * 2
     assert [t["train"]["learning_rate"] for t in trials if t["model"]["workload"] == "transformer"] == [
-        2e-3,
         3e-3,
+        2e-3,
     ]
+
+
+def test_an_unsearched_learning_rate_is_the_grids_one_value_and_in_every_trials_name():
+    """The learning rate is always an axis of the grid: train's, else the workload's default."""
+    fixed = SweepConfig.model_validate({"workload": "mlp", "train": {"learning_rate": 0.01}})
+    default = SweepConfig.model_validate({"workload": "transformer"})
+    assert fixed.axes()["learning_rate"] == [0.01] and default.axes()["learning_rate"] == [3e-4]
+    trial = parse_trial(default.trial_dicts({})[0])
+    assert trial.name() == "transformer_b256_float32_w256_lr0.0003" and fixed.grid_size() == 1
 
 
 def test_good_config_expands_grid(tmp_path):

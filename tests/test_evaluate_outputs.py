@@ -68,6 +68,7 @@ def test_the_default_folder_is_one_per_checkpoint(trial_checkpoints, tmp_path, m
         assert saved["checkpoint"] == str(ck) and sorted(contents(tmp_path / default_out(ck))) == RESULTS
 
 
+@pytest.mark.slow  # two evaluations (11 s); CI runs it
 def test_another_checkpoints_evaluation_is_replaced_only_with_overwrite(trial_checkpoints, tmp_path, capsys):
     first, second = trial_checkpoints
     out = tmp_path / "eval"
@@ -118,6 +119,7 @@ def test_an_out_that_cannot_be_created_is_refused_before_the_work(trial_checkpoi
     assert (tmp_path / "a_file").read_text() == "x"
 
 
+@pytest.mark.slow  # an evaluation onto a full tmpfs (8 s); CI runs it
 def test_a_full_disk_leaves_the_earlier_evaluation_as_it_was(trial_checkpoints, tmp_path, capsys):
     first, second = trial_checkpoints
     with small_tmpfs(tmp_path / "disk", 4) as disk:

@@ -21,7 +21,11 @@ def digests(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
-@pytest.mark.parametrize("leave", [0, 64 << 10], ids=["full", "cut-off-mid-file"])
+@pytest.mark.parametrize(
+    "leave",
+    [0, pytest.param(64 << 10, marks=pytest.mark.slow)],
+    ids=["full", "cut-off-mid-file"],  # slow: CI
+)
 def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(
     trained_transformer, tmp_path, capsys, leave
 ):

@@ -41,6 +41,7 @@ def commands(folder: Path, out: Path) -> dict:
     }
 
 
+@pytest.mark.slow  # every command once, on a copied folder (13 s); CI runs it
 def test_every_reading_command_works_on_a_copied_run_folder(copied, tmp_path, capsys):
     for name, run in commands(copied, tmp_path).items():
         assert run() == 0, (name, capsys.readouterr().err)

@@ -118,11 +118,20 @@ def test_missing_and_non_finite_values_rank_last_and_ties_go_to_the_first():
     assert runs.metric_value({"m": math.inf}, "m") is None and runs.metric_value({"m": True}, "m") is None
 
 
-def test_a_sweep_whose_trials_all_diverged_still_resolves_to_its_first_checkpoint(tmp_path, stored):
+def test_a_run_whose_trials_all_diverged_is_never_resolved_and_hides_no_earlier_run(tmp_path, stored):
+    """Rows without a finite ranking metric (diverged, NaN recorded as null): no best trial, so the
+    run folder itself is refused naming the metric, and its experiment resolves to the earlier run."""
+    experiment = tmp_path / "demo"
+    good = populate(sweep_folder(experiment / "20261201-100000", ROWS), ROWS, stored)
     rows = [mlp("a", float("nan"), float("nan")), mlp("b", None, None)]
-    folder = populate(sweep_folder(tmp_path, rows), rows, stored)
-    assert runs.resolve(folder).parent.name == "a"
-    assert "no trial finished with a finite test loss" in markdown_summary(rows, runs.saved_ranking(folder))
+    diverged = populate(sweep_folder(experiment / "20261202-100000", rows), rows, stored)
+    with pytest.raises(
+        checkpoint.CheckpointError, match="no trial of workload 'mlp' finished with a finite test_loss"
+    ):
+        runs.resolve(diverged)
+    assert "no trial finished with a finite test loss" in markdown_summary(rows, runs.saved_ranking(diverged))
+    assert not runs.complete(diverged) and runs.latest_run(experiment) == good
+    assert runs.resolve(experiment).is_relative_to(good)
 
 
 def test_other_workloads_keep_their_own_ranking():

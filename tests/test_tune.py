@@ -4,16 +4,27 @@ round-trips. (The sweeps themselves: tests/integration/.)"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import ray
 from full_disk import fill, small_tmpfs
 from tune_cli import tune_cli as tune
 
 from jaxray.config import ConfigError
 from jaxray.config.experiment import load_experiment
 from jaxray.runs import EXPERIMENT_FILE, TRAIN_DIR, RunFolderError, new_run
-from jaxray.tune import full_disk, load_resume, main, parse_args, save_experiment
+from jaxray.tune import (
+    full_disk,
+    load_resume,
+    main,
+    next_steps,
+    parse_args,
+    report,
+    save_experiment,
+    unfinished,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,3 +132,53 @@ def test_resume_refuses_an_experiment_yaml_edited_after_the_run_started(tmp_path
     with pytest.raises(ConfigError, match="was edited after the run started") as err:
         load_resume(tmp_path)
     assert str(saved) in str(err.value) and "undo the edit, or start a new run" in str(err.value)
+
+
+def test_resume_names_every_unfinished_run_and_finishes_the_newest(tmp_path, capsys):
+    exp = load_experiment(ROOT / "tune_configs/smoke.yaml")
+    older, newer, finished = (tmp_path / n for n in ("20261201-120000", "20261202-120000", "20261203-120000"))
+    for run in (older, newer, finished):
+        save_experiment(run, exp)
+    (finished / "summary.json").write_text(
+        json.dumps([{"trial": "t", "workload": "mlp", "test_accuracy": 0.9}])
+    )
+    assert load_resume(tmp_path)[1] == newer
+    assert (
+        f"--resume {tmp_path}: resuming the unfinished run {newer.name}; 1 older unfinished run(s) stay "
+        f"as they are: {older.name} (finish one with --resume {tmp_path}/<run>)"
+    ) in capsys.readouterr().err
+
+
+def test_resume_of_a_finished_run_says_there_is_nothing_to_do_before_ray_starts(tmp_path, capsys):
+    """A run that wrote its summary is finished, a diverged trial included (it would diverge again);
+    a trial that failed otherwise (a crash) is work for --resume."""
+    run = tmp_path / "20261201-120000"
+    save_experiment(run, load_experiment(ROOT / "tune_configs/smoke.yaml"))
+    done = {"trial": "a", "workload": "mlp", "test_accuracy": 0.9}
+    diverged = {"trial": "b", "workload": "mlp", "error": "diverged at step 2: loss nan", "diverged_step": 2}
+    (run / "summary.json").write_text(json.dumps([done, diverged]))
+    assert not unfinished(run)
+    assert main(["--resume", str(run)]) == 0
+    assert (
+        f"--resume {run}: the run finished ({run / 'summary.md'}), nothing to resume"
+        in capsys.readouterr().err
+    )
+    assert main(["--resume", str(tmp_path)]) == 0
+    assert "its 1 run(s) all finished (newest 20261201-120000), nothing to resume" in capsys.readouterr().err
+    assert not ray.is_initialized()
+    (run / "summary.json").write_text(
+        json.dumps([done, {"trial": "c", "workload": "mlp", "error": "killed"}])
+    )
+    assert unfinished(run)
+
+
+def test_the_next_commands_are_the_installs_and_none_when_every_trial_failed(tmp_path, capsys):
+    rows = [{"trial": "t", "workload": "transformer", "val_loss": 1.6}, {"trial": "m", "workload": "mlp"}]
+    hints = next_steps(tmp_path, rows)
+    assert "python -m jaxray.generate" in hints and "python -m jaxray.serve" in hints
+    assert all(line.split()[0] in ("next:", "python") for line in hints.splitlines())  # no tensorboard
+    failed = [{**r, "error": "diverged at step 2: loss nan (not finite)"} for r in rows]
+    assert next_steps(tmp_path, failed) == ""
+    assert report(tmp_path, load_experiment(ROOT / "tune_configs/smoke.yaml"), [(r, []) for r in failed]) == 1
+    captured = capsys.readouterr()
+    assert "next:" not in captured.out and "2 trial(s) failed" in captured.err

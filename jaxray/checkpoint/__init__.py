@@ -39,7 +39,12 @@ __all__ = ["CheckpointError", "CheckpointSaveError"]
 PARAMS_DIR, OPT_STATE_DIR = "params", "opt_state"
 MODEL_CONFIG, TRIAL_CONFIG = "model_config.json", "trial_config.json"
 HISTORY_FILE, TRAIN_STATE = "history.json", "train_state.json"
-CHECKPOINT_PREFIX = "checkpoint_"  # Ray Train's checkpoint folders: train/<trial>/checkpoint_*
+CHECKPOINT_PREFIX = "checkpoint_"
+# The metrics a checkpoint records (history rows, final summary) that must be finite (``verify``).
+RECORDED_METRICS = (
+    *("loss", "grad_norm", "accuracy", "perplexity", "final_train_loss"),
+    *("val_loss", "val_accuracy", "val_perplexity", "test_loss", "test_accuracy"),
+)  # Ray Train's checkpoint folders: train/<trial>/checkpoint_*
 log = logging.getLogger(__name__)
 
 
@@ -125,7 +130,7 @@ def verify(directory: str | Path, full_state: bool = False) -> dict[str, Any]:
     ``full_state`` it must be a full train state (with a step). Raises CheckpointError naming the
     folder: not a folder, incomplete (no ``train_state.json``: the save never finished), params
     only where a full state is needed, a listed file missing or unreadable, or a file's SHA-256
-    differs (naming the file and both digests)."""
+    differs (naming the file and both digests), or a recorded metric is NaN or inf (naming it)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory} is not a checkpoint: no such folder")
@@ -150,7 +155,28 @@ def verify(directory: str | Path, full_state: bool = False) -> dict[str, Any]:
                 f"{directory} is damaged: {rel} does not match its checksum (truncated or "
                 f"overwritten): {TRAIN_STATE} records SHA-256 {expected}, the file has {found}"
             )
+    _check_finite(directory, doc, HISTORY_FILE in files)
     return doc
+
+
+def _check_finite(directory: Path, doc: dict[str, Any], has_history: bool) -> None:
+    """Raise CheckpointError naming ``directory``, the metric, its value and step when a metric it
+    records (the final summary row, the logged rows of ``history.json``) is NaN or inf: the model
+    diverged, and its params are no model to sample, evaluate, export, serve or resume."""
+    rows = [(doc.get("step"), doc["summary"])] if isinstance(doc.get("summary"), dict) else []
+    if has_history:
+        try:
+            history = json.loads((directory / HISTORY_FILE).read_text())
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{directory / HISTORY_FILE} is damaged: {err}") from err
+        rows += [(r.get("step"), r) for r in history if isinstance(r, dict)]
+    for step, row in rows:
+        bad = next((k for k in RECORDED_METRICS if _number(row.get(k)) and not np.isfinite(row[k])), None)
+        if bad is not None:
+            raise CheckpointError(
+                f"{directory} records {bad} {row[bad]} at step {step}: its training diverged, so its "
+                f"params are not a usable model; use an earlier checkpoint of the trial or another trial"
+            )
 
 
 def _load_config(directory: str | Path, name: str, cls):

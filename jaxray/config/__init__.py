@@ -211,9 +211,10 @@ class ParallelConfig(FrozenConfig):
     fsdp: PosInt = 1
 
 
-def grid_point_name(workload: str, global_batch: int, dtype: str, width: int) -> str:
-    """A trial's name, ``<workload>_b<global_batch>_<dtype>_w<width>``: its Ray Train run folder's."""
-    return f"{workload}_b{global_batch}_{dtype}_w{width}"
+def trial_name(workload: str, global_batch: int, dtype: str, width: int, learning_rate: float) -> str:
+    """A trial's name, ``<workload>_b<global_batch>_<dtype>_w<width>_lr<peak learning rate>``: the one
+    name of its Tune and Ray Train folders, TensorBoard run, progress row, summary row and checkpoint."""
+    return f"{workload}_b{global_batch}_{dtype}_w{width}_lr{learning_rate:g}"
 
 
 class TrialConfig(FrozenConfig):
@@ -226,9 +227,9 @@ class TrialConfig(FrozenConfig):
     parallel: ParallelConfig = ParallelConfig()
 
     def name(self) -> str:
-        """The trial's name (``grid_point_name``), as python -m jaxray.tune names its folders."""
+        """The trial's name (``trial_name``), as python -m jaxray.tune names its folders."""
         m = self.model
-        return grid_point_name(m.workload, self.train.global_batch, m.dtype, m.width)
+        return trial_name(m.workload, self.train.global_batch, m.dtype, m.width, self.learning_rate)
 
     @model_validator(mode="after")
     def _check(self) -> TrialConfig:

@@ -1,6 +1,6 @@
-"""The experiment YAML: one sweep (a grid over global batch, dtype and width) per workload plus
-shared data and worker settings; ``load_experiment`` reads and validates it, every grid point
-included. Sweeps rank trials by ``metric`` (default ``DEFAULT_METRIC``)."""
+"""The experiment YAML: one sweep per workload, a grid over global batch, dtype, width and peak
+learning rate, plus shared data and worker settings; ``load_experiment`` reads and validates it,
+every grid point included. Sweeps rank trials by ``metric`` (default ``DEFAULT_METRIC``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field, Strict, field_validator, model_validator
 
 from jaxray.config import (
+    DEFAULT_LEARNING_RATE,
     DEFAULT_WIDTH,
     ConfigError,
     DataConfig,
@@ -152,15 +153,16 @@ class SweepConfig(FrozenConfig):
         return {**preset, **{k: v for k, v in self.model.items() if k != "preset"}}
 
     def axes(self) -> dict[str, list]:
-        """Grid values per searchable axis, in SEARCHABLE order; unsearched axes hold the default
-        (the learning rate is an axis only when searched: else ``train``'s or the workload's)."""
+        """Grid values per searchable axis, in SEARCHABLE order; an unsearched axis holds its one
+        value (the learning rate: ``train``'s, else the workload's default peak rate)."""
         s = self.search_space
-        axes = {
+        return {
             "global_batch": s.global_batch or [TrainConfig().global_batch],
             "dtype": s.dtype or [ModelConfig.model_fields["dtype"].default],
             "width": s.width or [self._preset().get("width", DEFAULT_WIDTH[self.workload])],
+            "learning_rate": s.learning_rate
+            or [self.train.get("learning_rate") or DEFAULT_LEARNING_RATE[self.workload]],
         }
-        return {**axes, "learning_rate": s.learning_rate} if s.learning_rate else axes
 
     def grid_size(self) -> int:
         """How many trials the grid holds."""
@@ -179,13 +181,11 @@ class SweepConfig(FrozenConfig):
         global_batch: int,
         dtype: str,
         width: int,
-        learning_rate: float | None = None,
+        learning_rate: float,
     ) -> dict[str, Any]:
         """One grid point as a TrialConfig dict: ``base`` (data, workers) plus this sweep's settings."""
         model = {**self.model_settings(), "workload": self.workload, "dtype": dtype, "width": width}
-        train = {**self.train, "global_batch": global_batch}
-        if learning_rate is not None:
-            train["learning_rate"] = learning_rate
+        train = {**self.train, "global_batch": global_batch, "learning_rate": learning_rate}
         return {**base, "model": model, "train": train, "parallel": self.parallel.model_dump()}
 
 

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from jaxray.reporting import terminal
+from jaxray.reporting.format import diverged_error
 
 # Throughput from a log row's counters (tokens or examples); the final report's own figure replaces it.
 COUNTERS = (("tokens", "tok/s", "tokens_per_sec"), ("examples", "ex/s", "examples_per_sec"))
@@ -75,7 +76,7 @@ class SweepDisplay:
         self.progress.update(task, completed=result.get("step", 0), **fields)
 
     def end(self, name: str, status: str) -> None:
-        """Trial ``name`` ended: ``done`` (its bar full) or ``failed``."""
+        """Trial ``name`` ended: ``done`` (its bar full), ``failed`` or stopped early (``status``)."""
         task = self.row(name)
         self.progress.update(task, status=status, **({"completed": self.steps} if status == "done" else {}))
 
@@ -133,8 +134,16 @@ class TrialProgress(tune.Callback):
             _showing.result(self.name(trial.config), result)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        last = trial.last_result or {}
+        diverged = diverged_error(last)
         if _showing:
-            _showing.end(self.name(trial.config), "done")
+            name = self.name(trial.config)
+            early = f"stopped early at step {last.get('step')}"  # by the scheduler: no final report
+            _showing.end(name, "failed" if diverged else "done" if last.get("final") else early)
+            if diverged:
+                line = f"error: trial {name} failed: {diverged}"
+                print(line, file=sys.stderr, flush=True)  # the log, while the terminal is quiet
+                _showing.say(line)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if _showing:

@@ -1,6 +1,7 @@
-"""The Tune driver: each sweep is one Ray Tune grid (global batch, dtype, width), each trial one Ray
-Train run (``make_trainer``) reporting through ``TuneReportCallback``. Names derive from the grid
-point only (``trial_name``), so ``Tuner.restore`` finds an interrupted sweep's folders again."""
+"""The Tune driver: each sweep is one Ray Tune grid (global batch, dtype, width, peak learning rate),
+each trial one Ray Train run (``make_trainer``) reporting through ``TuneReportCallback``. Names
+derive from the grid point only (``trial_name``), so ``Tuner.restore`` finds an interrupted sweep's
+folders again."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallba
 from ray.tune.schedulers import ASHAScheduler
 
 from jaxray.checkpoint import HISTORY_FILE
-from jaxray.config import ConfigError, TrainConfig, grid_point_name, parse_trial
-from jaxray.config.experiment import ExperimentConfig, SweepConfig
+from jaxray.config import ConfigError, TrainConfig, parse_trial
+from jaxray.config import trial_name as name_of
+from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
 from jaxray.raytrain import progress
 from jaxray.raytrain.progress import TrialProgress
 from jaxray.raytrain.trainer import make_trainer
 from jaxray.reporting import terminal
+from jaxray.reporting.format import DIVERGED_KEYS, diverged_error
 from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -55,9 +58,8 @@ def grid(sweep: SweepConfig) -> dict[str, Any]:
 
 
 def trial_name(workload: str, config: dict[str, Any]) -> str:
-    """``<workload>_b<global_batch>_<dtype>_w<width>`` of a grid point, plus ``_lr<rate>`` if searched."""
-    name = grid_point_name(workload, config["global_batch"], config["dtype"], config["width"])
-    return f"{name}_lr{config['learning_rate']:g}" if config.get("learning_rate") is not None else name
+    """The name (``jaxray.config.trial_name``) of the grid point ``config`` (every axis of ``grid``)."""
+    return name_of(workload, **{axis: config[axis] for axis in SEARCHABLE})
 
 
 def run_trial(
@@ -196,7 +198,8 @@ def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRo
         )
         saved = []
     unfinished = sum(t.status not in (Trial.TERMINATED, Trial.ERROR) for t in saved)
-    return [trial_rows(sweep.workload, r, out) for r in results], unfinished
+    rule = sweep.early_stopping
+    return [trial_rows(sweep.workload, r, out, rule.metric if rule else None) for r in results], unfinished
 
 
 def reported(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -216,9 +219,11 @@ def error_text(error: BaseException) -> str:
     return f"{first}\n...\n{text[len(first) + 5 - MAX_ERROR_CHARS :]}"
 
 
-def trial_rows(workload: str, result: tune.Result, out: Path) -> TrialRows:
+def trial_rows(workload: str, result: tune.Result, out: Path, early_stopping: str | None = None) -> TrialRows:
     """(summary row, history rows) of one trial from its Tune ``result``; a failed trial's row
-    carries ``error`` and no history."""
+    carries ``error`` and no history. ``early_stopping``: the metric the sweep's ASHA reads; a trial
+    it stopped (no final report, no error) has ``stopped_at_step`` and that metric's last value
+    (``stopped_metric``, ``stopped_value``), no error and no ranking metric."""
     # A trial that errored can come back without its config; its folder still carries its name.
     config = result.config or {}
     name = trial_name(workload, config) if config else Path(result.path or "unknown-trial").name
@@ -227,8 +232,16 @@ def trial_rows(workload: str, result: tune.Result, out: Path) -> TrialRows:
         row["error"] = error_text(result.error)
         return row, []
     metrics = result.metrics or {}
+    if not metrics.get("final") and early_stopping and metrics.get("step") is not None:
+        value = metrics.get(early_stopping)
+        row.update(stopped_at_step=metrics["step"], stopped_metric=early_stopping, stopped_value=value)
+        return row, []
     if not metrics.get("final"):
         row["error"] = "trial ended without its final report"
+        return row, []
+    if metrics.get("diverged_step") is not None:  # stopped by the worker (jaxray.train.run.Diverged)
+        found = {k: metrics.get(k) for k in DIVERGED_KEYS}
+        row.update(found, error=diverged_error(found))
         return row, []
     checkpoint = metrics.get(CHECKPOINT_PATH_KEY)
     if checkpoint:  # train/<trial>/<checkpoint> of this folder, also where Tune recorded another (moved)

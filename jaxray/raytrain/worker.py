@@ -17,7 +17,10 @@ from jaxray.raytrain.reports import checkpoint_saver, compile_writer, log_report
 from jaxray.raytrain.resume import count_attempt, resume_point
 from jaxray.raytrain.shards import worker_data
 from jaxray.reporting.tensorboard import TensorBoardLogger
-from jaxray.train.run import train
+from jaxray.train.run import Diverged, train
+
+# Every metric a sweep's ASHA may read (Tune checks each report has it), NaN in a diverged trial's.
+DIVERGED_METRICS = dict.fromkeys(("loss", "accuracy", "val_loss", "val_accuracy"), float("nan"))
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -46,17 +49,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         )
         tb_dir = config.get("tensorboard_dir") if rank == 0 else None
         with TensorBoardLogger(tb_dir) if tb_dir else contextlib.nullcontext() as tb:
-            result = train(
-                trial,
-                batches,
-                held_out,
-                mesh,
-                on_log=[log_reporter(trial.train)] + ([tb] if tb else []),
-                resume=start.checkpoint,
-                save=save,
-                hooks=fault_hooks(trial, rank, start.attempt),
-                on_compile=compile_writer(config.get("compile_file") if rank == 0 else None),
-            )
+            try:
+                result = train(
+                    trial,
+                    batches,
+                    held_out,
+                    mesh,
+                    on_log=[log_reporter(trial.train)] + ([tb] if tb else []),
+                    resume=start.checkpoint,
+                    save=save,
+                    hooks=fault_hooks(trial, rank, start.attempt),
+                    on_compile=compile_writer(config.get("compile_file") if rank == 0 else None),
+                )
+            except Diverged as err:  # a failed trial, not a crash: no restart, nothing of it saved
+                print(f"jaxray: {err}; the trial stops", flush=True)
+                ray.train.report({**DIVERGED_METRICS, "step": err.step, "final": True, **err.row()})
+                return
             # A count: Tune's TensorBoard logger takes numbers only.
             result.summary.update(restarts=start.attempt - 1, skipped_checkpoints=len(start.skipped))
             if tb:

@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # reports are written from headless Ray drivers: never op
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullLocator  # noqa: E402
 
-from jaxray.reporting.format import describe, finite, throughput, workloads  # noqa: E402
+from jaxray.reporting.format import finite, throughput, workloads  # noqa: E402
 
 
 def save_figure(fig, path: Path) -> None:
@@ -52,13 +52,16 @@ def _finish(ax, drawn: bool, empty_text: str) -> None:
 
 
 def _throughput_series(rows: list[dict], workload: str) -> dict[str, list[tuple[float, float]]]:
-    """{"dtype, width W": [(global batch, throughput), ...] sorted by batch}, finite points only."""
+    """{"dtype, width W, peak lr L": [(global batch, throughput), ...] sorted by batch}, finite
+    points only: one series per grid point but the batch."""
     series: dict[tuple, list[tuple[float, float]]] = {}
     for r in (r for r in rows if r.get("workload", "?") == workload):
         value, batch = finite(throughput(r)[0]), finite(r.get("global_batch"))
         if value is not None and batch is not None and batch > 0:  # log axis: batch must be > 0
-            series.setdefault((str(r.get("dtype", "?")), str(r.get("width", "?"))), []).append((batch, value))
-    return {f"{d}, width {w}": sorted(pts) for (d, w), pts in sorted(series.items())}
+            lr = r.get("learning_rate")
+            key = (str(r.get("dtype", "?")), str(r.get("width", "?")), "?" if lr is None else format(lr, "g"))
+            series.setdefault(key, []).append((batch, value))
+    return {f"{d}, width {w}, peak lr {lr}": sorted(pts) for (d, w, lr), pts in sorted(series.items())}
 
 
 def plot_throughput(rows: list[dict], path: Path) -> None:
@@ -98,8 +101,7 @@ def plot_loss_curves(rows: list[dict], histories: dict[str, list[dict]], path: P
         xkey = "tokens" if w == "transformer" else "examples"
         curves = [(r, _curve(histories[r["trial"]], xkey)) for r in traced if r.get("workload", "?") == w]
         for r, points in (c for c in curves if c[1]):
-            label = describe(r) if "dtype" in r else str(r["trial"])
-            ax.plot(*zip(*points), marker="." if len(points) < 30 else None, label=label)
+            ax.plot(*zip(*points), marker="." if len(points) < 30 else None, label=str(r["trial"]))
         ax.xaxis.set_major_formatter(FuncFormatter(compact))  # token counts reach millions
         ax.set(title=w, xlabel=f"{xkey} processed", ylabel="training loss (cross-entropy, nats)")
         _finish(ax, any(points for _, points in curves), "no finite loss points")

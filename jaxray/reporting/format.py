@@ -75,5 +75,22 @@ def workloads(rows: list[dict]) -> list[str]:
 
 
 def describe(row: dict) -> str:
-    """A trial's grid point in words: "bfloat16, width 64, batch 128"."""
-    return f"{row.get('dtype', '?')}, width {row.get('width', '?')}, batch {row.get('global_batch', '?')}"
+    """A trial's grid point in words: "bfloat16, width 64, batch 128, peak lr 0.003"."""
+    lr = row.get("learning_rate")
+    return (
+        f"{row.get('dtype', '?')}, width {row.get('width', '?')}, batch {row.get('global_batch', '?')}, "
+        f"peak lr {lr if lr is None else format(lr, 'g')}"
+    )
+
+
+# What a diverged trial's final report records (``jaxray.train.run.Diverged.row``), kept in its row.
+DIVERGED_KEYS = ("diverged_step", "diverged_metric", "diverged_value")
+
+
+def diverged_error(row: dict) -> str | None:
+    """A diverged trial's ``error``, "diverged at step 300: loss nan (not finite)"; None for a row
+    (or Tune result) without ``diverged_step``."""
+    if row.get("diverged_step") is None:
+        return None
+    found = f"{row.get('diverged_metric')} {row.get('diverged_value')}"
+    return f"diverged at step {row['diverged_step']}: {found} (not finite)"

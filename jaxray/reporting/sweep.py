@@ -8,10 +8,21 @@ Units: throughput in examples/s or tokens/s, ``ms_per_step`` in ms, ``compile_s`
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from jaxray.reporting.figures import plot_loss_curves, plot_throughput
-from jaxray.reporting.format import cell, describe, fmt, json_safe, mib, short_error, throughput, workloads
+from jaxray.reporting.format import (
+    cell,
+    describe,
+    finite,
+    fmt,
+    json_safe,
+    mib,
+    short_error,
+    throughput,
+    workloads,
+)
 from jaxray.runs import (
     FILES,
     LOSS_PLOT,
@@ -125,7 +136,7 @@ def _table_row(row: dict, with_error: bool) -> list[str]:
         row.get("width", ""),
         fmt(row.get("learning_rate"), ".2g"),
         attention(row),
-        row.get("steps", ""),
+        row.get("steps", "") if "stopped_at_step" not in row else f"{row['stopped_at_step']} (stopped early)",
         row.get("devices", ""),
         row.get("mesh", ""),
         "" if value is None else f"{fmt(value, ',.0f')} {unit}",
@@ -166,20 +177,87 @@ def best_per_workload(rows: list[dict], ranking: Ranking | None = None) -> list[
     return lines
 
 
+# The sweep axes (jaxray.config.experiment.SEARCHABLE) and their names in summary.md.
+AXES = (
+    ("global_batch", "global batch"),
+    ("dtype", "dtype"),
+    ("width", "width"),
+    ("learning_rate", "peak lr"),
+)
+
+
+def axis_effects(rows: list[dict], ranking: Ranking | None = None) -> list[str]:
+    """A Markdown table of each swept axis (two or more values in a workload): per value, how many
+    trials ran it, the best ranking metric among them (``best_trial``) and their median throughput.
+    Empty when no axis was swept."""
+    lines = []
+    for w in workloads(rows):
+        trials = [r for r in rows if r.get("workload", "?") == w]
+        for key, label in AXES:
+            values = {r[key] for r in trials if r.get(key) is not None}
+            for value in sorted(values, key=lambda v: (isinstance(v, str), v)) if len(values) > 1 else ():
+                cells = _effect(w, label, value, [r for r in trials if r.get(key) == value], ranking)
+                lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
+    if not lines:
+        return []
+    header = "| workload | axis | value | trials | best | median throughput |"
+    return [header, "|---|---|---|---|---|---|", *lines]
+
+
+def _effect(workload: str, label: str, value, trials: list[dict], ranking: Ranking | None) -> list:
+    """One row of ``axis_effects``: the trials of ``workload`` run at ``value`` of the axis ``label``."""
+    metric = ranking_metric(workload, ranking)[0]
+    best = best_trial(trials, workload, ranking)
+    speeds = [v for v, _ in map(throughput, trials) if finite(v) is not None]
+    return [
+        workload,
+        label,
+        format(value, "g") if isinstance(value, float) else value,
+        len(trials),
+        f"{float(best[metric]):.4f} ({best['trial']})" if best else "none finite",
+        f"{statistics.median(speeds):,.0f} {throughput(trials[0])[1]}" if speeds else "",
+    ]
+
+
 def markdown_summary(rows: list[dict], ranking: Ranking | None = None) -> str:
-    """The whole summary.md: heading, trial counts, table, best trial per workload."""
+    """The whole summary.md: heading, trial counts, table, best trial per workload, the effect of
+    each swept axis (``axis_effects``)."""
     failed = sum(1 for r in rows if r.get("error"))
+    stopped = [r for r in rows if "stopped_at_step" in r]
     return "\n".join(
         [
             "# Sweep results",
             "",
-            f"{len(rows)} trial(s), {failed} failed. Throughput in examples/s (ex/s, MLPs) or tokens/s "
-            "(tok/s, transformer); losses are cross-entropy in nats.",
+            f"{len(rows)} trial(s), {failed} failed{stopped_early(stopped)}. Throughput in examples/s "
+            "(ex/s, MLPs) or tokens/s (tok/s, transformer); losses are cross-entropy in nats.",
             "",
             markdown_table(rows),
             "## Best per workload",
             "",
             *best_per_workload(rows, ranking),
             "",
+            *effects_section(rows, ranking),
         ]
     )
+
+
+def stopped_early(rows: list[dict]) -> str:
+    """ ", 1 stopped early by ASHA (transformer_..._lr0.003 at step 500: val_loss 2.0586)" for the rows
+    a sweep's scheduler stopped (``stopped_at_step``); "" when none."""
+    if not rows:
+        return ""
+    each = "; ".join(
+        f"{r.get('trial')} at step {r['stopped_at_step']}: {r.get('stopped_metric')} "
+        f"{fmt(r.get('stopped_value'), '.4f') or '?'}"
+        for r in rows
+    )
+    return f", {len(rows)} stopped early by ASHA ({each})"
+
+
+def effects_section(rows: list[dict], ranking: Ranking | None = None) -> list[str]:
+    """summary.md's "Effect of each axis" section (``axis_effects``), or nothing without a swept axis."""
+    table = axis_effects(rows, ranking)
+    if not table:
+        return []
+    metrics = ", ".join(f"{w}: {ranking_metric(w, ranking)[0].replace('_', ' ')}" for w in workloads(rows))
+    return ["## Effect of each axis", "", f"Best among the trials at each value ({metrics}).", "", *table, ""]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,30 @@ from jaxray.train.step import TrainState, abstract_state, optimizer_for, placed_
 LogFn = Callable[[dict[str, float]], None]
 # save(step, state, history so far): a full-state checkpoint at every ``train.checkpoint_every`` steps.
 SaveFn = Callable[[int, TrainState, list[dict[str, float]]], None]
+
+
+# The training metrics whose non-finite value stops a run (``Diverged``).
+WATCHED = ("loss", "grad_norm")
+
+
+class Diverged(ArithmeticError):
+    """Training stopped at ``step``: its ``metric`` (loss or grad_norm) was ``value`` (NaN or inf)."""
+
+    def __init__(self, step: int, metric: str, value: float) -> None:
+        super().__init__(f"diverged at step {step}: {metric} {value}")
+        self.step, self.metric, self.value = step, metric, value
+
+    def row(self) -> dict[str, Any]:
+        """What a report records of it: ``diverged_step``, ``diverged_metric``, ``diverged_value``
+        (a string, "nan" or "inf": JSON has no NaN)."""
+        return {"diverged_step": self.step, "diverged_metric": self.metric, "diverged_value": str(self.value)}
+
+
+def check_finite(step: int, metrics: dict[str, float]) -> None:
+    """Raise ``Diverged`` when a ``WATCHED`` metric of ``step`` is NaN or inf."""
+    for name in WATCHED:
+        if name in metrics and not math.isfinite(metrics[name]):
+            raise Diverged(step, name, metrics[name])
 
 
 @dataclass
@@ -67,6 +92,7 @@ def _log_hook(
             **{k: float(v) for k, v in jax.device_get(metrics).items()},
             "lr": float(schedule(step - 1)),
         }
+        check_finite(step, row)
         if per_example:
             row["tokens"] = row["examples"] * per_example
             row["perplexity"] = float(np.exp(row["loss"]))
@@ -83,6 +109,8 @@ def _log_hook(
 def _checkpoint_hook(trial: TrialConfig, history: list, save: SaveFn) -> Hook:
     def fn(step: int, state: TrainState, metrics: dict[str, jax.Array]) -> None:
         if step < trial.train.steps:  # the final state is saved by the caller, with the summary
+            # No params of a diverged step are saved.
+            check_finite(step, {k: float(v) for k, v in jax.device_get(metrics).items()})
             save(step, state, list(history))
 
     return Hook(trial.train.checkpoint_every, fn)
@@ -105,8 +133,9 @@ def train(
     ``perplexity``). ``resume``: a full-state checkpoint to continue from with the same data order
     (a final one gives back its saved summary). ``save(step, state, history)`` runs every
     ``train.checkpoint_every`` steps; ``on_compile(report)`` gets the compile report. Raises
-    ConfigError (batch does not divide, cuDNN attention cannot run) before compiling, or
-    CheckpointError if ``resume`` is damaged or holds another model."""
+    ConfigError (batch does not divide, cuDNN attention cannot run) before compiling, CheckpointError
+    if ``resume`` is damaged or holds another model, Diverged at the first logged or checkpointed
+    step whose loss or grad_norm is NaN or inf (nothing of that step is saved)."""
     devices = mesh.devices.size
     check_trial(trial, devices)
     model = build(trial.model)

@@ -98,6 +98,7 @@ def test_all_in_a_fresh_process_writes_every_suite(real_dir, tmp_path):
     assert (out / "all.md").is_file()
 
 
+@pytest.mark.slow  # a timed benchmark run (12 s); CI runs it
 def test_throughput_writes_the_report_and_prints_one_json_line(tmp_path, capsys):
     out = tmp_path / "tp"
     assert run("throughput", "--workload", "transformer", "--width", 32, "--seq-len", 32, "--batch", 4,

@@ -15,6 +15,7 @@ from checkpoint_copies import flip_a_byte, largest_params_file
 from jaxray import checkpoint
 from jaxray.config import parse_trial
 from jaxray.models import build
+from jaxray.train.step import init_state, optimizer_for
 
 
 @pytest.mark.parametrize(
@@ -62,3 +63,19 @@ def test_params_of_another_shape_are_a_clear_error(tmp_path):
     checkpoint.save(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), wider)
     with pytest.raises(checkpoint.CheckpointError, match="could not be restored into the model"):
         checkpoint.restore(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("where", ["history", "summary"])
+def test_a_checkpoint_that_recorded_a_non_finite_metric_is_refused(tmp_path, where):
+    """A train state whose history or final summary recorded a NaN or inf metric (a run that
+    diverged) is refused by every restore, naming the folder, the metric, its value and step."""
+    trial = parse_trial({"model": {"workload": "mlp", "width": 8}})
+    tx, _ = optimizer_for(trial)
+    state = init_state(build(trial.model).init(jax.random.key(0)), tx)
+    history = [{"step": 5, "loss": 0.5}, {"step": 10, "loss": float("nan") if where == "history" else 0.4}]
+    summary = {"test_accuracy": float("inf"), "final": True} if where == "summary" else None
+    folder = checkpoint.save_state(tmp_path / "ck", state, trial, history, {}, summary=summary)
+    bad = "loss nan at step 10" if where == "history" else "test_accuracy inf at step 0"
+    for restore in (checkpoint.verify, checkpoint.restore):
+        with pytest.raises(checkpoint.CheckpointError, match=f"records {bad}: its training diverged"):
+            restore(folder)

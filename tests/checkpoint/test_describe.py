@@ -6,6 +6,7 @@ final full-state checkpoint, in a run folder written by the sweep's report write
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,14 @@ from jaxray.data.workloads import load_arrays
 from jaxray.parallel.mesh import make_mesh
 from jaxray.raytrain.resume import checkpoint_name
 from jaxray.reporting.sweep import write_reports
+from jaxray.serve import __main__ as serve_cli
 from jaxray.train.run import train
 
-TRIAL_NAME = "transformer_b16_float32_w64"
+# Trains its own 20 steps on top of the session's transformer (about 40 s in all): CI's slow part;
+# tests/checkpoint/test_checkpoint.py refuses a diverged checkpoint fast.
+pytestmark = pytest.mark.slow
+
+TRIAL_NAME = "transformer_b16_float32_w64_lr0.003"
 STEPS = 20
 
 
@@ -110,3 +116,31 @@ def test_export_names_the_checkpoint_it_resolved(run, tmp_path, capsys):
     assert export_cli.main([*argv, "--batch-sizes", "1", "--chunk", "8"]) == 0
     out, named = stderr_lines(capsys)
     assert named == [chosen_line(run)] and out.startswith("exported ")
+
+
+def test_a_checkpoint_that_recorded_a_non_finite_metric_is_refused_by_every_command(
+    trained, tmp_path, capsys
+):
+    """generate, evaluate, export and serve refuse, before any output or Ray, a checkpoint whose
+    history recorded a NaN loss (a run that diverged), naming it, the metric and the step."""
+    trial, result = trained
+    history = [*result.history[:-1], {**result.history[-1], "loss": float("nan")}]
+    folder = checkpoint.save_state(tmp_path / TRIAL_NAME / "checkpoint_x", result.state, trial, history, {})
+    refusal = f"{folder} records loss nan at step {STEPS}: its training diverged"
+    with pytest.raises(checkpoint.CheckpointError, match="its training diverged"):
+        checkpoint.restore(folder)
+    commands = {
+        generate_cli.main: ["--max-new-tokens", "8"],
+        evaluate_cli.main: ["--out", str(tmp_path / "eval")],
+        export_cli.main: ["--out", str(tmp_path / "export"), "--buckets", "16"],
+    }
+    for command, argv in commands.items():
+        assert command(["--checkpoint", str(folder), *argv]) == 2
+        assert refusal in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists() and not (tmp_path / "export").exists()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(SystemExit) as exit_:
+        serve_cli.main(["--checkpoint", str(folder), "--port", str(port)])
+    assert exit_.value.code == 2 and refusal in capsys.readouterr().err

@@ -70,14 +70,22 @@ def test_local_keys_cover_each_process_batches_exactly():
     assert (np.stack(keys) >= 0).sum() == rows // g * g  # the partial tail is dropped
 
 
-@pytest.mark.parametrize("process_count, cache_bytes", [(1, 0), (2, 0), (2, CACHE_BYTES)])
+# Uncached reads of every epoch take 10-15 s each: CI's slow part; the cached read stays fast.
+@pytest.mark.parametrize(
+    "process_count, cache_bytes",
+    [
+        pytest.param(1, 0, marks=pytest.mark.slow),
+        pytest.param(2, 0, marks=pytest.mark.slow),
+        (2, CACHE_BYTES),
+    ],
+)
 def test_tinyshakespeare_batches_equal_train_batches(local_ray, ts_parquet, process_count, cache_bytes):
     folder, splits = ts_parquet
     # 7842 rows, global batch 1024: 7 batches an epoch (the 674-row tail dropped); 16 = 2 epochs and 2.
     assert_same_batches(folder, splits["train"], 1024, process_count, 16, cache_bytes)
 
 
-@pytest.mark.parametrize("cache_bytes", [0, CACHE_BYTES])
+@pytest.mark.parametrize("cache_bytes", [pytest.param(0, marks=pytest.mark.slow), CACHE_BYTES])
 def test_fashion_mnist_batches_equal_train_batches(local_ray, fm_parquet, cache_bytes):
     folder, splits = fm_parquet
     # 60000 rows, global batch 8192: 7 batches an epoch; both processes, into the second epoch.

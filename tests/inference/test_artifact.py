@@ -57,6 +57,7 @@ def test_manifest_describes_the_artifact(artifact):
         assert sha256(artifact / entry["file"]) == entry["sha256"]
 
 
+@pytest.mark.slow  # a fresh process that imports no model code (10 s); CI runs it
 def test_loader_logits_equal_the_live_model_without_jaxray_models(tiny_transformer, artifact, tmp_path):
     model, params, _ = tiny_transformer
     np.save(tmp_path / "tokens.npy", TOKENS)

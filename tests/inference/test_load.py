@@ -22,6 +22,7 @@ REQUESTS = [
 ]
 
 
+@pytest.mark.slow  # 11 s; tests/inference/test_artifact.py checks the artifact's programs fast
 def test_an_artifact_is_served_like_the_live_model(tiny_transformer, artifact):
     model, params, _ = tiny_transformer
     served = load_engine(artifact)  # detects the artifact; settings default to the exported ones

@@ -37,7 +37,7 @@ sweeps:
     train: {steps: 3000, log_every: 50, checkpoint_every: 20, keep_checkpoints: 100}
     search_space: {global_batch: [64], width: [256]}
 """
-TRIAL = "mlp_b64_float32_w256"
+TRIAL = "mlp_b64_float32_w256_lr0.003"
 HEADROOM = 1 << 20
 NO_SPACE = "No space left on device"
 

@@ -37,7 +37,7 @@ sweeps:
       global_batch: [128]
       width: [8, 64]
 """
-TRIALS = ("mlp_b128_float32_w8", "mlp_b128_float32_w64")
+TRIALS = ("mlp_b128_float32_w8_lr0.003", "mlp_b128_float32_w64_lr0.003")
 
 
 def final_report(out: Path, trial: str) -> dict | None:

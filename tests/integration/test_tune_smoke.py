@@ -26,19 +26,25 @@ PER_WORKLOAD = {
 COMMON = [k for k in KEY_ORDER if k not in PER_WORKLOAD]
 
 
-@pytest.fixture(scope="module")
-def smoke(real_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
+def tune(config, out: Path, real_dir: Path, code: int = 0) -> subprocess.CompletedProcess:
+    """``python -m jaxray.tune --config config --out out`` on a private Ray, with exit code ``code``."""
     env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxray.tune", "--config", "tune_configs/smoke.yaml", "--out", str(out)],
+        [sys.executable, "-m", "jaxray.tune", "--config", str(config), "--out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
+    assert proc.returncode == code, (proc.stdout[-3000:], proc.stderr[-5000:])
+    return proc
+
+
+@pytest.fixture(scope="module")
+def smoke(real_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    proc = tune("tune_configs/smoke.yaml", out, real_dir)
     assert runs.latest_run(out) == runs.run_folders(out)[0]
     return runs.run_folders(out)[0], proc
 
@@ -47,9 +53,9 @@ def test_summary_has_a_row_per_trial(smoke):
     out, _ = smoke
     rows = json.loads((out / "summary.json").read_text())
     assert sorted(r["trial"] for r in rows) == [
-        "mlp_b128_bfloat16_w64",
-        "mlp_b128_float32_w64",
-        "transformer_b8_float32_w32",
+        "mlp_b128_bfloat16_w64_lr0.003",
+        "mlp_b128_float32_w64_lr0.003",
+        "transformer_b8_float32_w32_lr0.0003",
     ]
     for row in rows:
         assert set(COMMON) <= set(row), set(COMMON) - set(row)
@@ -80,7 +86,7 @@ def test_the_terminal_shows_progress_and_the_results_and_the_log_holds_the_rest(
     assert len(terminal) <= 40, "\n".join(terminal)
     [log] = (out / "logs").glob("tune-*.log")
     assert f"log: {log} (Ray, Tune and Orbax output" in proc.stderr
-    for trial, steps in (("mlp_b128_float32_w64", 20), ("transformer_b8_float32_w32", 4)):
+    for trial, steps in (("mlp_b128_float32_w64_lr0.003", 20), ("transformer_b8_float32_w32_lr0.0003", 4)):
         row = next(ln.rstrip() for ln in proc.stderr.splitlines() if ln.startswith(trial + " "))
         assert f"{steps}/{steps} steps" in row and "loss " in row and row.endswith("done"), row
     assert "## Best per workload" in proc.stdout and "next:" in proc.stdout
@@ -123,7 +129,9 @@ def test_ray_path_equals_the_in_memory_path(smoke, real_dir):
 
     out, _ = smoke
     row = next(
-        r for r in json.loads((out / "summary.json").read_text()) if r["trial"] == "mlp_b128_float32_w64"
+        r
+        for r in json.loads((out / "summary.json").read_text())
+        if r["trial"] == "mlp_b128_float32_w64_lr0.003"
     )
     trial = TrialConfig.model_validate_json((out / row["checkpoint"] / "trial_config.json").read_text())
     history = json.loads((out / row["checkpoint"] / "history.json").read_text())
@@ -145,7 +153,7 @@ def test_reports_plots_and_tensorboard(smoke):
     assert all(b"train/loss" in e.read_bytes() and b"train/lr" in e.read_bytes() for e in events)
     [lm] = [e for e in events if "transformer" in str(e)]
     assert b"val/loss" in lm.read_bytes()  # train.eval_every: the held-out loss during training
-    assert "mlp_b128_float32_w64" in proc.stdout  # the table is printed
+    assert "mlp_b128_float32_w64_lr0.003" in proc.stdout  # the table is printed
 
 
 def test_the_held_out_loss_reaches_tune_during_training(smoke):
@@ -180,3 +188,33 @@ def test_generate_from_the_experiment(smoke):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("ROMEO:") and len(proc.stdout.rstrip("\n")) >= len("ROMEO:") + 1
+
+
+DIVERGING = """
+experiment: smoke
+workers: {num_workers: 1, devices_per_worker: 1}
+sweeps:
+  - workload: mlp
+    train: {steps: 6, log_every: 2}
+    search_space: {global_batch: [64], width: [16], learning_rate: [1.0e30]}
+"""
+
+
+def test_a_diverged_sweep_fails_and_leaves_the_earlier_run_reachable(smoke, real_dir, tmp_path):
+    """A peak learning rate of 1e30: the loss of step 2 is not finite. The trial stops there and is
+    failed (progress row, summary, summary.json, exit 1, no generate/serve hint); the experiment
+    folder still resolves to the smoke run before it."""
+    out, _ = smoke
+    config = tmp_path / "diverging.yaml"
+    config.write_text(DIVERGING)
+    proc = tune(config, out.parent, real_dir, code=1)
+    diverged = runs.run_folders(out.parent)[0]
+    [row] = json.loads((diverged / "summary.json").read_text())
+    assert row["trial"] == "mlp_b64_float32_w16_lr1e+30" and not row.get("checkpoint")
+    assert (row["diverged_step"], row["diverged_metric"]) == (2, "loss")
+    assert row["error"] == f"diverged at step 2: loss {row['diverged_value']} (not finite)"
+    assert row["diverged_value"] in ("nan", "inf")
+    assert f"error: trial {row['trial']} failed: {row['error']}" in proc.stderr
+    assert "1 trial(s), 1 failed" in proc.stdout and "next:" not in proc.stdout
+    assert "jaxray.generate" not in proc.stdout + proc.stderr
+    assert runs.latest_run(out.parent) == out

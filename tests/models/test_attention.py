@@ -54,7 +54,9 @@ def test_config_names_the_allowed_attention_values():
         parse_trial({"model": {"workload": "transformer", "attention": "flash"}})
 
 
-@pytest.mark.parametrize("seq_len", [1, 64, 100])  # block 64: one, exactly one, two (the last partial)
+@pytest.mark.parametrize(
+    "seq_len", [1, 64, pytest.param(100, marks=pytest.mark.slow)]
+)  # block 64: one, exactly one, two (the last partial)
 def test_blocked_causal_attention_equals_jax_causal_attention(seq_len):
     import jax
     import jax.numpy as jnp

@@ -41,6 +41,11 @@ def _run_script(real_dir, *mode: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# The parity tests below: one 4-device subprocess training 8 runs (about a minute), so CI's slow
+# part runs them; tests/train/test_shard_map_step.py and the data-sharding checks stay fast.
+SLOW_PARITY = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def parity(real_dir):
     return _run_script(real_dir)
@@ -51,6 +56,7 @@ def shard_map_parity(real_dir):
     return _run_script(real_dir, "shard_map")
 
 
+@SLOW_PARITY
 @pytest.mark.parametrize("workload", ["mlp", "transformer"])
 def test_batch_sharded_params_replicated(parity, workload):
     r = parity[workload]
@@ -60,6 +66,7 @@ def test_batch_sharded_params_replicated(parity, workload):
     assert r["params_replicated"]
 
 
+@SLOW_PARITY
 @pytest.mark.parametrize("workload", ["mlp", "transformer"])
 def test_four_devices_match_one_device(parity, workload):
     r = parity[workload]
@@ -70,6 +77,7 @@ def test_four_devices_match_one_device(parity, workload):
     assert abs(r["eval_4"] - r["eval_1"]) < TOL
 
 
+@SLOW_PARITY
 @pytest.mark.parametrize("workload", ["mlp", "transformer"])
 @pytest.mark.parametrize("mesh", ["fsdp4", "data2_fsdp2"])
 def test_fsdp_matches_one_device_with_a_share_of_the_state_per_device(parity, workload, mesh):

@@ -74,7 +74,7 @@ def test_asha_from_the_yaml():
 
 # The final Tune result of an MLP trial as Ray 2.60 returns it: the workers' final report (the last
 # log row, the summary, ``final``), the checkpoint path TuneReportCallback adds, and Tune's fields.
-GRID_POINT = {"global_batch": 128, "dtype": "float32", "width": 64}
+GRID_POINT = {"global_batch": 128, "dtype": "float32", "width": 64, "learning_rate": 0.003}
 LOG_ROW = {"step": 20, "examples": 2560, "loss": 0.61, "accuracy": 0.79, "grad_norm": 0.9}
 SUMMARY = {"workload": "mlp", **GRID_POINT, "steps": 20, "devices": 1, "test_accuracy": 0.77, "restarts": 0}
 TUNE_FIELDS = {
@@ -102,17 +102,17 @@ def tune_result(tmp_path, metrics=None, error=None) -> tune.Result:
 
 
 def test_trial_names_come_from_the_grid_point():
-    assert trial_name("mlp", GRID_POINT) == "mlp_b128_float32_w64"
+    assert trial_name("mlp", GRID_POINT) == "mlp_b128_float32_w64_lr0.003"
 
 
 def test_the_row_holds_what_the_workers_reported_and_none_of_tunes_fields(tmp_path):
     history = [{"step": 10, "loss": 0.7}, LOG_ROW]
-    ckpt = tmp_path / "train" / "mlp_b128_float32_w64" / "checkpoint_step_00000020_attempt1"
+    ckpt = tmp_path / "train" / "mlp_b128_float32_w64_lr0.003" / "checkpoint_step_00000020_attempt1"
     ckpt.mkdir(parents=True)
     (ckpt / "history.json").write_text(json.dumps(history))
     metrics = {**LOG_ROW, **SUMMARY, "final": True, "checkpoint_path": str(ckpt), **TUNE_FIELDS}
     row, rows = trial_rows("mlp", tune_result(tmp_path, metrics), tmp_path)
-    assert row == {"trial": "mlp_b128_float32_w64", **SUMMARY, "checkpoint": str(ckpt)}
+    assert row == {"trial": "mlp_b128_float32_w64_lr0.003", **SUMMARY, "checkpoint": str(ckpt)}
     assert rows == history
 
 
@@ -120,10 +120,10 @@ def test_a_checkpoint_reported_before_the_run_folder_moved_is_read_inside_it(tmp
     # A trial that finished, then the folder was moved and the run resumed there: Tune still holds
     # the path the trial reported in the old place.
     history = [LOG_ROW]
-    ckpt = tmp_path / "train" / "mlp_b128_float32_w64" / "checkpoint_step_00000020_attempt1"
+    ckpt = tmp_path / "train" / "mlp_b128_float32_w64_lr0.003" / "checkpoint_step_00000020_attempt1"
     ckpt.mkdir(parents=True)
     (ckpt / "history.json").write_text(json.dumps(history))
-    old = "/gone/runs/demo/train/mlp_b128_float32_w64/checkpoint_step_00000020_attempt1"
+    old = "/gone/runs/demo/train/mlp_b128_float32_w64_lr0.003/checkpoint_step_00000020_attempt1"
     metrics = {**LOG_ROW, **SUMMARY, "final": True, "checkpoint_path": old, **TUNE_FIELDS}
     row, rows = trial_rows("mlp", tune_result(tmp_path, metrics), tmp_path)
     assert row["checkpoint"] == str(ckpt) and rows == history
@@ -131,7 +131,12 @@ def test_a_checkpoint_reported_before_the_run_folder_moved_is_read_inside_it(tmp
 
 def test_a_trial_without_its_final_report_or_with_an_error_is_a_failed_row(tmp_path):
     row, rows = trial_rows("mlp", tune_result(tmp_path, {**LOG_ROW, **TUNE_FIELDS}), tmp_path)
-    assert row == {"trial": "mlp_b128_float32_w64", "workload": "mlp", **GRID_POINT, "error": row["error"]}
+    assert row == {
+        "trial": "mlp_b128_float32_w64_lr0.003",
+        "workload": "mlp",
+        **GRID_POINT,
+        "error": row["error"],
+    }
     assert row["error"] == "trial ended without its final report" and rows == []
     # An errored trial may come back without its config (Result.config is metrics["config"]): the
     # row is named after its folder.
@@ -154,3 +159,39 @@ def test_the_drivers_xla_flags_travel_to_the_trials(monkeypatch, tmp_path):
     with pytest.raises(Stop) as stopped:
         sweep_module.run_sweep(exp, exp.sweeps[0], None, tmp_path)
     assert stopped.value.args[0]["xla_flags"] == "--xla_dump_to=/tmp/d"
+
+
+def test_a_diverged_trial_is_a_failed_row_with_its_step_and_value(tmp_path):
+    """The workers' final report of a diverged trial (jaxray.raytrain.worker): no checkpoint, the
+    step and value recorded, an error that says so."""
+    nan = float("nan")
+    final = {"loss": nan, "accuracy": nan, "val_loss": nan, "val_accuracy": nan, "step": 300, "final": True}
+    diverged = {"diverged_step": 300, "diverged_metric": "grad_norm", "diverged_value": "inf"}
+    row, rows = trial_rows("mlp", tune_result(tmp_path, {**final, **diverged, **TUNE_FIELDS}), tmp_path)
+    assert row == {
+        "trial": "mlp_b128_float32_w64_lr0.003",
+        "workload": "mlp",
+        **GRID_POINT,
+        **diverged,
+        "error": "diverged at step 300: grad_norm inf (not finite)",
+    }
+    assert rows == []
+
+
+def test_a_trial_asha_stopped_is_not_failed_and_has_no_ranking_metric(tmp_path):
+    """Stopped by the sweep's scheduler: its last report (a log row and the held-out loss), no final
+    report, no error. Without early stopping the same result is a failed trial."""
+    last = {**LOG_ROW, "step": 500, "val_loss": 2.0586, **TUNE_FIELDS}
+    row, rows = trial_rows("mlp", tune_result(tmp_path, last), tmp_path, early_stopping="val_loss")
+    assert row == {
+        "trial": "mlp_b128_float32_w64_lr0.003",
+        "workload": "mlp",
+        **GRID_POINT,
+        "stopped_at_step": 500,
+        "stopped_metric": "val_loss",
+        "stopped_value": 2.0586,
+    }
+    assert rows == []
+    assert trial_rows("mlp", tune_result(tmp_path, last), tmp_path)[0]["error"] == (
+        "trial ended without its final report"
+    )

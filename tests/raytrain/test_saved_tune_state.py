@@ -20,7 +20,7 @@ from jaxray.raytrain.sweep import check_saved_state
 from jaxray.tune import save_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a real Tune run first (about 20 s in all): CI
 
 # A one-trial Tune sweep named like jaxray's mlp sweep, stored where jaxray's is: <out>/tune/mlp.
 TUNE_RUN = """

@@ -53,6 +53,5 @@ def test_trial_rows_in_words():
         "?",
         "zeta",
     ]
-    assert (
-        describe({"dtype": "bfloat16", "width": 64, "global_batch": 128}) == "bfloat16, width 64, batch 128"
-    )
+    point = {"dtype": "bfloat16", "width": 64, "global_batch": 128, "learning_rate": 0.003}
+    assert describe(point) == "bfloat16, width 64, batch 128, peak lr 0.003"

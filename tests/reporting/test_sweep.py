@@ -204,3 +204,35 @@ def test_a_full_disk_leaves_no_part_written_report(tmp_path):
         assert left == ["summary.json", "summary.md"], left  # each whole; no partial file, no empty PNG
         assert len(json.loads((disk / "out" / "summary.json").read_text())) == 2
         filler.unlink()
+
+
+def test_summary_md_shows_the_effect_of_each_swept_axis(mixed):
+    """One row per value of each axis a workload swept (two or more values): the trials run at it,
+    the best of them by the ranking metric, their median throughput; an unswept axis has no row."""
+    _, _, paths = mixed
+    effects = paths["summary.md"].read_text().split("## Effect of each axis")[1]
+    assert "(mlp: test accuracy, shared_block_mlp: test accuracy, transformer: val loss)" in effects
+    for line in (
+        "| mlp | global batch | 256 | 2 | 0.8500 (mlp_a) | 123,457 ex/s |",
+        "| mlp | global batch | 1024 | 1 | 0.9100 (mlp_b) | 123,457 ex/s |",
+        "| mlp | width | 256 | 2 | 0.9100 (mlp_b) | 123,457 ex/s |",
+        "| mlp | width | 512 | 1 | 0.8500 (mlp_a) | 123,457 ex/s |",
+        "| shared_block_mlp | dtype | bfloat16 | 1 | none finite | 123,457 ex/s |",
+        "| shared_block_mlp | dtype | float16 | 1 | none finite |  |",
+        "| transformer | global batch | 32 | 1 | 1.9000 (tf_a) | 2,345,678 tok/s |",
+    ):
+        assert line in effects, (line, effects)
+    assert "| mlp | dtype |" not in effects and "| transformer | width |" not in effects
+    single = write_reports(paths["summary.md"].parent / "one", [mlp_row("a", 256)], {})
+    assert "Effect of each axis" not in single["summary.md"].read_text()
+
+
+def test_a_trial_stopped_early_is_counted_and_shown_as_such(tmp_path):
+    stopped = {
+        **{"trial": "tf_lr3", "workload": "transformer", "global_batch": 16, "learning_rate": 0.003},
+        **{"stopped_at_step": 500, "stopped_metric": "val_loss", "stopped_value": 2.0586},
+    }
+    paths = write_reports(tmp_path, [transformer_row("tf_lr2", 16, val_loss=1.66), stopped], {})
+    md = paths["summary.md"].read_text()
+    assert "2 trial(s), 0 failed, 1 stopped early by ASHA (tf_lr3 at step 500: val_loss 2.0586)." in md
+    assert "| 500 (stopped early) |" in md and "**transformer**: `tf_lr2`, val loss 1.6600" in md

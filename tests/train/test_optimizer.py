@@ -86,6 +86,7 @@ def test_the_workload_recipes():
     )
 
 
+@pytest.mark.slow  # 9 s; CI runs it
 def test_weight_decay_leaves_biases_norms_and_embeddings_untouched():
     trial = transformer_trial(schedule="constant", warmup_steps=0, learning_rate=0.1, weight_decay=0.5)
     params = build(trial.model).init(jax.random.key(0))

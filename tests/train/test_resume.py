@@ -87,7 +87,10 @@ def uninterrupted(real_dir, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("workload, at", [("transformer", 4), ("transformer", 8), ("mlp", 8)])
+@pytest.mark.parametrize(
+    "workload, at",
+    [("transformer", 4), pytest.param("transformer", 8, marks=pytest.mark.slow), ("mlp", 8)],  # slow: CI
+)
 def test_resumed_run_ends_bitwise_equal(uninterrupted, tmp_path, workload, at):
     """Mid-warmup (4) and mid-decay (8): the schedule's count is restored with the optimizer state."""
     trial = TRIALS[workload]
@@ -104,6 +107,7 @@ def test_resumed_run_ends_bitwise_equal(uninterrupted, tmp_path, workload, at):
     assert resumed.summary["final_train_loss"] == whole.summary["final_train_loss"]
 
 
+@pytest.mark.slow  # 9 s; CI runs it
 def test_a_run_resumed_from_its_final_checkpoint_reports_what_was_measured(uninterrupted, tmp_path):
     # A sweep interrupted after a trial's final save but before Tune recorded the trial finished
     # runs it again from that checkpoint: no step is left, so nothing can be timed.
@@ -119,6 +123,7 @@ def test_a_run_resumed_from_its_final_checkpoint_reports_what_was_measured(unint
     assert run(trial, tmp_path, resume=bare)[0].summary["resumed_from_step"] == trial.train.steps
 
 
+@pytest.mark.slow  # 10 s; CI runs it
 def test_checkpoint_files(uninterrupted):
     _, saved = uninterrupted("transformer")
     doc = verify(saved[4])

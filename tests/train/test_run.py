@@ -1,6 +1,8 @@
-"""jaxray.train.run: what one training run records in its summary row."""
+"""jaxray.train.run: what one training run records in its summary row, and where a diverged one stops."""
 
 from __future__ import annotations
+
+import math
 
 import jax
 import numpy as np
@@ -8,9 +10,10 @@ import pytest
 
 from jaxray.config import ModelConfig, parse_trial
 from jaxray.data.batching import train_batches
+from jaxray.data.workloads import load_arrays
 from jaxray.models import build
 from jaxray.parallel.mesh import make_mesh
-from jaxray.train.run import _attention, train
+from jaxray.train.run import Diverged, _attention, train
 
 CPU_NOTE = "auto: cuDNN attention needs an NVIDIA GPU, this device is cpu"
 
@@ -47,3 +50,38 @@ def test_the_summary_fields_of_each_request():
         "attention_note": "requested in model.attention",
     }
     assert fields("mlp") == {}  # the MLPs have no attention
+
+
+@pytest.mark.parametrize("log_every", [2, 4])
+def test_a_diverged_run_stops_at_its_first_non_finite_step_and_saves_nothing_of_it(real_dir, log_every):
+    """A peak learning rate of 1e30 blows the params up after step 1: step 2's loss is not finite.
+    The run stops there, by the log hook (log_every 2) or the checkpoint hook (checkpoint_every 1),
+    and only step 1's state was saved."""
+    trial = parse_trial(
+        {
+            "model": {"workload": "mlp", "width": 16},
+            "data": {"data_dir": str(real_dir)},
+            "train": {
+                **{"steps": 8, "global_batch": 32, "learning_rate": 1e30, "log_every": log_every},
+                "checkpoint_every": 1,
+            },
+        }
+    )
+    train_arrays, held_out = load_arrays(trial)
+    saved = []
+    with pytest.raises(Diverged) as err:
+        train(
+            trial,
+            train_batches(train_arrays, 32),
+            held_out,
+            make_mesh(),
+            save=lambda step, state, history: saved.append(step),
+        )
+    assert (err.value.step, err.value.metric) == (2, "loss") and not math.isfinite(err.value.value)
+    assert saved == [1]
+    assert err.value.row() == {
+        "diverged_step": 2,
+        "diverged_metric": "loss",
+        "diverged_value": str(err.value.value),
+    }
+    assert str(err.value) == f"diverged at step 2: loss {err.value.value}"

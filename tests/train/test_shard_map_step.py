@@ -21,7 +21,9 @@ STEPS = 3
 RTOL, ATOL = 1e-6, 1e-7
 
 
-@pytest.mark.parametrize("workload,batch", [("mlp", 32), ("transformer", 4)])
+@pytest.mark.parametrize(
+    "workload,batch", [("mlp", 32), pytest.param("transformer", 4, marks=pytest.mark.slow)]
+)
 def test_one_device_shard_map_step_equals_train_step(real_dir, workload, batch):
     trial = parse_trial(
         {

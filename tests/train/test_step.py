@@ -18,7 +18,10 @@ from jaxray.train.run import train
 from jaxray.train.step import LOSSES, eval_step, model_inputs
 
 
-@pytest.mark.parametrize("workload", ["mlp", "shared_block_mlp", "transformer"])
+@pytest.mark.parametrize(
+    "workload",
+    ["mlp", "shared_block_mlp", pytest.param("transformer", marks=pytest.mark.slow)],  # 12 s
+)
 def test_gradient_tree_matches_params(workload):
     model = build(ModelConfig(workload=workload, width=16, num_layers=1, block_repeats=2))
     params = model.init(jax.random.key(0))
