@@ -214,9 +214,17 @@ def _effect(workload: str, label: str, value, trials: list[dict], ranking: Ranki
         label,
         format(value, "g") if isinstance(value, float) else value,
         len(trials),
-        f"{float(best[metric]):.4f} ({best['trial']})" if best else "none finite",
+        f"{float(best[metric]):.4f} ({best['trial']})" if best else _no_best(trials),
         f"{statistics.median(speeds):,.0f} {throughput(trials[0])[1]}" if speeds else "",
     ]
+
+
+def _no_best(trials: list[dict]) -> str:
+    """The "best" cell of trials none of which has a finite ranking metric: why."""
+    stopped = [r["stopped_at_step"] for r in trials if "stopped_at_step" in r]
+    if len(stopped) == len(trials):
+        return f"stopped early (step {', '.join(map(str, stopped))})"
+    return "none finite"
 
 
 def markdown_summary(rows: list[dict], ranking: Ranking | None = None) -> str:

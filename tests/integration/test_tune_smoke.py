@@ -91,7 +91,7 @@ def test_the_terminal_shows_progress_and_the_results_and_the_log_holds_the_rest(
         assert f"{steps}/{steps} steps" in row and "loss " in row and row.endswith("done"), row
     assert "## Best per workload" in proc.stdout and "next:" in proc.stdout
     assert f"python -m jaxray.generate --checkpoint {out.parent} " in proc.stdout  # the experiment folder
-    assert f"tensorboard --logdir {out.parent}\n" in proc.stdout
+    assert "tensorboard" not in proc.stdout  # the install has no tensorboard command
     text = run_log(out)
     for theirs in ("Trial status", "orbax", "(RayTrainWorker pid=", "Started a local Ray instance"):
         assert theirs in text and theirs not in proc.stdout + proc.stderr, theirs

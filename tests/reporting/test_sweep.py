@@ -232,7 +232,10 @@ def test_a_trial_stopped_early_is_counted_and_shown_as_such(tmp_path):
         **{"trial": "tf_lr3", "workload": "transformer", "global_batch": 16, "learning_rate": 0.003},
         **{"stopped_at_step": 500, "stopped_metric": "val_loss", "stopped_value": 2.0586},
     }
-    paths = write_reports(tmp_path, [transformer_row("tf_lr2", 16, val_loss=1.66), stopped], {})
+    paths = write_reports(
+        tmp_path, [transformer_row("tf_lr2", 16, val_loss=1.66, learning_rate=0.002), stopped], {}
+    )
     md = paths["summary.md"].read_text()
     assert "2 trial(s), 0 failed, 1 stopped early by ASHA (tf_lr3 at step 500: val_loss 2.0586)." in md
     assert "| 500 (stopped early) |" in md and "**transformer**: `tf_lr2`, val loss 1.6600" in md
+    assert "| transformer | peak lr | 0.003 | 1 | stopped early (step 500) |  |" in md
