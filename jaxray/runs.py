@@ -270,10 +270,13 @@ def best_row(run_dir: str | Path, workload: str | None = None) -> dict[str, Any]
     checkpoint. Default workload: the transformer if the sweep has one, else the first by name.
     Raises RunFolderError naming the file when ``summary.json`` or ``experiment.yaml`` cannot be
     read, or no trial of ``workload`` has a checkpoint and a finite ranking metric."""
-    rows = [r for r in read_summary(run_dir) if r.get("checkpoint") and r.get("workload")]
+    every = read_summary(run_dir)
+    rows = [r for r in every if r.get("checkpoint") and r.get("workload")]
     workloads = sorted({r["workload"] for r in rows})
     workload = workload or ("transformer" if "transformer" in workloads else next(iter(workloads), None))
     rows = [r for r in rows if r["workload"] == workload]
+    if workload and workload not in (trained := sorted({str(r.get("workload")) for r in every})):
+        raise RunFolderError(f"{Path(run_dir) / SUMMARY_JSON} has no {workload} trial (trained: {trained})")
     if not rows:
         which = f" of workload {workload!r}" if workload else ""
         raise RunFolderError(
@@ -331,32 +334,36 @@ def run_folders(experiment_dir: str | Path) -> list[Path]:
     return [p for *_, p in sorted(found, reverse=True)]
 
 
-def complete(run_dir: Path) -> bool:
+def complete(run_dir: Path, workload: str | None = None) -> bool:
     """True when the run wrote its summary, none of its trials failed and each workload has a best
-    trial (a finite ranking metric)."""
+    trial (a finite ranking metric); with ``workload``, also when it has trials of ``workload``."""
     try:
         rows, ranking = read_summary(run_dir), saved_ranking(run_dir)
     except (OSError, RunFolderError):
         return False
     found = {r.get("workload", "?") for r in rows}
+    if workload is not None and workload not in found:
+        return False
     return all(not r.get("error") for r in rows) and all(best_trial(rows, w, ranking) for w in found)
 
 
-def latest_run(path: str | Path) -> Path:
-    """The run folder ``path`` means: the newest ``complete`` run of the experiment folder ``path``, or
-    ``path`` itself when it holds no runs but a ``summary.json``. Raises RunFolderError naming the folder and
-    what it holds when there is none."""
+def latest_run(path: str | Path, workload: str | None = None) -> Path:
+    """The run folder ``path`` means: the newest ``complete`` run of the experiment folder ``path``
+    (with ``workload``: the newest complete one with trials of that workload, so a newer run of
+    another workload hides none), or ``path`` itself when it holds no runs but a ``summary.json``.
+    Raises RunFolderError naming the folder and what it holds when there is none."""
     path, runs = Path(path), run_folders(path)
     if not runs and (path / SUMMARY_JSON).is_file():
         return path
-    done = next((r for r in runs if complete(r)), None)
+    done = next((r for r in runs if complete(r, workload)), None)
     if done is not None:
         return done
     if runs:
+        which = f" with {workload} trials" if workload else ""
         raise RunFolderError(
-            f"{path} has no complete run: its {len(runs)} run(s), newest {runs[0].name}, failed, diverged "
-            f"or were interrupted; finish one with python -m jaxray.tune --resume {runs[0]}, or pass one of "
-            f"its trials (a folder under {runs[0] / 'train'})"
+            f"{path} has no complete run{which}: its {len(runs)} run(s), newest {runs[0].name}, failed, "
+            f"diverged, were interrupted or trained other workloads; finish one with python -m "
+            f"jaxray.tune --resume {runs[0]}, or pass one of its trials (a folder under {runs[0] / 'train'})"
         )
     if (path / EXPERIMENT_FILE).is_file():
         raise RunFolderError(
@@ -383,7 +390,7 @@ def resolve(path: str | Path, workload: str | None = None) -> Path:
     if inside:
         return checkpoint.restore_latest(inside[::-1], checkpoint.verify)[1]
     try:
-        run = latest_run(path)
+        run = latest_run(path, workload)
         named = checkpoint_of(run, best_row(run, workload))
     except RunFolderError as err:
         raise checkpoint.CheckpointError(str(err)) from err

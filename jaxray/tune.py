@@ -279,10 +279,11 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     if hints:
         print(hints, file=terminal.out())
     if failed:
+        crashed = any(r.get("error") and r.get("diverged_step") is None for r in rows)
+        tracebacks = f", tracebacks in {out / TUNE_DIR}/<workload>/<trial>/error.txt" if crashed else ""
         print(
             f"error: {len(failed)} trial(s) failed: {', '.join(failed)} (their errors are in "
-            f"{out / SUMMARY_MD}, tracebacks in {out / TUNE_DIR}/<workload>/<trial>/error.txt"
-            f"{terminal.log_hint()})",
+            f"{out / SUMMARY_MD}{tracebacks}{terminal.log_hint()})",
             file=terminal.err(),
         )
         return 1

@@ -443,3 +443,18 @@ def test_a_sweeps_fsdp_reaches_its_trials_and_must_divide_a_workers_devices(tmp_
         with pytest.raises(ConfigError) as err:
             load_experiment(write(tmp_path, config.replace("fsdp: 2", bad)))
         assert expected in str(err.value), str(err.value)
+
+
+def test_learning_rates_that_print_alike_get_names_of_their_own():
+    sweep = SweepConfig.model_validate(
+        {"workload": "mlp", "search_space": {"learning_rate": [1e-3, 1.000001e-3]}}
+    )
+    names = [parse_trial(t).name() for t in sweep.trial_dicts({})]
+    assert names == ["mlp_b256_float32_w256_lr0.001", "mlp_b256_float32_w256_lr0.001000001"]
+
+
+def test_a_fixed_learning_rate_of_zero_is_refused_not_replaced(tmp_path):
+    config = tmp_path / "zero.yaml"
+    config.write_text("experiment: x\nsweeps:\n  - workload: mlp\n    train: {learning_rate: 0}\n")
+    with pytest.raises(ConfigError, match=r"sweeps\.0\.train\.learning_rate"):
+        load_experiment(config)

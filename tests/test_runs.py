@@ -151,9 +151,11 @@ def test_the_default_workload_is_the_transformer_then_the_first_by_name(tmp_path
     rows = [*ROWS, {"trial": "t", "workload": "transformer", "val_loss": 2.0, "checkpoint": "train/t/c"}]
     (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(rows))
     assert runs.checkpoint_of(tmp_path, runs.best_row(tmp_path)) == tmp_path / "train/t/c"
-    with pytest.raises(
-        runs.RunFolderError, match="no finished trial with a checkpoint of workload 'shared_block_mlp'"
-    ):
+    with pytest.raises(runs.RunFolderError, match="has no shared_block_mlp trial"):
+        runs.best_row(tmp_path, "shared_block_mlp")
+    failed = [*rows, {"trial": "s", "workload": "shared_block_mlp", "error": "boom"}]
+    (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(failed))
+    with pytest.raises(runs.RunFolderError, match="no finished trial with a checkpoint of workload 'shared_"):
         runs.best_row(tmp_path, "shared_block_mlp")
     (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))
     assert runs.best_row(tmp_path)["trial"] == "sharp"
@@ -233,3 +235,15 @@ def test_only_timestamped_folders_are_runs_and_an_evaluation_beside_them_hides_n
 def test_a_run_is_never_made_inside_a_checkpoint(tmp_path, stored):
     with pytest.raises(runs.RunFolderError, match="lies in the checkpoint folder"):
         runs.new_run(stored / "params" / "out")
+
+
+def test_a_newer_run_of_another_workload_hides_no_transformer(tmp_path, stored):
+    """runs/<experiment> for a workload is the newest complete run that trained it."""
+    experiment = tmp_path / "demo"
+    lm = [{"trial": "lm", "workload": "transformer", "val_loss": 1.7, "checkpoint": "train/lm/ck"}]
+    older = sweep_folder(experiment / "20261201-100000", [*ROWS, *lm])
+    newer = populate(sweep_folder(experiment / "20261202-100000", ROWS), ROWS, stored)
+    assert runs.latest_run(experiment) == newer and runs.latest_run(experiment, "mlp") == newer
+    assert runs.latest_run(experiment, "transformer") == older
+    with pytest.raises(runs.RunFolderError, match="has no transformer trial"):
+        runs.best_row(newer, "transformer")

@@ -213,8 +213,10 @@ class ParallelConfig(FrozenConfig):
 
 def trial_name(workload: str, global_batch: int, dtype: str, width: int, learning_rate: float) -> str:
     """A trial's name, ``<workload>_b<global_batch>_<dtype>_w<width>_lr<peak learning rate>``: the one
-    name of its Tune and Ray Train folders, TensorBoard run, progress row, summary row and checkpoint."""
-    return f"{workload}_b{global_batch}_{dtype}_w{width}_lr{learning_rate:g}"
+    name of its Tune and Ray Train folders, TensorBoard run, progress row, summary row and checkpoint.
+    The rate is written as Python's shortest repr of the float (0.003, 1e-05), so two different
+    rates never share a name."""
+    return f"{workload}_b{global_batch}_{dtype}_w{width}_lr{float(learning_rate)!r}"
 
 
 class TrialConfig(FrozenConfig):

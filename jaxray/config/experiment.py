@@ -160,9 +160,13 @@ class SweepConfig(FrozenConfig):
             "global_batch": s.global_batch or [TrainConfig().global_batch],
             "dtype": s.dtype or [ModelConfig.model_fields["dtype"].default],
             "width": s.width or [self._preset().get("width", DEFAULT_WIDTH[self.workload])],
-            "learning_rate": s.learning_rate
-            or [self.train.get("learning_rate") or DEFAULT_LEARNING_RATE[self.workload]],
+            "learning_rate": s.learning_rate or [self._fixed_learning_rate()],
         }
+
+    def _fixed_learning_rate(self) -> Any:
+        """``train.learning_rate`` as written (validated with the trial), else the workload's default."""
+        fixed = self.train.get("learning_rate")
+        return DEFAULT_LEARNING_RATE[self.workload] if fixed is None else fixed
 
     def grid_size(self) -> int:
         """How many trials the grid holds."""

@@ -46,9 +46,9 @@ class Diverged(ArithmeticError):
         return {"diverged_step": self.step, "diverged_metric": self.metric, "diverged_value": str(self.value)}
 
 
-def check_finite(step: int, metrics: dict[str, float]) -> None:
-    """Raise ``Diverged`` when a ``WATCHED`` metric of ``step`` is NaN or inf."""
-    for name in WATCHED:
+def check_finite(step: int, metrics: dict[str, float], watched: Sequence[str] = WATCHED) -> None:
+    """Raise ``Diverged`` when a ``watched`` metric of ``step`` is NaN or inf."""
+    for name in watched:
         if name in metrics and not math.isfinite(metrics[name]):
             raise Diverged(step, name, metrics[name])
 
@@ -135,7 +135,8 @@ def train(
     ``train.checkpoint_every`` steps; ``on_compile(report)`` gets the compile report. Raises
     ConfigError (batch does not divide, cuDNN attention cannot run) before compiling, CheckpointError
     if ``resume`` is damaged or holds another model, Diverged at the first logged or checkpointed
-    step whose loss or grad_norm is NaN or inf (nothing of that step is saved)."""
+    step whose loss or grad_norm is NaN or inf, or when the held-out loss of the final params is
+    (nothing of that step is saved)."""
     devices = mesh.devices.size
     check_trial(trial, devices)
     model = build(trial.model)
@@ -166,14 +167,22 @@ def train(
         start=start,
     )
 
-    held_out = evaluate(
-        jit_eval_step(model, mesh), state.params, eval_arrays, eval_batch_size(trial, devices), mesh
-    )
+    held_out = _final_held_out(trial, model, mesh, state, eval_arrays)
     summary = _summary(trial, devices, param_count(state.params), compile_s, timing, history, held_out)
     summary["mesh"] = ",".join(f"{axis}={size}" for axis, size in mesh.shape.items())  # "data=2,fsdp=2"
     summary.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))
     summary.update(_attention(model))
     return TrainResult(state, summary, history, report)
+
+
+def _final_held_out(trial: TrialConfig, model: Model, mesh: Mesh, state: TrainState, eval_arrays: Arrays):
+    """The final params' held-out metrics over all of ``eval_arrays``. Raises Diverged when the loss
+    is not finite: the last update can break params the last logged loss (taken before it) did not."""
+    batch = eval_batch_size(trial, mesh.devices.size)
+    held_out = evaluate(jit_eval_step(model, mesh), state.params, eval_arrays, batch, mesh)
+    name = "val_loss" if trial.model.workload == "transformer" else "test_loss"  # as the summary names it
+    check_finite(trial.train.steps, {name: held_out["loss"]}, (name,))
+    return held_out
 
 
 def _validator(trial: TrialConfig, model: Model, mesh: Mesh, eval_arrays: Arrays) -> Callable | None:

@@ -85,3 +85,19 @@ def test_a_diverged_run_stops_at_its_first_non_finite_step_and_saves_nothing_of_
         "diverged_value": str(err.value.value),
     }
     assert str(err.value) == f"diverged at step 2: loss {err.value.value}"
+
+
+def test_params_broken_by_the_last_update_are_a_divergence(real_dir):
+    """One step at a peak learning rate of 1e30: its logged loss (before the update) is finite, the
+    held-out loss of the params it leaves is not."""
+    trial = parse_trial(
+        {
+            "model": {"workload": "mlp", "width": 16},
+            "data": {"data_dir": str(real_dir)},
+            "train": {"steps": 1, "global_batch": 32, "learning_rate": 1e30, "log_every": 1},
+        }
+    )
+    train_arrays, held_out = load_arrays(trial)
+    with pytest.raises(Diverged) as err:
+        train(trial, train_batches(train_arrays, 32), held_out, make_mesh())
+    assert (err.value.step, err.value.metric) == (1, "test_loss") and not math.isfinite(err.value.value)
