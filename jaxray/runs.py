@@ -283,9 +283,10 @@ def best_row(run_dir: str | Path, workload: str | None = None) -> dict[str, Any]
             f"{Path(run_dir) / SUMMARY_JSON} has no finished trial with a checkpoint{which}; a failed "
             f"trial's own checkpoints are under {Path(run_dir) / TRAIN_DIR}/<trial>: pass that folder"
         )
-    best = best_trial(rows, workload, saved_ranking(run_dir))
+    ranking = saved_ranking(run_dir)
+    best = best_trial(rows, workload, ranking)
     if best is None:
-        metric = ranking_metric(workload, saved_ranking(run_dir))[0]
+        metric = ranking_metric(workload, ranking)[0]
         raise RunFolderError(
             f"{Path(run_dir) / SUMMARY_JSON}: no trial of workload {workload!r} finished with a finite "
             f"{metric} (every one failed or diverged), so none is the best"

@@ -125,7 +125,12 @@ def unfinished(run: Path) -> bool:
         rows = read_summary(run)
     except (OSError, RunFolderError):
         return True
-    return any(r.get("error") and r.get("diverged_step") is None for r in rows)
+    return any(map(crashed, rows))
+
+
+def crashed(row: dict) -> bool:
+    """Whether the summary ``row`` is of a trial that failed other than by diverging."""
+    return bool(row.get("error")) and row.get("diverged_step") is None
 
 
 def resume_target(path: Path) -> Path:
@@ -279,8 +284,8 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     if hints:
         print(hints, file=terminal.out())
     if failed:
-        crashed = any(r.get("error") and r.get("diverged_step") is None for r in rows)
-        tracebacks = f", tracebacks in {out / TUNE_DIR}/<workload>/<trial>/error.txt" if crashed else ""
+        traced = any(map(crashed, rows))  # a diverged trial leaves no error.txt
+        tracebacks = f", tracebacks in {out / TUNE_DIR}/<workload>/<trial>/error.txt" if traced else ""
         print(
             f"error: {len(failed)} trial(s) failed: {', '.join(failed)} (their errors are in "
             f"{out / SUMMARY_MD}{tracebacks}{terminal.log_hint()})",

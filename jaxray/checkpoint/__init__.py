@@ -39,12 +39,12 @@ __all__ = ["CheckpointError", "CheckpointSaveError"]
 PARAMS_DIR, OPT_STATE_DIR = "params", "opt_state"
 MODEL_CONFIG, TRIAL_CONFIG = "model_config.json", "trial_config.json"
 HISTORY_FILE, TRAIN_STATE = "history.json", "train_state.json"
-CHECKPOINT_PREFIX = "checkpoint_"
+CHECKPOINT_PREFIX = "checkpoint_"  # Ray Train's checkpoint folders: train/<trial>/checkpoint_*
 # The metrics a checkpoint records (history rows, final summary) that must be finite (``verify``).
 RECORDED_METRICS = (
     *("loss", "grad_norm", "accuracy", "perplexity", "final_train_loss"),
     *("val_loss", "val_accuracy", "val_perplexity", "test_loss", "test_accuracy"),
-)  # Ray Train's checkpoint folders: train/<trial>/checkpoint_*
+)
 log = logging.getLogger(__name__)
 
 

@@ -59,7 +59,8 @@ def _throughput_series(rows: list[dict], workload: str) -> dict[str, list[tuple[
         value, batch = finite(throughput(r)[0]), finite(r.get("global_batch"))
         if value is not None and batch is not None and batch > 0:  # log axis: batch must be > 0
             lr = r.get("learning_rate")
-            key = (str(r.get("dtype", "?")), str(r.get("width", "?")), "?" if lr is None else format(lr, "g"))
+            # The rate as trial names write it: two rates never share a series.
+            key = (str(r.get("dtype", "?")), str(r.get("width", "?")), "?" if lr is None else repr(float(lr)))
             series.setdefault(key, []).append((batch, value))
     return {f"{d}, width {w}, peak lr {lr}": sorted(pts) for (d, w, lr), pts in sorted(series.items())}
 

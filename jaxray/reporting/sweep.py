@@ -212,7 +212,7 @@ def _effect(workload: str, label: str, value, trials: list[dict], ranking: Ranki
     return [
         workload,
         label,
-        format(value, "g") if isinstance(value, float) else value,
+        repr(value) if isinstance(value, float) else value,  # a rate as trial names write it
         len(trials),
         f"{float(best[metric]):.4f} ({best['trial']})" if best else _no_best(trials),
         f"{statistics.median(speeds):,.0f} {throughput(trials[0])[1]}" if speeds else "",
