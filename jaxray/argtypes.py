@@ -61,6 +61,19 @@ def cpu_device_count(text: str) -> int:
     return value
 
 
+def mesh_sizes(text: str) -> dict[str, int]:
+    """``data=D,fsdp=F,tensor=T`` (any of the three, -1 for the rest) -> ``{axis: size}``."""
+    sizes = {}
+    for part in text.split(","):
+        axis, _, size = part.partition("=")
+        if axis.strip() not in ("data", "fsdp", "tensor") or not size.strip().lstrip("-").isdigit():
+            raise argparse.ArgumentTypeError(
+                f"expected data=D,fsdp=F,tensor=T (any of them; -1: the rest), got {text!r}"
+            )
+        sizes[axis.strip()] = int(size)
+    return sizes
+
+
 def folder(text: str) -> str:
     """An existing directory."""
     if not Path(text).is_dir():

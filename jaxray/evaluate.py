@@ -31,7 +31,7 @@ from jaxray.data.workloads import load_arrays
 from jaxray.inference.sampling import Sampling, encode_prompt, generate, printable, prompt_window
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
-from jaxray.reporting import eval_figures
+from jaxray.reporting import checkpoint_line, eval_figures
 from jaxray.reporting.eval_results import FIGURES, default_out, results_folder, write_results
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import jit_eval_step
@@ -138,7 +138,7 @@ def run(
     if data_dir is not None and not Path(data_dir).is_dir():  # else a typo falls to the default search
         raise ConfigError(f"--data-dir {data_dir} is not a directory")
     directory = runs.resolve(path, workload).absolute()
-    print(checkpoint.describe(directory), file=sys.stderr, flush=True)  # which one, before the work
+    print(checkpoint_line.describe(directory), file=sys.stderr, flush=True)  # which one, before the work
     trial = checkpoint.load_trial_config(directory)
     if workload and trial.model.workload != workload:
         raise checkpoint.CheckpointError(

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from jaxray import checkpoint
 from jaxray.argtypes import TRANSFORMER_CHECKPOINT_HELP, cli_parser
 from jaxray.inference.artifact import ATTENTION_NOTE, ExportError, check_out, export_checkpoint
 from jaxray.inference.load import check_checkpoint
 from jaxray.inference.settings import EngineSettings, add_engine_options, engine_overrides
+from jaxray.reporting import checkpoint_line
 from jaxray.runs import removed_if_failed
 
 
@@ -53,7 +53,7 @@ def _resolved(args: argparse.Namespace, out: Path) -> Path:
     checked; raises as ``export_checkpoint``."""
     check_out(out)
     source = check_checkpoint(args.checkpoint, _settings(args), purpose="exported")
-    print(checkpoint.describe(source), file=sys.stderr, flush=True)
+    print(checkpoint_line.describe(source), file=sys.stderr, flush=True)
     return source
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from jaxray import argtypes, checkpoint, runs
 from jaxray.inference.engine import kv_generate
 from jaxray.inference.sampling import Sampling, encode_prompt, generate, printable, prompt_window
+from jaxray.reporting import checkpoint_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +67,7 @@ def checked_checkpoint(args: argparse.Namespace) -> Path:
 def sample_text(args: argparse.Namespace) -> str:
     """The text sampled after ``args.prompt`` (prompt excluded); the checkpoint is named on stderr."""
     path = checked_checkpoint(args)
-    print(checkpoint.describe(path), file=sys.stderr, flush=True)
+    print(checkpoint_line.describe(path), file=sys.stderr, flush=True)
     model, params = checkpoint.restore(path)
     sampling = sampling_options(args)
     if args.sampler == "kv":

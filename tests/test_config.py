@@ -140,7 +140,11 @@ def test_good_config_expands_grid(tmp_path):
 @pytest.mark.parametrize(
     "old,new,expected",
     [
-        ("global_batch: [256, 512]", "global_batch: [256, 510]", "not divisible by the device count 4"),
+        (
+            "global_batch: [256, 512]",
+            "global_batch: [256, 510]",
+            "not divisible by the 4 devices it is split over",
+        ),
         ("dtype: [float32, bfloat16]", "dtype: [float32, float64]", "'float32', 'bfloat16' or 'float16'"),
         ("workload: mlp", "workload: resnet", "'mlp', 'shared_block_mlp' or 'transformer'"),
         (
@@ -265,7 +269,7 @@ def test_cli_rejects_bad_config_before_starting_ray(tmp_path):
     bad = write(tmp_path, GOOD.replace("global_batch: [256, 512]", "global_batch: [256, 510]"))
     proc = run_cli("--config", bad, "--out", tmp_path / "o")
     assert proc.returncode == 2
-    assert "global_batch 510 is not divisible by the device count 4" in proc.stderr
+    assert "global_batch 510 is not divisible by the 4 devices it is split over" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
 
@@ -426,23 +430,52 @@ def test_nan_and_infinity_are_not_finite(tmp_path, setting, shown):
     assert "greater than" not in message
 
 
-def test_a_sweeps_fsdp_reaches_its_trials_and_must_divide_a_workers_devices(tmp_path):
+def test_a_sweeps_mesh_reaches_its_trials_and_the_rest_goes_to_data(tmp_path):
     config = GOOD.replace("    train: {steps: 5}", "    train: {steps: 5}\n    parallel: {fsdp: 2}")
     exp = load_experiment(write(tmp_path, config))
     trials = [parse_trial(t) for t in exp.sweeps[0].trial_dicts(exp.base())]
-    assert {t.parallel.fsdp for t in trials} == {2}
-    assert parse_trial({"model": {"workload": "mlp"}}).parallel.fsdp == 1
+    assert {tuple(t.mesh_shape.values()) for t in trials} == {(2, 2, 1)}  # data is the rest (-1)
+    assert parse_trial({"model": {"workload": "mlp"}}).mesh_shape == {"data": 1, "fsdp": 1, "tensor": 1}
+    tensor = parse_trial({"model": {"workload": "mlp"}, "workers": {"devices_per_worker": 4},
+                          "parallel": {"data": 1, "fsdp": -1, "tensor": 2}})  # fmt: skip
+    assert tensor.mesh_shape == {"data": 1, "fsdp": 2, "tensor": 2}
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("fsdp: 3", "parallel.data -1 x parallel.fsdp 3 x parallel.tensor 1 cannot make a mesh of the "
+                    "trial's 4 devices"),
+        ("{data: 2, fsdp: 1, tensor: 1}", "parallel.data 2 x parallel.fsdp 1 x parallel.tensor 1 cannot "
+                                          "make a mesh of the trial's 4 devices"),
+        ("{data: -1, tensor: -1}", "parallel sizes must be positive, with at most one -1 (the rest)"),
+        ("fsdp: 0", "parallel sizes must be positive, with at most one -1 (the rest)"),
+        ("fsdp: -2", "parallel.fsdp: Input should be greater than or equal to -1, got -2"),
+        ("model: 2", "parallel.model: unknown key; allowed: data, fsdp, tensor"),
+    ],
+)  # fmt: skip
+def test_a_bad_mesh_is_refused_naming_the_numbers(tmp_path, setting, expected):
+    config = GOOD.replace("    train: {steps: 5}", "    train: {steps: 5}\n    parallel: " + (
+        setting if setting.startswith("{") else "{" + setting + "}"))  # fmt: skip
     with pytest.raises(ConfigError) as err:
-        load_experiment(write(tmp_path, config.replace("fsdp: 2", "fsdp: 3")))
+        load_experiment(write(tmp_path, config))
+    assert expected in str(err.value), str(err.value)
+
+
+def test_fsdp_may_span_workers_tensor_may_not():
+    two_by_two = {"model": {"workload": "mlp"}, "workers": {"num_workers": 2, "devices_per_worker": 2},
+                  "train": {"global_batch": 8}}  # fmt: skip
+    assert parse_trial({**two_by_two, "parallel": {"fsdp": 4}}).mesh_shape == {
+        "data": 1,
+        "fsdp": 4,
+        "tensor": 1,
+    }
+    with pytest.raises(ConfigError) as err:
+        parse_trial({**two_by_two, "parallel": {"tensor": 4}})
     assert (
-        "sweeps.0: parallel.fsdp 3 must divide workers.devices_per_worker 4 (allowed: 1, 2, 4), so that "
-        "each group of devices sharing the params lies within one worker" in str(err.value)
+        "parallel.tensor 4 must divide workers.devices_per_worker 2 (allowed: 1, 2): a tensor-parallel "
+        "group all-reduces every layer, so it stays within one worker" in str(err.value)
     ), str(err.value)
-    for bad, expected in (("fsdp: 0", "parallel.fsdp: Input should be greater than 0, got 0"),
-                          ("model: 2", "parallel.model: unknown key; allowed: fsdp")):  # fmt: skip
-        with pytest.raises(ConfigError) as err:
-            load_experiment(write(tmp_path, config.replace("fsdp: 2", bad)))
-        assert expected in str(err.value), str(err.value)
 
 
 def test_learning_rates_that_print_alike_get_names_of_their_own():

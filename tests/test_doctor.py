@@ -129,6 +129,9 @@ def test_cli_shows_four_devices_and_the_sharding():
 def test_cli_json():
     report = json.loads(run_doctor("--json").stdout)
     assert report["device_count"] == 4 and report["backend"] == "cpu"
-    assert report["mesh_shape"] == {"data": 4} and report["batch_shard_shape"] == [8, 784]
+    assert report["mesh_shape"] == {"data": 4, "fsdp": 1, "tensor": 1} and report["batch_shard_shape"] == [
+        8,
+        784,
+    ]
     assert report["weight_shard_shape"] == [784, 256] and report["weight_spec"] == "P()"
     assert report["cpu_only_reason"].startswith("JAX_PLATFORMS=cpu forces")

@@ -11,6 +11,7 @@ import yaml
 
 from jaxray import checkpoint
 from jaxray.config import ModelConfig
+from jaxray.reporting import checkpoint_line
 from jaxray.serve.__main__ import build_parser, read_config
 from jaxray.serve.app import app_builder
 from jaxray.serve.schema import MODEL_FIELDS, served_model
@@ -60,4 +61,4 @@ def test_app_builder_serves_the_environments_checkpoint_and_names_it(
     app = app_builder({"engine": {"buckets": [16], "batch_sizes": [1]}})
     assert app is not None
     named = [line for line in capsys.readouterr().err.splitlines() if line.startswith("checkpoint: ")]
-    assert named == [checkpoint.describe(trained_transformer)]
+    assert named == [checkpoint_line.describe(trained_transformer)]

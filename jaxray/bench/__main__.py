@@ -56,7 +56,7 @@ SIZED = [("--preset", ("cpu", "gpu", "tiny"), "cpu", "sizes: 2-core CPU, the lea
 MODEL = [("--workload", WORKLOADS, "transformer", None), ("--dtype", DTYPES, "float32", None),
          ("--batch", INT, 16, "global batch"), ("--width", INT, None, "width or d_model"),
          ("--seq-len", INT, None, "(default 256)"), ("--devices", INT, 1, None), ("--json", bool, None, None),
-         ("--fsdp", INT, 1, "split params and optimizer state N ways (parallel.fsdp)"),
+         ("--mesh", at.mesh_sizes, None, "data=D,fsdp=F,tensor=T over --devices (default: all data)"),
          ("--model-preset", tuple(MODEL_SIZES), None, "options win"), ("--attention", ATTENTION, None, None)]
 COMMANDS = {  # name: (help, options); all but serve also take COMMON
     **{name: (f"the {name} suite", SIZED) for name in SUITE_NAMES},

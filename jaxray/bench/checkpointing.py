@@ -1,6 +1,7 @@
-"""``checkpoint``: per lab model, size on disk and the medians (after a warm-up) of ``save_state`` plus
-the copy into the run's storage and of ``restore_state`` (checksums verified); and ms/step (host time,
-saves included) of one run without checkpoints vs one every ``every`` steps, alternately."""
+"""``checkpoint``: per lab model, size on disk and the medians (after a warm-up) of ``save_state`` and
+``restore_state`` (checksums verified); and ms/step (host time, saves included) of runs without
+checkpoints, with one every ``every`` steps written synchronously, and written in the background
+(committed at the next save, as the Ray workers do), in turn, with the time a save blocks the step."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from jaxray.bench.report import Report, run_cases
 from jaxray.bench.throughput import environment, make_spec
-from jaxray.checkpoint import restore_state, save_state
+from jaxray.checkpoint import PendingSave, restore_state, save_state, start_save_state
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.models import build, param_count
@@ -26,15 +27,14 @@ from jaxray.train.run import train
 from jaxray.train.step import abstract_state, init_state, make_optimizer
 
 TARGET = 1.05  # ms/step with a checkpoint every 100 steps over ms/step without
-COLUMNS = "case params size_mb save_s restore_s every ms_per_step vs_none"
+COLUMNS = "case params size_mb save_s restore_s every mode ms_per_step blocked_ms vs_none"
+MODES = ("none", "sync", "async")
 
 
-def _save_copy(folder: Path, state, trial, storage: Path) -> float:
-    """Seconds to save ``state`` under ``folder`` and copy it into ``storage``."""
+def _save(folder: Path, state, trial) -> float:
+    """Seconds to save ``state`` under ``folder``, committed."""
     start = time.perf_counter()
-    path = save_state(folder, state, trial, [], {})
-    shutil.copytree(path, storage)
-    shutil.rmtree(path)
+    save_state(folder, state, trial, [], {})
     return time.perf_counter() - start
 
 
@@ -54,7 +54,7 @@ def size_row(workload: str, repeats: int, data_dir: str | None) -> dict[str, Any
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats + 1):  # the first of each is warm-up
             stored = Path(tmp) / f"stored{i}"
-            saves.append(_save_copy(Path(tmp) / f"local{i}", state, trial, stored))
+            saves.append(_save(stored, state, trial))
             start = time.perf_counter()
             jax.block_until_ready(restore_state(stored, abstract_state(model, tx, mesh))[0])
             restores.append(time.perf_counter() - start)
@@ -65,20 +65,41 @@ def size_row(workload: str, repeats: int, data_dir: str | None) -> dict[str, Any
             "repeats": repeats, **environment(1)}  # fmt: skip
 
 
-def _ms_per_step(trial, every: int | None, arrays, held_out, tmp: Path) -> float:
-    """One run of ``trial`` with a checkpoint every ``every`` steps (None: none)."""
-    trial = trial.model_copy(update={"train": trial.train.model_copy(update={"checkpoint_every": every})})
+def _ms_per_step(trial, every: int, mode: str, arrays, held_out, tmp: Path) -> tuple[float, float | None]:
+    """(ms/step, median ms a save blocked the loop) of one run of ``trial`` with no checkpoint
+    (``mode`` "none"), or one every ``every`` steps committed at once ("sync") or at the next save
+    ("async": the arrays copied to host memory, written while training goes on)."""
+    every_or_none = None if mode == "none" else every
+    trial = trial.model_copy(
+        update={"train": trial.train.model_copy(update={"checkpoint_every": every_or_none})}
+    )
+    blocked: list[float] = []
+    pending: list[PendingSave] = []
 
     def save(step, state, history):
-        _save_copy(tmp / f"local{step}", state, trial, tmp / f"stored{step}")
+        start = time.perf_counter()
+        if pending:
+            pending.pop().commit()
+        job = start_save_state(tmp / f"step{step}", state, trial, history, {})
+        if mode == "sync":
+            job.commit()
+        else:
+            pending.append(job)
+        blocked.append(time.perf_counter() - start)
 
     batches = train_batches(arrays, trial.train.global_batch, trial.train.seed)
-    result = train(trial, batches, held_out, make_mesh(jax.devices()[:1]), save=save if every else None)
-    return result.summary["ms_per_step"] + result.summary["hook_s"] * 1e3 / (trial.train.steps - 1)
+    result = train(
+        trial, batches, held_out, make_mesh(jax.devices()[:1]), save=save if every_or_none else None
+    )
+    for job in pending:
+        job.commit()
+    ms = result.summary["ms_per_step"] + result.summary["hook_s"] * 1e3 / (trial.train.steps - 1)
+    return ms, (statistics.median(blocked) * 1e3 if blocked else None)
 
 
 def cost_rows(workload: str, args) -> list[dict[str, Any]]:
-    """ms/step without checkpoints and with one every ``args.every`` steps, alternately."""
+    """ms/step without checkpoints, with synchronous and with background ones every ``args.every``
+    steps, in turn; medians over ``args.repeats``."""
     lm, steps = workload == "transformer", args.steps or 2 * args.every + 1
     batch, width = args.batch or (16 if lm else 512), args.width or (128 if lm else None)
     shape = {"width": width, "seq_len": args.seq_len, **({"max_seq_len": args.seq_len} if lm else {})}
@@ -87,15 +108,22 @@ def cost_rows(workload: str, args) -> list[dict[str, Any]]:
     trial = spec.trial.model_copy(update={"train": train_cfg})
     arrays, held_out = load_arrays(trial)
     held_out = {k: v[:batch] for k, v in held_out.items()}
-    times: dict[int | None, list[float]] = {None: [], args.every: []}
+    times: dict[str, list[tuple[float, float | None]]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            for every in times:
-                times[every].append(_ms_per_step(trial, every, arrays, held_out, Path(tmp) / f"{i}-{every}"))
+            for mode in MODES:
+                folder = Path(tmp) / f"{i}-{mode}"
+                times[mode].append(_ms_per_step(trial, args.every, mode, arrays, held_out, folder))
+                shutil.rmtree(folder, ignore_errors=True)
     env = environment(1) | {"workload": workload, "steps": steps}
     env["case"] = f"{workload} d{trial.model.width} batch {batch}, {steps} steps"
-    rows = [{"every": e or "none", "ms_per_step": statistics.median(v), "ms_per_step_repeats": v}
-            for e, v in times.items()]  # fmt: skip
+    rows = []
+    for mode, runs in times.items():
+        blocked = [b for _, b in runs if b is not None]
+        rows.append({"every": "none" if mode == "none" else args.every, "mode": mode,
+                     "ms_per_step": statistics.median(ms for ms, _ in runs),
+                     "ms_per_step_repeats": [ms for ms, _ in runs],
+                     "blocked_ms": statistics.median(blocked) if blocked else None})  # fmt: skip
     return [env | r | {"vs_none": r["ms_per_step"] / rows[0]["ms_per_step"]} for r in rows]
 
 
@@ -107,11 +135,14 @@ def checkpoint_benchmark(args) -> Report:
         cases.append(({"case": f"{w} every {args.every}"}, lambda w=w: {"rows": cost_rows(w, args)}))
     rows = [r for res in run_cases(cases, "checkpoint") for r in res.pop("rows", [res])]
     cost = [r for r in rows if r.get("every") not in (None, "none")]
-    summary = {f"{r['workload']}_every_{r['every']}": r["vs_none"] for r in cost} | {"target": TARGET}
+    summary = {f"{r['workload']}_every_{r['every']}_{r['mode']}": r["vs_none"] for r in cost} | {
+        "target": TARGET
+    }
     notes = [
         f"Target: a checkpoint every 100 steps costs <= {TARGET:g}x the step time without.",
-        "save s: save_state plus the copy into the run's storage; restore s: restore_state onto the mesh, "
-        "checksums verified; medians after a warm-up. ms/step: the loop's host time a step, saves included.",
+        "save s: save_state, committed; restore s: restore_state onto the mesh, checksums verified; medians "
+        "after a warm-up. ms/step: the loop's host time a step, saves included; blocked ms: the loop's "
+        "wait per save (sync: the whole save; async: the copy to host memory and the previous commit).",
     ]
     title = "Checkpoints: size, save and restore time, step-time cost"
     return Report("checkpoint", title, rows, COLUMNS, notes, summary=summary)

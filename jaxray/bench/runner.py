@@ -13,7 +13,7 @@ from jaxray.bench import checkpointing, compare, load, suites
 from jaxray.bench.presets import MODEL_SIZES, PRESETS
 from jaxray.bench.report import WRITER, Report, render, write_report
 from jaxray.bench.throughput import TIMING, check_device_count, make_spec
-from jaxray.parallel.mesh import make_mesh
+from jaxray.parallel.mesh import trial_mesh
 from jaxray.reporting.format import json_safe
 from jaxray.runs import check_overwrite
 from jaxray.train import compile_report
@@ -26,7 +26,7 @@ def throughput_size(args: argparse.Namespace) -> dict:
     if args.workload != "transformer" and given:
         raise ValueError(f"{', '.join(given)} applies to --workload transformer only, not {args.workload}")
     size = {"workload": args.workload, "global_batch": args.batch, "dtype": args.dtype, "width": args.width}
-    size |= {"devices": args.devices, "seq_len": args.seq_len, "attention": args.attention, "fsdp": args.fsdp}
+    size |= {"devices": args.devices, "seq_len": args.seq_len, "attention": args.attention, "mesh": args.mesh}
     size |= {k: getattr(args, k, None) for k in TIMING}
     return MODEL_SIZES.get(args.model_preset, {}) | {k: v for k, v in size.items() if v is not None}
 
@@ -43,7 +43,7 @@ def _compile(args, out) -> int:
     """XLA's compile report of one config (no data, no training); written to out/compile.json."""
     spec = make_spec(**{k: v for k, v in throughput_size(args).items() if k not in TIMING})
     check_device_count(spec.devices)
-    mesh = make_mesh(jax.devices()[: spec.devices], fsdp=spec.trial.parallel.fsdp)
+    mesh = trial_mesh(spec.trial, jax.devices()[: spec.devices])
     report = json_safe(compile_report.report_for(spec.trial, mesh))
     if out is not None:
         (out / "compile.json").write_text(json.dumps({"written_by": f"{WRITER} compile", **report}, indent=2))

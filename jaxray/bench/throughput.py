@@ -15,12 +15,12 @@ import jaxlib
 import numpy as np
 
 from jaxray.bench import mfu
-from jaxray.config import ConfigError, TrialConfig, check_devices, parse_trial
+from jaxray.config import ConfigError, TrialConfig, parse_trial
 from jaxray.data.batching import Arrays, num_rows
 from jaxray.data.workloads import load_arrays
 from jaxray.models import build, param_count
-from jaxray.parallel.checks import check_attention
-from jaxray.parallel.mesh import make_mesh, needs_sync_per_step, shard_batch
+from jaxray.parallel.checks import check_attention, check_trial
+from jaxray.parallel.mesh import needs_sync_per_step, shard_batch, trial_mesh
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import compile_shard_map_train_step, compile_train_step, jit_eval_step
 from jaxray.train.run import eval_batch_size, tokens_per_example
@@ -67,8 +67,8 @@ class Spec:
 
 
 def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: int | None = None,
-              seq_len: int = 256, devices: int = 1, data_dir: str | None = None, fsdp: int = 1,
-              **more: Any) -> Spec:  # fmt: skip
+              seq_len: int = 256, devices: int = 1, data_dir: str | None = None,
+              mesh: dict[str, int] | None = None, **more: Any) -> Spec:  # fmt: skip
     """A Spec checked like a training config (ConfigError); ``more``: ``TIMING`` or model fields."""
     lm, timing = workload == "transformer", {k: v for k, v in more.items() if k in TIMING}
     model = {"workload": workload, "dtype": dtype, "width": width, **more}
@@ -77,15 +77,19 @@ def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: i
     raw["train"] = {"global_batch": global_batch}
     raw["data"] = {"data_dir": data_dir} | ({"seq_len": seq_len} if lm else {})
     raw["workers"] = {"devices_per_worker": devices, "use_gpu": jax.default_backend() == "gpu"}
-    raw["parallel"] = {"fsdp": fsdp}
+    raw["parallel"] = mesh or {}
     try:
         check_attention(trial := parse_trial(raw, source="(bench)"), source="(bench)")
     except ConfigError as err:
-        hint = "--batch: train.global_batch, --devices: workers.devices_per_worker, --fsdp: parallel.fsdp"
+        hint = "--batch: train.global_batch, --devices: workers.devices_per_worker, --mesh: parallel"
         raise ConfigError(f"{err}\n  ({hint})") from None
     spec = Spec(trial, devices, **timing)
-    if spec.step == "shard_map" and fsdp > 1:  # its explicit step takes the params whole
-        raise ValueError(f"step shard_map keeps the params whole: it needs fsdp 1, got {fsdp}")
+    shape = trial.mesh_shape
+    if spec.step == "shard_map" and shape["fsdp"] * shape["tensor"] > 1:  # it takes the params whole
+        raise ValueError(
+            f"step shard_map keeps the params whole: it needs fsdp 1 and tensor 1, "
+            f"got fsdp {shape['fsdp']}, tensor {shape['tensor']}"
+        )
     if spec.step not in STEP_KINDS or (spec.steps_per_call > 1 and spec.step != "jit"):
         raise ValueError(f"step must be one of {STEP_KINDS} (jit for steps_per_call > 1), got {spec.step!r}")
     if min(spec.steps, spec.repeats, spec.steps_per_call) < 1 or spec.steps % spec.steps_per_call:
@@ -134,8 +138,8 @@ def measure(spec: Spec, data: tuple[Arrays, Arrays] | None = None) -> Measuremen
     """Compile and time ``spec``'s step on ``data`` ((train, held-out); default ``load_arrays``)."""
     trial = spec.trial
     check_device_count(spec.devices)
-    check_devices(trial.train.global_batch, spec.devices)
-    mesh = make_mesh(jax.devices()[: spec.devices], fsdp=trial.parallel.fsdp)
+    mesh = trial_mesh(trial, jax.devices()[: spec.devices])
+    check_trial(trial, mesh.shape)
     train_arrays, held_out = data if data is not None else load_arrays(trial)
     batches = stage_batches(train_arrays, spec, mesh)
     model, tx = build(trial.model), make_optimizer(trial.learning_rate, trial.train.weight_decay)
@@ -169,8 +173,8 @@ def _row(spec: Spec, model, n_params: int, seconds: float, compile_s: float, los
     per_example = mfu.flops_per_example(cfg, trial.data.seq_len)
     row = env | {
         "workload": cfg.workload, "step": spec.step, "steps_per_call": spec.steps_per_call,
-        "dtype": cfg.dtype, "fsdp": trial.parallel.fsdp, "global_batch": batch,
-        "per_device_batch": batch // spec.devices,
+        "dtype": cfg.dtype, **trial.mesh_shape, "global_batch": batch,
+        "per_device_batch": batch // (trial.mesh_shape["data"] * trial.mesh_shape["fsdp"]),
         "width": cfg.width, "params": n_params, "steps": spec.steps, "repeats": spec.repeats,
         "ms_per_step": seconds * 1e3, "examples_per_sec": rate,
         "final_loss": losses[-1], "compile_s": compile_s, "achieved_tflops": rate * per_example / 1e12,

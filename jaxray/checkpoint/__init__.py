@@ -1,11 +1,10 @@
 """Orbax checkpoints of a trained model, and of the whole train state for resuming.
 
-A checkpoint folder holds ``params/`` (Orbax), ``model_config.json`` and ``trial_config.json``;
-a full train state adds ``opt_state/`` (Orbax) and ``history.json``. ``train_state.json`` is
-written last, by rename: it marks the checkpoint complete and records the SHA-256 of every other
-file (``files``), with the step, data position and the final summary row of a full state. Every
-read checks those digests once before restoring (``verify``) and refuses a mismatch naming the file.
-"""
+A folder holds ``params/`` (Orbax), ``model_config.json``, ``trial_config.json``; a full train state
+adds ``opt_state/`` and ``history.json``. Every process writes its own shards, in the background
+(``trees.start_saves``); after Orbax's commit the primary writes ``train_state.json`` by rename: the
+completion marker, with the SHA-256 of every other file, the step, data position and final summary
+row. Every read checks those digests once before restoring (``verify``)."""
 
 from __future__ import annotations
 
@@ -27,9 +26,10 @@ from jaxray.checkpoint.trees import (
     CheckpointError,
     CheckpointSaveError,
     abstract,
-    local_copy,
+    finish,
     restore_tree,
     save_tree,
+    start_saves,
 )
 from jaxray.config import ModelConfig, TrialConfig
 from jaxray.models import Model, build
@@ -49,11 +49,8 @@ log = logging.getLogger(__name__)
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _file_digests(directory: Path) -> dict[str, str]:
@@ -72,33 +69,61 @@ def _saving(directory: Path, what: str) -> Iterator[None]:
         raise CheckpointSaveError(f"could not save {what} in {directory}: {err}") from err
 
 
-def _save_params(directory: Path, params: Any, trial: TrialConfig) -> None:
-    """``params/`` and the two configs under ``directory`` (created)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    save_tree(directory / PARAMS_DIR, params)
-    (directory / MODEL_CONFIG).write_text(trial.model.model_dump_json(indent=2))
-    (directory / TRIAL_CONFIG).write_text(trial.model_dump_json(indent=2))
+def _primary() -> bool:
+    """True in the process that writes a checkpoint's small files (process 0 of the program)."""
+    return jax.process_index() == 0
+
+
+def _write_small(directory: Path, trial: TrialConfig, history: list[dict] | None = None) -> None:
+    """The configs (and ``history.json``), from the primary process."""
+    if _primary():
+        (directory / MODEL_CONFIG).write_text(trial.model.model_dump_json(indent=2))
+        (directory / TRIAL_CONFIG).write_text(trial.model_dump_json(indent=2))
+        if history is not None:
+            (directory / HISTORY_FILE).write_text(json.dumps(history))
 
 
 def _write_manifest(directory: Path, doc: dict[str, Any]) -> Path:
-    """``train_state.json``: ``doc`` and every other file's SHA-256, through a temp file and a rename,
-    last: the checkpoint is complete once it exists."""
-    tmp = directory / f".{TRAIN_STATE}.tmp"
-    tmp.write_text(json.dumps({**doc, "files": _file_digests(directory)}, indent=1))
-    os.replace(tmp, directory / TRAIN_STATE)
+    """``train_state.json`` (primary process only): ``doc`` and every other file's SHA-256, through a
+    temp file and a rename, last: the checkpoint is complete once it exists."""
+    if _primary():
+        tmp = directory / f".{TRAIN_STATE}.tmp"
+        tmp.write_text(json.dumps({**doc, "files": _file_digests(directory)}, indent=1))
+        os.replace(tmp, directory / TRAIN_STATE)
     return directory
 
 
 def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
-    """Write ``params`` (a PyTree of replicated arrays) and the configs under ``directory``, then
-    ``train_state.json``; returns the absolute path. Raises CheckpointSaveError naming the folder."""
+    """Write ``params`` (called by every process with the same tree) and the configs under
+    ``directory``, then ``train_state.json``; returns the absolute path once committed. Raises
+    CheckpointSaveError naming the folder."""
     directory = Path(directory).absolute()
     with _saving(directory, "the checkpoint"):
-        _save_params(directory, params, trial)
+        directory.mkdir(parents=True, exist_ok=True)
+        save_tree(directory / PARAMS_DIR, params)
+        _write_small(directory, trial)
         return _write_manifest(directory, {})
 
 
-def save_state(
+class PendingSave:
+    """A full train state being written (``start_save_state``); ``commit()`` completes it."""
+
+    def __init__(self, directory: Path, step: int, checkpointers: list, doc: dict, before_manifest=None):
+        self.directory, self.step, self.doc = directory, step, doc
+        self._checkpointers, self._before_manifest = checkpointers, before_manifest
+
+    def commit(self) -> Path:
+        """Wait for every process's writes and Orbax's commit, then write ``train_state.json``
+        (``before_manifest`` runs just before it). Returns the folder. Raises CheckpointSaveError
+        naming the folder and the step; what was written stays incomplete (no ``train_state.json``)."""
+        with _saving(self.directory, f"the checkpoint of step {self.step}"):
+            finish(self._checkpointers)
+            if self._before_manifest is not None:
+                self._before_manifest()
+            return _write_manifest(self.directory, self.doc)
+
+
+def start_save_state(
     directory: str | Path,
     state: Any,
     trial: TrialConfig,
@@ -106,23 +131,32 @@ def save_state(
     position: dict[str, int],
     before_manifest: Callable[[], None] | None = None,
     summary: dict[str, Any] | None = None,
-) -> Path:
-    """Write the full train state under ``directory``: ``state`` a TrainState (params, opt_state,
-    step), ``history`` the log rows so far, ``position`` the data position (``{"epoch",
-    "batch_in_epoch"}``, may be empty), ``summary`` the final checkpoint's summary row.
-    ``before_manifest`` runs just before ``train_state.json`` is written (fault injection: a kill
-    there leaves an incomplete checkpoint). Returns the absolute path. Raises CheckpointSaveError
-    naming the folder and the step; what was written stays incomplete (no ``train_state.json``)."""
-    directory, step = Path(directory).absolute(), int(jax.device_get(local_copy(state.step)))
+) -> PendingSave:
+    """Start writing the full train state under ``directory``, called by every process with the same
+    arguments: ``state`` a TrainState (params, opt_state, step), ``history`` the log rows so far,
+    ``position`` the data position (``{"epoch", "batch_in_epoch"}``, may be empty), ``summary`` the
+    final checkpoint's summary row. Returns once the arrays are in host memory (training may go on
+    and donate them); ``commit()`` of the result completes it. Raises CheckpointSaveError naming the
+    folder and the step."""
+    directory = Path(directory).absolute()
+    step = state.step.addressable_data(0) if isinstance(state.step, jax.Array) else state.step
+    step = int(np.asarray(step))  # replicated: every process holds it
     with _saving(directory, f"the checkpoint of step {step}"):
-        _save_params(directory, state.params, trial)
-        save_tree(directory / OPT_STATE_DIR, state.opt_state)
-        (directory / HISTORY_FILE).write_text(json.dumps(history))
-        if before_manifest is not None:
-            before_manifest()
-        key = np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist()
-        doc = {"step": step, "seed": trial.train.seed, **position, "rng_key_data": key}
-        return _write_manifest(directory, {**doc, **({"summary": summary} if summary is not None else {})})
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_small(directory, trial, history)  # first: a full disk stops the save before the arrays
+        checkpointers = start_saves(
+            {directory / PARAMS_DIR: state.params, directory / OPT_STATE_DIR: state.opt_state}
+        )
+    key = np.asarray(jax.random.key_data(jax.random.key(trial.train.seed))).tolist()
+    doc = {"step": step, "seed": trial.train.seed, **position, "rng_key_data": key}
+    doc |= {"summary": summary} if summary is not None else {}
+    return PendingSave(directory, step, checkpointers, doc, before_manifest)
+
+
+def save_state(*args: Any, **kwargs: Any) -> Path:
+    """``start_save_state(*args, **kwargs).commit()``: the full train state written and committed by
+    the time this returns; its folder. Raises CheckpointSaveError naming the folder and the step."""
+    return start_save_state(*args, **kwargs).commit()
 
 
 def verify(directory: str | Path, full_state: bool = False) -> dict[str, Any]:
@@ -252,52 +286,6 @@ def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -
     raise CheckpointError(
         f"no usable checkpoint of the {len(errors)} tried, newest first: " + "; ".join(errors)
     )
-
-
-def describe(directory: str | Path) -> str:
-    """``checkpoint: PATH (trial T, step S, METRIC)`` for a resolved checkpoint ``directory``: PATH
-    relative to the working directory when inside it; the trial (its Ray Train folder's name, else
-    the one its ``trial_config.json`` names); the
-    step and the held-out metric of the final checkpoint's summary row, else the last training loss
-    ("params only" without a step). Only reads: what cannot be read is left out."""
-    directory = Path(directory)
-    here = directory.absolute()
-    shown = Path(os.path.relpath(here)) if here.is_relative_to(Path.cwd()) else directory
-    state = _json(directory / TRAIN_STATE)
-    state = state if isinstance(state, dict) else {}
-    if directory.name.startswith(CHECKPOINT_PREFIX):  # in its trial's Ray Train folder, named by the sweep
-        parts = [f"trial {directory.parent.name}"]
-    else:
-        try:
-            parts = [f"trial {load_trial_config(directory).name()}"]
-        except CheckpointError:
-            parts = []
-    parts.append(f"step {state['step']}" if "step" in state else "params only")
-    parts.append(_metric(directory, state))
-    return f"checkpoint: {shown} ({', '.join(p for p in parts if p)})"
-
-
-def _json(path: Path) -> Any:
-    """``path`` parsed; None when it is missing, unreadable or no JSON (``describe`` only shows)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _metric(directory: Path, state: dict) -> str:
-    """The held-out metric of the final checkpoint's summary row, else the last training loss."""
-    row = state.get("summary") if isinstance(state.get("summary"), dict) else {}
-    pairs = (("val_loss", "val loss {:.4f}"), ("val_perplexity", "perplexity {:.2f}"))
-    pairs += (("test_accuracy", "test accuracy {:.4f}"), ("test_loss", "test loss {:.4f}"))
-    shown = ", ".join(fmt.format(row[key]) for key, fmt in pairs if _number(row.get(key)))
-    if shown:
-        return shown
-    history = _json(directory / HISTORY_FILE) if "step" in state else None
-    last = history[-1] if isinstance(history, list) and history and isinstance(history[-1], dict) else {}
-    if _number(last.get("loss")):
-        return f"train loss {last['loss']:.4f} at step {last.get('step', '?')} (no held-out metric saved)"
-    return "no metric recorded"
 
 
 def _number(value: Any) -> bool:

@@ -1,14 +1,14 @@
-"""One PyTree through Orbax (a StandardCheckpointer folder): saved by one process of a
-multi-process program alone, restored into an abstract target whose leaves carry the shardings
-wanted, its shapes checked first so that a mismatch names the entry."""
+"""One PyTree through Orbax (a StandardCheckpointer folder): saved collectively, each process writing
+its own shards, asynchronously; restored into an abstract target whose leaves carry the shardings
+wanted (any mesh, any device count), its shapes checked first so that a mismatch names the entry."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Sharding
 
@@ -23,56 +23,46 @@ class CheckpointSaveError(OSError):
     """A save that could not finish; the message names the folder, what was saved and the cause."""
 
 
-def local_copy(tree: Any) -> Any:
-    """This process's copy of a PyTree that every process holds whole on its own devices (replicated,
-    or split only among them, as ``fsdp`` within a worker splits params): host arrays assembled from
-    the local shards in a multi-process program (whose global arrays one process cannot read
-    whole), the tree itself otherwise."""
-    if jax.process_count() == 1:
-        return tree
-
-    def host(x: Any) -> Any:
-        if not isinstance(x, jax.Array):
-            return x
-        if x.sharding.is_fully_replicated:
-            return np.asarray(x.addressable_data(0))
-        out, copied, held = np.empty(x.shape, x.dtype), set(), 0
-        for shard in x.addressable_shards:  # one copy of each part, however many devices hold it
-            part = tuple((s.start, s.stop) for s in shard.index)
-            if part not in copied:
-                copied.add(part)
-                out[shard.index] = np.asarray(shard.data)
-                held += shard.data.size  # parts are disjoint: fsdp splits a dimension
-        if held != x.size:
-            raise ValueError(
-                f"process {jax.process_index()} holds {held} of the {x.size} elements of an array of "
-                f"shape {x.shape}, so it cannot save it alone"
-            )
-        return out
-
-    return jax.tree.map(host, tree)
-
-
 def abstract(tree: Any, sharding: Sharding) -> Any:
     """ShapeDtypeStructs of ``tree``'s leaves carrying ``sharding``: an Orbax restore target."""
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), tree)
 
 
+def finish(checkpointers: list[ocp.StandardCheckpointer]) -> None:
+    """Wait for every one of ``start_saves``' writes and Orbax's commits (a barrier of every process),
+    all of them even when one fails (none keeps writing afterwards); raises the first failure."""
+    failures = []
+    for checkpointer in checkpointers:
+        try:
+            checkpointer.wait_until_finished()
+        except Exception as err:  # noqa: BLE001 - Orbax and TensorStore raise bare Exceptions
+            failures.append(err)
+        checkpointer.close()
+    if failures:
+        raise failures[0]
+
+
+def start_saves(items: dict[Path, Any]) -> list[ocp.StandardCheckpointer]:
+    """Start one collective Orbax save of each ``{path: tree}``: every process of the program calls it
+    with the same trees and writes the shards it holds (replica 0 of each), the primary process the
+    metadata and the commit; no process gathers an array whole. Returns once the arrays are copied
+    to host memory; the writes go on in the background until ``finish``. If one cannot start, those
+    started are finished first."""
+    started: list[ocp.StandardCheckpointer] = []
+    try:
+        for path, tree in items.items():
+            started.append(ocp.StandardCheckpointer())
+            started[-1].save(path, tree)
+    except Exception:
+        with contextlib.suppress(Exception):
+            finish(started)
+        raise
+    return started
+
+
 def save_tree(path: Path, tree: Any) -> None:
-    """One Orbax StandardCheckpointer save of a PyTree that each process holds whole (``local_copy``),
-    finalised when this returns."""
-    options = ocp.options.MultiprocessingOptions()
-    if jax.process_count() > 1:
-        # One process of a multi-process program saves alone: its local copy of the replicated
-        # arrays, with Orbax's barriers limited to itself (the others never call save).
-        me = jax.process_index()
-        tree = local_copy(tree)
-        options = ocp.options.MultiprocessingOptions(
-            primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"jaxray-save-{me}"
-        )
-    checkpointer = ocp.StandardCheckpointer(multiprocessing_options=options)
-    checkpointer.save(path, tree)
-    checkpointer.wait_until_finished()
+    """``start_saves`` and ``finish``: the save is committed when this returns."""
+    finish(start_saves({path: tree}))
 
 
 def key_names(path: tuple) -> tuple[str, ...]:

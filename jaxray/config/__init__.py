@@ -203,12 +203,40 @@ class WorkersConfig(FrozenConfig):
         return self.num_workers * self.devices_per_worker
 
 
-class ParallelConfig(FrozenConfig):
-    """How a trial's devices share the model (``jaxray.parallel.mesh``): ``fsdp`` N > 1 splits every
-    param and optimizer-state array with a dimension N divides N ways within a worker (fully
-    sharded data parallelism); batches are split over every device either way."""
+AxisSize = Annotated[int, Strict(), Field(ge=-1)]
+MESH_AXES = ("data", "fsdp", "tensor")
 
-    fsdp: PosInt = 1
+
+class ParallelConfig(FrozenConfig):
+    """The trial's (``data``, ``fsdp``, ``tensor``) device mesh (``jaxray.parallel.mesh``): sizes whose
+    product is the trial's device count over all its workers; one of them may be -1, the rest (the
+    default: every device on ``data``). ``fsdp`` splits params and optimizer state on their ``embed``
+    dimension, ``tensor`` on ``heads``, ``mlp`` and ``vocab`` (``jaxray.parallel.mesh.RULES``);
+    batches are split over ``data`` x ``fsdp``. ``data`` and ``fsdp`` may span workers, ``tensor``
+    stays within one."""
+
+    data: AxisSize = -1
+    fsdp: AxisSize = 1
+    tensor: AxisSize = 1
+
+    @model_validator(mode="after")
+    def _check(self) -> ParallelConfig:
+        sizes = {a: getattr(self, a) for a in MESH_AXES}
+        if any(n == 0 for n in sizes.values()) or list(sizes.values()).count(-1) > 1:
+            raise ValueError(f"parallel sizes must be positive, with at most one -1 (the rest); got {sizes}")
+        return self
+
+    def shape(self, devices: int) -> dict[str, int]:
+        """``{data, fsdp, tensor}`` sizes on ``devices`` devices, the -1 resolved; ValueError naming the
+        numbers when their product cannot be ``devices``."""
+        sizes = {a: getattr(self, a) for a in MESH_AXES}
+        known = math.prod(n for n in sizes.values() if n != -1)
+        given = " x ".join(f"parallel.{a} {n}" for a, n in sizes.items())
+        if -1 in sizes.values() and devices % known == 0:
+            return {a: devices // known if n == -1 else n for a, n in sizes.items()}
+        if -1 not in sizes.values() and known == devices:
+            return sizes
+        raise ValueError(f"{given} cannot make a mesh of the trial's {devices} devices")
 
 
 def trial_name(workload: str, global_batch: int, dtype: str, width: int, learning_rate: float) -> str:
@@ -238,15 +266,22 @@ class TrialConfig(FrozenConfig):
         m, d = self.model, self.data
         if m.workload == "transformer" and d.seq_len > m.max_seq_len:
             raise ValueError(f"data.seq_len {d.seq_len} exceeds model.max_seq_len {m.max_seq_len}")
-        check_devices(self.train.global_batch, self.workers.total_devices)
-        fsdp, per_worker = self.parallel.fsdp, self.workers.devices_per_worker
-        if per_worker % fsdp:
+        mesh = self.mesh_shape
+        check_devices(self.train.global_batch, mesh["data"] * mesh["fsdp"])
+        tensor, per_worker = mesh["tensor"], self.workers.devices_per_worker
+        if per_worker % tensor:
             allowed = ", ".join(str(n) for n in range(1, per_worker + 1) if per_worker % n == 0)
             raise ValueError(
-                f"parallel.fsdp {fsdp} must divide workers.devices_per_worker {per_worker} (allowed: "
-                f"{allowed}), so that each group of devices sharing the params lies within one worker"
+                f"parallel.tensor {tensor} must divide workers.devices_per_worker {per_worker} (allowed: "
+                f"{allowed}): a tensor-parallel group all-reduces every layer, so it stays within one "
+                f"worker; data and fsdp may span workers"
             )
         return self
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        """``{data, fsdp, tensor}`` over ``workers.total_devices`` (``ParallelConfig.shape``)."""
+        return self.parallel.shape(self.workers.total_devices)
 
     @property
     def learning_rate(self) -> float:
@@ -270,11 +305,12 @@ class TrialConfig(FrozenConfig):
 
 
 def check_devices(global_batch: int, devices: int) -> int:
-    """Per-device batch for ``global_batch`` over ``devices``; ConfigError unless it divides evenly."""
+    """Per-device batch for ``global_batch`` split over ``devices`` (the mesh's ``data`` x ``fsdp``
+    devices); ConfigError unless it divides evenly."""
     if global_batch % devices:
         raise ConfigError(
-            f"global_batch {global_batch} is not divisible by the device count {devices} "
-            f"(workers x devices_per_worker); choose a multiple of {devices}"
+            f"global_batch {global_batch} is not divisible by the {devices} devices it is split over "
+            f"(parallel.data x parallel.fsdp); choose a multiple of {devices}"
         )
     return global_batch // devices
 

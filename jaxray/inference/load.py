@@ -19,6 +19,7 @@ from jaxray.inference import kv_decode
 from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest
 from jaxray.inference.engine import Engine, Programs, check_keep, compiled_buckets
 from jaxray.inference.settings import EngineSettings
+from jaxray.reporting import checkpoint_line
 
 
 def is_artifact(path: str | Path) -> bool:
@@ -53,9 +54,9 @@ def check_source(path: str | Path, settings: EngineSettings | None = None) -> Pa
 
 
 def describe_source(path: str | Path) -> str:
-    """One line naming ``path``: ``checkpoint.describe``, or ``artifact: PATH (exported from ...)``."""
+    """One line naming ``path``: ``checkpoint_line.describe``, or ``artifact: PATH (exported from ...)``."""
     if not is_artifact(path):
-        return checkpoint.describe(path)
+        return checkpoint_line.describe(path)
     return f"artifact: {path} (exported from {read_artifact_manifest(path)['checkpoint']})"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxray.models.axes import constrain
 from jaxray.models.common import cast_params, he_normal
 
 IN_FEATURES = 784
@@ -26,6 +27,6 @@ def apply(params: dict[str, jax.Array], images: jax.Array, dtype=jnp.float32) ->
     """images [B, 784] float32 in [0, 1] -> logits [B, 10] float32, computed in ``dtype``."""
     p = cast_params(params, dtype)
     x = images.astype(dtype)
-    x = jax.nn.gelu(x @ p["w1"] + p["b1"])
-    x = jax.nn.gelu(x @ p["w2"] + p["b2"])
+    x = constrain(jax.nn.gelu(x @ p["w1"] + p["b1"]), "batch", "mlp")
+    x = constrain(jax.nn.gelu(x @ p["w2"] + p["b2"]), "batch", None)
     return (x @ p["w3"] + p["b3"]).astype(jnp.float32)

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxray.models.axes import constrain
+
 # Per layer (keys, values), each [B, H, S, K]: the KV cache of ``Transformer.prefill`` / ``decode_step``.
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
 
@@ -135,11 +137,13 @@ class Block(nnx.Module):
 
     def _qkv(self, x):
         h = self.ln1(x)
-        return self.attn.query(h), self.attn.key(h), self.attn.value(h)  # each [B, T, H, K]
+        heads = (self.attn.query(h), self.attn.key(h), self.attn.value(h))  # each [B, T, H, K]
+        return tuple(constrain(t, "batch", None, "heads", None) for t in heads)
 
     def _finish(self, x, attended):
-        x = x + self.attn.out(attended)
-        return x + self.fc_down(jax.nn.gelu(self.fc_up(self.ln2(x))))
+        x = constrain(x + self.attn.out(attended), "batch", None, None)
+        hidden = constrain(jax.nn.gelu(self.fc_up(self.ln2(x))), "batch", None, "mlp")  # [B, T, F]
+        return constrain(x + self.fc_down(hidden), "batch", None, None)
 
 
 class Transformer(nnx.Module):
@@ -175,9 +179,8 @@ class Transformer(nnx.Module):
     def prefill(self, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
         """tokens [B, T] int32 -> (logits [B, T, V] float32, cache): the cache holds, per layer,
         (keys, values) [B, H, T, K] in the compute dtype."""
-        x = embed_tokens(self.token_embed, tokens) + embed_positions(
-            self.pos_embed, tokens.shape[1]
-        )  # [B, T, D]
+        x = embed_tokens(self.token_embed, tokens) + embed_positions(self.pos_embed, tokens.shape[1])
+        x = constrain(x, "batch", None, None)  # [B, T, D]
         cache = []
         for block in self.blocks:
             x, key, value = block.forward(x)

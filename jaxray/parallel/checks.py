@@ -1,12 +1,19 @@
-"""Pre-flight checks of a trial that need more than the config (which attention can run, the real
-device count): ``check_trial`` before a model is built, ``check_experiment`` for every grid point
-before Ray starts."""
+"""Pre-flight checks of a trial that need more than the config (which attention can run, whether
+the mesh splits every param evenly, the real device count): ``check_trial`` before a model is built,
+``check_experiment`` for every grid point before Ray starts."""
 
 from __future__ import annotations
 
-from jaxray.config import TrialConfig, check_devices, invalid, parse_trial
+import functools
+from collections.abc import Mapping
+
+import jax
+
+from jaxray.config import ModelConfig, TrialConfig, check_devices, invalid, parse_trial
 from jaxray.config.experiment import ExperimentConfig
+from jaxray.models import build
 from jaxray.models.attention import config_blockers
+from jaxray.parallel.mesh import unsplittable
 
 
 def check_attention(trial: TrialConfig, source: str = "(trial)", prefix: str = "") -> None:
@@ -26,16 +33,42 @@ def check_attention(trial: TrialConfig, source: str = "(trial)", prefix: str = "
         )
 
 
-def check_trial(trial: TrialConfig, devices: int) -> int:
-    """Every check of ``trial`` on ``devices`` devices (batch divides, attention can run). Returns the
-    per-device batch; raises ConfigError."""
-    per_device = check_devices(trial.train.global_batch, devices)
+@functools.cache
+def abstract_params(model: ModelConfig):
+    """The params of ``model`` as ``jax.ShapeDtypeStruct``s (nothing allocated)."""
+    return jax.eval_shape(build(model, attention="xla").init, jax.random.key(0))
+
+
+def check_mesh(
+    trial: TrialConfig, mesh_shape: Mapping[str, int], source: str = "(trial)", prefix: str = ""
+) -> None:
+    """ConfigError when a mesh of ``mesh_shape`` cannot split ``trial``'s params evenly, naming each
+    param, dimension and axis size (``jaxray.parallel.mesh.unsplittable``)."""
+    if mesh_shape.get("fsdp", 1) * mesh_shape.get("tensor", 1) == 1:
+        return  # params replicated: nothing to split
+    problems = unsplittable(abstract_params(trial.model), mesh_shape)
+    if problems:
+        shown = "; ".join(problems)
+        mesh = ",".join(f"{axis}={n}" for axis, n in mesh_shape.items())
+        model = f"{trial.model.workload} of width {trial.model.width}"
+        raise invalid(source, f"the mesh {mesh} cannot split the params of the {model}: {shown}", prefix)
+
+
+def check_trial(trial: TrialConfig, shape: Mapping[str, int]) -> int:
+    """Every check of ``trial`` on a mesh of ``shape`` (``{data, fsdp, tensor}`` sizes; a jax Mesh's
+    ``shape``): batch divides over ``data`` x ``fsdp``, params split evenly, attention can run.
+    Returns the per-device batch; raises ConfigError."""
+    per_device = check_devices(trial.train.global_batch, shape.get("data", 1) * shape.get("fsdp", 1))
+    check_mesh(trial, shape)
     check_attention(trial)
     return per_device
 
 
 def check_experiment(exp: ExperimentConfig, source: str) -> None:
-    """``check_attention`` of every grid point of ``exp`` (fields named ``sweeps.I``); ConfigError."""
+    """``check_attention`` and ``check_mesh`` of every grid point of ``exp`` (fields named
+    ``sweeps.I``); ConfigError."""
     for i, sweep in enumerate(exp.sweeps):
         for trial in sweep.trial_dicts(exp.base()):
-            check_attention(parse_trial(trial, source), source, prefix=f"sweeps.{i}.")
+            parsed = parse_trial(trial, source)
+            check_attention(parsed, source, prefix=f"sweeps.{i}.")
+            check_mesh(parsed, parsed.mesh_shape, source, prefix=f"sweeps.{i}.")

@@ -1,8 +1,9 @@
-"""The only place that builds meshes and shardings. Batches are split on their leading dimension
-over every device. With ``fsdp`` 1 (the default) the mesh is 1-D, ``data``, and params and optimizer
-state are replicated; with ``fsdp`` N > 1 it is (``data``, ``fsdp``) and each param and optimizer
-state array with a dimension N divides is split N ways over ``fsdp`` (fully sharded data
-parallelism: XLA gathers a param where the step uses it)."""
+"""The only place that builds meshes and shardings: a (``data``, ``fsdp``, ``tensor``) mesh, and
+``RULES``, the one table from the params' logical axis names (``jaxray.models.axes``) to mesh axes.
+Batches are split over (``data``, ``fsdp``); ``fsdp`` splits params and optimizer state on their
+``embed``-like dimensions (fully sharded data parallelism: XLA gathers a param where the step uses it);
+``tensor`` splits ``heads``, ``mlp`` and ``vocab`` (Megatron-style tensor parallelism: XLA all-reduces
+over ``tensor`` after each row-split matmul). Sources: Flax's lm1b NNX example, MaxText's rules."""
 
 from __future__ import annotations
 
@@ -14,20 +15,77 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-DATA_AXIS, FSDP_AXIS = "data", "fsdp"
+from jaxray.config import TrialConfig
+from jaxray.models.axes import activation_layout, axes_of, param_name
+
+DATA_AXIS, FSDP_AXIS, TENSOR_AXIS = "data", "fsdp", "tensor"
+MESH_AXES = (DATA_AXIS, FSDP_AXIS, TENSOR_AXIS)
+
+# Logical axis name -> mesh axis (or axes); names not listed (head_dim, positions, norm, classes)
+# are replicated.
+RULES: dict[str, str | tuple[str, ...]] = {
+    "batch": (DATA_AXIS, FSDP_AXIS),
+    "embed": FSDP_AXIS,
+    "pixels": FSDP_AXIS,
+    "hidden": FSDP_AXIS,
+    "heads": TENSOR_AXIS,
+    "mlp": TENSOR_AXIS,
+    "vocab": TENSOR_AXIS,
+}
 
 
-def make_mesh(devices: Sequence[jax.Device] | None = None, fsdp: int = 1) -> Mesh:
-    """A mesh over ``devices`` (default: all), ordered by process then id, so process p holds
-    global-batch rows ``[p * B / P, (p + 1) * B / P)``: 1-D ``data`` for ``fsdp`` 1, else
-    (``data``, ``fsdp``) of shape (devices / fsdp, fsdp), each ``fsdp`` group of consecutive devices.
-    Raises ValueError if ``fsdp`` does not divide the device count."""
+def make_mesh(devices: Sequence[jax.Device] | None = None, fsdp: int = 1, tensor: int = 1) -> Mesh:
+    """A (``data``, ``fsdp``, ``tensor``) mesh over ``devices`` (default: all) of shape
+    (devices / (fsdp x tensor), fsdp, tensor), devices ordered by process then id: ``tensor`` groups
+    are consecutive devices (within a process when ``tensor`` divides its device count), and process
+    p holds global-batch rows ``[p * B / P, (p + 1) * B / P)``. Raises ValueError if fsdp x tensor
+    does not divide the device count."""
     devices = sorted(devices if devices is not None else jax.devices(), key=lambda d: (d.process_index, d.id))
-    if fsdp < 1 or len(devices) % fsdp:
-        raise ValueError(f"parallel.fsdp {fsdp} does not divide the {len(devices)} devices")
-    if fsdp == 1:
-        return Mesh(np.asarray(devices), (DATA_AXIS,))
-    return Mesh(np.asarray(devices).reshape(len(devices) // fsdp, fsdp), (DATA_AXIS, FSDP_AXIS))
+    if fsdp < 1 or tensor < 1 or len(devices) % (fsdp * tensor):
+        raise ValueError(
+            f"parallel.fsdp {fsdp} x parallel.tensor {tensor} does not divide the {len(devices)} devices"
+        )
+    shape = (len(devices) // (fsdp * tensor), fsdp, tensor)
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def trial_mesh(trial: TrialConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """``make_mesh`` with the trial's ``parallel`` sizes (``TrialConfig.mesh_shape``) over ``devices``
+    (default: all, which must number ``workers.total_devices``)."""
+    shape = trial.mesh_shape
+    return make_mesh(devices, fsdp=shape["fsdp"], tensor=shape["tensor"])
+
+
+def activation_sharding(mesh: Mesh):
+    """The context in which a traced step's activations follow ``RULES`` on ``mesh``
+    (``jaxray.models.axes.constrain``)."""
+    return activation_layout(lambda names: NamedSharding(mesh, spec_for(names, mesh)))
+
+
+def shards_state(mesh: Mesh) -> bool:
+    """True when ``fsdp`` or ``tensor`` is over 1: params and optimizer state are split, not replicated."""
+    return mesh.shape.get(FSDP_AXIS, 1) * mesh.shape.get(TENSOR_AXIS, 1) > 1
+
+
+def describe(mesh: Mesh) -> str:
+    """The mesh's axes of size over 1 and their sizes, e.g. ``"data=2,tensor=2"``; ``"data=1"`` for
+    one device."""
+    return ",".join(f"{axis}={n}" for axis, n in mesh.shape.items() if n > 1) or f"{DATA_AXIS}=1"
+
+
+def spec_for(axes: Sequence[str], mesh: Mesh | None = None) -> P:
+    """The PartitionSpec ``RULES`` give logical ``axes`` (one name per dimension); with a ``mesh``, mesh
+    axes of size 1 are left out (the same layout, a simpler spec)."""
+
+    def keep(axis: str) -> bool:
+        return mesh is None or mesh.shape.get(axis, 1) > 1
+
+    spec = []
+    for name in axes:
+        rule = RULES.get(name)
+        kept = tuple(a for a in ((rule,) if isinstance(rule, str) else rule or ()) if keep(a))
+        spec.append(kept[0] if len(kept) == 1 else (kept or None))
+    return P(*spec)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -36,32 +94,50 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharding(mesh: Mesh, stacked: bool = False) -> NamedSharding:
-    """Batch dimension split across every device (``data``, and ``fsdp`` when the mesh has it);
-    other dimensions whole. The batch dimension is the leading one, or the second for a
+    """Batch dimension split as ``RULES["batch"]`` says (``data`` x ``fsdp``; replicated over
+    ``tensor``), other dimensions whole. The batch dimension is the leading one, or the second for a
     ``stacked`` ``[steps, B, ...]`` group of batches."""
-    axes = DATA_AXIS if FSDP_AXIS not in mesh.axis_names else (DATA_AXIS, FSDP_AXIS)
-    return NamedSharding(mesh, P(None, axes) if stacked else P(axes))
+    batch = spec_for(("batch",), mesh)
+    return NamedSharding(mesh, P(None, *batch) if stacked else batch)
 
 
 def state_shardings(tree: Any, mesh: Mesh) -> Any:
     """A NamedSharding per leaf of ``tree`` (arrays or ``jax.ShapeDtypeStruct``s: params, optimizer
-    state): replicated on a mesh without ``fsdp``; else split over ``fsdp`` on the leaf's largest
-    dimension that the axis size divides (the first such on a tie), replicated when none does
-    (scalars, small biases)."""
-    if FSDP_AXIS not in mesh.axis_names:
-        return jax.tree.map(lambda _: replicated(mesh), tree)
-    n = mesh.shape[FSDP_AXIS]
+    state, a TrainState): the leaf's logical names (``jaxray.models.axes``) through ``RULES``; scalars
+    replicated. Raises KeyError for a leaf without names, ValueError naming the param, dimension
+    and sizes where a mesh axis does not divide the dimension it splits (``unsplittable``)."""
+    problems = unsplittable(tree, mesh.shape)
+    if problems:
+        raise ValueError("; ".join(problems))
 
-    def one(leaf) -> NamedSharding:
-        shape = getattr(leaf, "shape", ())
-        dims = [d for d in range(len(shape)) if shape[d] % n == 0 and shape[d] >= n]
-        if not dims:
-            return replicated(mesh)
-        spec = [None] * len(shape)
-        spec[max(dims, key=lambda d: (shape[d], -d))] = FSDP_AXIS
-        return NamedSharding(mesh, P(*spec))
+    def one(path, leaf) -> NamedSharding:
+        axes = axes_of(path, len(getattr(leaf, "shape", ())))
+        if axes is None:
+            raise KeyError(f"no logical axis names for param {param_name(path)} {tuple(leaf.shape)}")
+        return NamedSharding(mesh, spec_for(axes, mesh))
 
-    return jax.tree.map(one, tree)
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def unsplittable(tree: Any, mesh_shape: Mapping[str, int]) -> list[str]:
+    """Why ``tree``'s leaves cannot be laid out on a mesh of ``mesh_shape`` (``{axis: size}``): one
+    line per mesh axis and logical dimension it does not divide, naming the sizes and the first
+    param concerned; empty when every split is even."""
+    found: dict[tuple, list[str]] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape = tuple(getattr(leaf, "shape", ()))
+        for dim, (size, name) in enumerate(zip(shape, axes_of(path, len(shape)) or ())):
+            rule = RULES.get(name)
+            for axis in (rule,) if isinstance(rule, str) else rule or ():
+                n = mesh_shape.get(axis, 1)
+                if n > 1 and size % n:
+                    where = f"dimension {dim} of {param_name(path)} {list(shape)}"
+                    found.setdefault((axis, n, name, size), []).append(where)
+    return [
+        f"parallel.{axis} {n} does not divide '{name}' of size {size} ({where[0]}"
+        + (f", and {len(where) - 1} more params)" if len(where) > 1 else ")")
+        for (axis, n, name, size), where in found.items()
+    ]
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
@@ -79,6 +155,17 @@ def shard_batch(
     return {
         k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()
     }
+
+
+def held_bytes(tree: Any) -> tuple[int, int]:
+    """(bytes of ``tree``'s jax Arrays in all, the most any one of this process's devices holds of
+    them): how far sharding cuts the memory a device needs for the train state."""
+    arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+    per_device: dict[Any, int] = {}
+    for x in arrays:
+        for shard in x.addressable_shards:
+            per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+    return sum(x.nbytes for x in arrays), max(per_device.values(), default=0)
 
 
 def needs_sync_per_step(mesh: Mesh) -> bool:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import ray.train
-from pyarrow.fs import FileType
-from ray.train import Checkpoint
+from pyarrow.fs import LocalFileSystem
+from ray.train import Checkpoint, CheckpointUploadMode
 
 from jaxray import checkpoint
 from jaxray.checkpoint import CheckpointSaveError
@@ -22,9 +20,6 @@ from jaxray.config import TrainConfig, TrialConfig
 from jaxray.raytrain.faults import kill_in_save
 from jaxray.raytrain.resume import checkpoint_name
 from jaxray.reporting.format import json_safe
-
-# save(step, state, history, row=None): checkpoint_saver's function.
-SaveFn = Callable[..., None]
 
 
 def log_reporter(train: TrainConfig) -> Callable[[dict[str, float]], None]:
@@ -48,91 +43,86 @@ def position(step: int, batches_per_epoch: int | None) -> dict[str, int]:
     return {"epoch": step // batches_per_epoch, "batch_in_epoch": step % batches_per_epoch}
 
 
-def checkpoint_saver(trial: TrialConfig, rank: int, attempt: int, batches_per_epoch: int | None) -> SaveFn:
-    """``save(step, state, history, row=None)``: rank 0 writes the state locally, every rank reports
-    it to Ray Train, which copies it as ``checkpoint_name(step, attempt)``. Raises
-    CheckpointSaveError naming the step, folder and OS error, having removed what it wrote."""
+class CheckpointSaver:
+    """``save(step, state, history, row=None)`` on every rank: each process writes its shards of the
+    state straight into the run's storage as ``checkpoint_name(step, attempt)``, in the background;
+    the save is committed (``train_state.json``) and reported to Ray Train at the next save, at
+    ``flush()``, or at once for the final one (``row`` with ``final``). A failed save raises
+    CheckpointSaveError naming the step, folder and cause, its partial folder removed (rank 0)."""
 
-    def save(step: int, state, history: list[dict], row: dict | None = None) -> None:
-        ckpt = None
-        if rank == 0:
-            where = position(step, batches_per_epoch)
-            folder = save_locally(
-                step,
-                lambda local: checkpoint.save_state(
-                    local,
-                    state,
-                    trial,
-                    history,
-                    where,
-                    kill_in_save(step, attempt),
-                    summary=row if row and row.get("final") else None,
-                ),
+    def __init__(self, trial: TrialConfig, rank: int, attempt: int, batches_per_epoch: int | None) -> None:
+        self.trial, self.rank, self.attempt, self.batches_per_epoch = trial, rank, attempt, batches_per_epoch
+        self._pending: tuple[checkpoint.PendingSave, dict, str] | None = None
+
+    def __call__(self, step: int, state, history: list[dict], row: dict | None = None) -> None:
+        self.flush()
+        name = checkpoint_name(step, self.attempt)
+        folder = storage_folder(name)
+        with removing(folder, self.rank):
+            pending = checkpoint.start_save_state(
+                folder,
+                state,
+                self.trial,
+                history,
+                position(step, self.batches_per_epoch),
+                kill_in_save(step, self.attempt),
+                summary=row if row and row.get("final") else None,
             )
-            ckpt = Checkpoint.from_directory(folder)
-        if row is None:
-            row = {**(history[-1] if history else {}), "step": step}
-        name = checkpoint_name(step, attempt)
-        with copying(step, name, ckpt):
-            ray.train.report(
-                row, checkpoint=ckpt, checkpoint_dir_name=name, delete_local_checkpoint_after_upload=True
-            )
+        self._pending = (pending, row or {**(history[-1] if history else {}), "step": step}, name)
+        if row and row.get("final"):
+            self.flush()
 
-    return save
+    def flush(self) -> None:
+        """Commit the save under way, if any, and report it (every rank calls this equally often)."""
+        if self._pending is None:
+            return
+        pending, row, name = self._pending
+        self._pending = None
+        with removing(pending.directory, self.rank):
+            folder = pending.commit()
+        ckpt = Checkpoint(str(folder)) if self.rank == 0 else None
+        upload = CheckpointUploadMode.NO_UPLOAD  # written in place: nothing to copy
+        ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=name, checkpoint_upload_mode=upload)
 
 
-def save_locally(step: int, write: Callable[[Path], Path]) -> Path:
-    """``write(folder)`` into a new local temp folder; its result. Raises CheckpointSaveError."""
-    try:
-        folder = Path(tempfile.mkdtemp(prefix="jaxray-ckpt-"))
-    except OSError as err:
+def storage_folder(name: str) -> Path:
+    """Checkpoint ``name``'s folder in the run's storage (Ray Train's StorageContext), which every
+    worker writes into: a local or mounted shared filesystem. Raises CheckpointSaveError when the
+    storage is not on one."""
+    storage = ray.train.get_context().get_storage()
+    if not isinstance(storage.storage_filesystem, LocalFileSystem):
         raise CheckpointSaveError(
-            f"could not save the checkpoint of step {step}: no local folder for it in "
-            f"{tempfile.gettempdir()}: {err}"
-        ) from err
-    try:
-        return write(folder)
-    except BaseException as err:
-        shutil.rmtree(folder, ignore_errors=True)
-        if isinstance(err, CheckpointSaveError):
-            raise CheckpointSaveError(
-                f"{err} (the partial folder is removed; earlier checkpoints are kept)"
-            ) from err
-        raise
+            f"checkpoints are written by every worker into the run's storage, which must be a local "
+            f"or mounted shared folder; {storage.storage_filesystem.type_name} storage is not supported"
+        )
+    return Path(storage.build_checkpoint_path_from_name(name))
 
 
-def _storage_folder(name: str) -> tuple[Any, str, bool] | None:
-    """(pyarrow filesystem, path, whether it is still absent) of checkpoint ``name`` in the run's
-    storage; None where Ray Train's context does not give its storage (a DeveloperAPI)."""
-    try:
-        storage = ray.train.get_context().get_storage()
-        fs, path = storage.storage_filesystem, storage.build_checkpoint_path_from_name(name)
-        return fs, path, fs.get_file_info(path).type == FileType.NotFound
-    except (AttributeError, NotImplementedError, RuntimeError, OSError):
-        return None
+def discard_unfinished(attempt: int) -> list[str]:
+    """Remove the trial's checkpoint folders that an earlier attempt began and never committed (no
+    ``train_state.json``: its workers died while writing them, and no process is left to finish
+    them); their names. Rank 0 calls it at the start of an attempt."""
+    ours = checkpoint_name(0, attempt)
+    gone = []
+    for folder in sorted(storage_folder(ours).parent.glob(f"{checkpoint.CHECKPOINT_PREFIX}*")):
+        earlier = folder.name.rsplit("_", 1)[-1] != ours.rsplit("_", 1)[-1]  # "attempt<n>"
+        if earlier and folder.is_dir() and not (folder / checkpoint.TRAIN_STATE).exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(folder.name)
+    return gone
 
 
 @contextmanager
-def copying(step: int, name: str, ckpt: Checkpoint | None) -> Iterator[None]:
-    """Around the ``ray.train.report`` that copies ``ckpt`` to storage as ``name``: on failure removes
-    the local folder and partial copy; an OSError becomes CheckpointSaveError."""
-    if ckpt is None:
-        yield
-        return
-    target = _storage_folder(name)
+def removing(folder: Path, rank: int) -> Iterator[None]:
+    """On a CheckpointSaveError inside, rank 0 removes ``folder`` (the partial save) and the error
+    says so."""
     try:
         yield
-    except BaseException as err:
-        shutil.rmtree(ckpt.path, ignore_errors=True)  # Ray Train removes it after a successful copy only
-        if target is not None and target[2]:
-            with contextlib.suppress(OSError):
-                target[0].delete_dir(target[1])
-        if not isinstance(err, OSError):
-            raise
-        where = target[1] if target else f"{name} of the run's storage"
+    except CheckpointSaveError as err:
+        if rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
         raise CheckpointSaveError(
-            f"could not copy the checkpoint of step {step} into the run's storage {where}: "
-            f"{err} (the partial copy is removed; earlier checkpoints are kept)"
+            f"{err} (the partial folder is removed; earlier checkpoints are kept)"
         ) from err
 
 

@@ -10,10 +10,10 @@ import ray.train
 
 from jaxray.config import parse_trial
 from jaxray.models import resolve_attention
-from jaxray.parallel.mesh import make_mesh
+from jaxray.parallel.mesh import trial_mesh
 from jaxray.raytrain.cluster import check_local_devices, cpu_program, describe_worker
 from jaxray.raytrain.faults import fault_hooks
-from jaxray.raytrain.reports import checkpoint_saver, compile_writer, log_reporter
+from jaxray.raytrain.reports import CheckpointSaver, compile_writer, discard_unfinished, log_reporter
 from jaxray.raytrain.resume import count_attempt, resume_point
 from jaxray.raytrain.shards import worker_data
 from jaxray.reporting.tensorboard import TensorBoardLogger
@@ -42,11 +42,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         start = resume_point(rank, attempt)
         if start.checkpoint is not None and rank == 0:
             print(f"jaxray: attempt {start.attempt}, resuming from {start.checkpoint}", flush=True)
-        mesh = make_mesh(fsdp=trial.parallel.fsdp)
+        if start.attempt > 1 and rank == 0:
+            for name in discard_unfinished(start.attempt):
+                print(f"jaxray: removed {name}, a checkpoint an earlier attempt never finished", flush=True)
+        mesh = trial_mesh(trial)
         batches, held_out, rows = worker_data(trial, rank, world, config.get("train_rows"))
-        save = checkpoint_saver(
-            trial, rank, start.attempt, rows // trial.train.global_batch if rows else None
-        )
+        save = CheckpointSaver(trial, rank, start.attempt, rows // trial.train.global_batch if rows else None)
         tb_dir = config.get("tensorboard_dir") if rank == 0 else None
         with TensorBoardLogger(tb_dir) if tb_dir else contextlib.nullcontext() as tb:
             try:
@@ -63,6 +64,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 )
             except Diverged as err:  # a failed trial, not a crash: no restart, nothing of it saved
                 print(f"jaxray: {err}; the trial stops", flush=True)
+                save.flush()  # a checkpoint under way holds finite params of an earlier step
                 ray.train.report({**DIVERGED_METRICS, "step": err.step, "final": True, **err.row()})
                 return
             # A count: Tune's TensorBoard logger takes numbers only.

@@ -7,6 +7,7 @@ fusions, dots)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections import Counter
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 from jaxray.config import ConfigError
 from jaxray.models import build
 from jaxray.parallel.checks import check_trial
-from jaxray.parallel.mesh import batch_sharding
+from jaxray.parallel.mesh import batch_sharding, state_shardings
 from jaxray.train.loop import compile_train_step
 from jaxray.train.step import init_state, optimizer_for
 
@@ -164,17 +165,19 @@ def fits_text(rep: dict[str, Any]) -> str:
     return f"{text} of {_size(limit)} ({rep.get('memory_source') or 'device'}): {verdict}"
 
 
-def describe(trial, devices: int) -> dict[str, Any]:
-    """The config fields a compile report is read against (``trial``: a TrialConfig)."""
-    m, batch = trial.model, trial.train.global_batch
+def describe(trial, mesh) -> dict[str, Any]:
+    """The config fields a compile report is read against (``trial``: a TrialConfig; ``mesh``: the
+    jax Mesh it compiled for)."""
+    m, batch, devices = trial.model, trial.train.global_batch, mesh.devices.size
+    split = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
     row = {
         "workload": m.workload,
         "dtype": m.dtype,
         "width": m.width,
         "global_batch": batch,
-        "per_device_batch": batch // devices,
+        "per_device_batch": batch // split,
         "devices": devices,
-        "fsdp": trial.parallel.fsdp,
+        **{axis: int(n) for axis, n in mesh.shape.items()},
     }
     if m.workload == "transformer":
         row.update(seq_len=trial.data.seq_len, num_layers=m.num_layers, num_heads=m.num_heads)
@@ -194,6 +197,8 @@ def render(rep: dict[str, Any]) -> str:
         f"  memory per device: arguments {_size(mem.get('argument_bytes'))}, "
         f"outputs {_size(mem.get('output_bytes'))} (aliased to donated arguments "
         f"{_size(mem.get('alias_bytes'))}), temporaries {_size(mem.get('temp_bytes'))}",
+        f"  train state {_size(rep.get('state_bytes'))}, "
+        f"{_size(rep.get('state_bytes_per_device'))} per device",
         f"  {fits_text(rep)}",
         f"  ops: scatter {ops['scatter'] or 'none'}; gather {ops['gather'] or 'none'}; collectives "
         f"{ops['collectives'] or 'none'}; custom calls {ops['custom_calls'] or 'none'}; fusions "
@@ -234,13 +239,26 @@ def report_for(trial, mesh) -> dict[str, Any]:
     """Compile ``trial``'s train step for ``mesh`` from shapes alone and return its compile report
     with the config under ``config``. Raises ConfigError for a batch that does not divide, arrays
     too big for XLA, or cuDNN attention that cannot run."""
-    check_trial(trial, mesh.devices.size)
+    check_trial(trial, mesh.shape)
     check_extents(trial)
     model = build(trial.model)
     tx, _ = optimizer_for(trial)
     state = jax.eval_shape(lambda key: init_state(model.init(key), tx), jax.random.key(trial.train.seed))
     compiled, compile_s = compile_train_step(model, tx, mesh, state, abstract_batch(trial, mesh))
     return {
-        "config": describe(trial, mesh.devices.size),
+        "config": describe(trial, mesh),
         **report(compiled, compile_s, mesh.local_devices[0]),
+        **state_bytes(state, mesh),
     }
+
+
+def state_bytes(state, mesh) -> dict[str, int]:
+    """``state_bytes``: the train state's bytes; ``state_bytes_per_device``: one device's share as
+    training lays it out (``state_shardings``), from shapes alone."""
+    leaves = jax.tree.leaves(state)
+    shards = jax.tree.leaves(state_shardings(state, mesh))
+    per_device = sum(
+        math.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize for x, sh in zip(leaves, shards, strict=True)
+    )
+    total = sum(x.size * x.dtype.itemsize for x in leaves)
+    return {"state_bytes": total, "state_bytes_per_device": per_device}

@@ -14,7 +14,14 @@ import jax
 from jax.sharding import Mesh
 
 from jaxray.models import Model
-from jaxray.parallel.mesh import FSDP_AXIS, batch_sharding, replicated, state_shardings
+from jaxray.parallel.mesh import (
+    activation_sharding,
+    batch_sharding,
+    describe,
+    replicated,
+    shards_state,
+    state_shardings,
+)
 from jaxray.train.shard_map_step import shard_map_train_step
 from jaxray.train.step import LOSSES, TrainState, eval_step, train_step
 
@@ -51,7 +58,9 @@ def compile_train_step(
     as ``state_shardings`` says (replicated without ``fsdp``) and donated, batch split over every
     device. ``steps_per_call`` K > 1 scans K steps over a stack ``[K, B, ...]`` and returns metrics
     ``[K]``."""
-    step = functools.partial(train_step, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx)
+    step = laid_out(
+        functools.partial(train_step, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx), mesh
+    )
     if steps_per_call > 1:
         return _compile_step(functools.partial(jax.lax.scan, step), mesh, state, batch, stacked=True)
     return _compile_step(step, mesh, state, batch)
@@ -62,9 +71,12 @@ def compile_shard_map_train_step(
 ):
     """AOT-compile the explicit ``shard_map`` train step (``jaxray.train.shard_map_step``) -> (compiled
     step, compile seconds), with the same shardings and donation as ``compile_train_step``. Its
-    explicit step takes the params whole: ValueError on a mesh with an ``fsdp`` axis."""
-    if FSDP_AXIS in mesh.axis_names:
-        raise ValueError("the shard_map step keeps the params whole: it needs a mesh without fsdp")
+    explicit step takes the params whole: ValueError on a mesh whose ``fsdp`` or ``tensor`` is over 1."""
+    if shards_state(mesh):
+        raise ValueError(
+            f"the shard_map step keeps the params whole: it needs parallel.fsdp 1 and parallel.tensor 1, "
+            f"got mesh {describe(mesh)}"
+        )
     step = functools.partial(
         shard_map_train_step, mesh=mesh, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx
     )
@@ -89,9 +101,22 @@ def _compile_step(
     return compiled, time.perf_counter() - start
 
 
+def laid_out(fn: Callable, mesh: Mesh) -> Callable:
+    """``fn`` traced with its activations laid out on ``mesh`` (``activation_sharding``)."""
+
+    @functools.wraps(fn)
+    def traced(*args):
+        with activation_sharding(mesh):
+            return fn(*args)
+
+    return traced
+
+
 def jit_eval_step(model: Model, mesh: Mesh):
     """The jitted masked eval step (params sharded as in training, batch split, sums replicated)."""
-    step = functools.partial(eval_step, apply=model.apply, loss_fn=LOSSES[model.config.workload])
+    step = laid_out(
+        functools.partial(eval_step, apply=model.apply, loss_fn=LOSSES[model.config.workload]), mesh
+    )
     params = state_shardings(jax.eval_shape(model.init, jax.random.key(0)), mesh)
     return jax.jit(step, in_shardings=(params, batch_sharding(mesh)), out_shardings=replicated(mesh))
 

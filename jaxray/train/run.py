@@ -18,7 +18,7 @@ from jaxray.config import TrialConfig
 from jaxray.data.batching import Arrays, num_rows
 from jaxray.models import Model, build, param_count
 from jaxray.parallel.checks import check_trial
-from jaxray.parallel.mesh import needs_sync_per_step, shard_batch
+from jaxray.parallel.mesh import describe, held_bytes, needs_sync_per_step, shard_batch
 from jaxray.train import compile_report
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
@@ -138,7 +138,7 @@ def train(
     step whose loss or grad_norm is NaN or inf, or when the held-out loss of the final params is
     (nothing of that step is saved)."""
     devices = mesh.devices.size
-    check_trial(trial, devices)
+    check_trial(trial, mesh.shape)
     model = build(trial.model)
     tx, schedule = optimizer_for(trial)
     state, start, history, saved = _initial_state(trial, model, tx, mesh, resume)
@@ -149,7 +149,7 @@ def train(
     first = next(sharded)
     step_fn, compile_s = compile_train_step(model, tx, mesh, state, first)
     report = {
-        "config": compile_report.describe(trial, devices),
+        "config": compile_report.describe(trial, mesh),
         **compile_report.report(step_fn, compile_s, mesh.local_devices[0]),
     }
     if on_compile is not None:
@@ -169,7 +169,9 @@ def train(
 
     held_out = _final_held_out(trial, model, mesh, state, eval_arrays)
     summary = _summary(trial, devices, param_count(state.params), compile_s, timing, history, held_out)
-    summary["mesh"] = ",".join(f"{axis}={size}" for axis, size in mesh.shape.items())  # "data=2,fsdp=2"
+    summary["mesh"] = describe(mesh)  # "data=2,tensor=2"
+    summary["per_device_batch"] = trial.train.global_batch // (mesh.shape["data"] * mesh.shape["fsdp"])
+    summary["state_bytes"], summary["state_bytes_per_device"] = held_bytes(state)
     summary.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))
     summary.update(_attention(model))
     return TrainResult(state, summary, history, report)

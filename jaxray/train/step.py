@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 
 from jaxray.checkpoint.trees import key_names
 from jaxray.models import Model
-from jaxray.parallel.mesh import FSDP_AXIS, state_shardings
+from jaxray.parallel.mesh import shards_state, state_shardings
 
 Batch = dict[str, jax.Array]
 
@@ -130,15 +130,15 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
 def placed_init_state(
     model: Model, tx: optax.GradientTransformation, mesh: Mesh, key: jax.Array
 ) -> TrainState:
-    """``init_state(model.init(key), tx)`` placed on ``mesh`` as training shards it. With an ``fsdp``
-    axis it is computed by one jit straight into its shardings, so no device ever holds the whole
-    state (values can differ from the eager init's in the last bit); without one, eagerly, then
-    replicated."""
+    """``init_state(model.init(key), tx)`` placed on ``mesh`` as training shards it. On a mesh that
+    splits the state (``fsdp`` or ``tensor`` > 1) it is computed by one jit straight into its
+    shardings, so no device ever holds the whole state (values can differ from the eager init's in
+    the last bit); otherwise eagerly, then replicated."""
 
     def init(k: jax.Array) -> TrainState:
         return init_state(model.init(k), tx)
 
-    if FSDP_AXIS not in mesh.axis_names:
+    if not shards_state(mesh):
         state = init(key)
         return jax.device_put(state, state_shardings(state, mesh))
     return jax.jit(init, out_shardings=state_shardings(jax.eval_shape(init, key), mesh))(key)

@@ -166,8 +166,8 @@ def test_bad_options_exit_2_naming_them(args, message, capsys):
             "more than XLA can index",
         ),
         (
-            ["throughput", "--workload", "mlp", "--fsdp", "3", "--batch", "4", "--devices", "4"],
-            "parallel.fsdp 3 must divide workers.devices_per_worker 4",
+            ["throughput", "--workload", "mlp", "--mesh", "fsdp=3", "--batch", "4", "--devices", "4"],
+            "parallel.fsdp 3 x parallel.tensor 1 cannot make a mesh of the trial's 4 devices",
         ),
         (
             [
@@ -176,14 +176,14 @@ def test_bad_options_exit_2_naming_them(args, message, capsys):
                 "mlp",
                 "--step",
                 "shard_map",
-                "--fsdp",
-                "2",
+                "--mesh",
+                "fsdp=2",
                 "--batch",
                 "2",
                 "--devices",
                 "2",
             ],
-            "step shard_map keeps the params whole: it needs fsdp 1, got 2",
+            "step shard_map keeps the params whole: it needs fsdp 1 and tensor 1, got fsdp 2, tensor 1",
         ),
         (["ingest", "--workload", "mlp", "--seq-len", "64"], "--seq-len applies to the transformer only"),
         (["serve", "--url", "http://127.0.0.1:9"], "GET /healthz did not answer"),

@@ -19,6 +19,7 @@ from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.parallel.mesh import make_mesh
 from jaxray.raytrain.resume import checkpoint_name
+from jaxray.reporting import checkpoint_line
 from jaxray.reporting.sweep import write_reports
 from jaxray.serve import __main__ as serve_cli
 from jaxray.train.run import train
@@ -65,13 +66,13 @@ def chosen_line(run: tuple[Path, dict]) -> str:
 
 def test_describe_names_trial_step_and_held_out_metric(run):
     root, _ = run
-    assert checkpoint.describe(runs.resolve(root)) == chosen_line(run)
+    assert checkpoint_line.describe(runs.resolve(root)) == chosen_line(run)
 
 
 def test_describe_shows_a_path_inside_the_working_directory_relative(run, monkeypatch):
     root, _ = run
     monkeypatch.chdir(root.parent)
-    line = checkpoint.describe(runs.resolve("demo"))
+    line = checkpoint_line.describe(runs.resolve("demo"))
     assert line.startswith(f"checkpoint: demo/train/{TRIAL_NAME}/{checkpoint_name(STEPS, 1)} (trial ")
 
 
@@ -81,11 +82,11 @@ def test_describe_of_an_earlier_save_and_of_params_only(trained, trained_transfo
         tmp_path / TRIAL_NAME / "checkpoint_x", result.state, trial, result.history, {}
     )
     last = result.history[-1]
-    assert checkpoint.describe(earlier) == (
+    assert checkpoint_line.describe(earlier) == (
         f"checkpoint: {earlier} (trial {TRIAL_NAME}, step {STEPS}, train loss {last['loss']:.4f} at "
         f"step {last['step']} (no held-out metric saved))"
     )
-    assert checkpoint.describe(trained_transformer) == (
+    assert checkpoint_line.describe(trained_transformer) == (
         f"checkpoint: {trained_transformer} (trial {TRIAL_NAME}, params only, no metric recorded)"
     )
 

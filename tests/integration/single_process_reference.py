@@ -4,7 +4,8 @@
 every local device, on the global batches ``train_batches(arrays, global_batch)`` gives (with
 ``data.parquet`` set: the unshuffled arrays in the seeded per-epoch order the Parquet path follows),
 evaluates on the first ``eval_rows`` held-out rows (a key of TRIAL_JSON beside ``trial``), and
-writes the final params (flattened, ``jax.tree_util.keystr`` keys) and the logged losses to OUT_NPZ.
+writes the final params (flattened, ``jax.tree_util.keystr`` keys), the logged losses and gradient
+norms to OUT_NPZ.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main(trial_json: str, out: str) -> None:
     np.savez(
         out,
         losses=np.array([row["loss"] for row in result.history]),
+        grad_norms=np.array([row["grad_norm"] for row in result.history]),
         devices=jax.device_count(),
         **{f"param:{k}": v for k, v in flat_params(result.state.params).items()},
     )

@@ -18,7 +18,7 @@ import pytest
 import requests
 from serve_load import free_port, healthz, load, replica_pids, start_serving
 
-from jaxray import checkpoint
+from jaxray.reporting import checkpoint_line
 from jaxray.serve.routes import ROUTES
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -47,7 +47,7 @@ def test_ready_line_then_a_replaced_replica_then_ctrl_c(trained_transformer):
         text = "\n".join(lines)
         assert lines[-1].startswith(f"jaxray is serving on {url} ("), text
         assert f"compiled in {info['compile_s']:.1f} s) routes: {ROUTES}" in lines[-1]
-        assert checkpoint.describe(trained_transformer) in lines, text
+        assert checkpoint_line.describe(trained_transformer) in lines, text
         assert "Connecting to existing Serve app" not in text and "Started a local Ray" not in text
         assert "block_repeats" not in info["model"] and info["model"]["max_seq_len"] == 64
 

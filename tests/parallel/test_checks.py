@@ -51,11 +51,14 @@ def test_every_reason_is_named_and_a_feasible_request_passes():
 
 
 def test_check_trial_checks_the_mesh_and_the_attention():
-    assert check_trial(parse_trial({"model": {"workload": "mlp"}, "train": {"global_batch": 8}}), 4) == 2
-    with pytest.raises(ConfigError, match="global_batch 8 is not divisible by the device count 3"):
-        check_trial(parse_trial({"model": {"workload": "mlp"}, "train": {"global_batch": 8}}), 3)
+    mlp = parse_trial({"model": {"workload": "mlp"}, "train": {"global_batch": 8}})
+    assert check_trial(mlp, {"data": 4, "fsdp": 1, "tensor": 1}) == 2
+    with pytest.raises(
+        ConfigError, match="global_batch 8 is not divisible by the 3 devices it is split over"
+    ):
+        check_trial(mlp, {"data": 3, "fsdp": 1, "tensor": 1})
     with pytest.raises(ConfigError, match="model.attention 'cudnn' cannot run"):
-        check_trial(cudnn_trial(), 1)
+        check_trial(cudnn_trial(), {"data": 1})
 
 
 def test_check_experiment_names_the_file_and_the_sweep(tmp_path):
@@ -74,9 +77,10 @@ def test_train_refuses_before_compiling():
         train(cudnn_trial(), iter(()), {}, make_mesh())
 
 
-def test_tune_refuses_cudnn_without_gpus_before_starting_ray(tmp_path):
-    path = tmp_path / "cudnn.yaml"
-    path.write_text(CUDNN_SWEEP)
+def refused_before_ray(tmp_path, config: str) -> str:
+    """``python -m jaxray.tune`` on ``config``: exit 2 with no traceback and no run folder; its stderr."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(config)
     proc = subprocess.run(
         [sys.executable, "-m", "jaxray.tune", "--config", str(path), "--out", str(tmp_path / "o")],
         cwd=ROOT,
@@ -85,5 +89,32 @@ def test_tune_refuses_cudnn_without_gpus_before_starting_ray(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert f"error: invalid config {path}:\n  sweeps.0: model.attention 'cudnn' cannot run" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+    return proc.stderr.replace(str(path), "EXP")
+
+
+def test_tune_refuses_cudnn_without_gpus_before_starting_ray(tmp_path):
+    stderr = refused_before_ray(tmp_path, CUDNN_SWEEP)
+    assert "error: invalid config EXP:\n  sweeps.0: model.attention 'cudnn' cannot run" in stderr
+
+
+UNEVEN_MESH = """
+experiment: uneven
+data: {seq_len: 32}
+workers: {num_workers: 1, devices_per_worker: 3}
+sweeps:
+  - workload: transformer
+    model: {num_layers: 1, num_heads: 4, max_seq_len: 32}
+    parallel: {tensor: 3}
+    search_space: {global_batch: [6], width: [48]}
+"""
+
+
+def test_tune_refuses_a_mesh_that_cannot_split_the_params_before_starting_ray(tmp_path):
+    stderr = refused_before_ray(tmp_path, UNEVEN_MESH)
+    assert (
+        "error: invalid config EXP:\n  sweeps.0: the mesh data=1,fsdp=1,tensor=3 cannot split the params "
+        "of the transformer of width 48: parallel.tensor 3 does not divide 'heads' of size 4 (dimension 0 "
+        "of blocks.0.attn.key.bias [4, 12], and 6 more params); parallel.tensor 3 does not divide 'vocab' of "
+        "size 256 (dimension 1 of lm_head.kernel [48, 256], and 1 more params)\n" in stderr
+    ), stderr

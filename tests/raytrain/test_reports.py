@@ -1,25 +1,23 @@
-"""The worker's checkpoint saver when the disk is full (issue 15, point 7), without a Ray cluster: the
-local save (``save_locally``) and the copy into the run's storage (``checkpoint_saver`` around
-``ray.train.report``, here Ray Train's own StorageContext copy on a real full tmpfs) each raise a
-CheckpointSaveError naming the step, the folder and the OS error, remove what they wrote and leave
-the earlier checkpoint as it was; a failed trial's summary row keeps that message (``error_text``)."""
+"""The worker's checkpoint saver without a Ray cluster (Ray Train's own StorageContext on a real small
+tmpfs): every process writes into the run's storage in the background, the save is committed and
+reported at the next one; on a full disk it raises CheckpointSaveError naming the step, the folder
+and the OS error, removes what it wrote and leaves the earlier checkpoint as it was; a failed
+trial's summary row keeps that message (``error_text``)."""
 
 from __future__ import annotations
-
-import shutil
-import tempfile
 
 import jax
 import jax.numpy as jnp
 import pytest
 import ray.train
 from full_disk import fill, small_tmpfs
+from ray.train import CheckpointUploadMode
 from ray.train.v2._internal.execution.storage import StorageContext
 
 from jaxray import checkpoint, runs
 from jaxray.config import TrainConfig, parse_trial
 from jaxray.models import build
-from jaxray.raytrain.reports import checkpoint_saver, log_reporter, save_locally
+from jaxray.raytrain.reports import CheckpointSaver, log_reporter
 from jaxray.raytrain.resume import checkpoint_name
 from jaxray.raytrain.sweep import MAX_ERROR_CHARS, error_text
 from jaxray.train.step import init_state, make_optimizer
@@ -39,18 +37,6 @@ def at_step(state, step: int):
     return state._replace(step=jnp.asarray(step, state.step.dtype))
 
 
-def test_a_local_save_onto_a_full_disk_names_the_folder_and_removes_it(tmp_path, state, monkeypatch):
-    with small_tmpfs(tmp_path / "local", 8) as disk:
-        monkeypatch.setattr(tempfile, "tempdir", str(disk))  # where mkdtemp makes the local folder
-        fill(disk)
-        with pytest.raises(checkpoint.CheckpointSaveError) as err:
-            save_locally(40, lambda local: checkpoint.save_state(local, at_step(state, 40), TRIAL, [], {}))
-        message = str(err.value)
-        assert message.startswith(f"could not save the checkpoint of step 40 in {disk}/jaxray-ckpt-")
-        assert NO_SPACE in message and "the partial folder is removed" in message
-        assert not list(disk.glob("jaxray-ckpt-*"))
-
-
 class FakeContext:
     """What ``ray.train.get_context()`` gives the saver: the run's storage."""
 
@@ -61,38 +47,52 @@ class FakeContext:
         return self.storage
 
 
-def test_a_copy_into_full_storage_names_it_removes_both_and_keeps_the_earlier(tmp_path, state, monkeypatch):
-    local = tmp_path / "local"
-    local.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(local))
+@pytest.fixture
+def storage_run(tmp_path, monkeypatch):
+    """(storage root, the reports ``ray.train.report`` received): Ray Train's own StorageContext on a
+    small real tmpfs, no cluster."""
+    reports = []
     with small_tmpfs(tmp_path / "storage", 8) as disk:
         storage = StorageContext(storage_path=str(disk), experiment_dir_name="run")
-
-        def report(
-            metrics, checkpoint=None, checkpoint_dir_name=None, delete_local_checkpoint_after_upload=False
-        ):
-            if checkpoint is not None:  # Ray Train's copy, as ray.train.report makes it, with no cluster
-                storage.persist_current_checkpoint(checkpoint, checkpoint_dir_name)
-                if delete_local_checkpoint_after_upload:
-                    shutil.rmtree(checkpoint.path)
-
         monkeypatch.setattr(ray.train, "get_context", lambda: FakeContext(storage))
-        monkeypatch.setattr(ray.train, "report", report)
-        save = checkpoint_saver(TRIAL, rank=0, attempt=1, batches_per_epoch=None)
-        save(20, at_step(state, 20), [{"step": 20}])
-        run = disk / "run"
-        earlier, failed = (run / checkpoint_name(step, 1) for step in (20, 40))
-        fill(disk, leave=100 << 10)  # room for part of the copy
-        with pytest.raises(checkpoint.CheckpointSaveError) as err:
-            save(40, at_step(state, 40), [{"step": 20}])
-        message = str(err.value)
-        assert message.startswith(
-            f"could not copy the checkpoint of step 40 into the run's storage {failed}: "
+        monkeypatch.setattr(ray.train, "report", lambda metrics, **kw: reports.append((metrics, kw)))
+        yield disk, reports
+
+
+def test_a_save_goes_on_in_the_background_and_is_committed_and_reported_at_the_next(storage_run, state):
+    disk, reports = storage_run
+    save = CheckpointSaver(TRIAL, rank=0, attempt=1, batches_per_epoch=None)
+    first, final = (disk / "run" / checkpoint_name(step, 1) for step in (20, 100))
+    save(20, at_step(state, 20), [{"step": 20, "loss": 1.0}])
+    assert reports == [] and not (first / checkpoint.TRAIN_STATE).exists()  # under way, not complete
+    save(100, at_step(state, 100), [{"step": 20, "loss": 1.0}], row={"step": 100, "final": True})
+    assert [metrics["step"] for metrics, _ in reports] == [20, 100]  # the final one at once
+    for (_, kw), folder in zip(reports, (first, final), strict=True):
+        assert (
+            kw["checkpoint"].path == str(folder)
+            and kw["checkpoint_upload_mode"] == CheckpointUploadMode.NO_UPLOAD
         )
-        assert NO_SPACE in message and "the partial copy is removed" in message
-        assert not failed.exists() and not list(local.iterdir())
-        assert checkpoint.verify(earlier)["step"] == 20
-        assert runs.resolve(run) == earlier
+        assert kw["checkpoint_dir_name"] == folder.name
+    assert checkpoint.verify(first)["step"] == 20 and checkpoint.verify(final)["summary"]["final"]
+
+
+def test_a_save_into_full_storage_names_it_removes_it_and_keeps_the_earlier(storage_run, state):
+    disk, reports = storage_run
+    save = CheckpointSaver(TRIAL, rank=0, attempt=1, batches_per_epoch=None)
+    run = disk / "run"
+    earlier, failed = (run / checkpoint_name(step, 1) for step in (20, 40))
+    save(20, at_step(state, 20), [{"step": 20}])
+    save.flush()
+    fill(disk, leave=100 << 10)  # room for part of the arrays
+    with pytest.raises(checkpoint.CheckpointSaveError) as err:
+        save(40, at_step(state, 40), [{"step": 20}])
+        save.flush()
+    message = str(err.value)
+    assert message.startswith(f"could not save the checkpoint of step 40 in {failed}: "), message
+    assert NO_SPACE in message and "the partial folder is removed" in message
+    assert not failed.exists() and len(reports) == 1
+    assert checkpoint.verify(earlier)["step"] == 20
+    assert runs.resolve(run) == earlier
 
 
 def test_a_failed_trials_row_keeps_the_end_of_a_long_error():

@@ -71,7 +71,9 @@ def test_report_for_a_config_without_data(workload):
         "global_batch": 8,
         "per_device_batch": 8,
         "devices": 1,
+        "data": 1,
         "fsdp": 1,
+        "tensor": 1,
         **({"seq_len": 16, "num_layers": 1, "num_heads": 4} if workload == "transformer" else {}),
     }
     # A CPU device reports no limit: it is compared with the host's RAM.

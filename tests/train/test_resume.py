@@ -203,6 +203,8 @@ def test_restore_onto_another_mesh_continues_with_the_same_loss(real_dir, save, 
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [r["devices"] for r in out["largest"]] == [save[0], restore[0]] and out["resumed_from_step"] == 6
     for (_, fsdp), run in zip((save, restore), out["largest"], strict=True):
-        assert sorted(run["shard"]) == sorted([max(run["shape"]) // fsdp, min(run["shape"])]), run
+        # The largest param is an embedding or the LM head: its embed dimension (d_model 64) split
+        # over fsdp, its vocab (256) over tensor (1 here) (jaxray.parallel.mesh.RULES).
+        assert run["shard"] == [n // fsdp if n == 64 else n for n in run["shape"]], run
     assert out["restored_steps"][-6:] == list(range(7, 13))
     np.testing.assert_allclose(out["restored"], out["continued"], rtol=1e-5)

@@ -1,0 +1,61 @@
+"""One line naming a resolved checkpoint for the terminal: its path, trial, step and held-out metric."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from jaxray.checkpoint import CHECKPOINT_PREFIX, HISTORY_FILE, TRAIN_STATE, CheckpointError, load_trial_config
+from jaxray.reporting.format import number
+
+
+def _isnumber(value: Any) -> bool:
+    return number(value) is not None
+
+
+def describe(directory: str | Path) -> str:
+    """``checkpoint: PATH (trial T, step S, METRIC)`` for a resolved checkpoint ``directory``: PATH
+    relative to the working directory when inside it; the trial (its Ray Train folder's name, else
+    the one its ``trial_config.json`` names); the
+    step and the held-out metric of the final checkpoint's summary row, else the last training loss
+    ("params only" without a step). Only reads: what cannot be read is left out."""
+    directory = Path(directory)
+    here = directory.absolute()
+    shown = Path(os.path.relpath(here)) if here.is_relative_to(Path.cwd()) else directory
+    state = _json(directory / TRAIN_STATE)
+    state = state if isinstance(state, dict) else {}
+    if directory.name.startswith(CHECKPOINT_PREFIX):  # in its trial's Ray Train folder, named by the sweep
+        parts = [f"trial {directory.parent.name}"]
+    else:
+        try:
+            parts = [f"trial {load_trial_config(directory).name()}"]
+        except CheckpointError:
+            parts = []
+    parts.append(f"step {state['step']}" if "step" in state else "params only")
+    parts.append(_metric(directory, state))
+    return f"checkpoint: {shown} ({', '.join(p for p in parts if p)})"
+
+
+def _json(path: Path) -> Any:
+    """``path`` parsed; None when it is missing, unreadable or no JSON (``describe`` only shows)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _metric(directory: Path, state: dict) -> str:
+    """The held-out metric of the final checkpoint's summary row, else the last training loss."""
+    row = state.get("summary") if isinstance(state.get("summary"), dict) else {}
+    pairs = (("val_loss", "val loss {:.4f}"), ("val_perplexity", "perplexity {:.2f}"))
+    pairs += (("test_accuracy", "test accuracy {:.4f}"), ("test_loss", "test loss {:.4f}"))
+    shown = ", ".join(fmt.format(row[key]) for key, fmt in pairs if _isnumber(row.get(key)))
+    if shown:
+        return shown
+    history = _json(directory / HISTORY_FILE) if "step" in state else None
+    last = history[-1] if isinstance(history, list) and history and isinstance(history[-1], dict) else {}
+    if _isnumber(last.get("loss")):
+        return f"train loss {last['loss']:.4f} at step {last.get('step', '?')} (no held-out metric saved)"
+    return "no metric recorded"
