@@ -437,17 +437,20 @@ def test_a_sweeps_mesh_reaches_its_trials_and_the_rest_goes_to_data(tmp_path):
     assert {tuple(t.mesh_shape.values()) for t in trials} == {(2, 2, 1)}  # data is the rest (-1)
     assert parse_trial({"model": {"workload": "mlp"}}).mesh_shape == {"data": 1, "fsdp": 1, "tensor": 1}
     tensor = parse_trial({"model": {"workload": "mlp"}, "workers": {"devices_per_worker": 4},
-                          "parallel": {"data": 1, "fsdp": -1, "tensor": 2}})  # fmt: skip
-    assert tensor.mesh_shape == {"data": 1, "fsdp": 2, "tensor": 2}
+                          "parallel": {"fsdp": -1, "tensor": 2}})  # fmt: skip
+    assert tensor.mesh_shape == {"data": 1, "fsdp": 2, "tensor": 2}  # data left out: 1 beside a -1
 
 
 @pytest.mark.parametrize(
     ("setting", "expected"),
     [
-        ("fsdp: 3", "parallel.data -1 x parallel.fsdp 3 x parallel.tensor 1 cannot make a mesh of the "
-                    "trial's 4 devices"),
+        ("fsdp: 3", "parallel.fsdp 3 x parallel.tensor 1 cannot make a mesh of the trial's 4 devices "
+                    "(workers.num_workers x workers.devices_per_worker): the fixed sizes' product (3) must "
+                    "divide 4"),
         ("{data: 2, fsdp: 1, tensor: 1}", "parallel.data 2 x parallel.fsdp 1 x parallel.tensor 1 cannot "
-                                          "make a mesh of the trial's 4 devices"),
+                                          "make a mesh of the trial's 4 devices (workers.num_workers x "
+                                          "workers.devices_per_worker): their product (2) must be 4, or one "
+                                          "size -1 for the rest"),
         ("{data: -1, tensor: -1}", "parallel sizes must be positive, with at most one -1 (the rest)"),
         ("fsdp: 0", "parallel sizes must be positive, with at most one -1 (the rest)"),
         ("fsdp: -2", "parallel.fsdp: Input should be greater than or equal to -1, got -2"),

@@ -112,15 +112,15 @@ class PendingSave:
         self.directory, self.step, self.doc = directory, step, doc
         self._checkpointers, self._before_manifest = checkpointers, before_manifest
 
-    def commit(self) -> Path:
-        """Wait for every process's writes and Orbax's commit, then write ``train_state.json``
-        (``before_manifest`` runs just before it). Returns the folder. Raises CheckpointSaveError
-        naming the folder and the step; what was written stays incomplete (no ``train_state.json``)."""
+    def commit(self, manifest: bool = True) -> Path:
+        """Wait for every process's writes and Orbax's commit, then (``manifest``) write
+        ``train_state.json``, ``before_manifest`` just before it. Returns the folder. Raises
+        CheckpointSaveError naming the folder and step; what was written stays incomplete."""
         with _saving(self.directory, f"the checkpoint of step {self.step}"):
             finish(self._checkpointers)
-            if self._before_manifest is not None:
+            if manifest and self._before_manifest is not None:
                 self._before_manifest()
-            return _write_manifest(self.directory, self.doc)
+            return _write_manifest(self.directory, self.doc) if manifest else self.directory
 
 
 def start_save_state(

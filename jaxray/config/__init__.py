@@ -209,34 +209,44 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 class ParallelConfig(FrozenConfig):
     """The trial's (``data``, ``fsdp``, ``tensor``) device mesh (``jaxray.parallel.mesh``): sizes whose
-    product is the trial's device count over all its workers; one of them may be -1, the rest (the
-    default: every device on ``data``). ``fsdp`` splits params and optimizer state on their ``embed``
-    dimension, ``tensor`` on ``heads``, ``mlp`` and ``vocab`` (``jaxray.parallel.mesh.RULES``);
-    batches are split over ``data`` x ``fsdp``. ``data`` and ``fsdp`` may span workers, ``tensor``
-    stays within one."""
+    product is the trial's device count over all its workers; one of them may be -1, the rest.
+    ``data`` left out is the rest, or 1 when ``fsdp`` or ``tensor`` is -1 (default: every device on
+    ``data``). ``fsdp`` splits params and optimizer state on their ``embed`` dimension, ``tensor``
+    on ``heads``, ``mlp`` and ``vocab`` (``jaxray.parallel.mesh.RULES``); batches are split over
+    ``data`` x ``fsdp``. ``data`` and ``fsdp`` may span workers, ``tensor`` stays within one."""
 
-    data: AxisSize = -1
+    data: AxisSize | None = None
     fsdp: AxisSize = 1
     tensor: AxisSize = 1
 
     @model_validator(mode="after")
     def _check(self) -> ParallelConfig:
-        sizes = {a: getattr(self, a) for a in MESH_AXES}
-        if any(n == 0 for n in sizes.values()) or list(sizes.values()).count(-1) > 1:
-            raise ValueError(f"parallel sizes must be positive, with at most one -1 (the rest); got {sizes}")
+        given = {a: getattr(self, a) for a in MESH_AXES if getattr(self, a) is not None}
+        if any(n == 0 for n in given.values()) or list(given.values()).count(-1) > 1:
+            raise ValueError(f"parallel sizes must be positive, with at most one -1 (the rest); got {given}")
         return self
 
     def shape(self, devices: int) -> dict[str, int]:
         """``{data, fsdp, tensor}`` sizes on ``devices`` devices, the -1 resolved; ValueError naming the
         numbers when their product cannot be ``devices``."""
-        sizes = {a: getattr(self, a) for a in MESH_AXES}
+        data = self.data if self.data is not None else (1 if -1 in (self.fsdp, self.tensor) else -1)
+        sizes = {"data": data, "fsdp": self.fsdp, "tensor": self.tensor}
         known = math.prod(n for n in sizes.values() if n != -1)
-        given = " x ".join(f"parallel.{a} {n}" for a, n in sizes.items())
         if -1 in sizes.values() and devices % known == 0:
             return {a: devices // known if n == -1 else n for a, n in sizes.items()}
         if -1 not in sizes.values() and known == devices:
             return sizes
-        raise ValueError(f"{given} cannot make a mesh of the trial's {devices} devices")
+        named = [a for a in MESH_AXES if a != "data" or self.data is not None]
+        given = " x ".join(f"parallel.{a} {sizes[a]}" for a in named)
+        need = (
+            f"the fixed sizes' product ({known}) must divide {devices}"
+            if -1 in sizes.values()
+            else f"their product ({known}) must be {devices}, or one size -1 for the rest"
+        )
+        raise ValueError(
+            f"{given} cannot make a mesh of the trial's {devices} devices (workers.num_workers x "
+            f"workers.devices_per_worker): {need}"
+        )
 
 
 def trial_name(workload: str, global_batch: int, dtype: str, width: int, learning_rate: float) -> str:

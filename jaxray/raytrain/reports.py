@@ -10,30 +10,28 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import jax
 import ray.train
 from pyarrow.fs import LocalFileSystem
 from ray.train import Checkpoint, CheckpointUploadMode
 
 from jaxray import checkpoint
 from jaxray.checkpoint import CheckpointSaveError
-from jaxray.config import TrainConfig, TrialConfig
+from jaxray.config import TrialConfig
 from jaxray.raytrain.faults import kill_in_save
 from jaxray.raytrain.resume import checkpoint_name
 from jaxray.reporting.format import json_safe
 
 
-def log_reporter(train: TrainConfig) -> Callable[[dict[str, float]], None]:
-    """``on_log``: ``ray.train.report(row)`` every ``train.report_interval`` steps but the last, with
-    the latest held-out metrics (``val_*``, measured every ``train.eval_every`` steps) added: the
-    metric an ASHA scheduler reads is then in every report after the first evaluation."""
-    held: dict[str, float] = {}
+def chained(*fns: Callable[[], None] | None) -> Callable[[], None]:
+    """One call running each of ``fns`` that is not None, in order."""
 
-    def report(row: dict[str, float]) -> None:
-        held.update({k: v for k, v in row.items() if k.startswith("val_")})
-        if row["step"] % train.report_interval == 0 and row["step"] != train.steps:
-            ray.train.report({**row, **held})
+    def run() -> None:
+        for fn in fns:
+            if fn is not None:
+                fn()
 
-    return report
+    return run
 
 
 def position(step: int, batches_per_epoch: int | None) -> dict[str, int]:
@@ -43,21 +41,35 @@ def position(step: int, batches_per_epoch: int | None) -> dict[str, int]:
     return {"epoch": step // batches_per_epoch, "batch_in_epoch": step % batches_per_epoch}
 
 
-class CheckpointSaver:
-    """``save(step, state, history, row=None)`` on every rank: each process writes its shards of the
-    state straight into the run's storage as ``checkpoint_name(step, attempt)``, in the background;
-    the save is committed (``train_state.json``) and reported to Ray Train at the next save, at
-    ``flush()``, or at once for the final one (``row`` with ``final``). A failed save raises
+class Reports:
+    """A worker's reports to Ray Train, log rows and checkpoints in one stream in step order.
+
+    ``log(row)`` (``train``'s ``on_log``): a report every ``train.report_interval`` steps but the
+    last, with the latest held-out metrics (``val_*``) added, so the metric an ASHA scheduler reads
+    is in every report after the first evaluation. ``save(step, state, history, row=None)``
+    (``train``'s ``save``, on every rank): each process writes its shards of the state straight into
+    the run's storage as ``checkpoint_name(step, attempt)``, in the background; the save is committed
+    (``train_state.json``) and goes with the next report (a log row's, the next save's, or at once the
+    final one's: ``row`` with ``final``). ``abandon()`` drops a save under way. A failed save raises
     CheckpointSaveError naming the step, folder and cause, its partial folder removed (rank 0)."""
 
     def __init__(self, trial: TrialConfig, rank: int, attempt: int, batches_per_epoch: int | None) -> None:
         self.trial, self.rank, self.attempt, self.batches_per_epoch = trial, rank, attempt, batches_per_epoch
-        self._pending: tuple[checkpoint.PendingSave, dict, str] | None = None
+        self._held: dict[str, float] = {}
+        self._pending: tuple[checkpoint.PendingSave, str] | None = None
 
-    def __call__(self, step: int, state, history: list[dict], row: dict | None = None) -> None:
-        self.flush()
+    def log(self, row: dict[str, float]) -> None:
+        self._held.update({k: v for k, v in row.items() if k.startswith("val_")})
+        train = self.trial.train
+        if row["step"] % train.report_interval == 0 and row["step"] != train.steps:
+            self._report({**row, **self._held})
+
+    def save(self, step: int, state, history: list[dict], row: dict | None = None) -> None:
+        if self._pending is not None:  # not reported since it started: now, with the latest row
+            self._report({**(history[-1] if history else {}), **self._held})
         name = checkpoint_name(step, self.attempt)
         folder = storage_folder(name)
+        kill = kill_in_save(step, self.attempt) if self.rank == 0 else None  # fault injection (tests)
         with removing(folder, self.rank):
             pending = checkpoint.start_save_state(
                 folder,
@@ -65,24 +77,33 @@ class CheckpointSaver:
                 self.trial,
                 history,
                 position(step, self.batches_per_epoch),
-                kill_in_save(step, self.attempt),
+                chained(shared_storage_check(folder), kill),
                 summary=row if row and row.get("final") else None,
             )
-        self._pending = (pending, row or {**(history[-1] if history else {}), "step": step}, name)
+        self._pending = (pending, name)
         if row and row.get("final"):
-            self.flush()
+            self._report(row)
 
-    def flush(self) -> None:
-        """Commit the save under way, if any, and report it (every rank calls this equally often)."""
-        if self._pending is None:
-            return
-        pending, row, name = self._pending
-        self._pending = None
-        with removing(pending.directory, self.rank):
-            folder = pending.commit()
-        ckpt = Checkpoint(str(folder)) if self.rank == 0 else None
+    def abandon(self) -> None:
+        """Let the save under way finish writing, then remove it unreported (a diverged run: the
+        params it holds may already be broken)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending[0], None
+            with contextlib.suppress(CheckpointSaveError):
+                pending.commit(manifest=False)
+            if self.rank == 0:
+                shutil.rmtree(pending.directory, ignore_errors=True)
+
+    def _report(self, metrics: dict) -> None:
+        """``ray.train.report(metrics)`` on every rank, with the save under way committed and attached."""
+        ckpt, name = None, None
+        if self._pending is not None:
+            (pending, name), self._pending = self._pending, None
+            with removing(pending.directory, self.rank):
+                folder = pending.commit()
+            ckpt = Checkpoint(str(folder)) if self.rank == 0 else None
         upload = CheckpointUploadMode.NO_UPLOAD  # written in place: nothing to copy
-        ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=name, checkpoint_upload_mode=upload)
+        ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=name, checkpoint_upload_mode=upload)
 
 
 def storage_folder(name: str) -> Path:
@@ -98,18 +119,44 @@ def storage_folder(name: str) -> Path:
     return Path(storage.build_checkpoint_path_from_name(name))
 
 
-def discard_unfinished(attempt: int) -> list[str]:
-    """Remove the trial's checkpoint folders that an earlier attempt began and never committed (no
-    ``train_state.json``: its workers died while writing them, and no process is left to finish
-    them); their names. Rank 0 calls it at the start of an attempt."""
-    ours = checkpoint_name(0, attempt)
+def remove_unfinished(trial_dir: Path, but_attempt: int | None = None) -> list[str]:
+    """Remove the checkpoint folders in ``trial_dir`` that were begun and never committed (no
+    ``train_state.json``: their workers died or were stopped while writing them, and no process is
+    left to finish them), except those of attempt ``but_attempt``; their names."""
+    keep = f"_attempt{but_attempt}" if but_attempt is not None else None
     gone = []
-    for folder in sorted(storage_folder(ours).parent.glob(f"{checkpoint.CHECKPOINT_PREFIX}*")):
-        earlier = folder.name.rsplit("_", 1)[-1] != ours.rsplit("_", 1)[-1]  # "attempt<n>"
-        if earlier and folder.is_dir() and not (folder / checkpoint.TRAIN_STATE).exists():
+    for folder in sorted(trial_dir.glob(f"{checkpoint.CHECKPOINT_PREFIX}*")):
+        if (keep is None or not folder.name.endswith(keep)) and not (
+            folder / checkpoint.TRAIN_STATE
+        ).exists():
             shutil.rmtree(folder, ignore_errors=True)
             gone.append(folder.name)
     return gone
+
+
+def discard_unfinished(attempt: int) -> list[str]:
+    """``remove_unfinished`` in this trial's storage folder for the earlier attempts (rank 0, at the
+    start of an attempt)."""
+    return remove_unfinished(storage_folder(checkpoint_name(0, attempt)).parent, but_attempt=attempt)
+
+
+def shared_storage_check(folder: Path) -> Callable[[], None]:
+    """A check for just before a checkpoint's manifest: process 0 sees every process's shards
+    (Orbax's ``ocdbt.process_<i>`` folders), so the run's storage is one folder all workers share.
+    Raises CheckpointSaveError saying so when it is not."""
+
+    def check() -> None:
+        if jax.process_index() != 0 or jax.process_count() == 1:
+            return
+        for item in (checkpoint.PARAMS_DIR, checkpoint.OPT_STATE_DIR):
+            seen = len(list((folder / item).glob("ocdbt.process_*")))
+            if seen != jax.process_count():
+                raise CheckpointSaveError(
+                    f"process 0 sees the shards of {seen} of the {jax.process_count()} processes in "
+                    f"{folder / item}: the run's storage must be one folder every worker node mounts"
+                )
+
+    return check
 
 
 @contextmanager

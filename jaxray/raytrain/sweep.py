@@ -26,6 +26,7 @@ from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
 from jaxray.raytrain import progress
 from jaxray.raytrain.progress import TrialProgress
+from jaxray.raytrain.reports import remove_unfinished
 from jaxray.raytrain.trainer import make_trainer
 from jaxray.reporting import terminal
 from jaxray.reporting.format import DIVERGED_KEYS, diverged_error
@@ -187,6 +188,8 @@ def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRo
     title = f"{sweep.workload} sweep: {sweep.grid_size()} trial(s)"
     with progress.showing(title, sweep_steps(sweep)):
         results = tuner.fit()
+    for trial_dir in (out / TRAIN_DIR).glob(f"{sweep.workload}_*"):  # stopped trials' saves in flight
+        remove_unfinished(trial_dir)
     # After Ctrl+C fit() returns as if done; only the saved state shows the unfinished trials.
     try:
         saved = tune.ExperimentAnalysis(results.experiment_path).trials

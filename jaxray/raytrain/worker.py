@@ -13,7 +13,7 @@ from jaxray.models import resolve_attention
 from jaxray.parallel.mesh import trial_mesh
 from jaxray.raytrain.cluster import check_local_devices, cpu_program, describe_worker
 from jaxray.raytrain.faults import fault_hooks
-from jaxray.raytrain.reports import CheckpointSaver, compile_writer, discard_unfinished, log_reporter
+from jaxray.raytrain.reports import Reports, compile_writer, discard_unfinished
 from jaxray.raytrain.resume import count_attempt, resume_point
 from jaxray.raytrain.shards import worker_data
 from jaxray.reporting.tensorboard import TensorBoardLogger
@@ -47,7 +47,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 print(f"jaxray: removed {name}, a checkpoint an earlier attempt never finished", flush=True)
         mesh = trial_mesh(trial)
         batches, held_out, rows = worker_data(trial, rank, world, config.get("train_rows"))
-        save = CheckpointSaver(trial, rank, start.attempt, rows // trial.train.global_batch if rows else None)
+        reports = Reports(trial, rank, start.attempt, rows // trial.train.global_batch if rows else None)
         tb_dir = config.get("tensorboard_dir") if rank == 0 else None
         with TensorBoardLogger(tb_dir) if tb_dir else contextlib.nullcontext() as tb:
             try:
@@ -56,15 +56,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     batches,
                     held_out,
                     mesh,
-                    on_log=[log_reporter(trial.train)] + ([tb] if tb else []),
+                    on_log=[reports.log] + ([tb] if tb else []),
                     resume=start.checkpoint,
-                    save=save,
+                    save=reports.save,
                     hooks=fault_hooks(trial, rank, start.attempt),
                     on_compile=compile_writer(config.get("compile_file") if rank == 0 else None),
                 )
             except Diverged as err:  # a failed trial, not a crash: no restart, nothing of it saved
                 print(f"jaxray: {err}; the trial stops", flush=True)
-                save.flush()  # a checkpoint under way holds finite params of an earlier step
+                reports.abandon()  # a save under way may hold the broken params
                 ray.train.report({**DIVERGED_METRICS, "step": err.step, "final": True, **err.row()})
                 return
             # A count: Tune's TensorBoard logger takes numbers only.
@@ -75,4 +75,4 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         final_row = {**result.history[-1], **result.summary, "final": True}
         if trial.model.workload != "transformer":  # its held-out metrics are the summary's test_*
             final_row = {k: v for k, v in final_row.items() if not k.startswith("val_")}
-        save(trial.train.steps, result.state, result.history, row=final_row)
+        reports.save(trial.train.steps, result.state, result.history, row=final_row)

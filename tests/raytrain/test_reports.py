@@ -17,7 +17,7 @@ from ray.train.v2._internal.execution.storage import StorageContext
 from jaxray import checkpoint, runs
 from jaxray.config import TrainConfig, parse_trial
 from jaxray.models import build
-from jaxray.raytrain.reports import CheckpointSaver, log_reporter
+from jaxray.raytrain.reports import Reports
 from jaxray.raytrain.resume import checkpoint_name
 from jaxray.raytrain.sweep import MAX_ERROR_CHARS, error_text
 from jaxray.train.step import init_state, make_optimizer
@@ -59,34 +59,46 @@ def storage_run(tmp_path, monkeypatch):
         yield disk, reports
 
 
-def test_a_save_goes_on_in_the_background_and_is_committed_and_reported_at_the_next(storage_run, state):
+# Reports every 10 steps (report_every), logs every 10, 100 steps.
+LOGGED = TRIAL.model_copy(update={"train": TrainConfig(steps=100, log_every=10, report_every=10)})
+
+
+def test_a_save_goes_on_in_the_background_and_is_reported_with_the_next_report(storage_run, state):
     disk, reports = storage_run
-    save = CheckpointSaver(TRIAL, rank=0, attempt=1, batches_per_epoch=None)
+    worker = Reports(LOGGED, rank=0, attempt=1, batches_per_epoch=None)
     first, final = (disk / "run" / checkpoint_name(step, 1) for step in (20, 100))
-    save(20, at_step(state, 20), [{"step": 20, "loss": 1.0}])
+    worker.save(20, at_step(state, 20), [{"step": 20, "loss": 1.0}])
     assert reports == [] and not (first / checkpoint.TRAIN_STATE).exists()  # under way, not complete
-    save(100, at_step(state, 100), [{"step": 20, "loss": 1.0}], row={"step": 100, "final": True})
-    assert [metrics["step"] for metrics, _ in reports] == [20, 100]  # the final one at once
+    worker.log({"step": 30, "loss": 0.9})  # the next report carries it: the stream stays in step order
+    worker.save(100, at_step(state, 100), [{"step": 30, "loss": 0.9}], row={"step": 100, "final": True})
+    assert [metrics["step"] for metrics, _ in reports] == [30, 100]  # the final one at once
     for (_, kw), folder in zip(reports, (first, final), strict=True):
-        assert (
-            kw["checkpoint"].path == str(folder)
-            and kw["checkpoint_upload_mode"] == CheckpointUploadMode.NO_UPLOAD
-        )
-        assert kw["checkpoint_dir_name"] == folder.name
+        assert kw["checkpoint"].path == str(folder) and kw["checkpoint_dir_name"] == folder.name
+        assert kw["checkpoint_upload_mode"] == CheckpointUploadMode.NO_UPLOAD  # written in place
     assert checkpoint.verify(first)["step"] == 20 and checkpoint.verify(final)["summary"]["final"]
+
+
+def test_an_abandoned_save_is_removed_unreported(storage_run, state):
+    disk, reports = storage_run
+    worker = Reports(LOGGED, rank=0, attempt=1, batches_per_epoch=None)
+    worker.save(20, at_step(state, 20), [{"step": 20}])
+    worker.abandon()  # a diverged run: the params under way may be broken
+    worker.log({"step": 30, "loss": 0.9})
+    assert [kw["checkpoint"] for _, kw in reports] == [None]
+    assert not (disk / "run" / checkpoint_name(20, 1)).exists()
 
 
 def test_a_save_into_full_storage_names_it_removes_it_and_keeps_the_earlier(storage_run, state):
     disk, reports = storage_run
-    save = CheckpointSaver(TRIAL, rank=0, attempt=1, batches_per_epoch=None)
+    worker = Reports(LOGGED, rank=0, attempt=1, batches_per_epoch=None)
     run = disk / "run"
     earlier, failed = (run / checkpoint_name(step, 1) for step in (20, 40))
-    save(20, at_step(state, 20), [{"step": 20}])
-    save.flush()
+    worker.save(20, at_step(state, 20), [{"step": 20}])
+    worker.log({"step": 30})
     fill(disk, leave=100 << 10)  # room for part of the arrays
     with pytest.raises(checkpoint.CheckpointSaveError) as err:
-        save(40, at_step(state, 40), [{"step": 20}])
-        save.flush()
+        worker.save(40, at_step(state, 40), [{"step": 30}])
+        worker.log({"step": 50})
     message = str(err.value)
     assert message.startswith(f"could not save the checkpoint of step 40 in {failed}: "), message
     assert NO_SPACE in message and "the partial folder is removed" in message
@@ -112,10 +124,11 @@ def test_reports_carry_the_latest_held_out_metrics_the_log_rows_do_not(monkeypat
     # What ASHA reads (val_loss) is in every report after the first evaluation; the log rows (and so
     # TensorBoard) hold it only where it was measured.
     sent = []
-    monkeypatch.setattr(ray.train, "report", lambda row: sent.append(row))
-    report = log_reporter(TrainConfig(steps=100, log_every=10, eval_every=20, report_every=10))
+    monkeypatch.setattr(ray.train, "report", lambda row, **_: sent.append(row))
+    train = TrainConfig(steps=100, log_every=10, eval_every=20, report_every=10)
+    worker = Reports(TRIAL.model_copy(update={"train": train}), rank=0, attempt=1, batches_per_epoch=None)
     for step in range(10, 101, 10):
-        report({"step": step, "loss": 1.0, **({"val_loss": step / 100} if step % 20 == 0 else {})})
+        worker.log({"step": step, "loss": 1.0, **({"val_loss": step / 100} if step % 20 == 0 else {})})
     assert [(r["step"], r.get("val_loss")) for r in sent] == [
         (10, None),
         (20, 0.2),
