@@ -66,7 +66,8 @@ def _saving(directory: Path, what: str) -> Iterator[None]:
     try:
         yield
     except Exception as err:  # noqa: BLE001 - see the docstring
-        raise CheckpointSaveError(f"could not save {what} in {directory}: {err}") from err
+        cause = " ".join(str(err).split())  # one line: a trial's error row shows its last line
+        raise CheckpointSaveError(f"could not save {what} in {directory}: {cause}") from err
 
 
 def _primary() -> bool:

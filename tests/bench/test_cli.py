@@ -254,12 +254,15 @@ def test_checkpoint_sizes_and_cost_rows(tmp_path):
         run("checkpoint", "--workload", "mlp", "--every", 2, "--steps", 5, "--repeats", 1, "--out", out) == 0
     )
     doc = json.loads((out / "summary.json").read_text())
-    mlp_size, lm_size, none, every = doc["rows"]
+    mlp_size, lm_size, none, sync, background = doc["rows"]
     assert mlp_size["params"] == 235_146 and lm_size["params"] == 3_356_160
     assert 0.75 * 12 * lm_size["params"] / 1e6 <= lm_size["size_mb"] <= 1.2 * 12 * lm_size["params"] / 1e6
     assert all(r["save_s"] > 0 and r["restore_s"] > 0 for r in (mlp_size, lm_size))
-    assert (none["every"], every["every"], none["vs_none"]) == ("none", 2, 1.0)
-    assert doc["summary"]["mlp_every_2"] == pytest.approx(every["ms_per_step"] / none["ms_per_step"])
+    assert (none["every"], none["mode"], none["vs_none"], none["blocked_ms"]) == ("none", "none", 1.0, None)
+    for row, mode in ((sync, "sync"), (background, "async")):
+        assert (row["every"], row["mode"]) == (2, mode) and row["blocked_ms"] > 0
+        ratio = row["ms_per_step"] / none["ms_per_step"]
+        assert doc["summary"][f"mlp_every_2_{mode}"] == pytest.approx(ratio)
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """A save that cannot finish (issue 15, point 7), end to end on a real full disk: ``python -m
 jaxray.tune`` with ``--out`` on a small tmpfs, filled up (a filler file, to ENOSPC, less 1 MiB for
 Ray's and Tune's small files) once the trial's first checkpoint is registered. The next checkpoint's
-copy into the run's storage fails; the worker says so in words, removes its partial copy, Ray Train
+write into the run's storage fails; the worker says so in words, removes its partial folder, Ray Train
 restarts it once (``max_failures: 1``) from the newest checkpoint, it fails the same way, and the run
 ends in bounded time with the failed trial's exit code and summary row naming the step, the folder
 and ``[Errno 28] No space left on device``. Every checkpoint saved before is intact, and once the
@@ -108,9 +108,9 @@ def test_a_full_disk_fails_the_trial_in_words_and_keeps_every_earlier_checkpoint
         assert "jaxray: attempt 2, resuming from" in run_log.read_text()  # Ray Train's restart failed too
 
         [row] = json.loads((out / "summary.json").read_text())
-        failure = "CheckpointSaveError: could not copy the checkpoint of step "
-        assert failure in row["error"] and f"into the run's storage {run}/checkpoint_step_" in row["error"]
-        assert NO_SPACE in row["error"] and "the partial copy is removed" in row["error"]
+        failure = "CheckpointSaveError: could not save the checkpoint of step "
+        assert failure in row["error"] and f" in {run}/checkpoint_step_" in row["error"]
+        assert NO_SPACE in row["error"] and "the partial folder is removed" in row["error"]
 
         # No partial copy is left behind, and every checkpoint registered before the disk filled is whole.
         left = sorted(p.name for p in run.glob("checkpoint_step_*"))
