@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 FORMAT = "jaxray-export"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: start takes top_p
 ARTIFACT_MANIFEST = "manifest.json"  # not jaxray.data.manifest's: that one describes a Parquet dataset
 
 
@@ -65,13 +65,13 @@ class Artifact:
         padded[:, : tokens.shape[1]] = tokens
         return np.asarray(self.program(("logits", None, None))(padded))[:, : tokens.shape[1]]
 
-    def start(self, tokens, lengths, seeds, temperature, top_k, max_new_tokens):
+    def start(self, tokens, lengths, seeds, temperature, top_k, top_p, max_new_tokens):
         """``jaxray.inference.kv_decode.start`` for tokens [B, P] int32 (P a bucket, B a batch size); lengths,
-        top_k, max_new_tokens [B] int32; seeds [B] uint32; temperature [B] float32.
+        top_k, max_new_tokens [B] int32; seeds [B] uint32; temperature, top_p [B] float32.
         Returns (state: tuple of arrays, first [B] int32)."""
         batch, bucket = np.shape(tokens)
         return self.program(("start", bucket, batch))(
-            tokens, lengths, seeds, temperature, top_k, max_new_tokens
+            tokens, lengths, seeds, temperature, top_k, top_p, max_new_tokens
         )
 
     def decode_chunk(self, state, max_steps):

@@ -29,13 +29,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Request:
     """One generation request: prompt bytes (non-empty; the last max_seq_len are used), a token
-    budget, temperature (0 is greedy), top_k (None: all) and a 32-bit seed."""
+    budget, temperature (0 is greedy), top_k (None: all), a 32-bit seed and top_p (1: all)."""
 
     prompt: bytes
     max_new_tokens: int
     temperature: float = 0.8
     top_k: int | None = None
     seed: int = 0
+    top_p: float = 1.0
 
 
 @dataclass
@@ -169,8 +170,8 @@ class Engine:
     def start_args(self, bucket: int, batch: int) -> tuple[jax.ShapeDtypeStruct, ...]:
         """Abstract arguments after params of ``start`` for ``bucket`` and ``batch``: tokens [batch,
         bucket] int32, lengths [batch] int32, seeds [batch] uint32, temperature [batch] float32,
-        top_k [batch] int32, max_new_tokens [batch] int32."""
-        per_row = [jnp.int32, jnp.uint32, jnp.float32, jnp.int32, jnp.int32]
+        top_k [batch] int32, top_p [batch] float32, max_new_tokens [batch] int32."""
+        per_row = [jnp.int32, jnp.uint32, jnp.float32, jnp.int32, jnp.float32, jnp.int32]
         tokens = jax.ShapeDtypeStruct((batch, bucket), jnp.int32)
         return (tokens, *(jax.ShapeDtypeStruct((batch,), dtype) for dtype in per_row))
 
@@ -195,6 +196,7 @@ class Engine:
             self.config.vocab_size,
             request.seed,
             cap=self.settings.max_new_tokens,
+            top_p=request.top_p,
         )
 
     def generate(self, requests: list[Request]) -> list[Completion]:
@@ -234,13 +236,13 @@ class Engine:
         tokens = np.zeros((batch, bucket), np.int32)
         lengths, seeds = np.ones(batch, np.int32), np.zeros(batch, np.uint32)
         temperature, top_k = np.zeros(batch, np.float32), np.full(batch, self.config.vocab_size, np.int32)
-        max_new = np.zeros(batch, np.int32)
+        top_p, max_new = np.ones(batch, np.float32), np.zeros(batch, np.int32)
         for i, r in enumerate(requests):
             window, lengths[i] = prompt_window(r.prompt, self.config.max_seq_len)
             tokens[i] = window[:bucket]  # the bucket holds the prompt: only padding zeros are cut
             seeds[i], temperature[i], max_new[i] = r.seed, r.temperature, r.max_new_tokens
-            top_k[i] = r.top_k or self.config.vocab_size
-        return tokens, lengths, seeds, temperature, top_k, max_new
+            top_k[i], top_p[i] = r.top_k or self.config.vocab_size, r.top_p
+        return tokens, lengths, seeds, temperature, top_k, top_p, max_new
 
     def info(self) -> dict:
         """JSON-able description: model config, source, settings, devices and compile time."""

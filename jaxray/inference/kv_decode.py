@@ -28,7 +28,8 @@ class DecodeState(NamedTuple):
     remaining:   [B] int32, new tokens still to sample (<= 0: the row is finished)
     rng:         [B, 2] uint32, each row's PRNG key data (threefry)
     temperature: [B] float32, 0 is greedy
-    top_k:       [B] int32, sample among the k most likely tokens (V: all)"""
+    top_k:       [B] int32, sample among the k most likely tokens (V: all)
+    top_p:       [B] float32, sample among the most likely tokens holding this much probability (1: all)"""
 
     cache: KVCache
     context: jax.Array
@@ -38,6 +39,7 @@ class DecodeState(NamedTuple):
     rng: jax.Array
     temperature: jax.Array
     top_k: jax.Array
+    top_p: jax.Array
 
 
 # (params, tokens [B, T]) -> (logits [B, T, V], cache [.., T, ..])
@@ -60,16 +62,18 @@ def start(
     seeds: jax.Array,
     temperature: jax.Array,
     top_k: jax.Array,
+    top_p: jax.Array,
     max_new_tokens: jax.Array,
     max_seq_len: int,
 ):
     """Prefill prompts and sample each row's first new token. tokens [B, P] int32 (row b's prompt in
     ``tokens[b, :lengths[b]]``); seeds [B] uint32; temperature [B] float32; top_k [B] int32 (1..V);
-    max_new_tokens [B] int32 (0 for padding). Returns (DecodeState, first [B] int32)."""
+    top_p [B] float32 (0..1]; max_new_tokens [B] int32 (0 for padding). Returns (DecodeState,
+    first [B] int32)."""
     logits, cache = prefill(params, tokens)  # [B, P, V]
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     rng = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(seeds)
-    first, rng = next_tokens(last, rng, temperature, top_k)
+    first, rng = next_tokens(last, rng, temperature, top_k, top_p)
     context = jnp.pad(tokens, ((0, 0), (0, max_seq_len - tokens.shape[1])))
     state = DecodeState(
         _pad_cache(cache, max_seq_len),
@@ -80,6 +84,7 @@ def start(
         rng,
         temperature,
         top_k,
+        top_p,
     )
     return state, first
 
@@ -135,7 +140,7 @@ def decode_chunk(
         active = state.remaining > 0
         at = jnp.minimum(state.positions, size - 1)  # finished rows may sit at S; their writes are unused
         logits, cache = decode_step(params, state.pending, at, state.cache)
-        token, rng = next_tokens(logits, state.rng, state.temperature, state.top_k)
+        token, rng = next_tokens(logits, state.rng, state.temperature, state.top_k, state.top_p)
         state = state._replace(
             cache=cache,
             context=state.context.at[rows, at].set(state.pending),

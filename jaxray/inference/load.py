@@ -116,7 +116,7 @@ def engine_from_artifact(path: str | Path, settings: EngineSettings | None = Non
     config = ModelConfig.model_validate(artifact.manifest["model"])
     settings = settings_for(artifact.manifest, settings)
     layers = tuple((None, None) for _ in range(config.num_layers))
-    state_tree = jax.tree.structure(kv_decode.DecodeState(layers, *[None] * 7), is_leaf=lambda x: x is None)
+    state_tree = jax.tree.structure(kv_decode.DecodeState(layers, *[None] * 8), is_leaf=lambda x: x is None)
     programs = Programs(
         functools.partial(_start, artifact.exported, state_tree),
         functools.partial(_decode_chunk, artifact.exported, state_tree),

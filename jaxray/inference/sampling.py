@@ -83,10 +83,11 @@ def check_sampling(
     vocab_size: int = 256,
     seed: int = 0,
     cap: int = MAX_NEW_TOKENS,
+    top_p: float = 1.0,
 ) -> None:
     """ValueError naming the argument if ``max_new_tokens`` is outside 1..cap (default
     MAX_NEW_TOKENS), ``temperature`` is negative or not finite, ``top_k`` is outside 1..vocab_size,
-    or ``seed`` outside 0..2**32 - 1."""
+    ``top_p`` outside (0, 1], or ``seed`` outside 0..2**32 - 1."""
     if not 1 <= max_new_tokens <= cap:
         raise ValueError(f"max_new_tokens must be in 1..{cap}, got {max_new_tokens}")
     if not 0 <= seed <= MAX_SEED:
@@ -95,6 +96,8 @@ def check_sampling(
         raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
     if top_k is not None and not 1 <= top_k <= vocab_size:
         raise ValueError(f"top_k must be in 1..{vocab_size}, got {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
 def encode_prompt(prompt: str) -> bytes:
@@ -147,10 +150,14 @@ def printable(text: str) -> str:
     return "".join(c if c in "\n\t" or c.isprintable() else "\ufffd" for c in text)
 
 
-def next_tokens(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top_k: jax.Array):
+def next_tokens(
+    logits: jax.Array, rng: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array
+):
     """Sample one token per row. logits [B, V] float32; rng [B, 2] uint32 key data; temperature [B];
-    top_k [B] int32. Returns (tokens [B] int32, rng [B, 2]); same key schedule as ``sample``."""
+    top_k [B] int32; top_p [B] float32 in (0, 1]. Returns (tokens [B] int32, rng [B, 2]); same key
+    schedule as ``sample``."""
     logits = jnp.where(top_k_mask(logits, top_k), logits, -jnp.inf)
+    logits = jnp.where(top_p_mask(logits, temperature, top_p), logits, -jnp.inf)
 
     def row(logits, key_data, temperature):
         key, subkey = jax.random.split(jax.random.wrap_key_data(key_data))
@@ -180,3 +187,16 @@ def top_k_mask(logits: jax.Array, top_k: jax.Array) -> jax.Array:
         return larger < top_k[:, None]
 
     return jax.lax.cond(jnp.any(top_k < logits.shape[-1]), ranked, lambda x: jnp.ones(x.shape, bool), logits)
+
+
+def top_p_mask(logits: jax.Array, temperature: jax.Array, top_p: jax.Array) -> jax.Array:
+    """[B, V] bool: nucleus sampling (Holtzman et al. 2019, as vLLM's ``top_p``): the tokens of row
+    b whose more likely tokens hold less than ``top_p[b]`` of softmax(logits / temperature), so the
+    most likely token always stays; counts rather than sorts; skipped when every top_p is 1."""
+
+    def nucleus(logits):
+        probs = jax.nn.softmax(logits / jnp.maximum(temperature, 1e-6)[:, None])  # [B, V]
+        larger = logits[:, None, :] > logits[:, :, None]  # [B, V, V]: token j more likely than i
+        return (larger * probs[:, None, :]).sum(axis=-1) < top_p[:, None]
+
+    return jax.lax.cond(jnp.any(top_p < 1), nucleus, lambda x: jnp.ones(x.shape, bool), logits)

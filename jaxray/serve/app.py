@@ -11,7 +11,6 @@ import logging
 import os
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,14 @@ from jaxray.inference.artifact_loader import read_artifact_manifest
 from jaxray.inference.engine import Request
 from jaxray.inference.load import check_source, describe_source, is_artifact, load_engine
 from jaxray.inference.settings import EngineSettings
+from jaxray.serve import (
+    openai,
+    playground,  # noqa: F401 - registers GET / on the api
+)
 from jaxray.serve.routes import (
     Counted,
     api,
     body_schema,
-    completion_events,
     decoded,
     drain,
     generate_events,
@@ -43,18 +45,16 @@ from jaxray.serve.routes import (
 from jaxray.serve.scheduler import Scheduler
 from jaxray.serve.schema import (
     ApiError,
-    CompletionRequest,
     GenerateRequest,
     GenerateResponse,
     Limits,
-    completion_object,
     parse,
     served_model,
 )
 from jaxray.serve.settings import AppArgs, args_error, with_checkpoint
 
 logger = logging.getLogger("ray.serve")
-ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed")
+ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed")
 MERGED_BATCHES = 16  # Serve batches in flight at once, merged by the scheduler
 # Deployment options for short faults (see the module docstring and docs/serving.md).
 CONSTRUCTOR_TRIES = 1  # a replica whose __init__ raises fails the deploy at once, with its exception
@@ -94,8 +94,9 @@ class JaxrayServer:
         max_batch_size: int,
         batch_wait_s: float,
         compute_cpus: int | None = None,
+        model_name: str = "jaxray",
     ):
-        self.started = time.monotonic()
+        self.started, self.started_unix = time.monotonic(), time.time()
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.compute_cpus = pin_compute(compute_cpus)
         self.engine = load_engine(checkpoint, settings)
@@ -109,7 +110,7 @@ class JaxrayServer:
             checkpoint,
             jax.devices(),
         )
-        self.model_name = Path(checkpoint).name
+        self.model_name = model_name
         self.limits = Limits(
             settings.max_new_tokens, settings.max_prompt_bytes, self.engine.config.vocab_size
         )
@@ -145,8 +146,11 @@ class JaxrayServer:
     async def generate(self, http: HttpRequest):
         start = time.perf_counter()
         req = parse(GenerateRequest, await read_body(http, self.limits.max_body_bytes), self.limits)
-        engine_req = self._engine_request(req, req.new_tokens(self.limits), "max_new_tokens")
-        chunks = Counted(self._tokens(engine_req))
+        engine_req = Request(
+            req.prompt.encode("utf-8"), req.new_tokens(self.limits), req.temperature, req.top_k, req.seed
+        )
+        self.check(engine_req, "max_new_tokens")
+        chunks = Counted(self.tokens(engine_req, "/generate"))
         usage = {"prompt_tokens": self.engine.prompt_tokens(engine_req)}
         if req.stream:
             return StreamingResponse(generate_events(chunks, usage, start), media_type="text/event-stream")
@@ -155,45 +159,34 @@ class JaxrayServer:
             text=text, new_tokens=chunks.count, **usage, latency_ms=(time.perf_counter() - start) * 1e3
         ).model_dump()
 
-    @api.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
-    async def completions(self, http: HttpRequest):
-        req = parse(CompletionRequest, await read_body(http, self.limits.max_body_bytes), self.limits)
-        engine_req = self._engine_request(req, req.new_tokens(self.limits), "max_tokens")
-        chunks = Counted(self._tokens(engine_req))
-        completion_id = f"cmpl-{uuid.uuid4().hex}"
-        if req.stream:
-            events = completion_events(chunks, completion_id, self.model_name)
-            return StreamingResponse(events, media_type="text/event-stream")
-        text = "".join([piece async for piece in decoded(chunks)])
-        prompt_tokens = self.engine.prompt_tokens(engine_req)
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": chunks.count,
-            "total_tokens": prompt_tokens + chunks.count,
-        }
-        # Generation stops only at the token budget (no stop sequences), hence "length".
-        return completion_object(completion_id, self.model_name, text, "length", usage)
+    # The OpenAI surface (jaxray.serve.openai): each route hands the request to its function there.
+    @api.get("/v1/models")
+    async def models(self) -> dict[str, Any]:
+        return openai.models(self)
 
-    def _engine_request(
-        self, req: GenerateRequest | CompletionRequest, new_tokens: int, cap_field: str
-    ) -> Request:
-        """The engine's Request; ``Engine.check`` has the last word (ApiError naming the field)."""
-        engine_req = Request(
-            prompt=req.prompt.encode("utf-8"),
-            max_new_tokens=new_tokens,
-            temperature=req.temperature,
-            top_k=req.top_k,
-            seed=req.seed,
-        )
+    @api.get("/v1/models/{model_id:path}")
+    async def model(self, model_id: str) -> dict[str, Any]:
+        return openai.models(self, model_id)
+
+    @api.post("/v1/completions", openapi_extra=body_schema(openai.CompletionRequest))
+    async def completions(self, http: HttpRequest):
+        return await openai.answer(self, http, openai.CompletionRequest)
+
+    @api.post("/v1/chat/completions", openapi_extra=body_schema(openai.ChatRequest))
+    async def chat(self, http: HttpRequest):
+        return await openai.answer(self, http, openai.ChatRequest)
+
+    def check(self, request: Request, cap_field: str) -> None:
+        """``Engine.check`` as an ApiError(400) naming the field (``cap_field``: the route's name for
+        the token budget)."""
         try:
-            self.engine.check(engine_req)
+            self.engine.check(request)
         except ValueError as err:
             field = next((f for f in ENGINE_FIELDS if str(err).startswith(f)), "body")
             raise ApiError(400, cap_field if field == "max_new_tokens" else field, str(err)) from None
-        return engine_req
 
-    async def _tokens(self, request: Request) -> AsyncIterator[list[int]]:
-        """This request's new tokens, a chunk at a time, as its batch produces them."""
+    async def tokens(self, request: Request, route: str) -> AsyncIterator[list[int]]:
+        """A checked request's new tokens, a chunk at a time, as its batch produces them."""
         results = self._batch(request)
         try:
             async for tokens, done in results:
@@ -278,7 +271,14 @@ def build_app(args: AppArgs) -> Application:
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
     check_restores(source, args.engine)
     server = deployment(args)
-    return server.bind(str(source), args.engine, max_batch, args.batch_wait_ms / 1e3, args.compute_cpus)
+    return server.bind(
+        str(source),
+        args.engine,
+        max_batch,
+        args.batch_wait_ms / 1e3,
+        args.compute_cpus,
+        args.served_model_name,
+    )
 
 
 def app_builder(args: dict[str, Any]) -> Application:

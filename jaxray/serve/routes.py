@@ -16,13 +16,16 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 
-from jaxray.serve.schema import ApiError, completion_object, sse
+from jaxray.serve.schema import ApiError, sse
 
 logger = logging.getLogger("ray.serve")
 api = FastAPI(
     title="jaxray", description="Byte-level transformer text generation on Ray Serve", redirect_slashes=False
 )  # /generate/ is a JSON 404, not a bodiless 307
-ROUTES = "GET /healthz, GET /info, POST /generate, POST /v1/completions"
+ROUTES = (
+    "GET / (the playground), GET /healthz, GET /info, POST /generate, GET /v1/models, "
+    "POST /v1/completions, POST /v1/chat/completions"
+)
 HEALTHZ_TIMEOUT_S = 5.0  # /healthz with no replica to answer it (one being replaced): 504 after this
 TIMEOUT_HEADER = b"x-request-timeout-seconds"  # Serve's per-request time-out header
 PROXY_STATUS = {408: 504}  # Serve's proxy answers a request time-out with 408: it is the server's
@@ -80,6 +83,12 @@ async def decoded(chunks: AsyncIterator[list[int]]) -> AsyncIterator[str]:
         yield tail
 
 
+async def guarded(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``events``, then an SSE error event if the engine fails mid-stream (which ends it)."""
+    async for event in _guarded(events):
+        yield event
+
+
 async def _guarded(pieces: AsyncIterator[str]) -> AsyncIterator[str | bytes]:
     """``pieces``, then an SSE error event (bytes) if the engine fails mid-stream."""
     try:
@@ -117,17 +126,6 @@ async def generate_events(chunks: Counted, usage: dict, start: float) -> AsyncIt
         yield sse({"text": piece})
     latency_ms = (time.perf_counter() - start) * 1e3
     yield sse({"done": True, **usage, "new_tokens": chunks.count, "latency_ms": latency_ms})
-
-
-async def completion_events(chunks: Counted, completion_id: str, model_name: str) -> AsyncIterator[bytes]:
-    """/v1/completions' stream: OpenAI chunks, a "length" one, then ``[DONE]``; or an error."""
-    async for piece in _guarded(decoded(chunks)):
-        if isinstance(piece, bytes):  # the error event ends the stream
-            yield piece
-            return
-        yield sse(completion_object(completion_id, model_name, piece, None, chunk=True))
-    yield sse(completion_object(completion_id, model_name, "", "length", chunk=True))
-    yield sse("[DONE]")
 
 
 def _json_reply(status: int, message: str, headers: list | None = None) -> list[dict]:

@@ -1,14 +1,13 @@
 """HTTP request/response shapes of the Serve app, and the one error format every refusal uses.
 
 Requests are strict pydantic models parsed from the body bytes (``parse``); server-dependent
-``Limits`` travel as validation context. Refusals are 400 (413 for an oversized body) with
-``{"error": {"field", "message", "allowed", "type", "param"}}`` (``type``/``param``: OpenAI's shape).
+``Limits`` travel as validation context. Refusals are 4xx with OpenAI's error shape
+``{"error": {"message", "type", "param", "code"}}`` plus ``field`` (= ``param``) and ``allowed``.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
@@ -50,6 +49,11 @@ class Limits:
         return 6 * self.max_prompt_bytes + 4096
 
 
+# OpenAI's error types by HTTP status (others: server_error)
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+               413: "invalid_request_error", 503: "service_unavailable", 504: "timeout"}  # fmt: skip
+
+
 class ApiError(Exception):
     """A refused request: HTTP ``status`` and the error body naming ``field``."""
 
@@ -61,11 +65,12 @@ class ApiError(Exception):
         """The JSON error body (see the module docstring)."""
         return {
             "error": {
-                "field": self.field,
                 "message": self.message,
-                "allowed": self.allowed,
-                "type": "invalid_request_error",
+                "type": ERROR_TYPES.get(self.status, "server_error"),
                 "param": self.field,
+                "code": self.status,
+                "field": self.field,
+                "allowed": self.allowed,
             }
         }
 
@@ -88,9 +93,9 @@ def _check_prompt(prompt: str, info: ValidationInfo) -> str:
     return prompt
 
 
-def _check_cap(value: int, info: ValidationInfo) -> int:
+def _check_cap(value: int | None, info: ValidationInfo) -> int | None:
     cap = _limits(info).max_new_tokens
-    if not 1 <= value <= cap:
+    if value is not None and not 1 <= value <= cap:
         raise ValueError(f"{info.field_name} must be in 1..{cap}, got {value}")
     return value
 
@@ -113,7 +118,9 @@ class _Sampling(BaseModel):
 
     _prompt = field_validator("prompt", check_fields=False)(_check_prompt)
     _top_k = field_validator("top_k", check_fields=False)(_check_top_k)
-    _cap = field_validator("max_new_tokens", "max_tokens", check_fields=False)(_check_cap)
+    _cap = field_validator("max_new_tokens", "max_tokens", "max_completion_tokens", check_fields=False)(
+        _check_cap
+    )
     _budget: ClassVar[str]  # the route's name for the new-token budget
 
     def new_tokens(self, limits: Limits) -> int:
@@ -140,21 +147,6 @@ class GenerateRequest(_Sampling):
     _budget: ClassVar[str] = "max_new_tokens"
 
 
-class CompletionRequest(_Sampling):
-    """``POST /v1/completions``: the OpenAI completions request, one string prompt, one choice;
-    ``model`` is accepted and ignored."""
-
-    model: str | None = None
-    prompt: Prompt
-    max_tokens: int = OPENAI_DEFAULT_MAX_TOKENS
-    temperature: Temperature = OPENAI_DEFAULT_TEMPERATURE
-    top_k: TopK = None
-    seed: Seed = 0
-    stream: Stream = False
-
-    _budget: ClassVar[str] = "max_tokens"
-
-
 class GenerateResponse(BaseModel):
     """The ``POST /generate`` answer (and, less ``text``, the last streamed event)."""
 
@@ -178,11 +170,18 @@ def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:
         "prompt": f"a non-empty string of at most {limits.max_prompt_bytes} UTF-8 bytes",
         "max_new_tokens": cap,
         "max_tokens": cap,
+        "max_completion_tokens": cap,
+        "top_p": "a number in (0, 1]",
+        "n": "an integer in 1..16",
+        "stop": "a string or a list of at most 4 non-empty strings",
+        "stream_options": 'an object {"include_usage": true or false}, with stream: true',
+        "messages": 'a non-empty list of {"role": "system", "user" or "assistant", "content": a string, '
+        '"name": an optional speaker name}',
         "temperature": "a finite number >= 0 (0 is greedy)",
         "top_k": f"an integer in 1..{limits.vocab_size}, or null for all",
-        "seed": f"an integer in 0..{MAX_SEED}",
+        "seed": f"an integer in 0..{MAX_SEED}" + (", or null: random" if "n" in model.model_fields else ""),
         "stream": "true or false",
-        "model": "a string (ignored)",
+        "model": "the served model's id (GET /v1/models), or null",
     }
     known = field == "body" or field in model.model_fields
     return words[field] if known else f"one of the fields {', '.join(model.model_fields)}"
@@ -224,24 +223,3 @@ def sse(data: Any) -> bytes:
     """One server-sent event carrying ``data`` as JSON (or a bare string such as ``[DONE]``)."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"data: {payload}\n\n".encode()
-
-
-def completion_object(
-    completion_id: str,
-    model: str,
-    text: str,
-    finish_reason: str | None,
-    usage: dict | None = None,
-    chunk: bool = False,
-) -> dict[str, Any]:
-    """An OpenAI ``text_completion`` object (one choice); ``usage`` only on the non-stream answer."""
-    body: dict[str, Any] = {
-        "id": completion_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
-    }
-    if usage is not None and not chunk:
-        body["usage"] = usage
-    return body

@@ -49,6 +49,9 @@ class AppArgs(BaseModel):
     num_gpus: Annotated[StrictInt | StrictFloat, Field(ge=0, allow_inf_nan=False)] = Field(
         0, description="GPUs reserved per replica (0: none)"
     )
+    served_model_name: str = Field(
+        "jaxray", min_length=1, description="the model's id in /v1/models and OpenAI requests' model"
+    )
     engine: EngineSettings = Field(default_factory=EngineSettings)
 
 
@@ -79,6 +82,7 @@ OPTIONS: FieldOptions = {
         "all but one, at least one",
     ),
     "num_gpus": (non_negative_float, "GPUs Ray reserves for the replica (0: none; see docs/serving.md)", ""),
+    "served_model_name": (str, "the model's id in GET /v1/models and in OpenAI requests' model", ""),
 }
 
 

@@ -93,6 +93,7 @@ def test_loader_start_and_decode_chunk_sample_like_the_live_engine(tiny_transfor
         np.zeros(1, np.uint32),
         np.zeros(1, np.float32),
         np.array([256], np.int32),
+        np.ones(1, np.float32),
         np.array([9], np.int32),
     )
     _, new, counts = art.decode_chunk(state, np.int32(8))

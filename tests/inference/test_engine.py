@@ -110,3 +110,19 @@ def test_bad_settings(restored):
     for bad in ({"batch_sizes": ()}, {"buckets": (0, 8)}, {"chunk": 0}, {"context_keep": 1}, {"unknown": 1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             EngineSettings(**bad)
+
+
+def test_a_tiny_top_p_samples_greedily_and_top_p_one_changes_nothing(engine):
+    """top_p 1e-6 keeps only the most likely byte: any temperature gives the greedy text; top_p 1
+    gives what a request without top_p gives, draw for draw."""
+    greedy, tiny, sampled, one = engine.generate(
+        [
+            Request(b"ROMEO:", 30, 0.0),
+            Request(b"ROMEO:", 30, 1.5, seed=3, top_p=1e-6),
+            Request(b"ROMEO:", 30, 1.0, seed=5),
+            Request(b"ROMEO:", 30, 1.0, seed=5, top_p=1.0),
+        ]
+    )
+    assert tiny.tokens == greedy.tokens and one.tokens == sampled.tokens
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 0"):
+        engine.check(Request(b"ROMEO:", 3, top_p=0.0))

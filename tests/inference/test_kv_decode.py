@@ -65,7 +65,12 @@ def test_decode_chunk_stops_at_max_steps_and_at_each_rows_budget(restored, engin
     for row, prompt in enumerate(prompts):
         tokens[row, : len(prompt)] = np.frombuffer(prompt, np.uint8)
     lengths, budgets = np.array([6, 5], np.int32), np.array([3, 10], np.int32)
-    greedy = (np.zeros(2, np.uint32), np.zeros(2, np.float32), np.full(2, 256, np.int32))
+    greedy = (
+        np.zeros(2, np.uint32),
+        np.zeros(2, np.float32),
+        np.full(2, 256, np.int32),
+        np.ones(2, np.float32),
+    )
     prefill = jax.jit(functools.partial(start, model.prefill, max_seq_len=64))
     state, first = prefill(params, tokens, lengths, *greedy, budgets)
     chunk = jax.jit(functools.partial(decode_chunk, model.prefill, model.decode_step, chunk=4, keep=32))

@@ -111,3 +111,21 @@ def test_draw_follows_the_softmax_and_never_picks_an_excluded_token():
 def test_printable_keeps_text_and_hides_control_bytes():
     assert printable("ROMEO:\n\tthou é") == "ROMEO:\n\tthou é"
     assert printable("a\x1b[31mb\r\x00") == "a\ufffd[31mb\ufffd\ufffd"
+
+
+def test_top_p_keeps_the_most_likely_tokens_holding_top_p_of_the_probability():
+    """Nucleus sampling: tokens whose more likely ones hold < top_p of the mass; at temperature 2
+    the softmax flattens, so the same top_p keeps more tokens."""
+    from jaxray.inference.sampling import top_p_mask
+
+    logits = jnp.log(jnp.asarray([[0.05, 0.5, 0.15, 0.3]] * 4, jnp.float32))
+    top_p = jnp.asarray([1.0, 0.7, 0.5, 1e-6], jnp.float32)
+    keep = top_p_mask(logits, jnp.ones(4, jnp.float32), top_p)
+    assert np.asarray(keep).tolist() == [
+        [True, True, True, True],
+        [False, True, False, True],  # 0.5 < 0.7 before token 3; 0.8 before token 2
+        [False, True, False, False],
+        [False, True, False, False],  # the most likely token always stays
+    ]
+    wider = top_p_mask(logits, jnp.full(4, 2.0, jnp.float32), jnp.full(4, 0.7, jnp.float32))
+    assert np.asarray(wider)[0].tolist() == [False, True, True, True]

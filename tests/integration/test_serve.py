@@ -226,3 +226,67 @@ def test_unknown_routes_and_methods_are_json_errors_and_the_server_stays_up(url)
     assert wrong.status_code == 405 and wrong.json()["error"]["field"] == "method"
     assert requests.get(url + "/healthz", timeout=10).json()["status"] == "ok"
     assert post(url, "/generate", {"prompt": "a", "max_new_tokens": 3}).status_code == 200
+
+
+def test_the_official_openai_client(url):
+    """The ``openai`` package against the app: models, completions and chat, streamed and not."""
+    from openai import BadRequestError, NotFoundError, OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    [model] = client.models.list().data
+    assert model.id == "jaxray" and client.models.retrieve("jaxray").id == "jaxray"
+    greedy = {"model": model.id, "max_tokens": 24, "temperature": 0}
+    whole = client.completions.create(prompt="KING:", **greedy)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 24
+    stream = client.completions.create(
+        prompt="KING:", stream=True, stream_options={"include_usage": True}, **greedy
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+
+    messages = [{"role": "user", "content": "Good morrow, sweet lady."}]
+    chat = client.chat.completions.create(messages=messages, max_completion_tokens=30, **greedy)
+    assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 30
+    parts = list(
+        client.chat.completions.create(messages=messages, max_completion_tokens=30, stream=True, **greedy)
+    )
+    assert "".join(p.choices[0].delta.content or "" for p in parts) == chat.choices[0].message.content
+    prompt = post(url, "/generate", {"prompt": "Good morrow, sweet lady.", "max_new_tokens": 1}).json()
+    assert (
+        chat.usage.prompt_tokens
+        == len("ROMEO:\nGood morrow, sweet lady.\n\nJULIET:\n")
+        != prompt["prompt_tokens"]
+    )
+
+    sampled = {"model": model.id, "prompt": "ROMEO:", "max_tokens": 20, "temperature": 1.0}
+    three = client.completions.create(n=3, seed=42, **sampled)
+    assert [c.index for c in three.choices] == [0, 1, 2] and three.usage.completion_tokens == 60
+    third = client.completions.create(seed=44, **sampled)  # choice i is seeded seed + i
+    assert third.choices[0].text == three.choices[2].text
+
+    with pytest.raises(BadRequestError) as refused:
+        client.completions.create(model=model.id, prompt="a", max_tokens=0)
+    assert refused.value.body["param"] == "max_tokens"
+    with pytest.raises(NotFoundError):
+        client.completions.create(model="gpt-4o", prompt="a")
+    assert client.completions.create(prompt="a", **{**greedy, "max_tokens": 2}).usage.completion_tokens == 2
+
+
+def test_a_stop_sequence_ends_the_text_before_it(url):
+    """Greedy text up to the first match of a stop (two of its own bytes), with finish_reason
+    "stop" and the stop in stop_reason; the usage counts the bytes up to and including the stop."""
+    text = post(url, "/generate", {"prompt": "ROMEO:", "max_new_tokens": 100, "temperature": 0}).json()[
+        "text"
+    ]
+    stop = text[20:22]
+    cut = text.index(stop)
+    body = {"prompt": "ROMEO:", "max_tokens": 100, "temperature": 0, "stop": ["\u0000never", stop]}
+    answer = post(url, "/v1/completions", body).json()
+    [choice] = answer["choices"]
+    assert choice["text"] == text[:cut] and (choice["finish_reason"], choice["stop_reason"]) == ("stop", stop)
+    assert answer["usage"]["completion_tokens"] == len(text[:cut].encode()) + len(stop.encode())
+    streamed = events(post(url, "/v1/completions", {**body, "stream": True}, stream=True))
+    assert "".join(c["choices"][0]["text"] for c in streamed[:-1]) == text[:cut]
+    assert streamed[-2]["choices"][0]["finish_reason"] == "stop"

@@ -1,5 +1,5 @@
 """The routes' HTTP side without a server: token streams become text without splitting a UTF-8
-character, and both routes' server-sent events end with their summary, or with an error event when
+character, and /generate's server-sent events end with their summary, or with an error event when
 the engine fails mid-stream."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 
-from jaxray.serve.routes import Counted, completion_events, decoded, generate_events
+from jaxray.serve.routes import Counted, decoded, generate_events, guarded
 
 
 async def tokens(*chunks: bytes, fail: Exception | None = None):
@@ -49,13 +49,12 @@ def test_generate_events_end_with_the_summary():
     assert done["latency_ms"] >= 0
 
 
-def test_completion_events_end_with_done_and_an_engine_failure_with_an_error_event():
-    raw = asyncio.run(gathered(completion_events(Counted(tokens(b"hi")), "cmpl-1", "demo")))
-    first, last, done = events(raw)
-    assert first["choices"][0]["text"] == "hi" and first["choices"][0]["finish_reason"] is None
-    assert last["choices"][0]["finish_reason"] == "length" and done == "[DONE]"
-    failing = Counted(tokens(b"hi", fail=RuntimeError("device lost")))
-    raw = asyncio.run(gathered(completion_events(failing, "cmpl-2", "demo")))
+def test_an_engine_failure_mid_stream_ends_it_with_an_error_event():
+    async def failing():
+        yield b"data: {}\n\n"
+        raise RuntimeError("device lost")
+
+    raw = asyncio.run(gathered(guarded(failing())))
     assert raw[-1].startswith(b"event: error\n") and len(raw) == 2  # the stream ends at the error
     error = events(raw[-1:])[0]["error"]
     assert error["field"] == "engine" and error["message"] == "RuntimeError: device lost"

@@ -9,10 +9,8 @@ import pytest
 
 from jaxray.serve.schema import (
     ApiError,
-    CompletionRequest,
     GenerateRequest,
     Limits,
-    completion_object,
     parse,
     sse,
 )
@@ -72,25 +70,6 @@ def test_generate_refuses_bad_input_naming_the_field(body, field):
     assert error["message"] and error["allowed"]
 
 
-@pytest.mark.parametrize(
-    "body,field",
-    [
-        (b'{"prompt": "a", "max_tokens": 0}', "max_tokens"),
-        (b'{"prompt": "a", "max_tokens": 101}', "max_tokens"),
-        (b'{"prompt": "a", "max_new_tokens": 5}', "max_new_tokens"),
-        (b'{"prompt": "a", "model": 3}', "model"),
-        (b'{"prompt": ["a", "b"]}', "prompt"),  # OpenAI's list-of-prompts form is not served
-        (b'{"prompt": "a", "n": 2}', "n"),
-        (b'{"prompt": "a", "temperature": NaN}', "temperature"),
-        (b'{"max_tokens": 5}', "prompt"),
-    ],
-)
-def test_completions_refuse_bad_input_naming_the_field(body, field):
-    with pytest.raises(ApiError) as caught:
-        parse(CompletionRequest, body, LIMITS)
-    assert caught.value.status == 400 and caught.value.field == field
-
-
 def test_limits_in_messages():
     with pytest.raises(ApiError, match=r"max_new_tokens must be in 1..100, got 101"):
         parse(GenerateRequest, b'{"prompt": "a", "max_new_tokens": 101}', LIMITS)
@@ -126,16 +105,8 @@ def test_good_requests_and_defaults():
     )
     assert req.prompt == "\u00e9t\u00e9" and req.new_tokens(LIMITS) == 7 and req.temperature == 0.0
     assert req.top_k == 256 and req.stream
-    req = parse(CompletionRequest, b'{"model": "any", "prompt": "a", "top_k": null}', LIMITS)
-    assert (req.new_tokens(LIMITS), req.temperature, req.stream) == (16, 1.0, False)  # OpenAI's defaults
 
 
-def test_openai_shapes():
-    body = completion_object(
-        "cmpl-1", "demo", "hi", "length", {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
-    )
-    assert body["object"] == "text_completion" and body["usage"]["total_tokens"] == 4
-    assert body["choices"] == [{"text": "hi", "index": 0, "logprobs": None, "finish_reason": "length"}]
-    assert "usage" not in completion_object("cmpl-1", "demo", "hi", None, {"prompt_tokens": 1}, chunk=True)
+def test_server_sent_events():
     assert sse({"text": "é"}) == 'data: {"text": "é"}\n\n'.encode()
     assert sse("[DONE]") == b"data: [DONE]\n\n"

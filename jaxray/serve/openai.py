@@ -1,0 +1,304 @@
+"""The OpenAI surface, with vLLM's field set where it applies to a byte model: ``/v1/models``,
+``/v1/completions`` and ``/v1/chat/completions`` (requests, objects and SSE streams). The replica's
+routes (``jaxray.serve.app``) call ``models``, ``completions`` and ``chat`` with themselves as
+``server``. Chat renders ``messages`` as a play script (``render_chat``), the shape of the text the
+model was trained on. No Ray and no JAX."""
+
+# No `from __future__ import annotations`: pydantic reads the annotations at runtime.
+import asyncio
+import codecs
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, ClassVar, Literal
+
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from starlette.requests import Request as HttpRequest
+
+from jaxray.inference.engine import Request
+from jaxray.serve.routes import guarded, read_body
+from jaxray.serve.schema import (
+    MAX_SEED,
+    OPENAI_DEFAULT_MAX_TOKENS,
+    OPENAI_DEFAULT_TEMPERATURE,
+    ApiError,
+    Prompt,
+    Seed,
+    Stream,
+    Temperature,
+    TopK,
+    _Sampling,
+    parse,
+    sse,
+)
+
+MAX_N, MAX_STOPS = 16, 4  # choices per request; stop sequences per request (OpenAI's limit)
+# Chat's speakers when a message names none: the model learned play scripts, "NAME:\ntext\n\n".
+SPEAKERS = {"user": "ROMEO", "assistant": "JULIET"}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    include_usage: bool = Field(False, description="a last chunk with empty choices and the usage")
+
+
+class _OpenAI(_Sampling):
+    """The fields both OpenAI routes share (vLLM's names and defaults)."""
+
+    model: str | None = Field(None, description="the served model's id (GET /v1/models); null: that one")
+    temperature: Temperature = OPENAI_DEFAULT_TEMPERATURE
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the most likely bytes holding this")
+    top_k: TopK = None
+    seed: Seed | None = Field(None, description="choice i is seeded seed + i; null: a random seed")
+    n: int = Field(1, ge=1, le=MAX_N, description="choices to generate")
+    stop: str | list[str] | None = Field(
+        None, validate_default=True, description=f"up to {MAX_STOPS} strings that end a choice"
+    )
+    stream: Stream = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("top_k", mode="before")
+    @classmethod
+    def _all_bytes(cls, value: Any) -> Any:
+        return None if value == -1 and type(value) is int else value  # vLLM's -1: no top-k
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > MAX_STOPS or not all(stops):
+            raise ValueError(f"stop must be a string or a list of at most {MAX_STOPS} non-empty strings")
+        return stops
+
+    @field_validator("stream_options")
+    @classmethod
+    def _with_stream(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed with stream: true")
+        return value
+
+
+class CompletionRequest(_OpenAI):
+    """``POST /v1/completions``: one string prompt."""
+
+    prompt: Prompt
+    max_tokens: int = OPENAI_DEFAULT_MAX_TOKENS
+
+    _budget: ClassVar[str] = "max_tokens"
+
+    def text(self) -> str:
+        return self.prompt
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+    name: str | None = Field(None, description="the speaker's name (default: the role's, SPEAKERS)")
+
+
+class ChatRequest(_OpenAI):
+    """``POST /v1/chat/completions``: ``messages`` rendered by ``render_chat``."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(None, description="the older name of max_completion_tokens")
+
+    _budget: ClassVar[str] = "max_completion_tokens"
+
+    def new_tokens(self, limits) -> int:
+        given = self.max_completion_tokens or self.max_tokens
+        return given if given is not None else min(OPENAI_DEFAULT_MAX_TOKENS, limits.max_new_tokens)
+
+    def text(self) -> str:
+        return render_chat(self.messages)
+
+
+def render_chat(messages: list[ChatMessage]) -> str:
+    """The prompt of a chat: each message a speaker turn ``"NAME:\\ntext\\n\\n"`` (NAME: its ``name``,
+    else ``SPEAKERS[role]``, upper-cased), a system message its bare text and a blank line, then
+    the assistant's speaker line ``"JULIET:\\n"`` that the reply continues."""
+    turns = []
+    for m in messages:
+        speaker = (m.name or SPEAKERS.get(m.role, "")).upper()
+        turns.append(f"{m.content}\n\n" if m.role == "system" else f"{speaker}:\n{m.content}\n\n")
+    return "".join(turns) + f"{SPEAKERS['assistant']}:\n"
+
+
+def model_object(server) -> dict[str, Any]:
+    """The served model as an OpenAI ``model`` object."""
+    return {
+        "id": server.model_name,
+        "object": "model",
+        "created": int(server.started_unix),
+        "owned_by": "jaxray",
+        "max_model_len": server.engine.config.max_seq_len,
+    }
+
+
+def models(server, model_id: str | None = None) -> dict[str, Any]:
+    """``GET /v1/models`` (a list of one), or ``/v1/models/{model_id}``; ApiError 404 for another id."""
+    if model_id is None:
+        return {"object": "list", "data": [model_object(server)]}
+    _check_model(server, model_id)
+    return model_object(server)
+
+
+def _check_model(server, model: str | None) -> None:
+    if model is not None and model != server.model_name:
+        message = f"the model {model!r} is not served here (GET /v1/models lists {server.model_name!r})"
+        raise ApiError(404, "model", message, f"{server.model_name!r} or null")
+
+
+class Choice:
+    """One choice's text from its engine request, cut at the first stop sequence (matched on
+    bytes, so it may span chunks and characters). After ``pieces`` ends: ``tokens`` (bytes
+    generated up to and including the stop), ``finish_reason`` ("stop"/"length"), ``stop_reason``."""
+
+    def __init__(self, index: int, chunks: AsyncIterator[list[int]], stops: list[str]):
+        self.index, self.chunks = index, chunks
+        self.stops = [s.encode("utf-8") for s in stops]
+        self.tokens, self.finish_reason, self.stop_reason = 0, None, None
+
+    async def pieces(self) -> AsyncIterator[str]:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        keep = max(map(len, self.stops), default=1) - 1  # bytes that may begin a stop
+        held, emitted = b"", 0
+        try:
+            async for tokens in self.chunks:
+                held += bytes(tokens)
+                at, stop = min(((held.find(s), s) for s in self.stops if s in held), default=(-1, None))
+                if stop is not None:
+                    self.tokens, self.finish_reason = emitted + at + len(stop), "stop"
+                    self.stop_reason = stop.decode("utf-8")
+                    if text := decoder.decode(held[:at], final=True):
+                        yield text
+                    return
+                if (ready := len(held) - keep) > 0:
+                    if text := decoder.decode(held[:ready]):
+                        yield text
+                    held, emitted = held[ready:], emitted + ready
+            self.tokens, self.finish_reason = emitted + len(held), "length"
+            if text := decoder.decode(held, final=True):
+                yield text
+        finally:
+            await self.chunks.aclose()  # a stop ends the request's stream early
+
+
+async def _merged(choices: list[Choice]) -> AsyncIterator[tuple[Choice, str | None]]:
+    """(choice, text piece) as the choices produce them, then (choice, None) once each is done."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(choice: Choice) -> None:
+        try:
+            async for piece in choice.pieces():
+                await queue.put((choice, piece))
+            await queue.put((choice, None))
+        except Exception as err:  # noqa: BLE001 - re-raised in the reader
+            await queue.put((choice, err))
+
+    tasks = [asyncio.get_running_loop().create_task(pump(c)) for c in choices]
+    try:
+        for _ in range(len(choices)):
+            while True:
+                choice, item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield choice, item
+                if item is None:
+                    break
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _usage(prompt_tokens: int, choices: list[Choice]) -> dict[str, int]:
+    completion = sum(c.tokens for c in choices)
+    total = prompt_tokens + completion
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": total}
+
+
+def _choice(kind: str, index: int, text: str, finish: str | None, stop: str | None, chunk: bool) -> dict:
+    """One entry of ``choices``: text (completions), a message or a delta (chat)."""
+    end = {"logprobs": None, "finish_reason": finish, "stop_reason": stop}
+    if kind == "text_completion":
+        return {"index": index, "text": text, **end}
+    if chunk:
+        return {"index": index, "delta": {"content": text} if text or finish is None else {}, **end}
+    return {"index": index, "message": {"role": "assistant", "content": text}, **end}
+
+
+class _Reply:
+    """The id, object type and model of one request's answer or stream."""
+
+    def __init__(self, server, chat: bool):
+        self.kind = "chat.completion" if chat else "text_completion"
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.model, self.created = server.model_name, int(time.time())
+
+    def body(self, choices: list[dict], usage: dict | None = None, chunk: bool = False) -> dict[str, Any]:
+        kind = f"{self.kind}.chunk" if chunk and self.kind == "chat.completion" else self.kind
+        body = {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+        body["choices"] = choices
+        return body if usage is None else {**body, "usage": usage}
+
+
+async def _events(reply: _Reply, choices: list[Choice], req: _OpenAI, prompt_tokens: int) -> AsyncIterator:
+    """The SSE stream: for chat a first chunk with the assistant role per choice; a chunk per piece;
+    a finishing chunk per choice; the usage chunk (``stream_options.include_usage``); ``[DONE]``."""
+    kind = reply.kind
+    if kind == "chat.completion":
+        for c in choices:
+            start = {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+            yield sse(reply.body([{**start, "finish_reason": None}], chunk=True))
+    async for choice, piece in _merged(choices):
+        entry = _choice(kind, choice.index, piece or "", None if piece else choice.finish_reason, None, True)
+        if piece is None:
+            entry["stop_reason"] = choice.stop_reason
+        yield sse(reply.body([entry], chunk=True))
+    if req.stream_options is not None and req.stream_options.include_usage:
+        yield sse(reply.body([], _usage(prompt_tokens, choices), chunk=True))
+    yield sse("[DONE]")
+
+
+async def answer(server, http: HttpRequest, model: type[_OpenAI]):
+    """``POST /v1/completions`` (``CompletionRequest``) or ``/v1/chat/completions`` (``ChatRequest``)
+    on the replica ``server``. Raises ApiError naming the field."""
+    req = parse(model, await read_body(http, server.limits.max_body_bytes), server.limits)
+    _check_model(server, req.model)
+    try:
+        prompt = req.text().encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ApiError(400, "messages", f"messages are not valid Unicode text ({err.reason})") from None
+    if len(prompt) > server.limits.max_prompt_bytes:
+        field = "messages" if model is ChatRequest else "prompt"
+        limit = server.limits.max_prompt_bytes
+        message = f"the rendered prompt is {len(prompt)} UTF-8 bytes, over the limit of {limit}"
+        raise ApiError(400, field, message)
+    seed = secrets.randbelow(MAX_SEED + 1) if req.seed is None else req.seed
+    budget = req.new_tokens(server.limits)
+    requests = [
+        Request(prompt, budget, req.temperature, req.top_k, (seed + i) % (MAX_SEED + 1), req.top_p)
+        for i in range(req.n)
+    ]
+    cap = "max_completion_tokens" if model is ChatRequest else "max_tokens"
+    for r in requests:
+        server.check(r, cap)
+    route = "/v1/chat/completions" if model is ChatRequest else "/v1/completions"
+    choices = [Choice(i, server.tokens(r, route), req.stop) for i, r in enumerate(requests)]
+    reply, prompt_tokens = _Reply(server, model is ChatRequest), server.engine.prompt_tokens(requests[0])
+    if req.stream:
+        events = guarded(_events(reply, choices, req, prompt_tokens))
+        return StreamingResponse(events, media_type="text/event-stream")
+    texts = await asyncio.gather(*(_joined(c) for c in choices))
+    kind = reply.kind
+    out = [_choice(kind, c.index, t, c.finish_reason, c.stop_reason, False) for c, t in zip(choices, texts)]
+    return reply.body(out, _usage(prompt_tokens, choices))
+
+
+async def _joined(choice: Choice) -> str:
+    return "".join([piece async for piece in choice.pieces()])

@@ -1,0 +1,155 @@
+"""The OpenAI surface without a server: requests refused naming the field, vLLM's defaults, the
+chat template, stop sequences cut on bytes across chunks and characters, and the streams' event
+order (role, pieces, finish, usage, one [DONE])."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from jaxray.serve.openai import (
+    ChatMessage,
+    ChatRequest,
+    Choice,
+    CompletionRequest,
+    _events,
+    _Reply,
+    render_chat,
+)
+from jaxray.serve.schema import ApiError, Limits, parse
+
+LIMITS = Limits(max_new_tokens=100, max_prompt_bytes=50)
+
+
+async def tokens(*chunks: bytes):
+    """A token-chunk stream as the engine gives it (byte values)."""
+    for chunk in chunks:
+        yield list(chunk)
+
+
+async def pieces(choice: Choice) -> list[str]:
+    return [p async for p in choice.pieces()]
+
+
+@pytest.mark.parametrize(
+    "model,body,field",
+    [
+        (CompletionRequest, b'{"prompt": "a", "max_tokens": 0}', "max_tokens"),
+        (CompletionRequest, b'{"prompt": "a", "max_tokens": 101}', "max_tokens"),
+        (CompletionRequest, b'{"prompt": "a", "model": 3}', "model"),
+        (CompletionRequest, b'{"prompt": ["a", "b"]}', "prompt"),  # the list-of-prompts form is not served
+        (CompletionRequest, b'{"prompt": "a", "n": 0}', "n"),
+        (CompletionRequest, b'{"prompt": "a", "n": 17}', "n"),
+        (CompletionRequest, b'{"prompt": "a", "top_p": 0}', "top_p"),
+        (CompletionRequest, b'{"prompt": "a", "top_p": 1.5}', "top_p"),
+        (CompletionRequest, b'{"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}', "stop"),
+        (CompletionRequest, b'{"prompt": "a", "stop": ""}', "stop"),
+        (CompletionRequest, b'{"prompt": "a", "stream_options": {"include_usage": true}}', "stream_options"),
+        (CompletionRequest, b'{"prompt": "a", "temperature": NaN}', "temperature"),
+        (CompletionRequest, b'{"prompt": "a", "echo": true}', "echo"),
+        (CompletionRequest, b'{"max_tokens": 5}', "prompt"),
+        (ChatRequest, b'{"messages": []}', "messages"),
+        (ChatRequest, b'{"messages": [{"role": "robot", "content": "hi"}]}', "messages"),
+        (ChatRequest, b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}',
+         "max_completion_tokens"),
+        (ChatRequest, b'{"prompt": "a"}', "messages"),  # required first
+        (ChatRequest, b'{"messages": [{"role": "user", "content": "hi"}], "prompt": "a"}', "prompt"),
+    ],
+)  # fmt: skip
+def test_bad_requests_are_400_naming_the_field(model, body, field):
+    with pytest.raises(ApiError) as caught:
+        parse(model, body, LIMITS)
+    error = caught.value.body()["error"]
+    assert caught.value.status == 400 and error["param"] == field and error["code"] == 400
+    assert error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_defaults_are_vllms():
+    req = parse(CompletionRequest, b'{"prompt": "a", "top_k": -1}', LIMITS)
+    assert (req.new_tokens(LIMITS), req.temperature, req.top_p, req.top_k, req.n, req.seed) == (
+        16, 1.0, 1.0, None, 1, None
+    )  # fmt: skip
+    assert req.stop == [] and not req.stream and req.stream_options is None
+    req = parse(CompletionRequest, b'{"prompt": "a", "stop": "\\n", "stream": true, '
+                b'"stream_options": {"include_usage": true}}', LIMITS)  # fmt: skip
+    assert req.stop == ["\n"] and req.stream_options.include_usage
+    chat = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}'
+    assert parse(ChatRequest, chat, LIMITS).new_tokens(LIMITS) == 9  # the older name still counts
+    chat = b'{"messages": [{"role": "user", "content": "hi"}]}'
+    assert parse(ChatRequest, chat, LIMITS).new_tokens(LIMITS) == 16
+
+
+def test_chat_renders_a_play_script():
+    messages = [
+        ChatMessage(role="system", content="A street in Verona."),
+        ChatMessage(role="user", content="Good morrow."),
+        ChatMessage(role="assistant", content="And to you."),
+        ChatMessage(role="user", content="What news?", name="Mercutio"),
+    ]
+    assert render_chat(messages) == (
+        "A street in Verona.\n\nROMEO:\nGood morrow.\n\nJULIET:\nAnd to you.\n\n"
+        "MERCUTIO:\nWhat news?\n\nJULIET:\n"
+    )
+
+
+def test_a_stop_ends_the_choice_before_it_even_across_chunks_and_characters():
+    e_acute = "é".encode()
+    choice = Choice(
+        0, tokens(b"Good m", b"orr" + e_acute[:1], e_acute[1:] + b"w\n\nRO", b"MEO"), ["\n\n", "rré"]
+    )
+    assert "".join(asyncio.run(pieces(choice))) == "Good mo"
+    assert (choice.finish_reason, choice.stop_reason, choice.tokens) == ("stop", "rré", 7 + 4)
+    choice = Choice(1, tokens(b"Good m", b"orrow"), ["\n\n"])
+    assert asyncio.run(pieces(choice)) == ["Good ", "morro", "w"]  # one byte held back, flushed at the end
+    assert (choice.finish_reason, choice.stop_reason, choice.tokens) == ("length", None, 11)
+    choice = Choice(2, tokens(b"abc", b"def"), [])
+    assert asyncio.run(pieces(choice)) == ["abc", "def"] and choice.tokens == 6  # no stop: nothing held
+
+
+def events(raw: list[bytes]) -> list:
+    return [
+        (lambda d: d if d == "[DONE]" else json.loads(d))(e.decode().split("data: ", 1)[1].rstrip("\n"))
+        for e in raw
+    ]
+
+
+async def gathered(stream) -> list:
+    return [item async for item in stream]
+
+
+def test_chat_stream_events_in_order_with_usage_and_one_done():
+    req = parse(ChatRequest, b'{"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": true, '
+                b'"stop": "!", "stream_options": {"include_usage": true}}', LIMITS)  # fmt: skip
+    choices = [Choice(0, tokens(b"Ay", b"e!x"), req.stop), Choice(1, tokens(b"No"), req.stop)]
+    out = events(
+        asyncio.run(gathered(_events(_Reply(SimpleNamespace(model_name="m"), True), choices, req, 5)))
+    )
+    assert out[-1] == "[DONE]" and out.count("[DONE]") == 1
+    chunks = out[:-1]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
+    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
+    text = {0: "", 1: ""}
+    finish = {}
+    for c in chunks[2:-1]:
+        [entry] = c["choices"]
+        text[entry["index"]] += entry["delta"].get("content", "")
+        if entry["finish_reason"]:
+            finish[entry["index"]] = (entry["finish_reason"], entry["stop_reason"])
+    assert text == {0: "Aye", 1: "No"} and finish == {0: ("stop", "!"), 1: ("length", None)}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+        "prompt_tokens": 5, "completion_tokens": 4 + 2, "total_tokens": 11
+    }  # fmt: skip
+
+
+def test_completion_stream_without_usage():
+    req = parse(CompletionRequest, b'{"prompt": "a", "stream": true}', LIMITS)
+    choices = [Choice(0, tokens(b"hi"), req.stop)]
+    out = events(
+        asyncio.run(gathered(_events(_Reply(SimpleNamespace(model_name="m"), False), choices, req, 1)))
+    )
+    assert [c["choices"][0]["text"] for c in out[:-1]] == ["hi", ""] and out[-1] == "[DONE]"
+    assert out[0]["object"] == "text_completion" and out[1]["choices"][0]["finish_reason"] == "length"
+    assert all("usage" not in c for c in out[:-1])
