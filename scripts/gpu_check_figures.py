@@ -277,8 +277,8 @@ SERVE_LEVEL_KEYS = (
     "p95_ms",
     "errors_5xx",
     "dropped",
-    "mean_rows",
-    "replica_cpu_pct",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
 )
 
 

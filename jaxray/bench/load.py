@@ -1,6 +1,10 @@
 """``serve --url URL``: closed-loop HTTP load on a running ``python -m jaxray.serve``: per level, N clients
-send a warm-up ``POST /generate``, then requests back to back for ``duration`` s, each its own seed. req/s
-and tokens/s count each answer's share inside the window; latency (ms) is over measured 200s."""
+send a warm-up ``POST /generate``, then requests back to back for ``duration`` s, each its own seed, each
+read as a stream (``"stream": true``: text events, then a done event with ``new_tokens``). req/s and
+tokens/s count each answer's share inside the window; latency and time to first token (TTFT: sending to
+the first text event, client clock) in ms are over measured successes. Outcomes: ok; 4xx and 5xx by HTTP
+status, 5xx also for an ``event: error`` mid-stream (the engine failed); dropped for a connection cut,
+refused or timed out before the done event; other for an answer that is not /generate's."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import asyncio
 import json
 import time
 import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import aclosing, suppress
 from dataclasses import dataclass
 
 import aiohttp
@@ -16,13 +22,15 @@ import numpy as np
 from jaxray.bench.report import Report, curve, line_chart
 from jaxray.reporting.format import finite
 
-COLUMNS = "clients requests rps new_tokens_per_s p50_ms p95_ms p99_ms errors_4xx errors_5xx dropped"
-COLUMNS += " decode_calls mean_rows client_cpu_pct"
+COLUMNS = "clients requests rps new_tokens_per_s p50_ms p95_ms p99_ms ttft_p50_ms ttft_p99_ms"
+COLUMNS += " errors_4xx errors_5xx dropped client_cpu_pct"
+STREAM_ERROR = "5xx"  # the outcome of an error event mid-stream: it fails the zero-5xx bar as HTTP 5xx do
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One request: start/end on the event loop's clock (s), outcome ok/4xx/5xx/dropped/other."""
+    """One request: start/end (the done event) and first text event on the event loop's clock (s),
+    outcome ok/4xx/5xx/dropped/other."""
 
     start_s: float
     end_s: float
@@ -31,27 +39,72 @@ class Sample:
     new_tokens: int = 0
     error: str = ""
     warmup: bool = False
+    first_s: float | None = None
 
     @property
     def latency_ms(self) -> float:
         return (self.end_s - self.start_s) * 1e3
 
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.first_s is None else (self.first_s - self.start_s) * 1e3
+
+
+async def events(lines: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, str]]:
+    """Server-sent events as (event name, data) from a stream of lines; the name defaults to message."""
+    name, data = "message", []
+    async for raw in lines:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if not line:
+            if data:
+                yield name, "\n".join(data)
+            name, data = "message", []
+        elif line.startswith("event:"):
+            name = line.removeprefix("event:").strip()
+        elif line.startswith("data:"):
+            data.append(line.removeprefix("data:").removeprefix(" "))
+
+
+async def read_stream(resp: aiohttp.ClientResponse) -> tuple[str, int, float | None, float, str]:
+    """(outcome, new tokens, first text event's time, end time, error) of /generate's event stream."""
+    loop, first = asyncio.get_running_loop(), None
+    async with aclosing(events(resp.content)) as stream:
+        async for name, data in stream:
+            body = json.loads(data)
+            if name == "error" or "error" in body:
+                return STREAM_ERROR, 0, first, loop.time(), f"error event: {data}"
+            if first is None and body.get("text"):
+                first = loop.time()
+            if body.get("done"):
+                end = loop.time()
+                with suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    await resp.content.read()  # to the stream's end, so the connection can be kept
+                return "ok", int(body["new_tokens"]), first, end, ""
+    return "dropped", 0, first, loop.time(), "the stream ended before its done event"
+
 
 async def send(session: aiohttp.ClientSession, url: str, body: dict, warmup: bool = False) -> Sample:
-    """POST ``body`` to ``url``/generate; HTTP and connection failures become the Sample's outcome."""
+    """POST ``body`` to ``url``/generate as a stream; HTTP, stream and connection failures become the
+    Sample's outcome."""
     loop = asyncio.get_running_loop()
-    start, status, tokens = loop.time(), 0, 0
+    start, status, tokens, first, end = loop.time(), 0, 0, None, None
     try:
-        async with session.post(f"{url.rstrip('/')}/generate", json=body) as resp:
-            status, raw = resp.status, await resp.read()
-        kind = {2: "ok", 4: "4xx", 5: "5xx"}.get(status // 100, "other")
-        error = "" if kind == "ok" else f"HTTP {status}: {raw.decode(errors='replace')}"
-        tokens = int(json.loads(raw)["new_tokens"]) if kind == "ok" else 0
+        async with session.post(f"{url.rstrip('/')}/generate", json=body | {"stream": True}) as resp:
+            status = resp.status
+            if status != 200:
+                kind = {4: "4xx", 5: "5xx"}.get(status // 100, "other")
+                error = f"HTTP {status}: {(await resp.read()).decode(errors='replace')}"
+            elif resp.content_type != "text/event-stream":
+                kind, error = "other", f"HTTP 200 answered {resp.content_type}, not text/event-stream"
+            else:
+                kind, tokens, first, end, error = await read_stream(resp)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
         kind, error = "dropped", f"{type(err).__name__}: {err}"
-    except (aiohttp.ClientError, ValueError, KeyError, TypeError) as err:  # not HTTP, or not /generate's body
+    except (aiohttp.ClientError, ValueError, KeyError, TypeError) as err:  # not HTTP, or not /generate's
         kind, error = "other", f"{type(err).__name__}: {err}"
-    return Sample(start, loop.time(), kind, status, tokens if kind == "ok" else 0, error[:300], warmup)
+    end = end if end is not None else loop.time()
+    ok = kind == "ok"
+    return Sample(start, end, kind, status, tokens if ok else 0, error[:300], warmup, first if ok else None)
 
 
 async def run_level(args, clients: int) -> dict:
@@ -90,6 +143,8 @@ def summarize(samples: list[Sample], clients: int, start_s: float, end_s: float)
     tokens = np.array([s.new_tokens for s in ok], dtype=float)
     latency = np.array([s.latency_ms for s in ok], dtype=float)
     p50, p95, p99 = np.percentile(latency, [50, 95, 99]).tolist() if ok else (None, None, None)
+    ttft = np.array([s.ttft_ms for s in ok if s.ttft_ms is not None], dtype=float)
+    ttft_p50, ttft_p99 = np.percentile(ttft, [50, 99]).tolist() if ttft.size else (None, None)
     errors = [s for s in samples if s.outcome != "ok"]
     count = {k: sum(s.outcome == k for s in errors) for k in ("4xx", "5xx", "dropped", "other")}
     return {
@@ -97,6 +152,7 @@ def summarize(samples: list[Sample], clients: int, start_s: float, end_s: float)
         "rps": float(share.sum() / duration), "new_tokens": int(tokens.sum()),
         "new_tokens_per_s": float((share * tokens).sum() / duration),
         "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "mean_ms": float(latency.mean()) if ok else None,
+        "ttft_p50_ms": ttft_p50, "ttft_p99_ms": ttft_p99,
         "errors_4xx": count["4xx"], "errors_5xx": count["5xx"], "dropped": count["dropped"],
         "errors_other": count["other"], "first_error": errors[0].error if errors else "",
     }  # fmt: skip
@@ -111,10 +167,10 @@ def get_json(url: str, timeout_s: float = 10.0) -> dict | None:
         return None
 
 
-def _engine_counts(url: str) -> tuple[int, int] | None:
-    """(decode calls, rows decoded) so far, from the app's ``GET /info``."""
-    engine = ((get_json(f"{url}/info") or {}).get("server") or {}).get("engine") or {}
-    return (engine["decode_calls"], engine["rows_decoded"]) if "decode_calls" in engine else None
+def model_id(url: str) -> str | None:
+    """The served model's id, from ``GET /v1/models``; None when it does not answer one."""
+    data = (get_json(f"{url}/v1/models") or {}).get("data")
+    return data[0].get("id") if isinstance(data, list) and data and isinstance(data[0], dict) else None
 
 
 def serve_report(args) -> Report:
@@ -122,13 +178,9 @@ def serve_report(args) -> Report:
     url = args.url.rstrip("/")
     if get_json(f"{url}/healthz") is None:
         raise ValueError(f"--url {args.url}: GET /healthz did not answer; start python -m jaxray.serve first")
-    rows = []
+    model, rows = model_id(url), []
     for clients in args.clients:
-        before = _engine_counts(url)
         row = asyncio.run(run_level(args, clients))
-        after = _engine_counts(url)
-        calls = after[0] - before[0] if before and after else None
-        row |= {"decode_calls": calls, "mean_rows": (after[1] - before[1]) / calls if calls else None}
         if not row["requests"]:
             row["error"] = f"no request answered 200 (first error: {row['first_error'] or 'none'})"
         rows.append(row)
@@ -136,17 +188,25 @@ def serve_report(args) -> Report:
     one, sixteen = (finite(by.get(n, {}).get("new_tokens_per_s")) for n in (1, 16))
     summary = {"scaling_16_vs_1": sixteen / one if one and sixteen is not None else None, "target": 4.0}
     summary |= {"zero_errors_64": not (by[64]["errors_5xx"] or by[64]["dropped"])} if 64 in by else {}
+    top = by[max(by)]
+    summary |= {"model": model, "max_clients": top["clients"]}
+    summary |= {f"ttft_{p}_ms_at_max_clients": top.get(f"ttft_{p}_ms") for p in ("p50", "p99")}
     notes = [
-        f"{url}: {args.max_new_tokens} new tokens after {args.prompt!r} per request (temperature "
-        f"{args.temperature:g}, its own seed); {args.duration:g} s per level after a warm-up per client.",
-        "req/s and new tok/s count each request's share inside the window; latency is client-side; "
-        f"errors count every request (over {args.timeout:g} s: dropped); decode calls: GET /info.",
+        f"{url}, model {model or 'unknown (GET /v1/models did not answer)'}: {args.max_new_tokens} new "
+        f"tokens after {args.prompt!r} per request (temperature {args.temperature:g}, its own seed), "
+        f"streamed; {args.duration:g} s per level after a warm-up per client.",
+        "req/s and new tok/s count each request's share inside the window; latency (to the done event) and "
+        "TTFT (to the first text event) are client-side; errors count every request; 5xx counts error "
+        f"events mid-stream too; dropped: cut, refused or over {args.timeout:g} s before the done event.",
     ]
     if x := summary["scaling_16_vs_1"]:
         notes.append(f"16 vs 1 client: {x:.2f}x the new tokens/s (target >= 4x)")
+    if (t99 := summary["ttft_p99_ms_at_max_clients"]) is not None:
+        t50 = summary["ttft_p50_ms_at_max_clients"]
+        notes.append(f"{top['clients']} clients: time to first token p50 {t50:.1f} ms, p99 {t99:.1f} ms")
 
     def chart(y: str):
         return lambda rows, path: line_chart(path, {"": curve(rows, "clients", y)}, "clients (log2)", y, True)
 
-    charts = {f"serve_{y}.png": chart(y) for y in ("new_tokens_per_s", "p95_ms")}
+    charts = {f"serve_{y}.png": chart(y) for y in ("new_tokens_per_s", "p95_ms", "ttft_p99_ms")}
     return Report("serve", "Serve: closed-loop HTTP load", rows, COLUMNS, notes, charts, summary)

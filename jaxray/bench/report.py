@@ -26,6 +26,7 @@ HEADERS = {
     "new_tokens_per_s": "new tok/s", "ratio_vs_reference": "x reference", "vs_none": "x no checkpoints",
     "vs_prestaged": "x pre-staged", "vs_full": "x full recompute", "vs_notebook": "x notebook",
     "input_wait_ms_per_step": "input wait ms/step", "epoch_boundaries": "epoch ends timed",
+    "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms",
 }  # fmt: skip
 SPEED = "tokens_per_sec examples_per_sec ms_per_step achieved_tflops mfu"
 

@@ -15,14 +15,14 @@ import pytest
 from aiohttp import web
 
 from jaxray.bench.__main__ import main
-from jaxray.bench.load import Sample, run_level, summarize
+from jaxray.bench.load import Sample, events, run_level, summarize
 
 
 def test_summarize_counts_the_window_share_and_excludes_warmups():
     samples = [
-        Sample(-1.0, 0.0, "ok", 200, new_tokens=10, warmup=True),  # warm-up: no throughput, no latency
-        Sample(0.0, 1.0, "ok", 200, new_tokens=10),
-        Sample(9.0, 11.0, "ok", 200, new_tokens=20),  # half inside: counts 0.5 and 10 tokens
+        Sample(-1.0, 0.0, "ok", 200, new_tokens=10, warmup=True, first_s=-0.9),  # warm-up: not counted
+        Sample(0.0, 1.0, "ok", 200, new_tokens=10, first_s=0.1),
+        Sample(9.0, 11.0, "ok", 200, new_tokens=20, first_s=9.3),  # half inside: counts 0.5 and 10 tokens
         Sample(1.0, 1.5, "5xx", 500, error="HTTP 500: boom"),
         Sample(2.0, 2.1, "dropped", error="ServerDisconnectedError"),
         Sample(-0.5, -0.4, "4xx", 422, warmup=True),  # warm-up errors still count
@@ -34,42 +34,78 @@ def test_summarize_counts_the_window_share_and_excludes_warmups():
     assert [row["p50_ms"], row["p95_ms"], row["p99_ms"]] == pytest.approx(
         np.percentile([1000.0, 2000.0], [50, 95, 99]).tolist()
     )
+    assert [row["ttft_p50_ms"], row["ttft_p99_ms"]] == pytest.approx(
+        np.percentile([100.0, 300.0], [50, 99]).tolist()
+    )
     assert (row["errors_4xx"], row["errors_5xx"], row["dropped"], row["errors_other"]) == (1, 1, 1, 1)
     assert row["first_error"] == "HTTP 500: boom"
+    none = summarize([Sample(1.0, 1.5, "5xx", 500)], 1, 0.0, 10.0)
+    assert none["ttft_p50_ms"] is None and none["ttft_p99_ms"] is None and none["p99_ms"] is None
     with pytest.raises(ValueError, match="empty window"):
         summarize([], 1, 5.0, 5.0)
 
 
-class StandIn:
-    """/generate after ``delay_s``; request k (from 1) answers 500 when k % fail_every == 0 and is cut
-    off when k % drop_every == 0. /healthz and /info as the app's."""
+def test_events_parses_names_and_data_lines():
+    async def parsed(chunks: list[bytes]) -> list[tuple[str, str]]:
+        async def lines():
+            for line in b"".join(chunks).splitlines(keepends=True):
+                yield line
 
-    def __init__(self, delay_s: float = 0.01, fail_every: int = 0, drop_every: int = 0):
-        self.delay_s, self.fail_every, self.drop_every, self.seeds = delay_s, fail_every, drop_every, []
+        return [e async for e in events(lines())]
+
+    raw = [b'data: {"text": "a"}\r\n\r\n', b": comment\n", b"event: error\ndata: {\n", b"data: 1}\n\n"]
+    assert asyncio.run(parsed(raw)) == [("message", '{"text": "a"}'), ("error", "{\n1}")]
+
+
+def sse(data: dict) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+class StandIn:
+    """/generate with the app's contract: a JSON error, or (``"stream": true``) a text event after
+    ``first_s``, another after ``rest_s``, then the done event. Request k (from 1) takes the first fault
+    of ``faults`` {fault: n} with k % n == 0: "http_500" (a JSON 500), "cut" (the connection closed
+    after the first text), "error_event" (the engine's error event instead of the rest) or "no_done"
+    (the stream ends without its done event). /healthz and /v1/models as the app's."""
+
+    def __init__(self, first_s: float = 0.005, rest_s: float = 0.02, **faults: int):
+        self.first_s, self.rest_s, self.faults, self.seeds, self.streamed = first_s, rest_s, faults, [], []
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.seeds.append(body["seed"])
+        self.streamed.append(body.get("stream"))
         k = len(self.seeds)
-        await asyncio.sleep(self.delay_s)
-        if self.drop_every and k % self.drop_every == 0:
+        fault = next((f for f, n in self.faults.items() if k % n == 0), None)
+        await asyncio.sleep(self.first_s)
+        if fault == "http_500":
+            return web.json_response({"error": {"message": "boom", "code": 500}}, status=500)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(sse({"text": "x"}))
+        if fault == "cut":
             request.transport.close()
-            return web.Response()
-        if self.fail_every and k % self.fail_every == 0:
-            return web.Response(status=500, text="boom")
-        return web.json_response({"text": "x", "new_tokens": body["max_new_tokens"], "latency_ms": 1.0})
+            return resp
+        await asyncio.sleep(self.rest_s)
+        if fault == "error_event":
+            await resp.write(b"event: error\n" + sse({"error": {"message": "engine failed", "code": 500}}))
+        elif fault != "no_done":
+            await resp.write(sse({"text": "y"}))
+            done = {"done": True, "prompt_tokens": 6, "new_tokens": body["max_new_tokens"], "latency_ms": 1.0}
+            await resp.write(sse(done))
+        await resp.write_eof()
+        return resp
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
-    async def info(self, request: web.Request) -> web.Response:
-        n = len(self.seeds)
-        return web.json_response({"server": {"engine": {"decode_calls": n, "rows_decoded": 2 * n}}})
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/generate", self.generate)
-        app.router.add_get("/info", self.info)
+        app.router.add_get("/v1/models", self.models)
         app.router.add_get("/healthz", self.healthz)
         return app
 
@@ -92,22 +128,31 @@ async def _against(stand_in: StandIn, clients: int) -> dict:
         await runner.cleanup()
 
 
-def test_client_counts_answers_with_a_seed_each():
-    stand_in = StandIn()
+def test_client_streams_and_times_the_first_token():
+    stand_in = StandIn(first_s=0.005, rest_s=0.03)
     row = asyncio.run(_against(stand_in, clients=4))
     assert row["errors_4xx"] == row["errors_5xx"] == row["dropped"] == row["errors_other"] == 0
-    assert len(stand_in.seeds) >= row["requests"] + 4 and row["requests"] > 4
+    assert len(stand_in.seeds) >= row["requests"] + 4 and row["requests"] > 4 and all(stand_in.streamed)
     assert len(set(stand_in.seeds)) == len(stand_in.seeds) and row["new_tokens"] == 8 * row["requests"]
     assert row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] and row["client_cpu_pct"] >= 0
+    assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] <= row["p99_ms"]
+    assert row["ttft_p50_ms"] < row["p50_ms"]  # the first text comes 30 ms before the done event
 
 
-def test_client_counts_5xx_and_dropped_connections_apart():
-    stand_in = StandIn(fail_every=5, drop_every=7)
+def test_client_counts_5xx_and_cut_streams_apart():
+    stand_in = StandIn(cut=7, http_500=5)
     row = asyncio.run(_against(stand_in, clients=2))
     total = len(stand_in.seeds)
-    assert (
-        row["dropped"] == total // 7 and row["errors_5xx"] == total // 5 - total // 35 and row["requests"] > 0
-    )
+    assert row["dropped"] == total // 7 and row["errors_5xx"] == total // 5 - total // 35
+    assert row["requests"] > 0 and row["errors_other"] == 0
+
+
+def test_client_counts_an_error_event_as_5xx_and_a_stream_without_done_as_dropped():
+    stand_in = StandIn(error_event=3, no_done=4)
+    row = asyncio.run(_against(stand_in, clients=2))
+    total = len(stand_in.seeds)
+    assert row["errors_5xx"] == total // 3 and row["dropped"] == total // 4 - total // 12
+    assert row["requests"] > 0 and row["errors_other"] == 0 and row["first_error"].startswith("error event")
 
 
 def test_client_counts_a_refused_connection_as_dropped():
@@ -117,12 +162,13 @@ def test_client_counts_a_refused_connection_as_dropped():
     assert row["requests"] == 0 and row["dropped"] >= 2 and "Connect" in row["first_error"]
 
 
-def test_bench_serve_url_writes_the_report(tmp_path, capsys):
+def bench_serve(stand_in: StandIn, out, *argv: str) -> int:
+    """``bench serve --url`` (in process) against ``stand_in`` served from a thread; its exit code."""
     loop, ready, stop = asyncio.new_event_loop(), threading.Event(), None
 
     async def serve():
         nonlocal stop
-        runner = web.AppRunner(StandIn().app())
+        runner = web.AppRunner(stand_in.app())
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -134,16 +180,31 @@ def test_bench_serve_url_writes_the_report(tmp_path, capsys):
     thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
     thread.start()
     ready.wait(10)
-    out = tmp_path / "serve"
     try:
-        url = f"http://127.0.0.1:{serve.port}"
-        code = main(["serve", "--url", url, "--clients", "1,16", "--duration", "0.5", "--out", str(out)])
+        return main(["serve", "--url", f"http://127.0.0.1:{serve.port}", "--out", str(out), *argv])
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(10)
+
+
+def test_bench_serve_url_writes_the_report(tmp_path, capsys):
+    out = tmp_path / "serve"
+    code = bench_serve(StandIn(), out, "--clients", "1,16", "--duration", "0.5")
     assert code == 0, capsys.readouterr()
     doc = json.loads((out / "summary.json").read_text())
-    assert [r["clients"] for r in doc["rows"]] == [1, 16] and doc["summary"]["scaling_16_vs_1"] > 0
-    assert all(r["requests"] > 0 and r["decode_calls"] > 0 and r["mean_rows"] == 2 for r in doc["rows"])
-    assert "| new tok/s |" in (out / "summary.md").read_text()
+    summary = doc["summary"]
+    assert [r["clients"] for r in doc["rows"]] == [1, 16] and summary["scaling_16_vs_1"] > 0
+    rows = doc["rows"]
+    assert all(r["requests"] > 0 and 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] <= r["p99_ms"] for r in rows)
+    assert summary["model"] == "stand-in" and summary["max_clients"] == 16
+    assert summary["ttft_p99_ms_at_max_clients"] == doc["rows"][1]["ttft_p99_ms"]
+    assert not any("decode_calls" in r or "mean_rows" in r for r in doc["rows"])  # /info is not read
+    md = (out / "summary.md").read_text()
+    assert "| new tok/s |" in md and "| p99 ms | TTFT p50 ms | TTFT p99 ms |" in md and "stand-in" in md
     assert (out / "serve_new_tokens_per_s.png").stat().st_size > 0 and (out / "serve_p95_ms.png").is_file()
+    assert (out / "serve_ttft_p99_ms.png").is_file()
+
+
+def test_bench_serve_fails_on_an_error_event(tmp_path, capsys):
+    code = bench_serve(StandIn(error_event=2), tmp_path / "serve", "--clients", "2", "--duration", "0.3")
+    assert code == 1 and "failed: 2 clients" in capsys.readouterr().out
