@@ -83,7 +83,7 @@ async def load(
         k = 0
         while not stop.is_set():
             body = {"prompt": "ROMEO:", "max_new_tokens": 48, "temperature": 0.8, "seed": i * 1000 + k}
-            samples.append(sample := await send(session, url, body))
+            samples.append(sample := await send(session, url, body, stream=False))
             if last(sample):
                 stop.set()
             k += 1

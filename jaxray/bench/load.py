@@ -83,15 +83,19 @@ async def read_stream(resp: aiohttp.ClientResponse) -> tuple[str, int, float | N
     return "dropped", 0, first, loop.time(), "the stream ended before its done event"
 
 
-async def send(session: aiohttp.ClientSession, url: str, body: dict, warmup: bool = False) -> Sample:
-    """POST ``body`` to ``url``/generate as a stream; HTTP, stream and connection failures become the
-    Sample's outcome."""
+async def send(
+    session: aiohttp.ClientSession, url: str, body: dict, warmup: bool = False, stream: bool = True
+) -> Sample:
+    """POST ``body`` to ``url``/generate as a stream (or, not ``stream``, for one JSON answer: no
+    TTFT); HTTP, stream and connection failures become the Sample's outcome."""
     loop = asyncio.get_running_loop()
     start, status, tokens, first, end = loop.time(), 0, 0, None, None
     try:
-        async with session.post(f"{url.rstrip('/')}/generate", json=body | {"stream": True}) as resp:
+        async with session.post(f"{url.rstrip('/')}/generate", json=body | {"stream": stream}) as resp:
             status = resp.status
-            if status != 200:
+            if status == 200 and not stream:
+                kind, error, tokens = "ok", "", int(json.loads(await resp.read())["new_tokens"])
+            elif status != 200:
                 kind = {4: "4xx", 5: "5xx"}.get(status // 100, "other")
                 error = f"HTTP {status}: {(await resp.read()).decode(errors='replace')}"
             elif resp.content_type != "text/event-stream":

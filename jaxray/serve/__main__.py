@@ -181,11 +181,14 @@ def ready_message(host: str, port: int) -> str:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     with urllib.request.urlopen(f"{url}/info", timeout=30) as reply:
         compiled = json.load(reply)
+    from jaxray.serve.metrics import metrics_url  # deferred: as ROUTES
+
     body = json.dumps({"prompt": "ROMEO:", "max_new_tokens": 64, "temperature": 0})
     return (
         f"jaxray is serving on {url} ({compiled['programs']} programs compiled in "
         f"{compiled['compile_s']:.1f} s) routes: {ROUTES}\n"
         f"  curl -s {url}/generate -H 'Content-Type: application/json' -d '{body}'\n"
+        f"  playground: {url}/   metrics (Prometheus): {metrics_url()}\n"
         f"Ctrl-C stops it."
     )
 

@@ -30,6 +30,7 @@ from jaxray.inference.engine import Request
 from jaxray.inference.load import check_source, describe_source, is_artifact, load_engine
 from jaxray.inference.settings import EngineSettings
 from jaxray.serve import (
+    metrics,
     openai,
     playground,  # noqa: F401 - registers GET / on the api
 )
@@ -123,7 +124,6 @@ class JaxrayServer:
         self._batch.set_batch_wait_timeout_s(batch_wait_s)
         self.scheduler = Scheduler(self.engine, max_batch_size)
         self._draining: set[asyncio.Task] = set()  # keeps drain tasks from being collected
-        self.served = {"batches": 0, "requests": 0, "largest_batch": 0}
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, Any]:
@@ -137,7 +137,6 @@ class JaxrayServer:
             "server": {
                 **self.batching,
                 "limits": vars(self.limits),
-                "served": dict(self.served),
                 "engine": self.scheduler.stats(),
             },
         }
@@ -150,7 +149,7 @@ class JaxrayServer:
             req.prompt.encode("utf-8"), req.new_tokens(self.limits), req.temperature, req.top_k, req.seed
         )
         self.check(engine_req, "max_new_tokens")
-        chunks = Counted(self.tokens(engine_req, "/generate"))
+        chunks = Counted(self.tokens(engine_req, metrics.request_started("/generate", self.model_name)))
         usage = {"prompt_tokens": self.engine.prompt_tokens(engine_req)}
         if req.stream:
             return StreamingResponse(generate_events(chunks, usage, start), media_type="text/event-stream")
@@ -185,16 +184,21 @@ class JaxrayServer:
             field = next((f for f in ENGINE_FIELDS if str(err).startswith(f)), "body")
             raise ApiError(400, cap_field if field == "max_new_tokens" else field, str(err)) from None
 
-    async def tokens(self, request: Request, route: str) -> AsyncIterator[list[int]]:
-        """A checked request's new tokens, a chunk at a time, as its batch produces them."""
-        results = self._batch(request)
+    async def tokens(self, request: Request, timer: metrics.RequestTimer) -> AsyncIterator[list[int]]:
+        """A checked request's new tokens, a chunk at a time, as its batch produces them; ``timer``
+        records them and the end ("length" at the budget, "abort" when the reader stops first, unless
+        it finished the timer itself)."""
+        results, prompt_tokens = self._batch(request), self.engine.prompt_tokens(request)
         try:
             async for tokens, done in results:
                 if tokens:
+                    timer.tokens(len(tokens))
                     yield tokens
                 if done:
+                    timer.finish(prompt_tokens, "length")
                     return
         finally:
+            timer.finish(prompt_tokens, None)  # a no-op once finished
             # Serve ends the stream only at the batch's next yield: drain it in the background.
             task = asyncio.get_running_loop().create_task(drain(results))
             self._draining.add(task)
@@ -204,9 +208,6 @@ class JaxrayServer:
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01, max_concurrent_batches=MERGED_BATCHES)
     async def _batch(self, requests: list[Request]) -> AsyncIterator[list]:
         """Each yield hands request i ``(tokens, done)``, then StopIteration (Serve's end of stream)."""
-        self.served["batches"] += 1
-        self.served["requests"] += len(requests)
-        self.served["largest_batch"] = max(self.served["largest_batch"], len(requests))
         remaining = [r.max_new_tokens for r in requests]
         async for step in self.scheduler.run(requests):
             out: list[Any] = []
@@ -231,9 +232,27 @@ def check_restores(path: Path, settings: EngineSettings) -> None:
     del engine  # only the check was wanted: the replica loads its own
 
 
+def replica_policy(args: AppArgs) -> dict[str, Any]:
+    """``num_replicas`` or a checked ``autoscaling_config`` (Ray's ``AutoscalingConfig``) for
+    ``.options``. Raises ValueError naming the bad key."""
+    if args.autoscaling_config is None:
+        return {"num_replicas": args.num_replicas}
+    from ray.serve.config import AutoscalingConfig  # deferred: only where autoscaling is asked for
+
+    if unknown := sorted(set(args.autoscaling_config) - set(AutoscalingConfig.model_fields)):
+        allowed = ", ".join(AutoscalingConfig.model_fields)
+        raise ValueError(f"autoscaling_config: unknown key(s) {', '.join(unknown)}; allowed: {allowed}")
+    try:
+        AutoscalingConfig.model_validate(args.autoscaling_config)
+    except ValidationError as err:
+        raise ValueError(f"autoscaling_config: {args_error(err)}") from None
+    return {"autoscaling_config": args.autoscaling_config}
+
+
 def deployment(args: AppArgs) -> serve.Deployment:
     """``JaxrayServer`` with the options of ``args`` and those that keep faults short."""
     return JaxrayServer.options(
+        **replica_policy(args),
         max_ongoing_requests=args.max_ongoing_requests,
         max_queued_requests=args.max_queued_requests,
         backpressure_config={"status_code": 503, "retry_after_s": RETRY_AFTER_S},
@@ -266,11 +285,11 @@ def build_app(args: AppArgs) -> Application:
             f"max_batch_size {max_batch} exceeds max_ongoing_requests {args.max_ongoing_requests}: "
             f"a batch could never fill"
         )
+    server = deployment(args)  # checks the replica policy before any restore
     # Replicas get the checkpoint resolved here, so a replacement serves the same one.
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
     check_restores(source, args.engine)
-    server = deployment(args)
     return server.bind(
         str(source),
         args.engine,

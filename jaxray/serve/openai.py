@@ -7,6 +7,7 @@ model was trained on. No Ray and no JAX."""
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.
 import asyncio
 import codecs
+import functools
 import secrets
 import time
 import uuid
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from starlette.requests import Request as HttpRequest
 
 from jaxray.inference.engine import Request
+from jaxray.serve.metrics import request_started
 from jaxray.serve.routes import guarded, read_body
 from jaxray.serve.schema import (
     MAX_SEED,
@@ -157,10 +159,11 @@ def _check_model(server, model: str | None) -> None:
 class Choice:
     """One choice's text from its engine request, cut at the first stop sequence (matched on
     bytes, so it may span chunks and characters). After ``pieces`` ends: ``tokens`` (bytes
-    generated up to and including the stop), ``finish_reason`` ("stop"/"length"), ``stop_reason``."""
+    generated up to and including the stop), ``finish_reason`` ("stop"/"length"), ``stop_reason``.
+    ``stopped()`` is called at a stop, before the token stream is closed."""
 
-    def __init__(self, index: int, chunks: AsyncIterator[list[int]], stops: list[str]):
-        self.index, self.chunks = index, chunks
+    def __init__(self, index: int, chunks: AsyncIterator[list[int]], stops: list[str], stopped=None):
+        self.index, self.chunks, self.stopped = index, chunks, stopped
         self.stops = [s.encode("utf-8") for s in stops]
         self.tokens, self.finish_reason, self.stop_reason = 0, None, None
 
@@ -175,6 +178,8 @@ class Choice:
                 if stop is not None:
                     self.tokens, self.finish_reason = emitted + at + len(stop), "stop"
                     self.stop_reason = stop.decode("utf-8")
+                    if self.stopped is not None:
+                        self.stopped()
                     if text := decoder.decode(held[:at], final=True):
                         yield text
                     return
@@ -289,8 +294,13 @@ async def answer(server, http: HttpRequest, model: type[_OpenAI]):
     for r in requests:
         server.check(r, cap)
     route = "/v1/chat/completions" if model is ChatRequest else "/v1/completions"
-    choices = [Choice(i, server.tokens(r, route), req.stop) for i, r in enumerate(requests)]
-    reply, prompt_tokens = _Reply(server, model is ChatRequest), server.engine.prompt_tokens(requests[0])
+    prompt_tokens = server.engine.prompt_tokens(requests[0])
+    choices = []
+    for i, r in enumerate(requests):
+        timer = request_started(route, server.model_name)
+        stopped = functools.partial(timer.finish, prompt_tokens, "stop")
+        choices.append(Choice(i, server.tokens(r, timer), req.stop, stopped))
+    reply = _Reply(server, model is ChatRequest)
     if req.stream:
         events = guarded(_events(reply, choices, req, prompt_tokens))
         return StreamingResponse(events, media_type="text/event-stream")

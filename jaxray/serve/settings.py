@@ -4,6 +4,7 @@ command-line options. Imports neither JAX nor Ray, so ``--help`` stays fast."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Iterable
 from typing import Annotated, Any
@@ -17,6 +18,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     ValidationError,
+    model_validator,
 )
 
 from jaxray.argtypes import FieldOptions, add_field_options, given_options, non_negative_float, positive_int
@@ -49,10 +51,33 @@ class AppArgs(BaseModel):
     num_gpus: Annotated[StrictInt | StrictFloat, Field(ge=0, allow_inf_nan=False)] = Field(
         0, description="GPUs reserved per replica (0: none)"
     )
+    num_replicas: PositiveInt = Field(1, description="replicas, each compiling its own engine before traffic")
+    autoscaling_config: dict[str, Any] | None = Field(
+        None,
+        description="Ray Serve's autoscaling_config (min_replicas, max_replicas, target_ongoing_requests, "
+        "...), instead of a fixed num_replicas",
+    )
     served_model_name: str = Field(
         "jaxray", min_length=1, description="the model's id in /v1/models and OpenAI requests' model"
     )
     engine: EngineSettings = Field(default_factory=EngineSettings)
+
+    @model_validator(mode="after")
+    def _one_replica_policy(self) -> AppArgs:
+        if self.autoscaling_config is not None and "num_replicas" in self.model_fields_set:
+            raise ValueError("give num_replicas or autoscaling_config, not both")
+        return self
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object, such as ``'{"min_replicas": 1, "max_replicas": 2}'``."""
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text}")
+    return value
 
 
 def with_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +107,13 @@ OPTIONS: FieldOptions = {
         "all but one, at least one",
     ),
     "num_gpus": (non_negative_float, "GPUs Ray reserves for the replica (0: none; see docs/serving.md)", ""),
+    "num_replicas": (positive_int, "replicas, each with its own compiled engine", ""),
+    "autoscaling_config": (
+        json_object,
+        'Ray Serve\'s autoscaling_config as JSON, e.g. \'{"min_replicas": 1, "max_replicas": 2}\' '
+        "(instead of --num-replicas)",
+        "none",
+    ),
     "served_model_name": (str, "the model's id in GET /v1/models and in OpenAI requests' model", ""),
 }
 

@@ -166,9 +166,7 @@ def test_concurrent_requests_batch_without_changing_results(url):
     assert [r.json()["text"] for r in together] == alone
     assert together[5].json()["prompt_tokens"] == MAX_SEQ_LEN  # a 70-byte prompt keeps its last 64
     server = requests.get(url + "/info", timeout=10).json()["server"]
-    assert (
-        server["served"]["largest_batch"] > 1 and server["engine"]["mean_rows"] > 1
-    )  # decode calls were shared
+    assert server["engine"]["mean_rows"] > 1  # decode calls were shared
     assert len(server["compute_cpus"]) == max(
         1, len(os.sched_getaffinity(0)) - 1
     )  # pinned before JAX started

@@ -1,0 +1,301 @@
+"""Serving metrics where Ray exports them: ``ray.serve.metrics`` objects recorded in each replica and
+served in Prometheus text by the Ray metrics agent of every node (``metrics_url()``), with Ray's
+``ray_`` prefix and Serve's ``application``, ``deployment`` and ``replica`` labels. Names are vLLM's
+with ``jaxray_`` for ``vllm:`` (Ray drops names holding ``:``); ``EXPORTED`` lists them as scraped.
+Per generation request ``request_started`` returns a ``RequestTimer``; ``count_requests(app)``
+counts HTTP requests by route, method and status. Values reach the scrape within Ray's report
+interval (``RAY_metrics_report_interval_ms``, 10 s by default). See docs/serving.md#metrics. No JAX."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+PREFIX = "jaxray_"  # Ray names; the scrape adds "ray_" (and "_total" to counters)
+MODEL_TAG = "model_name"  # vLLM's label for the served model
+ABORTED = "abort"  # finished_reason of a request that ended without one (error, cancel, disconnect)
+OTHER_ROUTE = "other"  # route label of a path no route matched (keeps the label set bounded)
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # others: "other"
+GAUGE_REFRESH_S = 0.5  # Ray ages out a gauge not set for 2 report intervals (>= 2 s): set it again
+
+# Histogram bucket upper bounds, seconds.
+TTFT_BUCKETS_S = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0]
+TTFT_BUCKETS_S += [7.5, 10.0, 20.0, 40.0, 60.0]
+ITL_BUCKETS_S = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4]
+ITL_BUCKETS_S += [0.5, 0.75, 1.0, 2.5, 5.0]
+E2E_BUCKETS_S = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0]
+E2E_BUCKETS_S += [40.0, 50.0, 60.0, 120.0, 240.0, 300.0]
+
+# Names as a Prometheus scrape shows them -> (kind, labels besides Ray's and Serve's, meaning).
+EXPORTED = {
+    "ray_jaxray_time_to_first_token_seconds": (
+        "histogram",
+        ("model_name", "route"),
+        "seconds from request_started to the first chunk of generated tokens",
+    ),
+    "ray_jaxray_inter_token_latency_seconds": (
+        "histogram",
+        ("model_name", "route"),
+        "seconds per token of each later chunk: the time since the previous chunk / its tokens; "
+        "one observation per chunk",
+    ),
+    "ray_jaxray_e2e_request_latency_seconds": (
+        "histogram",
+        ("model_name", "route"),
+        "seconds from request_started to finish, every finish reason",
+    ),
+    "ray_jaxray_num_requests_running": (
+        "gauge",
+        ("model_name",),
+        "requests of this replica that have produced a token and not finished",
+    ),
+    "ray_jaxray_num_requests_waiting": (
+        "gauge",
+        ("model_name",),
+        "requests of this replica that have not produced a token yet (queued or in prefill)",
+    ),
+    "ray_jaxray_prompt_tokens_total": (
+        "counter",
+        ("model_name", "route"),
+        "prompt tokens of finished requests",
+    ),
+    "ray_jaxray_generation_tokens_total": (
+        "counter",
+        ("model_name", "route"),
+        "generated tokens, counted as they are produced",
+    ),
+    "ray_jaxray_request_success_total": (
+        "counter",
+        ("model_name", "route", "finished_reason"),
+        'finished requests by finish reason ("stop", "length", ...; "abort": ended without one)',
+    ),
+    "ray_jaxray_http_requests_total": (
+        "counter",
+        ("route", "method", "status"),
+        'HTTP requests a replica answered, by route template ("other": no route), method and status',
+    ),
+}
+
+
+class _Metrics:
+    """The metric objects of this process (one per replica), and its running/waiting counts."""
+
+    def __init__(self):
+        # Deferred: importing this module needs no Ray (routes.py has none); a replica has it.
+        from ray.serve.metrics import Counter, Gauge, Histogram
+
+        req = (MODEL_TAG, "route")
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Time to first token (s): request start to the first generated chunk.",
+            boundaries=TTFT_BUCKETS_S,
+            tag_keys=req,
+        )
+        self.itl = Histogram(
+            PREFIX + "inter_token_latency_seconds",
+            "Inter-token latency (s/token): time since the previous chunk divided by the chunk's "
+            "tokens, observed once per chunk after the first.",
+            boundaries=ITL_BUCKETS_S,
+            tag_keys=req,
+        )
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "End-to-end request latency (s): request start to finish.",
+            boundaries=E2E_BUCKETS_S,
+            tag_keys=req,
+        )
+        self.running = Gauge(
+            PREFIX + "num_requests_running",
+            "Requests generating in this replica (a first token produced, not finished).",
+            tag_keys=(MODEL_TAG,),
+        )
+        self.waiting = Gauge(
+            PREFIX + "num_requests_waiting",
+            "Requests waiting in this replica for their first token (queued or in prefill).",
+            tag_keys=(MODEL_TAG,),
+        )
+        self.prompt_tokens = Counter(
+            PREFIX + "prompt_tokens", "Prompt tokens of finished requests (tokens).", tag_keys=req
+        )
+        self.generation_tokens = Counter(
+            PREFIX + "generation_tokens", "Generated tokens (tokens).", tag_keys=req
+        )
+        self.success = Counter(
+            PREFIX + "request_success",
+            'Finished requests by finish reason ("abort": ended without one).',
+            tag_keys=(*req, "finished_reason"),
+        )
+        self.http = Counter(
+            PREFIX + "http_requests",
+            "HTTP requests answered by this replica, by route template, method and status code.",
+            tag_keys=("route", "method", "status"),
+        )
+        self.lock = threading.Lock()
+        self.counts: dict[str, list[int]] = {}  # model -> [waiting, running] in this process
+        threading.Thread(target=self._refresh, name="jaxray-metrics-gauges", daemon=True).start()
+
+    def move(self, model: str, waiting: int, running: int) -> None:
+        """Adds ``waiting`` and ``running`` (each -1, 0 or 1) to this process's counts of ``model``."""
+        with self.lock:
+            counts = self.counts.setdefault(model, [0, 0])
+            counts[0] += waiting
+            counts[1] += running
+            self._set(model, counts)
+
+    def _set(self, model: str, counts: list[int]) -> None:
+        tags = {MODEL_TAG: model}
+        self.waiting.set(counts[0], tags=tags)
+        self.running.set(counts[1], tags=tags)
+
+    def _refresh(self) -> None:
+        """Sets the gauges again every GAUGE_REFRESH_S: Ray's agent forgets a gauge value that was
+        not set for two report intervals (a replica idle at 0 would show no series)."""
+        while True:
+            time.sleep(GAUGE_REFRESH_S)
+            with self.lock:
+                for model, counts in self.counts.items():
+                    self._set(model, counts)
+
+
+_metrics: _Metrics | None = None
+_create = threading.Lock()
+
+
+def _get() -> _Metrics:
+    """This process's metrics, created on first use (in a replica: inside its Serve context, which
+    gives them the application, deployment and replica labels)."""
+    global _metrics
+    if _metrics is None:
+        with _create:
+            if _metrics is None:
+                _metrics = _Metrics()
+    return _metrics
+
+
+class RequestTimer:
+    """The metrics of one generation request, from ``request_started`` to ``finish``. Times are
+    ``time.perf_counter()`` seconds; methods called after ``finish`` do nothing."""
+
+    __slots__ = ("_m", "_tags", "_model", "_start", "_last", "_state")
+
+    def __init__(self, route: str, model: str):
+        self._m = _get()
+        self._tags = {MODEL_TAG: model, "route": route}
+        self._model = model
+        self._start = time.perf_counter()
+        self._last: float | None = None  # when the previous chunk came; None before the first
+        self._state = "waiting"  # -> "running" at the first token -> "finished"
+        self._m.move(model, waiting=1, running=0)
+
+    def tokens(self, n: int) -> None:
+        """``n`` new tokens produced now (one chunk). The first chunk observes the time to first
+        token (s) and moves the request from waiting to running; each later chunk observes the
+        inter-token latency once, as (seconds since the previous chunk) / ``n``. Adds ``n`` to the
+        generated tokens. ``n`` <= 0 does nothing."""
+        if n <= 0 or self._state == "finished":
+            return
+        now = time.perf_counter()
+        if self._last is None:
+            self._m.ttft.observe(now - self._start, tags=self._tags)
+            self._state = "running"
+            self._m.move(self._model, waiting=-1, running=1)
+        else:
+            self._m.itl.observe((now - self._last) / n, tags=self._tags)
+        self._last = now
+        self._m.generation_tokens.inc(n, tags=self._tags)
+
+    def finish(self, prompt_tokens: int, finish_reason: str | None) -> None:
+        """The request ended (answered, failed or cancelled): observes the end-to-end latency (s),
+        adds ``prompt_tokens`` to the prompt tokens and counts one request under ``finish_reason``
+        (``"stop"``, ``"length"``...; None counts as ``"abort"``). Only the first call counts."""
+        if self._state == "finished":
+            return
+        state, self._state = self._state, "finished"
+        m = self._m
+        if state == "waiting":
+            m.move(self._model, waiting=-1, running=0)
+        else:
+            m.move(self._model, waiting=0, running=-1)
+        m.e2e.observe(time.perf_counter() - self._start, tags=self._tags)
+        if prompt_tokens > 0:
+            m.prompt_tokens.inc(prompt_tokens, tags=self._tags)
+        m.success.inc(1, tags={**self._tags, "finished_reason": finish_reason or ABORTED})
+
+
+def request_started(route: str, model: str) -> RequestTimer:
+    """A generation request arrived at ``route`` (the path template, e.g. ``"/v1/completions"``)
+    for ``model`` (the ``model_name`` label): it counts as waiting until its first ``tokens``."""
+    return RequestTimer(route, model)
+
+
+class _CountRequests:
+    """ASGI middleware: one ``jaxray_http_requests`` count per HTTP request, by the route template
+    the app matched, the method and the status it answered (500 when the app raised before
+    answering, 499 when it was cancelled first: the client or Serve gave up)."""
+
+    def __init__(self, app: Callable):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status: list[int] = []
+
+        async def send_status(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and not status:
+                status.append(message["status"])
+                _count(scope, message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        except BaseException as err:
+            if not status:
+                cancelled = not isinstance(err, Exception)  # CancelledError and the like
+                _count(scope, 499 if cancelled else 500)
+            raise
+
+
+def _count(scope: dict, status: int) -> None:
+    route = getattr(scope.get("route"), "path", None) or OTHER_ROUTE
+    method = scope.get("method", "")
+    tags = {"route": route, "method": method if method in METHODS else "other", "status": str(status)}
+    _get().http.inc(1, tags=tags)
+
+
+def count_requests(app) -> None:
+    """Counts every HTTP request ``app`` (a FastAPI or Starlette app, before it serves) answers in
+    ``ray_jaxray_http_requests_total``; a second call on the same app does nothing."""
+    if not any(m.cls is _CountRequests for m in app.user_middleware):
+        app.add_middleware(_CountRequests)
+
+
+def _url(node: dict) -> str | None:
+    address, port = node.get("NodeManagerAddress"), node.get("MetricsExportPort")
+    if not address or not port or port <= 0:
+        return None
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}/metrics"
+
+
+def metrics_urls() -> list[str]:
+    """The Prometheus endpoints (``http://<node address>:<port>/metrics``) of the Ray metrics
+    agents of all alive nodes, the head node first; [] before ``ray.init``. Each exports the
+    metrics of the replicas on its node."""
+    import ray  # deferred: importing this module needs no Ray
+
+    if not ray.is_initialized():
+        return []
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    nodes.sort(key=lambda node: "node:__internal_head__" not in node.get("Resources", {}))
+    return [url for url in map(_url, nodes) if url]
+
+
+def metrics_url() -> str | None:
+    """The Prometheus endpoint of the head node's Ray metrics agent (with a local Ray, the only
+    node: every replica's metrics), or None before ``ray.init``."""
+    urls = metrics_urls()
+    return urls[0] if urls else None
