@@ -94,9 +94,13 @@ async def load(
 
 
 def healthz(url: str, timeout_s: float) -> tuple[int, dict]:
-    """(status, body) of ``/healthz``; (0, {}) when nothing listens."""
+    """(status, body) of ``/healthz``; (0, {}) when nothing listens, {} for a body that is not
+    JSON (Serve's proxy answers in plain text while no replica can)."""
     try:
         response = requests.get(url + "/healthz", timeout=timeout_s)
     except requests.ConnectionError:
         return 0, {}
-    return response.status_code, response.json()
+    try:
+        return response.status_code, response.json()
+    except ValueError:
+        return response.status_code, {}

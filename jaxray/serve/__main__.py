@@ -36,8 +36,7 @@ from jaxray.serve.settings import (
 
 APP_NAME = "jaxray"
 IMPORT_PATH = "jaxray.serve.app:app_builder"  # the application of a config file (serve/config.yaml)
-PROXY_CALLBACK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"  # Serve's: middlewares for its proxy
-REQUEST_TIMEOUT_S = 60.0  # Serve's proxy answers a request still unanswered after this with a JSON 504
+REQUEST_TIMEOUT_S = 60.0  # Serve's proxy answers a request still unanswered after this with 408
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--request-timeout-s",
         type=positive_float,
-        help=f"seconds before an unanswered request gets a JSON 504 (default {REQUEST_TIMEOUT_S:g})",
+        help=f"seconds before Serve's proxy answers a request still unanswered with 408 "
+        f"(default {REQUEST_TIMEOUT_S:g})",
     )
     p.add_argument(
         "--verbose",
@@ -141,8 +141,6 @@ def init_ray(verbose: bool = False) -> bool:
         return True
     # Serve's throughput mode: measurably faster on 2 cores (`python -m jaxray.bench serve`).
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-    # Ray 2.60 refuses middlewares in http_options: the proxy gets jaxray's JSON errors this way.
-    os.environ.setdefault(PROXY_CALLBACK, "jaxray.serve.routes:proxy_middlewares")
     ray.init(address="local", include_dashboard=False, logging_level=_level(verbose))
     return False
 

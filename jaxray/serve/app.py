@@ -1,9 +1,10 @@
-"""The Ray Serve application: one replica holding a compiled ``jaxray.inference.engine.Engine``.
+"""The Ray Serve application: replicas each holding a compiled ``jaxray.inference.engine.Engine``.
 
-Routes are the replica's methods on the FastAPI app of ``jaxray.serve.routes``. Every program is
-compiled in ``__init__``; ``@serve.batch`` groups are merged by ``jaxray.serve.scheduler``.
-``serve run serve/config.yaml`` calls ``app_builder``; ``python -m jaxray.serve`` calls ``build_app``;
-both restore the weights once (``check_restores``) before anything is deployed."""
+Routes are the replica's methods on the FastAPI app of ``jaxray.serve.routes`` (the OpenAI ones
+hand over to ``jaxray.serve.openai``). Every program is compiled in ``__init__``; ``@serve.batch``
+groups are merged by ``jaxray.serve.scheduler``. ``serve run serve/config.yaml`` calls
+``app_builder``, as ``python -m jaxray.serve`` does; the weights are checked (``check_weights``)
+before anything is deployed, and each replica restores them once."""
 
 # No `from __future__ import annotations`: FastAPI and Serve read the route annotations at runtime.
 import asyncio
@@ -25,6 +26,7 @@ from ray import serve
 from ray.serve import Application
 from starlette.requests import Request as HttpRequest
 
+from jaxray import checkpoint
 from jaxray.inference.artifact_loader import read_artifact_manifest
 from jaxray.inference.engine import Request
 from jaxray.inference.load import check_source, describe_source, is_artifact, load_engine
@@ -220,16 +222,17 @@ class JaxrayServer:
             yield out
 
 
-def check_restores(path: Path, settings: EngineSettings) -> None:
-    """Load the weights of ``path`` once here (SHA-256 checked); artifacts for another platform are
-    left to the replica. Raises CheckpointError / ArtifactError naming the file, ValueError a setting."""
-    if (
-        is_artifact(path)
-        and jax.export.default_export_platform() not in read_artifact_manifest(path)["platforms"]
-    ):
+def check_weights(given: Path, source: Path, settings: EngineSettings) -> None:
+    """The weights of ``source`` (``given`` resolved) checked here, without restoring a checkpoint:
+    its SHA-256 digests, unless resolving a run folder verified them already; an artifact is loaded
+    (left to the replica when exported for another platform). Each replica restores once. Raises
+    CheckpointError / ArtifactError naming the file, ValueError a setting."""
+    if not is_artifact(source):
+        if source == given:
+            checkpoint.verify(source)
         return
-    engine = load_engine(path, settings)
-    del engine  # only the check was wanted: the replica loads its own
+    if jax.export.default_export_platform() in read_artifact_manifest(source)["platforms"]:
+        load_engine(source, settings)  # only the check is wanted: the replica loads its own
 
 
 def replica_policy(args: AppArgs) -> dict[str, Any]:
@@ -289,7 +292,7 @@ def build_app(args: AppArgs) -> Application:
     # Replicas get the checkpoint resolved here, so a replacement serves the same one.
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
-    check_restores(source, args.engine)
+    check_weights(path, source, args.engine)
     return server.bind(
         str(source),
         args.engine,

@@ -1,10 +1,9 @@
-"""The HTTP side of the Serve app: the FastAPI ``api``, its JSON error handlers, body reads, SSE
-streams, and ``JsonErrors`` (Serve's proxy middleware). Handlers are methods of
-``jaxray.serve.app.JaxrayServer``; shapes in ``jaxray.serve.schema``. No Ray and no JAX."""
+"""The HTTP side of the Serve app: the FastAPI ``api``, its JSON error handlers, body reads and SSE
+streams. Handlers are methods of ``jaxray.serve.app.JaxrayServer``; shapes in
+``jaxray.serve.schema``. No JAX."""
 
 # No `from __future__ import annotations`: FastAPI reads handler signatures at runtime.
 import codecs
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -13,7 +12,6 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 
 from jaxray.serve.metrics import count_requests
@@ -27,13 +25,6 @@ count_requests(api)  # requests by route, method and status, in Ray's metrics
 ROUTES = (
     "GET / (the playground), GET /healthz, GET /info, POST /generate, GET /v1/models, "
     "POST /v1/completions, POST /v1/chat/completions"
-)
-HEALTHZ_TIMEOUT_S = 5.0  # /healthz with no replica to answer it (one being replaced): 504 after this
-TIMEOUT_HEADER = b"x-request-timeout-seconds"  # Serve's per-request time-out header
-PROXY_STATUS = {408: 504}  # Serve's proxy answers a request time-out with 408: it is the server's
-NO_ANSWER = (
-    "the replica ended before answering (it failed or was stopped; Serve replaces a replica "
-    "that died): retry the request"
 )
 
 
@@ -128,74 +119,3 @@ async def generate_events(chunks: Counted, usage: dict, start: float) -> AsyncIt
         yield sse({"text": piece})
     latency_ms = (time.perf_counter() - start) * 1e3
     yield sse({"done": True, **usage, "new_tokens": chunks.count, "latency_ms": latency_ms})
-
-
-def _json_reply(status: int, message: str, headers: list | None = None) -> list[dict]:
-    """ASGI messages of a JSON error answer (field ``server``), keeping ``headers`` such as Retry-After."""
-    body = json.dumps(ApiError(status, "server", message).body()).encode()
-    kept = [(k, v) for k, v in headers or [] if k.lower() not in (b"content-type", b"content-length")]
-    kept += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    return [
-        {"type": "http.response.start", "status": status, "headers": kept},
-        {"type": "http.response.body", "body": body},
-    ]
-
-
-def _rewritten(status: int, headers: list) -> bool:
-    """Whether an answer is one of the proxy's own plain-text errors (5xx or its 408 time-out)."""
-    content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
-    return (status >= 500 or status in PROXY_STATUS) and not content_type.startswith(b"application/json")
-
-
-class JsonErrors:
-    """ASGI middleware for Serve's proxy: its own errors as JSON ``ApiError`` (field ``server``):
-    503 for a full queue, 504 for a time-out (Serve's 408), 500 for a replica that died.
-    ``/healthz`` times out after ``healthz_timeout_s``; a stream under way is left as it is."""
-
-    def __init__(self, app, healthz_timeout_s: float = HEALTHZ_TIMEOUT_S):
-        self.app, self.healthz_timeout_s = app, healthz_timeout_s
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if scope["path"] == "/healthz":
-            headers = [(k, v) for k, v in scope["headers"] if k.lower() != TIMEOUT_HEADER]
-            scope = {**scope, "headers": [*headers, (TIMEOUT_HEADER, str(self.healthz_timeout_s).encode())]}
-        state: dict = {"started": False, "held": None}
-
-        async def guarded(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                state["started"] = True
-                if _rewritten(message["status"], message.get("headers", [])):
-                    state["held"] = (message["status"], message.get("headers", []), bytearray())
-                    return
-            elif message["type"] == "http.response.body" and state["held"] is not None:
-                status, headers, body = state["held"]
-                body += message.get("body", b"")
-                if not message.get("more_body", False):
-                    state["held"] = None
-                    text = body.decode("utf-8", errors="replace").strip() or f"HTTP {status}"
-                    for reply in _json_reply(PROXY_STATUS.get(status, status), text, headers):
-                        await send(reply)
-                return
-            await send(message)
-
-        try:
-            await self.app(scope, receive, guarded)
-        except Exception as err:  # noqa: BLE001 - answered as JSON when nothing was sent yet
-            if state["started"]:
-                raise
-            logger.exception("jaxray: the proxy failed a request")
-            for reply in _json_reply(500, f"{type(err).__name__}: {err}"):
-                await send(reply)
-            return
-        if not state["started"] or state["held"] is not None:  # no answer, or one cut short
-            status = state["held"][0] if state["held"] else 500
-            for reply in _json_reply(PROXY_STATUS.get(status, status), NO_ANSWER):
-                await send(reply)
-
-
-def proxy_middlewares() -> list[Middleware]:
-    """``[JsonErrors]``, for ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``."""
-    return [Middleware(JsonErrors)]

@@ -1,8 +1,9 @@
 """The Serve app's faults, with real Ray Serve, real HTTP and a real checkpoint (conftest's
 ``trained_transformer``, trained here on TinyShakespeare): a replica whose constructor raises fails
 the deploy within seconds with its exception; a replica process killed under the load of 16
-clients is replaced, every request it failed being a 5xx JSON answer and none hanging; a full
-queue answers 503 with Retry-After at once."""
+clients is replaced, every request it failed being a 5xx, or Serve's 408 for one that waited past
+the request time-out for a replica, and none hanging; a full queue answers 503 with Retry-After at
+once."""
 
 from __future__ import annotations
 
@@ -22,20 +23,18 @@ from checkpoint_copies import damaged_copy
 from ray import serve
 from serve_load import free_port, healthz, load, replica_pids
 
-from jaxray.serve.__main__ import PROXY_CALLBACK
 from jaxray.serve.app import app_builder, deploy_failure, deployment
 from jaxray.serve.settings import AppArgs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ENGINE = {"buckets": [16, 64], "batch_sizes": [1, 4, 16], "chunk": 8, "max_new_tokens": 200}
-REQUEST_TIMEOUT_S = 20.0  # Serve's proxy: a request unanswered after this gets a JSON 504
+REQUEST_TIMEOUT_S = 20.0  # Serve's proxy: a request unanswered after this gets 408
 CLIENT_TIMEOUT_S = REQUEST_TIMEOUT_S + 10  # a request still open after this counts as hanging
 
 
 @pytest.fixture(scope="module")
 def url() -> str:
-    """Serve on a private local Ray, its proxy with jaxray's JSON errors and a request time-out."""
-    os.environ[PROXY_CALLBACK] = "jaxray.serve.routes:proxy_middlewares"  # as python -m jaxray.serve
+    """Serve on a private local Ray with a request time-out."""
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     port = free_port()
     try:
@@ -45,7 +44,6 @@ def url() -> str:
     finally:
         serve.shutdown()
         ray.shutdown()
-        os.environ.pop(PROXY_CALLBACK)
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +66,7 @@ def test_a_replica_that_fails_to_start_fails_the_deploy_in_seconds_with_its_exce
     assert elapsed < 30, f"the failed deploy took {elapsed:.1f} s"
 
 
-def test_a_killed_replica_under_load_is_replaced_and_every_failure_is_a_prompt_5xx_json(
-    url, copied_run_folder
-):
+def test_a_killed_replica_under_load_is_replaced_and_every_failure_is_a_prompt_5xx(url, copied_run_folder):
     # Served from a run folder copied elsewhere, its original deleted: it reads the copy's checkpoint.
     args = {
         "checkpoint": str(copied_run_folder),
@@ -87,24 +83,26 @@ def test_a_killed_replica_under_load_is_replaced_and_every_failure_is_a_prompt_5
     stop = threading.Event()
     with ThreadPoolExecutor(1) as pool:
         clients = pool.submit(asyncio.run, load(url, 16, stop, CLIENT_TIMEOUT_S))
-        time.sleep(4)  # 16 clients in flight
-        killed = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        status, after = healthz(url, CLIENT_TIMEOUT_S)
-        while not (status == 200 and after["replica"] != before["replica"]):
-            assert time.monotonic() - killed < 120, (status, after)
-            time.sleep(0.5)
+        try:
+            time.sleep(4)  # 16 clients in flight
+            killed = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
             status, after = healthz(url, CLIENT_TIMEOUT_S)
-        recovered = time.monotonic()
-        time.sleep(4)  # new requests meet the replacement
-        stop.set()
+            while not (status == 200 and after.get("replica") not in (None, before["replica"])):
+                assert time.monotonic() - killed < 120, (status, after)
+                time.sleep(0.5)
+                status, after = healthz(url, CLIENT_TIMEOUT_S)
+            recovered = time.monotonic()
+            time.sleep(4)  # new requests meet the replacement
+        finally:
+            stop.set()  # the clients end even when the replacement never came
         samples = clients.result(timeout=CLIENT_TIMEOUT_S + 10)
     print(f"replica replaced {recovered - killed:.1f} s after the kill; healthz {after}")
     failed = [s for s in samples if s.outcome != "ok"]
-    assert {s.outcome for s in failed} <= {"5xx"}, [s.error for s in failed if s.outcome != "5xx"][:5]
+    # 5xx, or Serve's 408 for a request still waiting for a replica after request_timeout_s
+    odd = [s.error for s in failed if not (s.outcome == "5xx" or s.status == 408)]
+    assert not odd, odd[:5]
     assert failed, "the requests in flight at the kill should have failed"
-    for s in failed:  # the error shape of every other refusal (loadtest keeps the body's first line)
-        assert s.error.startswith("HTTP 5") and '{"error": {"message": ' in s.error
     slowest = max(s.latency_ms for s in samples) / 1e3
     assert slowest < REQUEST_TIMEOUT_S + 5, f"a request took {slowest:.1f} s"
     # Samples are timed on the event loop's clock, which is time.monotonic().
@@ -138,5 +136,3 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(url, trained_transfor
     ]
     for response, took in refused:
         assert response.headers["retry-after"] == "1" and took < 2.0, (response.headers, took)
-        error = response.json()["error"]
-        assert error["field"] == "server" and "backpressure" in error["message"], error
