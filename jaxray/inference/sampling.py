@@ -197,6 +197,7 @@ def top_p_mask(logits: jax.Array, temperature: jax.Array, top_p: jax.Array) -> j
     def nucleus(logits):
         probs = jax.nn.softmax(logits / jnp.maximum(temperature, 1e-6)[:, None])  # [B, V]
         larger = logits[:, None, :] > logits[:, :, None]  # [B, V, V]: token j more likely than i
-        return (larger * probs[:, None, :]).sum(axis=-1) < top_p[:, None]
+        kept = (larger * probs[:, None, :]).sum(axis=-1) < top_p[:, None]
+        return kept | (top_p >= 1)[:, None]  # a row with top_p 1 keeps all, whatever its batch-mates
 
     return jax.lax.cond(jnp.any(top_p < 1), nucleus, lambda x: jnp.ones(x.shape, bool), logits)

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +98,11 @@ class JaxrayServer:
         batch_wait_s: float,
         compute_cpus: int | None = None,
         model_name: str = "jaxray",
+        pin_cpus: bool = True,
     ):
         self.started, self.started_unix = time.monotonic(), time.time()
         self.replica = serve.get_replica_context().replica_id.unique_id
-        self.compute_cpus = pin_compute(compute_cpus)
+        self.compute_cpus = pin_compute(compute_cpus) if pin_cpus else []
         self.engine = load_engine(checkpoint, settings)
         report = self.engine.compile()
         logger.info(
@@ -151,7 +152,7 @@ class JaxrayServer:
             req.prompt.encode("utf-8"), req.new_tokens(self.limits), req.temperature, req.top_k, req.seed
         )
         self.check(engine_req, "max_new_tokens")
-        chunks = Counted(self.tokens(engine_req, metrics.request_started("/generate", self.model_name)))
+        chunks = Counted(self.tokens(engine_req, "/generate"))
         usage = {"prompt_tokens": self.engine.prompt_tokens(engine_req)}
         if req.stream:
             return StreamingResponse(generate_events(chunks, usage, start), media_type="text/event-stream")
@@ -186,10 +187,13 @@ class JaxrayServer:
             field = next((f for f in ENGINE_FIELDS if str(err).startswith(f)), "body")
             raise ApiError(400, cap_field if field == "max_new_tokens" else field, str(err)) from None
 
-    async def tokens(self, request: Request, timer: metrics.RequestTimer) -> AsyncIterator[list[int]]:
-        """A checked request's new tokens, a chunk at a time, as its batch produces them; ``timer``
-        records them and the end ("length" at the budget, "abort" when the reader stops first, unless
-        it finished the timer itself)."""
+    async def tokens(
+        self, request: Request, route: str, ended: Callable[[], str | None] = lambda: None
+    ) -> AsyncIterator[list[int]]:
+        """A checked request's new tokens, a chunk at a time, as its batch produces them, recorded
+        in the metrics of ``route`` from the first read; its end is "length" at the budget, else
+        ``ended()`` when the reader closes it ("stop" at a stop sequence; None: "abort")."""
+        timer = metrics.request_started(route, self.model_name)
         results, prompt_tokens = self._batch(request), self.engine.prompt_tokens(request)
         try:
             async for tokens, done in results:
@@ -200,7 +204,7 @@ class JaxrayServer:
                     timer.finish(prompt_tokens, "length")
                     return
         finally:
-            timer.finish(prompt_tokens, None)  # a no-op once finished
+            timer.finish(prompt_tokens, ended())  # a no-op once finished
             # Serve ends the stream only at the batch's next yield: drain it in the background.
             task = asyncio.get_running_loop().create_task(drain(results))
             self._draining.add(task)
@@ -300,6 +304,8 @@ def build_app(args: AppArgs) -> Application:
         args.batch_wait_ms / 1e3,
         args.compute_cpus,
         args.served_model_name,
+        # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
+        args.compute_cpus is not None or (args.autoscaling_config is None and args.num_replicas == 1),
     )
 
 

@@ -11,7 +11,7 @@ import functools
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from fastapi.responses import StreamingResponse
@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from starlette.requests import Request as HttpRequest
 
 from jaxray.inference.engine import Request
-from jaxray.serve.metrics import request_started
 from jaxray.serve.routes import guarded, read_body
 from jaxray.serve.schema import (
     MAX_SEED,
@@ -160,10 +159,10 @@ class Choice:
     """One choice's text from its engine request, cut at the first stop sequence (matched on
     bytes, so it may span chunks and characters). After ``pieces`` ends: ``tokens`` (bytes
     generated up to and including the stop), ``finish_reason`` ("stop"/"length"), ``stop_reason``.
-    ``stopped()`` is called at a stop, before the token stream is closed."""
+    ``chunks(ended)`` opens the token stream; ``ended()`` tells it why it was closed early."""
 
-    def __init__(self, index: int, chunks: AsyncIterator[list[int]], stops: list[str], stopped=None):
-        self.index, self.chunks, self.stopped = index, chunks, stopped
+    def __init__(self, index: int, chunks: Callable[[Callable], AsyncIterator[list[int]]], stops: list[str]):
+        self.index, self.chunks = index, chunks(lambda: self.finish_reason)
         self.stops = [s.encode("utf-8") for s in stops]
         self.tokens, self.finish_reason, self.stop_reason = 0, None, None
 
@@ -174,12 +173,14 @@ class Choice:
         try:
             async for tokens in self.chunks:
                 held += bytes(tokens)
-                at, stop = min(((held.find(s), s) for s in self.stops if s in held), default=(-1, None))
+                # The stop that ends first, as a check after every byte would find it.
+                _, at, stop = min(
+                    ((held.find(s) + len(s), held.find(s), s) for s in self.stops if s in held),
+                    default=(0, -1, None),
+                )
                 if stop is not None:
                     self.tokens, self.finish_reason = emitted + at + len(stop), "stop"
                     self.stop_reason = stop.decode("utf-8")
-                    if self.stopped is not None:
-                        self.stopped()
                     if text := decoder.decode(held[:at], final=True):
                         yield text
                     return
@@ -203,15 +204,17 @@ async def _merged(choices: list[Choice]) -> AsyncIterator[tuple[Choice, str | No
             async for piece in choice.pieces():
                 await queue.put((choice, piece))
             await queue.put((choice, None))
-        except Exception as err:  # noqa: BLE001 - re-raised in the reader
-            await queue.put((choice, err))
+        except BaseException as err:  # re-raised in the reader; a cancelled one too, not to hang it
+            queue.put_nowait((choice, err))
+            if not isinstance(err, Exception):
+                raise
 
     tasks = [asyncio.get_running_loop().create_task(pump(c)) for c in choices]
     try:
         for _ in range(len(choices)):
             while True:
                 choice, item = await queue.get()
-                if isinstance(item, Exception):
+                if isinstance(item, BaseException):
                     raise item
                 yield choice, item
                 if item is None:
@@ -295,11 +298,9 @@ async def answer(server, http: HttpRequest, model: type[_OpenAI]):
         server.check(r, cap)
     route = "/v1/chat/completions" if model is ChatRequest else "/v1/completions"
     prompt_tokens = server.engine.prompt_tokens(requests[0])
-    choices = []
-    for i, r in enumerate(requests):
-        timer = request_started(route, server.model_name)
-        stopped = functools.partial(timer.finish, prompt_tokens, "stop")
-        choices.append(Choice(i, server.tokens(r, timer), req.stop, stopped))
+    choices = [
+        Choice(i, functools.partial(server.tokens, r, route), req.stop) for i, r in enumerate(requests)
+    ]
     reply = _Reply(server, model is ChatRequest)
     if req.stream:
         events = guarded(_events(reply, choices, req, prompt_tokens))

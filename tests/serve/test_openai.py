@@ -98,14 +98,18 @@ def test_chat_renders_a_play_script():
 def test_a_stop_ends_the_choice_before_it_even_across_chunks_and_characters():
     e_acute = "é".encode()
     choice = Choice(
-        0, tokens(b"Good m", b"orr" + e_acute[:1], e_acute[1:] + b"w\n\nRO", b"MEO"), ["\n\n", "rré"]
+        0,
+        lambda ended: tokens(b"Good m", b"orr" + e_acute[:1], e_acute[1:] + b"w\n\nRO", b"MEO"),
+        ["\n\n", "rré"],
     )
     assert "".join(asyncio.run(pieces(choice))) == "Good mo"
     assert (choice.finish_reason, choice.stop_reason, choice.tokens) == ("stop", "rré", 7 + 4)
-    choice = Choice(1, tokens(b"Good m", b"orrow"), ["\n\n"])
+    choice = Choice(3, lambda ended: tokens(b"xab", b"cX"), ["abcX", "bc"])  # the stop that ends first
+    assert "".join(asyncio.run(pieces(choice))) == "xa" and choice.stop_reason == "bc"
+    choice = Choice(1, lambda ended: tokens(b"Good m", b"orrow"), ["\n\n"])
     assert asyncio.run(pieces(choice)) == ["Good ", "morro", "w"]  # one byte held back, flushed at the end
     assert (choice.finish_reason, choice.stop_reason, choice.tokens) == ("length", None, 11)
-    choice = Choice(2, tokens(b"abc", b"def"), [])
+    choice = Choice(2, lambda ended: tokens(b"abc", b"def"), [])
     assert asyncio.run(pieces(choice)) == ["abc", "def"] and choice.tokens == 6  # no stop: nothing held
 
 
@@ -123,7 +127,10 @@ async def gathered(stream) -> list:
 def test_chat_stream_events_in_order_with_usage_and_one_done():
     req = parse(ChatRequest, b'{"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": true, '
                 b'"stop": "!", "stream_options": {"include_usage": true}}', LIMITS)  # fmt: skip
-    choices = [Choice(0, tokens(b"Ay", b"e!x"), req.stop), Choice(1, tokens(b"No"), req.stop)]
+    choices = [
+        Choice(0, lambda ended: tokens(b"Ay", b"e!x"), req.stop),
+        Choice(1, lambda ended: tokens(b"No"), req.stop),
+    ]
     out = events(
         asyncio.run(gathered(_events(_Reply(SimpleNamespace(model_name="m"), True), choices, req, 5)))
     )
@@ -146,7 +153,7 @@ def test_chat_stream_events_in_order_with_usage_and_one_done():
 
 def test_completion_stream_without_usage():
     req = parse(CompletionRequest, b'{"prompt": "a", "stream": true}', LIMITS)
-    choices = [Choice(0, tokens(b"hi"), req.stop)]
+    choices = [Choice(0, lambda ended: tokens(b"hi"), req.stop)]
     out = events(
         asyncio.run(gathered(_events(_Reply(SimpleNamespace(model_name="m"), False), choices, req, 1)))
     )
