@@ -97,6 +97,15 @@ class Batcher:
         self.decode_s += time.perf_counter() - begin
         return updates
 
+    def cancel(self, tickets: list[Hashable]) -> list[Update]:
+        """End the live requests of ``tickets`` now (a client that stopped reading): their rows are
+        freed; an empty final ``Update`` for each one that was live."""
+        live = [t for t in tickets if t in self._left]
+        for ticket in live:
+            self._left[ticket] = 0
+        self._drop_finished()
+        return [Update(ticket, [], True) for ticket in live]
+
     def reset(self) -> list[Hashable]:
         """Forget the running batch (after an engine failure); returns the tickets it held."""
         tickets = list(self._left)

@@ -205,6 +205,7 @@ class JaxrayServer:
                     return
         finally:
             timer.finish(prompt_tokens, ended())  # a no-op once finished
+            self.scheduler.cancel(request)  # a reader that stopped first frees the request's row
             # Serve ends the stream only at the batch's next yield: drain it in the background.
             task = asyncio.get_running_loop().create_task(drain(results))
             self._draining.add(task)

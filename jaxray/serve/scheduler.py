@@ -31,6 +31,8 @@ class Scheduler:
         self.batcher = Batcher(engine, max_batch_size)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="jaxray-engine")
         self._waiting: deque[_Group] = deque()
+        self._tickets: dict[int, tuple[_Group, int]] = {}  # id(request) -> its ticket, while live
+        self._cancelled: set[int] = set()  # id(request) of requests to end at the next step
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
 
@@ -48,6 +50,13 @@ class Scheduler:
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+    def cancel(self, request: Request) -> None:
+        """End ``request`` (one given to ``run``) before its budget: its row is freed before the next
+        decode call; its group's stream ends once its other requests are done."""
+        if id(request) in self._tickets:
+            self._cancelled.add(id(request))
+            self._wake.set()
 
     def stats(self) -> dict[str, float]:
         """Decode calls so far, the live requests they decoded in all, and their mean."""
@@ -75,9 +84,14 @@ class Scheduler:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self._cancelled:
+                tickets = [self._tickets[key] for key in self._cancelled if key in self._tickets]
+                self._cancelled.clear()
+                await self._run(loop, None, self.batcher.cancel, tickets)
             if groups := self._admissible():
                 tickets = [(group, i) for group in groups for i in range(len(group.requests))]
                 requests = [r for group in groups for r in group.requests]
+                self._tickets.update({id(r): t for r, t in zip(requests, tickets)})
                 await self._run(loop, groups, self.batcher.admit, requests, tickets)
             if self.batcher.live:
                 await self._run(loop, None, self.batcher.step)
@@ -92,17 +106,21 @@ class Scheduler:
             for group in failed:
                 group.out.put_nowait(err)
                 group.out.put_nowait(_DONE)
+            self._tickets = {key: t for key, t in self._tickets.items() if t[0] not in failed}
             return
-        _dispatch(updates)
+        _dispatch(updates, self._tickets)
 
 
-def _dispatch(updates: list[Update]) -> None:
-    """One list per group that got tokens: each of its requests' new tokens ([] if none)."""
+def _dispatch(updates: list[Update], tickets: dict[int, tuple[_Group, int]]) -> None:
+    """One list per group that got tokens: each of its requests' new tokens ([] if none); a
+    finished request leaves ``tickets``."""
     steps: dict[_Group, list[list[int]]] = {}
     for update in updates:
         group, i = update.ticket
         steps.setdefault(group, [[] for _ in group.requests])[i] = update.tokens
         group.unfinished -= update.done
+        if update.done:
+            tickets.pop(id(group.requests[i]), None)
     for group, step in steps.items():
         group.out.put_nowait(step)
         if group.unfinished == 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -281,7 +282,11 @@ def test_a_stop_sequence_ends_the_text_before_it(url):
     stop = text[20:22]
     cut = text.index(stop)
     body = {"prompt": "ROMEO:", "max_tokens": 100, "temperature": 0, "stop": ["\u0000never", stop]}
+    decode_calls = lambda: requests.get(url + "/info", timeout=10).json()["server"]["engine"]["decode_calls"]  # noqa: E731
+    before = decode_calls()
     answer = post(url, "/v1/completions", body).json()
+    time.sleep(1)  # a request the stop did not end would go on decoding meanwhile
+    assert decode_calls() - before <= cut // ENGINE["chunk"] + 3  # the engine stopped there too
     [choice] = answer["choices"]
     assert choice["text"] == text[:cut] and (choice["finish_reason"], choice["stop_reason"]) == ("stop", stop)
     assert answer["usage"]["completion_tokens"] == len(text[:cut].encode()) + len(stop.encode())

@@ -91,3 +91,26 @@ def test_an_engine_error_reaches_its_group_and_the_loop_goes_on(tiny_engine):
         return await collect(scheduler, [SHORT], [], "after")
 
     assert asyncio.run(scenario()) == [tiny_engine.generate([SHORT])[0].tokens]
+
+
+def test_a_cancelled_request_frees_its_row_and_its_group_still_ends(tiny_engine):
+    """LONG (20 tokens) cancelled after its first chunk: no more decode calls are spent on it, its
+    group's stream ends, and its batch-mate SHORT gets all its tokens."""
+
+    async def scenario():
+        scheduler, log = Scheduler(tiny_engine, 2), []
+        long, short = Request(b"ROMEO:", 20, 0.0), Request(b"KING:", 6, 0.8, None, 3)
+        tokens = [[], []]
+        async for step in scheduler.run([long, short]):
+            log.append(step)
+            for mine, new in zip(tokens, step):
+                mine += new
+            if len(log) == 2:
+                scheduler.cancel(long)
+        return scheduler, log, tokens, short
+
+    scheduler, log, (long_tokens, short_tokens), short = asyncio.run(scenario())
+    assert short_tokens == tiny_engine.generate([short])[0].tokens
+    assert len(long_tokens) < 20 and all(step[0] == [] for step in log[3:])
+    # SHORT's 6 tokens take the admission and 2 decode calls; LONG alone would have taken 5 of them
+    assert scheduler.batcher.live == 0 and scheduler.batcher.decode_calls == 2
