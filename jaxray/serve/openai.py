@@ -60,6 +60,7 @@ class _OpenAI(_Sampling):
     )
     stream: Stream = False
     stream_options: StreamOptions | None = None
+    user: str | None = Field(None, description="the end user's id (OpenAI's field): accepted, unused")
 
     @field_validator("top_k", mode="before")
     @classmethod
@@ -262,7 +263,7 @@ async def _events(reply: _Reply, choices: list[Choice], req: _OpenAI, prompt_tok
     if kind == "chat.completion":
         for c in choices:
             start = {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-            yield sse(reply.body([{**start, "finish_reason": None}], chunk=True))
+            yield sse(reply.body([{**start, "finish_reason": None, "stop_reason": None}], chunk=True))
     async for choice, piece in _merged(choices):
         entry = _choice(kind, choice.index, piece or "", None if piece else choice.finish_reason, None, True)
         if piece is None:

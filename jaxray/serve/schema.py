@@ -178,10 +178,12 @@ def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:
         "messages": 'a non-empty list of {"role": "system", "user" or "assistant", "content": a string, '
         '"name": an optional speaker name}',
         "temperature": "a finite number >= 0 (0 is greedy)",
-        "top_k": f"an integer in 1..{limits.vocab_size}, or null for all",
+        "top_k": f"an integer in 1..{limits.vocab_size}, or null"
+        + (" or -1 for all" if "n" in model.model_fields else " for all"),
         "seed": f"an integer in 0..{MAX_SEED}" + (", or null: random" if "n" in model.model_fields else ""),
         "stream": "true or false",
         "model": "the served model's id (GET /v1/models), or null",
+        "user": "a string (unused)",
     }
     known = field == "body" or field in model.model_fields
     return words[field] if known else f"one of the fields {', '.join(model.model_fields)}"
