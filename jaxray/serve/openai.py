@@ -6,12 +6,12 @@ model was trained on. No Ray and no JAX."""
 
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.
 import asyncio
-import codecs
 import functools
 import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Annotated, Any, ClassVar, Literal
 
 from fastapi.responses import StreamingResponse
@@ -19,9 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from starlette.requests import Request as HttpRequest
 
 from jaxray.inference.engine import Request
-from jaxray.serve.routes import guarded, read_body
+from jaxray.serve.routes import decoded, guarded, read_body
 from jaxray.serve.schema import (
+    MAX_N,
     MAX_SEED,
+    MAX_STOPS,
     OPENAI_DEFAULT_MAX_TOKENS,
     OPENAI_DEFAULT_TEMPERATURE,
     ApiError,
@@ -35,7 +37,6 @@ from jaxray.serve.schema import (
     sse,
 )
 
-MAX_N, MAX_STOPS = 16, 4  # choices per request; stop sequences per request (OpenAI's limit)
 # Chat's speakers when a message names none: the model learned play scripts, "NAME:\ntext\n\n".
 SPEAKERS = {"user": "ROMEO", "assistant": "JULIET"}
 
@@ -90,6 +91,8 @@ class CompletionRequest(_OpenAI):
     max_tokens: int = OPENAI_DEFAULT_MAX_TOKENS
 
     _budget: ClassVar[str] = "max_tokens"
+    _route: ClassVar[str] = "/v1/completions"
+    _prompt_field: ClassVar[str] = "prompt"
 
     def text(self) -> str:
         return self.prompt
@@ -111,6 +114,8 @@ class ChatRequest(_OpenAI):
     max_tokens: int | None = Field(None, description="the older name of max_completion_tokens")
 
     _budget: ClassVar[str] = "max_completion_tokens"
+    _route: ClassVar[str] = "/v1/chat/completions"
+    _prompt_field: ClassVar[str] = "messages"
 
     def new_tokens(self, limits) -> int:
         given = self.max_completion_tokens or self.max_tokens
@@ -168,7 +173,12 @@ class Choice:
         self.tokens, self.finish_reason, self.stop_reason = 0, None, None
 
     async def pieces(self) -> AsyncIterator[str]:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        """The choice's text, a piece at a time (``routes.decoded`` of its bytes up to the stop)."""
+        async with aclosing(self._until_stop()) as until_stop:
+            async for text in decoded(until_stop):
+                yield text
+
+    async def _until_stop(self) -> AsyncIterator[bytes]:
         keep = max(map(len, self.stops), default=1) - 1  # bytes that may begin a stop
         held, emitted = b"", 0
         try:
@@ -182,16 +192,13 @@ class Choice:
                 if stop is not None:
                     self.tokens, self.finish_reason = emitted + at + len(stop), "stop"
                     self.stop_reason = stop.decode("utf-8")
-                    if text := decoder.decode(held[:at], final=True):
-                        yield text
+                    yield held[:at]
                     return
                 if (ready := len(held) - keep) > 0:
-                    if text := decoder.decode(held[:ready]):
-                        yield text
+                    yield held[:ready]
                     held, emitted = held[ready:], emitted + ready
             self.tokens, self.finish_reason = emitted + len(held), "length"
-            if text := decoder.decode(held, final=True):
-                yield text
+            yield held
         finally:
             await self.chunks.aclose()  # a stop ends the request's stream early
 
@@ -264,11 +271,9 @@ async def _events(reply: _Reply, choices: list[Choice], req: _OpenAI, prompt_tok
         for c in choices:
             start = {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
             yield sse(reply.body([{**start, "finish_reason": None, "stop_reason": None}], chunk=True))
-    async for choice, piece in _merged(choices):
-        entry = _choice(kind, choice.index, piece or "", None if piece else choice.finish_reason, None, True)
-        if piece is None:
-            entry["stop_reason"] = choice.stop_reason
-        yield sse(reply.body([entry], chunk=True))
+    async for c, piece in _merged(choices):
+        end = (None, None) if piece is not None else (c.finish_reason, c.stop_reason)
+        yield sse(reply.body([_choice(kind, c.index, piece or "", *end, True)], chunk=True))
     if req.stream_options is not None and req.stream_options.include_usage:
         yield sse(reply.body([], _usage(prompt_tokens, choices), chunk=True))
     yield sse("[DONE]")
@@ -284,23 +289,19 @@ async def answer(server, http: HttpRequest, model: type[_OpenAI]):
     except UnicodeEncodeError as err:
         raise ApiError(400, "messages", f"messages are not valid Unicode text ({err.reason})") from None
     if len(prompt) > server.limits.max_prompt_bytes:
-        field = "messages" if model is ChatRequest else "prompt"
         limit = server.limits.max_prompt_bytes
         message = f"the rendered prompt is {len(prompt)} UTF-8 bytes, over the limit of {limit}"
-        raise ApiError(400, field, message)
+        raise ApiError(400, model._prompt_field, message)
     seed = secrets.randbelow(MAX_SEED + 1) if req.seed is None else req.seed
     budget = req.new_tokens(server.limits)
     requests = [
         Request(prompt, budget, req.temperature, req.top_k, (seed + i) % (MAX_SEED + 1), req.top_p)
         for i in range(req.n)
     ]
-    cap = "max_completion_tokens" if model is ChatRequest else "max_tokens"
-    for r in requests:
-        server.check(r, cap)
-    route = "/v1/chat/completions" if model is ChatRequest else "/v1/completions"
+    server.check(requests[0], model._budget)  # the n requests differ only in their (wrapped) seeds
     prompt_tokens = server.engine.prompt_tokens(requests[0])
     choices = [
-        Choice(i, functools.partial(server.tokens, r, route), req.stop) for i, r in enumerate(requests)
+        Choice(i, functools.partial(server.tokens, r, model._route), req.stop) for i, r in enumerate(requests)
     ]
     reply = _Reply(server, model is ChatRequest)
     if req.stream:

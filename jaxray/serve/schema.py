@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 MAX_SEED = 2**32 - 1
+MAX_N, MAX_STOPS = 16, 4  # OpenAI routes: choices per request; stop sequences per request (OpenAI's limit)
 DEFAULT_NEW_TOKENS = 128  # /generate without max_new_tokens (lowered to the server's cap if that is smaller)
 OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
 OPENAI_DEFAULT_TEMPERATURE = 1.0
@@ -172,8 +173,8 @@ def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:
         "max_tokens": cap,
         "max_completion_tokens": cap,
         "top_p": "a number in (0, 1]",
-        "n": "an integer in 1..16",
-        "stop": "a string or a list of at most 4 non-empty strings",
+        "n": f"an integer in 1..{MAX_N}",
+        "stop": f"a string or a list of at most {MAX_STOPS} non-empty strings",
         "stream_options": 'an object {"include_usage": true or false}, with stream: true',
         "messages": 'a non-empty list of {"role": "system", "user" or "assistant", "content": a string, '
         '"name": an optional speaker name}',
