@@ -1,6 +1,7 @@
-"""What the Serve fault tests share (imported by tests/integration/test_serve_*.py): a free port,
-``python -m jaxray.serve`` started as a user starts it, the replica processes found by title,
-16 closed-loop clients of the real load client, and ``/healthz`` read without raising."""
+"""What the Serve tests share (imported by tests/integration/test_serve*.py): a free port, Serve on a
+private local Ray, ``python -m jaxray.serve`` started as a user starts it, the replica processes
+found by title, 16 closed-loop clients of the real load client, and ``/healthz`` read without
+raising."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
 import psutil
+import ray
 import requests
+from ray import serve
 
 from jaxray.bench.load import Sample, send
 
@@ -27,6 +31,24 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@contextmanager
+def private_serve(env: dict[str, str] | None = None, **http_options) -> Iterator[str]:
+    """Serve's proxy on a private local Ray (2 CPUs) at 127.0.0.1 and a free port, with more
+    ``http_options``; ``env`` is set for the processes ray.init starts and removed after. Yields
+    the proxy's URL; shuts Serve and Ray down at the end."""
+    os.environ.update(env or {})
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port, **http_options})
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        for name in env or {}:
+            os.environ.pop(name)
 
 
 def start_serving(checkpoint: Path, port: int, options: list[str] = SMALL_ENGINE) -> subprocess.Popen:

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import ray
 import requests
 from ray import serve
+from serve_load import private_serve
 
 from jaxray import checkpoint
 from jaxray.config import parse_trial
@@ -68,19 +67,10 @@ def trained(real_dir, tmp_path_factory) -> Path:
     return checkpoint.save(tmp_path_factory.mktemp("serve") / "ck", result.state.params, trial)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def url(trained) -> str:
     """A running app (built by app_builder, as `serve run` does) on 127.0.0.1 and a free port."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = _free_port()
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    with private_serve() as url:
         serve.run(
             app_builder(
                 {"checkpoint": str(trained), "max_batch_size": 4, "batch_wait_ms": 50, "engine": ENGINE}
@@ -88,10 +78,7 @@ def url(trained) -> str:
             name="jaxray",
             route_prefix="/",
         )
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+        yield url
 
 
 def post(url: str, path: str, body, **kwargs) -> requests.Response:

@@ -17,11 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import ray
 import requests
 from checkpoint_copies import damaged_copy
 from ray import serve
-from serve_load import free_port, healthz, load, replica_pids
+from serve_load import healthz, load, private_serve, replica_pids
 
 from jaxray.serve.app import app_builder, deploy_failure, deployment
 from jaxray.serve.settings import AppArgs
@@ -35,15 +34,8 @@ CLIENT_TIMEOUT_S = REQUEST_TIMEOUT_S + 10  # a request still open after this cou
 @pytest.fixture(scope="module")
 def url() -> str:
     """Serve on a private local Ray with a request time-out."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    try:
-        http = {"host": "127.0.0.1", "port": port, "request_timeout_s": REQUEST_TIMEOUT_S}
-        serve.start(http_options=http)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    with private_serve(request_timeout_s=REQUEST_TIMEOUT_S) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import ray
 import requests
 from prometheus_scrape import label_values, value, wait_for
 from ray import serve
-from serve_load import free_port, healthz, load, replica_pids
+from serve_load import healthz, load, private_serve, replica_pids
 
 from jaxray.serve.app import app_builder
 from jaxray.serve.metrics import metrics_url
@@ -30,11 +29,7 @@ SUCCESS = "ray_jaxray_request_success_total"
 
 @pytest.fixture(scope="module")
 def url(trained_transformer):
-    os.environ["RAY_metrics_report_interval_ms"] = "1000"  # read by the processes ray.init starts
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    with private_serve(env={"RAY_metrics_report_interval_ms": "1000"}) as url:  # metrics within 1 s
         args = {
             "checkpoint": str(trained_transformer),
             "num_replicas": 2,
@@ -42,11 +37,7 @@ def url(trained_transformer):
             "engine": ENGINE,
         }
         serve.run(app_builder(args), name="jaxray", route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        os.environ.pop("RAY_metrics_report_interval_ms")
+        yield url
 
 
 def test_two_replicas_both_serve_and_one_survives_the_others_kill(url):
