@@ -1,12 +1,9 @@
-"""The Ray Serve application for the trained transformer (see ``docs/serving.md``).
+"""The Ray Serve application for the trained transformer (see ``docs/serving.md``). Nothing is
+imported here, so ``jaxray.serve.schema`` loads without Ray or JAX.
 
-  jaxray.serve.schema    request/response models, limits, the error format (no Ray, no JAX)
-  jaxray.serve.routes    the FastAPI app, its error handlers, body reading, SSE streams (no Ray, no JAX)
-  jaxray.serve.playground GET /: the browser page streaming /generate (no Ray, no JAX)
-  jaxray.serve.scheduler continuous batching fed by Serve's batches, on one engine thread
-  jaxray.serve.metrics   Prometheus metrics through Ray's metrics agent (no JAX)
-  jaxray.serve.app       the deployment, its routes and ``app_builder`` for ``serve run serve/config.yaml``
+  schema     request/response models, limits, the error format      routes   the FastAPI app, SSE
+  playground GET /: the browser page streaming /generate            openai   the /v1 OpenAI routes
+  scheduler  continuous batching fed by Serve's batches             metrics  Prometheus via Ray
+  app        the deployment and ``app_builder`` (``serve run serve/config.yaml``)
   python -m jaxray.serve --checkpoint PATH   the same app from one command
-
-Nothing is imported here, so ``jaxray.serve.schema`` loads without Ray or JAX.
 """

@@ -26,13 +26,7 @@ from pydantic import ValidationError
 
 from jaxray.argtypes import cli_parser, port, positive_float
 from jaxray.inference.settings import add_engine_options, engine_overrides
-from jaxray.serve.settings import (
-    AppArgs,
-    add_replica_options,
-    args_error,
-    replica_overrides,
-    with_checkpoint,
-)
+from jaxray.serve.settings import AppArgs, add_replica_options, args_error, replica_overrides, with_checkpoint
 
 APP_NAME = "jaxray"
 IMPORT_PATH = "jaxray.serve.app:app_builder"  # the application of a config file (serve/config.yaml)
@@ -129,30 +123,18 @@ def init_ray(verbose: bool = False) -> bool:
     own); True if joined. Unless ``verbose``, Ray's and Serve's loggers show warnings and errors only."""
     import ray  # deferred: ray is heavy; --help and option errors stay fast
 
-    # ray.serve's logger has a level of its own.
-    logging.getLogger("ray.serve").setLevel(_level(verbose))
+    level = logging.INFO if verbose else logging.WARNING
+    logging.getLogger("ray.serve").setLevel(level)  # ray.serve's logger has a level of its own
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
-        if (Path.home() / ".ray" / "auth_token").is_file():
-            os.environ.setdefault(
-                "RAY_AUTH_MODE", "token"
-            )  # a `ray start` cluster of Ray 2.60 uses token auth
-        ray.init(address=address, logging_level=_level(verbose))
+        if (Path.home() / ".ray" / "auth_token").is_file():  # a `ray start` cluster of Ray 2.60 uses it
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
+        ray.init(address=address, logging_level=level)
         return True
     # Serve's throughput mode: measurably faster on 2 cores (`python -m jaxray.bench serve`).
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-    ray.init(address="local", include_dashboard=False, logging_level=_level(verbose))
+    ray.init(address="local", include_dashboard=False, logging_level=level)
     return False
-
-
-def _level(verbose: bool) -> int:
-    """The level of the driver's ``ray`` loggers: INFO with ``--verbose``, else WARNING."""
-    return logging.INFO if verbose else logging.WARNING
-
-
-def serve_logging(verbose: bool) -> dict[str, Any]:
-    """Serve's LoggingConfig: Serve's default (INFO) with ``--verbose``, else WARNING."""
-    return {} if verbose else {"log_level": "WARNING"}
 
 
 class GpuShortage(ValueError):
@@ -174,13 +156,12 @@ def check_gpus(num_gpus: float, joined: bool) -> None:
 
 def ready_message(host: str, port: int) -> str:
     """The ready line (URL, compile time, routes), a curl example and how to stop."""
-    from jaxray.serve.routes import ROUTES  # deferred: FastAPI comes with it (loaded by main already)
+    from jaxray.serve.metrics import metrics_url  # deferred: FastAPI comes with it (loaded by main already)
+    from jaxray.serve.routes import ROUTES  # deferred: as metrics_url
 
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     with urllib.request.urlopen(f"{url}/info", timeout=30) as reply:
         compiled = json.load(reply)
-    from jaxray.serve.metrics import metrics_url  # deferred: as ROUTES
-
     body = json.dumps({"prompt": "ROMEO:", "max_new_tokens": 64, "temperature": 0})
     return (
         f"jaxray is serving on {url} ({compiled['programs']} programs compiled in "
@@ -212,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     joined = init_ray(args.verbose)
     # After ray.init, whose own handler would exit mid-call: SIGTERM (kill, docker stop, systemd)
     # stops the app as Ctrl-C does.
-    sigterm = signal.signal(signal.SIGTERM, _interrupt)
+    sigterm = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return _serve(app, args, settings.num_gpus, joined)
     finally:
@@ -222,10 +203,6 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, sigterm)
 
 
-def _interrupt(signum: int, frame: Any) -> NoReturn:
-    raise KeyboardInterrupt
-
-
 def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
     """Deploy ``app``, print the ready message and wait for Ctrl-C; the exit status."""
     from ray import serve  # deferred: ray is heavy; --help and option errors stay fast
@@ -233,9 +210,9 @@ def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
     try:
         check_gpus(num_gpus, joined)
         http = {"host": args.host, "port": args.port, "request_timeout_s": args.request_timeout_s}
-        logs = serve_logging(args.verbose)
-        serve.start(http_options=http, logging_config=logs or None)
-        serve.run(app, name=APP_NAME, route_prefix="/", logging_config=logs or None)
+        logs = None if args.verbose else {"log_level": "WARNING"}  # Serve's LoggingConfig (default INFO)
+        serve.start(http_options=http, logging_config=logs)
+        serve.run(app, name=APP_NAME, route_prefix="/", logging_config=logs)
         print(ready_message(args.host, args.port), flush=True)
         while True:
             time.sleep(3600)

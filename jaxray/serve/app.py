@@ -1,10 +1,7 @@
-"""The Ray Serve application: replicas each holding a compiled ``jaxray.inference.engine.Engine``.
-
-Routes are the replica's methods on the FastAPI app of ``jaxray.serve.routes`` (the OpenAI ones
-hand over to ``jaxray.serve.openai``). Every program is compiled in ``__init__``; ``@serve.batch``
-groups are merged by ``jaxray.serve.scheduler``. ``serve run serve/config.yaml`` calls
-``app_builder``, as ``python -m jaxray.serve`` does; the weights are checked (``check_weights``)
-before anything is deployed, and each replica restores them once."""
+"""The Ray Serve application: replicas each holding a compiled ``jaxray.inference.engine.Engine``,
+routes on ``jaxray.serve.routes.api`` (the OpenAI ones in ``jaxray.serve.openai``), ``@serve.batch``
+groups merged by ``jaxray.serve.scheduler``. ``serve run serve/config.yaml`` and ``python -m
+jaxray.serve`` call ``app_builder``: the weights are checked before anything is deployed."""
 
 # No `from __future__ import annotations`: FastAPI and Serve read the route annotations at runtime.
 import asyncio
@@ -19,9 +16,7 @@ from typing import Any
 import jax
 import ray
 from fastapi.responses import StreamingResponse
-from pydantic import (
-    ValidationError,
-)
+from pydantic import ValidationError
 from ray import serve
 from ray.serve import Application
 from starlette.requests import Request as HttpRequest
@@ -36,30 +31,15 @@ from jaxray.serve import (
     openai,
     playground,  # noqa: F401 - registers GET / on the api
 )
-from jaxray.serve.routes import (
-    Counted,
-    api,
-    body_schema,
-    decoded,
-    drain,
-    generate_events,
-    read_body,
-)
+from jaxray.serve.routes import Counted, api, body_schema, decoded, drain, generate_events, read_body
 from jaxray.serve.scheduler import Scheduler
-from jaxray.serve.schema import (
-    ApiError,
-    GenerateRequest,
-    GenerateResponse,
-    Limits,
-    parse,
-    served_model,
-)
+from jaxray.serve.schema import ApiError, GenerateRequest, GenerateResponse, Limits, parse, served_model
 from jaxray.serve.settings import AppArgs, args_error, with_checkpoint
 
 logger = logging.getLogger("ray.serve")
 ENGINE_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed")
 MERGED_BATCHES = 16  # Serve batches in flight at once, merged by the scheduler
-# Deployment options for short faults (see the module docstring and docs/serving.md).
+# Deployment options for short faults (see docs/serving.md).
 CONSTRUCTOR_TRIES = 1  # a replica whose __init__ raises fails the deploy at once, with its exception
 HEALTH_CHECK_PERIOD_S = 2.0  # how often Serve checks the replica: a dead one is noticed this soon
 RETRY_AFTER_S = 1  # the Retry-After of a 503 for a full queue
@@ -87,7 +67,6 @@ def pin_compute(cpus: int | None) -> list[int]:
 @serve.ingress(api)
 class JaxrayServer:
     """One replica: the engine, its compiled programs, and the HTTP routes over them.
-
     max_batch_size <= max(settings.batch_sizes); batch_wait_s: seconds the first request waits."""
 
     def __init__(
@@ -137,11 +116,7 @@ class JaxrayServer:
         return {
             **self.engine.info(),
             "model": served_model(self.engine.config.model_dump()),
-            "server": {
-                **self.batching,
-                "limits": vars(self.limits),
-                "engine": self.scheduler.stats(),
-            },
+            "server": {**self.batching, "limits": vars(self.limits), "engine": self.scheduler.stats()},
         }
 
     @api.post("/generate", response_model=GenerateResponse, openapi_extra=body_schema(GenerateRequest))
@@ -179,8 +154,7 @@ class JaxrayServer:
         return await openai.answer(self, http, openai.ChatRequest)
 
     def check(self, request: Request, cap_field: str) -> None:
-        """``Engine.check`` as an ApiError(400) naming the field (``cap_field``: the route's name for
-        the token budget)."""
+        """``Engine.check`` as an ApiError(400) naming the field (``cap_field``: the token budget's)."""
         try:
             self.engine.check(request)
         except ValueError as err:

@@ -2,9 +2,8 @@
 served in Prometheus text by the Ray metrics agent of every node (``metrics_url()``), with Ray's
 ``ray_`` prefix and Serve's ``application``, ``deployment`` and ``replica`` labels. Names are vLLM's
 with ``jaxray_`` for ``vllm:`` (Ray drops names holding ``:``); ``EXPORTED`` lists them as scraped.
-Per generation request ``request_started`` returns a ``RequestTimer``; ``count_requests(app)``
-counts HTTP requests by route, method and status. Values reach the scrape within Ray's report
-interval (``RAY_metrics_report_interval_ms``, 10 s by default). See docs/serving.md#metrics. No JAX."""
+Values reach the scrape within Ray's report interval (``RAY_metrics_report_interval_ms``, 10 s by
+default). See docs/serving.md#metrics. No JAX."""
 
 from __future__ import annotations
 
@@ -28,110 +27,47 @@ ITL_BUCKETS_S += [0.5, 0.75, 1.0, 2.5, 5.0]
 E2E_BUCKETS_S = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0]
 E2E_BUCKETS_S += [40.0, 50.0, 60.0, 120.0, 240.0, 300.0]
 
-# Names as a Prometheus scrape shows them -> (kind, labels besides Ray's and Serve's, meaning).
+_REQ = (MODEL_TAG, "route")
+# Each metric once: attribute of _Metrics -> (kind, Ray name less PREFIX, labels besides Ray's and
+# Serve's, description (the scrape's HELP), histogram buckets).
+METRICS: dict[str, tuple[str, str, tuple[str, ...], str, list[float] | None]] = {
+    "ttft": ("histogram", "time_to_first_token_seconds", _REQ,
+             "Time to first token (s): request start to the first generated chunk.", TTFT_BUCKETS_S),
+    "itl": ("histogram", "inter_token_latency_seconds", _REQ,
+            "Inter-token latency (s/token): time since the previous chunk divided by the chunk's "
+            "tokens, observed once per chunk after the first.", ITL_BUCKETS_S),
+    "e2e": ("histogram", "e2e_request_latency_seconds", _REQ,
+            "End-to-end request latency (s): request start to finish.", E2E_BUCKETS_S),
+    "running": ("gauge", "num_requests_running", (MODEL_TAG,),
+                "Requests generating in this replica (a first token produced, not finished).", None),
+    "waiting": ("gauge", "num_requests_waiting", (MODEL_TAG,),
+                "Requests waiting in this replica for their first token (queued or in prefill).", None),
+    "prompt_tokens": ("counter", "prompt_tokens", _REQ, "Prompt tokens of finished requests (tokens).", None),
+    "generation_tokens": ("counter", "generation_tokens", _REQ, "Generated tokens (tokens).", None),
+    "success": ("counter", "request_success", (*_REQ, "finished_reason"),
+                'Finished requests by finish reason ("abort": ended without one).', None),
+    "http": ("counter", "http_requests", ("route", "method", "status"),
+             "HTTP requests answered by this replica, by route template, method and status code.", None),
+}  # fmt: skip
+# Names as a Prometheus scrape shows them -> (kind, labels besides Ray's and Serve's, description).
 EXPORTED = {
-    "ray_jaxray_time_to_first_token_seconds": (
-        "histogram",
-        ("model_name", "route"),
-        "seconds from request_started to the first chunk of generated tokens",
-    ),
-    "ray_jaxray_inter_token_latency_seconds": (
-        "histogram",
-        ("model_name", "route"),
-        "seconds per token of each later chunk: the time since the previous chunk / its tokens; "
-        "one observation per chunk",
-    ),
-    "ray_jaxray_e2e_request_latency_seconds": (
-        "histogram",
-        ("model_name", "route"),
-        "seconds from request_started to finish, every finish reason",
-    ),
-    "ray_jaxray_num_requests_running": (
-        "gauge",
-        ("model_name",),
-        "requests of this replica that have produced a token and not finished",
-    ),
-    "ray_jaxray_num_requests_waiting": (
-        "gauge",
-        ("model_name",),
-        "requests of this replica that have not produced a token yet (queued or in prefill)",
-    ),
-    "ray_jaxray_prompt_tokens_total": (
-        "counter",
-        ("model_name", "route"),
-        "prompt tokens of finished requests",
-    ),
-    "ray_jaxray_generation_tokens_total": (
-        "counter",
-        ("model_name", "route"),
-        "generated tokens, counted as they are produced",
-    ),
-    "ray_jaxray_request_success_total": (
-        "counter",
-        ("model_name", "route", "finished_reason"),
-        'finished requests by finish reason ("stop", "length", ...; "abort": ended without one)',
-    ),
-    "ray_jaxray_http_requests_total": (
-        "counter",
-        ("route", "method", "status"),
-        'HTTP requests a replica answered, by route template ("other": no route), method and status',
-    ),
+    f"ray_{PREFIX}{name}{'_total' if kind == 'counter' else ''}": (kind, labels, description)
+    for kind, name, labels, description, _ in METRICS.values()
 }
 
 
 class _Metrics:
-    """The metric objects of this process (one per replica), and its running/waiting counts."""
+    """The metric objects of this process (one per replica, attributes named as in ``METRICS``), and
+    its running/waiting counts."""
 
     def __init__(self):
         # Deferred: importing this module needs no Ray (routes.py has none); a replica has it.
         from ray.serve.metrics import Counter, Gauge, Histogram
 
-        req = (MODEL_TAG, "route")
-        self.ttft = Histogram(
-            PREFIX + "time_to_first_token_seconds",
-            "Time to first token (s): request start to the first generated chunk.",
-            boundaries=TTFT_BUCKETS_S,
-            tag_keys=req,
-        )
-        self.itl = Histogram(
-            PREFIX + "inter_token_latency_seconds",
-            "Inter-token latency (s/token): time since the previous chunk divided by the chunk's "
-            "tokens, observed once per chunk after the first.",
-            boundaries=ITL_BUCKETS_S,
-            tag_keys=req,
-        )
-        self.e2e = Histogram(
-            PREFIX + "e2e_request_latency_seconds",
-            "End-to-end request latency (s): request start to finish.",
-            boundaries=E2E_BUCKETS_S,
-            tag_keys=req,
-        )
-        self.running = Gauge(
-            PREFIX + "num_requests_running",
-            "Requests generating in this replica (a first token produced, not finished).",
-            tag_keys=(MODEL_TAG,),
-        )
-        self.waiting = Gauge(
-            PREFIX + "num_requests_waiting",
-            "Requests waiting in this replica for their first token (queued or in prefill).",
-            tag_keys=(MODEL_TAG,),
-        )
-        self.prompt_tokens = Counter(
-            PREFIX + "prompt_tokens", "Prompt tokens of finished requests (tokens).", tag_keys=req
-        )
-        self.generation_tokens = Counter(
-            PREFIX + "generation_tokens", "Generated tokens (tokens).", tag_keys=req
-        )
-        self.success = Counter(
-            PREFIX + "request_success",
-            'Finished requests by finish reason ("abort": ended without one).',
-            tag_keys=(*req, "finished_reason"),
-        )
-        self.http = Counter(
-            PREFIX + "http_requests",
-            "HTTP requests answered by this replica, by route template, method and status code.",
-            tag_keys=("route", "method", "status"),
-        )
+        kinds = {"histogram": Histogram, "gauge": Gauge, "counter": Counter}
+        for attr, (kind, name, labels, description, buckets) in METRICS.items():
+            options = {"boundaries": buckets} if buckets else {}
+            setattr(self, attr, kinds[kind](PREFIX + name, description, tag_keys=labels, **options))
         self.lock = threading.Lock()
         self.counts: dict[str, list[int]] = {}  # model -> [waiting, running] in this process
         threading.Thread(target=self._refresh, name="jaxray-metrics-gauges", daemon=True).start()
@@ -150,8 +86,7 @@ class _Metrics:
         self.running.set(counts[1], tags=tags)
 
     def _refresh(self) -> None:
-        """Sets the gauges again every GAUGE_REFRESH_S: Ray's agent forgets a gauge value that was
-        not set for two report intervals (a replica idle at 0 would show no series)."""
+        """Sets the gauges again every GAUGE_REFRESH_S (an idle replica at 0 would show no series)."""
         while True:
             time.sleep(GAUGE_REFRESH_S)
             with self.lock:
@@ -190,10 +125,9 @@ class RequestTimer:
         self._m.move(model, waiting=1, running=0)
 
     def tokens(self, n: int) -> None:
-        """``n`` new tokens produced now (one chunk). The first chunk observes the time to first
-        token (s) and moves the request from waiting to running; each later chunk observes the
-        inter-token latency once, as (seconds since the previous chunk) / ``n``. Adds ``n`` to the
-        generated tokens. ``n`` <= 0 does nothing."""
+        """``n`` new tokens produced now (one chunk; ``n`` <= 0 does nothing). The first chunk observes
+        the time to first token (s), moving the request from waiting to running; each later one the
+        inter-token latency, (seconds since the previous chunk) / ``n``."""
         if n <= 0 or self._state == "finished":
             return
         now = time.perf_counter()
@@ -207,17 +141,14 @@ class RequestTimer:
         self._m.generation_tokens.inc(n, tags=self._tags)
 
     def finish(self, prompt_tokens: int, finish_reason: str | None) -> None:
-        """The request ended (answered, failed or cancelled): observes the end-to-end latency (s),
-        adds ``prompt_tokens`` to the prompt tokens and counts one request under ``finish_reason``
-        (``"stop"``, ``"length"``...; None counts as ``"abort"``). Only the first call counts."""
+        """The request ended (answered, failed or cancelled): observes the end-to-end latency (s) and
+        counts ``prompt_tokens`` and one request under ``finish_reason`` (None: ``"abort"``). Only the
+        first call counts."""
         if self._state == "finished":
             return
         state, self._state = self._state, "finished"
         m = self._m
-        if state == "waiting":
-            m.move(self._model, waiting=-1, running=0)
-        else:
-            m.move(self._model, waiting=0, running=-1)
+        m.move(self._model, *((-1, 0) if state == "waiting" else (0, -1)))
         m.e2e.observe(time.perf_counter() - self._start, tags=self._tags)
         if prompt_tokens > 0:
             m.prompt_tokens.inc(prompt_tokens, tags=self._tags)
@@ -273,14 +204,6 @@ def count_requests(app) -> None:
         app.add_middleware(_CountRequests)
 
 
-def _url(node: dict) -> str | None:
-    address, port = node.get("NodeManagerAddress"), node.get("MetricsExportPort")
-    if not address or not port or port <= 0:
-        return None
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}/metrics"
-
-
 def metrics_urls() -> list[str]:
     """The Prometheus endpoints (``http://<node address>:<port>/metrics``) of the Ray metrics
     agents of all alive nodes, the head node first; [] before ``ray.init``. Each exports the
@@ -291,7 +214,13 @@ def metrics_urls() -> list[str]:
         return []
     nodes = [node for node in ray.nodes() if node.get("Alive")]
     nodes.sort(key=lambda node: "node:__internal_head__" not in node.get("Resources", {}))
-    return [url for url in map(_url, nodes) if url]
+    urls = []
+    for node in nodes:
+        address, port = node.get("NodeManagerAddress"), node.get("MetricsExportPort")
+        if address and port and port > 0:
+            host = f"[{address}]" if ":" in address else address
+            urls.append(f"http://{host}:{port}/metrics")
+    return urls
 
 
 def metrics_url() -> str | None:

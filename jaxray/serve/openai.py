@@ -1,8 +1,8 @@
 """The OpenAI surface, with vLLM's field set where it applies to a byte model: ``/v1/models``,
 ``/v1/completions`` and ``/v1/chat/completions`` (requests, objects and SSE streams). The replica's
-routes (``jaxray.serve.app``) call ``models``, ``completions`` and ``chat`` with themselves as
-``server``. Chat renders ``messages`` as a play script (``render_chat``), the shape of the text the
-model was trained on. No Ray and no JAX."""
+routes (``jaxray.serve.app``) call ``models`` and ``answer`` with themselves as ``server``. Chat
+renders ``messages`` as a play script (``render_chat``), the text the model was trained on. No Ray
+and no JAX."""
 
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.
 import asyncio
@@ -24,8 +24,6 @@ from jaxray.serve.schema import (
     MAX_N,
     MAX_SEED,
     MAX_STOPS,
-    OPENAI_DEFAULT_MAX_TOKENS,
-    OPENAI_DEFAULT_TEMPERATURE,
     ApiError,
     Prompt,
     Seed,
@@ -37,6 +35,7 @@ from jaxray.serve.schema import (
     sse,
 )
 
+OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
 # Chat's speakers when a message names none: the model learned play scripts, "NAME:\ntext\n\n".
 SPEAKERS = {"user": "ROMEO", "assistant": "JULIET"}
 
@@ -51,7 +50,7 @@ class _OpenAI(_Sampling):
     """The fields both OpenAI routes share (vLLM's names and defaults)."""
 
     model: str | None = Field(None, description="the served model's id (GET /v1/models); null: that one")
-    temperature: Temperature = OPENAI_DEFAULT_TEMPERATURE
+    temperature: Temperature = 1.0  # OpenAI's default
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the most likely bytes holding this")
     top_k: TopK = None
     seed: Seed | None = Field(None, description="choice i is seeded seed + i; null: a random seed")

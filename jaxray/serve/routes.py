@@ -1,6 +1,5 @@
 """The HTTP side of the Serve app: the FastAPI ``api``, its JSON error handlers, body reads and SSE
-streams. Handlers are methods of ``jaxray.serve.app.JaxrayServer``; shapes in
-``jaxray.serve.schema``. No JAX."""
+streams. Handlers are methods of ``jaxray.serve.app.JaxrayServer``. No JAX."""
 
 # No `from __future__ import annotations`: FastAPI reads handler signatures at runtime.
 import codecs
@@ -76,14 +75,9 @@ async def decoded(chunks: AsyncIterator[list[int]]) -> AsyncIterator[str]:
         yield tail
 
 
-async def guarded(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``events``, then an SSE error event if the engine fails mid-stream (which ends it)."""
-    async for event in _guarded(events):
-        yield event
-
-
-async def _guarded(pieces: AsyncIterator[str]) -> AsyncIterator[str | bytes]:
-    """``pieces``, then an SSE error event (bytes) if the engine fails mid-stream."""
+async def guarded(pieces: AsyncIterator) -> AsyncIterator:
+    """``pieces`` (SSE events or text), then an SSE error event (bytes) if the engine fails mid-stream
+    (which ends it)."""
     try:
         async for piece in pieces:
             yield piece
@@ -112,7 +106,7 @@ class Counted:
 
 async def generate_events(chunks: Counted, usage: dict, start: float) -> AsyncIterator[bytes]:
     """/generate's stream: ``{"text"}`` events, then ``{"done": true, **usage, ...}``, or an error."""
-    async for piece in _guarded(decoded(chunks)):
+    async for piece in guarded(decoded(chunks)):
         if isinstance(piece, bytes):  # the error event ends the stream
             yield piece
             return

@@ -1,8 +1,6 @@
 """The replica's engine loop: continuous batching (``jaxray.inference.batcher``) fed by Serve's batches.
-
-``@serve.batch`` hands over many small batches under load; between two decode calls the loop admits
-every waiting group that fits in the free rows, so requests join within one chunk. A group's
-requests are admitted together."""
+Between two decode calls the loop admits every waiting group (one ``@serve.batch`` call, admitted
+whole) that fits in the free rows, so requests join within one chunk."""
 
 from __future__ import annotations
 

@@ -16,22 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 MAX_SEED = 2**32 - 1
 MAX_N, MAX_STOPS = 16, 4  # OpenAI routes: choices per request; stop sequences per request (OpenAI's limit)
 DEFAULT_NEW_TOKENS = 128  # /generate without max_new_tokens (lowered to the server's cap if that is smaller)
-OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
-OPENAI_DEFAULT_TEMPERATURE = 1.0
 # ModelConfig fields each workload's model reads; /info shows only the served model's.
+_COMMON = ("workload", "width", "dtype")
 MODEL_FIELDS: dict[str, tuple[str, ...]] = {
-    "mlp": ("workload", "width", "dtype"),
-    "shared_block_mlp": ("workload", "width", "dtype", "block_repeats"),
-    "transformer": (
-        "workload",
-        "width",
-        "dtype",
-        "num_layers",
-        "num_heads",
-        "max_seq_len",
-        "vocab_size",
-        "attention",
-    ),
+    "mlp": _COMMON,
+    "shared_block_mlp": (*_COMMON, "block_repeats"),
+    "transformer": (*_COMMON, "num_layers", "num_heads", "max_seq_len", "vocab_size", "attention"),
 }
 
 
@@ -194,12 +184,8 @@ def parse(model: type[_Sampling], body: bytes, limits: Limits) -> _Sampling:
     """Parse ``body`` (raw request bytes) into ``model`` under ``limits``. Raises ApiError(400) naming
     the first bad field (or ``body``), ApiError(413) when over ``limits.max_body_bytes``."""
     if len(body) > limits.max_body_bytes:
-        raise ApiError(
-            413,
-            "body",
-            f"request body is over the limit of {limits.max_body_bytes} bytes",
-            allowed(model, "body", limits),
-        )
+        message = f"request body is over the limit of {limits.max_body_bytes} bytes"
+        raise ApiError(413, "body", message, allowed(model, "body", limits))
     try:
         return model.model_validate_json(body, context=limits)
     except ValidationError as err:

@@ -30,36 +30,24 @@ DEFAULT_CHECKPOINT = "runs/demo"
 
 
 class AppArgs(BaseModel):
-    """The ``args`` of ``serve/config.yaml`` (and of ``python -m jaxray.serve``)."""
+    """The ``args`` of ``serve/config.yaml`` (and of ``python -m jaxray.serve``); ``OPTIONS`` below
+    describes each replica field."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    checkpoint: str = Field(
-        description="checkpoint dir, runs/<experiment>, or export artifact; relative "
-        "paths are read from the directory Serve was started in"
-    )
-    max_batch_size: PositiveInt | None = Field(None, description="default: max(engine.batch_sizes)")
-    batch_wait_ms: NonNegativeFloat = Field(10.0, description="how long a batch waits to fill, ms")
-    # Requests the replica holds at once; more would queue in Serve's proxy ahead of /healthz.
-    max_ongoing_requests: PositiveInt = 256
-    # Requests Serve's proxy queues beyond those; past that a request gets 503 with Retry-After.
+    # A checkpoint dir, runs/<experiment>, or export artifact; relative paths are read from the
+    # directory Serve was started in.
+    checkpoint: str
+    max_batch_size: PositiveInt | None = None
+    batch_wait_ms: NonNegativeFloat = 10.0
+    max_ongoing_requests: PositiveInt = 256  # past it, requests queue in Serve's proxy, not ahead of /healthz
     max_queued_requests: PositiveInt = 1024
-    compute_cpus: PositiveInt | None = Field(
-        None, description="CPUs for JAX's compute threads in the replica (default: all but one, at least one)"
-    )
+    compute_cpus: PositiveInt | None = None
     # Ray's num_gpus (0: none reserved, but Ray 2.60 shows the replica every GPU). Strict: YAML true != 1.
-    num_gpus: Annotated[StrictInt | StrictFloat, Field(ge=0, allow_inf_nan=False)] = Field(
-        0, description="GPUs reserved per replica (0: none)"
-    )
-    num_replicas: PositiveInt = Field(1, description="replicas, each compiling its own engine before traffic")
-    autoscaling_config: dict[str, Any] | None = Field(
-        None,
-        description="Ray Serve's autoscaling_config (min_replicas, max_replicas, target_ongoing_requests, "
-        "...), instead of a fixed num_replicas",
-    )
-    served_model_name: str = Field(
-        "jaxray", min_length=1, description="the model's id in /v1/models and OpenAI requests' model"
-    )
+    num_gpus: Annotated[StrictInt | StrictFloat, Field(ge=0, allow_inf_nan=False)] = 0
+    num_replicas: PositiveInt = 1
+    autoscaling_config: dict[str, Any] | None = None
+    served_model_name: str = Field("jaxray", min_length=1)
     engine: EngineSettings = Field(default_factory=EngineSettings)
 
     @model_validator(mode="after")
