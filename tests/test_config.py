@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tune_cli import tune_main as run_cli
 
-from jaxray.config import ConfigError, parse_trial
+from jaxray.config import ConfigError, TrainConfig, WorkersConfig, parse_trial
 from jaxray.config.experiment import MODEL_PRESETS, SweepConfig, load_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,6 +201,17 @@ def test_good_config_expands_grid(tmp_path):
             "early_stopping.grace: unknown key",
         ),
         ("experiment: t", "experiment: t\nmax_concurrent_trials: 0", "max_concurrent_trials"),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5, checkpoint_score: val_loss}",
+            "train.checkpoint_score val_loss needs train.eval_every (the held-out metrics); without it "
+            "use one of loss, accuracy",
+        ),
+        (
+            "train: {steps: 5}",
+            "train: {steps: 5, checkpoint_score: test_loss}",
+            "checkpoint_score: Input should be 'val_loss', 'val_accuracy', 'loss' or 'accuracy'",
+        ),
         # A fresh user's "." made runs/ itself a run folder; ".." wrote one into the working folder.
         ("experiment: t", 'experiment: "."', "experiment: '.' is not a folder name of its own"),
         ("experiment: t", 'experiment: ".."', "experiment: '..' is not a folder name of its own"),
@@ -494,3 +505,44 @@ def test_a_fixed_learning_rate_of_zero_is_refused_not_replaced(tmp_path):
     config.write_text("experiment: x\nsweeps:\n  - workload: mlp\n    train: {learning_rate: 0}\n")
     with pytest.raises(ConfigError, match=r"sweeps\.0\.train\.learning_rate"):
         load_experiment(config)
+
+
+def test_checkpoints_by_default_every_tenth_kept_by_score():
+    """About every tenth of the steps (a multiple of log_every); ranked by val_loss with held-out
+    metrics, else the training loss; accuracies maximised; and one lost node survived (max_failures 1)."""
+    train = TrainConfig(steps=1000, log_every=20)
+    assert (train.checkpoint_interval, train.score) == (100, ("loss", "min"))
+    # A tenth rounded up to a multiple of log_every: each checkpoint goes with a logged row.
+    assert TrainConfig(steps=95, log_every=25).checkpoint_interval == 25
+    assert TrainConfig(steps=5).checkpoint_interval == 5
+    assert TrainConfig(steps=100, checkpoint_every=7).checkpoint_interval == 7
+    assert TrainConfig(steps=100, log_every=5, eval_every=10).score == ("val_loss", "min")
+    assert TrainConfig(checkpoint_score="accuracy").score == ("accuracy", "max")
+    assert WorkersConfig().max_failures == 1 and WorkersConfig().max_preemption_failures == -1
+
+
+def test_an_elastic_range_is_checked_at_every_size_before_ray():
+    def trial(workers):
+        return {
+            "model": {"workload": "mlp"},
+            "train": {"global_batch": 8},
+            "workers": {"num_workers": workers},
+        }
+
+    assert parse_trial(trial([1, 2])).workers.worker_range == (1, 2)
+    assert parse_trial(trial([1, 2])).workers.total_devices == 2
+    with pytest.raises(ConfigError) as err:
+        parse_trial(trial([2, 3]))
+    assert "global_batch 8 is not divisible by the 3 devices" in str(err.value)
+    assert "(with 3 of workers.num_workers [2, 3])" in str(err.value)
+    with pytest.raises(ConfigError, match=r"num_workers \[min, max\] needs min <= max, got \[2, 1\]"):
+        parse_trial(trial([2, 1]))
+
+
+@pytest.mark.parametrize("workers", [[0, 2], "2", [2], [1, 2, 3], True])
+def test_a_worker_count_is_a_number_or_a_pair(workers):
+    trial = {"model": {"workload": "mlp"}, "train": {"global_batch": 8}, "workers": {"num_workers": workers}}
+    with pytest.raises(
+        ConfigError, match=r"workers.num_workers: num_workers must be a positive integer or \[min, max\]"
+    ):
+        parse_trial(trial)

@@ -46,6 +46,9 @@ RECORDED_METRICS = (
     *("val_loss", "val_accuracy", "val_perplexity", "test_loss", "test_accuracy"),
 )
 log = logging.getLogger(__name__)
+# Of a failed save's cause in CheckpointSaveError (the whole is chained to it): Ray keeps the first and
+# last 500 characters of a worker's traceback, and a trial's error row shows its last line whole.
+MAX_CAUSE_CHARS = 160
 
 
 def sha256(path: Path) -> str:
@@ -67,6 +70,8 @@ def _saving(directory: Path, what: str) -> Iterator[None]:
         yield
     except Exception as err:  # noqa: BLE001 - see the docstring
         cause = " ".join(str(err).split())  # one line: a trial's error row shows its last line
+        if len(cause) > MAX_CAUSE_CHARS:  # its start and its end (where the errno is)
+            cause = f"{cause[: MAX_CAUSE_CHARS // 2]} ... {cause[-MAX_CAUSE_CHARS // 2 :]}"
         raise CheckpointSaveError(f"could not save {what} in {directory}: {cause}") from err
 
 

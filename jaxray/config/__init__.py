@@ -16,17 +16,22 @@ from pydantic import (
     Field,
     Strict,
     StrictBool,
-    ValidationError,
     model_validator,
 )
 
 from jaxray.argtypes import MAX_CPU_DEVICES
+from jaxray.config.errors import ConfigError, invalid, shown, validate
+
+__all__ = ["ConfigError", "invalid", "shown", "validate"]
 
 Workload = Literal["mlp", "shared_block_mlp", "transformer"]
 DType = Literal["float32", "bfloat16", "float16"]
 Attention = Literal["auto", "xla", "cudnn"]
 WORKLOADS: tuple[str, ...] = Workload.__args__
 DTYPES: tuple[str, ...] = DType.__args__
+# The reported metrics a checkpoint may be ranked by (``train.checkpoint_score``).
+ScoreMetric = Literal["val_loss", "val_accuracy", "loss", "accuracy"]
+SCORE_METRICS: tuple[str, ...] = ScoreMetric.__args__
 
 # The learning path's defaults (labs 4, 6 and 7).
 DEFAULT_WIDTH = {"mlp": 256, "shared_block_mlp": 1024, "transformer": 256}
@@ -65,10 +70,6 @@ FiniteFloat = Annotated[float, BeforeValidator(_finite_number), Field(allow_inf_
 PosFloat = Annotated[FiniteFloat, Field(gt=0)]
 NonNegFloat = Annotated[FiniteFloat, Field(ge=0)]
 Beta = Annotated[FiniteFloat, Field(ge=0, lt=1)]
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message names the field and what is allowed."""
 
 
 class FrozenConfig(BaseModel):
@@ -136,9 +137,11 @@ class TrainConfig(FrozenConfig):
     eval_batches: PosInt = 8
     report_every: PosInt | None = None
     eval_batch: PosInt | None = None
-    # Checkpoint every this many steps and at the end (None: only at the end).
+    # Checkpoint every this many steps and at the end (None: about every tenth of ``steps``).
     checkpoint_every: PosInt | None = None
+    # Ray keeps the best ``keep_checkpoints`` by ``checkpoint_score`` and always the latest.
     keep_checkpoints: PosInt = 3
+    checkpoint_score: ScoreMetric | None = None
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -151,7 +154,28 @@ class TrainConfig(FrozenConfig):
             raise ValueError(
                 f"train.eval_every {self.eval_every} must be a multiple of train.log_every {self.log_every}"
             )
+        if (self.checkpoint_score or "").startswith("val_") and self.eval_every is None:
+            allowed = ", ".join(m for m in SCORE_METRICS if not m.startswith("val_"))
+            raise ValueError(
+                f"train.checkpoint_score {self.checkpoint_score} needs train.eval_every (the held-out "
+                f"metrics); without it use one of {allowed}"
+            )
         return self
+
+    @property
+    def checkpoint_interval(self) -> int:
+        """Steps between checkpoints: ``checkpoint_every``, or about a tenth of ``steps`` rounded up to
+        a multiple of ``log_every`` (a checkpoint is reported with a logged row of its step), so that
+        a lost worker costs at most that much training."""
+        tenth = -(-self.steps // 10)
+        return self.checkpoint_every or min(self.steps, -(-tenth // self.log_every) * self.log_every)
+
+    @property
+    def score(self) -> tuple[str, Literal["min", "max"]]:
+        """(metric, order) ranking checkpoints: ``checkpoint_score``, else ``val_loss`` with
+        ``eval_every`` and the training ``loss`` without; accuracies are maximised, the rest minimised."""
+        metric = self.checkpoint_score or ("val_loss" if self.eval_every else "loss")
+        return metric, "max" if metric.endswith("accuracy") else "min"
 
     @property
     def report_interval(self) -> int:
@@ -179,18 +203,37 @@ class DataConfig(FrozenConfig):
         return self
 
 
-class WorkersConfig(FrozenConfig):
-    """Ray Train scaling: ``num_workers`` JAX processes, each owning ``devices_per_worker`` devices
-    (on CPU at most ``jaxray.argtypes.MAX_CPU_DEVICES``, else ValueError)."""
+def _worker_count(value: Any) -> Any:
+    """``num_workers`` as given: a positive integer, or [min, max] of them; ValueError saying so."""
+    pair = isinstance(value, list | tuple)
+    items = list(value) if pair else [value]
+    positive = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in items)
+    if not positive or (pair and len(items) != 2):
+        raise ValueError("num_workers must be a positive integer or [min, max] of them")
+    return tuple(items) if pair else value
 
-    num_workers: PosInt = 1
+
+class WorkersConfig(FrozenConfig):
+    """Ray Train scaling: ``num_workers`` JAX processes, or ``[min, max]`` of them (Ray's elastic
+    ``ScalingConfig``: fewer while nodes are missing, the same global batch), each owning
+    ``devices_per_worker`` devices (on CPU at most ``jaxray.argtypes.MAX_CPU_DEVICES``, else
+    ValueError)."""
+
+    num_workers: Annotated[int | tuple[int, int], BeforeValidator(_worker_count)] = 1
     devices_per_worker: PosInt = 1
     use_gpu: StrictBool = False
-    # Worker-group restarts after a worker dies; the loop resumes from the last checkpoint.
-    max_failures: Annotated[int, Strict(), Field(ge=0)] = 0
+    # Worker-group restarts after a worker or its node dies (-1: no limit); the loop resumes from
+    # the newest checkpoint. Preemptions (a drain notice, then the node gone) are counted apart.
+    max_failures: Annotated[int, Strict(), Field(ge=-1)] = 1
+    max_preemption_failures: Annotated[int, Strict(), Field(ge=-1)] = -1
+    # Elastic only: how often Ray checks whether more workers fit again, seconds (Ray's default).
+    elastic_resize_monitor_interval_s: PosFloat = 60.0
 
     @model_validator(mode="after")
     def _cpu_devices(self) -> WorkersConfig:
+        low, high = self.worker_range
+        if low > high:
+            raise ValueError(f"num_workers [min, max] needs min <= max, got [{low}, {high}]")
         if not self.use_gpu and self.devices_per_worker > MAX_CPU_DEVICES:
             raise ValueError(
                 f"devices_per_worker must be at most {MAX_CPU_DEVICES} forced host devices on CPU "
@@ -199,8 +242,19 @@ class WorkersConfig(FrozenConfig):
         return self
 
     @property
+    def worker_range(self) -> tuple[int, int]:
+        """(min, max) workers; both ``num_workers`` when it is one number."""
+        n = self.num_workers
+        return (n, n) if isinstance(n, int) else n
+
+    @property
+    def elastic(self) -> bool:
+        return self.worker_range[0] != self.worker_range[1]
+
+    @property
     def total_devices(self) -> int:
-        return self.num_workers * self.devices_per_worker
+        """Devices of the trial at its most workers."""
+        return self.worker_range[1] * self.devices_per_worker
 
 
 AxisSize = Annotated[int, Strict(), Field(ge=-1)]
@@ -276,8 +330,15 @@ class TrialConfig(FrozenConfig):
         m, d = self.model, self.data
         if m.workload == "transformer" and d.seq_len > m.max_seq_len:
             raise ValueError(f"data.seq_len {d.seq_len} exceeds model.max_seq_len {m.max_seq_len}")
-        mesh = self.mesh_shape
-        check_devices(self.train.global_batch, mesh["data"] * mesh["fsdp"])
+        low, high = self.workers.worker_range
+        for workers in range(low, high + 1):  # elastic: every size the group may run at
+            mesh = self.parallel.shape(workers * self.workers.devices_per_worker)
+            try:
+                check_devices(self.train.global_batch, mesh["data"] * mesh["fsdp"])
+            except ConfigError as err:
+                if low == high:
+                    raise
+                raise ValueError(f"{err} (with {workers} of workers.num_workers [{low}, {high}])") from None
         tensor, per_worker = mesh["tensor"], self.workers.devices_per_worker
         if per_worker % tensor:
             allowed = ", ".join(str(n) for n in range(1, per_worker + 1) if per_worker % n == 0)
@@ -323,73 +384,6 @@ def check_devices(global_batch: int, devices: int) -> int:
             f"(parallel.data x parallel.fsdp); choose a multiple of {devices}"
         )
     return global_batch // devices
-
-
-def _allowed_keys(cls: type[BaseModel], loc: tuple) -> list[str]:
-    """The field names of the model that sits at ``loc`` below ``cls`` (for "unknown key" errors)."""
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        annotation = cls.model_fields[part].annotation
-        inner = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)]
-        models = [a for a in inner if issubclass(a, BaseModel)]
-        if not models:
-            return []
-        cls = models[0]
-    return list(cls.model_fields)
-
-
-def _where(prefix: str, loc: tuple = ()) -> str:
-    return (prefix + ".".join(str(p) for p in loc)).rstrip(".") or "(top level)"
-
-
-def shown(value: Any) -> str:
-    """``value`` as config messages quote it: YAML spelling for booleans and null, strings quoted,
-    else Python's repr; at most 80 characters."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _message(e: dict) -> str:
-    """One pydantic error in words, ending with the value received ("..., got 0")."""
-    msg = e["msg"].removeprefix("Value error, ")
-    if e["type"] == "bool_type":
-        msg = "Input should be true or false"
-    section_check = e["type"] == "value_error" and isinstance(e["input"], dict)
-    if section_check or e["type"] in ("missing", "extra_forbidden"):
-        return msg
-    return f"{msg}, got {shown(e['input'])}"
-
-
-def _format(err: ValidationError, source: str, root: type[BaseModel], prefix: str = "") -> str:
-    lines = [f"invalid config {source}:"]
-    for e in err.errors():
-        msg = _message(e)
-        if e["type"] == "extra_forbidden":
-            msg = f"unknown key; allowed: {', '.join(_allowed_keys(root, e['loc'][:-1]))}"
-        lines.append(f"  {_where(prefix, e['loc'])}: {msg}")
-    return "\n".join(lines)
-
-
-def invalid(source: str, message: str, prefix: str = "") -> ConfigError:
-    """The ConfigError of a post-parse check, worded as ``validate``'s: "invalid config SOURCE:",
-    the field path and ``message``."""
-    return ConfigError(f"invalid config {source}:\n  {_where(prefix)}: {message}")
-
-
-def validate(cls: type[BaseModel], data: Any, source: str, prefix: str = ""):
-    """``cls.model_validate(data)``; ConfigError naming ``source``, each field's path after
-    ``prefix``, what is allowed and the value received."""
-    try:
-        return cls.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_format(err, source, cls, prefix)) from None
-    except ConfigError as err:
-        raise ConfigError(f"invalid config {source}: {prefix}{err}") from None
 
 
 def parse_trial(data: dict[str, Any], source: str = "(trial)", prefix: str = "") -> TrialConfig:

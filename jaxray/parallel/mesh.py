@@ -50,9 +50,10 @@ def make_mesh(devices: Sequence[jax.Device] | None = None, fsdp: int = 1, tensor
 
 
 def trial_mesh(trial: TrialConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """``make_mesh`` with the trial's ``parallel`` sizes (``TrialConfig.mesh_shape``) over ``devices``
-    (default: all, which must number ``workers.total_devices``)."""
-    shape = trial.mesh_shape
+    """``make_mesh`` with the trial's ``parallel`` sizes (``ParallelConfig.shape``) over ``devices``
+    (default: all; fewer than ``workers.total_devices`` when an elastic group runs short)."""
+    devices = list(devices if devices is not None else jax.devices())
+    shape = trial.parallel.shape(len(devices))
     return make_mesh(devices, fsdp=shape["fsdp"], tensor=shape["tensor"])
 
 

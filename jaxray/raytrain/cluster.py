@@ -87,7 +87,7 @@ def init_ray(exp: ExperimentConfig) -> tuple[bool, str | None]:
         )
         return True, _url(context.dashboard_url)
     # One CPU for each trial driver and each worker; Tune queues what does not fit.
-    need = (exp.max_concurrent_trials or 1) * (1 + exp.workers.num_workers) + 1
+    need = (exp.max_concurrent_trials or 1) * (1 + exp.workers.worker_range[1]) + 1
     context = ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), runtime_env=runtime_env)
     return False, _url(context.dashboard_url)
 

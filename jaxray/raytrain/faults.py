@@ -1,7 +1,8 @@
 """Fault injection for the fault-tolerance tests, set only by them through the environment
 (``JAXRAY_FAULT``, JSON; the trainer passes it on to the workers): a worker process that exits at a
-step (``kill_at_step``; in the middle of the save at a checkpoint step) and a damaged newest
-checkpoint (``corrupt_latest_checkpoint``). Each fault fires on the first attempt of the worker group
+step (``kill_at_step``; in the middle of the save at a checkpoint step), a damaged newest
+checkpoint (``corrupt_latest_checkpoint``) and a pause of every worker at each of ``pause_at_steps`` (in which
+a test removes or drains their node). Each fault fires on the first attempt of the worker group
 only (the damage: on the second, before the restore), so Ray Train's restart runs undisturbed."""
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ FAULT_ENV = "JAXRAY_FAULT"
 class Fault:
     kill_at_step: int | None = None
     corrupt_latest_checkpoint: bool = False
+    pause_at_steps: tuple[int, ...] = ()
+    pause_attempts: tuple[int, ...] = (1,)
+    pause_s: float = 15.0
 
 
 def injected() -> Fault:
@@ -48,11 +52,22 @@ def die(step: int) -> None:
 
 def fault_hooks(trial: TrialConfig, rank: int, attempt: int) -> tuple[Hook, ...]:
     """The ``kill_at_step`` hook: rank 0, first attempt only, and not at a checkpoint step (there the
-    save itself dies half-way, ``kill_in_save``); () otherwise."""
-    kill, every = injected().kill_at_step, trial.train.checkpoint_every
-    if kill is None or rank != 0 or attempt != 1 or (every and kill % every == 0):
-        return ()
-    return (Hook(kill, lambda step, state, metrics: die(step) if step == kill else None),)
+    save itself dies half-way, ``kill_in_save``); the ``pause_at_steps`` hook: every rank, in the
+    ``pause_attempts`` (the first); () otherwise."""
+    fault, every = injected(), trial.train.checkpoint_interval
+    hooks = []
+    if fault.pause_at_steps and attempt in fault.pause_attempts:
+        pauses = set(fault.pause_at_steps)
+        hooks.append(Hook(1, lambda step, state, metrics: _pause(fault.pause_s) if step in pauses else None))
+    kill = fault.kill_at_step
+    if kill is not None and rank == 0 and attempt == 1 and kill % every:
+        hooks.append(Hook(kill, lambda step, state, metrics: die(step) if step == kill else None))
+    return tuple(hooks)
+
+
+def _pause(seconds: float) -> None:
+    print(f"jaxray fault injection: workers pause {seconds:g} s", flush=True)
+    time.sleep(seconds)
 
 
 def kill_in_save(step: int, attempt: int) -> Callable[[], None] | None:

@@ -73,12 +73,15 @@ class SweepDisplay:
                     fields["speed"] = f"{(count - before[0]) / (seconds - before[1]):,.0f} {unit}"
                 self.last[name] = (count, seconds)
                 break
+        if result.get("attempt", 1) > 1:  # the worker group restarted (``jaxray.raytrain.failures``)
+            fields["status"] = f"running (attempt {result['attempt']})"
         self.progress.update(task, completed=result.get("step", 0), **fields)
 
     def end(self, name: str, status: str) -> None:
         """Trial ``name`` ended: ``done`` (its bar full), ``failed`` or stopped early (``status``)."""
         task = self.row(name)
-        self.progress.update(task, status=status, **({"completed": self.steps} if status == "done" else {}))
+        done = status.startswith("done")
+        self.progress.update(task, status=status, **({"completed": self.steps} if done else {}))
 
     def say(self, line: str) -> None:
         """A line above the rows (a failed trial's error), on the terminal only."""
@@ -139,7 +142,8 @@ class TrialProgress(tune.Callback):
         if _showing:
             name = self.name(trial.config)
             early = f"stopped early at step {last.get('step')}"  # by the scheduler: no final report
-            _showing.end(name, "failed" if diverged else "done" if last.get("final") else early)
+            done = "done" + (f" after a restart ({last['restart_causes']})" if last.get("restarts") else "")
+            _showing.end(name, "failed" if diverged else done if last.get("final") else early)
             if diverged:
                 line = f"error: trial {name} failed: {diverged}"
                 print(line, file=sys.stderr, flush=True)  # the log, while the terminal is quiet

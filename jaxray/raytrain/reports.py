@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,9 +20,16 @@ from ray.train import Checkpoint, CheckpointUploadMode
 from jaxray import checkpoint
 from jaxray.checkpoint import CheckpointSaveError
 from jaxray.config import TrialConfig
+from jaxray.raytrain.failures import ATTEMPT_KEY, PREEMPTION_KEY
 from jaxray.raytrain.faults import kill_in_save
 from jaxray.raytrain.resume import checkpoint_name
 from jaxray.reporting.format import json_safe
+from jaxray.train.loop import Hook
+
+# The reported key Ray ranks checkpoints by (``CheckpointConfig.checkpoint_score_attribute``): the
+# value of ``train.score``'s metric, in every report that carries a checkpoint; the worst value
+# (inf for "min", -inf for "max") before that metric is first measured.
+SCORE_KEY = "checkpoint_score"
 
 
 def chained(*fns: Callable[[], None] | None) -> Callable[[], None]:
@@ -57,8 +66,11 @@ class Reports:
         self.trial, self.rank, self.attempt, self.batches_per_epoch = trial, rank, attempt, batches_per_epoch
         self._held: dict[str, float] = {}
         self._pending: tuple[checkpoint.PendingSave, str] | None = None
+        self._history: list[dict] = []  # the rows logged so far
+        self._noticed = False  # a preemption notice was acted on
 
     def log(self, row: dict[str, float]) -> None:
+        self._history.append(row)
         self._held.update({k: v for k, v in row.items() if k.startswith("val_")})
         train = self.trial.train
         if row["step"] % train.report_interval == 0 and row["step"] != train.steps:
@@ -66,7 +78,9 @@ class Reports:
 
     def save(self, step: int, state, history: list[dict], row: dict | None = None) -> None:
         if self._pending is not None:  # not reported since it started: now, with the latest row
-            self._report({**(history[-1] if history else {}), **self._held})
+            # but never one of the last step before the final report: ASHA stops a trial at max_t.
+            rows = [r for r in history if r["step"] < self.trial.train.steps]
+            self._report({**(rows[-1] if rows else {}), **self._held})
         name = checkpoint_name(step, self.attempt)
         folder = storage_folder(name)
         kill = kill_in_save(step, self.attempt) if self.rank == 0 else None  # fault injection (tests)
@@ -84,6 +98,38 @@ class Reports:
         if row and row.get("final"):
             self._report(row)
 
+    def _score(self, step: int) -> float:
+        """``train.score``'s metric for the checkpoint of ``step``: its newest logged value at or before
+        that step (held-out metrics over the same ``eval_batches`` for every checkpoint, the final one
+        too: not the summary's whole-set ones, nor newer ones a later report carries); else the worst."""
+        metric, order = self.trial.train.score
+        rows = [r for r in reversed(self._history) if r["step"] <= step and metric in r]
+        return rows[0][metric] if rows else (math.inf if order == "min" else -math.inf)
+
+    def preemption_hook(self) -> Hook:
+        """Every ``train.log_every`` steps, on every rank alike (``ray.train.get_preemption_info`` is a
+        collective): at the first notice that a node of the group is being preempted, the state of
+        this step is saved, committed and reported at once, so the restart loses no steps."""
+        train = self.trial.train
+
+        def check(step: int, state, metrics) -> None:
+            notice = ray.train.get_preemption_info()
+            if notice is None or self._noticed or step == train.steps:  # the final save follows
+                return
+            self._noticed = True
+            left = (notice.deadline_ms / 1e3 - time.time()) if notice.deadline_ms else float("nan")
+            if self.rank == 0:
+                print(
+                    f"jaxray: preemption notice for node(s) {', '.join(notice.preempted_node_ids)} "
+                    f"({left:.0f} s left): saving step {step} now",
+                    flush=True,
+                )
+            if step % train.checkpoint_interval:  # else the checkpoint hook has just started it
+                self.save(step, state, list(self._history))
+            self._report({**self._history[-1], **self._held, PREEMPTION_KEY: step})
+
+        return Hook(train.log_every, check)
+
     def abandon(self) -> None:
         """Let the save under way finish writing, then remove it unreported (a diverged run: the
         params it holds may already be broken)."""
@@ -95,14 +141,17 @@ class Reports:
                 shutil.rmtree(pending.directory, ignore_errors=True)
 
     def _report(self, metrics: dict) -> None:
-        """``ray.train.report(metrics)`` on every rank, with the save under way committed and attached."""
+        """``ray.train.report(metrics)`` on every rank, with the save under way committed and attached
+        (and its ``SCORE_KEY``)."""
         ckpt, name = None, None
         if self._pending is not None:
             (pending, name), self._pending = self._pending, None
             with removing(pending.directory, self.rank):
                 folder = pending.commit()
             ckpt = Checkpoint(str(folder)) if self.rank == 0 else None
+            metrics = {**metrics, SCORE_KEY: self._score(pending.step)}
         upload = CheckpointUploadMode.NO_UPLOAD  # written in place: nothing to copy
+        metrics = {**metrics, ATTEMPT_KEY: self.attempt}
         ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=name, checkpoint_upload_mode=upload)
 
 
@@ -134,10 +183,15 @@ def remove_unfinished(trial_dir: Path, but_attempt: int | None = None) -> list[s
     return gone
 
 
+def trial_folder() -> Path:
+    """This trial's folder in the run's storage, where its checkpoints are (``storage_folder``)."""
+    return storage_folder(checkpoint_name(0, 1)).parent
+
+
 def discard_unfinished(attempt: int) -> list[str]:
     """``remove_unfinished`` in this trial's storage folder for the earlier attempts (rank 0, at the
     start of an attempt)."""
-    return remove_unfinished(storage_folder(checkpoint_name(0, attempt)).parent, but_attempt=attempt)
+    return remove_unfinished(trial_folder(), but_attempt=attempt)
 
 
 def shared_storage_check(folder: Path) -> Callable[[], None]:

@@ -25,8 +25,9 @@ from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
 from jaxray.raytrain import progress
+from jaxray.raytrain.failures import ATTEMPT_KEY
 from jaxray.raytrain.progress import TrialProgress
-from jaxray.raytrain.reports import remove_unfinished
+from jaxray.raytrain.reports import SCORE_KEY, remove_unfinished
 from jaxray.raytrain.trainer import make_trainer
 from jaxray.reporting import terminal
 from jaxray.reporting.format import DIVERGED_KEYS, diverged_error
@@ -207,7 +208,7 @@ def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRo
 
 def reported(metrics: dict[str, Any]) -> dict[str, Any]:
     """What a trial's workers reported in its final Tune result, without Tune's fields and the log row."""
-    dropped = {"final", CHECKPOINT_PATH_KEY, *LOG_ROW_KEYS, *TUNE_KEYS}
+    dropped = {"final", SCORE_KEY, ATTEMPT_KEY, CHECKPOINT_PATH_KEY, *LOG_ROW_KEYS, *TUNE_KEYS}
     prefix = f"{tune_result.CONFIG_PREFIX}/"
     return {k: v for k, v in metrics.items() if k not in dropped and not k.startswith(prefix)}
 

@@ -11,7 +11,9 @@ from ray.train.v2.jax import JaxTrainer
 
 from jaxray.config import TrialConfig, WorkersConfig
 from jaxray.raytrain.cluster import QUIET_ENV
+from jaxray.raytrain.failures import FailureLog
 from jaxray.raytrain.faults import FAULT_ENV
+from jaxray.raytrain.reports import SCORE_KEY
 from jaxray.raytrain.worker import train_loop_per_worker
 from jaxray.runs import COMPILE_FILE
 
@@ -49,6 +51,17 @@ def _ordered_ingest():
     return options
 
 
+def checkpoint_config(trial: TrialConfig) -> CheckpointConfig:
+    """Ray's retention, the only one (Orbax keeps no checkpoints of its own): the best
+    ``train.keep_checkpoints`` by ``SCORE_KEY`` (``train.score``'s metric, in every report that
+    carries a checkpoint) and always the latest."""
+    return CheckpointConfig(
+        num_to_keep=trial.train.keep_checkpoints,
+        checkpoint_score_attribute=SCORE_KEY,
+        checkpoint_score_order=trial.train.score[1],
+    )
+
+
 def make_trainer(
     trial: TrialConfig,
     datasets: dict,
@@ -60,22 +73,32 @@ def make_trainer(
 ) -> JaxTrainer:
     """A JaxTrainer for one trial. ``datasets``: ``{"train": Dataset, "eval": Dataset}`` given whole
     to every worker ({} with ``data.parquet``). The run is ``storage_path/name``, the attempt counter
-    ``name.attempts.json`` beside it. ``xla_flags``: kept for the workers (None: this process's)."""
+    ``name.attempts.json`` and the causes of its restarts ``name.failures.json`` (``FailureLog``)
+    beside it. ``xla_flags``: kept for the workers (None: this process's)."""
     w = trial.workers
     resources = {"GPU": w.devices_per_worker} if w.use_gpu else {"CPU": 1}
     # Outside Ray's own run folder (Ray Train v2 keeps that for its own state).
     attempts = Path(storage_path) / f"{name}.attempts.json"
+    failures = Path(storage_path) / f"{name}.failures.json"
     return JaxTrainer(
         train_loop_per_worker,
         train_loop_config={
             "trial": trial.model_dump(),
             "tensorboard_dir": str(tensorboard_dir) if tensorboard_dir else None,
             "attempts_file": str(attempts),
+            "failures_file": str(failures),
             "compile_file": str(Path(storage_path) / name / COMPILE_FILE),
             "train_rows": datasets["train"].count() if "train" in datasets else None,
         },
         scaling_config=ScalingConfig(
-            num_workers=w.num_workers, use_gpu=w.use_gpu, resources_per_worker=resources
+            num_workers=w.num_workers,
+            use_gpu=w.use_gpu,
+            resources_per_worker=resources,
+            **(
+                {"elastic_resize_monitor_interval_s": w.elastic_resize_monitor_interval_s}
+                if w.elastic
+                else {}
+            ),
         ),
         # Unsplit: each worker takes its rows of every global batch (``shards.rank_batches``).
         dataset_config=DataConfig(datasets_to_split=[], execution_options=_ordered_ingest()),
@@ -83,9 +106,11 @@ def make_trainer(
         run_config=RunConfig(
             name=name,
             storage_path=str(storage_path),
-            callbacks=callbacks or [],
+            callbacks=[*(callbacks or []), FailureLog(failures)],
             worker_runtime_env={"env_vars": worker_env(w, xla_flags)},
-            failure_config=FailureConfig(max_failures=w.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=trial.train.keep_checkpoints),
+            failure_config=FailureConfig(
+                max_failures=w.max_failures, max_preemption_failures=w.max_preemption_failures
+            ),
+            checkpoint_config=checkpoint_config(trial),
         ),
     )

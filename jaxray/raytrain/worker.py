@@ -12,8 +12,9 @@ from jaxray.config import parse_trial
 from jaxray.models import resolve_attention
 from jaxray.parallel.mesh import trial_mesh
 from jaxray.raytrain.cluster import check_local_devices, cpu_program, describe_worker
+from jaxray.raytrain.failures import read_causes
 from jaxray.raytrain.faults import fault_hooks
-from jaxray.raytrain.reports import Reports, compile_writer, discard_unfinished
+from jaxray.raytrain.reports import Reports, compile_writer, discard_unfinished, trial_folder
 from jaxray.raytrain.resume import count_attempt, resume_point
 from jaxray.raytrain.shards import worker_data
 from jaxray.reporting.tensorboard import TensorBoardLogger
@@ -25,10 +26,11 @@ DIVERGED_METRICS = dict.fromkeys(("loss", "accuracy", "val_loss", "val_accuracy"
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point. ``config``: ``{"trial": TrialConfig dict, "tensorboard_dir": str | None,
-    "attempts_file": str | None, "compile_file": str | None, "train_rows": int | None}``.
+    "attempts_file": str | None, "failures_file": str | None, "compile_file": str | None,
+    "train_rows": int | None}``.
 
     Reports a log row every ``train.report_interval`` steps, a checkpoint every
-    ``train.checkpoint_every`` steps and the summary with the final checkpoint; after a restart
+    ``train.checkpoint_interval`` steps and the summary with the final checkpoint; after a restart
     resumes from the newest usable checkpoint. Rank 0 writes TensorBoard events and the compile report.
     """
     trial = parse_trial(config["trial"])
@@ -36,10 +38,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     rank, world = context.get_world_rank(), context.get_world_size()
     with cpu_program(trial.workers, rank, world):
         check_local_devices(trial.workers)
-        attempt = count_attempt(config.get("attempts_file")) if rank == 0 else 1
+        attempt = count_attempt(config.get("attempts_file"), world) if rank == 0 else (1, [world])
         attention = resolve_attention(trial.model) if trial.model.workload == "transformer" else None
         print(describe_worker(rank, attention), flush=True)
-        start = resume_point(rank, attempt)
+        start = resume_point(rank, attempt, trial_folder())
         if start.checkpoint is not None and rank == 0:
             print(f"jaxray: attempt {start.attempt}, resuming from {start.checkpoint}", flush=True)
         if start.attempt > 1 and rank == 0:
@@ -59,7 +61,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     on_log=[reports.log] + ([tb] if tb else []),
                     resume=start.checkpoint,
                     save=reports.save,
-                    hooks=fault_hooks(trial, rank, start.attempt),
+                    hooks=(*fault_hooks(trial, rank, start.attempt), reports.preemption_hook()),
                     on_compile=compile_writer(config.get("compile_file") if rank == 0 else None),
                 )
             except Diverged as err:  # a failed trial, not a crash: no restart, nothing of it saved
@@ -69,6 +71,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 return
             # A count: Tune's TensorBoard logger takes numbers only.
             result.summary.update(restarts=start.attempt - 1, skipped_checkpoints=len(start.skipped))
+            if start.attempt > 1:  # why, oldest first: "node lost, preempted"
+                causes = read_causes(config.get("failures_file"), start.workers)
+                result.summary["restart_causes"] = ", ".join(causes)
+                result.summary["workers_by_attempt"] = ", ".join(map(str, start.workers))
             if tb:
                 tb.add_final(result.summary, trial.train.steps)
         # The final row carries the last logged metrics too: ASHA reads them in every report.

@@ -236,8 +236,9 @@ def markdown_summary(rows: list[dict], ranking: Ranking | None = None) -> str:
         [
             "# Sweep results",
             "",
-            f"{len(rows)} trial(s), {failed} failed{stopped_early(stopped)}. Throughput in examples/s "
-            "(ex/s, MLPs) or tokens/s (tok/s, transformer); losses are cross-entropy in nats.",
+            f"{len(rows)} trial(s), {failed} failed{stopped_early(stopped)}{restarted(rows)}. "
+            "Throughput in examples/s (ex/s, MLPs) or tokens/s (tok/s, transformer); losses are "
+            "cross-entropy in nats.",
             "",
             markdown_table(rows),
             "## Best per workload",
@@ -247,6 +248,20 @@ def markdown_summary(rows: list[dict], ranking: Ranking | None = None) -> str:
             *effects_section(rows, ranking),
         ]
     )
+
+
+def restarted(rows: list[dict]) -> str:
+    """ ", 1 restarted (transformer_...: node lost, resumed from step 100)" for the rows whose worker
+    group restarted (``restarts``, ``restart_causes``, ``resumed_from_step``); "" when none."""
+    again = [r for r in rows if r.get("restarts")]
+    if not again:
+        return ""
+    each = "; ".join(
+        f"{r.get('trial')}: {r.get('restart_causes') or 'restarted'}, "
+        f"resumed from step {r.get('resumed_from_step', 0)}"
+        for r in again
+    )
+    return f", {len(again)} restarted ({each})"
 
 
 def stopped_early(rows: list[dict]) -> str:

@@ -25,7 +25,7 @@ from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
 from jaxray.train.step import TrainState, abstract_state, optimizer_for, placed_init_state
 
 LogFn = Callable[[dict[str, float]], None]
-# save(step, state, history so far): a full-state checkpoint at every ``train.checkpoint_every`` steps.
+# save(step, state, history so far): a full-state checkpoint every ``train.checkpoint_interval`` steps.
 SaveFn = Callable[[int, TrainState, list[dict[str, float]]], None]
 
 
@@ -113,7 +113,7 @@ def _checkpoint_hook(trial: TrialConfig, history: list, save: SaveFn) -> Hook:
             check_finite(step, {k: float(v) for k, v in jax.device_get(metrics).items()})
             save(step, state, list(history))
 
-    return Hook(trial.train.checkpoint_every, fn)
+    return Hook(trial.train.checkpoint_interval, fn)
 
 
 def train(
@@ -132,7 +132,7 @@ def train(
     ``on_log(row)`` gets ``step``, ``examples``, ``loss``, ``accuracy``, ``grad_norm`` (and ``tokens``,
     ``perplexity``). ``resume``: a full-state checkpoint to continue from with the same data order
     (a final one gives back its saved summary). ``save(step, state, history)`` runs every
-    ``train.checkpoint_every`` steps; ``on_compile(report)`` gets the compile report. Raises
+    ``train.checkpoint_interval`` steps; ``on_compile(report)`` gets the compile report. Raises
     ConfigError (batch does not divide, cuDNN attention cannot run) before compiling, CheckpointError
     if ``resume`` is damaged or holds another model, Diverged at the first logged or checkpointed
     step whose loss or grad_norm is NaN or inf, or when the held-out loss of the final params is
@@ -207,9 +207,9 @@ def _loop_hooks(
     schedule: Callable,
     validate: Callable | None,
 ) -> list[Hook]:
-    """The log hook, and the checkpoint hook when ``save`` is given and ``train.checkpoint_every`` set."""
+    """The log hook, and the checkpoint hook when ``save`` is given."""
     hooks = [_log_hook(trial, history, on_log, schedule, validate)]
-    if save is not None and trial.train.checkpoint_every:
+    if save is not None:
         hooks.append(_checkpoint_hook(trial, history, save))
     return hooks
 

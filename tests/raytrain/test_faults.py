@@ -37,7 +37,7 @@ def fault(monkeypatch):
         (4, 6, 1, 1, 0),  # rank 0 only
         (4, 6, 0, 2, 0),  # the restarted group runs undisturbed
         (4, 8, 0, 1, 0),  # a checkpoint step: the save dies instead
-        (None, 8, 0, 1, 1),  # no checkpoints: the hook
+        (None, 8, 0, 1, 1),  # by default (a tenth of 12 steps, up to log_every 25): only the final one
         (4, None, 0, 1, 0),
     ],
 )

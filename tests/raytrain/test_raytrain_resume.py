@@ -1,7 +1,7 @@
 """Which checkpoint a restarted worker group resumes from, on real full-state checkpoints of a small
-MLP: the newest usable one, walking back past damaged and incomplete ones, never to a folder
-newer than Ray Train's latest; none usable means step 0. Checkpoint names sort by step, then
-attempt, and the attempt counter counts starts."""
+MLP: the newest usable one, walking back past damaged and incomplete ones, also one newer than Ray
+Train's latest that Ray's record lost (complete in storage); none usable means step 0. Checkpoint
+names sort by step, then attempt, and the attempt counter counts starts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from jaxray.checkpoint import TRAIN_STATE, save_state, trial_checkpoints
 from jaxray.config import ModelConfig, TrainConfig, TrialConfig
 from jaxray.models import build
 from jaxray.raytrain.faults import damage
-from jaxray.raytrain.resume import checkpoint_name, choose, count_attempt
+from jaxray.raytrain.resume import candidates, checkpoint_name, choose, count_attempt
 from jaxray.train.step import init_state, make_optimizer
 
 TRIAL = TrialConfig(model=ModelConfig(workload="mlp", width=8), train=TrainConfig(steps=12))
@@ -40,15 +40,19 @@ def test_names_sort_by_step_then_attempt():
 
 def test_attempts_are_counted_per_start(tmp_path):
     file = tmp_path / "run" / "trial.attempts.json"
-    assert [count_attempt(str(file)) for _ in range(3)] == [1, 2, 3]
-    assert count_attempt(None) == 1 and not (tmp_path / "None").exists()
+    assert [count_attempt(str(file), n) for n in (2, 1, 2)] == [(1, [2]), (2, [2, 1]), (3, [2, 1, 2])]
+    assert count_attempt(None, 2) == (1, [2]) and not (tmp_path / "None").exists()
 
 
-def test_the_order_starts_at_rays_latest_and_walks_back(tmp_path, state):
+def test_the_order_is_newest_first_from_storage_and_rays_record(tmp_path, state):
     old4, old8, latest, newer = saved(tmp_path, state, (4, 1), (8, 1), (8, 2), (12, 1))
-    # Ray Train's latest is step 8 of attempt 2; the step-12 folder of attempt 1 is not its to resume.
+    (tmp_path / checkpoint_name(16, 1)).mkdir()  # begun, never committed: not a candidate
+    # Ray's record ends at step 8 of attempt 2; storage holds a complete step 12 it lost.
+    assert candidates(tmp_path, latest) == [newer, latest, old8, old4]
+    assert candidates(tmp_path, None) == [newer, latest, old8, old4]
+    assert candidates(tmp_path / "none", None) == []
+    # run folders (runs/<experiment>) still fall back from the one named, never past it
     assert trial_checkpoints(latest) == [latest, old8, old4]
-    assert newer not in trial_checkpoints(latest)
 
 
 def test_the_newest_usable_checkpoint_is_chosen(tmp_path, state):

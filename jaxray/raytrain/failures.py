@@ -1,0 +1,80 @@
+"""Why a worker group restarted: ``FailureLog``, a Ray Train callback in the run's controller, writes
+each interruption of an attempt to a JSON file beside the run; ``read_causes`` (when the trial ends)
+names their causes (``CAUSES``) for the trial's summary (``restart_causes``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import ray
+from ray.train import UserCallback
+
+# "preempted": the workers saved on a preemption notice (a report with PREEMPTION_KEY), then their
+# node went; "node lost": a node that was up at the group's last report has died since; "worker
+# died": a worker process ended or raised, every node still up; "resized": an elastic group was
+# restarted with more or fewer workers; "unknown": it failed before its first report.
+CAUSES = ("preempted", "node lost", "worker died", "resized", "unknown")
+PREEMPTION_KEY = "preemption_save_step"  # in the report of a save made on a preemption notice
+ATTEMPT_KEY = "attempt"  # in every report: the worker group's attempt (1, 2, ...)
+
+
+def _alive_nodes() -> list[str]:
+    return sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+
+
+class FailureLog(UserCallback):
+    """Records in the JSON object at ``path``, {attempt: entry}, how each attempt of the run's worker
+    group ended, once: ``{"cause": "preempted"}`` when it reports a save on a preemption notice (Ray
+    restarts the group when the node is gone, not always through a worker error), else at its first
+    worker error ``{"cause": "worker died", "nodes": [...]}`` with the nodes up at its last report
+    (Ray marks a lost node dead only after missed heartbeats, so ``read_causes`` looks again). Ray
+    calls ``after_exception`` at every poll that finds errors: only the first counts."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._attempt: int | None = None  # the attempt that reported last
+        self._alive: list[str] = []  # the cluster's nodes up at that report
+
+    def after_report(self, run_context, metrics, checkpoint) -> None:
+        self._attempt = metrics[0].get(ATTEMPT_KEY) if metrics else None
+        self._alive = _alive_nodes()
+        if any(PREEMPTION_KEY in m for m in metrics):
+            self._record({"cause": "preempted"})
+
+    def after_exception(self, run_context, worker_exceptions) -> None:
+        self._record({"cause": "worker died", "nodes": self._alive})
+
+    def _record(self, entry: dict) -> None:
+        entries = _entries(self.path)
+        if self._attempt is None or str(self._attempt) in entries:
+            return
+        with contextlib.suppress(OSError):  # a lost record must not stop the restart
+            tmp = Path(self.path + ".tmp")
+            tmp.write_text(json.dumps({**entries, str(self._attempt): entry}))
+            tmp.replace(self.path)
+
+
+def _entries(path: str | Path | None) -> dict[str, dict]:
+    try:
+        return dict(json.loads(Path(path).read_text())) if path else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def read_causes(path: str | Path | None, workers: list[int]) -> list[str]:
+    """The causes of the ends of the attempts before the last (``workers``: each attempt's workers)
+    that ``FailureLog`` recorded at ``path``, oldest first: "worker died" becomes "node lost" where a
+    node up at that attempt's last report is dead now; with none recorded, "resized" where the next
+    attempt ran with another number of workers (Ray's elastic resize is no failure), else "unknown"."""
+    entries, alive = _entries(path), set(_alive_nodes())
+    causes = []
+    for n in range(1, len(workers)):
+        e = entries.get(str(n))
+        if e is None:
+            causes.append("resized" if workers[n] != workers[n - 1] else "unknown")
+            continue
+        lost = e["cause"] == "worker died" and set(e.get("nodes", ())) - alive
+        causes.append("node lost" if lost else e["cause"])
+    return causes
