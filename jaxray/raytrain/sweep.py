@@ -19,7 +19,7 @@ from ray.tune.experiment import Trial
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
-from jaxray.checkpoint import HISTORY_FILE
+from jaxray.checkpoint import CHECKPOINT_PREFIX, HISTORY_FILE
 from jaxray.config import ConfigError, TrainConfig, parse_trial
 from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
@@ -213,6 +213,12 @@ def reported(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metrics.items() if k not in dropped and not k.startswith(prefix)}
 
 
+def disk_use(folders: list[Path]) -> tuple[int, float]:
+    """(how many of ``folders``, the MiB their files take)."""
+    files = [f for folder in folders for f in folder.rglob("*") if f.is_file()]
+    return len(folders), round(sum(f.stat().st_size for f in files) / 2**20, 2)
+
+
 def error_text(error: BaseException) -> str:
     """A failed trial's ``error``: type and message, no ANSI colours, at most ``MAX_ERROR_CHARS``
     (first line and end kept: a worker's traceback ends with the exception that failed it)."""
@@ -251,5 +257,8 @@ def trial_rows(workload: str, result: tune.Result, out: Path, early_stopping: st
     if checkpoint:  # train/<trial>/<checkpoint> of this folder, also where Tune recorded another (moved)
         checkpoint = str(out / TRAIN_DIR / Path(checkpoint).parent.name / Path(checkpoint).name)
     row.update(reported(metrics), trial=name, checkpoint=checkpoint)
+    if checkpoint:  # what the trial's kept checkpoints take on disk, once Ray's retention is done
+        kept = Path(checkpoint).parent.glob(f"{CHECKPOINT_PREFIX}*")
+        row["checkpoints_kept"], row["checkpoints_mib"] = disk_use(list(kept))
     history_file = Path(checkpoint or "") / HISTORY_FILE
     return row, json.loads(history_file.read_text()) if history_file.is_file() else []

@@ -111,8 +111,12 @@ def test_the_row_holds_what_the_workers_reported_and_none_of_tunes_fields(tmp_pa
     ckpt.mkdir(parents=True)
     (ckpt / "history.json").write_text(json.dumps(history))
     metrics = {**LOG_ROW, **SUMMARY, "final": True, "checkpoint_path": str(ckpt), **TUNE_FIELDS}
+    # The trial's kept checkpoints, counted and measured once Ray's retention is done.
+    (ckpt.parent / "checkpoint_step_00000010_attempt1").mkdir()
+    (ckpt.parent / "checkpoint_step_00000010_attempt1" / "a").write_bytes(b"x" * 2**20)
     row, rows = trial_rows("mlp", tune_result(tmp_path, metrics), tmp_path)
-    assert row == {"trial": "mlp_b128_float32_w64_lr0.003", **SUMMARY, "checkpoint": str(ckpt)}
+    disk = {"checkpoints_kept": 2, "checkpoints_mib": round(1 + len(json.dumps(history)) / 2**20, 2)}
+    assert row == {"trial": "mlp_b128_float32_w64_lr0.003", **SUMMARY, "checkpoint": str(ckpt), **disk}
     assert rows == history
 
 
