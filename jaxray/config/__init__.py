@@ -331,23 +331,30 @@ class TrialConfig(FrozenConfig):
         if m.workload == "transformer" and d.seq_len > m.max_seq_len:
             raise ValueError(f"data.seq_len {d.seq_len} exceeds model.max_seq_len {m.max_seq_len}")
         low, high = self.workers.worker_range
-        for workers in range(low, high + 1):  # elastic: every size the group may run at
-            mesh = self.parallel.shape(workers * self.workers.devices_per_worker)
+        for workers, mesh in self.mesh_shapes.items():  # elastic: every size the group may run at
             try:
                 check_devices(self.train.global_batch, mesh["data"] * mesh["fsdp"])
             except ConfigError as err:
                 if low == high:
                     raise
                 raise ValueError(f"{err} (with {workers} of workers.num_workers [{low}, {high}])") from None
-        tensor, per_worker = mesh["tensor"], self.workers.devices_per_worker
-        if per_worker % tensor:
-            allowed = ", ".join(str(n) for n in range(1, per_worker + 1) if per_worker % n == 0)
-            raise ValueError(
-                f"parallel.tensor {tensor} must divide workers.devices_per_worker {per_worker} (allowed: "
-                f"{allowed}): a tensor-parallel group all-reduces every layer, so it stays within one "
-                f"worker; data and fsdp may span workers"
-            )
+            tensor, per_worker = mesh["tensor"], self.workers.devices_per_worker
+            if per_worker % tensor:
+                allowed = ", ".join(str(n) for n in range(1, per_worker + 1) if per_worker % n == 0)
+                raise ValueError(
+                    f"parallel.tensor {tensor} must divide workers.devices_per_worker {per_worker} (allowed: "
+                    f"{allowed}): a tensor-parallel group all-reduces every layer, so it stays within one "
+                    f"worker; data and fsdp may span workers"
+                )
         return self
+
+    @property
+    def mesh_shapes(self) -> dict[int, dict[str, int]]:
+        """{workers: ``{data, fsdp, tensor}`` over their devices (``ParallelConfig.shape``)} for every
+        number of workers the trial may run with (one, unless ``workers.num_workers`` is [min, max])."""
+        low, high = self.workers.worker_range
+        per_worker = self.workers.devices_per_worker
+        return {n: self.parallel.shape(n * per_worker) for n in range(low, high + 1)}
 
     @property
     def mesh_shape(self) -> dict[str, int]:

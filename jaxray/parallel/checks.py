@@ -65,10 +65,11 @@ def check_trial(trial: TrialConfig, shape: Mapping[str, int]) -> int:
 
 
 def check_experiment(exp: ExperimentConfig, source: str) -> None:
-    """``check_attention`` and ``check_mesh`` of every grid point of ``exp`` (fields named
-    ``sweeps.I``); ConfigError."""
+    """``check_attention`` and ``check_mesh`` (on each mesh it may run on) of every grid point of
+    ``exp`` (fields named ``sweeps.I``); ConfigError."""
     for i, sweep in enumerate(exp.sweeps):
         for trial in sweep.trial_dicts(exp.base()):
             parsed = parse_trial(trial, source)
             check_attention(parsed, source, prefix=f"sweeps.{i}.")
-            check_mesh(parsed, parsed.mesh_shape, source, prefix=f"sweeps.{i}.")
+            for shape in parsed.mesh_shapes.values():  # an elastic trial's at every size
+                check_mesh(parsed, shape, source, prefix=f"sweeps.{i}.")

@@ -72,6 +72,27 @@ def test_check_experiment_names_the_file_and_the_sweep(tmp_path):
     )
 
 
+def test_an_elastic_sweep_is_checked_on_the_mesh_of_every_size(tmp_path):
+    """num_workers [3, 4] with fsdp -1: 4 workers split width 32 on fsdp 4, 3 workers cannot (fsdp 3)."""
+    path = tmp_path / "elastic.yaml"
+    path.write_text(
+        """
+experiment: elastic
+data: {seq_len: 32}
+workers: {num_workers: [3, 4]}
+sweeps:
+  - workload: transformer
+    model: {num_layers: 1, num_heads: 2, max_seq_len: 32}
+    train: {steps: 4}
+    parallel: {fsdp: -1}
+    search_space: {width: [32], global_batch: [12]}
+"""
+    )
+    with pytest.raises(ConfigError) as err:
+        check_experiment(load_experiment(path), str(path))
+    assert "sweeps.0: the mesh data=1,fsdp=3,tensor=1 cannot split the params" in str(err.value)
+
+
 def test_train_refuses_before_compiling():
     with pytest.raises(ConfigError, match="model.attention 'cudnn' cannot run"):
         train(cudnn_trial(), iter(()), {}, make_mesh())
