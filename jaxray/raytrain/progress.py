@@ -14,6 +14,7 @@ from ray import tune
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
+from jaxray.raytrain.failures import ATTEMPT_KEY
 from jaxray.reporting import terminal
 from jaxray.reporting.format import diverged_error
 
@@ -73,8 +74,8 @@ class SweepDisplay:
                     fields["speed"] = f"{(count - before[0]) / (seconds - before[1]):,.0f} {unit}"
                 self.last[name] = (count, seconds)
                 break
-        if result.get("attempt", 1) > 1:  # the worker group restarted (``jaxray.raytrain.failures``)
-            fields["status"] = f"running (attempt {result['attempt']})"
+        if result.get(ATTEMPT_KEY, 1) > 1:  # the worker group restarted
+            fields["status"] = f"running (attempt {result[ATTEMPT_KEY]})"
         self.progress.update(task, completed=result.get("step", 0), **fields)
 
     def end(self, name: str, status: str) -> None:
