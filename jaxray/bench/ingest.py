@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import shutil
 import statistics
@@ -128,8 +129,8 @@ def _rows(run: _Run) -> list[dict]:
 def ingest_benchmark(args, sizes: list[IngestSize]) -> Report:
     """Rows per size, in a local Ray (started and stopped unless one runs); without ``--parquet`` each
     dataset is prepared into a temporary folder, removed afterwards."""
-    if started := not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+    if started := not ray.is_initialized():  # "local": never the last cluster /tmp/ray names, maybe gone
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
     tmp = tempfile.mkdtemp(prefix="jaxray-ingest-")
 
     def run(size: IngestSize) -> dict:
@@ -142,7 +143,8 @@ def ingest_benchmark(args, sizes: list[IngestSize]) -> Report:
         results = run_cases([({"workload": s.workload}, lambda s=s: run(s)) for s in sizes], "ingest")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        if started:
+        if started:  # dropped Ray Data iterators call Ray when finalized: not after shutdown (auto-init)
+            gc.collect()
             ray.shutdown()
     rows = [r for res in results for r in res.pop("rows", [res])]
     streamed = [r for r in rows if r.get("feed") in STREAMED]

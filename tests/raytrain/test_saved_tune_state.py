@@ -27,7 +27,7 @@ TUNE_RUN = """
 import sys
 import ray
 from ray import tune
-ray.init(num_cpus=1, include_dashboard=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False)  # never a cluster from /tmp/ray
 tune.Tuner(
     lambda config: {"loss": config["x"]},
     param_space={"x": tune.grid_search([1])},
