@@ -62,47 +62,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_config(path: str, parser_error: Callable[[str], NoReturn]) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_config(path: str, error: Callable[[str], NoReturn]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(http_options, args) of the Serve config ``path``: one ``IMPORT_PATH`` application with valid
-    AppArgs; ``parser_error`` (exit 2) says what is wrong."""
+    AppArgs; ``error`` (exit 2) says what is wrong."""
     from ray.serve.schema import ServeDeploySchema  # deferred: ray is heavy; --help stays fast
 
     try:
         config = ServeDeploySchema.model_validate(yaml.safe_load(Path(path).read_text()))
     except (OSError, yaml.YAMLError, ValueError) as err:  # pydantic's ValidationError is a ValueError
-        parser_error(f"--config {path}: {err}")
+        error(f"--config {path}: {err}")
     apps = [a for a in config.applications if a.import_path == IMPORT_PATH]
     if len(apps) != 1:
-        parser_error(
-            f"--config {path}: expected one application of import_path {IMPORT_PATH}, found {len(apps)}"
-        )
+        error(f"--config {path}: expected one application of import_path {IMPORT_PATH}, found {len(apps)}")
     args = with_checkpoint(apps[0].args)  # as app_builder reads them: $JAXRAY_CHECKPOINT, runs/demo
     try:
         AppArgs.model_validate(args)
     except ValidationError as err:
-        parser_error(f"--config {path}: args: {args_error(err)}")
+        error(f"--config {path}: args: {args_error(err)}")
     return config.http_options.model_dump(), args
 
 
-def app_args(
-    args: argparse.Namespace, parser_error: Callable[[str], NoReturn], base: dict[str, Any] | None = None
-) -> AppArgs:
-    """The validated AppArgs (options over ``base``); ``parser_error`` (exit 2) names a bad option."""
-    base = base or {}
+def app_args(args: argparse.Namespace, error: Callable[[str], NoReturn], base: dict[str, Any]) -> AppArgs:
+    """The validated AppArgs (options over ``base``); ``error`` (exit 2) names a bad option."""
     if not (args.checkpoint or base.get("checkpoint")):
-        parser_error("one of --checkpoint or --config is required")
+        error("one of --checkpoint or --config is required")
     try:
         given = {**base, "checkpoint": args.checkpoint or base["checkpoint"], **replica_overrides(args)}
         parsed = AppArgs(**{**given, "engine": {**base.get("engine", {}), **engine_overrides(args)}})
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         option = "--" + str(first["loc"][-1] if first["loc"] else "args").replace("_", "-")
-        parser_error(f"{option}: {first['msg']}")
+        error(f"{option}: {first['msg']}")
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     if args.compute_cpus and available and args.compute_cpus > available:  # the replica runs on this machine
-        parser_error(
-            f"--compute-cpus: at most {available} (the CPUs available here), got {args.compute_cpus}"
-        )
+        error(f"--compute-cpus: at most {available} (the CPUs available here), got {args.compute_cpus}")
     return parsed
 
 
@@ -135,23 +128,6 @@ def init_ray(verbose: bool = False) -> bool:
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
     ray.init(address="local", include_dashboard=False, logging_level=level)
     return False
-
-
-class GpuShortage(ValueError):
-    """--num-gpus asks for more GPUs than the private Ray started here has."""
-
-
-def check_gpus(num_gpus: float, joined: bool) -> None:
-    """Too few GPUs for the replica: GpuShortage on the private Ray, a warning on a joined cluster."""
-    import ray  # deferred: ray is heavy; --help and option errors stay fast
-
-    have = ray.cluster_resources().get("GPU", 0)
-    if num_gpus <= have:
-        return
-    message = f"--num-gpus {num_gpus:g}: the Ray cluster has {have:g} GPU(s)"
-    if not joined:
-        raise GpuShortage(f"{message}; use --num-gpus 0 to serve on this machine's CPU")
-    print(f"warning: {message}; the replica waits for the cluster to add GPU nodes", file=sys.stderr)
 
 
 def ready_message(host: str, port: int) -> str:
@@ -197,18 +173,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _serve(app, args, settings.num_gpus, joined)
     finally:
-        try:
-            _stop(joined)
-        finally:
-            signal.signal(signal.SIGTERM, sigterm)
+        signal.signal(signal.SIGTERM, sigterm)
 
 
 def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
-    """Deploy ``app``, print the ready message and wait for Ctrl-C; the exit status."""
-    from ray import serve  # deferred: ray is heavy; --help and option errors stay fast
+    """Deploy ``app`` (too few GPUs: exit 2 on the private Ray, a warning on a joined cluster), print
+    the ready message and wait for Ctrl-C; the exit status. Then remove our app from a joined cluster
+    and stop the Ray this process started."""
+    import ray  # deferred: ray is heavy; --help and option errors stay fast
+    from ray import serve  # deferred: as ray
 
     try:
-        check_gpus(num_gpus, joined)
+        if num_gpus > (have := ray.cluster_resources().get("GPU", 0)):
+            message = f"--num-gpus {num_gpus:g}: the Ray cluster has {have:g} GPU(s)"
+            if not joined:  # bad input, found once Ray is up
+                print(f"error: {message}; use --num-gpus 0 to serve on this machine's CPU", file=sys.stderr)
+                return 2
+            print(f"warning: {message}; the replica waits for the cluster to add GPU nodes", file=sys.stderr)
         http = {"host": args.host, "port": args.port, "request_timeout_s": args.request_timeout_s}
         logs = None if args.verbose else {"log_level": "WARNING"}  # Serve's LoggingConfig (default INFO)
         serve.start(http_options=http, logging_config=logs)
@@ -219,26 +200,17 @@ def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
     except KeyboardInterrupt:
         print("stopping", file=sys.stderr, flush=True)
         return 0
-    except GpuShortage as err:  # bad input, found once Ray is up
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     except RuntimeError as err:  # serve.run: a replica failed to start; Serve's status says why
         from jaxray.serve.app import deploy_failure  # deferred: loaded already, by main()
 
         print(f"error: {err}\n{deploy_failure(APP_NAME)}".rstrip(), file=sys.stderr)
         return 1
-
-
-def _stop(joined: bool) -> None:
-    """Remove our app from a joined cluster; stop the Ray this process started."""
-    import ray  # deferred: ray is heavy; --help and option errors stay fast
-    from ray import serve  # deferred: as ray
-
-    try:
-        if joined:
-            serve.delete(APP_NAME)
     finally:
-        ray.shutdown()
+        try:
+            if joined:
+                serve.delete(APP_NAME)
+        finally:
+            ray.shutdown()
 
 
 if __name__ == "__main__":

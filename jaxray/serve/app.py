@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import AutoscalingConfig
 from starlette.requests import Request as HttpRequest
 
 from jaxray import checkpoint
@@ -26,11 +27,7 @@ from jaxray.inference.artifact_loader import read_artifact_manifest
 from jaxray.inference.engine import Request
 from jaxray.inference.load import check_source, describe_source, is_artifact, load_engine
 from jaxray.inference.settings import EngineSettings
-from jaxray.serve import (
-    metrics,
-    openai,
-    playground,  # noqa: F401 - registers GET / on the api
-)
+from jaxray.serve import metrics, openai, playground  # noqa: F401 - playground registers GET / on the api
 from jaxray.serve.routes import Counted, api, body_schema, decoded, drain, generate_events, read_body
 from jaxray.serve.scheduler import Scheduler
 from jaxray.serve.schema import ApiError, GenerateRequest, GenerateResponse, Limits, parse, served_model
@@ -81,7 +78,7 @@ class JaxrayServer:
     ):
         self.started, self.started_unix = time.monotonic(), time.time()
         self.replica = serve.get_replica_context().replica_id.unique_id
-        self.compute_cpus = pin_compute(compute_cpus) if pin_cpus else []
+        cpus = pin_compute(compute_cpus) if pin_cpus else []  # before XLA starts its threads
         self.engine = load_engine(checkpoint, settings)
         report = self.engine.compile()
         logger.info(
@@ -97,11 +94,8 @@ class JaxrayServer:
         self.limits = Limits(
             settings.max_new_tokens, settings.max_prompt_bytes, self.engine.config.vocab_size
         )
-        self.batching = {
-            "max_batch_size": max_batch_size,
-            "batch_wait_ms": batch_wait_s * 1e3,
-            "compute_cpus": self.compute_cpus,
-        }
+        wait_ms = batch_wait_s * 1e3
+        self.batching = {"max_batch_size": max_batch_size, "batch_wait_ms": wait_ms, "compute_cpus": cpus}
         self._batch.set_max_batch_size(max_batch_size)
         self._batch.set_batch_wait_timeout_s(batch_wait_s)
         self.scheduler = Scheduler(self.engine, max_batch_size)
@@ -201,40 +195,21 @@ class JaxrayServer:
             yield out
 
 
-def check_weights(given: Path, source: Path, settings: EngineSettings) -> None:
-    """The weights of ``source`` (``given`` resolved) checked here, without restoring a checkpoint:
-    its SHA-256 digests, unless resolving a run folder verified them already; an artifact is loaded
-    (left to the replica when exported for another platform). Each replica restores once. Raises
-    CheckpointError / ArtifactError naming the file, ValueError a setting."""
-    if not is_artifact(source):
-        if source == given:
-            checkpoint.verify(source)
-        return
-    if jax.export.default_export_platform() in read_artifact_manifest(source)["platforms"]:
-        load_engine(source, settings)  # only the check is wanted: the replica loads its own
-
-
-def replica_policy(args: AppArgs) -> dict[str, Any]:
-    """``num_replicas`` or a checked ``autoscaling_config`` (Ray's ``AutoscalingConfig``) for
-    ``.options``. Raises ValueError naming the bad key."""
-    if args.autoscaling_config is None:
-        return {"num_replicas": args.num_replicas}
-    from ray.serve.config import AutoscalingConfig  # deferred: only where autoscaling is asked for
-
-    if unknown := sorted(set(args.autoscaling_config) - set(AutoscalingConfig.model_fields)):
-        allowed = ", ".join(AutoscalingConfig.model_fields)
-        raise ValueError(f"autoscaling_config: unknown key(s) {', '.join(unknown)}; allowed: {allowed}")
-    try:
-        AutoscalingConfig.model_validate(args.autoscaling_config)
-    except ValidationError as err:
-        raise ValueError(f"autoscaling_config: {args_error(err)}") from None
-    return {"autoscaling_config": args.autoscaling_config}
-
-
 def deployment(args: AppArgs) -> serve.Deployment:
-    """``JaxrayServer`` with the options of ``args`` and those that keep faults short."""
+    """``JaxrayServer`` with the options of ``args`` (``num_replicas``, or ``autoscaling_config`` checked
+    as Ray's ``AutoscalingConfig``: ValueError naming a bad key) and those that keep faults short."""
+    policy: dict[str, Any] = {"num_replicas": args.num_replicas}
+    if args.autoscaling_config is not None:
+        if unknown := sorted(set(args.autoscaling_config) - set(AutoscalingConfig.model_fields)):
+            allowed = ", ".join(AutoscalingConfig.model_fields)
+            raise ValueError(f"autoscaling_config: unknown key(s) {', '.join(unknown)}; allowed: {allowed}")
+        try:
+            AutoscalingConfig.model_validate(args.autoscaling_config)
+        except ValidationError as err:
+            raise ValueError(f"autoscaling_config: {args_error(err)}") from None
+        policy = {"autoscaling_config": args.autoscaling_config}
     return JaxrayServer.options(
-        **replica_policy(args),
+        **policy,
         max_ongoing_requests=args.max_ongoing_requests,
         max_queued_requests=args.max_queued_requests,
         backpressure_config={"status_code": 503, "retry_after_s": RETRY_AFTER_S},
@@ -247,8 +222,8 @@ def deployment(args: AppArgs) -> serve.Deployment:
 
 
 def build_app(args: AppArgs) -> Application:
-    """The bound application for ``args``, its weights restored here first. Raises ValueError (bad
-    path or max_batch_size), CheckpointError / ArtifactError naming a damaged file."""
+    """The bound application for ``args``, its weights checked here first. Raises ValueError (bad path,
+    max_batch_size or setting), CheckpointError / ArtifactError naming a damaged file."""
     path = Path(args.checkpoint).expanduser().absolute()
     if not path.exists():
         raise ValueError(
@@ -271,16 +246,19 @@ def build_app(args: AppArgs) -> Application:
     # Replicas get the checkpoint resolved here, so a replacement serves the same one.
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
-    check_weights(path, source, args.engine)
+    # Weights checked without a restore (each replica restores once): a checkpoint's SHA-256 digests,
+    # unless resolving a run folder verified them; an artifact is loaded, unless exported for another
+    # platform (then left to the replica).
+    if not is_artifact(source):
+        if source == path:
+            checkpoint.verify(source)
+    elif jax.export.default_export_platform() in read_artifact_manifest(source)["platforms"]:
+        load_engine(source, args.engine)  # only the check is wanted: the replica loads its own
+    # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
+    pin = args.compute_cpus is not None or (args.autoscaling_config is None and args.num_replicas == 1)
+    wait_s = args.batch_wait_ms / 1e3
     return server.bind(
-        str(source),
-        args.engine,
-        max_batch,
-        args.batch_wait_ms / 1e3,
-        args.compute_cpus,
-        args.served_model_name,
-        # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
-        args.compute_cpus is not None or (args.autoscaling_config is None and args.num_replicas == 1),
+        str(source), args.engine, max_batch, wait_s, args.compute_cpus, args.served_model_name, pin
     )
 
 

@@ -113,28 +113,26 @@ class RequestTimer:
     """The metrics of one generation request, from ``request_started`` to ``finish``. Times are
     ``time.perf_counter()`` seconds; methods called after ``finish`` do nothing."""
 
-    __slots__ = ("_m", "_tags", "_model", "_start", "_last", "_state")
+    __slots__ = ("_m", "_tags", "_start", "_last", "_done")
 
     def __init__(self, route: str, model: str):
         self._m = _get()
         self._tags = {MODEL_TAG: model, "route": route}
-        self._model = model
         self._start = time.perf_counter()
-        self._last: float | None = None  # when the previous chunk came; None before the first
-        self._state = "waiting"  # -> "running" at the first token -> "finished"
+        self._last: float | None = None  # when the previous chunk came; None (waiting) before the first
+        self._done = False
         self._m.move(model, waiting=1, running=0)
 
     def tokens(self, n: int) -> None:
         """``n`` new tokens produced now (one chunk; ``n`` <= 0 does nothing). The first chunk observes
         the time to first token (s), moving the request from waiting to running; each later one the
         inter-token latency, (seconds since the previous chunk) / ``n``."""
-        if n <= 0 or self._state == "finished":
+        if n <= 0 or self._done:
             return
         now = time.perf_counter()
         if self._last is None:
             self._m.ttft.observe(now - self._start, tags=self._tags)
-            self._state = "running"
-            self._m.move(self._model, waiting=-1, running=1)
+            self._m.move(self._tags[MODEL_TAG], waiting=-1, running=1)
         else:
             self._m.itl.observe((now - self._last) / n, tags=self._tags)
         self._last = now
@@ -144,11 +142,10 @@ class RequestTimer:
         """The request ended (answered, failed or cancelled): observes the end-to-end latency (s) and
         counts ``prompt_tokens`` and one request under ``finish_reason`` (None: ``"abort"``). Only the
         first call counts."""
-        if self._state == "finished":
+        if self._done:
             return
-        state, self._state = self._state, "finished"
-        m = self._m
-        m.move(self._model, *((-1, 0) if state == "waiting" else (0, -1)))
+        self._done, m = True, self._m
+        m.move(self._tags[MODEL_TAG], *((-1, 0) if self._last is None else (0, -1)))
         m.e2e.observe(time.perf_counter() - self._start, tags=self._tags)
         if prompt_tokens > 0:
             m.prompt_tokens.inc(prompt_tokens, tags=self._tags)
@@ -204,27 +201,17 @@ def count_requests(app) -> None:
         app.add_middleware(_CountRequests)
 
 
-def metrics_urls() -> list[str]:
-    """The Prometheus endpoints (``http://<node address>:<port>/metrics``) of the Ray metrics
-    agents of all alive nodes, the head node first; [] before ``ray.init``. Each exports the
-    metrics of the replicas on its node."""
+def metrics_url() -> str | None:
+    """``http://<node address>:<port>/metrics`` of the head node's Ray metrics agent (else the first alive
+    node's; each exports its replicas' metrics, a local Ray's all of them), or None before ``ray.init``."""
     import ray  # deferred: importing this module needs no Ray
 
     if not ray.is_initialized():
-        return []
+        return None
     nodes = [node for node in ray.nodes() if node.get("Alive")]
     nodes.sort(key=lambda node: "node:__internal_head__" not in node.get("Resources", {}))
-    urls = []
     for node in nodes:
         address, port = node.get("NodeManagerAddress"), node.get("MetricsExportPort")
         if address and port and port > 0:
-            host = f"[{address}]" if ":" in address else address
-            urls.append(f"http://{host}:{port}/metrics")
-    return urls
-
-
-def metrics_url() -> str | None:
-    """The Prometheus endpoint of the head node's Ray metrics agent (with a local Ray, the only
-    node: every replica's metrics), or None before ``ray.init``."""
-    urls = metrics_urls()
-    return urls[0] if urls else None
+            return f"http://{f'[{address}]' if ':' in address else address}:{port}/metrics"
+    return None

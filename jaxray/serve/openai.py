@@ -19,21 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from starlette.requests import Request as HttpRequest
 
 from jaxray.inference.engine import Request
+from jaxray.serve import schema
 from jaxray.serve.routes import decoded, guarded, read_body
-from jaxray.serve.schema import (
-    MAX_N,
-    MAX_SEED,
-    MAX_STOPS,
-    ApiError,
-    Prompt,
-    Seed,
-    Stream,
-    Temperature,
-    TopK,
-    _Sampling,
-    parse,
-    sse,
-)
+from jaxray.serve.schema import ApiError, Prompt, Seed, Stream, Temperature, TopK, _Sampling, parse, sse
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
 # Chat's speakers when a message names none: the model learned play scripts, "NAME:\ntext\n\n".
@@ -54,9 +42,9 @@ class _OpenAI(_Sampling):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the most likely bytes holding this")
     top_k: TopK = None
     seed: Seed | None = Field(None, description="choice i is seeded seed + i; null: a random seed")
-    n: int = Field(1, ge=1, le=MAX_N, description="choices to generate")
+    n: int = Field(1, ge=1, le=schema.MAX_N, description="choices to generate")
     stop: str | list[str] | None = Field(
-        None, validate_default=True, description=f"up to {MAX_STOPS} strings that end a choice"
+        None, validate_default=True, description=f"up to {schema.MAX_STOPS} strings that end a choice"
     )
     stream: Stream = False
     stream_options: StreamOptions | None = None
@@ -71,8 +59,8 @@ class _OpenAI(_Sampling):
     @classmethod
     def _stops(cls, value: str | list[str] | None) -> list[str]:
         stops = [value] if isinstance(value, str) else list(value or [])
-        if len(stops) > MAX_STOPS or not all(stops):
-            raise ValueError(f"stop must be a string or a list of at most {MAX_STOPS} non-empty strings")
+        if len(stops) > (most := schema.MAX_STOPS) or not all(stops):
+            raise ValueError(f"stop must be a string or a list of at most {most} non-empty strings")
         return stops
 
     @field_validator("stream_options")
@@ -135,23 +123,15 @@ def render_chat(messages: list[ChatMessage]) -> str:
     return "".join(turns) + f"{SPEAKERS['assistant']}:\n"
 
 
-def model_object(server) -> dict[str, Any]:
-    """The served model as an OpenAI ``model`` object."""
-    return {
-        "id": server.model_name,
-        "object": "model",
-        "created": int(server.started_unix),
-        "owned_by": "jaxray",
-        "max_model_len": server.engine.config.max_seq_len,
-    }
-
-
 def models(server, model_id: str | None = None) -> dict[str, Any]:
-    """``GET /v1/models`` (a list of one), or ``/v1/models/{model_id}``; ApiError 404 for another id."""
+    """``GET /v1/models`` (a list of the one OpenAI ``model`` object), or ``/v1/models/{model_id}``;
+    ApiError 404 for another id."""
+    model = {"id": server.model_name, "object": "model", "created": int(server.started_unix)}
+    model |= {"owned_by": "jaxray", "max_model_len": server.engine.config.max_seq_len}
     if model_id is None:
-        return {"object": "list", "data": [model_object(server)]}
+        return {"object": "list", "data": [model]}
     _check_model(server, model_id)
-    return model_object(server)
+    return model
 
 
 def _check_model(server, model: str | None) -> None:
@@ -237,23 +217,22 @@ def _usage(prompt_tokens: int, choices: list[Choice]) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": total}
 
 
-def _choice(kind: str, index: int, text: str, finish: str | None, stop: str | None, chunk: bool) -> dict:
-    """One entry of ``choices``: text (completions), a message or a delta (chat)."""
-    end = {"logprobs": None, "finish_reason": finish, "stop_reason": stop}
-    if kind == "text_completion":
-        return {"index": index, "text": text, **end}
-    if chunk:
-        return {"index": index, "delta": {"content": text} if text or finish is None else {}, **end}
-    return {"index": index, "message": {"role": "assistant", "content": text}, **end}
-
-
 class _Reply:
-    """The id, object type and model of one request's answer or stream."""
+    """The id, object type and model of one request's answer or stream, and its ``choices`` entries."""
 
     def __init__(self, server, chat: bool):
         self.kind = "chat.completion" if chat else "text_completion"
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.model, self.created = server.model_name, int(time.time())
+
+    def choice(self, index: int, text: str, finish: str | None, stop: str | None, chunk: bool) -> dict:
+        """One entry of ``choices``: text (completions), a message or a delta (chat)."""
+        end = {"logprobs": None, "finish_reason": finish, "stop_reason": stop}
+        if self.kind == "text_completion":
+            return {"index": index, "text": text, **end}
+        if chunk:
+            return {"index": index, "delta": {"content": text} if text or finish is None else {}, **end}
+        return {"index": index, "message": {"role": "assistant", "content": text}, **end}
 
     def body(self, choices: list[dict], usage: dict | None = None, chunk: bool = False) -> dict[str, Any]:
         kind = f"{self.kind}.chunk" if chunk and self.kind == "chat.completion" else self.kind
@@ -265,14 +244,13 @@ class _Reply:
 async def _events(reply: _Reply, choices: list[Choice], req: _OpenAI, prompt_tokens: int) -> AsyncIterator:
     """The SSE stream: for chat a first chunk with the assistant role per choice; a chunk per piece;
     a finishing chunk per choice; the usage chunk (``stream_options.include_usage``); ``[DONE]``."""
-    kind = reply.kind
-    if kind == "chat.completion":
+    if reply.kind == "chat.completion":
         for c in choices:
             start = {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
             yield sse(reply.body([{**start, "finish_reason": None, "stop_reason": None}], chunk=True))
     async for c, piece in _merged(choices):
         end = (None, None) if piece is not None else (c.finish_reason, c.stop_reason)
-        yield sse(reply.body([_choice(kind, c.index, piece or "", *end, True)], chunk=True))
+        yield sse(reply.body([reply.choice(c.index, piece or "", *end, True)], chunk=True))
     if req.stream_options is not None and req.stream_options.include_usage:
         yield sse(reply.body([], _usage(prompt_tokens, choices), chunk=True))
     yield sse("[DONE]")
@@ -287,16 +265,13 @@ async def answer(server, http: HttpRequest, model: type[_OpenAI]):
         prompt = req.text().encode("utf-8")
     except UnicodeEncodeError as err:
         raise ApiError(400, "messages", f"messages are not valid Unicode text ({err.reason})") from None
-    if len(prompt) > server.limits.max_prompt_bytes:
-        limit = server.limits.max_prompt_bytes
+    if len(prompt) > (limit := server.limits.max_prompt_bytes):
         message = f"the rendered prompt is {len(prompt)} UTF-8 bytes, over the limit of {limit}"
         raise ApiError(400, model._prompt_field, message)
-    seed = secrets.randbelow(MAX_SEED + 1) if req.seed is None else req.seed
+    seed = secrets.randbelow(schema.MAX_SEED + 1) if req.seed is None else req.seed
     budget = req.new_tokens(server.limits)
-    requests = [
-        Request(prompt, budget, req.temperature, req.top_k, (seed + i) % (MAX_SEED + 1), req.top_p)
-        for i in range(req.n)
-    ]
+    seeds = [(seed + i) % (schema.MAX_SEED + 1) for i in range(req.n)]
+    requests = [Request(prompt, budget, req.temperature, req.top_k, s, req.top_p) for s in seeds]
     server.check(requests[0], model._budget)  # the n requests differ only in their (wrapped) seeds
     prompt_tokens = server.engine.prompt_tokens(requests[0])
     choices = [
@@ -307,8 +282,7 @@ async def answer(server, http: HttpRequest, model: type[_OpenAI]):
         events = guarded(_events(reply, choices, req, prompt_tokens))
         return StreamingResponse(events, media_type="text/event-stream")
     texts = await asyncio.gather(*(_joined(c) for c in choices))
-    kind = reply.kind
-    out = [_choice(kind, c.index, t, c.finish_reason, c.stop_reason, False) for c, t in zip(choices, texts)]
+    out = [reply.choice(c.index, t, c.finish_reason, c.stop_reason, False) for c, t in zip(choices, texts)]
     return reply.body(out, _usage(prompt_tokens, choices))
 
 

@@ -47,12 +47,8 @@ async def _failed(_: HttpRequest, err: Exception) -> JSONResponse:
 
 def body_schema(model: type[BaseModel]) -> dict:
     """OpenAPI ``requestBody`` for a route that parses its body itself (see ``schema.parse``)."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
-        }
-    }
+    content = {"application/json": {"schema": model.model_json_schema()}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 async def read_body(http: HttpRequest, limit: int) -> bytes:

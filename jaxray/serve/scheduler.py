@@ -67,14 +67,6 @@ class Scheduler:
             "decode_s": self.batcher.decode_s,
         }
 
-    def _admissible(self) -> list[_Group]:
-        """The waiting groups, oldest first, that fit in the free rows (up to the first that does not)."""
-        groups, free = [], self.batcher.free
-        while self._waiting and len(self._waiting[0].requests) <= free:
-            groups.append(self._waiting.popleft())
-            free -= len(groups[-1].requests)
-        return groups
-
     async def _drive(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -86,7 +78,12 @@ class Scheduler:
                 tickets = [self._tickets[key] for key in self._cancelled if key in self._tickets]
                 self._cancelled.clear()
                 await self._run(loop, None, self.batcher.cancel, tickets)
-            if groups := self._admissible():
+            # The waiting groups, oldest first, that fit in the free rows (up to the first that does not).
+            groups, free = [], self.batcher.free
+            while self._waiting and len(self._waiting[0].requests) <= free:
+                groups.append(self._waiting.popleft())
+                free -= len(groups[-1].requests)
+            if groups:
                 tickets = [(group, i) for group in groups for i in range(len(group.requests))]
                 requests = [r for group in groups for r in group.requests]
                 self._tickets.update({id(r): t for r, t in zip(requests, tickets)})
@@ -95,10 +92,11 @@ class Scheduler:
                 await self._run(loop, None, self.batcher.step)
 
     async def _run(self, loop, admitted: list[_Group] | None, call, *args) -> None:
-        """``call`` on the engine thread, updates sent to their groups; on an engine error the groups
-        involved get it and the running batch is reset."""
+        """``call`` on the engine thread, its updates sent to their groups: one list per group that got
+        tokens, each of its requests' new tokens ([] if none); a finished request leaves ``_tickets``.
+        On an engine error the groups involved get it and the running batch is reset."""
         try:
-            updates = await loop.run_in_executor(self._thread, call, *args)
+            updates: list[Update] = await loop.run_in_executor(self._thread, call, *args)
         except Exception as err:  # noqa: BLE001 - the handlers get the error, the loop goes on
             failed = set(admitted or []) | {group for group, _ in self.batcher.reset()}
             for group in failed:
@@ -106,20 +104,14 @@ class Scheduler:
                 group.out.put_nowait(_DONE)
             self._tickets = {key: t for key, t in self._tickets.items() if t[0] not in failed}
             return
-        _dispatch(updates, self._tickets)
-
-
-def _dispatch(updates: list[Update], tickets: dict[int, tuple[_Group, int]]) -> None:
-    """One list per group that got tokens: each of its requests' new tokens ([] if none); a
-    finished request leaves ``tickets``."""
-    steps: dict[_Group, list[list[int]]] = {}
-    for update in updates:
-        group, i = update.ticket
-        steps.setdefault(group, [[] for _ in group.requests])[i] = update.tokens
-        group.unfinished -= update.done
-        if update.done:
-            tickets.pop(id(group.requests[i]), None)
-    for group, step in steps.items():
-        group.out.put_nowait(step)
-        if group.unfinished == 0:
-            group.out.put_nowait(_DONE)
+        steps: dict[_Group, list[list[int]]] = {}
+        for update in updates:
+            group, i = update.ticket
+            steps.setdefault(group, [[] for _ in group.requests])[i] = update.tokens
+            group.unfinished -= update.done
+            if update.done:
+                self._tickets.pop(id(group.requests[i]), None)
+        for group, step in steps.items():
+            group.out.put_nowait(step)
+            if group.unfinished == 0:
+                group.out.put_nowait(_DONE)

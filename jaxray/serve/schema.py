@@ -2,8 +2,7 @@
 
 Requests are strict pydantic models parsed from the body bytes (``parse``); server-dependent
 ``Limits`` travel as validation context. Refusals are 4xx with OpenAI's error shape
-``{"error": {"message", "type", "param", "code"}}`` plus ``field`` (= ``param``) and ``allowed``.
-"""
+``{"error": {"message", "type", "param", "code"}}`` plus ``field`` (= ``param``) and ``allowed``."""
 
 from __future__ import annotations
 
@@ -54,16 +53,9 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The JSON error body (see the module docstring)."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": ERROR_TYPES.get(self.status, "server_error"),
-                "param": self.field,
-                "code": self.status,
-                "field": self.field,
-                "allowed": self.allowed,
-            }
-        }
+        kind = ERROR_TYPES.get(self.status, "server_error")
+        error = {"message": self.message, "type": kind, "param": self.field, "code": self.status}
+        return {"error": {**error, "field": self.field, "allowed": self.allowed}}
 
 
 def _limits(info: ValidationInfo) -> Limits:
@@ -79,8 +71,8 @@ def _check_prompt(prompt: str, info: ValidationInfo) -> str:
         size = len(prompt.encode("utf-8"))
     except UnicodeEncodeError as err:  # lone surrogates have no UTF-8 form
         raise ValueError(f"prompt is not valid Unicode text ({err.reason} at position {err.start})") from None
-    if size > _limits(info).max_prompt_bytes:
-        raise ValueError(f"prompt is {size} UTF-8 bytes, over the limit of {_limits(info).max_prompt_bytes}")
+    if size > (limit := _limits(info).max_prompt_bytes):
+        raise ValueError(f"prompt is {size} UTF-8 bytes, over the limit of {limit}")
     return prompt
 
 
@@ -100,6 +92,9 @@ def _check_top_k(value: int | None, info: ValidationInfo) -> int | None:
 
 Temperature = Annotated[float, Field(ge=0, description="softmax temperature; 0 is greedy")]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description="PRNG seed; the same seed gives the same text")]
+Prompt = Annotated[str, Field(description="text to continue; only its last max_seq_len bytes are read")]
+TopK = Annotated[int | None, Field(description="sample from the k most likely bytes; null: all")]
+Stream = Annotated[bool, Field(description="stream server-sent events as the bytes are produced")]
 
 
 class _Sampling(BaseModel):
@@ -118,11 +113,6 @@ class _Sampling(BaseModel):
         """The token budget; its default is lowered to the server's cap when the field is not given."""
         value = getattr(self, self._budget)
         return value if self._budget in self.model_fields_set else min(value, limits.max_new_tokens)
-
-
-Prompt = Annotated[str, Field(description="text to continue; only its last max_seq_len bytes are read")]
-TopK = Annotated[int | None, Field(description="sample from the k most likely bytes; null: all")]
-Stream = Annotated[bool, Field(description="stream server-sent events as the bytes are produced")]
 
 
 class GenerateRequest(_Sampling):
@@ -189,23 +179,18 @@ def parse(model: type[_Sampling], body: bytes, limits: Limits) -> _Sampling:
     try:
         return model.model_validate_json(body, context=limits)
     except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        raise _api_error(model, first, limits) from None
-
-
-def _api_error(model: type[BaseModel], error: dict, limits: Limits) -> ApiError:
-    field = str(error["loc"][0]) if error["loc"] else "body"
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        message = f"unknown field {field!r}"
-    elif kind == "missing":
-        message = f"{field} is required"
-    elif kind in ("json_invalid", "model_type"):
-        message = f"the body is not a JSON object ({error['msg']})"
-    else:  # pydantic's message for type and range errors; ours (after "Value error, ") for the rest
-        message = error["msg"].removeprefix("Value error, ")
-        message = message if message.startswith(field) else f"{field}: {message}"
-    return ApiError(400, field, message, allowed(model, field, limits))
+        error = err.errors(include_url=False)[0]
+        field, kind = (str(error["loc"][0]) if error["loc"] else "body"), error["type"]
+        if kind == "extra_forbidden":
+            message = f"unknown field {field!r}"
+        elif kind == "missing":
+            message = f"{field} is required"
+        elif kind in ("json_invalid", "model_type"):
+            message = f"the body is not a JSON object ({error['msg']})"
+        else:  # pydantic's message for type and range errors; ours (after "Value error, ") for the rest
+            message = error["msg"].removeprefix("Value error, ")
+            message = message if message.startswith(field) else f"{field}: {message}"
+        raise ApiError(400, field, message, allowed(model, field, limits)) from None
 
 
 def sse(data: Any) -> bytes:

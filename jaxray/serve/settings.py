@@ -6,20 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Iterable
 from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    NonNegativeFloat,
-    PositiveInt,
-    StrictFloat,
-    StrictInt,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.types import NonNegativeFloat, PositiveInt, StrictFloat, StrictInt
 
 from jaxray.argtypes import FieldOptions, add_field_options, given_options, non_negative_float, positive_int
 from jaxray.inference.settings import EngineSettings
@@ -106,11 +96,9 @@ OPTIONS: FieldOptions = {
 }
 
 
-def add_replica_options(
-    parser: argparse.ArgumentParser, names: Iterable[str] = OPTIONS, note: str = ""
-) -> None:
-    """Add the ``OPTIONS`` in ``names`` to ``parser``; each defaults to None (AppArgs' default applies)."""
-    add_field_options(parser, AppArgs, OPTIONS, names, note)
+def add_replica_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``OPTIONS`` to ``parser``; each defaults to None (AppArgs' default applies)."""
+    add_field_options(parser, AppArgs, OPTIONS, OPTIONS)
 
 
 def replica_overrides(args: argparse.Namespace) -> dict[str, Any]:
