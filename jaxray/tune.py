@@ -55,6 +55,7 @@ from jaxray.runs import (
     written_whole,
 )
 
+RESUME = "python -m jaxray.tune --resume"
 INTERRUPTED = 130  # exit code of an interrupted run (as a shell reports Ctrl+C)
 FULL_DISK_BYTES = 64 << 20  # below this much free space, a sweep that stops is said to have filled the disk
 
@@ -286,9 +287,11 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     if failed:
         traced = any(map(crashed, rows))  # a diverged trial leaves no error.txt
         tracebacks = f", tracebacks in {out / TUNE_DIR}/<workload>/<trial>/error.txt" if traced else ""
+        # --resume trains those again from their newest complete checkpoints (a lost node, a crash).
+        again = f"; to run them again from their newest checkpoints: {RESUME} {out}" if traced else ""
         print(
             f"error: {len(failed)} trial(s) failed: {', '.join(failed)} (their errors are in "
-            f"{out / SUMMARY_MD}{tracebacks}{terminal.log_hint()})",
+            f"{out / SUMMARY_MD}{tracebacks}{terminal.log_hint()}){again}",
             file=terminal.err(),
         )
         return 1
@@ -340,7 +343,7 @@ def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool) -> 
 
 
 def resume_hint(out: Path) -> str:
-    return f"; the state is saved. Resume with: python -m jaxray.tune --resume {out}"
+    return f"; the state is saved. Resume with: {RESUME} {out}"
 
 
 def full_disk(out: Path, err: Exception) -> str | None:

@@ -182,3 +182,10 @@ def test_the_next_commands_are_the_installs_and_none_when_every_trial_failed(tmp
     assert report(tmp_path, load_experiment(ROOT / "tune_configs/smoke.yaml"), [(r, []) for r in failed]) == 1
     captured = capsys.readouterr()
     assert "next:" not in captured.out and "2 trial(s) failed" in captured.err
+    assert f"to run them again from their newest checkpoints: python -m jaxray.tune --resume {tmp_path}" in (
+        captured.err
+    )
+    diverged = [{**r, "diverged_step": 2} for r in failed]  # would diverge again: no such hint
+    smoke = load_experiment(ROOT / "tune_configs/smoke.yaml")
+    assert report(tmp_path, smoke, [(r, []) for r in diverged]) == 1
+    assert "--resume" not in capsys.readouterr().err
