@@ -334,8 +334,8 @@ def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool) -> 
         results += rows
         if unfinished:
             print(
-                f"error: interrupted with {unfinished} trial(s) of the {sweep.workload} sweep "
-                f"unfinished{resume_hint(out)}",
+                f"error: the {sweep.workload} sweep stopped with {unfinished} trial(s) unfinished "
+                f"(interrupted, or a trial's driver lost with its node){resume_hint(out)}",
                 file=terminal.err(),
             )
             return INTERRUPTED
