@@ -5,18 +5,14 @@
 # alone (`ray stop` would end them all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. cluster/process-group.sh
 state="runs/ray-head-${RAY_DASHBOARD_PORT:-8265}"
 [ -f "$state.pid" ] || { echo "no $state.pid: no head of local-up.sh to stop" >&2; exit 1; }
 pid="$(cat "$state.pid")"
 # Only while the pid is still that `ray start` (a stale file must not signal whoever has the pid now),
 # and only the leader: it stops the others in order.
 if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q 'ray start --head'; then
-  kill -TERM "$pid"
-  for _ in $(seq 60); do
-    kill -0 -- "-$pid" 2>/dev/null || break
-    sleep 1
-  done
-  kill -KILL -- "-$pid" 2>/dev/null || true
+  stop_group "$pid"
   echo "stopped the Ray head of $state.pid (process group $pid)"
 else
   echo "the head of $state.pid (pid $pid) had already ended"

@@ -7,6 +7,7 @@
 # runs/ray-node-NAME.pid: lose and stop end that process group and no other Ray on the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. cluster/process-group.sh
 usage="usage: cluster/local-node.sh add|lose|stop NAME [ray start args]"
 [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
 action="$1" name="$2"
@@ -53,12 +54,7 @@ lose | stop)
   if [ "$action" = lose ]; then
     kill -KILL -- "-$pid"
   else
-    kill -TERM "$pid"
-    for _ in $(seq 60); do
-      kill -0 -- "-$pid" 2>/dev/null || break
-      sleep 1
-    done
-    kill -KILL -- "-$pid" 2>/dev/null || true
+    stop_group "$pid"
   fi
   rm -f "$state.pid"
   echo "node $name: $action (process group $pid)"
