@@ -40,6 +40,7 @@ TRIAL = {
 }
 NODE_CPUS = 2  # one node holds the trial's two workers
 WAIT_S = 240
+COORDINATOR_REFRESH_S = 25
 
 
 class Nodes:
@@ -184,6 +185,9 @@ def test_an_elastic_group_shrinks_without_a_node_and_grows_back(
     fixed-size run's (the same batches; only the reductions' order differs)."""
     nodes.cluster.remove_node(nodes.current)
     one, two = (nodes.cluster.add_node(num_cpus=1) for _ in range(2))
+    # Ray Train's elastic policy counts the nodes that Ray Data's autoscaling coordinator saw at its
+    # last refresh (every 20 s): without this wait the group may start with 1 worker and resize.
+    time.sleep(COORDINATOR_REFRESH_S)
     workers = {"num_workers": [1, 2], "max_failures": 1, "elastic_resize_monitor_interval_s": 5}
     fault = {"pause_at_steps": [21, 31], "pause_attempts": [1, 2], "pause_s": 20}
     thread, out = start_fit(real_dir, datasets, tmp_path, "elastic", fault, workers=workers)
