@@ -30,7 +30,9 @@ from jaxray.serve.settings import AppArgs, add_replica_options, args_error, repl
 
 APP_NAME = "jaxray"
 IMPORT_PATH = "jaxray.serve.app:app_builder"  # the application of a config file (serve/config.yaml)
-REQUEST_TIMEOUT_S = 60.0  # Serve's proxy answers a request still unanswered after this with 408
+# Serve's http_options where neither the options nor --config give them (request_timeout_s: Serve's
+# proxy answers a request still unanswered after this many seconds with 408).
+HTTP = {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 60.0}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,13 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Serve config file such as serve/config.yaml: its http_options and the args of its "
         f"{IMPORT_PATH} application, which the options given here override",
     )
-    p.add_argument("--host", help="address to listen on (0.0.0.0: every interface; default 127.0.0.1)")
-    p.add_argument("--port", type=port, help="HTTP port (default 8000)")
+    p.add_argument("--host", help=f"address to listen on (0.0.0.0: every interface; default {HTTP['host']})")
+    p.add_argument("--port", type=port, help=f"HTTP port (default {HTTP['port']})")
     p.add_argument(
         "--request-timeout-s",
         type=positive_float,
         help=f"seconds before Serve's proxy answers a request still unanswered with 408 "
-        f"(default {REQUEST_TIMEOUT_S:g})",
+        f"(default {HTTP['request_timeout_s']:g})",
     )
     p.add_argument(
         "--verbose",
@@ -90,9 +92,7 @@ def app_args(args: argparse.Namespace, error: Callable[[str], NoReturn], base: d
         given = {**base, "checkpoint": args.checkpoint or base["checkpoint"], **replica_overrides(args)}
         parsed = AppArgs(**{**given, "engine": {**base.get("engine", {}), **engine_overrides(args)}})
     except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        option = "--" + str(first["loc"][-1] if first["loc"] else "args").replace("_", "-")
-        error(f"{option}: {first['msg']}")
+        error(args_error(err, option=True))
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     if args.compute_cpus and available and args.compute_cpus > available:  # the replica runs on this machine
         error(f"--compute-cpus: at most {available} (the CPUs available here), got {args.compute_cpus}")
@@ -155,11 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from jaxray.serve.app import build_app  # deferred: loads Ray and JAX, after --help has exited
 
-    http, base = read_config(args.config, parser.error) if args.config else ({}, {})
-    args.host = args.host or http.get("host") or "127.0.0.1"
-    args.port = args.port or http.get("port") or 8000
-    args.request_timeout_s = args.request_timeout_s or http.get("request_timeout_s") or REQUEST_TIMEOUT_S
-    if problem := check_port(args.host, args.port):
+    given, base = read_config(args.config, parser.error) if args.config else ({}, {})
+    options = {key: getattr(args, key) or given.get(key) or value for key, value in HTTP.items()}
+    if problem := check_port(options["host"], options["port"]):
         parser.error(f"--port: {problem}")
     settings = app_args(args, parser.error, base)
     try:  # checks the path, the batch limits and the checkpoint, restored once; starts nothing
@@ -171,15 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     # stops the app as Ctrl-C does.
     sigterm = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        return _serve(app, args, settings.num_gpus, joined)
+        return _serve(app, options, args.verbose, settings.num_gpus, joined)
     finally:
         signal.signal(signal.SIGTERM, sigterm)
 
 
-def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
-    """Deploy ``app`` (too few GPUs: exit 2 on the private Ray, a warning on a joined cluster), print
-    the ready message and wait for Ctrl-C; the exit status. Then remove our app from a joined cluster
-    and stop the Ray this process started."""
+def _serve(app, http: dict[str, Any], verbose: bool, num_gpus: float, joined: bool) -> int:
+    """Deploy ``app`` on Serve's ``http`` options (too few GPUs: exit 2 on the private Ray, a warning
+    on a joined cluster), print the ready message and wait for Ctrl-C; the exit status. Then remove
+    our app from a joined cluster and stop the Ray this process started."""
     import ray  # deferred: ray is heavy; --help and option errors stay fast
     from ray import serve  # deferred: as ray
 
@@ -190,11 +188,10 @@ def _serve(app, args: argparse.Namespace, num_gpus: float, joined: bool) -> int:
                 print(f"error: {message}; use --num-gpus 0 to serve on this machine's CPU", file=sys.stderr)
                 return 2
             print(f"warning: {message}; the replica waits for the cluster to add GPU nodes", file=sys.stderr)
-        http = {"host": args.host, "port": args.port, "request_timeout_s": args.request_timeout_s}
-        logs = None if args.verbose else {"log_level": "WARNING"}  # Serve's LoggingConfig (default INFO)
+        logs = None if verbose else {"log_level": "WARNING"}  # Serve's LoggingConfig (default INFO)
         serve.start(http_options=http, logging_config=logs)
         serve.run(app, name=APP_NAME, route_prefix="/", logging_config=logs)
-        print(ready_message(args.host, args.port), flush=True)
+        print(ready_message(http["host"], http["port"]), flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

@@ -7,9 +7,11 @@ jaxray.serve`` call ``app_builder``: the weights are checked before anything is 
 import asyncio
 import logging
 import os
+import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,9 @@ from jaxray import checkpoint
 from jaxray.inference.artifact_loader import read_artifact_manifest
 from jaxray.inference.engine import Request
 from jaxray.inference.load import check_source, describe_source, is_artifact, load_engine
-from jaxray.inference.settings import EngineSettings
-from jaxray.serve import metrics, openai, playground  # noqa: F401 - playground registers GET / on the api
-from jaxray.serve.routes import Counted, api, body_schema, decoded, drain, generate_events, read_body
+from jaxray.serve import metrics, openai, playground, schema  # noqa: F401 - playground registers GET /
+from jaxray.serve.openai import Choice
+from jaxray.serve.routes import api, body_schema, drain, generate_events, guarded
 from jaxray.serve.scheduler import Scheduler
 from jaxray.serve.schema import ApiError, GenerateRequest, GenerateResponse, Limits, parse, served_model
 from jaxray.serve.settings import AppArgs, args_error, with_checkpoint
@@ -63,23 +65,16 @@ def pin_compute(cpus: int | None) -> list[int]:
 @serve.deployment
 @serve.ingress(api)
 class JaxrayServer:
-    """One replica: the engine, its compiled programs, and the HTTP routes over them.
-    max_batch_size <= max(settings.batch_sizes); batch_wait_s: seconds the first request waits."""
+    """One replica: the engine, its compiled programs, and the HTTP routes over them. ``args`` as
+    ``build_app`` resolves them (the checkpoint found, ``max_batch_size`` <= max(engine.batch_sizes));
+    ``pin_cpus``: pin the compute threads (``pin_compute(args.compute_cpus)``)."""
 
-    def __init__(
-        self,
-        checkpoint: str,
-        settings: EngineSettings,
-        max_batch_size: int,
-        batch_wait_s: float,
-        compute_cpus: int | None = None,
-        model_name: str = "jaxray",
-        pin_cpus: bool = True,
-    ):
+    def __init__(self, args: AppArgs, pin_cpus: bool = True):
         self.started, self.started_unix = time.monotonic(), time.time()
         self.replica = serve.get_replica_context().replica_id.unique_id
-        cpus = pin_compute(compute_cpus) if pin_cpus else []  # before XLA starts its threads
-        self.engine = load_engine(checkpoint, settings)
+        cpus = pin_compute(args.compute_cpus) if pin_cpus else []  # before XLA starts its threads
+        settings = args.engine
+        self.engine = load_engine(args.checkpoint, settings)
         report = self.engine.compile()
         logger.info(
             "jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s",
@@ -87,18 +82,18 @@ class JaxrayServer:
             report["compile_s"],
             self.engine.buckets,
             settings.batch_sizes,
-            checkpoint,
+            args.checkpoint,
             jax.devices(),
         )
-        self.model_name = model_name
+        self.model_name = args.served_model_name
         self.limits = Limits(
             settings.max_new_tokens, settings.max_prompt_bytes, self.engine.config.vocab_size
         )
-        wait_ms = batch_wait_s * 1e3
-        self.batching = {"max_batch_size": max_batch_size, "batch_wait_ms": wait_ms, "compute_cpus": cpus}
-        self._batch.set_max_batch_size(max_batch_size)
-        self._batch.set_batch_wait_timeout_s(batch_wait_s)
-        self.scheduler = Scheduler(self.engine, max_batch_size)
+        batch, wait_ms = args.max_batch_size, args.batch_wait_ms
+        self.batching = {"max_batch_size": batch, "batch_wait_ms": wait_ms, "compute_cpus": cpus}
+        self._batch.set_max_batch_size(batch)
+        self._batch.set_batch_wait_timeout_s(wait_ms / 1e3)
+        self.scheduler = Scheduler(self.engine, batch)
         self._draining: set[asyncio.Task] = set()  # keeps drain tasks from being collected
 
     @api.get("/healthz")
@@ -116,18 +111,14 @@ class JaxrayServer:
     @api.post("/generate", response_model=GenerateResponse, openapi_extra=body_schema(GenerateRequest))
     async def generate(self, http: HttpRequest):
         start = time.perf_counter()
-        req = parse(GenerateRequest, await read_body(http, self.limits.max_body_bytes), self.limits)
-        engine_req = Request(
-            req.prompt.encode("utf-8"), req.new_tokens(self.limits), req.temperature, req.top_k, req.seed
-        )
-        self.check(engine_req, "max_new_tokens")
-        chunks = Counted(self.tokens(engine_req, "/generate"))
-        usage = {"prompt_tokens": self.engine.prompt_tokens(engine_req)}
+        req, [choice], prompt_tokens = await self.choices(http, GenerateRequest)
+        usage = {"prompt_tokens": prompt_tokens}
         if req.stream:
-            return StreamingResponse(generate_events(chunks, usage, start), media_type="text/event-stream")
-        text = "".join([piece async for piece in decoded(chunks)])
+            events = guarded(generate_events(choice, usage, start))
+            return StreamingResponse(events, media_type="text/event-stream")
+        text = await choice.text()
         return GenerateResponse(
-            text=text, new_tokens=chunks.count, **usage, latency_ms=(time.perf_counter() - start) * 1e3
+            text=text, new_tokens=choice.tokens, **usage, latency_ms=(time.perf_counter() - start) * 1e3
         ).model_dump()
 
     # The OpenAI surface (jaxray.serve.openai): each route hands the request to its function there.
@@ -147,13 +138,35 @@ class JaxrayServer:
     async def chat(self, http: HttpRequest):
         return await openai.answer(self, http, openai.ChatRequest)
 
-    def check(self, request: Request, cap_field: str) -> None:
-        """``Engine.check`` as an ApiError(400) naming the field (``cap_field``: the token budget's)."""
+    async def choices(self, http: HttpRequest, model: type[schema._Sampling]) -> tuple:
+        """(the ``model`` request in ``http``'s body, read no further than just past the limit that
+        ``parse`` answers with 413; a ``Choice`` per engine request, ``n``, choice i seeded seed + i;
+        the prompt tokens each reads). Raises ApiError naming the field."""
+        body = bytearray()
+        async for part in http.stream():
+            body += part
+            if len(body) > self.limits.max_body_bytes:
+                break
+        req = parse(model, bytes(body), self.limits)
+        openai.check_model(self, req.model)
         try:
-            self.engine.check(request)
+            prompt = req.text().encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ApiError(400, "messages", f"messages are not valid Unicode text ({err.reason})") from None
+        if len(prompt) > (limit := self.limits.max_prompt_bytes):
+            message = f"the rendered prompt is {len(prompt)} UTF-8 bytes, over the limit of {limit}"
+            raise ApiError(400, model._prompt_field, message)
+        seed = secrets.randbelow(schema.MAX_SEED + 1) if req.seed is None else req.seed
+        budget = req.new_tokens(self.limits)
+        seeds = [(seed + i) % (schema.MAX_SEED + 1) for i in range(req.n)]
+        requests = [Request(prompt, budget, req.temperature, req.top_k, s, req.top_p) for s in seeds]
+        try:  # the n requests differ only in their (wrapped) seeds
+            self.engine.check(requests[0])
         except ValueError as err:
             field = next((f for f in ENGINE_FIELDS if str(err).startswith(f)), "body")
-            raise ApiError(400, cap_field if field == "max_new_tokens" else field, str(err)) from None
+            raise ApiError(400, model._budget if field == "max_new_tokens" else field, str(err)) from None
+        choices = [Choice(i, partial(self.tokens, r, model._route), req.stop) for i, r in enumerate(requests)]
+        return req, choices, self.engine.prompt_tokens(requests[0])
 
     async def tokens(
         self, request: Request, route: str, ended: Callable[[], str | None] = lambda: None
@@ -256,10 +269,7 @@ def build_app(args: AppArgs) -> Application:
         load_engine(source, args.engine)  # only the check is wanted: the replica loads its own
     # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
     pin = args.compute_cpus is not None or (args.autoscaling_config is None and args.num_replicas == 1)
-    wait_s = args.batch_wait_ms / 1e3
-    return server.bind(
-        str(source), args.engine, max_batch, wait_s, args.compute_cpus, args.served_model_name, pin
-    )
+    return server.bind(args.model_copy(update={"checkpoint": str(source), "max_batch_size": max_batch}), pin)
 
 
 def app_builder(args: dict[str, Any]) -> Application:

@@ -76,14 +76,12 @@ class _Metrics:
         """Adds ``waiting`` and ``running`` (each -1, 0 or 1) to this process's counts of ``model``."""
         with self.lock:
             counts = self.counts.setdefault(model, [0, 0])
-            counts[0] += waiting
-            counts[1] += running
+            counts[:] = counts[0] + waiting, counts[1] + running
             self._set(model, counts)
 
     def _set(self, model: str, counts: list[int]) -> None:
-        tags = {MODEL_TAG: model}
-        self.waiting.set(counts[0], tags=tags)
-        self.running.set(counts[1], tags=tags)
+        for gauge, value in zip((self.waiting, self.running), counts):
+            gauge.set(value, tags={MODEL_TAG: model})
 
     def _refresh(self) -> None:
         """Sets the gauges again every GAUGE_REFRESH_S (an idle replica at 0 would show no series)."""
@@ -102,16 +100,16 @@ def _get() -> _Metrics:
     """This process's metrics, created on first use (in a replica: inside its Serve context, which
     gives them the application, deployment and replica labels)."""
     global _metrics
-    if _metrics is None:
-        with _create:
-            if _metrics is None:
-                _metrics = _Metrics()
+    with _create:
+        _metrics = _metrics or _Metrics()
     return _metrics
 
 
 class RequestTimer:
-    """The metrics of one generation request, from ``request_started`` to ``finish``. Times are
-    ``time.perf_counter()`` seconds; methods called after ``finish`` do nothing."""
+    """The metrics of one generation request, from its arrival at ``route`` (the path template, e.g.
+    ``"/v1/completions"``) for ``model`` (the ``model_name`` label), when it counts as waiting until
+    its first ``tokens``, to ``finish``. Times are ``time.perf_counter()`` seconds; methods called
+    after ``finish`` do nothing."""
 
     __slots__ = ("_m", "_tags", "_start", "_last", "_done")
 
@@ -152,10 +150,7 @@ class RequestTimer:
         m.success.inc(1, tags={**self._tags, "finished_reason": finish_reason or ABORTED})
 
 
-def request_started(route: str, model: str) -> RequestTimer:
-    """A generation request arrived at ``route`` (the path template, e.g. ``"/v1/completions"``)
-    for ``model`` (the ``model_name`` label): it counts as waiting until its first ``tokens``."""
-    return RequestTimer(route, model)
+request_started = RequestTimer  # a generation request arrived: request_started(route, model)
 
 
 class _CountRequests:
@@ -168,30 +163,26 @@ class _CountRequests:
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+            return await self.app(scope, receive, send)
         status: list[int] = []
+
+        def count(code: int) -> None:
+            status.append(code)
+            route = getattr(scope.get("route"), "path", None) or OTHER_ROUTE
+            method = scope["method"] if scope.get("method") in METHODS else "other"
+            _get().http.inc(1, tags={"route": route, "method": method, "status": str(code)})
 
         async def send_status(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start" and not status:
-                status.append(message["status"])
-                _count(scope, message["status"])
+                count(message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, send_status)
         except BaseException as err:
             if not status:
-                cancelled = not isinstance(err, Exception)  # CancelledError and the like
-                _count(scope, 499 if cancelled else 500)
+                count(500 if isinstance(err, Exception) else 499)  # 499: CancelledError and the like
             raise
-
-
-def _count(scope: dict, status: int) -> None:
-    route = getattr(scope.get("route"), "path", None) or OTHER_ROUTE
-    method = scope.get("method", "")
-    tags = {"route": route, "method": method if method in METHODS else "other", "status": str(status)}
-    _get().http.inc(1, tags=tags)
 
 
 def count_requests(app) -> None:

@@ -1,13 +1,11 @@
 """The OpenAI surface, with vLLM's field set where it applies to a byte model: ``/v1/models``,
-``/v1/completions`` and ``/v1/chat/completions`` (requests, objects and SSE streams). The replica's
-routes (``jaxray.serve.app``) call ``models`` and ``answer`` with themselves as ``server``. Chat
-renders ``messages`` as a play script (``render_chat``), the text the model was trained on. No Ray
-and no JAX."""
+``/v1/completions`` and ``/v1/chat/completions`` (requests, objects and SSE streams), called by the
+replica's routes (``jaxray.serve.app``) with the replica as ``server``; and ``Choice``, the text of
+one engine request cut at its stop sequences (/generate's too). Chat renders ``messages`` as a play
+script (``render_chat``), the text the model was trained on. No Ray."""
 
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.
 import asyncio
-import functools
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -18,10 +16,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from starlette.requests import Request as HttpRequest
 
-from jaxray.inference.engine import Request
 from jaxray.serve import schema
-from jaxray.serve.routes import decoded, guarded, read_body
-from jaxray.serve.schema import ApiError, Prompt, Seed, Stream, Temperature, TopK, _Sampling, parse, sse
+from jaxray.serve.routes import decoded, guarded
+from jaxray.serve.schema import ApiError, Prompt, Seed, Stream, Temperature, TopK, _Sampling, sse
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
 # Chat's speakers when a message names none: the model learned play scripts, "NAME:\ntext\n\n".
@@ -79,10 +76,6 @@ class CompletionRequest(_OpenAI):
 
     _budget: ClassVar[str] = "max_tokens"
     _route: ClassVar[str] = "/v1/completions"
-    _prompt_field: ClassVar[str] = "prompt"
-
-    def text(self) -> str:
-        return self.prompt
 
 
 class ChatMessage(BaseModel):
@@ -130,11 +123,12 @@ def models(server, model_id: str | None = None) -> dict[str, Any]:
     model |= {"owned_by": "jaxray", "max_model_len": server.engine.config.max_seq_len}
     if model_id is None:
         return {"object": "list", "data": [model]}
-    _check_model(server, model_id)
+    check_model(server, model_id)
     return model
 
 
-def _check_model(server, model: str | None) -> None:
+def check_model(server, model: str | None) -> None:
+    """ApiError 404 unless ``model`` is None or the id ``server`` serves."""
     if model is not None and model != server.model_name:
         message = f"the model {model!r} is not served here (GET /v1/models lists {server.model_name!r})"
         raise ApiError(404, "model", message, f"{server.model_name!r} or null")
@@ -156,6 +150,10 @@ class Choice:
         async with aclosing(self._until_stop()) as until_stop:
             async for text in decoded(until_stop):
                 yield text
+
+    async def text(self) -> str:
+        """The choice's whole text."""
+        return "".join([piece async for piece in self.pieces()])
 
     async def _until_stop(self) -> AsyncIterator[bytes]:
         keep = max(map(len, self.stops), default=1) - 1  # bytes that may begin a stop
@@ -189,23 +187,21 @@ async def _merged(choices: list[Choice]) -> AsyncIterator[tuple[Choice, str | No
     async def pump(choice: Choice) -> None:
         try:
             async for piece in choice.pieces():
-                await queue.put((choice, piece))
-            await queue.put((choice, None))
+                queue.put_nowait((choice, piece))
+            queue.put_nowait((choice, None))
         except BaseException as err:  # re-raised in the reader; a cancelled one too, not to hang it
             queue.put_nowait((choice, err))
             if not isinstance(err, Exception):
                 raise
 
-    tasks = [asyncio.get_running_loop().create_task(pump(c)) for c in choices]
+    tasks, running = [asyncio.get_running_loop().create_task(pump(c)) for c in choices], len(choices)
     try:
-        for _ in range(len(choices)):
-            while True:
-                choice, item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield choice, item
-                if item is None:
-                    break
+        while running:
+            choice, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            running -= item is None
+            yield choice, item
     finally:
         for task in tasks:
             task.cancel()
@@ -225,14 +221,16 @@ class _Reply:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.model, self.created = server.model_name, int(time.time())
 
-    def choice(self, index: int, text: str, finish: str | None, stop: str | None, chunk: bool) -> dict:
-        """One entry of ``choices``: text (completions), a message or a delta (chat)."""
+    def choice(self, c: Choice, text: str, chunk: bool, done: bool = True) -> dict:
+        """One entry of ``choices`` for ``c``: text (completions), a message or a delta (chat); with
+        its finish and stop reasons once ``done``."""
+        finish, stop = (c.finish_reason, c.stop_reason) if done else (None, None)
         end = {"logprobs": None, "finish_reason": finish, "stop_reason": stop}
         if self.kind == "text_completion":
-            return {"index": index, "text": text, **end}
+            return {"index": c.index, "text": text, **end}
         if chunk:
-            return {"index": index, "delta": {"content": text} if text or finish is None else {}, **end}
-        return {"index": index, "message": {"role": "assistant", "content": text}, **end}
+            return {"index": c.index, "delta": {"content": text} if text or not done else {}, **end}
+        return {"index": c.index, "message": {"role": "assistant", "content": text}, **end}
 
     def body(self, choices: list[dict], usage: dict | None = None, chunk: bool = False) -> dict[str, Any]:
         kind = f"{self.kind}.chunk" if chunk and self.kind == "chat.completion" else self.kind
@@ -246,11 +244,10 @@ async def _events(reply: _Reply, choices: list[Choice], req: _OpenAI, prompt_tok
     a finishing chunk per choice; the usage chunk (``stream_options.include_usage``); ``[DONE]``."""
     if reply.kind == "chat.completion":
         for c in choices:
-            start = {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-            yield sse(reply.body([{**start, "finish_reason": None, "stop_reason": None}], chunk=True))
+            role = {**reply.choice(c, "", True, done=False), "delta": {"role": "assistant", "content": ""}}
+            yield sse(reply.body([role], chunk=True))
     async for c, piece in _merged(choices):
-        end = (None, None) if piece is not None else (c.finish_reason, c.stop_reason)
-        yield sse(reply.body([reply.choice(c.index, piece or "", *end, True)], chunk=True))
+        yield sse(reply.body([reply.choice(c, piece or "", True, done=piece is None)], chunk=True))
     if req.stream_options is not None and req.stream_options.include_usage:
         yield sse(reply.body([], _usage(prompt_tokens, choices), chunk=True))
     yield sse("[DONE]")
@@ -259,32 +256,11 @@ async def _events(reply: _Reply, choices: list[Choice], req: _OpenAI, prompt_tok
 async def answer(server, http: HttpRequest, model: type[_OpenAI]):
     """``POST /v1/completions`` (``CompletionRequest``) or ``/v1/chat/completions`` (``ChatRequest``)
     on the replica ``server``. Raises ApiError naming the field."""
-    req = parse(model, await read_body(http, server.limits.max_body_bytes), server.limits)
-    _check_model(server, req.model)
-    try:
-        prompt = req.text().encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise ApiError(400, "messages", f"messages are not valid Unicode text ({err.reason})") from None
-    if len(prompt) > (limit := server.limits.max_prompt_bytes):
-        message = f"the rendered prompt is {len(prompt)} UTF-8 bytes, over the limit of {limit}"
-        raise ApiError(400, model._prompt_field, message)
-    seed = secrets.randbelow(schema.MAX_SEED + 1) if req.seed is None else req.seed
-    budget = req.new_tokens(server.limits)
-    seeds = [(seed + i) % (schema.MAX_SEED + 1) for i in range(req.n)]
-    requests = [Request(prompt, budget, req.temperature, req.top_k, s, req.top_p) for s in seeds]
-    server.check(requests[0], model._budget)  # the n requests differ only in their (wrapped) seeds
-    prompt_tokens = server.engine.prompt_tokens(requests[0])
-    choices = [
-        Choice(i, functools.partial(server.tokens, r, model._route), req.stop) for i, r in enumerate(requests)
-    ]
+    req, choices, prompt_tokens = await server.choices(http, model)
     reply = _Reply(server, model is ChatRequest)
     if req.stream:
         events = guarded(_events(reply, choices, req, prompt_tokens))
         return StreamingResponse(events, media_type="text/event-stream")
-    texts = await asyncio.gather(*(_joined(c) for c in choices))
-    out = [reply.choice(c.index, t, c.finish_reason, c.stop_reason, False) for c, t in zip(choices, texts)]
+    texts = await asyncio.gather(*(c.text() for c in choices))
+    out = [reply.choice(c, t, False) for c, t in zip(choices, texts)]
     return reply.body(out, _usage(prompt_tokens, choices))
-
-
-async def _joined(choice: Choice) -> str:
-    return "".join([piece async for piece in choice.pieces()])

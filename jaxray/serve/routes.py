@@ -1,5 +1,5 @@
-"""The HTTP side of the Serve app: the FastAPI ``api``, its JSON error handlers, body reads and SSE
-streams. Handlers are methods of ``jaxray.serve.app.JaxrayServer``. No JAX."""
+"""The HTTP side of the Serve app: the FastAPI ``api``, its JSON error handlers and SSE streams.
+Handlers are methods of ``jaxray.serve.app.JaxrayServer``. No JAX."""
 
 # No `from __future__ import annotations`: FastAPI reads handler signatures at runtime.
 import codecs
@@ -51,16 +51,6 @@ def body_schema(model: type[BaseModel]) -> dict:
     return {"requestBody": {"required": True, "content": content}}
 
 
-async def read_body(http: HttpRequest, limit: int) -> bytes:
-    """The request body, read no further than just past ``limit`` bytes (``parse`` answers 413)."""
-    body = bytearray()
-    async for part in http.stream():
-        body += part
-        if len(body) > limit:
-            break
-    return bytes(body)
-
-
 async def decoded(chunks: AsyncIterator[list[int]]) -> AsyncIterator[str]:
     """Text pieces of a token stream; bytes that are not UTF-8 become U+FFFD."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -71,12 +61,11 @@ async def decoded(chunks: AsyncIterator[list[int]]) -> AsyncIterator[str]:
         yield tail
 
 
-async def guarded(pieces: AsyncIterator) -> AsyncIterator:
-    """``pieces`` (SSE events or text), then an SSE error event (bytes) if the engine fails mid-stream
-    (which ends it)."""
+async def guarded(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``events`` (SSE), then an SSE error event if the engine fails mid-stream (which ends it)."""
     try:
-        async for piece in pieces:
-            yield piece
+        async for event in events:
+            yield event
     except Exception as err:  # noqa: BLE001 - reported to the client and the log, the server stays up
         logger.exception("jaxray: generation failed mid-stream")
         yield b"event: error\n" + sse(ApiError(500, "engine", f"{type(err).__name__}: {err}").body())
@@ -88,24 +77,10 @@ async def drain(results: AsyncIterator) -> None:
         pass
 
 
-class Counted:
-    """Wraps a token-chunk stream and counts the tokens that went through it."""
-
-    def __init__(self, chunks: AsyncIterator[list[int]]):
-        self.chunks, self.count = chunks, 0
-
-    async def __aiter__(self) -> AsyncIterator[list[int]]:
-        async for tokens in self.chunks:
-            self.count += len(tokens)
-            yield tokens
-
-
-async def generate_events(chunks: Counted, usage: dict, start: float) -> AsyncIterator[bytes]:
-    """/generate's stream: ``{"text"}`` events, then ``{"done": true, **usage, ...}``, or an error."""
-    async for piece in guarded(decoded(chunks)):
-        if isinstance(piece, bytes):  # the error event ends the stream
-            yield piece
-            return
+async def generate_events(choice, usage: dict, start: float) -> AsyncIterator[bytes]:
+    """/generate's stream of ``choice`` (an ``openai.Choice``): ``{"text"}`` events, then ``{"done":
+    true, **usage, "new_tokens", "latency_ms"}`` (``start``: ``time.perf_counter()`` at arrival)."""
+    async for piece in choice.pieces():
         yield sse({"text": piece})
     latency_ms = (time.perf_counter() - start) * 1e3
-    yield sse({"done": True, **usage, "new_tokens": chunks.count, "latency_ms": latency_ms})
+    yield sse({"done": True, **usage, "new_tokens": choice.tokens, "latency_ms": latency_ms})

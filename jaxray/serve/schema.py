@@ -76,17 +76,12 @@ def _check_prompt(prompt: str, info: ValidationInfo) -> str:
     return prompt
 
 
-def _check_cap(value: int | None, info: ValidationInfo) -> int | None:
-    cap = _limits(info).max_new_tokens
-    if value is not None and not 1 <= value <= cap:
-        raise ValueError(f"{info.field_name} must be in 1..{cap}, got {value}")
-    return value
-
-
-def _check_top_k(value: int | None, info: ValidationInfo) -> int | None:
-    vocab = _limits(info).vocab_size
-    if value is not None and not 1 <= value <= vocab:
-        raise ValueError(f"top_k must be in 1..{vocab} or null, got {value}")
+def _check_range(value: int | None, info: ValidationInfo) -> int | None:
+    """top_k: 1..vocab_size or null; a token budget: 1..max_new_tokens."""
+    top_k = info.field_name == "top_k"
+    most = _limits(info).vocab_size if top_k else _limits(info).max_new_tokens
+    if value is not None and not 1 <= value <= most:
+        raise ValueError(f"{info.field_name} must be in 1..{most}{' or null' if top_k else ''}, got {value}")
     return value
 
 
@@ -103,11 +98,16 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
     _prompt = field_validator("prompt", check_fields=False)(_check_prompt)
-    _top_k = field_validator("top_k", check_fields=False)(_check_top_k)
-    _cap = field_validator("max_new_tokens", "max_tokens", "max_completion_tokens", check_fields=False)(
-        _check_cap
-    )
+    _range = field_validator(
+        "top_k", "max_new_tokens", "max_tokens", "max_completion_tokens", check_fields=False
+    )(_check_range)
     _budget: ClassVar[str]  # the route's name for the new-token budget
+    _route: ClassVar[str]  # the route, as the metrics label it
+    _prompt_field: ClassVar[str] = "prompt"  # the field an over-long rendered prompt is blamed on
+
+    def text(self) -> str:
+        """The prompt the model continues."""
+        return self.prompt
 
     def new_tokens(self, limits: Limits) -> int:
         """The token budget; its default is lowered to the server's cap when the field is not given."""
@@ -126,6 +126,12 @@ class GenerateRequest(_Sampling):
     stream: Stream = False
 
     _budget: ClassVar[str] = "max_new_tokens"
+    _route: ClassVar[str] = "/generate"
+    # Fixed here, fields of the OpenAI routes: one choice, no stop, top_p 1 (all), no model named.
+    n: ClassVar[int] = 1
+    stop: ClassVar[list[str]] = []
+    top_p: ClassVar[float] = 1.0
+    model: ClassVar[str | None] = None
 
 
 class GenerateResponse(BaseModel):
@@ -149,9 +155,7 @@ def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:
         "body": f"a JSON object of at most {limits.max_body_bytes} bytes with the fields "
         f"{', '.join(model.model_fields)}",
         "prompt": f"a non-empty string of at most {limits.max_prompt_bytes} UTF-8 bytes",
-        "max_new_tokens": cap,
-        "max_tokens": cap,
-        "max_completion_tokens": cap,
+        **dict.fromkeys(("max_new_tokens", "max_tokens", "max_completion_tokens"), cap),
         "top_p": "a number in (0, 1]",
         "n": f"an integer in 1..{MAX_N}",
         "stop": f"a string or a list of at most {MAX_STOPS} non-empty strings",

@@ -106,7 +106,9 @@ def replica_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return given_options(args, OPTIONS)
 
 
-def args_error(err: ValidationError) -> str:
-    """The first AppArgs validation error as "<dotted field path>: <message>"."""
+def args_error(err: ValidationError, option: bool = False) -> str:
+    """The first AppArgs validation error as "<dotted field path>: <message>", or with ``option`` as
+    "--<its last field as an option>: <message>"."""
     first = err.errors(include_url=False)[0]
-    return f"{'.'.join(str(p) for p in first['loc']) or 'args'}: {first['msg']}"
+    path = [str(p) for p in first["loc"]] or ["args"]
+    return f"{'--' + path[-1].replace('_', '-') if option else '.'.join(path)}: {first['msg']}"

@@ -8,7 +8,8 @@ import asyncio
 import json
 import time
 
-from jaxray.serve.routes import Counted, decoded, generate_events, guarded
+from jaxray.serve.openai import Choice
+from jaxray.serve.routes import decoded, generate_events, guarded
 
 
 async def tokens(*chunks: bytes, fail: Exception | None = None):
@@ -41,8 +42,8 @@ def test_text_never_splits_a_character_and_bad_bytes_become_replacement_chars():
 
 
 def test_generate_events_end_with_the_summary():
-    chunks = Counted(tokens(b"RO", b"MEO"))
-    raw = asyncio.run(gathered(generate_events(chunks, {"prompt_tokens": 3}, time.perf_counter())))
+    choice = Choice(0, lambda ended: tokens(b"RO", b"MEO"), [])  # /generate's: no stop
+    raw = asyncio.run(gathered(generate_events(choice, {"prompt_tokens": 3}, time.perf_counter())))
     *texts, done = events(raw)
     assert texts == [{"text": "RO"}, {"text": "MEO"}]
     assert done["done"] is True and done["prompt_tokens"] == 3 and done["new_tokens"] == 5
