@@ -1,7 +1,6 @@
-"""The Ray Serve application: replicas each holding a compiled ``jaxray.inference.engine.Engine``,
-routes on ``jaxray.serve.routes.api`` (the OpenAI ones in ``jaxray.serve.openai``), ``@serve.batch``
-groups merged by ``jaxray.serve.scheduler``. ``serve run serve/config.yaml`` and ``python -m
-jaxray.serve`` call ``app_builder``: the weights are checked before anything is deployed."""
+"""The Ray Serve deployment: replicas each holding a compiled ``Engine`` behind ``routes.api``, and
+``app_builder`` (``serve run serve/config.yaml``, ``python -m jaxray.serve``), which checks the
+weights before anything is deployed."""
 
 # No `from __future__ import annotations`: FastAPI and Serve read the route annotations at runtime.
 import asyncio

@@ -1,8 +1,7 @@
-"""The OpenAI surface, with vLLM's field set where it applies to a byte model: ``/v1/models``,
-``/v1/completions`` and ``/v1/chat/completions`` (requests, objects and SSE streams), called by the
-replica's routes (``jaxray.serve.app``) with the replica as ``server``; and ``Choice``, the text of
-one engine request cut at its stop sequences (/generate's too). Chat renders ``messages`` as a play
-script (``render_chat``), the text the model was trained on. No Ray."""
+"""The OpenAI surface (vLLM's field set where it applies to a byte model): ``/v1/models``,
+``/v1/completions`` and ``/v1/chat/completions``, called with the replica as ``server``; and
+``Choice``, one engine request's text cut at its stop sequences (/generate's too). Chat renders
+``messages`` as a play script (``render_chat``), the text the model was trained on. No Ray."""
 
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.
 import asyncio
