@@ -46,7 +46,7 @@ def damaged(trained_transformer, tmp_path_factory) -> Path:
 def test_a_replica_that_fails_to_start_fails_the_deploy_in_seconds_with_its_exception(url, damaged):
     # Bound without build_app's restore in the caller: the replica's own load is what fails.
     args = AppArgs(checkpoint=str(damaged), max_batch_size=4, engine=ENGINE)
-    app = deployment(args).bind(str(damaged), args.engine, 4, 0.01, None)
+    app = deployment(args).bind(args)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="Deploying application broken failed") as err:
         serve.run(app, name="broken", route_prefix="/broken")
