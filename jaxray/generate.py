@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argtypes.cli_parser("python -m jaxray.generate", "Sample text from a trained transformer.")
     p.add_argument("--checkpoint", required=True, help=argtypes.TRANSFORMER_CHECKPOINT_HELP)
     p.add_argument(
-        "--prompt", default="ROMEO:", help="text to continue; only its last max_seq_len bytes are used"
+        "--prompt", default="ROMEO:", help="text to continue; only its last max_seq_len - 1 bytes are used"
     )
     p.add_argument("--max-new-tokens", type=int, default=300, help="bytes to sample")
     p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy")
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--context-keep",
         type=argtypes.context_keep,
         default=None,
-        help="kv: bytes kept when the window is full (2..max_seq_len; default max_seq_len // 2)",
+        help="kv: bytes kept when the window is full (2..max_seq_len - 1; default max_seq_len // 2)",
     )
     return p
 

@@ -53,9 +53,9 @@ def test_bad_checkpoints_are_refused_before_writing(trained_transformer, tmp_pat
         "holds an MLP checkpoint, not a transformer: only a transformer can be exported"
         in capsys.readouterr().err
     )
-    keep = ["--context-keep", "65"]
+    keep = ["--context-keep", "64"]
     assert export_cli.main(["--checkpoint", str(trained_transformer), "--out", str(out), *keep]) == 2
-    assert "context_keep must be in 2..64" in capsys.readouterr().err
+    assert "context_keep must be in 2..63" in capsys.readouterr().err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["mlp"]
 
 

@@ -24,7 +24,7 @@ from jaxray.bench.suites import preload
 from jaxray.bench.throughput import environment, time_calls
 from jaxray.config import ModelConfig
 from jaxray.inference.engine import Engine, Request
-from jaxray.inference.sampling import check_sampling, encode_prompt, prompt_window, sample
+from jaxray.inference.sampling import check_sampling, context_len, encode_prompt, prompt_window, sample
 from jaxray.inference.settings import EngineSettings
 from jaxray.models import build
 
@@ -109,9 +109,10 @@ def _rates(s: float, tokens: int, batch: int) -> dict[str, float]:
 
 def _cases(model, params, prompt: bytes, new_tokens: int, batches, temperature: float, repeats: int):
     size = model.config.max_seq_len
+    context = context_len(size)
 
     def kv(batch: int, keep: int | None):
-        shapes = {"buckets": (min(len(prompt), size),), "batch_sizes": (batch,), "chunk": new_tokens}
+        shapes = {"buckets": (min(len(prompt), context),), "batch_sizes": (batch,), "chunk": new_tokens}
         settings = EngineSettings(**shapes, max_new_tokens=new_tokens, context_keep=keep)
 
         def run():
@@ -124,7 +125,7 @@ def _cases(model, params, prompt: bytes, new_tokens: int, batches, temperature: 
         return {"sampler": f"kv-cache, context_keep {keep or size // 2}", "batch": batch}, run
 
     def full():
-        window, length = prompt_window(prompt, size)
+        window, length = prompt_window(prompt, context)
         logits_fn = jax.tree_util.Partial(model.apply, params)
         args = (jnp.asarray(window), jnp.int32(length))
 
@@ -133,7 +134,7 @@ def _cases(model, params, prompt: bytes, new_tokens: int, batches, temperature: 
 
         return _rates(time_calls(call, calls=1, repeats=repeats)[0], new_tokens, 1)
 
-    cases = [kv(b, None) for b in batches] + [kv(1, size)]
+    cases = [kv(b, None) for b in batches] + [kv(1, context)]
     return cases + [({"sampler": "full recompute (jaxray.inference.sampling.sample)", "batch": 1}, full)]
 
 
@@ -174,7 +175,7 @@ def decode_benchmark(args) -> Report:
         r |= {"vs_full": ratio(r, full, tps), "vs_notebook": ratio(r, notebook, tps)}
     summary = {"kv_vs_full": ratio(kv, full, tps), "target": TARGET}
     summary["kv_vs_notebook"] = ratio(kv, notebook, tps)
-    fills = cfg.max_seq_len - len(prompt)
+    fills = context_len(cfg.max_seq_len) - len(prompt)
     window = (
         f"the window fills after {fills} new tokens, so the context_keep policy is exercised"
         if n > fills

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 FORMAT = "jaxray-export"
-FORMAT_VERSION = 2  # 2: start takes top_p
+FORMAT_VERSION = 3  # 2: start takes top_p; 3: decode slides at max_seq_len - 1
 ARTIFACT_MANIFEST = "manifest.json"  # not jaxray.data.manifest's: that one describes a Parquet dataset
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from jaxray.config import ModelConfig
 from jaxray.data.shakespeare import bytes_to_text
 from jaxray.inference import kv_decode
-from jaxray.inference.sampling import Sampling, check_sampling, encode_prompt, prompt_window
+from jaxray.inference.sampling import Sampling, check_sampling, context_len, encode_prompt, prompt_window
 from jaxray.inference.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Request:
-    """One generation request: prompt bytes (non-empty; the last max_seq_len are used), a token
+    """One generation request: prompt bytes (non-empty; the last max_seq_len - 1 are used), a token
     budget, temperature (0 is greedy), top_k (None: all), a 32-bit seed and top_p (1: all)."""
 
     prompt: bytes
@@ -41,7 +41,7 @@ class Request:
 
 @dataclass
 class Completion:
-    """New token ids (bytes 0..255) and the prompt bytes actually read (<= max_seq_len)."""
+    """New token ids (bytes 0..255) and the prompt bytes actually read (<= max_seq_len - 1)."""
 
     tokens: list[int]
     prompt_tokens: int
@@ -85,10 +85,15 @@ class Engine:
     @classmethod
     def for_model(cls, model, params, settings: EngineSettings | None = None, source: str = "") -> Engine:
         """The engine of a live transformer ``model`` and its params; ``source`` names their origin.
-        Raises ValueError for a context_keep outside 2..max_seq_len."""
+        Raises ValueError for a context_keep outside 2..max_seq_len - 1."""
         settings = settings or EngineSettings()
         keep = check_keep(settings, model.config.max_seq_len)
         return cls(model.config, params, settings, programs_for(model, settings.chunk, keep), source)
+
+    @property
+    def context_len(self) -> int:
+        """Prompt and context bytes the model reads (``sampling.context_len``: max_seq_len - 1)."""
+        return context_len(self.config.max_seq_len)
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -209,8 +214,8 @@ class Engine:
         return done
 
     def prompt_tokens(self, request: Request) -> int:
-        """Prompt bytes the model reads: the last max_seq_len."""
-        return min(len(request.prompt), self.config.max_seq_len)
+        """Prompt bytes the model reads: the last ``context_len`` (max_seq_len - 1)."""
+        return min(len(request.prompt), self.context_len)
 
     def stream(self, requests: list[Request]) -> Iterator[list[list[int]]]:
         """Yields, chunk by chunk, each request's new tokens ([] once finished) until all are done.
@@ -238,7 +243,7 @@ class Engine:
         temperature, top_k = np.zeros(batch, np.float32), np.full(batch, self.config.vocab_size, np.int32)
         top_p, max_new = np.ones(batch, np.float32), np.zeros(batch, np.int32)
         for i, r in enumerate(requests):
-            window, lengths[i] = prompt_window(r.prompt, self.config.max_seq_len)
+            window, lengths[i] = prompt_window(r.prompt, self.context_len, self.config.max_seq_len)
             tokens[i] = window[:bucket]  # the bucket holds the prompt: only padding zeros are cut
             seeds[i], temperature[i], max_new[i] = r.seed, r.temperature, r.max_new_tokens
             top_k[i], top_p[i] = r.top_k or self.config.vocab_size, r.top_p
@@ -261,10 +266,11 @@ class Engine:
 
 
 def check_keep(settings: EngineSettings, max_seq_len: int) -> int:
-    """The context_keep in force: settings' or max_seq_len // 2. ValueError outside 2..max_seq_len."""
-    keep = settings.context_keep or max(2, max_seq_len // 2)
-    if not 2 <= keep <= max_seq_len:
-        raise ValueError(f"context_keep must be in 2..{max_seq_len} (max_seq_len), got {keep}")
+    """The context_keep in force: settings' or max_seq_len // 2. ValueError outside 2..C, C =
+    ``context_len(max_seq_len)``."""
+    keep, context = settings.context_keep or max(2, max_seq_len // 2), context_len(max_seq_len)
+    if not 2 <= keep <= context:
+        raise ValueError(f"context_keep must be in 2..{context} (max_seq_len - 1), got {keep}")
     return keep
 
 
@@ -290,15 +296,15 @@ def compiled_buckets(settings: EngineSettings, max_seq_len: int) -> tuple[int, .
 
 def kv_generate(model, params, prompt: str, sampling: Sampling, context_keep: int | None = None) -> str:
     """As ``generate`` with the KV-cache sampler in one compiled call; equal token for token while
-    prompt + output fit in max_seq_len. Raises ValueError as ``generate``, or for ``context_keep``
-    outside 2..max_seq_len."""
+    prompt + output fit in max_seq_len - 1. Raises ValueError as ``generate``, or for ``context_keep``
+    outside 2..max_seq_len - 1."""
     sampling.check(model.config.vocab_size)
     max_new_tokens = sampling.max_new_tokens
     encoded = encode_prompt(prompt)
     prompt_window(encoded, 1)  # the empty-prompt error
     size = model.config.max_seq_len
     settings = EngineSettings(
-        buckets=(min(len(encoded), size),),
+        buckets=(min(len(encoded), context_len(size)),),
         batch_sizes=(1,),
         chunk=max_new_tokens,
         max_new_tokens=max_new_tokens,

@@ -3,8 +3,9 @@
 Pure functions over the model's ``prefill``/``decode_step``: ``start`` prefills one length bucket
 and samples each row's first token; ``decode_chunk`` runs up to ``chunk`` steps in a
 ``lax.while_loop``. Rows are independent; sampling matches ``jaxray.inference.sampling.sample`` key
-for key. A row reaching position S = max_seq_len restarts from its newest ``keep`` tokens
-(re-prefilled at 0..keep-2); ``keep = S`` equals the full-recompute sliding window."""
+for key. A row reaching position C = S - 1 (``sampling.context_len``; S = max_seq_len) restarts from
+its newest ``keep`` tokens (re-prefilled at 0..keep-2); ``keep = C`` equals the full-recompute
+sliding window."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxray.inference.sampling import next_tokens
+from jaxray.inference.sampling import context_len, next_tokens
 from jaxray.models.transformer import KVCache
 
 
@@ -100,7 +101,8 @@ def gather_rows(states: tuple[DecodeState, ...], index: jax.Array, valid: jax.Ar
 def _slide(prefill: Prefill, params, state: DecodeState, full: jax.Array, keep: int) -> DecodeState:
     """Rows where ``full`` [B] is set restart from their newest ``keep - 1`` context tokens."""
     size = state.context.shape[1]
-    tail = state.context[:, size - keep + 1 :]  # [B, keep - 1]
+    readable = context_len(size)
+    tail = state.context[:, readable - keep + 1 : readable]  # [B, keep - 1]
     _, cache = prefill(params, tail)
     cache = _pad_cache(cache, size)
     choose = lambda new, old: jnp.where(full.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)  # noqa: E731
@@ -121,9 +123,9 @@ def decode_chunk(
     keep: int,
 ):
     """Up to ``min(max_steps, chunk)`` decode steps, fewer once no row has tokens to sample.
-    ``keep`` (2..S, static): the window policy. Returns (state, tokens [B, chunk] int32, counts [B]
+    ``keep`` (2..C, static): the window policy. Returns (state, tokens [B, chunk] int32, counts [B]
     int32); row b's new tokens are ``tokens[b, :counts[b]]``."""
-    size = state.context.shape[1]
+    readable = context_len(state.context.shape[1])
     rows = jnp.arange(state.pending.shape[0])
     limit = jnp.minimum(max_steps, chunk)
 
@@ -133,12 +135,12 @@ def decode_chunk(
 
     def window_left(carry):  # the inner loop stops where a row must slide first
         _, state, _ = carry
-        return more(carry) & ~jnp.any((state.remaining > 0) & (state.positions >= size))
+        return more(carry) & ~jnp.any((state.remaining > 0) & (state.positions >= readable))
 
     def step(carry):
         i, state, out = carry
         active = state.remaining > 0
-        at = jnp.minimum(state.positions, size - 1)  # finished rows may sit at S; their writes are unused
+        at = jnp.minimum(state.positions, readable - 1)  # finished rows may sit at C; their writes are unused
         logits, cache = decode_step(params, state.pending, at, state.cache)
         token, rng = next_tokens(logits, state.rng, state.temperature, state.top_k, state.top_p)
         state = state._replace(
@@ -154,7 +156,7 @@ def decode_chunk(
     def slide_then_steps(carry):
         # The slide's lax.cond sits outside the per-token loop (inside, the cache was copied per step).
         i, state, out = carry
-        full = (state.remaining > 0) & (state.positions >= size)
+        full = (state.remaining > 0) & (state.positions >= readable)
         state = jax.lax.cond(
             jnp.any(full), lambda s: _slide(prefill, params, s, full, keep), lambda s: s, state
         )

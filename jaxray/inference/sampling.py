@@ -2,8 +2,9 @@
 draw and top-k mask, and the full-recompute sampler ``sample``.
 
 ``sample`` recomputes the full window for every new byte inside one ``lax.fori_loop``; prompts keep
-their last ``max_seq_len`` bytes. The KV-cache sampler (``jaxray.inference.kv_decode``) uses the same
-``draw`` and key schedule, so both give the same tokens for the same seed."""
+their last ``context_len`` = max_seq_len - 1 bytes. The KV-cache sampler
+(``jaxray.inference.kv_decode``) uses the same ``draw`` and key schedule, so both give the same
+tokens for the same seed."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def sample(
 ) -> jax.Array:
     """Sample ``max_new_tokens`` bytes after the prompt held in ``window``.
 
-    window: [T] int32, the prompt in ``window[:length]`` (1 <= length <= T), zeros after it.
+    window: [T] int32, the prompt in ``window[:length]`` (1 <= length <= T), zeros after it; T is the
+    context read (``context_len``: the window slides once full).
     Returns [max_new_tokens] int32."""
     size = window.shape[0]
 
@@ -65,13 +67,20 @@ def sample(
     return jax.lax.fori_loop(0, max_new_tokens, step, (window, length, key, out))[3]
 
 
-def prompt_window(prompt: bytes, max_seq_len: int) -> tuple[np.ndarray, int]:
-    """The prompt's last ``max_seq_len`` bytes left-aligned in a [max_seq_len] int32 window, and its
-    length. Raises ValueError for an empty prompt."""
+def context_len(max_seq_len: int) -> int:
+    """Positions a transformer of ``max_seq_len`` reads at inference: max_seq_len - 1. Training
+    predicts from positions 0..T-2 of its T-byte windows (``jaxray.train.step``'s logits[:, :-1]), so
+    the output at position T - 1 is never trained and its position embedding gets no gradient."""
+    return max_seq_len - 1
+
+
+def prompt_window(prompt: bytes, context: int, size: int | None = None) -> tuple[np.ndarray, int]:
+    """The prompt's last ``context`` bytes left-aligned in a [size] (default [context]) int32 window,
+    and its length. Raises ValueError for an empty prompt."""
     if not prompt:
         raise ValueError("prompt is empty: give at least one character")
-    tail = np.frombuffer(prompt[-max_seq_len:], np.uint8).astype(np.int32)
-    window = np.zeros((max_seq_len,), np.int32)
+    tail = np.frombuffer(prompt[-context:], np.uint8).astype(np.int32)
+    window = np.zeros((size or context,), np.int32)
     window[: len(tail)] = tail
     return window, len(tail)
 
@@ -130,7 +139,7 @@ def generate(model, params, prompt: str, sampling: Sampling) -> str:
     sampled bytes becomes U+FFFD. Raises ValueError for an empty prompt, ``max_new_tokens`` < 1,
     a negative or non-finite temperature, or ``top_k`` outside 1..vocab."""
     sampling.check(model.config.vocab_size)
-    window, length = prompt_window(encode_prompt(prompt), model.config.max_seq_len)
+    window, length = prompt_window(encode_prompt(prompt), context_len(model.config.max_seq_len))
     tokens_to_logits = jax.tree_util.Partial(model.apply, params)
     new = sample(
         tokens_to_logits,

@@ -119,7 +119,7 @@ def models(server, model_id: str | None = None) -> dict[str, Any]:
     """``GET /v1/models`` (a list of the one OpenAI ``model`` object), or ``/v1/models/{model_id}``;
     ApiError 404 for another id."""
     model = {"id": server.model_name, "object": "model", "created": int(server.started_unix)}
-    model |= {"owned_by": "jaxray", "max_model_len": server.engine.config.max_seq_len}
+    model |= {"owned_by": "jaxray", "max_model_len": server.engine.context_len}
     if model_id is None:
         return {"object": "list", "data": [model]}
     check_model(server, model_id)

@@ -87,7 +87,7 @@ def _check_range(value: int | None, info: ValidationInfo) -> int | None:
 
 Temperature = Annotated[float, Field(ge=0, description="softmax temperature; 0 is greedy")]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description="PRNG seed; the same seed gives the same text")]
-Prompt = Annotated[str, Field(description="text to continue; only its last max_seq_len bytes are read")]
+Prompt = Annotated[str, Field(description="text to continue; only its last max_seq_len - 1 bytes are read")]
 TopK = Annotated[int | None, Field(description="sample from the k most likely bytes; null: all")]
 Stream = Annotated[bool, Field(description="stream server-sent events as the bytes are produced")]
 
@@ -138,7 +138,7 @@ class GenerateResponse(BaseModel):
     """The ``POST /generate`` answer (and, less ``text``, the last streamed event)."""
 
     text: str = Field(description="the new text; invalid UTF-8 bytes become U+FFFD")
-    prompt_tokens: int = Field(description="prompt bytes the model read (the last max_seq_len at most)")
+    prompt_tokens: int = Field(description="prompt bytes the model read (the last max_seq_len - 1 at most)")
     new_tokens: int = Field(description="bytes generated")
     latency_ms: float = Field(description="from request parsed to last byte, milliseconds")
 

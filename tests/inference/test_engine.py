@@ -30,14 +30,14 @@ def test_start_pads_prompts_to_the_bucket_and_rows_to_the_batch(engine):
     state, first = engine.start(requests)
     assert state.pending.shape == (4,) and first.shape == (3,)
     for row, request in enumerate(requests):
-        window, length = prompt_window(request.prompt, engine.config.max_seq_len)
+        window, length = prompt_window(request.prompt, engine.context_len, engine.config.max_seq_len)
         np.testing.assert_array_equal(np.asarray(state.context[row]), window)
         assert int(state.positions[row]) == length
     assert np.asarray(state.remaining).tolist() == [4, 2, 0, -1]  # the first token is already counted
-    long = Request(bytes(range(100)), 2)  # longer than max_seq_len (64): its tail, in the 64 bucket
+    long = Request(bytes(range(100)), 2)  # longer than the context (63 bytes): its tail, in the 64 bucket
     state, _ = engine.start([long])
-    window, _ = prompt_window(long.prompt, 64)
-    assert window.tolist() == list(range(36, 100))
+    window, _ = prompt_window(long.prompt, 63, 64)
+    assert window.tolist() == [*range(37, 100), 0]
     np.testing.assert_array_equal(np.asarray(state.context[0]), window)
 
 
@@ -105,8 +105,8 @@ def test_bad_settings(restored):
     model, params = restored
     with pytest.raises(ValueError, match="a batch holds 1..1 requests"):
         Engine.for_model(model, params, EngineSettings(batch_sizes=(1,))).generate([Request(b"x", 1)] * 2)
-    with pytest.raises(ValueError, match="context_keep must be in 2..64"):
-        Engine.for_model(model, params, EngineSettings(context_keep=65))
+    with pytest.raises(ValueError, match="context_keep must be in 2..63"):
+        Engine.for_model(model, params, EngineSettings(context_keep=64))
     for bad in ({"batch_sizes": ()}, {"buckets": (0, 8)}, {"chunk": 0}, {"context_keep": 1}, {"unknown": 1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             EngineSettings(**bad)

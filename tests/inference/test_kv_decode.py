@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxray.checkpoint.trees import key_names
 from jaxray.inference.engine import Request, kv_generate
 from jaxray.inference.kv_decode import decode_chunk, start
 from jaxray.inference.sampling import Sampling, generate
@@ -93,18 +94,38 @@ def test_decode_chunk_stops_at_max_steps_and_at_each_rows_budget(restored, engin
     ],
 )
 def test_kv_sampler_equals_the_full_recompute_sampler_past_the_window(restored, temperature, top_k, seed):
-    """context_keep = max_seq_len re-prefills the last S - 1 bytes per token past the window: the
-    full sampler's sliding window, so 150 new bytes after a 6-byte prompt (S = 64) match exactly."""
+    """context_keep = C = max_seq_len - 1 re-prefills the last C - 1 bytes per token past the window:
+    the full sampler's sliding window, so 150 new bytes after a 6-byte prompt (C = 63) match exactly."""
     model, params = restored
-    ours = kv_generate(model, params, "ROMEO:", Sampling(150, temperature, seed, top_k), context_keep=64)
+    ours = kv_generate(model, params, "ROMEO:", Sampling(150, temperature, seed, top_k), context_keep=63)
     assert ours == generate(model, params, "ROMEO:", Sampling(150, temperature, seed, top_k))
 
 
 def test_default_window_policy_matches_inside_the_window(restored):
     model, params = restored
-    size, prompt = model.config.max_seq_len, "JULIET:\n"
-    inside = size - len(prompt) + 1  # new tokens before the first slide
+    context, prompt = model.config.max_seq_len - 1, "JULIET:\n"
+    inside = context - len(prompt) + 1  # new tokens before the first slide
     ours = kv_generate(model, params, prompt, Sampling(150, 0.0))
     full = generate(model, params, prompt, Sampling(150, 0.0))
     assert ours[:inside] == full[:inside]
     assert len(ours.encode("utf-8", "surrogatepass")) >= 100  # the slide kept it going
+
+
+def test_no_sampler_reads_the_position_training_never_predicts_from(restored, engine):
+    """Training predicts from positions 0..S-2 (logits[:, :-1]), so pos_embed row S-1 never gets a
+    gradient. With that row replaced by noise, both samplers give the same bytes for a prompt longer
+    than the window (full at once, sliding at every new byte), and the prompt read is S - 1 bytes."""
+    model, params = restored
+    size = model.config.max_seq_len
+    noise = 50.0 * jax.random.normal(jax.random.key(1), (model.config.width,))
+
+    def poison(path, x):
+        return x.at[size - 1].set(noise) if key_names(path) == ("pos_embed", "embedding") else x
+
+    poisoned = jax.tree_util.tree_map_with_path(poison, params)
+    prompt = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 2  # 122 bytes > S
+    for sampler in (generate, kv_generate):
+        ours = sampler(model, poisoned, prompt, Sampling(20, 0.0))
+        assert ours == sampler(model, params, prompt, Sampling(20, 0.0)), sampler.__name__
+    [done] = engine.generate([Request(prompt.encode(), 1, 0.0)])
+    assert done.prompt_tokens == size - 1

@@ -71,8 +71,8 @@ def test_what_cannot_be_served_is_refused_naming_it(tiny_transformer, mlp_checkp
         load_engine(mlp_checkpoint)
     with pytest.raises(checkpoint.CheckpointError, match="only a transformer can be exported"):
         check_checkpoint(mlp_checkpoint, purpose="exported")
-    with pytest.raises(ValueError, match="context_keep must be in 2..32"):
-        check_source(tiny_transformer[2], EngineSettings(context_keep=33))
+    with pytest.raises(ValueError, match="context_keep must be in 2..31"):
+        check_source(tiny_transformer[2], EngineSettings(context_keep=32))
 
 
 def transformer_run_folder(root: Path, source: Path) -> Path:
