@@ -54,7 +54,7 @@ def test_a_checkpoint_is_served_as_restored(tiny_transformer):
         (EngineSettings(buckets=(8, 32), batch_sizes=(4,), chunk=8), r"batch_sizes \[4\] were not exported"),
         (EngineSettings(buckets=(16,), batch_sizes=(1,), chunk=8), r"buckets \[16\] were not exported"),
         (EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=16), "chunk 16 differs"),
-        (EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=8, context_keep=32), "context_keep 32 differs"),
+        (EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=8, context_keep=24), "context_keep 24 differs"),
     ],
 )
 def test_settings_the_artifact_lacks_are_named(artifact, settings, match):
