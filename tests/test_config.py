@@ -519,6 +519,9 @@ def test_checkpoints_by_default_every_tenth_kept_by_score():
     assert TrainConfig(steps=100, log_every=5, eval_every=10).score == ("val_loss", "min")
     assert TrainConfig(checkpoint_score="accuracy").score == ("accuracy", "max")
     assert WorkersConfig().max_failures == 1 and WorkersConfig().max_preemption_failures == -1
+    assert WorkersConfig().max_driver_failures == 1
+    with pytest.raises(ValueError, match="max_driver_failures"):
+        WorkersConfig(max_driver_failures=-2)
 
 
 def test_an_elastic_range_is_checked_at_every_size_before_ray():

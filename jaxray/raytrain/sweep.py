@@ -5,10 +5,12 @@ folders again."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,12 @@ TrialRows = tuple[dict[str, Any], list[dict]]
 TUNER_FILE = "tuner.pkl"  # what Tuner.restore reads first; Tune writes it when the sweep starts
 # The other files Tuner.restore reads (Tune 2.60), with how.
 STATE_FILES = (("experiment_state-*.json", json.loads), ("basic-variant-state-*.json", cloudpickle.loads))
+FAILED_SUFFIX = ".failed.json"  # beside a trial's storage folder: the error it failed with, and when
+
+
+class TrialFailed(RuntimeError):
+    """A trial that failed earlier in the same ``python -m jaxray.tune`` run and was restarted by
+    Tune (whose restarts are meant for a lost driver): it fails again at once with that error."""
 
 
 def grid(sweep: SweepConfig) -> dict[str, Any]:
@@ -65,23 +73,44 @@ def trial_name(workload: str, config: dict[str, Any]) -> str:
 
 
 def run_trial(
-    config: dict[str, Any], sweep: dict, base: dict, datasets: dict, out: str, xla_flags: str | None = None
+    config: dict[str, Any],
+    sweep: dict,
+    base: dict,
+    datasets: dict,
+    out: str,
+    xla_flags: str | None = None,
+    invocation: str = "",
 ) -> None:
     """Tune function trainable: one Ray Train run for the grid point ``config``, written under ``out``
-    (``train/``, ``tensorboard/``); ``xla_flags``: the driver's XLA_FLAGS, kept by the workers."""
+    (``train/``, ``tensorboard/``); ``xla_flags``: the driver's XLA_FLAGS, kept by the workers.
+    Tune restarts a trial whose driver died (``workers.max_driver_failures``); a trial whose run
+    raised records the error (``<name>.failed.json``, with ``invocation``, this ``jaxray.tune`` run's id) and,
+    restarted in the same invocation, raises ``TrialFailed`` with it at once: only ``--resume`` (a new
+    invocation) trains it again."""
     sweep_cfg = SweepConfig.model_validate(sweep)
     point = {axis: config[axis] for axis in sweep_cfg.axes()}
     trial = parse_trial(sweep_cfg.trial_dict(base, **point))
     name = trial_name(sweep_cfg.workload, config)
-    make_trainer(
-        trial,
-        datasets,
-        storage_path=Path(out) / TRAIN_DIR,
-        name=name,
-        tensorboard_dir=Path(out) / TENSORBOARD_DIR / name,
-        callbacks=[TuneReportCallback()],
-        xla_flags=xla_flags,
-    ).fit()
+    failed = Path(out) / TRAIN_DIR / f"{name}{FAILED_SUFFIX}"
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        record = json.loads(failed.read_text())
+        if invocation and record["invocation"] == invocation:
+            raise TrialFailed(record["error"])
+    try:
+        make_trainer(
+            trial,
+            datasets,
+            storage_path=Path(out) / TRAIN_DIR,
+            name=name,
+            tensorboard_dir=Path(out) / TENSORBOARD_DIR / name,
+            callbacks=[TuneReportCallback()],
+            xla_flags=xla_flags,
+        ).fit()
+    except Exception as err:
+        with contextlib.suppress(OSError):  # a full disk: Tune restarts it, and it fails there again
+            failed.parent.mkdir(parents=True, exist_ok=True)
+            failed.write_text(json.dumps({"invocation": invocation, "error": error_text(err)}))
+        raise
 
 
 def concurrent_trials(exp: ExperimentConfig, resources: dict[str, float]) -> int:
@@ -135,6 +164,7 @@ def run_sweep(
         datasets=datasets,
         out=str(out),
         xla_flags=xla_flags,
+        invocation=uuid.uuid4().hex,  # tells Tune's restart of a failed trial from --resume
     )
     path = out / TUNE_DIR / sweep.workload
     if resume and tune.Tuner.can_restore(path):
@@ -155,6 +185,7 @@ def run_sweep(
             storage_path=str(out / TUNE_DIR),
             verbose=1,  # Tune's status tables: on the terminal with --verbose, else in the run's log
             callbacks=[TrialProgress(functools.partial(trial_name, sweep.workload))],
+            failure_config=tune.FailureConfig(max_failures=exp.workers.max_driver_failures),
         ),
     )
     return _fit(sweep, tuner, out)
