@@ -226,9 +226,7 @@ class WorkersConfig(FrozenConfig):
     # the newest checkpoint. Preemptions (a drain notice, then the node gone) are counted apart.
     max_failures: Annotated[int, Strict(), Field(ge=-1)] = 1
     max_preemption_failures: Annotated[int, Strict(), Field(ge=-1)] = -1
-    # Sweeps: trial restarts after the trial's driver (Tune's trial actor, Ray Train's controller)
-    # dies with its node (-1: no limit); the trial resumes from its newest checkpoint. A trial that
-    # failed otherwise is not restarted.
+    # Sweeps: Tune's restarts of a trial whose driver died with its node (-1: no limit).
     max_driver_failures: Annotated[int, Strict(), Field(ge=-1)] = 1
     # Elastic only: how often Ray checks whether more workers fit again, seconds (Ray's default).
     elastic_resize_monitor_interval_s: PosFloat = 60.0

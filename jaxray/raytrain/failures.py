@@ -14,8 +14,9 @@ from ray.train import UserCallback
 # "preempted": the workers saved on a preemption notice (a report with PREEMPTION_KEY), then their
 # node went; "node lost": a node that was up at the group's last report has died since; "worker
 # died": a worker process ended or raised, every node still up; "resized": an elastic group was
-# restarted with more or fewer workers; "unknown": it failed before its first report.
-CAUSES = ("preempted", "node lost", "worker died", "resized", "unknown")
+# restarted with more or fewer workers; "driver lost": Tune restarted the trial, whose driver (Tune's
+# trial actor, Ray Train's controller) had died (``record_driver_lost``); "unknown": none of these.
+CAUSES = ("preempted", "node lost", "driver lost", "worker died", "resized", "unknown")
 PREEMPTION_KEY = "preemption_save_step"  # in the report of a save made on a preemption notice
 ATTEMPT_KEY = "attempt"  # in every report: the worker group's attempt (1, 2, ...)
 
@@ -47,13 +48,26 @@ class FailureLog(UserCallback):
         self._record({"cause": "worker died", "nodes": self._alive})
 
     def _record(self, entry: dict) -> None:
-        entries = _entries(self.path)
-        if self._attempt is None or str(self._attempt) in entries:
-            return
-        with contextlib.suppress(OSError):  # a lost record must not stop the restart
-            tmp = Path(self.path + ".tmp")
-            tmp.write_text(json.dumps({**entries, str(self._attempt): entry}))
-            tmp.replace(self.path)
+        if self._attempt is not None:
+            _add(self.path, self._attempt, entry)
+
+
+def record_driver_lost(path: str | Path, attempts_path: str | Path) -> None:
+    """Records at ``path`` (``FailureLog``'s file) that the newest attempt counted in ``attempts_path``
+    (``resume.count_attempt``'s file) ended with its driver lost; nothing before a first attempt."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        _add(path, json.loads(Path(attempts_path).read_text())["attempts"], {"cause": "driver lost"})
+
+
+def _add(path: str | Path, attempt: int, entry: dict) -> None:
+    """``entry`` for ``attempt`` in the JSON object at ``path``, unless it has one (the first counts)."""
+    entries = _entries(path)
+    if str(attempt) in entries:
+        return
+    with contextlib.suppress(OSError):  # a lost record must not stop the restart
+        tmp = Path(str(path) + ".tmp")
+        tmp.write_text(json.dumps({**entries, str(attempt): entry}))
+        tmp.replace(path)
 
 
 def _entries(path: str | Path | None) -> dict[str, dict]:

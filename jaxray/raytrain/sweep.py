@@ -27,10 +27,10 @@ from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
 from jaxray.raytrain import progress
-from jaxray.raytrain.failures import ATTEMPT_KEY
+from jaxray.raytrain.failures import ATTEMPT_KEY, record_driver_lost
 from jaxray.raytrain.progress import TrialProgress
 from jaxray.raytrain.reports import SCORE_KEY, remove_unfinished
-from jaxray.raytrain.trainer import make_trainer
+from jaxray.raytrain.trainer import make_trainer, run_files
 from jaxray.reporting import terminal
 from jaxray.reporting.format import DIVERGED_KEYS, diverged_error
 from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR
@@ -54,7 +54,8 @@ TrialRows = tuple[dict[str, Any], list[dict]]
 TUNER_FILE = "tuner.pkl"  # what Tuner.restore reads first; Tune writes it when the sweep starts
 # The other files Tuner.restore reads (Tune 2.60), with how.
 STATE_FILES = (("experiment_state-*.json", json.loads), ("basic-variant-state-*.json", cloudpickle.loads))
-FAILED_SUFFIX = ".failed.json"  # beside a trial's storage folder: the error it failed with, and when
+# Beside a trial's storage folder: the jaxray.tune run that last started it, and its error if it failed.
+INVOCATION_SUFFIX = ".invocation.json"
 
 
 class TrialFailed(RuntimeError):
@@ -83,34 +84,47 @@ def run_trial(
 ) -> None:
     """Tune function trainable: one Ray Train run for the grid point ``config``, written under ``out``
     (``train/``, ``tensorboard/``); ``xla_flags``: the driver's XLA_FLAGS, kept by the workers.
-    Tune restarts a trial whose driver died (``workers.max_driver_failures``); a trial whose run
-    raised records the error (``<name>.failed.json``, with ``invocation``, this ``jaxray.tune`` run's id) and,
-    restarted in the same invocation, raises ``TrialFailed`` with it at once: only ``--resume`` (a new
-    invocation) trains it again."""
+    Tune restarts a trial whose driver died (``workers.max_driver_failures``). Each start records
+    ``invocation`` (this ``jaxray.tune`` run's id) in ``<name>.invocation.json``, with the error if
+    the run raises. Restarted in the same invocation, a trial that raised raises ``TrialFailed`` with
+    that error at once (only ``--resume``, a new invocation, trains it again); one that did not lost
+    its driver, which its restart causes record ("driver lost")."""
     sweep_cfg = SweepConfig.model_validate(sweep)
     point = {axis: config[axis] for axis in sweep_cfg.axes()}
     trial = parse_trial(sweep_cfg.trial_dict(base, **point))
     name = trial_name(sweep_cfg.workload, config)
-    failed = Path(out) / TRAIN_DIR / f"{name}{FAILED_SUFFIX}"
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        record = json.loads(failed.read_text())
-        if invocation and record["invocation"] == invocation:
+    storage = Path(out) / TRAIN_DIR
+    started = storage / f"{name}{INVOCATION_SUFFIX}"
+    record: dict = {}
+    with contextlib.suppress(OSError, ValueError):
+        record = json.loads(started.read_text())
+    if invocation and record.get("invocation") == invocation:
+        if "error" in record:
             raise TrialFailed(record["error"])
+        attempts, failures = run_files(storage, name)
+        record_driver_lost(failures, attempts)
+    _write_record(started, {"invocation": invocation})
     try:
         make_trainer(
             trial,
             datasets,
-            storage_path=Path(out) / TRAIN_DIR,
+            storage_path=storage,
             name=name,
             tensorboard_dir=Path(out) / TENSORBOARD_DIR / name,
             callbacks=[TuneReportCallback()],
             xla_flags=xla_flags,
         ).fit()
     except Exception as err:
-        with contextlib.suppress(OSError):  # a full disk: Tune restarts it, and it fails there again
-            failed.parent.mkdir(parents=True, exist_ok=True)
-            failed.write_text(json.dumps({"invocation": invocation, "error": error_text(err)}))
+        _write_record(started, {"invocation": invocation, "error": error_text(err)})
         raise
+
+
+def _write_record(path: Path, record: dict) -> None:
+    """``record`` as JSON at ``path``; on a full disk nothing (Tune's restart then trains the trial
+    again, and it fails there again)."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
 
 
 def concurrent_trials(exp: ExperimentConfig, resources: dict[str, float]) -> int:

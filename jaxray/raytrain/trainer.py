@@ -62,6 +62,12 @@ def checkpoint_config(trial: TrialConfig) -> CheckpointConfig:
     )
 
 
+def run_files(storage_path: str | Path, name: str) -> tuple[Path, Path]:
+    """The run's attempt counter and restart causes, ``name.attempts.json`` and ``name.failures.json``
+    beside its folder (Ray Train v2 keeps the folder's own state for itself)."""
+    return Path(storage_path) / f"{name}.attempts.json", Path(storage_path) / f"{name}.failures.json"
+
+
 def make_trainer(
     trial: TrialConfig,
     datasets: dict,
@@ -77,9 +83,7 @@ def make_trainer(
     beside it. ``xla_flags``: kept for the workers (None: this process's)."""
     w = trial.workers
     resources = {"GPU": w.devices_per_worker} if w.use_gpu else {"CPU": 1}
-    # Outside Ray's own run folder (Ray Train v2 keeps that for its own state).
-    attempts = Path(storage_path) / f"{name}.attempts.json"
-    failures = Path(storage_path) / f"{name}.failures.json"
+    attempts, failures = run_files(storage_path, name)
     return JaxTrainer(
         train_loop_per_worker,
         train_loop_config={

@@ -76,6 +76,7 @@ def test_a_killed_trial_driver_is_restarted_and_resumes_from_its_checkpoint(real
     [row] = json.loads((run / "summary.json").read_text())
     assert "error" not in row, row
     assert (row["restarts"], row["resumed_from_step"], row["steps"]) == (1, 20, 40), row
+    assert row["restart_causes"] == "driver lost", row
 
 
 def test_a_failed_trial_is_not_trained_again_by_tunes_restart(real_dir, tmp_path):
@@ -84,6 +85,8 @@ def test_a_failed_trial_is_not_trained_again_by_tunes_restart(real_dir, tmp_path
     assert rc == 1, text[-5000:]
     [row] = json.loads((run / "summary.json").read_text())
     assert "TrialFailed" in row["error"], row
+    record = json.loads((run / "train" / f"{TRIAL}.invocation.json").read_text())
+    assert record["error"].split(":")[0] in row["error"], (record, row)  # the run's own error, again
     attempts = json.loads((run / "train" / f"{TRIAL}.attempts.json").read_text())
     assert attempts["attempts"] == 1, attempts  # Tune's restart raised at once: no second attempt
     assert "--resume" in text  # what trains it again
