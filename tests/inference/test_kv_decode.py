@@ -4,6 +4,7 @@ policy against the full-recompute sampler."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -124,8 +125,9 @@ def test_no_sampler_reads_the_position_training_never_predicts_from(restored, en
 
     poisoned = jax.tree_util.tree_map_with_path(poison, params)
     prompt = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 2  # 122 bytes > S
-    for sampler in (generate, kv_generate):
-        ours = sampler(model, poisoned, prompt, Sampling(20, 0.0))
-        assert ours == sampler(model, params, prompt, Sampling(20, 0.0)), sampler.__name__
-    [done] = engine.generate([Request(prompt.encode(), 1, 0.0)])
-    assert done.prompt_tokens == size - 1
+    ours = generate(model, poisoned, prompt, Sampling(20, 0.0))
+    assert ours == generate(model, params, prompt, Sampling(20, 0.0))
+    request = Request(prompt.encode(), 40, 0.0)  # the KV window slides at once and again
+    [done] = engine.generate([request])
+    [poisoned_done] = dataclasses.replace(engine, params=poisoned).generate([request])  # no compile
+    assert poisoned_done.tokens == done.tokens and done.prompt_tokens == size - 1
