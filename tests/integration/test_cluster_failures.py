@@ -189,7 +189,7 @@ def test_an_elastic_group_shrinks_without_a_node_and_grows_back(
     # last refresh (every 20 s): without this wait the group may start with 1 worker and resize.
     time.sleep(COORDINATOR_REFRESH_S)
     workers = {"num_workers": [1, 2], "max_failures": 1, "elastic_resize_monitor_interval_s": 5}
-    fault = {"pause_at_steps": [21, 31], "pause_attempts": [1, 2], "pause_s": 20}
+    fault = {"pause_at_steps": [21, 31], "pause_attempts": [1, 2], "pause_s": 40}
     thread, out = start_fit(real_dir, datasets, tmp_path, "elastic", fault, workers=workers)
     wait_complete(tmp_path / "elastic" / "checkpoint_step_00000010_attempt1")
     time.sleep(4)
