@@ -49,7 +49,11 @@ OPTIONS: FieldOptions = {
     "chunk": (positive_int, "new tokens per decode call", ""),
     "max_new_tokens": (positive_int, "cap on new tokens per request", ""),
     "max_prompt_bytes": (positive_int, "longest prompt, UTF-8 bytes", ""),
-    "context_keep": (context_keep, "bytes kept when a row's window is full", "max_seq_len // 2"),
+    "context_keep": (
+        context_keep,
+        "bytes kept when a row's window is full (2..max_seq_len - 1)",
+        "max_seq_len // 2",
+    ),
 }
 
 
