@@ -11,6 +11,8 @@ from pathlib import Path
 import ray
 from ray.train import UserCallback
 
+from jaxray.runs import written_whole
+
 # "preempted": the workers saved on a preemption notice (a report with PREEMPTION_KEY), then their
 # node went; "node lost": a node that was up at the group's last report has died since; "worker
 # died": a worker process ended or raised, every node still up; "resized": an elastic group was
@@ -64,10 +66,8 @@ def _add(path: str | Path, attempt: int, entry: dict) -> None:
     entries = _entries(path)
     if str(attempt) in entries:
         return
-    with contextlib.suppress(OSError):  # a lost record must not stop the restart
-        tmp = Path(str(path) + ".tmp")
+    with contextlib.suppress(OSError), written_whole(path) as tmp:  # a lost record must not stop the restart
         tmp.write_text(json.dumps({**entries, str(attempt): entry}))
-        tmp.replace(path)
 
 
 def _entries(path: str | Path | None) -> dict[str, dict]:
