@@ -48,15 +48,14 @@ def wait_for(
     url: str, predicate: Callable[[list[Sample]], bool], timeout: float = 30.0, every: float = 0.25
 ) -> list[Sample]:
     """Scrapes ``url`` until ``predicate(samples)`` is true and returns those samples; fails after
-    ``timeout`` seconds showing the last scrape's samples whose name starts with ``ray_jaxray_``."""
+    ``timeout`` seconds showing the last scrape's samples of jaxray and of Serve's HTTP counter."""
     deadline = time.monotonic() + timeout
     while True:
         samples = scrape(url)
         if predicate(samples):
             return samples
         if time.monotonic() > deadline:
-            shown = "\n".join(
-                f"  {s.name}{_short(s.labels)} {s.value}" for s in samples if s.name.startswith("ray_jaxray_")
-            )
+            ours = [s for s in samples if s.name.startswith(("ray_jaxray_", "ray_serve_num_http_requests"))]
+            shown = "\n".join(f"  {s.name}{_short(s.labels)} {s.value}" for s in ours)
             raise AssertionError(f"{url}: not true within {timeout:.0f} s; last scrape:\n{shown}")
         time.sleep(every)

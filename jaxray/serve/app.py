@@ -137,7 +137,7 @@ class JaxrayServer:
     async def chat(self, http: HttpRequest):
         return await openai.answer(self, http, openai.ChatRequest)
 
-    async def choices(self, http: HttpRequest, model: type[schema._Sampling]) -> tuple:
+    async def choices(self, http: HttpRequest, model: type[schema.SamplingRequest]) -> tuple:
         """(the ``model`` request in ``http``'s body, read no further than just past the limit that
         ``parse`` answers with 413; a ``Choice`` per engine request, ``n``, choice i seeded seed + i;
         the prompt tokens each reads). Raises ApiError naming the field."""
@@ -154,7 +154,7 @@ class JaxrayServer:
             raise ApiError(400, "messages", f"messages are not valid Unicode text ({err.reason})") from None
         if len(prompt) > (limit := self.limits.max_prompt_bytes):
             message = f"the rendered prompt is {len(prompt)} UTF-8 bytes, over the limit of {limit}"
-            raise ApiError(400, model._prompt_field, message)
+            raise ApiError(400, model.prompt_field, message)
         seed = secrets.randbelow(schema.MAX_SEED + 1) if req.seed is None else req.seed
         budget = req.new_tokens(self.limits)
         seeds = [(seed + i) % (schema.MAX_SEED + 1) for i in range(req.n)]
@@ -163,8 +163,9 @@ class JaxrayServer:
             self.engine.check(requests[0])
         except ValueError as err:
             field = next((f for f in ENGINE_FIELDS if str(err).startswith(f)), "body")
-            raise ApiError(400, model._budget if field == "max_new_tokens" else field, str(err)) from None
-        choices = [Choice(i, partial(self.tokens, r, model._route), req.stop) for i, r in enumerate(requests)]
+            field = model.budget_field if field == "max_new_tokens" else field
+            raise ApiError(400, field, str(err)) from None
+        choices = [Choice(i, partial(self.tokens, r, model.route), req.stop) for i, r in enumerate(requests)]
         return req, choices, self.engine.prompt_tokens(requests[0])
 
     async def tokens(

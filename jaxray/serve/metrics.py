@@ -2,6 +2,7 @@
 served in Prometheus text by the Ray metrics agent of every node (``metrics_url()``), with Ray's
 ``ray_`` prefix and Serve's ``application``, ``deployment`` and ``replica`` labels. Names are vLLM's
 with ``jaxray_`` for ``vllm:`` (Ray drops names holding ``:``); ``EXPORTED`` lists them as scraped.
+HTTP requests by route template, method and status: Serve's own ``ray_serve_num_http_requests_total``.
 Values reach the scrape within Ray's report interval (``RAY_metrics_report_interval_ms``, 10 s by
 default). See docs/serving.md#metrics. No JAX."""
 
@@ -9,14 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
 
 PREFIX = "jaxray_"  # Ray names; the scrape adds "ray_" (and "_total" to counters)
 MODEL_TAG = "model_name"  # vLLM's label for the served model
 ABORTED = "abort"  # finished_reason of a request that ended without one (error, cancel, disconnect)
-OTHER_ROUTE = "other"  # route label of a path no route matched (keeps the label set bounded)
-METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # others: "other"
 GAUGE_REFRESH_S = 0.5  # Ray ages out a gauge not set for 2 report intervals (>= 2 s): set it again
 
 # Histogram bucket upper bounds, seconds.
@@ -46,8 +43,6 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], str, list[float] | None]] = 
     "generation_tokens": ("counter", "generation_tokens", _REQ, "Generated tokens (tokens).", None),
     "success": ("counter", "request_success", (*_REQ, "finished_reason"),
                 'Finished requests by finish reason ("abort": ended without one).', None),
-    "http": ("counter", "http_requests", ("route", "method", "status"),
-             "HTTP requests answered by this replica, by route template, method and status code.", None),
 }  # fmt: skip
 # Names as a Prometheus scrape shows them -> (kind, labels besides Ray's and Serve's, description).
 EXPORTED = {
@@ -151,45 +146,6 @@ class RequestTimer:
 
 
 request_started = RequestTimer  # a generation request arrived: request_started(route, model)
-
-
-class _CountRequests:
-    """ASGI middleware: one ``jaxray_http_requests`` count per HTTP request, by the route template
-    the app matched, the method and the status it answered (500 when the app raised before
-    answering, 499 when it was cancelled first: the client or Serve gave up)."""
-
-    def __init__(self, app: Callable):
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        status: list[int] = []
-
-        def count(code: int) -> None:
-            status.append(code)
-            route = getattr(scope.get("route"), "path", None) or OTHER_ROUTE
-            method = scope["method"] if scope.get("method") in METHODS else "other"
-            _get().http.inc(1, tags={"route": route, "method": method, "status": str(code)})
-
-        async def send_status(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start" and not status:
-                count(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        except BaseException as err:
-            if not status:
-                count(500 if isinstance(err, Exception) else 499)  # 499: CancelledError and the like
-            raise
-
-
-def count_requests(app) -> None:
-    """Counts every HTTP request ``app`` (a FastAPI or Starlette app, before it serves) answers in
-    ``ray_jaxray_http_requests_total``; a second call on the same app does nothing."""
-    if not any(m.cls is _CountRequests for m in app.user_middleware):
-        app.add_middleware(_CountRequests)
 
 
 def metrics_url() -> str | None:

@@ -17,7 +17,7 @@ from starlette.requests import Request as HttpRequest
 
 from jaxray.serve import schema
 from jaxray.serve.routes import decoded, guarded
-from jaxray.serve.schema import ApiError, Prompt, Seed, Stream, Temperature, TopK, _Sampling, sse
+from jaxray.serve.schema import ApiError, Prompt, SamplingRequest, Seed, Stream, Temperature, TopK, sse
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
 # Chat's speakers when a message names none: the model learned play scripts, "NAME:\ntext\n\n".
@@ -30,7 +30,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = Field(False, description="a last chunk with empty choices and the usage")
 
 
-class _OpenAI(_Sampling):
+class _OpenAI(SamplingRequest):
     """The fields both OpenAI routes share (vLLM's names and defaults)."""
 
     model: str | None = Field(None, description="the served model's id (GET /v1/models); null: that one")
@@ -73,8 +73,8 @@ class CompletionRequest(_OpenAI):
     prompt: Prompt
     max_tokens: int = OPENAI_DEFAULT_MAX_TOKENS
 
-    _budget: ClassVar[str] = "max_tokens"
-    _route: ClassVar[str] = "/v1/completions"
+    budget_field: ClassVar[str] = "max_tokens"
+    route: ClassVar[str] = "/v1/completions"
 
 
 class ChatMessage(BaseModel):
@@ -92,9 +92,9 @@ class ChatRequest(_OpenAI):
     max_completion_tokens: int | None = None
     max_tokens: int | None = Field(None, description="the older name of max_completion_tokens")
 
-    _budget: ClassVar[str] = "max_completion_tokens"
-    _route: ClassVar[str] = "/v1/chat/completions"
-    _prompt_field: ClassVar[str] = "messages"
+    budget_field: ClassVar[str] = "max_completion_tokens"
+    route: ClassVar[str] = "/v1/chat/completions"
+    prompt_field: ClassVar[str] = "messages"
 
     def new_tokens(self, limits) -> int:
         given = self.max_completion_tokens or self.max_tokens

@@ -13,14 +13,12 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 
-from jaxray.serve.metrics import count_requests
 from jaxray.serve.schema import ApiError, sse
 
 logger = logging.getLogger("ray.serve")
 api = FastAPI(
     title="jaxray", description="Byte-level transformer text generation on Ray Serve", redirect_slashes=False
 )  # /generate/ is a JSON 404, not a bodiless 307
-count_requests(api)  # requests by route, method and status, in Ray's metrics
 ROUTES = (
     "GET / (the playground), GET /healthz, GET /info, POST /generate, GET /v1/models, "
     "POST /v1/completions, POST /v1/chat/completions"

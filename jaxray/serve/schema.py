@@ -92,7 +92,7 @@ TopK = Annotated[int | None, Field(description="sample from the k most likely by
 Stream = Annotated[bool, Field(description="stream server-sent events as the bytes are produced")]
 
 
-class _Sampling(BaseModel):
+class SamplingRequest(BaseModel):
     """The checks both routes share; strict: JSON types must match exactly."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
@@ -101,9 +101,9 @@ class _Sampling(BaseModel):
     _range = field_validator(
         "top_k", "max_new_tokens", "max_tokens", "max_completion_tokens", check_fields=False
     )(_check_range)
-    _budget: ClassVar[str]  # the route's name for the new-token budget
-    _route: ClassVar[str]  # the route, as the metrics label it
-    _prompt_field: ClassVar[str] = "prompt"  # the field an over-long rendered prompt is blamed on
+    budget_field: ClassVar[str]  # the route's name for the new-token budget
+    route: ClassVar[str]  # the route, as the metrics label it
+    prompt_field: ClassVar[str] = "prompt"  # the field an over-long rendered prompt is blamed on
 
     def text(self) -> str:
         """The prompt the model continues."""
@@ -111,11 +111,11 @@ class _Sampling(BaseModel):
 
     def new_tokens(self, limits: Limits) -> int:
         """The token budget; its default is lowered to the server's cap when the field is not given."""
-        value = getattr(self, self._budget)
-        return value if self._budget in self.model_fields_set else min(value, limits.max_new_tokens)
+        value = getattr(self, self.budget_field)
+        return value if self.budget_field in self.model_fields_set else min(value, limits.max_new_tokens)
 
 
-class GenerateRequest(_Sampling):
+class GenerateRequest(SamplingRequest):
     """``POST /generate``."""
 
     prompt: Prompt
@@ -125,8 +125,8 @@ class GenerateRequest(_Sampling):
     seed: Seed = 0
     stream: Stream = False
 
-    _budget: ClassVar[str] = "max_new_tokens"
-    _route: ClassVar[str] = "/generate"
+    budget_field: ClassVar[str] = "max_new_tokens"
+    route: ClassVar[str] = "/generate"
     # Fixed here, fields of the OpenAI routes: one choice, no stop, top_p 1 (all), no model named.
     n: ClassVar[int] = 1
     stop: ClassVar[list[str]] = []
@@ -174,7 +174,7 @@ def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:
     return words[field] if known else f"one of the fields {', '.join(model.model_fields)}"
 
 
-def parse(model: type[_Sampling], body: bytes, limits: Limits) -> _Sampling:
+def parse(model: type[SamplingRequest], body: bytes, limits: Limits) -> SamplingRequest:
     """Parse ``body`` (raw request bytes) into ``model`` under ``limits``. Raises ApiError(400) naming
     the first bad field (or ``body``), ApiError(413) when over ``limits.max_body_bytes``."""
     if len(body) > limits.max_body_bytes:

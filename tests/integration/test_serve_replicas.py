@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ENGINE = {"buckets": [16], "batch_sizes": [1, 4], "chunk": 8, "max_new_tokens": 200}
 CLIENT_TIMEOUT_S = 30.0
 SUCCESS = "ray_jaxray_request_success_total"
+HTTP = "ray_serve_num_http_requests_total"
 
 
 @pytest.fixture(scope="module")
@@ -48,20 +49,31 @@ def test_two_replicas_both_serve_and_one_survives_the_others_kill(url):
     stop = threading.Event()
     with ThreadPoolExecutor(1) as pool:
         clients = pool.submit(asyncio.run, load(url, 8, stop, CLIENT_TIMEOUT_S))
-        samples = wait_for(scrape_url, lambda s: len(label_values(s, SUCCESS, "replica")) == 2, timeout=60)
-        replicas = label_values(samples, SUCCESS, "replica")
-        for replica in replicas:  # each replica served, and its latencies and tokens are recorded
-            assert value(samples, SUCCESS, replica=replica, route="/generate", finished_reason="length") > 0
-            assert value(samples, "ray_jaxray_time_to_first_token_seconds_count", replica=replica) > 0
-            assert value(samples, "ray_jaxray_generation_tokens_total", replica=replica) > 0
-        assert value(samples, SUCCESS, route="/v1/chat/completions", finished_reason="length") == 1
-        assert value(samples, "ray_jaxray_http_requests_total", route="/generate", status=200) > 0
+        try:  # the clients run until stopped: a failed assertion here must stop them too
+            # Both replicas' series, and Serve's own HTTP count (its proxy reports apart from them).
+            samples = wait_for(
+                scrape_url,
+                lambda s: (
+                    len(label_values(s, SUCCESS, "replica")) == 2
+                    and value(s, HTTP, route="/generate", status_code="200") > 0
+                ),
+                timeout=60,
+            )
+            replicas = label_values(samples, SUCCESS, "replica")
+            for replica in replicas:  # each replica served, and its latencies and tokens are recorded
+                assert (
+                    value(samples, SUCCESS, replica=replica, route="/generate", finished_reason="length") > 0
+                )
+                assert value(samples, "ray_jaxray_time_to_first_token_seconds_count", replica=replica) > 0
+                assert value(samples, "ray_jaxray_generation_tokens_total", replica=replica) > 0
+            assert value(samples, SUCCESS, route="/v1/chat/completions", finished_reason="length") == 1
 
-        killed_pid = replica_pids()[0]
-        killed = time.monotonic()
-        os.kill(killed_pid, signal.SIGKILL)
-        time.sleep(8)  # the survivor carries the load while Serve replaces the other
-        stop.set()
+            killed_pid = replica_pids()[0]
+            killed = time.monotonic()
+            os.kill(killed_pid, signal.SIGKILL)
+            time.sleep(8)  # the survivor carries the load while Serve replaces the other
+        finally:
+            stop.set()
         samples = clients.result(timeout=CLIENT_TIMEOUT_S + 10)
     failed = [s for s in samples if s.outcome != "ok"]
     assert {s.outcome for s in failed} <= {"5xx"}, [s.error for s in failed][:5]

@@ -1,8 +1,9 @@
 """``jaxray.serve.metrics`` where Ray exports it: a throwaway two-replica Serve deployment on a
-private local Ray records requests with ``RequestTimer`` and ``count_requests`` as the app does;
+private local Ray records requests with ``RequestTimer`` as the app does;
 real HTTP requests, then the Ray metrics agent's endpoint (``metrics_url()``) scraped and parsed
 with ``prometheus_client``: latency histograms, token and request counters move by what was
-sent (answered, failed, abandoned by its client, no route), each replica's series under its own
+sent (answered, failed, abandoned by its client), Serve's own HTTP counter by route template and
+status (no route, wrong method too), each replica's series under its own
 ``replica`` label, the waiting and running gauges go up during a slow request and back to 0.
 Without Ray: the gauges' bookkeeping and no URL."""
 
@@ -21,7 +22,7 @@ from ray import serve
 from serve_load import free_port
 
 from jaxray.serve import metrics
-from jaxray.serve.metrics import count_requests, metrics_url, request_started
+from jaxray.serve.metrics import metrics_url, request_started
 
 MODEL = "tiny"
 ROUTE = "/v1/completions"
@@ -40,8 +41,6 @@ def tiny_app(replicas: int):
     from fastapi.responses import JSONResponse
 
     api = FastAPI()
-    count_requests(api)
-    count_requests(api)  # a second call adds nothing (each request counted once below)
 
     @api.exception_handler(Exception)
     async def _failed(_: Request, err: Exception) -> JSONResponse:
@@ -168,12 +167,14 @@ def test_requests_move_the_metrics_ray_exports(served):
             got[name, reason] = value(samples, name, **labels)
         return got
 
-    http = {(ROUTE, "POST", 200): 1 + len(QUICK), (ROUTE, "POST", 500): 2, (ROUTE, "POST", 499): 1}
-    http |= {("other", "GET", 404): 1, (ROUTE, "GET", 405): 1}
+    # Serve's proxy counts every HTTP request by the route template it matched by path and method
+    # (else the app's route prefix), method and status code (jaxray keeps no HTTP counter of its own).
+    http = {(ROUTE, "POST", "200"): 1 + len(QUICK), (ROUTE, "POST", "500"): 2, (ROUTE, "POST", "499"): 1}
+    http |= {("/", "GET", "404"): 1, ("/", "GET", "405"): 1}
 
     def counted(samples) -> dict:
-        name = "ray_jaxray_http_requests_total"
-        return {key: value(samples, name, route=key[0], method=key[1], status=key[2]) for key in http}
+        name, app = "ray_serve_num_http_requests_total", {"application": "metrics"}
+        return {(r, m, c): value(samples, name, route=r, method=m, status_code=c, **app) for r, m, c in http}
 
     samples = wait_for(
         scrape_url,
