@@ -83,10 +83,17 @@ def test_shipped_gpt2_small_config_is_the_preset_in_bfloat16():
 
 
 def test_keys_given_next_to_a_preset_win(tmp_path):
-    (trial,) = preset_trials(tmp_path, "{preset: gpt2_small, num_layers: 2, max_seq_len: 2048}")
+    longer = PRESET_SWEEP.replace("seq_len: 1024", "seq_len: 2048")
+    (trial,) = preset_trials(tmp_path, "{preset: gpt2_small, num_layers: 2, max_seq_len: 2048}", longer)
     assert (trial.model.num_layers, trial.model.num_heads, trial.model.max_seq_len) == (2, 12, 2048)
     searched = PRESET_SWEEP.replace("global_batch: [16]", "global_batch: [16], width: [384, 768]")
     assert [t.model.width for t in preset_trials(tmp_path, "{preset: gpt2_small}", searched)] == [384, 768]
+
+
+def test_a_transformer_trained_on_windows_shorter_than_its_positions_is_refused(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        preset_trials(tmp_path, "{preset: gpt2_small}", PRESET_SWEEP.replace("seq_len: 1024", "seq_len: 256"))
+    assert "sweeps.0: data.seq_len 256 is below model.max_seq_len 1024: positions 255..1022" in str(err.value)
 
 
 @pytest.mark.parametrize("preset", ["gpt3", "[gpt2_small]", "12"])

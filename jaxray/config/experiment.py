@@ -294,5 +294,13 @@ def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -
         )
     for i, sweep in enumerate(exp.sweeps):
         for trial in sweep.trial_dicts(exp.base()):
-            parse_trial(trial, str(path), prefix=f"sweeps.{i}.")
+            parsed = parse_trial(trial, str(path), prefix=f"sweeps.{i}.")
+            m, seq_len = parsed.model, parsed.data.seq_len
+            # The loss never trains positions seq_len - 1.. of a longer position table; samplers read them.
+            if m.workload == "transformer" and seq_len < m.max_seq_len:
+                raise ConfigError(
+                    f"invalid config {path}:\n  sweeps.{i}: data.seq_len {seq_len} is below "
+                    f"model.max_seq_len {m.max_seq_len}: positions {seq_len - 1}..{m.max_seq_len - 2} would "
+                    f"never be trained, and generation reads them; make the two equal"
+                )
     return exp
