@@ -262,7 +262,8 @@ _UniqueKeyLoader.add_implicit_resolver(
 def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read and validate an experiment YAML, expanding every sweep so each trial is checked up front.
     Raises ConfigError for a missing, empty or non-UTF-8 file, invalid YAML, unknown keys, bad types
-    or values, or a grid point that cannot run (attention: ``checks.check_experiment``)."""
+    or values, a grid point that cannot run (attention: ``checks.check_experiment``), or a
+    transformer whose data.seq_len is below its max_seq_len (positions its loss never trains)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")

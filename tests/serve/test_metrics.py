@@ -49,6 +49,10 @@ def tiny_app(replicas: int):
     @serve.deployment(num_replicas=replicas, ray_actor_options={"num_cpus": 0})
     @serve.ingress(api)
     class Tiny:
+        @api.get("/healthz")
+        async def healthz(self) -> dict:
+            return {}
+
         @api.post(ROUTE)
         async def complete(self, body: dict) -> dict:
             prompt, chunks = body["prompt"], body["chunks"]
@@ -104,7 +108,14 @@ def served():
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(tiny_app(2), name="metrics", route_prefix="/")
-        yield f"http://127.0.0.1:{port}", metrics_url()
+        url, scrape_url = f"http://127.0.0.1:{port}", metrics_url()
+
+        def routed(samples) -> bool:  # the proxy learns the route templates after serve.run returns
+            requests.get(url + "/healthz", timeout=10)
+            return value(samples, "ray_serve_num_http_requests_total", route="/healthz") > 0
+
+        wait_for(scrape_url, routed, timeout=60)
+        yield url, scrape_url
     finally:
         serve.shutdown()
         ray.shutdown()
