@@ -57,20 +57,21 @@ class FailureLog(UserCallback):
 def record_driver_lost(path: str | Path, attempts_path: str | Path) -> None:
     """Records at ``path`` (``FailureLog``'s file) that the newest attempt counted in ``attempts_path``
     (``resume.count_attempt``'s file) ended with its driver lost; nothing before a first attempt."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        _add(path, json.loads(Path(attempts_path).read_text())["attempts"], {"cause": "driver lost"})
+    if isinstance(attempt := read_record(attempts_path).get("attempts"), int):
+        _add(path, attempt, {"cause": "driver lost"})
 
 
 def _add(path: str | Path, attempt: int, entry: dict) -> None:
     """``entry`` for ``attempt`` in the JSON object at ``path``, unless it has one (the first counts)."""
-    entries = _entries(path)
+    entries = read_record(path)
     if str(attempt) in entries:
         return
     with contextlib.suppress(OSError), written_whole(path) as tmp:  # a lost record must not stop the restart
         tmp.write_text(json.dumps({**entries, str(attempt): entry}))
 
 
-def _entries(path: str | Path | None) -> dict[str, dict]:
+def read_record(path: str | Path | None) -> dict:
+    """The JSON object at ``path``; {} when there is none, or it cannot be read (a lost record)."""
     try:
         return dict(json.loads(Path(path).read_text())) if path else {}
     except (OSError, ValueError):
@@ -82,7 +83,7 @@ def read_causes(path: str | Path | None, workers: list[int]) -> list[str]:
     that ``FailureLog`` recorded at ``path``, oldest first: "worker died" becomes "node lost" where a
     node up at that attempt's last report is dead now; with none recorded, "resized" where the next
     attempt ran with another number of workers (Ray's elastic resize is no failure), else "unknown"."""
-    entries, alive = _entries(path), set(_alive_nodes())
+    entries, alive = read_record(path), set(_alive_nodes())
     causes = []
     for n in range(1, len(workers)):
         e = entries.get(str(n))

@@ -24,6 +24,7 @@ from jaxray.raytrain.failures import ATTEMPT_KEY, PREEMPTION_KEY
 from jaxray.raytrain.faults import kill_in_save
 from jaxray.raytrain.resume import checkpoint_name
 from jaxray.reporting.format import json_safe
+from jaxray.runs import written_whole
 from jaxray.train.loop import Hook
 
 # The reported key Ray ranks checkpoints by (``CheckpointConfig.checkpoint_score_attribute``): the
@@ -234,14 +235,11 @@ def compile_writer(path: str | None) -> Callable[[dict], None] | None:
 
     def write(report: dict) -> None:
         file = Path(path)
-        tmp = file.with_suffix(".json.tmp")
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(json_safe(report), indent=2))
-            tmp.replace(file)
+            with written_whole(file) as tmp:
+                tmp.write_text(json.dumps(json_safe(report), indent=2))
         except OSError as err:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
             print(f"jaxray: warning: the compile report was not written to {file}: {err}", flush=True)
 
     return write

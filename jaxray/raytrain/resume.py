@@ -6,7 +6,6 @@ one in the trial's storage that Ray's record lost with a node) to the newest und
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -16,6 +15,7 @@ from ray.train.collective import broadcast_from_rank_zero
 
 from jaxray import checkpoint
 from jaxray.raytrain.faults import damage, damages_latest
+from jaxray.runs import written_whole
 
 
 class ResumePoint(NamedTuple):
@@ -41,16 +41,13 @@ def count_attempt(path: str | None, workers: int = 1) -> tuple[int, list[int]]:
     if not path:
         return 1, [workers]
     file = Path(path)
-    tmp = file.with_name(file.name + ".tmp")
     try:
         doc = json.loads(file.read_text()) if file.is_file() else {"attempts": 0}
         attempt, sizes = doc["attempts"] + 1, [*doc.get("workers", []), workers]
         file.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"attempts": attempt, "workers": sizes}))
-        tmp.replace(file)
+        with written_whole(file) as tmp:
+            tmp.write_text(json.dumps({"attempts": attempt, "workers": sizes}))
     except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         raise OSError(
             f"cannot count this worker group's attempt in {file} ({err}), so its checkpoints could "
             f"not be named apart from an earlier attempt's; free space there, then resume the run"

@@ -27,7 +27,7 @@ from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
 from jaxray.raytrain import progress
-from jaxray.raytrain.failures import ATTEMPT_KEY, record_driver_lost
+from jaxray.raytrain.failures import ATTEMPT_KEY, read_record, record_driver_lost
 from jaxray.raytrain.progress import TrialProgress
 from jaxray.raytrain.reports import SCORE_KEY, remove_unfinished
 from jaxray.raytrain.trainer import make_trainer, run_files
@@ -95,9 +95,7 @@ def run_trial(
     name = trial_name(sweep_cfg.workload, config)
     storage = Path(out) / TRAIN_DIR
     started = storage / f"{name}{INVOCATION_SUFFIX}"
-    record: dict = {}
-    with contextlib.suppress(OSError, ValueError):
-        record = json.loads(started.read_text())
+    record = read_record(started)
     if invocation and record.get("invocation") == invocation:
         if "error" in record:
             raise TrialFailed(record["error"])
