@@ -70,8 +70,9 @@ def test_a_killed_trial_driver_is_restarted_and_resumes_from_its_checkpoint(real
         [trial_actor] = replica_pids(TRIAL_TITLE, under=pid)
         os.kill(trial_actor, signal.SIGKILL)
 
-    # The workers pause at step 21 of the first attempt: the driver dies with step 20 saved.
-    rc, text, run = run_tune(tmp_path, real_dir, {"pause_at_steps": [21], "pause_s": 30}, kill_driver)
+    # Step 20's save is committed (train_state.json) with the next report, step 30's; the workers
+    # pause at step 31 of the first attempt: the driver dies with step 20 saved and 40 not begun.
+    rc, text, run = run_tune(tmp_path, real_dir, {"pause_at_steps": [31], "pause_s": 30}, kill_driver)
     assert rc == 0, text[-5000:]
     [row] = json.loads((run / "summary.json").read_text())
     assert "error" not in row, row
