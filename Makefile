@@ -34,14 +34,15 @@ lint: install
 
 # make test: everything but the slowest tests (marked slow), two pytest workers (pytest-xdist; one
 # that runs out of tests steals from the other), about 4 minutes on 2 cores; make test-all (CI):
-# then the slow ones, one at a time (each starts its own Ray), each part printing its 25 slowest; the
-# multi-node cluster tests in a process of their own, whose first Ray is their cluster.
+# then the slow ones on two workers, a module at a time each (a module's fixtures are built once;
+# tests/conftest.py hands out the longest first), each part printing its 25 slowest; the multi-node
+# cluster tests in a process of their own, whose first Ray is their cluster, alone (they time pauses).
 test: install lint
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
 
 test-all: install lint
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" --durations=25
-	$(PY) -m pytest -q -m slow --durations=25 --ignore=tests/integration/test_cluster_failures.py
+	$(PY) -m pytest -q -n 2 --dist loadfile -m slow --durations=25 --ignore=tests/integration/test_cluster_failures.py
 	$(PY) -m pytest -q -m slow --durations=5 tests/integration/test_cluster_failures.py
 
 clean:

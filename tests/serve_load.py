@@ -74,9 +74,9 @@ def start_serving(checkpoint: Path, port: int, options: list[str] = SMALL_ENGINE
 
 
 def replica_pids(title: str = REPLICA_TITLE, under: int | None = None) -> list[int]:
-    """The pids of the processes whose command line holds ``title``; only descendants of ``under``
-    when given (the replicas of the Ray that process started, not another test's)."""
-    procs = psutil.Process(under).children(recursive=True) if under else psutil.process_iter()
+    """The pids of the descendants of ``under`` (default: this process) whose command line holds
+    ``title``: the replicas of the Ray that process started, not those of a test running beside it."""
+    procs = psutil.Process(under or os.getpid()).children(recursive=True)
     found = []
     for proc in procs:
         try:
