@@ -51,8 +51,9 @@ class Scheduler:
 
     def cancel(self, request: Request) -> None:
         """End ``request`` (one given to ``run``) before its budget: its row is freed before the next
-        decode call; its group's stream ends once its other requests are done."""
-        if id(request) in self._tickets:
+        decode call (one still waiting: after its admission and at most one chunk); its group's stream
+        ends once its other requests are done."""
+        if id(request) in self._tickets or any(r is request for g in self._waiting for r in g.requests):
             self._cancelled.add(id(request))
             self._wake.set()
 
@@ -76,7 +77,7 @@ class Scheduler:
                 continue
             if self._cancelled:
                 tickets = [self._tickets[key] for key in self._cancelled if key in self._tickets]
-                self._cancelled.clear()
+                self._cancelled &= {id(r) for group in self._waiting for r in group.requests}  # not yet in
                 await self._run(loop, None, self.batcher.cancel, tickets)
             # The waiting groups, oldest first, that fit in the free rows (up to the first that does not).
             groups, free = [], self.batcher.free

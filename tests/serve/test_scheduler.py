@@ -114,3 +114,24 @@ def test_a_cancelled_request_frees_its_row_and_its_group_still_ends(tiny_engine)
     assert len(long_tokens) < 20 and all(step[0] == [] for step in log[3:])
     # SHORT's 6 tokens take the admission and 2 decode calls; LONG alone would have taken 5 of them
     assert scheduler.batcher.live == 0 and scheduler.batcher.decode_calls == 2
+
+
+def test_a_request_cancelled_while_its_group_waits_is_ended_once_admitted(tiny_engine):
+    """One row: LONG decodes while a second 20-token request waits and is cancelled (its client
+    left). Once admitted it gets its first token and at most one chunk, not its 20 tokens."""
+
+    async def scenario():
+        scheduler, log = Scheduler(tiny_engine, 1), []
+        first = asyncio.create_task(collect(scheduler, [LONG], log, "first"))
+        late = Request(b"KING:", 20, 0.0)
+        second = asyncio.create_task(collect(scheduler, [late], log, "second"))
+        while not any(late in group.requests for group in scheduler._waiting):
+            await asyncio.sleep(0.001)
+        scheduler.cancel(late)
+        return scheduler, await first, await second
+
+    scheduler, [first], [second] = asyncio.run(scenario())
+    assert first == tiny_engine.generate([LONG])[0].tokens
+    assert 1 <= len(second) <= 1 + 4  # admission's token and at most one chunk of 4
+    # LONG's 20 tokens take 5 decode calls; the cancelled request at most one more
+    assert scheduler.batcher.live == 0 and scheduler.batcher.decode_calls <= 6
