@@ -176,8 +176,17 @@ class JaxrayServer:
         ``ended()`` when the reader closes it ("stop" at a stop sequence; None: "abort")."""
         timer = metrics.request_started(route, self.model_name)
         results, prompt_tokens = self._batch(request), self.engine.prompt_tokens(request)
+        # Each read is a task of its own, awaited through a shield: a reader cancelled mid-read (its
+        # client left) must not cancel Serve's future, or Serve's batching orphans the next one
+        # ("Future exception was never retrieved: StopAsyncIteration"); ``drain`` ends the read.
+        read: asyncio.Future | None = None
         try:
-            async for tokens, done in results:
+            while True:
+                read = asyncio.ensure_future(anext(results))
+                try:
+                    tokens, done = await asyncio.shield(read)
+                except StopAsyncIteration:
+                    break
                 if tokens:
                     timer.tokens(len(tokens))
                     yield tokens
@@ -188,7 +197,7 @@ class JaxrayServer:
             timer.finish(prompt_tokens, ended())  # a no-op once finished
             self.scheduler.cancel(request)  # a reader that stopped first frees the request's row
             # Serve ends the stream only at the batch's next yield: drain it in the background.
-            task = asyncio.get_running_loop().create_task(drain(results))
+            task = asyncio.get_running_loop().create_task(drain(results, read))
             self._draining.add(task)
             task.add_done_callback(self._draining.discard)
 

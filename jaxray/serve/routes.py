@@ -2,7 +2,9 @@
 Handlers are methods of ``jaxray.serve.app.JaxrayServer``. No JAX."""
 
 # No `from __future__ import annotations`: FastAPI reads handler signatures at runtime.
+import asyncio
 import codecs
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -69,10 +71,14 @@ async def guarded(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield b"event: error\n" + sse(ApiError(500, "engine", f"{type(err).__name__}: {err}").body())
 
 
-async def drain(results: AsyncIterator) -> None:
-    """Read ``results`` to its end, dropping the items."""
-    async for _ in results:
-        pass
+async def drain(results: AsyncIterator, read: asyncio.Future | None = None) -> None:
+    """Read ``results`` to its end after the read in flight, ``read``, dropping the items and an
+    engine error (its other readers report it)."""
+    if read is not None:
+        await asyncio.wait([read])
+    with contextlib.suppress(Exception):
+        async for _ in results:
+            pass
 
 
 async def generate_events(choice, usage: dict, start: float) -> AsyncIterator[bytes]:
