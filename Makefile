@@ -34,9 +34,9 @@ lint: install
 
 # make test: everything but the slowest tests (marked slow), two pytest workers (pytest-xdist; one
 # that runs out of tests steals from the other), about 4 minutes on 2 cores; make test-all (CI):
-# then the slow ones on two workers, a module at a time each (a module's fixtures are built once;
-# tests/conftest.py hands out the longest first), each part printing its 25 slowest; the multi-node
-# cluster tests in a process of their own, whose first Ray is their cluster, alone (they time pauses).
+# then the slow ones on two workers, a module at a time each (a module's fixtures are built once),
+# each part printing its 25 slowest; the multi-node cluster tests in a process of their own, whose
+# first Ray is their cluster, alone (they time pauses).
 test: install lint
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
 

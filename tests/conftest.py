@@ -25,30 +25,11 @@ import pytest
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
 ROOT = Path(__file__).resolve().parents[1]
-# The slow modules of over a minute and a half, longest first (docs/testing.md): `make test-all` hands
-# slow modules to its two pytest workers in collection order, so these go first and the workers end
-# together rather than one finishing a long module alone.
-LONGEST_FIRST = (
-    "test_multi_worker.py",
-    "test_gpu_check.py",
-    "test_local_head.py",
-    "test_tune_smoke.py",
-    "test_sharded_config.py",
-    "test_cli.py",
-    "test_tune_driver_loss.py",
-    "test_tune_resume.py",
-    "test_serve_command.py",
-)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Order the ``LONGEST_FIRST`` modules first (the rest keep their order); skip ``gpu``-marked
-    tests off an NVIDIA GPU. jax is imported only when such a test was collected, so collecting the
-    rest stays cheap."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(
-        key=lambda item: rank.get(item.path.name, len(rank)) if item.get_closest_marker("slow") else len(rank)
-    )
+    """Skip ``gpu``-marked tests off an NVIDIA GPU. jax is imported only when such a test was
+    collected, so collecting the rest stays cheap."""
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return

@@ -195,7 +195,10 @@ class JaxrayServer:
                     return
         finally:
             timer.finish(prompt_tokens, ended())  # a no-op once finished
-            self.scheduler.cancel(request)  # a reader that stopped first frees the request's row
+            # A reader that stopped first frees the request's row; one still in Serve's queue is
+            # dropped from it by cancelling its read (Serve leaves cancelled requests out of batches).
+            if not self.scheduler.cancel(request) and read is not None:
+                read.cancel()
             # Serve ends the stream only at the batch's next yield: drain it in the background.
             task = asyncio.get_running_loop().create_task(drain(results, read))
             self._draining.add(task)

@@ -76,6 +76,8 @@ async def drain(results: AsyncIterator, read: asyncio.Future | None = None) -> N
     engine error (its other readers report it)."""
     if read is not None:
         await asyncio.wait([read])
+        if not read.cancelled():
+            read.exception()  # retrieved: a read whose reader left may end in an engine error
     with contextlib.suppress(Exception):
         async for _ in results:
             pass

@@ -5,6 +5,7 @@ whole) that fits in the free rows, so requests join within one chunk."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,8 @@ class Scheduler:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="jaxray-engine")
         self._waiting: deque[_Group] = deque()
         self._tickets: dict[int, tuple[_Group, int]] = {}  # id(request) -> its ticket, while live
-        self._cancelled: set[int] = set()  # id(request) of requests to end at the next step
+        # Requests to end once admitted, by id; weak, so a finished one's id is never reused while here.
+        self._cancelled: weakref.WeakValueDictionary[int, Request] = weakref.WeakValueDictionary()
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
 
@@ -49,13 +51,13 @@ class Scheduler:
                 raise item
             yield item
 
-    def cancel(self, request: Request) -> None:
-        """End ``request`` (one given to ``run``) before its budget: its row is freed before the next
-        decode call (one still waiting: after its admission and at most one chunk); its group's stream
-        ends once its other requests are done."""
-        if id(request) in self._tickets or any(r is request for g in self._waiting for r in g.requests):
-            self._cancelled.add(id(request))
-            self._wake.set()
+    def cancel(self, request: Request) -> bool:
+        """End ``request`` before its budget: a running one's row is freed before the next decode call;
+        one waiting, or not given to ``run`` yet, once admitted, after at most one chunk. Its group's
+        stream ends once its other requests are done. Returns whether it was running or waiting."""
+        self._cancelled[id(request)] = request
+        self._wake.set()
+        return id(request) in self._tickets or any(r is request for g in self._waiting for r in g.requests)
 
     def stats(self) -> dict[str, float]:
         """Decode calls so far, the live requests they decoded in all, and their mean."""
@@ -75,9 +77,9 @@ class Scheduler:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self._cancelled:
-                tickets = [self._tickets[key] for key in self._cancelled if key in self._tickets]
-                self._cancelled &= {id(r) for group in self._waiting for r in group.requests}  # not yet in
+            if tickets := [self._tickets[key] for key in list(self._cancelled) if key in self._tickets]:
+                for key in [id(group.requests[i]) for group, i in tickets]:
+                    del self._cancelled[key]
                 await self._run(loop, None, self.batcher.cancel, tickets)
             # The waiting groups, oldest first, that fit in the free rows (up to the first that does not).
             groups, free = [], self.batcher.free

@@ -135,3 +135,15 @@ def test_a_request_cancelled_while_its_group_waits_is_ended_once_admitted(tiny_e
     assert 1 <= len(second) <= 1 + 4  # admission's token and at most one chunk of 4
     # LONG's 20 tokens take 5 decode calls; the cancelled request at most one more
     assert scheduler.batcher.live == 0 and scheduler.batcher.decode_calls <= 6
+
+
+def test_a_request_cancelled_before_it_reaches_the_scheduler_is_ended_once_admitted(tiny_engine):
+    """A client that left while its request waited in Serve's queue: cancelled before ``run``."""
+
+    async def scenario():
+        scheduler, request = Scheduler(tiny_engine, 2), Request(b"KING:", 20, 0.0)
+        assert scheduler.cancel(request) is False  # neither running nor waiting here yet
+        return scheduler, await collect(scheduler, [request], [], "late")
+
+    scheduler, [tokens] = asyncio.run(scenario())
+    assert 1 <= len(tokens) <= 1 + 4 and scheduler.batcher.live == 0
