@@ -180,24 +180,27 @@ class JaxrayServer:
         # client left) must not cancel Serve's future, or Serve's batching orphans the next one
         # ("Future exception was never retrieved: StopAsyncIteration"); ``drain`` ends the read.
         read: asyncio.Future | None = None
+        finished = False  # the stream ended: nothing left to cancel
         try:
             while True:
                 read = asyncio.ensure_future(anext(results))
                 try:
                     tokens, done = await asyncio.shield(read)
                 except StopAsyncIteration:
+                    finished = True
                     break
                 if tokens:
                     timer.tokens(len(tokens))
                     yield tokens
                 if done:
+                    finished = True
                     timer.finish(prompt_tokens, "length")
                     return
         finally:
             timer.finish(prompt_tokens, ended())  # a no-op once finished
             # A reader that stopped first frees the request's row; one still in Serve's queue is
             # dropped from it by cancelling its read (Serve leaves cancelled requests out of batches).
-            if not self.scheduler.cancel(request) and read is not None:
+            if not finished and not self.scheduler.cancel(request) and read is not None:
                 read.cancel()
             # Serve ends the stream only at the batch's next yield: drain it in the background.
             task = asyncio.get_running_loop().create_task(drain(results, read))
