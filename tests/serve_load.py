@@ -1,5 +1,5 @@
-"""What the Serve tests share (imported by tests/integration/test_serve*.py): a free port, Serve on a
-private local Ray, ``python -m jaxray.serve`` started as a user starts it, the replica processes
+"""What the Serve tests share (imported by tests/integration/test_serve*.py): Serve on a private
+local Ray, ``python -m jaxray.serve`` started as a user starts it, the replica processes
 found by title, 16 closed-loop clients of the real load client, and ``/healthz`` read without
 raising."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ import aiohttp
 import psutil
 import ray
 import requests
+from private_ray import free_port, init_private_ray
 from ray import serve
 
 from jaxray.bench.load import Sample, send
@@ -27,19 +27,13 @@ REPLICA_TITLE = "ServeReplica:jaxray:JaxrayServer"  # in the replica process's t
 SMALL_ENGINE = ["--buckets", "16", "--batch-sizes", "1,4", "--chunk", "8"]  # quick to compile
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def private_serve(env: dict[str, str] | None = None, **http_options) -> Iterator[str]:
     """Serve's proxy on a private local Ray (2 CPUs) at 127.0.0.1 and a free port, with more
     ``http_options``; ``env`` is set for the processes ray.init starts and removed after. Yields
     the proxy's URL; shuts Serve and Ray down at the end."""
     os.environ.update(env or {})
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_private_ray(num_cpus=2)
     port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port, **http_options})

@@ -6,12 +6,13 @@ import gc
 
 import pytest
 import ray
+from private_ray import init_private_ray
 
 
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray on 2 CPUs for one test module, shut down after it."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_private_ray(num_cpus=2)
     # What jaxray.raytrain.trainer's DataConfig sets for the workers: without it Ray Data may hand blocks
     # over out of order (test_ray_data failed about once in several runs before).
     ray.data.DataContext.get_current().execution_options.preserve_order = True

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,17 +15,13 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from private_ray import free_port
+
 from jaxray.raytrain.cluster import ray_address_file
 from jaxray.runs import run_folders
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin/: its `ray` and `python`
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(url: str, seconds: float) -> None:

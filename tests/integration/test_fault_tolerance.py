@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 import ray
+from private_ray import init_private_ray
 
 from jaxray import checkpoint
 from jaxray.config import parse_trial
@@ -35,7 +36,7 @@ EVAL_ROWS = 64
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_private_ray(num_cpus=2)
     yield
     ray.shutdown()
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+from private_ray import init_private_ray
 
 from jaxray import checkpoint
 from jaxray.config import parse_trial
@@ -80,7 +81,7 @@ def single_process(trial: dict, tmp_path: Path) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    init_private_ray(num_cpus=4)
     yield
     ray.shutdown()
 

@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import ray
 import requests
+from private_ray import free_port, init_private_ray
 from prometheus_scrape import label_values, scrape, value, wait_for
 from ray import serve
-from serve_load import free_port
 
 from jaxray.serve import metrics
 from jaxray.serve.metrics import metrics_url, request_started
@@ -103,7 +103,7 @@ def test_no_metrics_url_without_ray():
 def served():
     """(the app's URL, the metrics URL) on a private local Ray reporting every second."""
     os.environ["RAY_metrics_report_interval_ms"] = REPORT_MS  # read by the processes ray.init starts
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    init_private_ray(num_cpus=1)
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
