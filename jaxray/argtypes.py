@@ -11,7 +11,9 @@ from typing import Any
 
 MAX_CPU_DEVICES = 256  # forced host devices; thousands make XLA's start-up hang
 # --checkpoint's help where a train/<trial> folder is accepted (sampling adds its workload).
-CHECKPOINT_HELP = "a checkpoint folder, a train/<trial> folder, or runs/<experiment>"
+CHECKPOINT_HELP = (
+    "a checkpoint folder (or its URI: s3://, gs://), a train/<trial> folder, or runs/<experiment>"
+)
 TRANSFORMER_CHECKPOINT_HELP = f"{CHECKPOINT_HELP} (its best transformer)"
 
 

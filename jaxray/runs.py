@@ -27,6 +27,7 @@ import yaml
 from pydantic import ValidationError
 
 from jaxray import checkpoint
+from jaxray.checkpoint import remote
 from jaxray.config import ConfigError
 from jaxray.config.experiment import DEFAULT_METRIC, ExperimentConfig, SweepConfig
 
@@ -383,7 +384,10 @@ def resolve(path: str | Path, workload: str | None = None) -> Path:
     restoring verifies it), a Ray Train run folder (its newest good ``checkpoint_*``), a run folder
     or an experiment folder (``latest_run``): the checkpoint of its best trial of ``workload``
     (``best_row``), or that trial's newest good older one, with a warning, when it is damaged.
-    Raises CheckpointError naming the path and why."""
+    A URI (``s3://``, ``gs://``, ...) names a checkpoint folder on object storage: its local copy
+    (``remote.fetch``). Raises CheckpointError naming the path and why."""
+    if remote.is_uri(path):
+        return remote.fetch(str(path))
     path = Path(path)
     if (path / checkpoint.MODEL_CONFIG).is_file():
         return path

@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = cli_parser("python -m jaxray.serve", __doc__.split("\n\n")[0])
     p.add_argument(
         "--checkpoint",
-        help="a checkpoint folder, runs/<experiment> (its best transformer), or an export artifact",
+        help="a checkpoint folder (or its URI: s3://, gs://), runs/<experiment> (its best transformer), "
+        "or an export artifact",
     )
     p.add_argument(
         "--config",

@@ -24,6 +24,7 @@ from ray.serve.config import AutoscalingConfig
 from starlette.requests import Request as HttpRequest
 
 from jaxray import checkpoint
+from jaxray.checkpoint import remote
 from jaxray.inference.artifact_loader import read_artifact_manifest
 from jaxray.inference.engine import Request
 from jaxray.inference.load import check_source, describe_source, is_artifact, load_engine
@@ -252,8 +253,9 @@ def deployment(args: AppArgs) -> serve.Deployment:
 def build_app(args: AppArgs) -> Application:
     """The bound application for ``args``, its weights checked here first. Raises ValueError (bad path,
     max_batch_size or setting), CheckpointError / ArtifactError naming a damaged file."""
-    path = Path(args.checkpoint).expanduser().absolute()
-    if not path.exists():
+    uri = remote.is_uri(args.checkpoint)  # fetched here to check it, by each replica to serve it
+    path = args.checkpoint if uri else Path(args.checkpoint).expanduser().absolute()
+    if not uri and not path.exists():
         raise ValueError(
             f"checkpoint {args.checkpoint} does not exist (looked for {path}; relative paths are "
             f"read from {os.getcwd()})"
@@ -271,7 +273,8 @@ def build_app(args: AppArgs) -> Application:
             f"a batch could never fill"
         )
     server = deployment(args)  # checks the replica policy before any restore
-    # Replicas get the checkpoint resolved here, so a replacement serves the same one.
+    # Replicas get the checkpoint resolved here, so a replacement serves the same one (a URI names one
+    # checkpoint folder: each replica fetches it into the cache of its own node).
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
     # Weights checked without a restore (each replica restores once): a checkpoint's SHA-256 digests,
@@ -284,7 +287,8 @@ def build_app(args: AppArgs) -> Application:
         load_engine(source, args.engine)  # only the check is wanted: the replica loads its own
     # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
     pin = args.compute_cpus is not None or (args.autoscaling_config is None and args.num_replicas == 1)
-    return server.bind(args.model_copy(update={"checkpoint": str(source), "max_batch_size": max_batch}), pin)
+    resolved = args.checkpoint if uri else str(source)
+    return server.bind(args.model_copy(update={"checkpoint": resolved, "max_batch_size": max_batch}), pin)
 
 
 def app_builder(args: dict[str, Any]) -> Application:

@@ -1,0 +1,128 @@
+"""Checkpoints read by URI from a real S3-compatible server (moto's, started here): fetched into the
+cache with every file checked against its digest, read from the cache while unchanged, refused by
+name when damaged or absent; ``generate`` and the Serve app take the URI."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pyarrow.fs as pafs
+import pytest
+from checkpoint_copies import largest_params_file
+from private_ray import free_port
+
+from jaxray import checkpoint, runs
+from jaxray.checkpoint import remote
+from jaxray.generate import main as generate
+from jaxray.serve.app import app_builder
+
+BUCKET = "jaxray"
+
+
+@pytest.fixture(scope="module")
+def s3() -> pafs.S3FileSystem:
+    """moto's S3 server on a free port, the AWS_* variables pointing pyarrow at it, a bucket made."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline and server.poll() is None, "moto's server did not start"
+            time.sleep(0.2)
+    env = pytest.MonkeyPatch()
+    url = f"http://127.0.0.1:{port}"
+    for key, value in {
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        env.setenv(key, value)
+    fs = pafs.S3FileSystem(endpoint_override=url, region="us-east-1", allow_bucket_creation=True)
+    fs.create_dir(BUCKET)
+    try:
+        yield fs
+    finally:
+        env.undo()
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def upload(s3: pafs.S3FileSystem, folder: Path, key: str) -> str:
+    """``folder`` copied to ``s3://jaxray/<key>``; its URI."""
+    pafs.copy_files(str(folder), f"{BUCKET}/{key}", pafs.LocalFileSystem(), s3)
+    return f"s3://{BUCKET}/{key}"
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv(remote.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache" / "checkpoints"
+
+
+def test_a_checkpoint_read_by_uri_is_the_one_uploaded_and_fetched_once(s3, trained_transformer, cache):
+    uri = upload(s3, trained_transformer, "runs/a/checkpoint_step_00000060")
+    local = runs.resolve(uri)
+    assert local.parent == cache and checkpoint.verify(local) == checkpoint.verify(trained_transformer)
+    fetched, uploaded = (jax.tree.leaves(checkpoint.restore(p)[1]) for p in (local, trained_transformer))
+    for a, b in zip(fetched, uploaded, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    stamps = {f: f.stat().st_mtime_ns for f in local.rglob("*")}
+    assert runs.resolve(uri) == local and {f: f.stat().st_mtime_ns for f in local.rglob("*")} == stamps
+    # A damaged cached copy is fetched again, whole.
+    flipped = largest_params_file(local)
+    flipped.write_bytes(b"\0" * flipped.stat().st_size)
+    assert runs.resolve(uri) == local
+    checkpoint.verify(local)
+
+
+def test_generate_reads_a_uri_as_it_reads_the_folder(s3, trained_transformer, capsys):
+    uri = upload(s3, trained_transformer, "generate/checkpoint")
+    argv = ["--prompt", "ROMEO:", "--max-new-tokens", "24", "--temperature", "0"]
+    assert generate(["--checkpoint", str(trained_transformer), *argv]) == 0
+    local_text = capsys.readouterr().out
+    assert generate(["--checkpoint", uri, *argv]) == 0
+    assert capsys.readouterr().out == local_text
+
+
+def test_a_damaged_or_absent_remote_checkpoint_is_refused_by_name(s3, trained_transformer, cache, tmp_path):
+    copy = Path(shutil.copytree(trained_transformer, tmp_path / "copy"))
+    victim = largest_params_file(copy)
+    uri = upload(s3, copy, "damaged")
+    rel = victim.relative_to(copy).as_posix()
+    with s3.open_output_stream(f"{BUCKET}/damaged/{rel}") as out:
+        out.write(b"\0" * victim.stat().st_size)
+    refused = checkpoint.CheckpointError
+    with pytest.raises(refused, match=f"{uri} is damaged: {rel} does not match its checksum"):
+        runs.resolve(uri)
+    assert not cache.exists() or not any(cache.iterdir())  # nothing half-fetched is kept
+    s3.delete_file(f"{BUCKET}/damaged/{rel}")
+    with pytest.raises(refused, match=f"{uri} is damaged: {rel} is missing"):
+        runs.resolve(uri)
+    s3.delete_file(f"{BUCKET}/damaged/{checkpoint.TRAIN_STATE}")
+    with pytest.raises(refused, match=f"{uri} is incomplete: its save never finished"):
+        runs.resolve(uri)
+    with pytest.raises(refused, match="s3://jaxray/none is not a jaxray checkpoint folder"):
+        runs.resolve("s3://jaxray/none")
+
+
+def test_the_serve_app_checks_a_uri_and_hands_it_to_its_replicas(s3, trained_transformer, cache, capsys):
+    uri = upload(s3, trained_transformer, "serve/checkpoint")
+    application = app_builder({"checkpoint": uri})
+    args, _ = application._bound_deployment.init_args
+    assert args.checkpoint == uri  # each replica fetches it into its own node's cache
+    assert len(list(cache.iterdir())) == 1  # fetched and checked here, before anything is deployed
