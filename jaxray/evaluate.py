@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 
 from jaxray import checkpoint, runs
 from jaxray.argtypes import CHECKPOINT_HELP, cli_parser
+from jaxray.checkpoint import remote
 from jaxray.config import WORKLOADS, ConfigError
 from jaxray.data.batching import Arrays, eval_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES
@@ -144,7 +145,7 @@ def run(
         raise checkpoint.CheckpointError(
             f"{directory} holds a {trial.model.workload} checkpoint, not {workload}"
         )
-    out = results_folder(out or default_out(directory), directory, overwrite)
+    out = results_folder(out or default_out(remote.source(directory)), directory, overwrite)
     with runs.exclusive(out, "python -m jaxray.evaluate"):  # two evaluations into one --out: one refused
         results_folder(out, directory, overwrite)  # again, now that it is held
         data_dir = data_dir or trial.data.data_dir
@@ -154,7 +155,7 @@ def run(
         mesh = make_mesh(jax.devices()[:1])  # one device: small, and no batch must divide
         model, params = checkpoint.restore(directory, replicated(mesh))
         batch = eval_batch_size(trial, 1)
-        head = {"checkpoint": str(directory)}
+        head = {"checkpoint": remote.source(directory)}
         head |= {"workload": trial.model.workload, "data_dir": data_dir}
         if trial.model.workload != "transformer":
             result = evaluate_classifier(model, params, held_out, batch, mesh)

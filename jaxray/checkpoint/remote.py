@@ -1,8 +1,8 @@
 """A checkpoint folder on object storage, read by URI (``s3://``, ``gs://``, ``file://``: any pyarrow
 filesystem): ``fetch`` copies it into a local cache, checking every file against the SHA-256 that its
-``train_state.json`` records, and the commands read that copy. A cached copy is used again while the
-remote ``train_state.json`` is unchanged and the copy still verifies; otherwise it is fetched anew.
-Credentials and endpoints come from the environment, as pyarrow reads them (``AWS_ENDPOINT_URL``, ...)."""
+``train_state.json`` records, and the commands read that copy. A cache entry is named by the URI and
+that ``train_state.json``, so a checkpoint replaced at the same URI is fetched anew, never mistaken
+for the old one. Credentials and endpoints come from the environment, as pyarrow reads them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pyarrow.fs as pafs
 
@@ -29,79 +29,143 @@ def is_uri(path: str | Path) -> bool:
 def cache_dir() -> Path:
     """Where fetched checkpoints are kept: ``$JAXRAY_CACHE_DIR/checkpoints``, else ~/.cache/jaxray's."""
     root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "jaxray"
-    return Path(root).expanduser() / "checkpoints"
+    return Path(root).expanduser().absolute() / "checkpoints"
 
 
-def fetch(uri: str) -> Path:
-    """The local copy of the checkpoint folder ``uri``, fetched unless the cache holds it unchanged.
-    Raises CheckpointError naming ``uri``: unreachable, not a checkpoint, incomplete (no
-    ``train_state.json``), or a listed file missing or not matching its SHA-256; an earlier good
-    copy in the cache is left as it was."""
-    try:
-        fs, root = resolve(uri)
-        with fs.open_input_stream(f"{root}/{TRAIN_STATE}") as f:
-            manifest = f.read()
-    except FileNotFoundError:
-        has_config = _exists(fs, f"{root}/{MODEL_CONFIG}")
-        what = "incomplete: its save never finished" if has_config else "not a jaxray checkpoint folder"
-        raise CheckpointError(f"{uri} is {what} (no {TRAIN_STATE})") from None
-    except (OSError, ValueError) as err:  # pyarrow: bad scheme or bucket, no route, refused credentials
-        raise CheckpointError(f"{uri} cannot be read: {err}") from err
-    try:
-        files = dict(json.loads(manifest)["files"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{uri}/{TRAIN_STATE} is damaged: {err}") from err
-    entry = cache_dir() / hashlib.sha256(uri.encode()).hexdigest()[:24]
-    if _cached(entry, manifest):
+def fetch(uri: str, manifest_sha256: str | None = None) -> Path:
+    """The local copy of the checkpoint folder ``uri``, fetched unless the cache holds it. With
+    ``manifest_sha256``, the remote ``train_state.json`` must still have that SHA-256 (the one that
+    was checked). Raises CheckpointError naming ``uri``: unreachable or absent, a run folder, not a
+    checkpoint, incomplete, changed since checked, or a listed file missing or not matching its
+    SHA-256; or naming the cache when it cannot be written. Nothing half-fetched is kept."""
+    uri = uri.rstrip("/")
+    fs, root, manifest = _read_manifest(uri)
+    if manifest_sha256 is not None and hashlib.sha256(manifest).hexdigest() != manifest_sha256:
+        raise CheckpointError(
+            f"{uri} changed since it was checked (its {TRAIN_STATE} differs): start again to use the new one"
+        )
+    files = _listed_files(uri, manifest)
+    entry = cache_dir() / hashlib.sha256(uri.encode() + b"\0" + manifest).hexdigest()[:24]
+    if _cached(entry):
         return entry
     tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    except OSError as err:
+        raise CheckpointError(
+            f"the checkpoint cache {cache_dir()} cannot be written (set {CACHE_ENV} to another folder): {err}"
+        ) from err
     try:
         for rel, expected in files.items():
             _copy(fs, f"{root}/{rel}", tmp / rel, expected, uri, rel)
         (tmp / TRAIN_STATE).write_bytes(manifest)  # last, as a save writes it
-        if _cached(entry, manifest):  # another process fetched it meanwhile
-            return entry
-        shutil.rmtree(entry, ignore_errors=True)
-        os.replace(tmp, entry)
+        entry.with_name(f"{entry.name}.uri").write_text(uri)
+        shutil.rmtree(entry, ignore_errors=True)  # a damaged copy (``_cached`` said no)
+        try:
+            os.replace(tmp, entry)
+        except OSError as err:  # another process put it there meanwhile
+            if not _cached(entry):
+                raise CheckpointError(f"{uri} cannot be stored in the cache as {entry}: {err}") from err
+    except OSError as err:  # a local write: a full disk, say
+        raise CheckpointError(
+            f"{uri} cannot be fetched into the checkpoint cache {cache_dir()} ({CACHE_ENV}): {err}"
+        ) from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return entry
 
 
-def _cached(entry: Path, manifest: bytes) -> bool:
-    """Whether ``entry`` is a copy of the checkpoint whose ``train_state.json`` is ``manifest``."""
+def manifest_sha256(path: str | Path) -> str:
+    """SHA-256 of a (fetched) checkpoint's ``train_state.json``: what ``fetch`` may be asked to match."""
+    return hashlib.sha256((Path(path) / TRAIN_STATE).read_bytes()).hexdigest()
+
+
+def source(path: str | Path) -> str:
+    """The URI a cached copy ``path`` was fetched from; any other path as it is, as a string."""
+    entry = Path(path).absolute()
+    if entry.parent != cache_dir():
+        return str(path)
     try:
-        if (entry / TRAIN_STATE).read_bytes() != manifest:
-            return False
+        return entry.with_name(f"{entry.name}.uri").read_text()
+    except OSError:
+        return str(path)
+
+
+def _read_manifest(uri: str) -> tuple[pafs.FileSystem, str, bytes]:
+    """(filesystem, path in it, the bytes of its ``train_state.json``), or CheckpointError saying why not."""
+    try:
+        fs, root = resolve(uri)
+        with fs.open_input_stream(f"{root}/{TRAIN_STATE}") as f:
+            return fs, root, f.read()
+    except FileNotFoundError:
+        raise CheckpointError(f"{uri} {_not_a_checkpoint(fs, root)}") from None
+    except (OSError, ValueError) as err:  # pyarrow: unknown scheme, no route, refused credentials
+        raise CheckpointError(f"{uri} cannot be read: {err}") from err
+
+
+def _not_a_checkpoint(fs: pafs.FileSystem, root: str) -> str:
+    """Why the folder ``root`` (with no ``train_state.json``) is not a checkpoint to read."""
+    try:
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            return "does not exist (check the bucket and the path)"
+        names = {PurePosixPath(i.path).name for i in fs.get_file_info(pafs.FileSelector(root))}
+    except OSError as err:
+        return f"cannot be listed: {err}"
+    if MODEL_CONFIG in names:
+        return f"is incomplete: its save never finished (no {TRAIN_STATE})"
+    if any(n.startswith("checkpoint_") for n in names) or {"summary.json", "train"} & names:
+        return "is a run or trial folder: only checkpoint folders are read by URI (name a checkpoint_* in it)"
+    return f"is not a jaxray checkpoint folder (no {TRAIN_STATE})"
+
+
+def _listed_files(uri: str, manifest: bytes) -> dict[str, str]:
+    """{relative path: SHA-256} that ``train_state.json`` lists, each a plain path inside the folder."""
+    try:
+        files = {str(k): str(v) for k, v in dict(json.loads(manifest)["files"]).items()}
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{uri}/{TRAIN_STATE} is damaged: {err}") from err
+    for rel in files:
+        parts = PurePosixPath(rel).parts
+        if not parts or rel.startswith("/") or ".." in parts or rel == TRAIN_STATE or "\\" in rel:
+            raise CheckpointError(
+                f"{uri}/{TRAIN_STATE} is damaged: it lists {rel!r}, not a file inside the folder"
+            )
+    return files
+
+
+def _cached(entry: Path) -> bool:
+    """Whether ``entry`` holds a complete copy whose files match its ``train_state.json``."""
+    try:
         verify(entry)
-    except (OSError, CheckpointError):
+    except CheckpointError:
         return False
     return True
 
 
 def _copy(fs: pafs.FileSystem, source: str, dest: Path, expected: str, uri: str, rel: str) -> None:
-    """Copy ``source`` to ``dest``, raising CheckpointError unless its SHA-256 is ``expected``."""
+    """Copy ``source`` to ``dest``, raising CheckpointError unless its SHA-256 is ``expected``;
+    OSError for a failed local write."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     try:
-        with fs.open_input_stream(source) as f, dest.open("wb") as out:
-            while chunk := f.read(CHUNK_BYTES):
-                digest.update(chunk)
-                out.write(chunk)
+        stream = fs.open_input_stream(source)
     except FileNotFoundError:
         raise CheckpointError(f"{uri} is damaged: {rel} is missing") from None
     except OSError as err:
-        raise CheckpointError(f"{uri}: {rel} cannot be fetched: {err}") from err
+        raise CheckpointError(f"{uri}: {rel} cannot be read: {err}") from err
+    with stream, dest.open("wb") as out:
+        while True:
+            try:
+                chunk = stream.read(CHUNK_BYTES)
+            except OSError as err:
+                raise CheckpointError(f"{uri}: {rel} cannot be read: {err}") from err
+            if not chunk:
+                break
+            digest.update(chunk)
+            out.write(chunk)
     if digest.hexdigest() != expected:
         raise CheckpointError(
             f"{uri} is damaged: {rel} does not match its checksum (truncated or overwritten): "
             f"{TRAIN_STATE} records SHA-256 {expected}, the file has {digest.hexdigest()}"
         )
-
-
-def _exists(fs: pafs.FileSystem, path: str) -> bool:
-    try:
-        return fs.get_file_info(path).type == pafs.FileType.File
-    except OSError:
-        return False

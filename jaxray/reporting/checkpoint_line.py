@@ -7,7 +7,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jaxray.checkpoint import CHECKPOINT_PREFIX, HISTORY_FILE, TRAIN_STATE, CheckpointError, load_trial_config
+from jaxray.checkpoint import (
+    CHECKPOINT_PREFIX,
+    HISTORY_FILE,
+    TRAIN_STATE,
+    CheckpointError,
+    load_trial_config,
+    remote,
+)
 from jaxray.reporting.format import number
 
 
@@ -23,7 +30,9 @@ def describe(directory: str | Path) -> str:
     ("params only" without a step). Only reads: what cannot be read is left out."""
     directory = Path(directory)
     here = directory.absolute()
-    shown = Path(os.path.relpath(here)) if here.is_relative_to(Path.cwd()) else directory
+    shown: str | Path = remote.source(directory)  # a cached copy: the URI it was fetched from
+    if shown == str(directory) and here.is_relative_to(Path.cwd()):
+        shown = Path(os.path.relpath(here))
     state = _json(directory / TRAIN_STATE)
     state = state if isinstance(state, dict) else {}
     if directory.name.startswith(CHECKPOINT_PREFIX):  # in its trial's Ray Train folder, named by the sweep

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from jaxray.checkpoint import remote
 from jaxray.config import ConfigError
 from jaxray.reporting.format import json_safe
 from jaxray.runs import RUN_NAME, TRAIN_DIR, check_overwrite, removed_if_failed
@@ -47,7 +48,8 @@ def results_folder(out: str | Path, directory: Path, overwrite: bool) -> Path:
     check_overwrite(out, WRITER)
     if (out / "summary.json").is_file() and not overwrite:  # check_overwrite: it is an evaluation's
         recorded = json.loads((out / "summary.json").read_text()).get("checkpoint")
-        if recorded and Path(recorded).resolve() != directory.resolve():
+        same = recorded == remote.source(directory) or Path(recorded or "").resolve() == directory.resolve()
+        if recorded and not same:
             raise ConfigError(
                 f"--out {out} holds the evaluation of {recorded}; pass --overwrite or another --out "
                 f"(nothing was changed)"

@@ -67,14 +67,18 @@ def pin_compute(cpus: int | None) -> list[int]:
 class JaxrayServer:
     """One replica: the engine, its compiled programs, and the HTTP routes over them. ``args`` as
     ``build_app`` resolves them (the checkpoint found, ``max_batch_size`` <= max(engine.batch_sizes));
-    ``pin_cpus``: pin the compute threads (``pin_compute(args.compute_cpus)``)."""
+    ``pin_cpus``: pin the compute threads (``pin_compute(args.compute_cpus)``); ``checkpoint_sha256``:
+    for a checkpoint URI, the SHA-256 of the ``train_state.json`` that ``build_app`` checked."""
 
-    def __init__(self, args: AppArgs, pin_cpus: bool = True):
+    def __init__(self, args: AppArgs, pin_cpus: bool = True, checkpoint_sha256: str | None = None):
         self.started, self.started_unix = time.monotonic(), time.time()
         self.replica = serve.get_replica_context().replica_id.unique_id
         cpus = pin_compute(args.compute_cpus) if pin_cpus else []  # before XLA starts its threads
         settings = args.engine
-        self.engine = load_engine(args.checkpoint, settings)
+        source = args.checkpoint
+        if remote.is_uri(source):  # fetched into this node's cache: the checkpoint checked, or none
+            source = remote.fetch(source, checkpoint_sha256)
+        self.engine = load_engine(source, settings)
         report = self.engine.compile()
         logger.info(
             "jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s",
@@ -273,8 +277,8 @@ def build_app(args: AppArgs) -> Application:
             f"a batch could never fill"
         )
     server = deployment(args)  # checks the replica policy before any restore
-    # Replicas get the checkpoint resolved here, so a replacement serves the same one (a URI names one
-    # checkpoint folder: each replica fetches it into the cache of its own node).
+    # Replicas get the checkpoint resolved here, so a replacement serves the same one (a URI: each
+    # replica fetches it into its node's cache, and refuses it if it changed since this check).
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
     # Weights checked without a restore (each replica restores once): a checkpoint's SHA-256 digests,
@@ -288,7 +292,10 @@ def build_app(args: AppArgs) -> Application:
     # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
     pin = args.compute_cpus is not None or (args.autoscaling_config is None and args.num_replicas == 1)
     resolved = args.checkpoint if uri else str(source)
-    return server.bind(args.model_copy(update={"checkpoint": resolved, "max_batch_size": max_batch}), pin)
+    pinned = remote.manifest_sha256(source) if uri else None
+    return server.bind(
+        args.model_copy(update={"checkpoint": resolved, "max_batch_size": max_batch}), pin, pinned
+    )
 
 
 def app_builder(args: dict[str, Any]) -> Application:

@@ -4,6 +4,9 @@ name when damaged or absent; ``generate`` and the Serve app take the URI."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import shutil
 import socket
 import subprocess
@@ -96,7 +99,9 @@ def test_generate_reads_a_uri_as_it_reads_the_folder(s3, trained_transformer, ca
     assert generate(["--checkpoint", str(trained_transformer), *argv]) == 0
     local_text = capsys.readouterr().out
     assert generate(["--checkpoint", uri, *argv]) == 0
-    assert capsys.readouterr().out == local_text
+    out, err = capsys.readouterr()
+    assert out == local_text
+    assert f"checkpoint: {uri} (trial " in err  # named by its URI, not by the cached copy
 
 
 def test_a_damaged_or_absent_remote_checkpoint_is_refused_by_name(s3, trained_transformer, cache, tmp_path):
@@ -116,13 +121,95 @@ def test_a_damaged_or_absent_remote_checkpoint_is_refused_by_name(s3, trained_tr
     s3.delete_file(f"{BUCKET}/damaged/{checkpoint.TRAIN_STATE}")
     with pytest.raises(refused, match=f"{uri} is incomplete: its save never finished"):
         runs.resolve(uri)
-    with pytest.raises(refused, match="s3://jaxray/none is not a jaxray checkpoint folder"):
-        runs.resolve("s3://jaxray/none")
+    s3.create_dir(f"{BUCKET}/other")
+    with s3.open_output_stream(f"{BUCKET}/other/notes.txt") as out:
+        out.write(b"not a checkpoint")
+    with pytest.raises(refused, match="s3://jaxray/other is not a jaxray checkpoint folder"):
+        runs.resolve("s3://jaxray/other")
 
 
 def test_the_serve_app_checks_a_uri_and_hands_it_to_its_replicas(s3, trained_transformer, cache, capsys):
     uri = upload(s3, trained_transformer, "serve/checkpoint")
     application = app_builder({"checkpoint": uri})
-    args, _ = application._bound_deployment.init_args
-    assert args.checkpoint == uri  # each replica fetches it into its own node's cache
-    assert len(list(cache.iterdir())) == 1  # fetched and checked here, before anything is deployed
+    args, _, pinned = application._bound_deployment.init_args
+    assert args.checkpoint == uri  # each replica fetches it into its own node's cache, this one:
+    assert pinned == hashlib.sha256((trained_transformer / checkpoint.TRAIN_STATE).read_bytes()).hexdigest()
+    assert len([p for p in cache.iterdir() if p.is_dir()]) == 1  # fetched and checked here, first
+
+
+def replace_remote(s3: pafs.S3FileSystem, key: str, folder: Path) -> None:
+    s3.delete_dir(f"{BUCKET}/{key}")
+    upload(s3, folder, key)
+
+
+@pytest.fixture(scope="module")
+def retrained(trained_transformer, tmp_path_factory) -> Path:
+    """Another checkpoint of the same model: ``trained_transformer``'s params plus 0.01."""
+    _, params = checkpoint.restore(trained_transformer)
+    params = jax.tree.map(lambda x: x + 0.01, params)
+    trial = checkpoint.load_trial_config(trained_transformer)
+    return checkpoint.save(tmp_path_factory.mktemp("retrained") / "transformer", params, trial)
+
+
+def test_a_checkpoint_replaced_at_its_uri_is_fetched_anew_and_a_checked_one_is_pinned(
+    s3, trained_transformer, retrained
+):
+    uri = upload(s3, trained_transformer, "replaced")
+    first = runs.resolve(uri)
+    pinned = remote.manifest_sha256(first)
+    replace_remote(s3, "replaced", retrained)
+    second = runs.resolve(uri)
+    assert second != first and checkpoint.verify(second) == checkpoint.verify(retrained)
+    assert remote.source(second) == uri == remote.source(first)
+    # Serve's replicas fetch with the digest build_app checked: a replaced checkpoint is refused.
+    with pytest.raises(checkpoint.CheckpointError, match=f"{uri} changed since it was checked"):
+        remote.fetch(uri, pinned)
+    assert remote.fetch(uri + "/", remote.manifest_sha256(second)) == second  # a trailing slash: the same
+
+
+def test_names_that_leave_the_folder_a_run_folder_and_a_wrong_bucket_are_refused(
+    s3, trained_transformer, copied_run_folder, tmp_path
+):
+    copy = Path(shutil.copytree(trained_transformer, tmp_path / "copy"))
+    outside = tmp_path / "outside.txt"
+    doc = checkpoint.verify(copy)
+    for name in (str(outside), "../outside.txt"):
+        (copy / checkpoint.TRAIN_STATE).write_text(json.dumps({**doc, "files": {name: "0" * 64}}))
+        uri = upload(s3, copy, "escape")
+        with pytest.raises(checkpoint.CheckpointError, match=f"it lists '{re.escape(name)}', not a file in"):
+            runs.resolve(uri)
+    assert not outside.exists()
+    run = upload(s3, copied_run_folder, "run")
+    with pytest.raises(checkpoint.CheckpointError, match=f"{run} is a run or trial folder: only checkpoint"):
+        runs.resolve(run)
+    with pytest.raises(checkpoint.CheckpointError, match="s3://nobucket/x does not exist"):
+        runs.resolve("s3://nobucket/x")
+
+
+def test_an_unwritable_cache_is_named(s3, trained_transformer, monkeypatch):
+    uri = upload(s3, trained_transformer, "unwritable")
+    monkeypatch.setenv(remote.CACHE_ENV, "/proc/nope")
+    with pytest.raises(
+        checkpoint.CheckpointError, match="the checkpoint cache /proc/nope/checkpoints cannot be"
+    ):
+        runs.resolve(uri)
+
+
+def test_an_evaluation_of_a_uri_records_the_uri(s3, trained_transformer, tmp_path):
+    from jaxray.config import ConfigError
+    from jaxray.reporting.eval_results import default_out, results_folder
+
+    uri = upload(s3, trained_transformer, "evaluated/train/trial_a/checkpoint_step_00000060_attempt1")
+    local = runs.resolve(uri)
+    assert default_out(remote.source(local)).parts[-3:] == ("evaluated", "trial_a", local_name(uri))
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"checkpoint": uri, "written_by": "jaxray.evaluate"}))
+    assert results_folder(out, local, overwrite=False) == out  # the same URI: its evaluation again
+    (out / "summary.json").write_text(json.dumps({"checkpoint": uri + "x", "written_by": "jaxray.evaluate"}))
+    with pytest.raises(ConfigError, match=f"holds the evaluation of {uri}x"):
+        results_folder(out, local, overwrite=False)
+
+
+def local_name(uri: str) -> str:
+    return uri.rsplit("/", 1)[-1]
