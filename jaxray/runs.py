@@ -6,8 +6,7 @@ Every run writes a new folder, never an earlier one: ``runs/<experiment>/<YYYYmm
 ``summary.json``/``summary.md`` (one row per trial, checkpoint paths relative to the folder), the
 plots, ``train/<trial>/`` (Ray Train's checkpoints), ``tune/<workload>/`` (Tune's state),
 ``tensorboard/<trial>/`` and ``logs/``. ``runs/<experiment>`` resolves to its newest complete run
-(summary written, no trial failed), so a failed or interrupted run never hides an earlier one.
-"""
+(summary written, no trial failed), so a failed or interrupted run never hides an earlier one."""
 
 from __future__ import annotations
 
@@ -383,9 +382,8 @@ def resolve(path: str | Path, workload: str | None = None) -> Path:
     """The checkpoint folder a command's ``--checkpoint`` names: a checkpoint itself (as it is:
     restoring verifies it), a Ray Train run folder (its newest good ``checkpoint_*``), a run folder
     or an experiment folder (``latest_run``): the checkpoint of its best trial of ``workload``
-    (``best_row``), or that trial's newest good older one, with a warning, when it is damaged.
-    A URI (``s3://``, ``gs://``, ...) names a checkpoint folder on object storage: its local copy
-    (``remote.fetch``). Raises CheckpointError naming the path and why."""
+    (``best_row``), or that trial's newest good older one, with a warning, when it is damaged; a URI
+    (``s3://``...): its checkpoint folder's local copy. Raises CheckpointError naming the path, why."""
     if remote.is_uri(path):
         return remote.fetch(str(path))
     path = Path(path)
