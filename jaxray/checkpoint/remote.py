@@ -19,6 +19,9 @@ from jaxray.data.manifest import resolve
 
 CACHE_ENV = "JAXRAY_CACHE_DIR"  # the cache's folder (default ~/.cache/jaxray); checkpoints/ inside it
 CHUNK_BYTES = 1 << 22
+# pyarrow retries a gs:// URI without credentials or endpoint for many minutes, silently: at most this
+# long, unless the URI sets its own ``?retry_limit_seconds=``.
+GCS_RETRY_S = 30
 
 
 def is_uri(path: str | Path) -> bool:
@@ -94,8 +97,11 @@ def source(path: str | Path) -> str:
 
 def _read_manifest(uri: str) -> tuple[pafs.FileSystem, str, bytes]:
     """(filesystem, path in it, the bytes of its ``train_state.json``), or CheckpointError saying why not."""
+    bounded = uri
+    if uri.startswith("gs://") and "retry_limit_seconds=" not in uri:
+        bounded += f"{'&' if '?' in uri else '?'}retry_limit_seconds={GCS_RETRY_S}"
     try:
-        fs, root = resolve(uri)
+        fs, root = resolve(bounded)
         with fs.open_input_stream(f"{root}/{TRAIN_STATE}") as f:
             return fs, root, f.read()
     except FileNotFoundError:

@@ -213,3 +213,11 @@ def test_an_evaluation_of_a_uri_records_the_uri(s3, trained_transformer, tmp_pat
 
 def local_name(uri: str) -> str:
     return uri.rsplit("/", 1)[-1]
+
+
+def test_a_gs_uri_without_credentials_fails_in_seconds(monkeypatch):
+    monkeypatch.setattr(remote, "GCS_RETRY_S", 1)
+    start = time.monotonic()
+    with pytest.raises(checkpoint.CheckpointError, match="gs://jaxray-none/x cannot be read"):
+        runs.resolve("gs://jaxray-none/x")
+    assert time.monotonic() - start < 60  # pyarrow's own default: many minutes
