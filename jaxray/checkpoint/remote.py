@@ -10,8 +10,11 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
+import urllib.parse
 from pathlib import Path, PurePosixPath
 
+import filelock
 import pyarrow.fs as pafs
 
 from jaxray.checkpoint import MODEL_CONFIG, TRAIN_STATE, CheckpointError, verify
@@ -38,45 +41,66 @@ def cache_dir() -> Path:
 def fetch(uri: str, manifest_sha256: str | None = None) -> Path:
     """The local copy of the checkpoint folder ``uri``, fetched unless the cache holds it. With
     ``manifest_sha256``, the remote ``train_state.json`` must still have that SHA-256 (the one that
-    was checked). Raises CheckpointError naming ``uri``: unreachable or absent, a run folder, not a
-    checkpoint, incomplete, changed since checked, or a listed file missing or not matching its
-    SHA-256; or naming the cache when it cannot be written. Nothing half-fetched is kept."""
+    was checked). Processes fetching one entry take turns (a lock file beside it). Raises
+    CheckpointError naming ``uri``: unreachable or absent, a run folder, not a checkpoint,
+    incomplete, changed since checked, a listed file missing or not matching its SHA-256, or what
+    ``verify`` refuses (a diverged model); or naming the cache when it cannot be written. A copy is
+    used only once whole and verified."""
     uri = uri.rstrip("/")
     fs, root, manifest = _read_manifest(uri)
+    shown = display(uri)
     if manifest_sha256 is not None and hashlib.sha256(manifest).hexdigest() != manifest_sha256:
         raise CheckpointError(
-            f"{uri} changed since it was checked (its {TRAIN_STATE} differs): start again to use the new one"
+            f"{shown} changed since it was checked (its {TRAIN_STATE} differs): start again to use it"
         )
-    files = _listed_files(uri, manifest)
+    files = _listed_files(shown, manifest)
     entry = cache_dir() / hashlib.sha256(uri.encode() + b"\0" + manifest).hexdigest()[:24]
-    if _cached(entry):
-        return entry
-    tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(f"{entry}.lock")
+        lock.acquire()
     except OSError as err:
         raise CheckpointError(
             f"the checkpoint cache {cache_dir()} cannot be written (set {CACHE_ENV} to another folder): {err}"
         ) from err
     try:
-        for rel, expected in files.items():
-            _copy(fs, f"{root}/{rel}", tmp / rel, expected, uri, rel)
-        (tmp / TRAIN_STATE).write_bytes(manifest)  # last, as a save writes it
-        entry.with_name(f"{entry.name}.uri").write_text(uri)
-        shutil.rmtree(entry, ignore_errors=True)  # a damaged copy (``_cached`` said no)
+        if _cached(entry):
+            return entry
+        tmp = Path(tempfile.mkdtemp(prefix=f"{entry.name}.", suffix=".tmp", dir=entry.parent))
         try:
+            for rel, expected in files.items():
+                _copy(fs, f"{root}/{rel}", tmp / rel, expected, shown, rel)
+            (tmp / TRAIN_STATE).write_bytes(manifest)  # last, as a save writes it
+            try:
+                verify(tmp)
+            except CheckpointError as err:  # whole and matching, but refused (a diverged model)
+                raise CheckpointError(f"{shown}: {err}") from err
+            _write_whole(entry.with_name(f"{entry.name}.uri"), shown)
+            if entry.exists():  # a damaged copy (``_cached`` said no): out of the way first
+                os.replace(entry, tmp.with_suffix(".old"))
+                shutil.rmtree(tmp.with_suffix(".old"))
             os.replace(tmp, entry)
-        except OSError as err:  # another process put it there meanwhile
-            if not _cached(entry):
-                raise CheckpointError(f"{uri} cannot be stored in the cache as {entry}: {err}") from err
-    except OSError as err:  # a local write: a full disk, say
-        raise CheckpointError(
-            f"{uri} cannot be fetched into the checkpoint cache {cache_dir()} ({CACHE_ENV}): {err}"
-        ) from err
+        except OSError as err:  # a local write: a full disk, say
+            raise CheckpointError(
+                f"{shown} cannot be fetched into the checkpoint cache {cache_dir()} ({CACHE_ENV}): {err}"
+            ) from err
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return entry
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return entry
+        lock.release()
+
+
+def display(uri: str) -> str:
+    """``uri`` without credentials (``user:secret@``) or query: what is shown and recorded."""
+    parts = urllib.parse.urlsplit(uri)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def manifest_sha256(path: str | Path) -> str:
@@ -98,16 +122,16 @@ def source(path: str | Path) -> str:
 def _read_manifest(uri: str) -> tuple[pafs.FileSystem, str, bytes]:
     """(filesystem, path in it, the bytes of its ``train_state.json``), or CheckpointError saying why not."""
     bounded = uri
-    if uri.startswith("gs://") and "retry_limit_seconds=" not in uri:
+    if uri.startswith(("gs://", "gcs://")) and "retry_limit_seconds=" not in uri:
         bounded += f"{'&' if '?' in uri else '?'}retry_limit_seconds={GCS_RETRY_S}"
     try:
         fs, root = resolve(bounded)
         with fs.open_input_stream(f"{root}/{TRAIN_STATE}") as f:
             return fs, root, f.read()
     except FileNotFoundError:
-        raise CheckpointError(f"{uri} {_not_a_checkpoint(fs, root)}") from None
+        raise CheckpointError(f"{display(uri)} {_not_a_checkpoint(fs, root)}") from None
     except (OSError, ValueError) as err:  # pyarrow: unknown scheme, no route, refused credentials
-        raise CheckpointError(f"{uri} cannot be read: {err}") from err
+        raise CheckpointError(f"{display(uri)} cannot be read: {err}") from err
 
 
 def _not_a_checkpoint(fs: pafs.FileSystem, root: str) -> str:
@@ -133,7 +157,8 @@ def _listed_files(uri: str, manifest: bytes) -> dict[str, str]:
         raise CheckpointError(f"{uri}/{TRAIN_STATE} is damaged: {err}") from err
     for rel in files:
         parts = PurePosixPath(rel).parts
-        if not parts or rel.startswith("/") or ".." in parts or rel == TRAIN_STATE or "\\" in rel:
+        plain = PurePosixPath(rel).as_posix() == rel and "\\" not in rel
+        if not plain or not parts or rel.startswith("/") or ".." in parts or rel == TRAIN_STATE:
             raise CheckpointError(
                 f"{uri}/{TRAIN_STATE} is damaged: it lists {rel!r}, not a file inside the folder"
             )

@@ -14,6 +14,7 @@ from pathlib import Path
 import jax
 
 from jaxray import checkpoint, runs
+from jaxray.checkpoint import remote
 from jaxray.config import ModelConfig
 from jaxray.inference import kv_decode
 from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest
@@ -67,7 +68,7 @@ def load_engine(path: str | Path, settings: EngineSettings | None = None) -> Eng
         return engine_from_artifact(path, settings)
     resolved = check_checkpoint(path, settings)
     model, params = checkpoint.restore(resolved)
-    return Engine.for_model(model, params, settings, source=str(resolved))
+    return Engine.for_model(model, params, settings, source=remote.source(resolved))
 
 
 def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:

@@ -86,7 +86,7 @@ class JaxrayServer:
             report["compile_s"],
             self.engine.buckets,
             settings.batch_sizes,
-            args.checkpoint,
+            remote.source(source),
             jax.devices(),
         )
         self.model_name = args.served_model_name
@@ -282,8 +282,8 @@ def build_app(args: AppArgs) -> Application:
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
     # Weights checked without a restore (each replica restores once): a checkpoint's SHA-256 digests,
-    # unless resolving a run folder verified them; an artifact is loaded, unless exported for another
-    # platform (then left to the replica).
+    # unless resolving a run folder or fetching a URI verified them; an artifact is loaded, unless
+    # exported for another platform (then left to the replica).
     if not is_artifact(source):
         if source == path:
             checkpoint.verify(source)

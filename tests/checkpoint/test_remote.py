@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -114,7 +115,7 @@ def test_a_damaged_or_absent_remote_checkpoint_is_refused_by_name(s3, trained_tr
     refused = checkpoint.CheckpointError
     with pytest.raises(refused, match=f"{uri} is damaged: {rel} does not match its checksum"):
         runs.resolve(uri)
-    assert not cache.exists() or not any(cache.iterdir())  # nothing half-fetched is kept
+    assert [p.suffix for p in cache.iterdir()] == [".lock"]  # nothing half-fetched is kept
     s3.delete_file(f"{BUCKET}/damaged/{rel}")
     with pytest.raises(refused, match=f"{uri} is damaged: {rel} is missing"):
         runs.resolve(uri)
@@ -173,7 +174,7 @@ def test_names_that_leave_the_folder_a_run_folder_and_a_wrong_bucket_are_refused
     copy = Path(shutil.copytree(trained_transformer, tmp_path / "copy"))
     outside = tmp_path / "outside.txt"
     doc = checkpoint.verify(copy)
-    for name in (str(outside), "../outside.txt"):
+    for name in (str(outside), "../outside.txt", "params//x"):
         (copy / checkpoint.TRAIN_STATE).write_text(json.dumps({**doc, "files": {name: "0" * 64}}))
         uri = upload(s3, copy, "escape")
         with pytest.raises(checkpoint.CheckpointError, match=f"it lists '{re.escape(name)}', not a file in"):
@@ -221,3 +222,23 @@ def test_a_gs_uri_without_credentials_fails_in_seconds(monkeypatch):
     with pytest.raises(checkpoint.CheckpointError, match="gs://jaxray-none/x cannot be read"):
         runs.resolve("gs://jaxray-none/x")
     assert time.monotonic() - start < 60  # pyarrow's own default: many minutes
+
+
+def test_concurrent_fetches_share_one_copy_and_a_diverged_model_is_refused(s3, trained_transformer, tmp_path):
+    uri = upload(s3, trained_transformer, "shared")
+    with ThreadPoolExecutor(4) as pool:
+        entries = set(pool.map(lambda _: remote.fetch(uri), range(4)))
+    assert len(entries) == 1 and checkpoint.verify(entries.pop())
+    copy = Path(shutil.copytree(trained_transformer, tmp_path / "diverged"))
+    doc = checkpoint.verify(copy)
+    (copy / checkpoint.TRAIN_STATE).write_text(json.dumps({**doc, "summary": {"loss": float("nan")}}))
+    diverged = upload(s3, copy, "diverged")
+    with pytest.raises(checkpoint.CheckpointError, match=f"{diverged}: .* records loss nan"):
+        runs.resolve(diverged)
+
+
+def test_credentials_and_query_in_a_uri_are_never_shown_or_recorded(s3, trained_transformer):
+    assert remote.display("s3://KEY:secret@bucket/a/b?region=x") == "s3://bucket/a/b"
+    upload(s3, trained_transformer, "keyed")
+    local = runs.resolve("s3://test:test@jaxray/keyed")
+    assert remote.source(local) == "s3://jaxray/keyed"
