@@ -33,7 +33,14 @@ from jaxray.inference.sampling import Sampling, encode_prompt, generate, printab
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
 from jaxray.reporting import checkpoint_line, eval_figures
-from jaxray.reporting.eval_results import FIGURES, default_out, results_folder, write_results
+from jaxray.reporting.eval_results import (
+    CHECKPOINT_SHA256,
+    FIGURES,
+    checkpoint_sha256,
+    default_out,
+    results_folder,
+    write_results,
+)
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import jit_eval_step
 from jaxray.train.run import eval_batch_size
@@ -155,7 +162,7 @@ def run(
         mesh = make_mesh(jax.devices()[:1])  # one device: small, and no batch must divide
         model, params = checkpoint.restore(directory, replicated(mesh))
         batch = eval_batch_size(trial, 1)
-        head = {"checkpoint": remote.source(directory)}
+        head = {"checkpoint": remote.source(directory), CHECKPOINT_SHA256: checkpoint_sha256(directory)}
         head |= {"workload": trial.model.workload, "data_dir": data_dir}
         if trial.model.workload != "transformer":
             result = evaluate_classifier(model, params, held_out, batch, mesh)

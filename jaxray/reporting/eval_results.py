@@ -14,6 +14,7 @@ from jaxray.reporting.format import json_safe
 from jaxray.runs import RUN_NAME, TRAIN_DIR, check_overwrite, removed_if_failed
 
 DEFAULT_OUT_ROOT = Path("runs") / "eval"
+CHECKPOINT_SHA256 = "checkpoint_sha256"  # summary.json: which weights the evaluation is of
 WRITER = "jaxray.evaluate"  # summary.json's "written_by": what --out may overwrite (runs.check_overwrite)
 FIGURES = ("confusion_matrix.png", "predictions_grid.png")
 
@@ -36,6 +37,14 @@ def default_out(directory: str | Path) -> Path:
     return DEFAULT_OUT_ROOT.joinpath(*prefix, trial.name, directory.name)
 
 
+def checkpoint_sha256(directory: Path) -> str | None:
+    """SHA-256 of the checkpoint's ``train_state.json`` (its weights' digests), None if unreadable."""
+    try:
+        return remote.manifest_sha256(directory)
+    except OSError:
+        return None
+
+
 class ResultsWriteError(OSError):
     """The results could not be written into --out (a full disk, say); nothing there was changed."""
 
@@ -47,11 +56,14 @@ def results_folder(out: str | Path, directory: Path, overwrite: bool) -> Path:
     out = Path(out).absolute()
     check_overwrite(out, WRITER)
     if (out / "summary.json").is_file() and not overwrite:  # check_overwrite: it is an evaluation's
-        recorded = json.loads((out / "summary.json").read_text()).get("checkpoint")
+        earlier = json.loads((out / "summary.json").read_text())
+        recorded, digest = earlier.get("checkpoint"), earlier.get(CHECKPOINT_SHA256)
         same = recorded == remote.source(directory) or Path(recorded or "").resolve() == directory.resolve()
-        if recorded and not same:
+        changed = same and digest is not None and digest != checkpoint_sha256(directory)
+        if recorded and (not same or changed):
+            when = " before its weights changed" if changed else ""
             raise ConfigError(
-                f"--out {out} holds the evaluation of {recorded}; pass --overwrite or another --out "
+                f"--out {out} holds the evaluation of {recorded}{when}; pass --overwrite or another --out "
                 f"(nothing was changed)"
             )
     theirs = [n for n in FIGURES if (out / n).exists()] if not (out / "summary.json").is_file() else []

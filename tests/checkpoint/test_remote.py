@@ -210,6 +210,15 @@ def test_an_evaluation_of_a_uri_records_the_uri(s3, trained_transformer, tmp_pat
     (out / "summary.json").write_text(json.dumps({"checkpoint": uri + "x", "written_by": "jaxray.evaluate"}))
     with pytest.raises(ConfigError, match=f"holds the evaluation of {uri}x"):
         results_folder(out, local, overwrite=False)
+    # The same URI, other weights (the checkpoint replaced there): refused unless --overwrite.
+    earlier = {"checkpoint": uri, "written_by": "jaxray.evaluate", "checkpoint_sha256": "0" * 64}
+    (out / "summary.json").write_text(json.dumps(earlier))
+    with pytest.raises(ConfigError, match=f"holds the evaluation of {uri} before its weights changed"):
+        results_folder(out, local, overwrite=False)
+    assert results_folder(out, local, overwrite=True) == out
+    same = {**earlier, "checkpoint_sha256": remote.manifest_sha256(local)}
+    (out / "summary.json").write_text(json.dumps(same))
+    assert results_folder(out, local, overwrite=False) == out
 
 
 def local_name(uri: str) -> str:
