@@ -4,6 +4,7 @@ the option's name). Nothing here imports JAX: parsing happens before XLA_FLAGS i
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -126,6 +127,17 @@ def port(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {value}")
+    return value
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object, such as ``'{"min_replicas": 1, "max_replicas": 2}'``."""
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text}")
     return value
 
 

@@ -1,6 +1,6 @@
-"""What serving shows: the checkpoint named in one line, ``/info``'s model with only the fields its
-model uses, the checkpoint of ``serve/config.yaml`` from ``JAXRAY_CHECKPOINT`` (default
-``runs/demo``). The terminal of ``python -m jaxray.serve`` is in integration/test_serve_command.py."""
+"""What serving shows: the checkpoint named in one line, the checkpoint of ``serve/config.yaml`` from
+``JAXRAY_CHECKPOINT`` (default ``runs/demo``). The terminal of ``python -m jaxray.serve`` is in
+integration/test_serve_command.py."""
 
 from __future__ import annotations
 
@@ -9,29 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jaxray import checkpoint
-from jaxray.config import ModelConfig
 from jaxray.reporting import checkpoint_line
 from jaxray.serve.__main__ import build_parser, read_config
 from jaxray.serve.app import app_builder
-from jaxray.serve.schema import MODEL_FIELDS, served_model
 from jaxray.serve.settings import CHECKPOINT_ENV, DEFAULT_CHECKPOINT, with_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "serve" / "config.yaml"
-
-
-def test_info_shows_only_the_fields_the_served_model_uses(trained_transformer):
-    model = served_model(checkpoint.load_model_config(trained_transformer).model_dump())
-    assert model == {k: model[k] for k in MODEL_FIELDS["transformer"]} and model["width"] == 64
-    assert "block_repeats" not in model
-    assert "block_repeats" in served_model(ModelConfig(workload="shared_block_mlp").model_dump())
-    assert "num_heads" not in served_model(ModelConfig(workload="mlp").model_dump())
-
-
-def test_every_model_field_is_shown_for_some_workload():
-    # A field added to ModelConfig must be placed in MODEL_FIELDS, or /info would never show it.
-    assert set(ModelConfig.model_fields) == {f for fields in MODEL_FIELDS.values() for f in fields}
 
 
 def test_the_shipped_config_names_no_checkpoint_and_the_builder_reads_the_environment(monkeypatch):

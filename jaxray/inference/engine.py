@@ -250,9 +250,10 @@ class Engine:
         return tokens, lengths, seeds, temperature, top_k, top_p, max_new
 
     def info(self) -> dict:
-        """JSON-able description: model config, source, settings, devices and compile time."""
+        """JSON-able description: the model config (less the shared-block MLP's ``block_repeats``, which
+        a transformer does not read), source, settings, devices and compile time."""
         return {
-            "model": self.config.model_dump(),
+            "model": self.config.model_dump(exclude={"block_repeats"}),
             "checkpoint": self.source,
             "settings": self.settings.model_dump(),
             "buckets": list(self.buckets),

@@ -3,7 +3,8 @@ imported here, so ``jaxray.serve.schema`` loads without Ray or JAX.
 
   schema     request/response models, limits, the error format      routes   the FastAPI app, SSE
   playground GET /: the browser page streaming /generate            openai   the /v1 OpenAI routes
-  scheduler  continuous batching fed by Serve's batches             metrics  Prometheus via Ray
+  metrics    Prometheus via Ray
+  (the engine loop, ``jaxray.inference.scheduler``, and ``detokenize`` are inference's)
   app        the deployment and ``app_builder`` (``serve run serve/config.yaml``)
   python -m jaxray.serve --checkpoint PATH   the same app from one command
 """

@@ -26,13 +26,13 @@ from starlette.requests import Request as HttpRequest
 from jaxray import checkpoint
 from jaxray.checkpoint import remote
 from jaxray.inference.artifact_loader import read_artifact_manifest
+from jaxray.inference.detokenize import Choice
 from jaxray.inference.engine import Request
 from jaxray.inference.load import check_source, describe_source, is_artifact, load_engine
+from jaxray.inference.scheduler import Scheduler
 from jaxray.serve import metrics, openai, playground, schema  # noqa: F401 - playground registers GET /
-from jaxray.serve.openai import Choice
 from jaxray.serve.routes import api, body_schema, drain, generate_events, guarded
-from jaxray.serve.scheduler import Scheduler
-from jaxray.serve.schema import ApiError, GenerateRequest, GenerateResponse, Limits, parse, served_model
+from jaxray.serve.schema import ApiError, GenerateRequest, GenerateResponse, Limits, parse
 from jaxray.serve.settings import AppArgs, args_error, with_checkpoint
 
 logger = logging.getLogger("ray.serve")
@@ -106,11 +106,8 @@ class JaxrayServer:
 
     @api.get("/info")
     async def info(self) -> dict[str, Any]:
-        return {
-            **self.engine.info(),
-            "model": served_model(self.engine.config.model_dump()),
-            "server": {**self.batching, "limits": vars(self.limits), "engine": self.scheduler.stats()},
-        }
+        server = {**self.batching, "limits": vars(self.limits), "engine": self.scheduler.stats()}
+        return {**self.engine.info(), "server": server}
 
     @api.post("/generate", response_model=GenerateResponse, openapi_extra=body_schema(GenerateRequest))
     async def generate(self, http: HttpRequest):

@@ -1,22 +1,21 @@
 """The OpenAI surface (vLLM's field set where it applies to a byte model): ``/v1/models``,
-``/v1/completions`` and ``/v1/chat/completions``, called with the replica as ``server``; and
-``Choice``, one engine request's text cut at its stop sequences (/generate's too). Chat renders
+``/v1/completions`` and ``/v1/chat/completions``, called with the replica as ``server``. Chat renders
 ``messages`` as a play script (``render_chat``), the text the model was trained on. No Ray."""
 
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, ClassVar, Literal
 
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from starlette.requests import Request as HttpRequest
 
+from jaxray.inference.detokenize import Choice
 from jaxray.serve import schema
-from jaxray.serve.routes import decoded, guarded
+from jaxray.serve.routes import guarded
 from jaxray.serve.schema import ApiError, Prompt, SamplingRequest, Seed, Stream, Temperature, TopK, sse
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
@@ -131,52 +130,6 @@ def check_model(server, model: str | None) -> None:
     if model is not None and model != server.model_name:
         message = f"the model {model!r} is not served here (GET /v1/models lists {server.model_name!r})"
         raise ApiError(404, "model", message, f"{server.model_name!r} or null")
-
-
-class Choice:
-    """One choice's text from its engine request, cut at the first stop sequence (matched on
-    bytes, so it may span chunks and characters). After ``pieces`` ends: ``tokens`` (bytes
-    generated up to and including the stop), ``finish_reason`` ("stop"/"length"), ``stop_reason``.
-    ``chunks(ended)`` opens the token stream; ``ended()`` tells it why it was closed early."""
-
-    def __init__(self, index: int, chunks: Callable[[Callable], AsyncIterator[list[int]]], stops: list[str]):
-        self.index, self.chunks = index, chunks(lambda: self.finish_reason)
-        self.stops = [s.encode("utf-8") for s in stops]
-        self.tokens, self.finish_reason, self.stop_reason = 0, None, None
-
-    async def pieces(self) -> AsyncIterator[str]:
-        """The choice's text, a piece at a time (``routes.decoded`` of its bytes up to the stop)."""
-        async with aclosing(self._until_stop()) as until_stop:
-            async for text in decoded(until_stop):
-                yield text
-
-    async def text(self) -> str:
-        """The choice's whole text."""
-        return "".join([piece async for piece in self.pieces()])
-
-    async def _until_stop(self) -> AsyncIterator[bytes]:
-        keep = max(map(len, self.stops), default=1) - 1  # bytes that may begin a stop
-        held, emitted = b"", 0
-        try:
-            async for tokens in self.chunks:
-                held += bytes(tokens)
-                # The stop that ends first, as a check after every byte would find it.
-                _, at, stop = min(
-                    ((held.find(s) + len(s), held.find(s), s) for s in self.stops if s in held),
-                    default=(0, -1, None),
-                )
-                if stop is not None:
-                    self.tokens, self.finish_reason = emitted + at + len(stop), "stop"
-                    self.stop_reason = stop.decode("utf-8")
-                    yield held[:at]
-                    return
-                if (ready := len(held) - keep) > 0:
-                    yield held[:ready]
-                    held, emitted = held[ready:], emitted + ready
-            self.tokens, self.finish_reason = emitted + len(held), "length"
-            yield held
-        finally:
-            await self.chunks.aclose()  # a stop ends the request's stream early
 
 
 async def _merged(choices: list[Choice]) -> AsyncIterator[tuple[Choice, str | None]]:

@@ -3,7 +3,6 @@ Handlers are methods of ``jaxray.serve.app.JaxrayServer``. No JAX."""
 
 # No `from __future__ import annotations`: FastAPI reads handler signatures at runtime.
 import asyncio
-import codecs
 import contextlib
 import logging
 import time
@@ -51,16 +50,6 @@ def body_schema(model: type[BaseModel]) -> dict:
     return {"requestBody": {"required": True, "content": content}}
 
 
-async def decoded(chunks: AsyncIterator[list[int]]) -> AsyncIterator[str]:
-    """Text pieces of a token stream; bytes that are not UTF-8 become U+FFFD."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    async for tokens in chunks:
-        if text := decoder.decode(bytes(tokens)):
-            yield text
-    if tail := decoder.decode(b"", final=True):
-        yield tail
-
-
 async def guarded(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """``events`` (SSE), then an SSE error event if the engine fails mid-stream (which ends it)."""
     try:
@@ -84,8 +73,9 @@ async def drain(results: AsyncIterator, read: asyncio.Future | None = None) -> N
 
 
 async def generate_events(choice, usage: dict, start: float) -> AsyncIterator[bytes]:
-    """/generate's stream of ``choice`` (an ``openai.Choice``): ``{"text"}`` events, then ``{"done":
-    true, **usage, "new_tokens", "latency_ms"}`` (``start``: ``time.perf_counter()`` at arrival)."""
+    """/generate's stream of ``choice`` (a ``jaxray.inference.detokenize.Choice``): ``{"text"}``
+    events, then ``{"done": true, **usage, "new_tokens", "latency_ms"}`` (``start``:
+    ``time.perf_counter()`` at arrival)."""
     async for piece in choice.pieces():
         yield sse({"text": piece})
     latency_ms = (time.perf_counter() - start) * 1e3

@@ -15,13 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 MAX_SEED = 2**32 - 1
 MAX_N, MAX_STOPS = 16, 4  # OpenAI routes: choices per request; stop sequences per request (OpenAI's limit)
 DEFAULT_NEW_TOKENS = 128  # /generate without max_new_tokens (lowered to the server's cap if that is smaller)
-# ModelConfig fields each workload's model reads; /info shows only the served model's.
-_COMMON = ("workload", "width", "dtype")
-MODEL_FIELDS: dict[str, tuple[str, ...]] = {
-    "mlp": _COMMON,
-    "shared_block_mlp": (*_COMMON, "block_repeats"),
-    "transformer": (*_COMMON, "num_layers", "num_heads", "max_seq_len", "vocab_size", "attention"),
-}
 
 
 @dataclass(frozen=True)
@@ -141,11 +134,6 @@ class GenerateResponse(BaseModel):
     prompt_tokens: int = Field(description="prompt bytes the model read (the last max_seq_len - 1 at most)")
     new_tokens: int = Field(description="bytes generated")
     latency_ms: float = Field(description="from request parsed to last byte, milliseconds")
-
-
-def served_model(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` (a ModelConfig dump) less the fields its workload does not use; /info's ``model``."""
-    return {k: v for k, v in config.items() if k in MODEL_FIELDS[config["workload"]]}
 
 
 def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:

@@ -4,14 +4,14 @@ command-line options. Imports neither JAX nor Ray, so ``--help`` stays fast."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.types import NonNegativeFloat, PositiveInt, StrictFloat, StrictInt
 
-from jaxray.argtypes import FieldOptions, add_field_options, given_options, non_negative_float, positive_int
+from jaxray import argtypes
+from jaxray.argtypes import add_field_options, given_options, json_object, non_negative_float, positive_int
 from jaxray.inference.settings import EngineSettings
 
 # Serve config files do not expand environment variables: ``with_checkpoint`` reads this.
@@ -47,17 +47,6 @@ class AppArgs(BaseModel):
         return self
 
 
-def json_object(text: str) -> dict[str, Any]:
-    """An argparse type: a JSON object, such as ``'{"min_replicas": 1, "max_replicas": 2}'``."""
-    try:
-        value = json.loads(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text}")
-    return value
-
-
 def with_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     """``args`` with ``checkpoint`` from ``$JAXRAY_CHECKPOINT``, else ``runs/demo``, where they name none."""
     if "checkpoint" in args:
@@ -66,7 +55,7 @@ def with_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
 
 
 # AppArgs' replica fields as command-line options (jaxray.argtypes.add_field_options).
-OPTIONS: FieldOptions = {
+OPTIONS: argtypes.FieldOptions = {
     "max_batch_size": (positive_int, "requests decoded together", "the largest of --batch-sizes"),
     "batch_wait_ms": (non_negative_float, "how long a batch waits to fill, ms", ""),
     "max_ongoing_requests": (

@@ -62,6 +62,13 @@ def test_streamed_chunks_add_up_to_the_whole(engine):
     assert sum(chunks, []) == engine.generate([request])[0].tokens
 
 
+def test_info_shows_the_model_fields_a_transformer_reads(engine):
+    model = engine.info()["model"]  # /info's "model": a new ModelConfig field must be placed here or excluded
+    read = {"workload", "width", "dtype", "num_layers", "num_heads", "max_seq_len", "vocab_size", "attention"}
+    assert set(model) == read
+    assert model["workload"] == "transformer"
+
+
 def test_nothing_compiles_after_compile(engine):
     """AOT: requests of every bucket and batch size run on programs compiled up front."""
     compiles = []

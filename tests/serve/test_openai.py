@@ -1,6 +1,5 @@
 """The OpenAI surface without a server: requests refused naming the field, vLLM's defaults, the
-chat template, stop sequences cut on bytes across chunks and characters, and the streams' event
-order (role, pieces, finish, usage, one [DONE])."""
+chat template, and the streams' event order (role, pieces, finish, usage, one [DONE])."""
 
 from __future__ import annotations
 
@@ -10,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from jaxray.inference.detokenize import Choice
 from jaxray.serve.openai import (
     ChatMessage,
     ChatRequest,
-    Choice,
     CompletionRequest,
     _events,
     _Reply,
@@ -28,10 +27,6 @@ async def tokens(*chunks: bytes):
     """A token-chunk stream as the engine gives it (byte values)."""
     for chunk in chunks:
         yield list(chunk)
-
-
-async def pieces(choice: Choice) -> list[str]:
-    return [p async for p in choice.pieces()]
 
 
 @pytest.mark.parametrize(
@@ -93,24 +88,6 @@ def test_chat_renders_a_play_script():
         "A street in Verona.\n\nROMEO:\nGood morrow.\n\nJULIET:\nAnd to you.\n\n"
         "MERCUTIO:\nWhat news?\n\nJULIET:\n"
     )
-
-
-def test_a_stop_ends_the_choice_before_it_even_across_chunks_and_characters():
-    e_acute = "é".encode()
-    choice = Choice(
-        0,
-        lambda ended: tokens(b"Good m", b"orr" + e_acute[:1], e_acute[1:] + b"w\n\nRO", b"MEO"),
-        ["\n\n", "rré"],
-    )
-    assert "".join(asyncio.run(pieces(choice))) == "Good mo"
-    assert (choice.finish_reason, choice.stop_reason, choice.tokens) == ("stop", "rré", 7 + 4)
-    choice = Choice(3, lambda ended: tokens(b"xab", b"cX"), ["abcX", "bc"])  # the stop that ends first
-    assert "".join(asyncio.run(pieces(choice))) == "xa" and choice.stop_reason == "bc"
-    choice = Choice(1, lambda ended: tokens(b"Good m", b"orrow"), ["\n\n"])
-    assert asyncio.run(pieces(choice)) == ["Good ", "morro", "w"]  # one byte held back, flushed at the end
-    assert (choice.finish_reason, choice.stop_reason, choice.tokens) == ("length", None, 11)
-    choice = Choice(2, lambda ended: tokens(b"abc", b"def"), [])
-    assert asyncio.run(pieces(choice)) == ["abc", "def"] and choice.tokens == 6  # no stop: nothing held
 
 
 def events(raw: list[bytes]) -> list:

@@ -1,6 +1,5 @@
-"""The routes' HTTP side without a server: token streams become text without splitting a UTF-8
-character, and /generate's server-sent events end with their summary, or with an error event when
-the engine fails mid-stream."""
+"""The routes' HTTP side without a server: /generate's server-sent events end with their summary,
+or with an error event when the engine fails mid-stream."""
 
 from __future__ import annotations
 
@@ -8,8 +7,8 @@ import asyncio
 import json
 import time
 
-from jaxray.serve.openai import Choice
-from jaxray.serve.routes import decoded, generate_events, guarded
+from jaxray.inference.detokenize import Choice
+from jaxray.serve.routes import generate_events, guarded
 
 
 async def tokens(*chunks: bytes, fail: Exception | None = None):
@@ -31,14 +30,6 @@ def events(raw: list[bytes]) -> list:
         data = event.decode().split("data: ", 1)[1].rstrip("\n")
         out.append(data if data == "[DONE]" else json.loads(data))
     return out
-
-
-def test_text_never_splits_a_character_and_bad_bytes_become_replacement_chars():
-    e_acute = "é".encode()
-    pieces = asyncio.run(
-        gathered(decoded(tokens(b"a" + e_acute[:1], e_acute[1:] + b"b", b"\xff", e_acute[:1])))
-    )
-    assert pieces == ["a", "éb", "\ufffd", "\ufffd"]  # the last: an unfinished character at the end
 
 
 def test_generate_events_end_with_the_summary():

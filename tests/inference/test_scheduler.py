@@ -1,5 +1,5 @@
-"""The replica's engine loop without Ray: Serve's batches (groups) driven through
-``jaxray.serve.scheduler.Scheduler`` over a real engine of a tiny transformer (fresh weights).
+"""The serving engine loop without Ray: groups of requests (Serve's batches) driven through
+``jaxray.inference.scheduler.Scheduler`` over a real engine of a tiny transformer (fresh weights).
 
 Groups are admitted into the one running batch while it decodes once it has free rows; each
 group's stream yields one list per step (a token list per request) and ends once all its requests
@@ -16,9 +16,9 @@ import pytest
 
 from jaxray.config import ModelConfig
 from jaxray.inference.engine import Engine, Request
+from jaxray.inference.scheduler import Scheduler
 from jaxray.inference.settings import EngineSettings
 from jaxray.models import build
-from jaxray.serve.scheduler import Scheduler
 
 LONG = Request(b"ROMEO:", 20, 0.0)  # 1 token at admission, then 5 chunks of 4
 SHORT = Request(b"KING:", 6, 0.8, None, 3)

@@ -1,6 +1,7 @@
-"""The replica's engine loop: continuous batching (``jaxray.inference.batcher``) fed by Serve's batches.
-Between two decode calls the loop admits every waiting group (one ``@serve.batch`` call, admitted
-whole) that fits in the free rows, so requests join within one chunk."""
+"""The serving engine loop: continuous batching (``jaxray.inference.batcher``) driven from asyncio,
+fed by groups of requests (a Serve replica's ``@serve.batch`` calls). Between two decode calls the
+loop admits every waiting group, whole, that fits in the free rows, so requests join within one
+chunk. No Ray."""
 
 from __future__ import annotations
 
@@ -17,14 +18,15 @@ _DONE = object()
 
 
 class _Group:
-    """One Serve batch: its requests, its output queue and the requests not finished yet."""
+    """One group (a Serve batch): its requests, its output queue and the requests not finished yet."""
 
     def __init__(self, requests: list[Request]):
         self.requests, self.out, self.unfinished = requests, asyncio.Queue(), len(requests)
 
 
 class Scheduler:
-    """Runs the ``Batcher`` on one worker thread so the event loop keeps answering /healthz."""
+    """Runs the ``Batcher`` on one worker thread so the event loop stays free (a replica keeps
+    answering /healthz)."""
 
     def __init__(self, engine: Engine, max_batch_size: int):
         self.batcher = Batcher(engine, max_batch_size)
