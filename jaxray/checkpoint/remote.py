@@ -2,7 +2,8 @@
 filesystem): ``fetch`` copies it into a local cache, checking every file against the SHA-256 that its
 ``train_state.json`` records, and the commands read that copy. A cache entry is named by the URI and
 that ``train_state.json``, so a checkpoint replaced at the same URI is fetched anew, never mistaken
-for the old one. Credentials and endpoints come from the environment, as pyarrow reads them."""
+for the old one; the older copy is then removed (one copy per URI). Credentials and endpoints come
+from the environment, as pyarrow reads them."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def fetch(uri: str, manifest_sha256: str | None = None) -> Path:
     CheckpointError naming ``uri``: unreachable or absent, a run folder, not a checkpoint,
     incomplete, changed since checked, a listed file missing or not matching its SHA-256, or what
     ``verify`` refuses (a diverged model); or naming the cache when it cannot be written. A copy is
-    used only once whole and verified."""
+    used only once whole and verified; once it is, older copies of ``uri`` are removed (``_drop_older``)."""
     uri = uri.rstrip("/")
     fs, root, manifest = _read_manifest(uri)
     shown = display(uri)
@@ -64,31 +65,54 @@ def fetch(uri: str, manifest_sha256: str | None = None) -> Path:
             f"the checkpoint cache {cache_dir()} cannot be written (set {CACHE_ENV} to another folder): {err}"
         ) from err
     try:
-        if _cached(entry):
-            return entry
-        tmp = Path(tempfile.mkdtemp(prefix=f"{entry.name}.", suffix=".tmp", dir=entry.parent))
-        try:
-            for rel, expected in files.items():
-                _copy(fs, f"{root}/{rel}", tmp / rel, expected, shown, rel)
-            (tmp / TRAIN_STATE).write_bytes(manifest)  # last, as a save writes it
-            try:  # the digests were checked as the files arrived: the rest of verify (a diverged model)
-                verify(tmp, digests=False)
-            except CheckpointError as err:
-                raise CheckpointError(f"{shown}: {err}") from err
-            _write_whole(entry.with_name(f"{entry.name}.uri"), shown)
-            if entry.exists():  # a damaged copy (``_cached`` said no): out of the way first
-                os.replace(entry, tmp.with_suffix(".old"))
-                shutil.rmtree(tmp.with_suffix(".old"))
-            os.replace(tmp, entry)
-        except OSError as err:  # a local write: a full disk, say
-            raise CheckpointError(
-                f"{shown} cannot be fetched into the checkpoint cache {cache_dir()} ({CACHE_ENV}): {err}"
-            ) from err
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if not _cached(entry):
+            _fill(entry, fs, root, manifest, files, shown)
+        _drop_older(entry, shown)
         return entry
     finally:
         lock.release()
+
+
+def _fill(
+    entry: Path, fs: pafs.FileSystem, root: str, manifest: bytes, files: dict[str, str], shown: str
+) -> None:
+    """Copy the checkpoint at ``root`` into ``entry``: each of ``files`` checked as it arrives, then
+    ``manifest`` (its ``train_state.json``), the whole verified before it takes the entry's place."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"{entry.name}.", suffix=".tmp", dir=entry.parent))
+    try:
+        for rel, expected in files.items():
+            _copy(fs, f"{root}/{rel}", tmp / rel, expected, shown, rel)
+        (tmp / TRAIN_STATE).write_bytes(manifest)  # last, as a save writes it
+        try:  # the digests were checked as the files arrived: the rest of verify (a diverged model)
+            verify(tmp, digests=False)
+        except CheckpointError as err:
+            raise CheckpointError(f"{shown}: {err}") from err
+        _write_whole(entry.with_name(f"{entry.name}.uri"), shown)
+        if entry.exists():  # a damaged copy (``_cached`` said no): out of the way first
+            os.replace(entry, tmp.with_suffix(".old"))
+            shutil.rmtree(tmp.with_suffix(".old"))
+        os.replace(tmp, entry)
+    except OSError as err:  # a local write: a full disk, say
+        raise CheckpointError(
+            f"{shown} cannot be fetched into the checkpoint cache {cache_dir()} ({CACHE_ENV}): {err}"
+        ) from err
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _drop_older(entry: Path, shown: str) -> None:
+    """Remove the cache's other copies fetched from ``shown`` (a checkpoint since replaced at that
+    URI), each under its lock; one that another process is fetching now is left for a later fetch."""
+    for sidecar in entry.parent.glob("*.uri"):
+        older = sidecar.with_suffix("")
+        try:
+            if older == entry or sidecar.read_text() != shown:
+                continue
+            with filelock.FileLock(f"{older}.lock", timeout=0):
+                shutil.rmtree(older, ignore_errors=True)
+                sidecar.unlink(missing_ok=True)
+        except (filelock.Timeout, OSError):  # being fetched, or just dropped by another process
+            continue
 
 
 def display(uri: str) -> str:

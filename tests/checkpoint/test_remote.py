@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import filelock
 import jax
 import numpy as np
 import pyarrow.fs as pafs
@@ -153,19 +154,27 @@ def retrained(trained_transformer, tmp_path_factory) -> Path:
 
 
 def test_a_checkpoint_replaced_at_its_uri_is_fetched_anew_and_a_checked_one_is_pinned(
-    s3, trained_transformer, retrained
+    s3, trained_transformer, retrained, cache
 ):
     uri = upload(s3, trained_transformer, "replaced")
     first = runs.resolve(uri)
     pinned = remote.manifest_sha256(first)
+    other = runs.resolve(upload(s3, trained_transformer, "other"))  # another URI's copy stays
     replace_remote(s3, "replaced", retrained)
     second = runs.resolve(uri)
     assert second != first and checkpoint.verify(second) == checkpoint.verify(retrained)
-    assert remote.source(second) == uri == remote.source(first)
+    assert remote.source(second) == uri and not first.exists()  # one copy per URI: the older removed
+    assert other.is_dir() and sorted(p for p in cache.iterdir() if p.is_dir()) == sorted([other, second])
     # Serve's replicas fetch with the digest build_app checked: a replaced checkpoint is refused.
     with pytest.raises(checkpoint.CheckpointError, match=f"{uri} changed since it was checked"):
         remote.fetch(uri, pinned)
     assert remote.fetch(uri + "/", remote.manifest_sha256(second)) == second  # a trailing slash: the same
+    # A copy another process is fetching (its lock held) is left, and removed by a later fetch.
+    replace_remote(s3, "replaced", trained_transformer)
+    with filelock.FileLock(f"{second}.lock"):
+        third = runs.resolve(uri)
+        assert third == first and second.is_dir()
+    assert runs.resolve(uri) == third and not second.exists() and other.is_dir()
 
 
 def test_names_that_leave_the_folder_a_run_folder_and_a_wrong_bucket_are_refused(
