@@ -40,14 +40,12 @@ FILES = (SUMMARY_JSON, SUMMARY_MD, THROUGHPUT_PLOT, LOSS_PLOT)  # the sweep repo
 TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR = "train", "tune", "tensorboard"
 RUN_DIRS = (TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR)  # what a run writes besides the files above
 LOCK_FILE = ".jaxray.lock"  # held by the one command writing into the folder (``exclusive``)
-# One log per python -m jaxray.tune in the folder (Ray's, Tune's, Orbax's output).
-LOGS_DIR = "logs"
+LOGS_DIR = "logs"  # one log per python -m jaxray.tune in the folder (Ray's, Tune's, Orbax's output)
 # experiment.yaml's line holding the SHA-256 of the config below it (``signed``, ``check_unedited``).
 CONFIG_DIGEST = "# SHA-256 of the config below it (--resume refuses an edited config): "
 RUN_NAME = re.compile(r"(\d{8}-\d{6})(?:-(\d+))?")  # what ``new_run`` names a run folder
 COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the trial's compiled step
-# Ranks a workload that no sweep and no default names (a hand-written row).
-FALLBACK_METRIC = ("test_accuracy", "max")
+FALLBACK_METRIC = ("test_accuracy", "max")  # ranks a workload no sweep and no default names
 
 Ranking = dict[str, tuple[str, str]]  # workload -> (metric, "min" | "max")
 
@@ -220,15 +218,10 @@ def best_trial(rows: Iterable[dict], workload: str, ranking: Ranking | None = No
     highest or lowest finite value, the first of equal ones. None when no such row has a finite
     value. The one ranking every report and checkpoint look-up uses."""
     metric, mode = ranking_metric(workload, ranking)
-    scored = [
-        (v, r)
-        for r in rows
-        if r.get("workload", "?") == workload and (v := metric_value(r, metric)) is not None
-    ]
-    if not scored:
-        return None
+    mine = [r for r in rows if r.get("workload", "?") == workload]
+    scored = [(v, r) for r in mine if (v := metric_value(r, metric)) is not None]
     pick = max if mode == "max" else min
-    return pick(scored, key=lambda pair: pair[0])[1]
+    return pick(scored, key=lambda pair: pair[0])[1] if scored else None
 
 
 def read_summary(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -244,10 +237,12 @@ def read_summary(run_dir: str | Path) -> list[dict[str, Any]]:
     return doc
 
 
-def checkpoint_of(run_dir: str | Path, row: dict[str, Any]) -> Path:
+def checkpoint_of(run_dir: str | Path, row: dict[str, Any]) -> Path | str:
     """The checkpoint the summary ``row`` of ``run_dir`` names: a path relative to the folder (so a
-    copied or moved folder reads its own). Raises RunFolderError when it is not such a path."""
+    copied or moved folder reads its own), or a URI (``storage``). Raises RunFolderError otherwise."""
     recorded = row.get("checkpoint")
+    if isinstance(recorded, str) and remote.is_uri(recorded):
+        return recorded
     path = Path(recorded) if isinstance(recorded, str) else None
     if path is None or path.is_absolute() or ".." in path.parts:
         raise RunFolderError(
@@ -259,7 +254,9 @@ def checkpoint_of(run_dir: str | Path, row: dict[str, Any]) -> Path:
 
 def record_path(run_dir: str | Path, path: str | Path) -> str:
     """``path`` as ``summary.json`` records it: relative to ``run_dir`` (POSIX separators); one
-    outside it stays as it is (and ``checkpoint_of`` refuses it)."""
+    outside it, or a URI, stays as it is (and ``checkpoint_of`` refuses the first)."""
+    if remote.is_uri(path):
+        return str(path)
     path, run_dir = Path(path).absolute(), Path(run_dir).absolute()
     return path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else str(path)
 
@@ -397,4 +394,6 @@ def resolve(path: str | Path, workload: str | None = None) -> Path:
         named = checkpoint_of(run, best_row(run, workload))
     except RunFolderError as err:
         raise checkpoint.CheckpointError(str(err)) from err
+    if isinstance(named, str):  # on object storage (``storage``)
+        return remote.fetch(named)
     return checkpoint.restore_latest(checkpoint.trial_checkpoints(named), checkpoint.verify)[1]

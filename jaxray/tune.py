@@ -32,8 +32,8 @@ from jaxray.data.manifest import ManifestError
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
 from jaxray.parallel.checks import check_experiment
-from jaxray.raytrain.cluster import check_gpus, init_ray
-from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep
+from jaxray.raytrain.cluster import check_gpus, check_storage, init_ray
+from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep, with_run_storage
 from jaxray.reporting import terminal
 from jaxray.reporting.sweep import markdown_summary, write_reports
 from jaxray.runs import (
@@ -224,6 +224,7 @@ def prepare(
     else:
         exp, out, source = load_experiment(args.config, overrides), None, args.config
     check_experiment(exp, source)
+    check_storage(exp)
     arrays = {} if exp.data.parquet else load_sweep_arrays(exp)
     check_batches(
         exp,
@@ -231,6 +232,7 @@ def prepare(
     )
     if out is None:
         out = new_run(Path(args.out or Path("runs") / exp.experiment))
+        exp = with_run_storage(exp, out)
         save_experiment(out, exp)
     stack.enter_context(exclusive(out))
     for sweep in exp.sweeps if args.resume is not None else ():
@@ -264,7 +266,7 @@ def header(exp: ExperimentConfig, out: Path, joined: bool, dashboard: str | None
     lines = [
         f"jaxray.tune: experiment {exp.experiment}, {sum(trials)} trial(s) in {len(exp.sweeps)} "
         f"sweep(s): {sweeps}",
-        f"results: {out}",
+        f"results: {out}" + (f"; checkpoints: {exp.storage}" if exp.storage else ""),
         f"dashboard: {dashboard or 'none'} ({cluster})",
     ]
     if terminal.log_file():

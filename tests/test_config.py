@@ -556,3 +556,23 @@ def test_a_worker_count_is_a_number_or_a_pair(workers):
         ConfigError, match=r"workers.num_workers: num_workers must be a positive integer or \[min, max\]"
     ):
         parse_trial(trial)
+
+
+@pytest.mark.parametrize(
+    "storage,match",
+    [
+        ("runs/x", "expected a URI such as s3://bucket/prefix"),
+        ("file:///shared/runs", "a folder every node mounts needs no storage"),
+        ("s3://", "expected a URI"),
+        ("s3://key:secret@bucket/p", "give the endpoint and credentials in the environment"),
+        ("s3://bucket/p?endpoint_override=h:9000", "not in the URI, which the run folder records"),
+    ],
+)
+def test_storage_is_a_uri_without_credentials(tmp_path, storage, match):
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"experiment: x\nstorage: {storage!r}\nsweeps: [{{workload: mlp}}]\n")
+    with pytest.raises(ConfigError, match=re.escape(match)) as err:
+        load_experiment(path)
+    assert "storage" in str(err.value)
+    path.write_text("experiment: x\nstorage: s3://bucket/prefix/\nsweeps: [{workload: mlp}]\n")
+    assert load_experiment(path).storage == "s3://bucket/prefix"

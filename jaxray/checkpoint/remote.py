@@ -1,9 +1,10 @@
 """A checkpoint folder on object storage, read by URI (``s3://``, ``gs://``, ``file://``: any pyarrow
 filesystem): ``fetch`` copies it into a local cache, checking every file against the SHA-256 that its
-``train_state.json`` records, and the commands read that copy. A cache entry is named by the URI and
-that ``train_state.json``, so a checkpoint replaced at the same URI is fetched anew, never mistaken
-for the old one; the older copy is then removed (one copy per URI). Credentials and endpoints come
-from the environment, as pyarrow reads them."""
+``train_state.json`` records, and the commands (and a resumed training run) read that copy. A cache
+entry is named by the URI and that ``train_state.json``, so a checkpoint replaced at the same URI is
+fetched anew, never mistaken for the old one; the older copy is then removed (one copy per URI).
+Also the storage helpers of training with ``storage:``. Credentials and endpoints come from the
+environment, as pyarrow reads them."""
 
 from __future__ import annotations
 
@@ -18,14 +19,19 @@ from pathlib import Path, PurePosixPath
 import filelock
 import pyarrow.fs as pafs
 
-from jaxray.checkpoint import MODEL_CONFIG, TRAIN_STATE, CheckpointError, verify
+from jaxray.checkpoint import CHECKPOINT_PREFIX, MODEL_CONFIG, TRAIN_STATE, CheckpointError, verify
 from jaxray.data.manifest import resolve
 
-CACHE_ENV = "JAXRAY_CACHE_DIR"  # the cache's folder (default ~/.cache/jaxray); checkpoints/ inside it
+# The cache's folder (default ~/.cache/jaxray): checkpoints/ (fetched), staging/ (training's uploads).
+CACHE_ENV = "JAXRAY_CACHE_DIR"
 CHUNK_BYTES = 1 << 22
 # pyarrow retries a gs:// URI without credentials or endpoint for many minutes, silently: at most this
 # long, unless the URI sets its own ``?retry_limit_seconds=``.
 GCS_RETRY_S = 30
+
+
+class StorageError(CheckpointError):
+    """The storage or the local cache could not be reached or written (not a damaged checkpoint)."""
 
 
 def is_uri(path: str | Path) -> bool:
@@ -33,10 +39,81 @@ def is_uri(path: str | Path) -> bool:
     return isinstance(path, str) and "://" in path
 
 
-def cache_dir() -> Path:
-    """Where fetched checkpoints are kept: ``$JAXRAY_CACHE_DIR/checkpoints``, else ~/.cache/jaxray's."""
+def cache_dir(kind: str = "checkpoints") -> Path:
+    """Where fetched checkpoints are kept: ``$JAXRAY_CACHE_DIR/checkpoints``, else ~/.cache/jaxray's;
+    with ``kind="staging"``, where a worker writes a checkpoint before Ray uploads it."""
     root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "jaxray"
-    return Path(root).expanduser().absolute() / "checkpoints"
+    return Path(root).expanduser().absolute() / kind
+
+
+def join(uri: str, *names: str) -> str:
+    """``uri`` with ``names`` appended as path segments (a URI without a query)."""
+    return "/".join([uri.rstrip("/"), *names])
+
+
+def check_writable(uri: str) -> None:
+    """Create the folder ``uri`` and write and delete a small file in it. Raises CheckpointError
+    naming the URI and the cause (no bucket, refused credentials, unknown scheme)."""
+    try:
+        fs, root = filesystem(uri)
+        fs.create_dir(root, recursive=True)
+        probe = f"{root}/.jaxray-write-check-{os.getpid()}"
+        with fs.open_output_stream(probe) as f:
+            f.write(b"ok")
+        fs.delete_file(probe)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{display(uri)} cannot be written: {err}") from err
+
+
+def complete_checkpoints(uri: str) -> list[str]:
+    """The URIs of the ``checkpoint_*`` folders in the folder ``uri`` holding a ``train_state.json``
+    (their saves finished; an upload cut short is refused later, by ``fetch``'s checks), newest first
+    by name; [] when the folder does not exist. Raises CheckpointError when it cannot be listed."""
+    try:
+        fs, root = filesystem(uri)
+        found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        names = [PurePosixPath(i.path).name for i in found if i.type == pafs.FileType.Directory]
+        names = [n for n in names if n.startswith(CHECKPOINT_PREFIX)]
+        states = fs.get_file_info([f"{root}/{n}/{TRAIN_STATE}" for n in names])
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{display(uri)} cannot be listed: {err}") from err
+    done = [n for n, s in zip(names, states) if s.type == pafs.FileType.File]
+    return [join(uri, n) for n in sorted(done, reverse=True)]
+
+
+def disk_use(uri: str) -> tuple[int, float]:
+    """(how many ``checkpoint_*`` folders the folder ``uri`` holds, the MiB their files take)."""
+    fs, root = filesystem(uri)
+    found = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    inside = []  # (checkpoint folder, size) of each file in one
+    for f in found:
+        parts = PurePosixPath(f.path).relative_to(root).parts
+        if f.type == pafs.FileType.File and len(parts) > 1 and parts[0].startswith(CHECKPOINT_PREFIX):
+            inside.append((parts[0], f.size))
+    return len({name for name, _ in inside}), round(sum(size for _, size in inside) / 2**20, 2)
+
+
+def read_text(path_or_uri: str | Path) -> str | None:
+    """The text of the file at a local path or a URI; None when it does not exist. Raises OSError."""
+    fs, path = filesystem(str(path_or_uri))
+    try:
+        with fs.open_input_stream(path) as f:
+            return f.read().decode()
+    except FileNotFoundError:
+        return None
+
+
+def write_text(path_or_uri: str | Path, text: str) -> None:
+    """``text`` as the file at a local path (written whole: a temporary file renamed over it) or a
+    URI (one object written). Raises OSError."""
+    if not is_uri(path_or_uri):
+        path = Path(path_or_uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_whole(path, text)
+        return
+    fs, path = filesystem(str(path_or_uri))
+    with fs.open_output_stream(path) as f:
+        f.write(text.encode())
 
 
 def fetch(uri: str, manifest_sha256: str | None = None) -> Path:
@@ -61,7 +138,7 @@ def fetch(uri: str, manifest_sha256: str | None = None) -> Path:
         lock = filelock.FileLock(f"{entry}.lock")
         lock.acquire()
     except OSError as err:
-        raise CheckpointError(
+        raise StorageError(
             f"the checkpoint cache {cache_dir()} cannot be written (set {CACHE_ENV} to another folder): {err}"
         ) from err
     try:
@@ -93,7 +170,7 @@ def _fill(
             shutil.rmtree(tmp.with_suffix(".old"))
         os.replace(tmp, entry)
     except OSError as err:  # a local write: a full disk, say
-        raise CheckpointError(
+        raise StorageError(
             f"{shown} cannot be fetched into the checkpoint cache {cache_dir()} ({CACHE_ENV}): {err}"
         ) from err
     finally:
@@ -145,17 +222,21 @@ def source(path: str | Path) -> str:
 
 def _read_manifest(uri: str) -> tuple[pafs.FileSystem, str, bytes]:
     """(filesystem, path in it, the bytes of its ``train_state.json``), or CheckpointError saying why not."""
-    bounded = uri
-    if uri.startswith(("gs://", "gcs://")) and "retry_limit_seconds=" not in uri:
-        bounded += f"{'&' if '?' in uri else '?'}retry_limit_seconds={GCS_RETRY_S}"
     try:
-        fs, root = resolve(bounded)
+        fs, root = filesystem(uri)
         with fs.open_input_stream(f"{root}/{TRAIN_STATE}") as f:
             return fs, root, f.read()
     except FileNotFoundError:
         raise CheckpointError(f"{display(uri)} {_not_a_checkpoint(fs, root)}") from None
     except (OSError, ValueError) as err:  # pyarrow: unknown scheme, no route, refused credentials
-        raise CheckpointError(f"{display(uri)} cannot be read: {err}") from err
+        raise StorageError(f"{display(uri)} cannot be read: {err}") from err
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """``jaxray.data.manifest.resolve`` of ``uri``, a ``gs://`` one with its retries bounded."""
+    if uri.startswith(("gs://", "gcs://")) and "retry_limit_seconds=" not in uri:
+        uri += f"{'&' if '?' in uri else '?'}retry_limit_seconds={GCS_RETRY_S}"
+    return resolve(uri)
 
 
 def _not_a_checkpoint(fs: pafs.FileSystem, root: str) -> str:
@@ -208,13 +289,13 @@ def _copy(fs: pafs.FileSystem, source: str, dest: Path, expected: str, uri: str,
     except FileNotFoundError:
         raise CheckpointError(f"{uri} is damaged: {rel} is missing") from None
     except OSError as err:
-        raise CheckpointError(f"{uri}: {rel} cannot be read: {err}") from err
+        raise StorageError(f"{uri}: {rel} cannot be read: {err}") from err
     with stream, dest.open("wb") as out:
         while True:
             try:
                 chunk = stream.read(CHUNK_BYTES)
             except OSError as err:
-                raise CheckpointError(f"{uri}: {rel} cannot be read: {err}") from err
+                raise StorageError(f"{uri}: {rel} cannot be read: {err}") from err
             if not chunk:
                 break
             digest.update(chunk)

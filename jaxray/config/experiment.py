@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -201,7 +202,32 @@ class ExperimentConfig(FrozenConfig):
     workers: WorkersConfig = WorkersConfig()
     # None: derived from the cluster (``concurrent_trials``).
     max_concurrent_trials: PosInt | None = None
+    # Where Ray Train keeps the checkpoints: object storage, a pyarrow URI (s3://bucket/prefix,
+    # gs://...); a new run resolves it to <storage>/<experiment folder>/<run folder> (its experiment.yaml
+    # records that), each trial's checkpoints in <trial>/ there. None: the run folder's train/.
+    storage: str | None = None
     sweeps: list[SweepConfig] = Field(min_length=1)
+
+    @field_validator("storage")
+    @classmethod
+    def _a_uri(cls, uri: str | None) -> str | None:
+        if uri is None:
+            return None
+        parts = urllib.parse.urlsplit(uri)
+        if parts.scheme == "file":
+            raise ValueError(
+                "a folder every node mounts needs no storage: make it the run folder (--out), which holds "
+                "the checkpoints"
+            )
+        if "://" not in uri or not parts.netloc.strip("@"):
+            raise ValueError(f"expected a URI such as s3://bucket/prefix or gs://bucket/prefix, got {uri!r}")
+        if parts.query or "@" in parts.netloc:
+            raise ValueError(
+                "give the endpoint and credentials in the environment (AWS_ENDPOINT_URL, "
+                "AWS_ACCESS_KEY_ID, GOOGLE_APPLICATION_CREDENTIALS...), not in the URI, which the run "
+                "folder records"
+            )
+        return uri.rstrip("/")
 
     @field_validator("experiment")
     @classmethod

@@ -19,6 +19,7 @@ import ray
 import ray.data
 from ray.train.collective import broadcast_from_rank_zero
 
+from jaxray.checkpoint import CheckpointError, remote
 from jaxray.config import ConfigError, WorkersConfig
 from jaxray.config.experiment import ExperimentConfig
 from jaxray.models.attention import AttentionChoice
@@ -94,6 +95,19 @@ def init_ray(exp: ExperimentConfig) -> tuple[bool, str | None]:
 
 def _url(dashboard: str | None) -> str | None:  # Ray gives host:port
     return f"http://{dashboard}" if dashboard and "://" not in dashboard else dashboard or None
+
+
+def check_storage(exp: ExperimentConfig) -> None:
+    """ConfigError naming ``storage`` when it is set and cannot be written (no bucket, refused
+    credentials, an unknown scheme), before anything runs."""
+    if exp.storage is None:
+        return
+    try:
+        remote.check_writable(exp.storage)
+    except CheckpointError as err:
+        raise ConfigError(
+            f"storage: {err} (endpoint and credentials come from the environment, as pyarrow reads them)"
+        ) from None
 
 
 def check_gpus(exp: ExperimentConfig, joined: bool) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import ray
 from ray.train import UserCallback
 
-from jaxray.runs import written_whole
+from jaxray.checkpoint import remote
 
 # "preempted": the workers saved on a preemption notice (a report with PREEMPTION_KEY), then their
 # node went; "node lost": a node that was up at the group's last report has died since; "worker
@@ -66,15 +66,15 @@ def _add(path: str | Path, attempt: int, entry: dict) -> None:
     entries = read_record(path)
     if str(attempt) in entries:
         return
-    with contextlib.suppress(OSError), written_whole(path) as tmp:  # a lost record must not stop the restart
-        tmp.write_text(json.dumps({**entries, str(attempt): entry}))
+    with contextlib.suppress(OSError):  # a lost record must not stop the restart
+        remote.write_text(path, json.dumps({**entries, str(attempt): entry}))
 
 
 def read_record(path: str | Path | None) -> dict:
     """The JSON object at ``path``; {} when there is none, or it cannot be read (a lost record)."""
     try:
-        return dict(json.loads(Path(path).read_text())) if path else {}
-    except (OSError, ValueError):
+        return dict(json.loads(remote.read_text(path) or "{}")) if path else {}
+    except (OSError, ValueError, TypeError):
         return {}
 
 

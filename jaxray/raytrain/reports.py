@@ -4,13 +4,14 @@ checkpoints through ``ray.train.report``, and the compile report as a file."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import jax
 import ray.train
@@ -18,7 +19,7 @@ from pyarrow.fs import LocalFileSystem
 from ray.train import Checkpoint, CheckpointUploadMode
 
 from jaxray import checkpoint
-from jaxray.checkpoint import CheckpointSaveError
+from jaxray.checkpoint import CheckpointSaveError, remote
 from jaxray.config import TrialConfig
 from jaxray.raytrain.failures import ATTEMPT_KEY, PREEMPTION_KEY
 from jaxray.raytrain.faults import kill_in_save
@@ -144,29 +145,42 @@ class Reports:
     def _report(self, metrics: dict) -> None:
         """``ray.train.report(metrics)`` on every rank, with the save under way committed and attached
         (and its ``SCORE_KEY``)."""
-        ckpt, name = None, None
+        ckpt, name, staging = None, None, False
         if self._pending is not None:
             (pending, name), self._pending = self._pending, None
             with removing(pending.directory, self.rank):
                 folder = pending.commit()
             ckpt = Checkpoint(str(folder)) if self.rank == 0 else None
             metrics = {**metrics, SCORE_KEY: self._score(pending.step)}
-        upload = CheckpointUploadMode.NO_UPLOAD  # written in place: nothing to copy
+            staging = staged()
+        # Written in place: nothing to copy; staged on this node: uploaded (then deleted here) before
+        # report returns.
+        upload = CheckpointUploadMode.SYNC if staging else CheckpointUploadMode.NO_UPLOAD
         metrics = {**metrics, ATTEMPT_KEY: self.attempt}
-        ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=name, checkpoint_upload_mode=upload)
+        ray.train.report(
+            metrics,
+            checkpoint=ckpt,
+            checkpoint_dir_name=name,
+            checkpoint_upload_mode=upload,
+            delete_local_checkpoint_after_upload=staging,
+        )
+
+
+def staged() -> bool:
+    """Whether the run's storage is object storage (``storage: s3://...``): each checkpoint is then
+    written into a folder on this node (``storage_folder``) and uploaded by Ray at its report."""
+    return not isinstance(ray.train.get_context().get_storage().storage_filesystem, LocalFileSystem)
 
 
 def storage_folder(name: str) -> Path:
-    """Checkpoint ``name``'s folder in the run's storage (Ray Train's StorageContext), which every
-    worker writes into: a local or mounted shared filesystem. Raises CheckpointSaveError when the
-    storage is not on one."""
-    storage = ray.train.get_context().get_storage()
-    if not isinstance(storage.storage_filesystem, LocalFileSystem):
-        raise CheckpointSaveError(
-            f"checkpoints are written by every worker into the run's storage, which must be a local "
-            f"or mounted shared folder; {storage.storage_filesystem.type_name} storage is not supported"
-        )
-    return Path(storage.build_checkpoint_path_from_name(name))
+    """The folder every worker writes checkpoint ``name`` into: its folder in the run's storage (Ray
+    Train's StorageContext: a local or mounted shared folder), or, with object storage, a folder of
+    this node's ``$JAXRAY_CACHE_DIR/staging`` named after that storage path."""
+    path = ray.train.get_context().get_storage().build_checkpoint_path_from_name(name)
+    if not staged():
+        return Path(path)
+    trial = hashlib.sha256(str(PurePosixPath(path).parent).encode()).hexdigest()[:16]
+    return remote.cache_dir("staging") / trial / name
 
 
 def remove_unfinished(trial_dir: Path, but_attempt: int | None = None) -> list[str]:
@@ -191,8 +205,13 @@ def trial_folder() -> Path:
 
 def discard_unfinished(attempt: int) -> list[str]:
     """``remove_unfinished`` in this trial's storage folder for the earlier attempts (rank 0, at the
-    start of an attempt)."""
-    return remove_unfinished(trial_folder(), but_attempt=attempt)
+    start of an attempt); with object storage, every checkpoint they left staged on this node."""
+    if not staged():
+        return remove_unfinished(trial_folder(), but_attempt=attempt)
+    left = sorted(trial_folder().glob(f"{checkpoint.CHECKPOINT_PREFIX}*"))
+    for folder in left:
+        shutil.rmtree(folder, ignore_errors=True)
+    return [folder.name for folder in left]
 
 
 def shared_storage_check(folder: Path) -> Callable[[], None]:
@@ -206,9 +225,14 @@ def shared_storage_check(folder: Path) -> Callable[[], None]:
         for item in (checkpoint.PARAMS_DIR, checkpoint.OPT_STATE_DIR):
             seen = len(list((folder / item).glob("ocdbt.process_*")))
             if seen != jax.process_count():
+                need = (
+                    "with object storage (storage:), a trial's workers must all run on one node"
+                    if staged()
+                    else "the run's storage must be one folder every worker node mounts"
+                )
                 raise CheckpointSaveError(
                     f"process 0 sees the shards of {seen} of the {jax.process_count()} processes in "
-                    f"{folder / item}: the run's storage must be one folder every worker node mounts"
+                    f"{folder / item}: {need}"
                 )
 
     return check

@@ -7,15 +7,15 @@ one in the trial's storage that Ray's record lost with a node) to the newest und
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 import ray.train
 from ray.train.collective import broadcast_from_rank_zero
 
 from jaxray import checkpoint
+from jaxray.checkpoint import remote
 from jaxray.raytrain.faults import damage, damages_latest
-from jaxray.runs import written_whole
 
 
 class ResumePoint(NamedTuple):
@@ -40,29 +40,37 @@ def count_attempt(path: str | None, workers: int = 1) -> tuple[int, list[int]]:
     the count cannot be read or written."""
     if not path:
         return 1, [workers]
-    file = Path(path)
-    try:
-        doc = json.loads(file.read_text()) if file.is_file() else {"attempts": 0}
+    try:  # a local file, or on the run's object storage (its checkpoints' names must never repeat)
+        doc = json.loads(remote.read_text(path) or '{"attempts": 0}')
         attempt, sizes = doc["attempts"] + 1, [*doc.get("workers", []), workers]
-        file.parent.mkdir(parents=True, exist_ok=True)
-        with written_whole(file) as tmp:
-            tmp.write_text(json.dumps({"attempts": attempt, "workers": sizes}))
+        remote.write_text(path, json.dumps({"attempts": attempt, "workers": sizes}))
     except OSError as err:
         raise OSError(
-            f"cannot count this worker group's attempt in {file} ({err}), so its checkpoints could "
+            f"cannot count this worker group's attempt in {path} ({err}), so its checkpoints could "
             f"not be named apart from an earlier attempt's; free space there, then resume the run"
         ) from None
     return attempt, sizes
 
 
-def choose(candidates: list[Path]) -> tuple[Path | None, list[str]]:
-    """(the first undamaged of ``candidates``, the names of those before it); (None, every name) if none."""
+def choose(candidates: list) -> tuple[Path | None, list[str]]:
+    """(the first undamaged of ``candidates`` (folders, or URIs: its fetched copy), the names of those
+    before it); (None, every name) if none."""
+
+    def usable(c: Path | str) -> Path:
+        try:  # a fetch checks the digests
+            local = remote.fetch(c) if remote.is_uri(c) else Path(c)
+        except remote.StorageError as err:  # unreachable is not damaged: the attempt fails, Ray retries
+            raise OSError(str(err)) from err
+        checkpoint.verify(local, full_state=True, digests=not remote.is_uri(c))
+        return local
+
+    names = [PurePosixPath(str(c)).name for c in candidates]
     try:
-        _, path = checkpoint.restore_latest(candidates, lambda c: checkpoint.verify(c, full_state=True))
+        local, chosen = checkpoint.restore_latest(candidates, usable)
     except checkpoint.CheckpointError as err:
         checkpoint.log.warning("%s; starting again from step 0", err)
-        return None, [c.name for c in candidates]
-    return path, [c.name for c in candidates[: candidates.index(path)]]
+        return None, names
+    return local, names[: candidates.index(chosen)]
 
 
 def candidates(trial_dir: Path, reported: Path | None) -> list[Path]:
@@ -79,22 +87,44 @@ def candidates(trial_dir: Path, reported: Path | None) -> list[Path]:
     return sorted(found, key=lambda c: c.name, reverse=True)
 
 
-def resume_point(rank: int, attempt: tuple[int, list[int]], trial_dir: Path) -> ResumePoint:
+def one_node(rank: int, world: int) -> None:
+    """With object storage, every worker of the group stages its shards of a checkpoint in one
+    folder: raise CheckpointSaveError on the workers that are not on rank 0's node (called by all)."""
+    here = ray.get_runtime_context().get_node_id()
+    first = broadcast_from_rank_zero(here) if world > 1 else here
+    if here != first:
+        raise checkpoint.CheckpointSaveError(
+            f"worker {rank} runs on node {here}, worker 0 on {first}: with object storage (storage:), "
+            f"a trial's workers stage each checkpoint in one folder, so they must all run on one node "
+            f"(use fewer, larger workers, or a folder every node mounts as storage)"
+        )
+
+
+def resume_point(
+    rank: int, attempt: tuple[int, list[int]], trial_dir: Path, trial_uri: str | None = None
+) -> ResumePoint:
     """The checkpoint this worker group continues from (None on a fresh start), decided by rank 0
-    from ``candidates(trial_dir, ...)`` and broadcast with its ``attempt`` (``count_attempt``'s)."""
+    from ``candidates(trial_dir, ...)`` (with object storage, those of ``trial_uri``, fetched into
+    this node's cache) and broadcast with its ``attempt`` (``count_attempt``'s)."""
     attempt, workers = attempt
     chosen, skipped = None, []
+    if trial_uri is not None:
+        one_node(rank, ray.train.get_context().get_world_size())
     if rank == 0:
         latest = ray.train.get_checkpoint()
-        reported = Path(latest.path) if latest is not None else None
-        found = candidates(trial_dir, reported)
+        if trial_uri is None:
+            reported = Path(latest.path) if latest is not None else None
+            found = candidates(trial_dir, reported)
+        else:
+            reported = remote.join(trial_uri, PurePosixPath(latest.path).name) if latest else None
+            found = sorted({*remote.complete_checkpoints(trial_uri), *([reported] if reported else [])})[::-1]
         if found and found[0] != reported:
             print(
-                f"jaxray: resuming from storage: {found[0].name} is newer than Ray's newest reported "
-                f"checkpoint ({reported.name if reported else 'none'})",
+                f"jaxray: resuming from storage: {PurePosixPath(str(found[0])).name} is newer than Ray's "
+                f"newest reported checkpoint ({PurePosixPath(str(reported)).name if reported else 'none'})",
                 flush=True,
             )
-        if found and damages_latest(attempt):
+        if found and damages_latest(attempt) and trial_uri is None:
             print(f"jaxray fault injection: damaged {damage(found[0])}", flush=True)
         path, skipped = choose(found) if found else (None, [])
         chosen = str(path) if path else None

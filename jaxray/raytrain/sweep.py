@@ -21,7 +21,7 @@ from ray.tune.experiment import Trial
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
-from jaxray.checkpoint import CHECKPOINT_PREFIX, HISTORY_FILE
+from jaxray.checkpoint import CHECKPOINT_PREFIX, HISTORY_FILE, remote
 from jaxray.config import ConfigError, TrainConfig, parse_trial
 from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
@@ -81,6 +81,7 @@ def run_trial(
     out: str,
     xla_flags: str | None = None,
     invocation: str = "",
+    storage_uri: str | None = None,
 ) -> None:
     """Tune function trainable: one Ray Train run for the grid point ``config``, written under ``out``
     (``train/``, ``tensorboard/``); ``xla_flags``: the driver's XLA_FLAGS, kept by the workers.
@@ -88,7 +89,8 @@ def run_trial(
     ``invocation`` (this ``jaxray.tune`` run's id) in ``<name>.invocation.json``, with the error if
     the run raises. Restarted in the same invocation, a trial that raised raises ``TrialFailed`` with
     that error at once (only ``--resume``, a new invocation, trains it again); one that did not lost
-    its driver, which its restart causes record ("driver lost")."""
+    its driver, which its restart causes record ("driver lost"). ``storage_uri``: the run's folder on
+    object storage, where the checkpoints go (``with_run_storage``)."""
     sweep_cfg = SweepConfig.model_validate(sweep)
     point = {axis: config[axis] for axis in sweep_cfg.axes()}
     trial = parse_trial(sweep_cfg.trial_dict(base, **point))
@@ -99,7 +101,7 @@ def run_trial(
     if invocation and record.get("invocation") == invocation:
         if "error" in record:
             raise TrialFailed(record["error"])
-        attempts, failures = run_files(storage, name)
+        attempts, failures = run_files(storage, name, storage_uri)
         record_driver_lost(failures, attempts)
     _write_record(started, {"invocation": invocation})
     try:
@@ -111,6 +113,7 @@ def run_trial(
             tensorboard_dir=Path(out) / TENSORBOARD_DIR / name,
             callbacks=[TuneReportCallback()],
             xla_flags=xla_flags,
+            storage_uri=storage_uri,
         ).fit()
     except Exception as err:
         _write_record(started, {"invocation": invocation, "error": error_text(err)})
@@ -178,12 +181,13 @@ def run_sweep(
         out=str(out),
         xla_flags=xla_flags,
         invocation=uuid.uuid4().hex,  # tells Tune's restart of a failed trial from --resume
+        storage_uri=exp.storage,
     )
     path = out / TUNE_DIR / sweep.workload
     if resume and tune.Tuner.can_restore(path):
         print(f"resuming the {sweep.workload} sweep from {path}", file=terminal.err())
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
-        return _fit(sweep, tuner, out)
+        return _fit(sweep, tuner, out, exp.storage)
     tuner = tune.Tuner(
         trainable,
         param_space=grid(sweep),
@@ -201,7 +205,7 @@ def run_sweep(
             failure_config=tune.FailureConfig(max_failures=exp.workers.max_driver_failures),
         ),
     )
-    return _fit(sweep, tuner, out)
+    return _fit(sweep, tuner, out, exp.storage)
 
 
 def check_saved_state(out: Path, workload: str) -> None:
@@ -229,7 +233,17 @@ def check_saved_state(out: Path, workload: str) -> None:
         )
 
 
-def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRows], int]:
+def with_run_storage(exp: ExperimentConfig, out: Path) -> ExperimentConfig:
+    """``exp`` for the new run folder ``out``: its ``storage`` resolved to the run's own folder there,
+    ``<storage>/<experiment folder>/<run folder>`` (what the run's experiment.yaml records)."""
+    if exp.storage is None:
+        return exp
+    return exp.model_copy(update={"storage": remote.join(exp.storage, out.parent.name, out.name)})
+
+
+def _fit(
+    sweep: SweepConfig, tuner: tune.Tuner, out: Path, storage_uri: str | None
+) -> tuple[list[TrialRows], int]:
     title = f"{sweep.workload} sweep: {sweep.grid_size()} trial(s)"
     with progress.showing(title, sweep_steps(sweep)):
         results = tuner.fit()
@@ -247,7 +261,8 @@ def _fit(sweep: SweepConfig, tuner: tune.Tuner, out: Path) -> tuple[list[TrialRo
         saved = []
     unfinished = sum(t.status not in (Trial.TERMINATED, Trial.ERROR) for t in saved)
     rule = sweep.early_stopping
-    return [trial_rows(sweep.workload, r, out, rule.metric if rule else None) for r in results], unfinished
+    rows = [trial_rows(sweep.workload, r, out, rule.metric if rule else None, storage_uri) for r in results]
+    return rows, unfinished
 
 
 def reported(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -273,7 +288,13 @@ def error_text(error: BaseException) -> str:
     return f"{first}\n...\n{text[len(first) + 5 - MAX_ERROR_CHARS :]}"
 
 
-def trial_rows(workload: str, result: tune.Result, out: Path, early_stopping: str | None = None) -> TrialRows:
+def trial_rows(
+    workload: str,
+    result: tune.Result,
+    out: Path,
+    early_stopping: str | None = None,
+    storage_uri: str | None = None,
+) -> TrialRows:
     """(summary row, history rows) of one trial from its Tune ``result``; a failed trial's row
     carries ``error`` and no history. ``early_stopping``: the metric the sweep's ASHA reads; a trial
     it stopped (no final report, no error) has ``stopped_at_step`` and that metric's last value
@@ -298,11 +319,24 @@ def trial_rows(workload: str, result: tune.Result, out: Path, early_stopping: st
         row.update(found, error=diverged_error(found))
         return row, []
     checkpoint = metrics.get(CHECKPOINT_PATH_KEY)
-    if checkpoint:  # train/<trial>/<checkpoint> of this folder, also where Tune recorded another (moved)
+    if checkpoint and storage_uri:  # <trial>/<checkpoint> in the run's folder on object storage
+        checkpoint = remote.join(storage_uri, Path(checkpoint).parent.name, Path(checkpoint).name)
+    elif checkpoint:  # train/<trial>/<checkpoint> of this folder, also where Tune recorded another (moved)
         checkpoint = str(out / TRAIN_DIR / Path(checkpoint).parent.name / Path(checkpoint).name)
     row.update(reported(metrics), trial=name, checkpoint=checkpoint)
-    if checkpoint:  # what the trial's kept checkpoints take on disk, once Ray's retention is done
-        kept = Path(checkpoint).parent.glob(f"{CHECKPOINT_PREFIX}*")
-        row["checkpoints_kept"], row["checkpoints_mib"] = disk_use(list(kept))
-    history_file = Path(checkpoint or "") / HISTORY_FILE
-    return row, json.loads(history_file.read_text()) if history_file.is_file() else []
+    if not checkpoint:
+        return row, []
+    # What the trial's kept checkpoints take in storage, once Ray's retention is done.
+    if storage_uri:
+        try:
+            row["checkpoints_kept"], row["checkpoints_mib"] = remote.disk_use(checkpoint.rpartition("/")[0])
+            history = remote.read_text(remote.join(checkpoint, HISTORY_FILE))
+        except OSError as err:  # the summary is written without them
+            print(f"warning: {name}: its checkpoints cannot be read: {err}", file=terminal.err())
+            history = None
+    else:
+        kept = [p for p in Path(checkpoint).parent.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir()]
+        row["checkpoints_kept"], row["checkpoints_mib"] = disk_use(kept)
+        history_file = Path(checkpoint) / HISTORY_FILE
+        history = history_file.read_text() if history_file.is_file() else None
+    return row, json.loads(history) if history else []

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 
+from jaxray.checkpoint import remote
 from jaxray.config import TrialConfig, WorkersConfig
 from jaxray.raytrain.cluster import QUIET_ENV
 from jaxray.raytrain.failures import FailureLog
@@ -62,10 +64,22 @@ def checkpoint_config(trial: TrialConfig) -> CheckpointConfig:
     )
 
 
-def run_files(storage_path: str | Path, name: str) -> tuple[Path, Path]:
+def run_files(storage_path: str | Path, name: str, storage_uri: str | None = None) -> tuple[str, str]:
     """The run's attempt counter and restart causes, ``name.attempts.json`` and ``name.failures.json``
-    beside its folder (Ray Train v2 keeps the folder's own state for itself)."""
-    return Path(storage_path) / f"{name}.attempts.json", Path(storage_path) / f"{name}.failures.json"
+    beside its folder (Ray Train v2 keeps the folder's own state for itself): in ``storage_uri`` when
+    given (every node reads them there), else in ``storage_path``."""
+    files = (f"{name}.attempts.json", f"{name}.failures.json")
+    if storage_uri:
+        return remote.join(storage_uri, files[0]), remote.join(storage_uri, files[1])
+    return str(Path(storage_path) / files[0]), str(Path(storage_path) / files[1])
+
+
+def storage(path_or_uri: str | Path) -> dict[str, Any]:
+    """``RunConfig``'s ``storage_path`` and ``storage_filesystem`` for a local path or a URI."""
+    if not remote.is_uri(path_or_uri):
+        return {"storage_path": str(path_or_uri)}
+    fs, path = remote.filesystem(str(path_or_uri))
+    return {"storage_path": path, "storage_filesystem": fs}
 
 
 def make_trainer(
@@ -76,14 +90,17 @@ def make_trainer(
     tensorboard_dir: str | Path | None = None,
     callbacks: list | None = None,
     xla_flags: str | None = None,
+    storage_uri: str | None = None,
 ) -> JaxTrainer:
     """A JaxTrainer for one trial. ``datasets``: ``{"train": Dataset, "eval": Dataset}`` given whole
     to every worker ({} with ``data.parquet``). The run is ``storage_path/name``, the attempt counter
     ``name.attempts.json`` and the causes of its restarts ``name.failures.json`` (``FailureLog``)
-    beside it. ``xla_flags``: kept for the workers (None: this process's)."""
+    beside it. ``xla_flags``: kept for the workers (None: this process's). ``storage_uri``: Ray Train's
+    storage there instead (checkpoints at ``storage_uri/name``, the counter and causes beside them;
+    the compile report stays in ``storage_path/name``)."""
     w = trial.workers
     resources = {"GPU": w.devices_per_worker} if w.use_gpu else {"CPU": 1}
-    attempts, failures = run_files(storage_path, name)
+    attempts, failures = run_files(storage_path, name, storage_uri)
     return JaxTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -93,6 +110,7 @@ def make_trainer(
             "failures_file": str(failures),
             "compile_file": str(Path(storage_path) / name / COMPILE_FILE),
             "train_rows": datasets["train"].count() if "train" in datasets else None,
+            "trial_uri": remote.join(storage_uri, name) if storage_uri else None,
         },
         scaling_config=ScalingConfig(
             num_workers=w.num_workers,
@@ -109,7 +127,7 @@ def make_trainer(
         datasets=datasets,
         run_config=RunConfig(
             name=name,
-            storage_path=str(storage_path),
+            **storage(storage_uri or storage_path),
             callbacks=[*(callbacks or []), FailureLog(failures)],
             worker_runtime_env={"env_vars": worker_env(w, xla_flags)},
             failure_config=FailureConfig(

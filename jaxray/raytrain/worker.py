@@ -27,7 +27,8 @@ DIVERGED_METRICS = dict.fromkeys(("loss", "accuracy", "val_loss", "val_accuracy"
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point. ``config``: ``{"trial": TrialConfig dict, "tensorboard_dir": str | None,
     "attempts_file": str | None, "failures_file": str | None, "compile_file": str | None,
-    "train_rows": int | None}``.
+    "train_rows": int | None, "trial_uri": str | None}`` (``trial_uri``: the trial's checkpoints on
+    object storage, staged on this node).
 
     Reports a log row every ``train.report_interval`` steps, a checkpoint every
     ``train.checkpoint_interval`` steps and the summary with the final checkpoint; after a restart
@@ -41,7 +42,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         attempt = count_attempt(config.get("attempts_file"), world) if rank == 0 else (1, [world])
         attention = resolve_attention(trial.model) if trial.model.workload == "transformer" else None
         print(describe_worker(rank, attention), flush=True)
-        start = resume_point(rank, attempt, trial_folder())
+        start = resume_point(rank, attempt, trial_folder(), config.get("trial_uri"))
         if start.checkpoint is not None and rank == 0:
             print(f"jaxray: attempt {start.attempt}, resuming from {start.checkpoint}", flush=True)
         if start.attempt > 1 and rank == 0:

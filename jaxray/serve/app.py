@@ -288,8 +288,10 @@ def build_app(args: AppArgs) -> Application:
         load_engine(source, args.engine)  # only the check is wanted: the replica loads its own
     # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
     pin = args.compute_cpus is not None or (args.autoscaling_config is None and args.num_replicas == 1)
-    resolved = args.checkpoint if uri else str(source)
-    pinned = remote.manifest_sha256(source) if uri else None
+    fetched = remote.source(source)  # a URI, or a run folder whose best checkpoint is on storage
+    remote_source = uri or remote.is_uri(fetched)
+    resolved = args.checkpoint if uri else fetched if remote_source else str(source)
+    pinned = remote.manifest_sha256(source) if remote_source else None
     return server.bind(
         args.model_copy(update={"checkpoint": resolved, "max_batch_size": max_batch}), pin, pinned
     )

@@ -8,9 +8,6 @@ import hashlib
 import json
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +18,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import pytest
 from checkpoint_copies import largest_params_file
-from private_ray import free_port
+from s3_server import s3_server
 
 from jaxray import checkpoint, runs
 from jaxray.checkpoint import remote
@@ -33,38 +30,8 @@ BUCKET = "jaxray"
 
 @pytest.fixture(scope="module")
 def s3() -> pafs.S3FileSystem:
-    """moto's S3 server on a free port, the AWS_* variables pointing pyarrow at it, a bucket made."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline and server.poll() is None, "moto's server did not start"
-            time.sleep(0.2)
-    env = pytest.MonkeyPatch()
-    url = f"http://127.0.0.1:{port}"
-    for key, value in {
-        "AWS_ENDPOINT_URL": url,
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        env.setenv(key, value)
-    fs = pafs.S3FileSystem(endpoint_override=url, region="us-east-1", allow_bucket_creation=True)
-    fs.create_dir(BUCKET)
-    try:
+    with s3_server(BUCKET) as fs:
         yield fs
-    finally:
-        env.undo()
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def upload(s3: pafs.S3FileSystem, folder: Path, key: str) -> str:
@@ -260,3 +227,21 @@ def test_credentials_and_query_in_a_uri_are_never_shown_or_recorded(s3, trained_
     upload(s3, trained_transformer, "keyed")
     local = runs.resolve("s3://test:test@jaxray/keyed")
     assert remote.source(local) == "s3://jaxray/keyed"
+
+
+def test_training_storage_is_checked_listed_and_measured(s3, trained_transformer):
+    with pytest.raises(checkpoint.CheckpointError, match="s3://no-such-bucket/runs cannot be written"):
+        remote.check_writable("s3://no-such-bucket/runs")
+    remote.check_writable(f"s3://{BUCKET}/storage/run")  # leaves nothing behind
+    assert remote.complete_checkpoints(f"s3://{BUCKET}/storage/run") == []
+    trial = f"s3://{BUCKET}/storage/run/trial"
+    for name in ("checkpoint_step_00000004_attempt1", "checkpoint_step_00000008_attempt1"):
+        upload(s3, trained_transformer, f"storage/run/trial/{name}")
+    s3.delete_file(f"{BUCKET}/storage/run/trial/checkpoint_step_00000004_attempt1/{checkpoint.TRAIN_STATE}")
+    assert remote.complete_checkpoints(trial) == [f"{trial}/checkpoint_step_00000008_attempt1"]
+    size = sum(f.stat().st_size for f in trained_transformer.rglob("*") if f.is_file())
+    count, mib = remote.disk_use(trial)
+    assert count == 2 and 2 * size / 2**20 - 0.01 < mib + 0.01 < 2 * size / 2**20 + 0.02
+    state = remote.read_text(f"{trial}/checkpoint_step_00000008_attempt1/{checkpoint.TRAIN_STATE}")
+    assert json.loads(state) == checkpoint.verify(trained_transformer)
+    assert remote.read_text(f"{trial}/absent.json") is None
