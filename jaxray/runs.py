@@ -379,8 +379,9 @@ def resolve(path: str | Path, workload: str | None = None) -> Path:
     """The checkpoint folder a command's ``--checkpoint`` names: a checkpoint itself (as it is:
     restoring verifies it), a Ray Train run folder (its newest good ``checkpoint_*``), a run folder
     or an experiment folder (``latest_run``): the checkpoint of its best trial of ``workload``
-    (``best_row``), or that trial's newest good older one, with a warning, when it is damaged; a URI
-    (``s3://``...): its checkpoint folder's local copy. Raises CheckpointError naming the path, why."""
+    (``best_row``), or (not on object storage) that trial's newest good older one, with a warning,
+    when it is damaged; a URI (``s3://``...): its checkpoint folder's local copy. Raises
+    CheckpointError naming the path, why."""
     if remote.is_uri(path):
         return remote.fetch(str(path))
     path = Path(path)

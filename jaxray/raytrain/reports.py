@@ -59,7 +59,8 @@ class Reports:
     last, with the latest held-out metrics (``val_*``) added, so the metric an ASHA scheduler reads
     is in every report after the first evaluation. ``save(step, state, history, row=None)``
     (``train``'s ``save``, on every rank): each process writes its shards of the state straight into
-    the run's storage as ``checkpoint_name(step, attempt)``, in the background; the save is committed
+    the run's storage (object storage: into this node's staging folder, uploaded by Ray at the report)
+    as ``checkpoint_name(step, attempt)``, in the background; the save is committed
     (``train_state.json``) and goes with the next report (a log row's, the next save's, or at once the
     final one's: ``row`` with ``final``). ``abandon()`` drops a save under way. A failed save raises
     CheckpointSaveError naming the step, folder and cause, its partial folder removed (rank 0)."""
@@ -199,7 +200,8 @@ def remove_unfinished(trial_dir: Path, but_attempt: int | None = None) -> list[s
 
 
 def trial_folder() -> Path:
-    """This trial's folder in the run's storage, where its checkpoints are (``storage_folder``)."""
+    """This trial's folder in the run's storage, where its checkpoints are written (``storage_folder``:
+    with object storage, its staging folder on this node)."""
     return storage_folder(checkpoint_name(0, 1)).parent
 
 
@@ -216,8 +218,8 @@ def discard_unfinished(attempt: int) -> list[str]:
 
 def shared_storage_check(folder: Path) -> Callable[[], None]:
     """A check for just before a checkpoint's manifest: process 0 sees every process's shards
-    (Orbax's ``ocdbt.process_<i>`` folders), so the run's storage is one folder all workers share.
-    Raises CheckpointSaveError saying so when it is not."""
+    (Orbax's ``ocdbt.process_<i>`` folders), so ``folder`` is one folder all workers share (a shared
+    storage folder, or one node's staging folder). Raises CheckpointSaveError saying so when not."""
 
     def check() -> None:
         if jax.process_index() != 0 or jax.process_count() == 1:

@@ -84,7 +84,8 @@ def run_trial(
     storage_uri: str | None = None,
 ) -> None:
     """Tune function trainable: one Ray Train run for the grid point ``config``, written under ``out``
-    (``train/``, ``tensorboard/``); ``xla_flags``: the driver's XLA_FLAGS, kept by the workers.
+    (``train/``, ``tensorboard/``; the checkpoints at ``storage_uri`` when given); ``xla_flags``: the
+    driver's XLA_FLAGS, kept by the workers.
     Tune restarts a trial whose driver died (``workers.max_driver_failures``). Each start records
     ``invocation`` (this ``jaxray.tune`` run's id) in ``<name>.invocation.json``, with the error if
     the run raises. Restarted in the same invocation, a trial that raised raises ``TrialFailed`` with
