@@ -199,9 +199,14 @@ def display(uri: str) -> str:
 
 
 def _write_whole(path: Path, text: str) -> None:
+    """``text`` as ``path``, never part-written: a temporary file (removed if the write fails) renamed
+    over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def manifest_sha256(path: str | Path) -> str:
