@@ -561,10 +561,10 @@ def test_a_worker_count_is_a_number_or_a_pair(workers):
 @pytest.mark.parametrize(
     "storage,match",
     [
-        ("runs/x", "expected a URI such as s3://bucket/prefix"),
-        ("file:///shared/runs", "a folder every node mounts needs no storage"),
+        ("s3:/bucket/runs", "expected a URI such as s3://bucket/prefix"),
+        ("file://host/shared/runs", "expected file:///absolute/path (no host)"),
         ("s3://", "expected a URI"),
-        ("s3://key:secret@bucket/p", "give the endpoint and credentials in the environment"),
+        ("s3://key:secret@bucket/p", "give the endpoint, region and credentials in the environment"),
         ("s3://bucket/p?endpoint_override=h:9000", "not in the URI, which the run folder records"),
     ],
 )
@@ -576,3 +576,8 @@ def test_storage_is_a_uri_without_credentials(tmp_path, storage, match):
     assert "storage" in str(err.value)
     path.write_text("experiment: x\nstorage: s3://bucket/prefix/\nsweeps: [{workload: mlp}]\n")
     assert load_experiment(path).storage == "s3://bucket/prefix"
+    path.write_text("experiment: x\nstorage: S3://bucket/prefix\nsweeps: [{workload: mlp}]\n")
+    assert load_experiment(path).storage == "s3://bucket/prefix"
+    # A folder every node mounts: a file:// URI (a relative path is read from the current folder).
+    path.write_text(f"experiment: x\nstorage: {tmp_path / 'shared'}\nsweeps: [{{workload: mlp}}]\n")
+    assert load_experiment(path).storage == (tmp_path / "shared").as_uri()

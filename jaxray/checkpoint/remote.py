@@ -46,6 +46,12 @@ def cache_dir(kind: str = "checkpoints") -> Path:
     return Path(root).expanduser().absolute() / kind
 
 
+def is_object_storage(uri: str) -> bool:
+    """Whether ``uri`` is on object storage (``s3://``, ``gs://``...), not a local or mounted folder
+    (``file://``), which every worker can write in place."""
+    return not isinstance(filesystem(uri)[0], pafs.LocalFileSystem)
+
+
 def join(uri: str, *names: str) -> str:
     """``uri`` with ``names`` appended as path segments (a URI without a query)."""
     return "/".join([uri.rstrip("/"), *names])

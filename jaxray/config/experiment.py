@@ -202,9 +202,10 @@ class ExperimentConfig(FrozenConfig):
     workers: WorkersConfig = WorkersConfig()
     # None: derived from the cluster (``concurrent_trials``).
     max_concurrent_trials: PosInt | None = None
-    # Where Ray Train keeps the checkpoints: object storage, a pyarrow URI (s3://bucket/prefix,
-    # gs://...); a new run resolves it to <storage>/<experiment folder>/<run folder> (its experiment.yaml
-    # records that), each trial's checkpoints in <trial>/ there. None: the run folder's train/.
+    # Where Ray Train keeps the checkpoints: a pyarrow URI (s3://bucket/prefix, gs://...) or a folder
+    # every node mounts (file://); a new run resolves it to <storage>/<experiment>/<run folder>
+    # (its experiment.yaml records that), each trial's checkpoints in <trial>/ there. None: the run
+    # folder's train/.
     storage: str | None = None
     sweeps: list[SweepConfig] = Field(min_length=1)
 
@@ -213,21 +214,20 @@ class ExperimentConfig(FrozenConfig):
     def _a_uri(cls, uri: str | None) -> str | None:
         if uri is None:
             return None
-        parts = urllib.parse.urlsplit(uri)
-        if parts.scheme == "file":
-            raise ValueError(
-                "a folder every node mounts needs no storage: make it the run folder (--out), which holds "
-                "the checkpoints"
-            )
-        if "://" not in uri or not parts.netloc.strip("@"):
-            raise ValueError(f"expected a URI such as s3://bucket/prefix or gs://bucket/prefix, got {uri!r}")
+        if "://" not in uri and not re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", uri):  # a folder, as file://
+            return Path(uri).expanduser().absolute().as_uri()  # (relative: to the current folder)
+        parts = urllib.parse.urlsplit(uri)  # the scheme lower-cased: pyarrow knows s3, not S3
+        if parts.scheme == "file" and (parts.netloc or not parts.path.startswith("/")):
+            raise ValueError("expected file:///absolute/path (no host)")
+        if "://" not in uri or parts.scheme != "file" and not parts.netloc.strip("@"):
+            raise ValueError("expected a URI such as s3://bucket/prefix or gs://bucket/prefix, or a folder")
         if parts.query or "@" in parts.netloc:
             raise ValueError(
-                "give the endpoint and credentials in the environment (AWS_ENDPOINT_URL, "
-                "AWS_ACCESS_KEY_ID, GOOGLE_APPLICATION_CREDENTIALS...), not in the URI, which the run "
-                "folder records"
+                "give the endpoint, region and credentials in the environment (AWS_ENDPOINT_URL, "
+                "AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID, GOOGLE_APPLICATION_CREDENTIALS...), not in the "
+                "URI, which the run folder records"
             )
-        return uri.rstrip("/")
+        return urllib.parse.urlunsplit(parts).rstrip("/")
 
     @field_validator("experiment")
     @classmethod

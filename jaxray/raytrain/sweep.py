@@ -236,10 +236,10 @@ def check_saved_state(out: Path, workload: str) -> None:
 
 def with_run_storage(exp: ExperimentConfig, out: Path) -> ExperimentConfig:
     """``exp`` for the new run folder ``out``: its ``storage`` resolved to the run's own folder there,
-    ``<storage>/<experiment folder>/<run folder>`` (what the run's experiment.yaml records)."""
+    ``<storage>/<experiment>/<run folder>`` (what the run's experiment.yaml records)."""
     if exp.storage is None:
         return exp
-    return exp.model_copy(update={"storage": remote.join(exp.storage, out.parent.name, out.name)})
+    return exp.model_copy(update={"storage": remote.join(exp.storage, exp.experiment, out.name)})
 
 
 def _fit(

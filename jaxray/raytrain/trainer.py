@@ -101,6 +101,8 @@ def make_trainer(
     w = trial.workers
     resources = {"GPU": w.devices_per_worker} if w.use_gpu else {"CPU": 1}
     attempts, failures = run_files(storage_path, name, storage_uri)
+    # Object storage: staged on each node, resumed from fetched copies; a folder: written in place.
+    staged = storage_uri is not None and remote.is_object_storage(storage_uri)
     return JaxTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -110,7 +112,7 @@ def make_trainer(
             "failures_file": str(failures),
             "compile_file": str(Path(storage_path) / name / COMPILE_FILE),
             "train_rows": datasets["train"].count() if "train" in datasets else None,
-            "trial_uri": remote.join(storage_uri, name) if storage_uri else None,
+            "trial_uri": remote.join(storage_uri, name) if staged else None,
         },
         scaling_config=ScalingConfig(
             num_workers=w.num_workers,

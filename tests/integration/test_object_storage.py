@@ -60,8 +60,8 @@ def test_a_sweep_checkpoints_to_s3_resumes_from_it_and_generates_from_it(real_di
             {**env, FAULT_ENV: json.dumps({"kill_at_step": 8})},
         )
         out = runs.run_folders(tmp_path / "out")[0]
-        prefix = f"{BUCKET}/runs/out/{out.name}/{TRIAL}"
-        assert f"checkpoints: s3://{BUCKET}/runs/out/{out.name}" in tune.stderr
+        prefix = f"{BUCKET}/runs/s3/{out.name}/{TRIAL}"  # <storage>/<experiment>/<run folder>
+        assert f"checkpoints: s3://{BUCKET}/runs/s3/{out.name}" in tune.stderr
         [row] = json.loads((out / "summary.json").read_text())
         assert (row["restarts"], row["restart_causes"], row["resumed_from_step"]) == (1, "worker died", 3)
         assert row["checkpoint"] == f"s3://{prefix}/checkpoint_step_00000012_attempt2"
