@@ -47,7 +47,8 @@ def count_attempt(path: str | None, workers: int = 1) -> tuple[int, list[int]]:
     except OSError as err:
         raise OSError(
             f"cannot count this worker group's attempt in {path} ({err}), so its checkpoints could "
-            f"not be named apart from an earlier attempt's; free space there, then resume the run"
+            f"not be named apart from an earlier attempt's; make it writable (free space, reach the "
+            f"storage), then resume the run"
         ) from None
     return attempt, sizes
 

@@ -3,7 +3,8 @@
 after its first complete checkpoint, and one whose node gets a preemption notice (``ray drain-node``
 with a deadline) and then goes. Each resumes on a replacement node from the newest complete checkpoint
 (losing no steps on the notice) and ends bitwise equal to an uninterrupted run; its summary names
-the cause. The workers pause at given steps (``JAXRAY_FAULT``) so that the node goes mid-run."""
+the cause. The workers pause at given steps (``JAXRAY_FAULT``) so that the node goes mid-run. The
+lost node once more with the checkpoints on object storage (moto's S3 server)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pyarrow.fs as pafs
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from s3_server import s3_server
 
 from jaxray import checkpoint
+from jaxray.checkpoint import remote
 from jaxray.config import parse_trial
 from jaxray.data.ray_data import to_dataset
 from jaxray.data.workloads import load_arrays
@@ -41,6 +45,7 @@ TRIAL = {
 NODE_CPUS = 2  # one node holds the trial's two workers
 WAIT_S = 240
 COORDINATOR_REFRESH_S = 25
+BUCKET = "jaxray"
 
 
 class Nodes:
@@ -62,7 +67,18 @@ class Nodes:
 
 
 @pytest.fixture(scope="module")
-def nodes():
+def s3(tmp_path_factory):
+    """moto's S3 server, started before the cluster: its nodes inherit the AWS_* variables (and a
+    checkpoint cache of the test's own)."""
+    env = pytest.MonkeyPatch()
+    env.setenv(remote.CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
+    with s3_server(BUCKET) as fs:
+        yield fs
+    env.undo()
+
+
+@pytest.fixture(scope="module")
+def nodes(s3):
     found = Nodes()
     yield found
     ray.shutdown()
@@ -82,14 +98,21 @@ def trial_config(real_dir: Path, workers: dict | None = None):
 
 
 def start_fit(
-    real_dir, datasets, storage: Path, name: str, fault: dict | None = None, workers: dict | None = None
+    real_dir,
+    datasets,
+    storage: Path,
+    name: str,
+    fault: dict | None = None,
+    workers: dict | None = None,
+    storage_uri: str | None = None,
 ) -> tuple[threading.Thread, dict]:
     """Runs the trial in a thread; the dict gets its ``result``."""
     trainer = None
     if fault:  # the test-only hook, passed on to the workers by the trainer
         os.environ[FAULT_ENV] = json.dumps(fault)
     try:
-        trainer = make_trainer(trial_config(real_dir, workers), datasets, storage_path=storage, name=name)
+        trial = trial_config(real_dir, workers)
+        trainer = make_trainer(trial, datasets, storage_path=storage, name=name, storage_uri=storage_uri)
     finally:
         os.environ.pop(FAULT_ENV, None)
     out: dict = {}
@@ -115,7 +138,10 @@ def wait_complete(folder: Path) -> None:
 
 
 def final_params(result) -> list[np.ndarray]:
-    return [np.asarray(x) for x in jax.tree.leaves(checkpoint.restore(result.checkpoint.path)[1])]
+    ckpt = result.checkpoint  # on object storage: fetched (checked) into the local cache first
+    local = isinstance(ckpt.filesystem, pafs.LocalFileSystem)
+    path = ckpt.path if local else remote.fetch(f"{ckpt.filesystem.type_name}://{ckpt.path}")
+    return [np.asarray(x) for x in jax.tree.leaves(checkpoint.restore(path)[1])]
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +171,31 @@ def test_a_lost_node_costs_at_most_one_checkpoint_interval(
     m = result.metrics
     assert (m["restarts"], m["resumed_from_step"], m["restart_causes"]) == (1, 10, "node lost")
     assert_same_model(result, uninterrupted)
+
+
+def test_a_lost_node_with_checkpoints_on_s3_resumes_from_the_bucket(
+    real_dir, datasets, nodes, uninterrupted, s3, tmp_path
+):
+    """As above with ``storage`` on S3: the workers stage each checkpoint on their node and Ray
+    uploads it; on the new node the restart fetches step 10's back from the bucket, where the attempt
+    count and the restart causes are too."""
+    fault = {"pause_at_steps": [21], "pause_s": 10}
+    uri = f"s3://{BUCKET}/lost"
+    thread, out = start_fit(real_dir, datasets, tmp_path, "lost-s3", fault, storage_uri=uri)
+    state = f"{BUCKET}/lost/lost-s3/checkpoint_step_00000010_attempt1/{checkpoint.TRAIN_STATE}"
+    deadline = time.monotonic() + WAIT_S
+    while s3.get_file_info(state).type != pafs.FileType.File:
+        assert time.monotonic() < deadline, f"{state} never uploaded"
+        time.sleep(0.5)
+    time.sleep(4)
+    nodes.replace()
+    removed = time.monotonic()
+    result = finish(thread, out)
+    print(f"object storage: node removed -> trial finished: {time.monotonic() - removed:.1f} s")
+    m = result.metrics
+    assert (m["restarts"], m["resumed_from_step"], m["restart_causes"]) == (1, 10, "node lost")
+    assert_same_model(result, uninterrupted)
+    assert not list(tmp_path.glob("lost-s3/checkpoint_*"))  # nothing written beside the run files
 
 
 def test_a_preemption_notice_saves_and_loses_no_steps(real_dir, datasets, nodes, uninterrupted, tmp_path):
