@@ -34,16 +34,16 @@ def s3_server(bucket: str) -> Iterator[pafs.S3FileSystem]:
             time.sleep(0.2)
     env = pytest.MonkeyPatch()
     url = f"http://127.0.0.1:{port}"
-    for key, value in {
-        "AWS_ENDPOINT_URL": url,
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        env.setenv(key, value)
-    fs = pafs.S3FileSystem(endpoint_override=url, region="us-east-1", allow_bucket_creation=True)
-    fs.create_dir(bucket)
     try:
+        for key, value in {
+            "AWS_ENDPOINT_URL": url,
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
+            env.setenv(key, value)
+        fs = pafs.S3FileSystem(endpoint_override=url, region="us-east-1", allow_bucket_creation=True)
+        fs.create_dir(bucket)
         yield fs
     finally:
         env.undo()

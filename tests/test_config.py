@@ -562,6 +562,7 @@ def test_a_worker_count_is_a_number_or_a_pair(workers):
     "storage,match",
     [
         ("s3:/bucket/runs", "expected a URI such as s3://bucket/prefix"),
+        ("", "expected a URI such as s3://bucket/prefix"),
         ("file://host/shared/runs", "expected file:///absolute/path (no host)"),
         ("s3://", "expected a URI"),
         ("s3://key:secret@bucket/p", "give the endpoint, region and credentials in the environment"),

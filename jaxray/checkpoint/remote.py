@@ -110,14 +110,13 @@ def read_text(path_or_uri: str | Path) -> str | None:
 
 
 def write_text(path_or_uri: str | Path, text: str) -> None:
-    """``text`` as the file at a local path (written whole: a temporary file renamed over it) or a
-    URI (one object written). Raises OSError."""
-    if not is_uri(path_or_uri):
-        path = Path(path_or_uri)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_whole(path, text)
-        return
+    """``text`` as the file at a local path or ``file://`` URI (written whole: a temporary file renamed
+    over it) or an object storage URI (one object written). Raises OSError."""
     fs, path = filesystem(str(path_or_uri))
+    if isinstance(fs, pafs.LocalFileSystem):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        _write_whole(Path(path), text)
+        return
     with fs.open_output_stream(path) as f:
         f.write(text.encode())
 

@@ -214,6 +214,8 @@ class ExperimentConfig(FrozenConfig):
     def _a_uri(cls, uri: str | None) -> str | None:
         if uri is None:
             return None
+        if not uri.strip():
+            raise ValueError("expected a URI such as s3://bucket/prefix or gs://bucket/prefix, or a folder")
         if "://" not in uri and not re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", uri):  # a folder, as file://
             return Path(uri).expanduser().absolute().as_uri()  # (relative: to the current folder)
         parts = urllib.parse.urlsplit(uri)  # the scheme lower-cased: pyarrow knows s3, not S3

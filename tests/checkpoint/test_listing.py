@@ -42,14 +42,16 @@ def test_no_usable_checkpoint_lists_only_the_checkpoint_folders(tmp_path):
     assert message.index(str(saved[1])) < message.index(str(saved[0]))
 
 
-def test_the_attempt_count_on_a_full_disk_is_an_error_in_words(tmp_path):
+@pytest.mark.parametrize("as_uri", [False, True])  # a run folder's, or storage: a shared folder's
+def test_the_attempt_count_on_a_full_disk_is_an_error_in_words(tmp_path, as_uri):
     with small_tmpfs(tmp_path / "disk", 1) as disk:
         file = disk / "trial" / "attempts.json"
-        assert count_attempt(str(file)) == (1, [1])
+        name = file.as_uri() if as_uri else str(file)
+        assert count_attempt(name) == (1, [1])
         fill(disk)
         with pytest.raises(OSError) as err:
-            count_attempt(str(file))
-        assert f"cannot count this worker group's attempt in {file}" in str(err.value)
+            count_attempt(name)
+        assert f"cannot count this worker group's attempt in {name}" in str(err.value)
         assert "No space left on device" in str(err.value)
         assert json.loads(file.read_text()) == {"attempts": 1, "workers": [1]}  # never left empty
         assert sorted(p.name for p in file.parent.iterdir()) == ["attempts.json"]

@@ -72,9 +72,11 @@ def s3(tmp_path_factory):
     checkpoint cache of the test's own)."""
     env = pytest.MonkeyPatch()
     env.setenv(remote.CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
-    with s3_server(BUCKET) as fs:
-        yield fs
-    env.undo()
+    try:
+        with s3_server(BUCKET) as fs:
+            yield fs
+    finally:
+        env.undo()
 
 
 @pytest.fixture(scope="module")
