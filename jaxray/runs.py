@@ -379,9 +379,8 @@ def resolve(path: str | Path, workload: str | None = None) -> Path:
     """The checkpoint folder a command's ``--checkpoint`` names: a checkpoint itself (as it is:
     restoring verifies it), a Ray Train run folder (its newest good ``checkpoint_*``), a run folder
     or an experiment folder (``latest_run``): the checkpoint of its best trial of ``workload``
-    (``best_row``), or (not on object storage) that trial's newest good older one, with a warning,
-    when it is damaged; a URI (``s3://``...): its checkpoint folder's local copy. Raises
-    CheckpointError naming the path, why."""
+    (``best_row``), or that trial's newest good older one, with a warning, when it is damaged; a URI
+    (``s3://``...): its checkpoint folder's local copy. Raises CheckpointError naming the path, why."""
     if remote.is_uri(path):
         return remote.fetch(str(path))
     path = Path(path)
@@ -395,6 +394,6 @@ def resolve(path: str | Path, workload: str | None = None) -> Path:
         named = checkpoint_of(run, best_row(run, workload))
     except RunFolderError as err:
         raise checkpoint.CheckpointError(str(err)) from err
-    if isinstance(named, str):  # on object storage (``storage``)
-        return remote.fetch(named)
+    if isinstance(named, str):  # on storage (``storage``): fetched, or the trial's newest good older one
+        return checkpoint.restore_latest(remote.trial_checkpoints(named), remote.fetch)[0]
     return checkpoint.restore_latest(checkpoint.trial_checkpoints(named), checkpoint.verify)[1]

@@ -87,6 +87,12 @@ def complete_checkpoints(uri: str) -> list[str]:
     return [join(uri, n) for n in sorted(done, reverse=True)]
 
 
+def trial_checkpoints(named: str) -> list[str]:
+    """The checkpoint URI ``named``, then the older complete ones beside it, newest first (as
+    ``jaxray.checkpoint.trial_checkpoints`` for folders)."""
+    return [named, *(c for c in complete_checkpoints(named.rpartition("/")[0]) if c < named)]
+
+
 def disk_use(uri: str) -> tuple[int, float]:
     """(how many ``checkpoint_*`` folders the folder ``uri`` holds, the MiB their files take)."""
     fs, root = filesystem(uri)

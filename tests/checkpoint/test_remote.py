@@ -245,3 +245,21 @@ def test_training_storage_is_checked_listed_and_measured(s3, trained_transformer
     state = remote.read_text(f"{trial}/checkpoint_step_00000008_attempt1/{checkpoint.TRAIN_STATE}")
     assert json.loads(state) == checkpoint.verify(trained_transformer)
     assert remote.read_text(f"{trial}/absent.json") is None
+
+
+def test_a_run_folder_on_storage_falls_back_to_the_trials_older_checkpoint(s3, trained_transformer, tmp_path):
+    from jaxray.reporting.sweep import write_reports
+
+    trial = f"s3://{BUCKET}/fallback/run/transformer_t"
+    for step in (4, 8):
+        upload(s3, trained_transformer, f"fallback/run/transformer_t/checkpoint_step_0000000{step}_attempt1")
+    newest = f"{BUCKET}/fallback/run/transformer_t/checkpoint_step_00000008_attempt1"
+    params = largest_params_file(trained_transformer).relative_to(trained_transformer).as_posix()
+    with s3.open_output_stream(f"{newest}/{params}") as f:  # damaged in the bucket
+        f.write(b"\0")
+    named = f"{trial}/checkpoint_step_00000008_attempt1"
+    row = {"trial": "transformer_t", "workload": "transformer", "val_loss": 2.0, "checkpoint": named}
+    write_reports(tmp_path / "run", [row], {})
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())[0]["checkpoint"] == named
+    local = runs.resolve(tmp_path / "run")
+    assert remote.source(local) == f"{trial}/checkpoint_step_00000004_attempt1"
