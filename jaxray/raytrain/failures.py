@@ -17,8 +17,10 @@ from jaxray.checkpoint import remote
 # node went; "node lost": a node that was up at the group's last report has died since; "worker
 # died": a worker process ended or raised, every node still up; "resized": an elastic group was
 # restarted with more or fewer workers; "driver lost": Tune restarted the trial, whose driver (Tune's
-# trial actor, Ray Train's controller) had died (``record_driver_lost``); "unknown": none of these.
-CAUSES = ("preempted", "node lost", "driver lost", "worker died", "resized", "unknown")
+# trial actor, Ray Train's controller) had died (``record_driver_lost``); "interrupted": the
+# jaxray.tune run that began the trial ended first (Ctrl-C, an error) and ``--resume`` went on with
+# it; "unknown": none of these.
+CAUSES = ("preempted", "node lost", "driver lost", "worker died", "resized", "interrupted", "unknown")
 PREEMPTION_KEY = "preemption_save_step"  # in the report of a save made on a preemption notice
 ATTEMPT_KEY = "attempt"  # in every report: the worker group's attempt (1, 2, ...)
 
@@ -54,11 +56,12 @@ class FailureLog(UserCallback):
             _add(self.path, self._attempt, entry)
 
 
-def record_driver_lost(path: str | Path, attempts_path: str | Path) -> None:
+def record_driver_lost(path: str | Path, attempts_path: str | Path, cause: str = "driver lost") -> None:
     """Records at ``path`` (``FailureLog``'s file) that the newest attempt counted in ``attempts_path``
-    (``resume.count_attempt``'s file) ended with its driver lost; nothing before a first attempt."""
+    (``resume.count_attempt``'s file) ended with its driver lost (or ``cause``), unless a cause of its
+    end is recorded already; nothing before a first attempt."""
     if isinstance(attempt := read_record(attempts_path).get("attempts"), int):
-        _add(path, attempt, {"cause": "driver lost"})
+        _add(path, attempt, {"cause": cause})
 
 
 def _add(path: str | Path, attempt: int, entry: dict) -> None:

@@ -90,7 +90,8 @@ def run_trial(
     ``invocation`` (this ``jaxray.tune`` run's id) in ``<name>.invocation.json``, with the error if
     the run raises. Restarted in the same invocation, a trial that raised raises ``TrialFailed`` with
     that error at once (only ``--resume``, a new invocation, trains it again); one that did not lost
-    its driver, which its restart causes record ("driver lost"). ``storage_uri``: the run's folder on
+    its driver, which its restart causes record ("driver lost"); so do those of one begun by an
+    earlier invocation ("interrupted", unless its end is recorded). ``storage_uri``: the run's folder on
     object storage, where the checkpoints go (``with_run_storage``)."""
     sweep_cfg = SweepConfig.model_validate(sweep)
     point = {axis: config[axis] for axis in sweep_cfg.axes()}
@@ -99,11 +100,13 @@ def run_trial(
     storage = Path(out) / TRAIN_DIR
     started = storage / f"{name}{INVOCATION_SUFFIX}"
     record = read_record(started)
+    attempts, failures = run_files(storage, name, storage_uri)
     if invocation and record.get("invocation") == invocation:
         if "error" in record:
             raise TrialFailed(record["error"])
-        attempts, failures = run_files(storage, name, storage_uri)
         record_driver_lost(failures, attempts)
+    elif record.get("invocation"):  # begun by an earlier jaxray.tune run, gone on with by --resume
+        record_driver_lost(failures, attempts, "interrupted")
     _write_record(started, {"invocation": invocation})
     try:
         make_trainer(

@@ -154,6 +154,8 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
         assert not row.get("error"), row
         assert row["steps"] == 20 and 0.3 < row["test_accuracy"] <= 1 and row["test_examples"] == 10_000
         assert (out / row["checkpoint"] / "history.json").is_file()  # relative to the run folder
+    # The second trial, begun by the interrupted run: a restart of it says why.
+    assert rows[second].get("restart_causes") in (None, "interrupted"), rows[second]
     # The first trial was not trained again: same checkpoint, and not one of its files was rewritten.
     assert out / rows[first]["checkpoint"] == Path(first_ckpt)
     assert files(out, first) == before_first

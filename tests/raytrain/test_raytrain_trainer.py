@@ -1,12 +1,12 @@
 """The JaxTrainer's worker environment: the CPU device count is forced before JAX starts there, and
-the driver's own XLA_FLAGS are kept."""
+the driver's own XLA_FLAGS are kept; its storage and run files; the recorded causes of restarts."""
 
 from __future__ import annotations
 
 import pytest
 
-from jaxray.config import WorkersConfig
-from jaxray.raytrain.trainer import cpu_xla_flags, worker_env
+from jaxray.config import WorkersConfig, parse_trial
+from jaxray.raytrain.trainer import cpu_xla_flags, make_trainer, worker_env
 
 
 def test_worker_env_sets_the_devices_before_jax_starts(monkeypatch):
@@ -47,3 +47,32 @@ def test_the_drivers_xla_flags_are_the_default(monkeypatch):
     assert worker_env(WorkersConfig(use_gpu=True))["XLA_FLAGS"] == "--xla_dump_to=/tmp/d"
     # Given explicitly (the driver's, passed to the Tune actor that builds the trainer), they win.
     assert worker_env(WorkersConfig(), "")["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
+
+
+# make_trainer's storage: the run folder's train/ by default; a folder every node mounts
+# (storage: file://...) written in place, like train/; object storage staged (integration tests).
+STORAGE_TRIAL = parse_trial({"model": {"workload": "mlp", "width": 8}, "train": {"steps": 2, "log_every": 1}})
+
+
+def test_a_mounted_folder_is_written_in_place_and_holds_the_run_files(tmp_path):
+    local = make_trainer(STORAGE_TRIAL, {}, storage_path=tmp_path / "train", name="t")
+    assert local.run_config.storage_path == str(tmp_path / "train")
+    assert local.train_loop_config["trial_uri"] is None
+    assert local.train_loop_config["attempts_file"] == str(tmp_path / "train" / "t.attempts.json")
+    shared = (tmp_path / "shared").as_uri()
+    mounted = make_trainer(STORAGE_TRIAL, {}, storage_path=tmp_path / "train", name="t", storage_uri=shared)
+    assert mounted.run_config.storage_path == str(tmp_path / "shared")
+    assert mounted.train_loop_config["trial_uri"] is None  # no staging: every worker writes in place
+    assert mounted.train_loop_config["attempts_file"] == f"{shared}/t.attempts.json"
+
+
+def test_a_resumed_attempt_records_why_the_earlier_run_ended(tmp_path):
+    from jaxray.raytrain.failures import read_record, record_driver_lost
+
+    attempts, failures = tmp_path / "t.attempts.json", tmp_path / "t.failures.json"
+    attempts.write_text('{"attempts": 1, "workers": [1]}')
+    record_driver_lost(failures, attempts, "interrupted")
+    record_driver_lost(failures, attempts)  # the first recorded cause of an attempt's end counts
+    attempts.write_text('{"attempts": 2, "workers": [1, 1]}')
+    record_driver_lost(failures, attempts, "interrupted")
+    assert read_record(failures) == {"1": {"cause": "interrupted"}, "2": {"cause": "interrupted"}}
