@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -276,8 +276,8 @@ def trial_checkpoints(named: Path) -> list[Path]:
     return [named, *sorted(older, reverse=True)]
 
 
-def restore_latest(candidates: Sequence[Path], restore: Callable[[Path], Any]) -> tuple[Any, Path]:
-    """``restore(path)`` of the first of ``candidates`` (newest first) that does not raise
+def restore_latest(candidates: Iterable[Any], restore: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """``restore(path)`` of the first of ``candidates`` (folders or URIs, newest first) that does not raise
     CheckpointError, with a warning naming each one skipped and why. Raises CheckpointError listing
     every reason if none restores."""
     errors = []

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 import filelock
@@ -87,10 +88,12 @@ def complete_checkpoints(uri: str) -> list[str]:
     return [join(uri, n) for n in sorted(done, reverse=True)]
 
 
-def trial_checkpoints(named: str) -> list[str]:
+def trial_checkpoints(named: str) -> Iterator[str]:
     """The checkpoint URI ``named``, then the older complete ones beside it, newest first (as
-    ``jaxray.checkpoint.trial_checkpoints`` for folders)."""
-    return [named, *(c for c in complete_checkpoints(named.rpartition("/")[0]) if c < named)]
+    ``jaxray.checkpoint.trial_checkpoints`` for folders), listed only once ``named`` is passed over
+    (a reader allowed to read objects but not to list the bucket still reads ``named``)."""
+    yield named
+    yield from (c for c in complete_checkpoints(named.rstrip("/").rpartition("/")[0]) if c < named)
 
 
 def disk_use(uri: str) -> tuple[int, float]:
