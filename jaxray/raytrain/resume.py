@@ -74,18 +74,16 @@ def choose(candidates: list) -> tuple[Path | None, list[str]]:
     return local, names[: candidates.index(chosen)]
 
 
-def candidates(trial_dir: Path, reported: Path | None) -> list[Path]:
+def candidates(trial: Path | str, reported: Path | str | None) -> list:
     """The checkpoints to resume from, newest first (by name: step, then attempt): Ray Train's newest
-    reported one and every complete one (``train_state.json`` written) in ``trial_dir``, the trial's
-    storage folder. After an ungraceful node loss Ray's record can lack the newest (FACTS: a report
-    the controller had not collected yet); the storage still has it."""
-    found = {
-        c
-        for c in trial_dir.glob(f"{checkpoint.CHECKPOINT_PREFIX}*")
-        if (c / checkpoint.TRAIN_STATE).is_file()
-    }
+    reported one and every complete one (``train_state.json`` written) in ``trial``, the trial's
+    storage folder (Paths) or its URI on object storage (URIs). After an ungraceful node loss Ray's
+    record can lack the newest (FACTS: a report the controller had not collected yet); the storage
+    still has it."""
+    kind = str if remote.is_uri(str(trial)) else Path
+    found = {kind(c) for c in remote.complete_checkpoints(str(trial))}
     found |= {reported} if reported is not None else set()
-    return sorted(found, key=lambda c: c.name, reverse=True)
+    return sorted(found, key=lambda c: PurePosixPath(str(c)).name, reverse=True)
 
 
 def one_node(rank: int, world: int) -> None:
@@ -113,12 +111,10 @@ def resume_point(
         one_node(rank, ray.train.get_context().get_world_size())
     if rank == 0:
         latest = ray.train.get_checkpoint()
-        if trial_uri is None:
-            reported = Path(latest.path) if latest is not None else None
-            found = candidates(trial_dir, reported)
-        else:
-            reported = remote.join(trial_uri, PurePosixPath(latest.path).name) if latest else None
-            found = sorted({*remote.complete_checkpoints(trial_uri), *([reported] if reported else [])})[::-1]
+        reported = None if latest is None else Path(latest.path)
+        if trial_uri is not None and reported is not None:  # Ray's path in the bucket, as a URI
+            reported = remote.join(trial_uri, reported.name)
+        found = candidates(trial_uri or trial_dir, reported)
         if found and found[0] != reported:
             print(
                 f"jaxray: resuming from storage: {PurePosixPath(str(found[0])).name} is newer than Ray's "

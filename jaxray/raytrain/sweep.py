@@ -21,7 +21,7 @@ from ray.tune.experiment import Trial
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
-from jaxray.checkpoint import CHECKPOINT_PREFIX, HISTORY_FILE, remote
+from jaxray.checkpoint import HISTORY_FILE, remote
 from jaxray.config import ConfigError, TrainConfig, parse_trial
 from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
@@ -276,12 +276,6 @@ def reported(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metrics.items() if k not in dropped and not k.startswith(prefix)}
 
 
-def disk_use(folders: list[Path]) -> tuple[int, float]:
-    """(how many of ``folders``, the MiB their files take)."""
-    files = [f for folder in folders for f in folder.rglob("*") if f.is_file()]
-    return len(folders), round(sum(f.stat().st_size for f in files) / 2**20, 2)
-
-
 def error_text(error: BaseException) -> str:
     """A failed trial's ``error``: type and message, no ANSI colours, at most ``MAX_ERROR_CHARS``
     (first line and end kept: a worker's traceback ends with the exception that failed it)."""
@@ -330,17 +324,11 @@ def trial_rows(
     row.update(reported(metrics), trial=name, checkpoint=checkpoint)
     if not checkpoint:
         return row, []
-    # What the trial's kept checkpoints take in storage, once Ray's retention is done.
-    if storage_uri:
-        try:
-            row["checkpoints_kept"], row["checkpoints_mib"] = remote.disk_use(checkpoint.rpartition("/")[0])
-            history = remote.read_text(remote.join(checkpoint, HISTORY_FILE))
-        except OSError as err:  # the summary is written without them
-            print(f"warning: {name}: its checkpoints cannot be read: {err}", file=terminal.err())
-            history = None
-    else:
-        kept = [p for p in Path(checkpoint).parent.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir()]
-        row["checkpoints_kept"], row["checkpoints_mib"] = disk_use(kept)
-        history_file = Path(checkpoint) / HISTORY_FILE
-        history = history_file.read_text() if history_file.is_file() else None
+    # What the trial's kept checkpoints take in its folder or on storage, once Ray's retention is done.
+    try:
+        row["checkpoints_kept"], row["checkpoints_mib"] = remote.disk_use(checkpoint.rpartition("/")[0])
+        history = remote.read_text(remote.join(checkpoint, HISTORY_FILE))
+    except OSError as err:  # the summary is written without them
+        print(f"warning: {name}: its checkpoints cannot be read: {err}", file=terminal.err())
+        history = None
     return row, json.loads(history) if history else []
