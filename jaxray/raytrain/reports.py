@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,9 +30,12 @@ from jaxray.runs import written_whole
 from jaxray.train.loop import Hook
 
 # The reported key Ray ranks checkpoints by (``CheckpointConfig.checkpoint_score_attribute``): the
-# value of ``train.score``'s metric, in every report that carries a checkpoint; the worst value
-# (inf for "min", -inf for "max") before that metric is first measured.
+# value of ``train.score``'s metric, in every report that carries a checkpoint; the worst finite
+# value (``WORST_SCORE`` for "min", its negative for "max") before that metric is first measured or
+# when it is NaN: Ray saves its record of reported checkpoints as JSON with inf and NaN turned to
+# null, and a run resumed from that record fails ranking a null.
 SCORE_KEY = "checkpoint_score"
+WORST_SCORE = sys.float_info.max
 
 
 def chained(*fns: Callable[[], None] | None) -> Callable[[], None]:
@@ -104,10 +108,12 @@ class Reports:
     def _score(self, step: int) -> float:
         """``train.score``'s metric for the checkpoint of ``step``: its newest logged value at or before
         that step (held-out metrics over the same ``eval_batches`` for every checkpoint, the final one
-        too: not the summary's whole-set ones, nor newer ones a later report carries); else the worst."""
+        too: not the summary's whole-set ones, nor newer ones a later report carries); else (none, or
+        not finite) the worst finite value."""
         metric, order = self.trial.train.score
         rows = [r for r in reversed(self._history) if r["step"] <= step and metric in r]
-        return rows[0][metric] if rows else (math.inf if order == "min" else -math.inf)
+        value = float(rows[0][metric]) if rows else math.nan
+        return value if math.isfinite(value) else (WORST_SCORE if order == "min" else -WORST_SCORE)
 
     def preemption_hook(self) -> Hook:
         """Every ``train.log_every`` steps, on every rank alike (``ray.train.get_preemption_info`` is a

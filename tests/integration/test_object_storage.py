@@ -1,21 +1,27 @@
 """Checkpoints on object storage, end to end: ``python -m jaxray.tune`` with ``storage: s3://...``
 (moto's S3-compatible server, started here) stages each checkpoint of a 2-worker trial on the
-workers' node and Ray uploads it; the summary names the checkpoints by URI, measures them in the
-bucket, and ``generate`` reads the run folder's best one from there. Starts its own local Ray
-(RAY_ADDRESS=local). A restart fetching its checkpoint back from the bucket after a lost node:
-test_cluster_failures.py."""
+workers' node and Ray uploads it. The run is interrupted (Ctrl+C) once a checkpoint is in the
+bucket and continued with ``--resume`` from there; the summary names the checkpoints by URI and
+measures them in the bucket, and ``python -m jaxray.serve`` serves the run folder's best one over
+HTTP. Starts its own local Rays (RAY_ADDRESS=local). A restart fetching its checkpoint back from
+the bucket after a lost node: test_cluster_failures.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
+import requests
+from private_ray import free_port
 from s3_server import s3_server
+from serve_load import start_serving
 
 from jaxray import checkpoint, runs
 
@@ -37,6 +43,9 @@ sweeps:
       width: [32]
 """
 TRIAL = "transformer_b8_float32_w32_lr0.0003"
+# The workers wait at step 7 to be interrupted: by then the step-3 checkpoint is in the bucket (a
+# save goes with the next report, the step-6 save's).
+PAUSE = {"pause_at_steps": [7], "pause_s": 30}
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -47,33 +56,81 @@ def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_a_sweep_checkpoints_to_s3_and_generates_from_it(real_dir, tmp_path):
-    config = tmp_path / "s3.yaml"
+def interrupted_in_the_pause(args: list[str], env: dict, experiment: Path, s3, log: Path) -> Path:
+    """Run ``python -m jaxray.tune *args`` with the workers pausing at step 7 and Ctrl+C it once the
+    step-3 checkpoint is whole in the bucket; returns the run folder. Kills its process group if
+    it does not exit within 120 s."""
+    env = {**env, "JAXRAY_FAULT": json.dumps(PAUSE)}
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline, state = time.monotonic() + 240, None
+        while time.monotonic() < deadline and proc.poll() is None:
+            folder = next(iter(runs.run_folders(experiment)), None)
+            if folder:
+                state = f"{BUCKET}/runs/s3/{folder.name}/{TRIAL}/checkpoint_step_00000003_attempt1"
+                if s3.get_file_info(f"{state}/{checkpoint.TRAIN_STATE}").type == pafs.FileType.File:
+                    break
+            time.sleep(0.5)
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) != 0
+        return folder
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_a_sweep_on_s3_resumed_and_served_from_the_bucket(real_dir, tmp_path, monkeypatch):
+    config, experiment = tmp_path / "s3.yaml", tmp_path / "out"
     config.write_text(CONFIG)
+    monkeypatch.setenv("JAXRAY_CACHE_DIR", str(tmp_path / "cache"))  # also serve's
     with s3_server(BUCKET) as s3:
         env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
-        env["JAXRAY_CACHE_DIR"] = str(tmp_path / "cache")
-        tune = run(["jaxray.tune", "--config", str(config), "--out", str(tmp_path / "out")], env)
-        out = runs.run_folders(tmp_path / "out")[0]
+        args = ["jaxray.tune", "--config", str(config), "--out", str(experiment)]
+        out = interrupted_in_the_pause(args, env, experiment, s3, tmp_path / "first.log")
+        assert f"checkpoints: s3://{BUCKET}/runs/s3/{out.name}" in (tmp_path / "first.log").read_text()
+        run(["jaxray.tune", "--resume", str(experiment)], env)
         prefix = f"{BUCKET}/runs/s3/{out.name}/{TRIAL}"  # <storage>/<experiment>/<run folder>
-        assert f"checkpoints: s3://{BUCKET}/runs/s3/{out.name}" in tune.stderr
         [row] = json.loads((out / "summary.json").read_text())
-        assert row["restarts"] == 0 and s3.get_file_info(f"{prefix}.attempts.json").size > 0
-        assert row["checkpoint"] == f"s3://{prefix}/checkpoint_step_00000012_attempt1"
+        # Continued from the bucket's step-3 checkpoint.
+        assert row["restarts"] == 1 and row["resumed_from_step"] == 3, row
+        assert row["restart_causes"] == "interrupted", row
+        assert row["checkpoint"] == f"s3://{prefix}/checkpoint_step_00000012_attempt2"
+        assert s3.get_file_info(f"{prefix}.attempts.json").size > 0
         assert row["checkpoints_kept"] >= 2 and row["checkpoints_mib"] > 0
         # In the bucket: the checkpoints Ray kept, each whole; none left staged on the node, none in
         # the run folder.
         found = s3.get_file_info(pafs.FileSelector(prefix))
         kept = sorted(Path(i.path).name for i in found if i.type == pafs.FileType.Directory)
         kept = [name for name in kept if name.startswith("checkpoint_")]
-        assert "checkpoint_step_00000012_attempt1" in kept and len(kept) == row["checkpoints_kept"]
+        assert "checkpoint_step_00000012_attempt2" in kept and len(kept) == row["checkpoints_kept"]
         assert not list((tmp_path / "cache" / "staging").rglob("checkpoint_*"))
         assert not list(out.glob("train/*/checkpoint_*"))
-        # The run folder's best transformer, read from the bucket.
-        local = runs.resolve(out)
-        assert checkpoint.verify(local)["step"] == 12
-        text = run(
-            ["jaxray.generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "16"],
-            env,
-        ).stdout
-        assert text.strip()
+        # The run folder's best transformer, read from the bucket and served over HTTP.
+        assert checkpoint.verify(runs.resolve(out))["step"] == 12
+        port = free_port()
+        server = start_serving(out, port)
+        try:
+            reply = requests.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                json={"prompt": "ROMEO:", "max_tokens": 8, "temperature": 0},
+                timeout=60,
+            )
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["usage"]["completion_tokens"] == 8
+        finally:
+            server.send_signal(signal.SIGINT)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()

@@ -6,6 +6,9 @@ trial's summary row keeps that message (``error_text``)."""
 
 from __future__ import annotations
 
+import json
+import math
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -17,7 +20,7 @@ from ray.train.v2._internal.execution.storage import StorageContext
 from jaxray import checkpoint, runs
 from jaxray.config import TrainConfig, parse_trial
 from jaxray.models import build
-from jaxray.raytrain.reports import Reports
+from jaxray.raytrain.reports import SCORE_KEY, WORST_SCORE, Reports
 from jaxray.raytrain.resume import checkpoint_name
 from jaxray.raytrain.sweep import MAX_ERROR_CHARS, error_text
 from jaxray.train.step import init_state, make_optimizer
@@ -140,3 +143,19 @@ def test_reports_carry_the_latest_held_out_metrics_the_log_rows_do_not(monkeypat
         (80, 0.8),
         (90, 0.8),
     ]
+
+
+@pytest.mark.parametrize("metric", ["val_loss", "val_accuracy"])
+def test_a_checkpoint_not_yet_scored_or_scored_nan_ranks_worst_and_finite(storage_run, state, metric):
+    # Ray keeps its record of reported checkpoints as JSON, inf and NaN turned to null; a run resumed
+    # from that record then fails ranking them, so the worst score is the largest finite float.
+    _, reports = storage_run
+    train = TrainConfig(steps=100, log_every=10, eval_every=20, checkpoint_score=metric)
+    worker = Reports(TRIAL.model_copy(update={"train": train}), rank=0, attempt=1, batches_per_epoch=None)
+    for step, measured in ((10, {}), (20, {metric: math.nan}), (40, {metric: 0.5})):
+        worker.log({"step": step, "loss": 1.0, **measured})  # at 10: before the first evaluation
+        worker.save(step, at_step(state, step), [], row={"step": step, "final": True} if step == 40 else None)
+    scores = [metrics[SCORE_KEY] for metrics, kw in reports if kw["checkpoint"]]
+    worst = WORST_SCORE if metric == "val_loss" else -WORST_SCORE
+    assert scores == [worst, worst, 0.5], scores
+    json.dumps(scores, allow_nan=False)
