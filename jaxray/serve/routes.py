@@ -22,7 +22,7 @@ api = FastAPI(
 )  # /generate/ is a JSON 404, not a bodiless 307
 ROUTES = (
     "GET / (the playground), GET /healthz, GET /info, POST /generate, GET /v1/models, "
-    "POST /v1/completions, POST /v1/chat/completions"
+    "GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions"
 )
 
 
