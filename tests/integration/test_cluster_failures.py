@@ -4,7 +4,8 @@ after its first complete checkpoint, and one whose node gets a preemption notice
 with a deadline) and then goes. Each resumes on a replacement node from the newest complete checkpoint
 (losing no steps on the notice) and ends bitwise equal to an uninterrupted run; its summary names
 the cause. The workers pause at given steps (``JAXRAY_FAULT``) so that the node goes mid-run. The
-lost node once more with the checkpoints on object storage (moto's S3 server)."""
+lost node's trial keeps its checkpoints on object storage (moto's S3 server), the others in a
+shared folder."""
 
 from __future__ import annotations
 
@@ -158,29 +159,13 @@ def assert_same_model(result, reference) -> None:
 
 
 def test_a_lost_node_costs_at_most_one_checkpoint_interval(
-    real_dir, datasets, nodes, uninterrupted, tmp_path
-):
-    """The workers pause at step 21: step 10's checkpoint is complete and reported, step 20's is
-    still being written. Their node is removed and a new one joins: the trial resumes from step 10."""
-    fault = {"pause_at_steps": [21], "pause_s": 10}
-    thread, out = start_fit(real_dir, datasets, tmp_path, "lost", fault)
-    wait_complete(tmp_path / "lost" / "checkpoint_step_00000010_attempt1")
-    time.sleep(4)  # within the pause: Ray Train's controller collects reports every 2 s
-    nodes.replace()
-    removed = time.monotonic()
-    result = finish(thread, out)
-    print(f"node removed -> trial finished: {time.monotonic() - removed:.1f} s")  # docs/cluster.md
-    m = result.metrics
-    assert (m["restarts"], m["resumed_from_step"], m["restart_causes"]) == (1, 10, "node lost")
-    assert_same_model(result, uninterrupted)
-
-
-def test_a_lost_node_with_checkpoints_on_s3_resumes_from_the_bucket(
     real_dir, datasets, nodes, uninterrupted, s3, tmp_path
 ):
-    """As above with ``storage`` on S3: the workers stage each checkpoint on their node and Ray
-    uploads it; on the new node the restart fetches step 10's back from the bucket, where the attempt
-    count and the restart causes are too."""
+    """The workers pause at step 21: step 10's checkpoint is complete and reported, step 20's is
+    still being written. Their node is removed and a new one joins: the trial resumes from step 10.
+    ``storage`` is on S3: the workers stage each checkpoint on their node and Ray uploads it; on the
+    new node the restart fetches step 10's back from the bucket, where the attempt count and the
+    restart causes are too. (A shared folder: the preemption and elastic tests below.)"""
     fault = {"pause_at_steps": [21], "pause_s": 10}
     uri = f"s3://{BUCKET}/lost"
     thread, out = start_fit(real_dir, datasets, tmp_path, "lost-s3", fault, storage_uri=uri)
@@ -189,11 +174,11 @@ def test_a_lost_node_with_checkpoints_on_s3_resumes_from_the_bucket(
     while s3.get_file_info(state).type != pafs.FileType.File:
         assert time.monotonic() < deadline, f"{state} never uploaded"
         time.sleep(0.5)
-    time.sleep(4)
+    time.sleep(4)  # within the pause: Ray Train's controller collects reports every 2 s
     nodes.replace()
     removed = time.monotonic()
     result = finish(thread, out)
-    print(f"object storage: node removed -> trial finished: {time.monotonic() - removed:.1f} s")
+    print(f"node removed -> trial finished: {time.monotonic() - removed:.1f} s")  # docs/cluster.md
     m = result.metrics
     assert (m["restarts"], m["resumed_from_step"], m["restart_causes"]) == (1, 10, "node lost")
     assert_same_model(result, uninterrupted)
