@@ -19,6 +19,7 @@ from jaxray.serve.routes import guarded
 from jaxray.serve.schema import ApiError, Prompt, SamplingRequest, Seed, Stream, Temperature, TopK, sse
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
+SPEAKER_NAME = r"^[A-Za-z0-9 _'-]{1,64}$"  # a message's ``name``: OpenAI's characters, spaces and '
 # Chat's speakers when a message names none: the model learned play scripts, "NAME:\ntext\n\n".
 SPEAKERS = {"user": "ROMEO", "assistant": "JULIET"}
 
@@ -81,7 +82,10 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant"]
     content: str
-    name: str | None = Field(None, description="the speaker's name (default: the role's, SPEAKERS)")
+    # A speaker line of the play script: no newline or colon, which would start another turn.
+    name: str | None = Field(
+        None, pattern=SPEAKER_NAME, description="the speaker's name (default: the role's, SPEAKERS)"
+    )
 
 
 class ChatRequest(_OpenAI):

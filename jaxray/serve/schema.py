@@ -149,7 +149,7 @@ def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:
         "stop": f"a string or a list of at most {MAX_STOPS} non-empty strings",
         "stream_options": 'an object {"include_usage": true or false}, with stream: true',
         "messages": 'a non-empty list of {"role": "system", "user" or "assistant", "content": a string, '
-        '"name": an optional speaker name}',
+        '"name": an optional speaker name of 1..64 letters, digits, spaces, _, \' or -}',
         "temperature": "a finite number >= 0 (0 is greedy)",
         "top_k": f"an integer in 1..{limits.vocab_size}, or null"
         + (" or -1 for all" if "n" in model.model_fields else " for all"),
@@ -173,15 +173,16 @@ def parse(model: type[SamplingRequest], body: bytes, limits: Limits) -> Sampling
     except ValidationError as err:
         error = err.errors(include_url=False)[0]
         field, kind = (str(error["loc"][0]) if error["loc"] else "body"), error["type"]
+        where = ".".join(str(part) for part in error["loc"]) or "body"  # e.g. messages.0.content
         if kind == "extra_forbidden":
             message = f"unknown field {field!r}"
         elif kind == "missing":
-            message = f"{field} is required"
+            message = f"{where} is required"
         elif kind in ("json_invalid", "model_type"):
             message = f"the body is not a JSON object ({error['msg']})"
         else:  # pydantic's message for type and range errors; ours (after "Value error, ") for the rest
             message = error["msg"].removeprefix("Value error, ")
-            message = message if message.startswith(field) else f"{field}: {message}"
+            message = message if message.startswith(field) else f"{where}: {message}"
         raise ApiError(400, field, message, allowed(model, field, limits)) from None
 
 
