@@ -42,7 +42,8 @@ test: install lint
 
 test-all: install lint
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" --durations=25
-	$(PY) -m pytest -q -n 2 --dist loadfile -m slow --durations=25 --ignore=tests/integration/test_cluster_failures.py
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m slow --durations=25 \
+	  --ignore=tests/integration/test_cluster_failures.py
 	$(PY) -m pytest -q -m slow --durations=5 tests/integration/test_cluster_failures.py
 
 clean:

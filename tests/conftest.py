@@ -25,11 +25,28 @@ import pytest
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
 ROOT = Path(__file__).resolve().parents[1]
+# `make test-all` runs the slow tests on two workers a module at a time (--dist loadfile), in
+# collection order (--no-loadscope-reorder): these, the longest (a run's --durations, 2 cores),
+# first, so that no worker ends alone on one of them while the other is done.
+LONGEST_FIRST = (
+    "integration/test_multi_worker.py",
+    "integration/test_gpu_check.py",
+    "integration/test_local_head.py",
+    "integration/test_tune_smoke.py",
+    "integration/test_object_storage.py",
+    "integration/test_sharded_config.py",
+    "integration/test_tune_driver_loss.py",
+    "bench/test_cli.py",
+    "integration/test_tune_resume.py",
+)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Skip ``gpu``-marked tests off an NVIDIA GPU. jax is imported only when such a test was
-    collected, so collecting the rest stays cheap."""
+    """``LONGEST_FIRST``'s modules first (the rest in collection order); skip ``gpu``-marked tests
+    off an NVIDIA GPU. jax is imported only when such a test was collected, so collecting the rest
+    stays cheap."""
+    rank = {ROOT / "tests" / name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))  # stable: a module's order kept
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return
