@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -88,20 +87,6 @@ def exclusive(run_dir: str | Path, command: str = "python -m jaxray.tune") -> It
         (run_dir / LOCK_FILE).unlink(missing_ok=True)
         lock.release()
         _remove_empty(run_dir, created)
-
-
-@contextmanager
-def written_whole(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` for the block to write; renamed over ``path`` when the block
-    ends, removed when it fails: ``path`` is never left part-written (a full disk leaves the earlier
-    file, or none)."""
-    path = Path(path)
-    tmp = path.with_name(f".partial-{path.name}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -25,6 +25,7 @@ from typing import Any
 import ray
 import yaml
 
+from jaxray.checkpoint.remote import written_whole
 from jaxray.config import ConfigError, parse_trial
 from jaxray.config.experiment import ExperimentConfig, load_experiment
 from jaxray.data.batching import num_rows
@@ -52,7 +53,6 @@ from jaxray.runs import (
     run_folders,
     signed,
     sweep_ranking,
-    written_whole,
 )
 
 RESUME = "python -m jaxray.tune --resume"

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 import filelock
@@ -124,7 +125,8 @@ def write_text(path_or_uri: str | Path, text: str) -> None:
     fs, path = filesystem(str(path_or_uri))
     if isinstance(fs, pafs.LocalFileSystem):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        _write_whole(Path(path), text)
+        with written_whole(path) as tmp:
+            tmp.write_text(text)
         return
     with fs.open_output_stream(path) as f:
         f.write(text.encode())
@@ -178,7 +180,8 @@ def _fill(
             verify(tmp, digests=False)
         except CheckpointError as err:
             raise CheckpointError(f"{shown}: {err}") from err
-        _write_whole(entry.with_name(f"{entry.name}.uri"), shown)
+        with written_whole(entry.with_name(f"{entry.name}.uri")) as sidecar:
+            sidecar.write_text(shown)
         if entry.exists():  # a damaged copy (``_cached`` said no): out of the way first
             os.replace(entry, tmp.with_suffix(".old"))
             shutil.rmtree(tmp.with_suffix(".old"))
@@ -194,7 +197,7 @@ def _fill(
 def _drop_older(entry: Path, shown: str) -> None:
     """Remove the cache's other copies fetched from ``shown`` (a checkpoint since replaced at that
     URI), each under its lock; one that another process is fetching now is left for a later fetch."""
-    for sidecar in entry.parent.glob("*.uri"):
+    for sidecar in entry.parent.glob("[!.]*.uri"):  # not a sidecar being written (written_whole)
         older = sidecar.with_suffix("")
         try:
             if older == entry or sidecar.read_text() != shown:
@@ -212,12 +215,16 @@ def display(uri: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
-def _write_whole(path: Path, text: str) -> None:
-    """``text`` as ``path``, never part-written: a temporary file (removed if the write fails) renamed
-    over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+@contextmanager
+def written_whole(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the block to write; renamed over ``path`` when the block
+    ends, removed when it fails: ``path`` is never left part-written (a full disk leaves the earlier
+    file, or none). The temporary name carries the process id (writers in two processes never share
+    it) and ends as ``path`` does (what matplotlib reads the format from)."""
+    path = Path(path)
+    tmp = path.with_name(f".partial-{os.getpid()}-{path.name}")
     try:
-        tmp.write_text(text)
+        yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -26,7 +26,6 @@ from jaxray.raytrain.failures import ATTEMPT_KEY, PREEMPTION_KEY
 from jaxray.raytrain.faults import kill_in_save
 from jaxray.raytrain.resume import checkpoint_name
 from jaxray.reporting.format import json_safe
-from jaxray.runs import written_whole
 from jaxray.train.loop import Hook
 
 # The reported key Ray ranks checkpoints by (``CheckpointConfig.checkpoint_score_attribute``): the
@@ -269,7 +268,7 @@ def compile_writer(path: str | None) -> Callable[[dict], None] | None:
         file = Path(path)
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
-            with written_whole(file) as tmp:
+            with remote.written_whole(file) as tmp:
                 tmp.write_text(json.dumps(json_safe(report), indent=2))
         except OSError as err:
             print(f"jaxray: warning: the compile report was not written to {file}: {err}", flush=True)

@@ -33,7 +33,7 @@ from jaxray.raytrain.reports import SCORE_KEY, remove_unfinished
 from jaxray.raytrain.trainer import make_trainer, run_files
 from jaxray.reporting import terminal
 from jaxray.reporting.format import DIVERGED_KEYS, diverged_error
-from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR, written_whole
+from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # A log row's keys: the final report carries the last one for schedulers; the summary row does not.
@@ -129,7 +129,7 @@ def _write_record(path: Path, record: dict) -> None:
     again, and it fails there again)."""
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        with written_whole(path) as tmp:
+        with remote.written_whole(path) as tmp:
             tmp.write_text(json.dumps(record))
 
 

@@ -11,6 +11,7 @@ import json
 import statistics
 from pathlib import Path
 
+from jaxray.checkpoint.remote import written_whole
 from jaxray.reporting.figures import plot_loss_curves, plot_throughput
 from jaxray.reporting.format import (
     cell,
@@ -33,7 +34,6 @@ from jaxray.runs import (
     best_trial,
     ranking_metric,
     record_path,
-    written_whole,
 )
 
 KEY_ORDER = (
