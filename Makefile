@@ -35,16 +35,22 @@ lint: install
 # make test: everything but the slowest tests (marked slow), two pytest workers (pytest-xdist; one
 # that runs out of tests steals from the other), about 4 minutes on 2 cores; make test-all (CI):
 # then the slow ones on two workers, a module at a time each (a module's fixtures are built once),
-# each part printing its 25 slowest; the multi-node cluster tests in a process of their own, whose
-# first Ray is their cluster, alone (they time pauses).
+# each part printing its 25 slowest. Beside them, in a process of its own whose first Ray is their
+# cluster, the multi-node cluster tests: they mostly wait (pauses, node deaths, Ray's resize checks),
+# so they take little of the two cores; their output is printed when both are done.
 test: install lint
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
 
+CLUSTER_TESTS = tests/integration/test_cluster_failures.py
 test-all: install lint
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" --durations=25
+	log=$$(mktemp); base=$$(mktemp -d); \
+	$(PY) -m pytest -q -p no:cacheprovider -m slow --durations=5 --basetemp=$$base/t $(CLUSTER_TESTS) \
+	  > $$log 2>&1 & cluster=$$!; \
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m slow --durations=25 \
-	  --ignore=tests/integration/test_cluster_failures.py
-	$(PY) -m pytest -q -m slow --durations=5 tests/integration/test_cluster_failures.py
+	  --ignore=$(CLUSTER_TESTS); slow=$$?; \
+	wait $$cluster; rc=$$?; echo "== $(CLUSTER_TESTS), run beside the slow part =="; cat $$log; \
+	rm -rf $$log $$base; [ $$slow -eq 0 ] && [ $$rc -eq 0 ]
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,9 +1,10 @@
 """Fault injection for the fault-tolerance tests, set only by them through the environment
 (``JAXRAY_FAULT``, JSON; the trainer passes it on to the workers): a worker process that exits at a
 step (``kill_at_step``; in the middle of the save at a checkpoint step), a damaged newest
-checkpoint (``corrupt_latest_checkpoint``) and a pause of every worker at each of ``pause_at_steps`` (in which
-a test removes or drains their node). Each fault fires on the first attempt of the worker group
-only (the damage: on the second, before the restore), so Ray Train's restart runs undisturbed."""
+checkpoint (``corrupt_latest_checkpoint``) and a pause of every worker at each of ``pause_at_steps``
+(``pause_s``: one length for all, or one per step; a test removes or drains their node meanwhile).
+Each fault fires on the first attempt of the worker group only (the damage: on the second, before
+the restore), so Ray Train's restart runs undisturbed."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class Fault:
     corrupt_latest_checkpoint: bool = False
     pause_at_steps: tuple[int, ...] = ()
     pause_attempts: tuple[int, ...] = (1,)
-    pause_s: float = 15.0
+    pause_s: float | tuple[float, ...] = 15.0
 
 
 def injected() -> Fault:
@@ -57,12 +58,23 @@ def fault_hooks(trial: TrialConfig, rank: int, attempt: int) -> tuple[Hook, ...]
     fault, every = injected(), trial.train.checkpoint_interval
     hooks = []
     if fault.pause_at_steps and attempt in fault.pause_attempts:
-        pauses = set(fault.pause_at_steps)
-        hooks.append(Hook(1, lambda step, state, metrics: _pause(fault.pause_s) if step in pauses else None))
+        pauses = pause_lengths(fault)
+        hooks.append(Hook(1, lambda step, state, metrics: _pause(pauses[step]) if step in pauses else None))
     kill = fault.kill_at_step
     if kill is not None and rank == 0 and attempt == 1 and kill % every:
         hooks.append(Hook(kill, lambda step, state, metrics: die(step) if step == kill else None))
     return tuple(hooks)
+
+
+def pause_lengths(fault: Fault) -> dict[int, float]:
+    """Step -> seconds of ``fault``'s pauses. Raises ValueError where ``pause_s`` is a list whose
+    length is not ``pause_at_steps``'."""
+    steps, seconds = fault.pause_at_steps, fault.pause_s
+    if not isinstance(seconds, (list, tuple)):
+        return dict.fromkeys(steps, float(seconds))
+    if len(seconds) != len(steps):
+        raise ValueError(f"{FAULT_ENV}: pause_s has {len(seconds)} lengths for {len(steps)} pause_at_steps")
+    return dict(zip(steps, map(float, seconds), strict=True))
 
 
 def _pause(seconds: float) -> None:

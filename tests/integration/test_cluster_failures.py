@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import pytest
 import ray
+from private_ray import free_port
 from ray.cluster_utils import Cluster
 from s3_server import s3_server
 
@@ -53,9 +54,10 @@ class Nodes:
     """The cluster and its one worker node (``current``), replaced by the tests."""
 
     def __init__(self) -> None:
-        self.cluster = Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
-        )
+        # A dashboard port of its own (tests/private_ray.py says why): `make test-all` runs these
+        # tests beside the slow part, whose Rays have dashboards.
+        head = {"num_cpus": 0, "include_dashboard": False, "dashboard_port": free_port()}
+        self.cluster = Cluster(initialize_head=True, head_node_args=head)
         self.current = self.cluster.add_node(num_cpus=NODE_CPUS)
         ray.init(address=self.cluster.address, log_to_driver=False)
 
@@ -161,12 +163,13 @@ def assert_same_model(result, reference) -> None:
 def test_a_lost_node_costs_at_most_one_checkpoint_interval(
     real_dir, datasets, nodes, uninterrupted, s3, tmp_path
 ):
-    """The workers pause at step 21: step 10's checkpoint is complete and reported, step 20's is
-    still being written. Their node is removed and a new one joins: the trial resumes from step 10.
-    ``storage`` is on S3: the workers stage each checkpoint on their node and Ray uploads it; on the
-    new node the restart fetches step 10's back from the bucket, where the attempt count and the
-    restart causes are too. (A shared folder: the preemption and elastic tests below.)"""
-    fault = {"pause_at_steps": [21], "pause_s": 10}
+    """The workers pause at step 21 (for up to 60 s): step 10's checkpoint is complete and reported,
+    step 20's is still being written. Their node is removed and a new one joins: the trial resumes
+    from step 10. ``storage`` is on S3: the workers stage each checkpoint on their node and Ray
+    uploads it; on the new node the restart fetches step 10's back from the bucket, where the
+    attempt count and the restart causes are too.
+    (A shared folder: the preemption and elastic tests below.)"""
+    fault = {"pause_at_steps": [21], "pause_s": 60}  # cut short by the node's removal
     uri = f"s3://{BUCKET}/lost"
     thread, out = start_fit(real_dir, datasets, tmp_path, "lost-s3", fault, storage_uri=uri)
     state = f"{BUCKET}/lost/lost-s3/checkpoint_step_00000010_attempt1/{checkpoint.TRAIN_STATE}"
@@ -186,10 +189,10 @@ def test_a_lost_node_costs_at_most_one_checkpoint_interval(
 
 
 def test_a_preemption_notice_saves_and_loses_no_steps(real_dir, datasets, nodes, uninterrupted, tmp_path):
-    """At the pause of step 21 the node is drained with the preemption reason and a 60 s deadline
+    """At the pause of step 21 (20 s) the node is drained with the preemption reason and a 60 s deadline
     and a replacement joins. At step 25 (the next logged step) the workers see the notice and save;
-    at the pause of step 26 the node goes: the trial resumes from step 25."""
-    fault = {"pause_at_steps": [21, 26], "pause_s": 10}
+    at the pause of step 26 (up to 60 s) the node goes: the trial resumes from step 25."""
+    fault = {"pause_at_steps": [21, 26], "pause_s": [20, 60]}  # the second cut short by the removal
     thread, out = start_fit(real_dir, datasets, tmp_path, "preempted", fault)
     wait_complete(tmp_path / "preempted" / "checkpoint_step_00000010_attempt1")
     node_id = nodes.current.node_id
@@ -205,7 +208,7 @@ def test_a_preemption_notice_saves_and_loses_no_steps(real_dir, datasets, nodes,
     nodes.cluster.remove_node(drained, allow_graceful=False)
     result = finish(thread, out)
     print(  # docs/cluster.md
-        f"drained -> saved: {saved - drained_at:.1f} s (with a 10 s pause); "
+        f"drained -> saved: {saved - drained_at:.1f} s (within a 20 s pause); "
         f"node removed -> trial finished: {time.monotonic() - saved:.1f} s"
     )
     m = result.metrics
@@ -227,7 +230,8 @@ def test_an_elastic_group_shrinks_without_a_node_and_grows_back(
     # last refresh (every 20 s): without this wait the group may start with 1 worker and resize.
     time.sleep(COORDINATOR_REFRESH_S)
     workers = {"num_workers": [1, 2], "max_failures": 1, "elastic_resize_monitor_interval_s": 5}
-    fault = {"pause_at_steps": [21, 31], "pause_attempts": [1, 2], "pause_s": 40}
+    # Both pauses end early: the first with the lost node, the second with the resize.
+    fault = {"pause_at_steps": [21, 31], "pause_attempts": [1, 2], "pause_s": 90}
     thread, out = start_fit(real_dir, datasets, tmp_path, "elastic", fault, workers=workers)
     wait_complete(tmp_path / "elastic" / "checkpoint_step_00000010_attempt1")
     time.sleep(4)

@@ -1,10 +1,10 @@
 """cluster/README.md's local flow: cluster/local-up.sh, `ray job submit --runtime-env
 cluster/runtime_env.yaml` of a sweep (token auth) as soon as local-up.sh returns, cluster/local-down.sh.
 Two heads run on one machine at once, each on free ports of its own with its own pid file
-(runs/ray-head-<dashboard port>.pid) and Ray temp folder: the smoke sweep and a one-trial sweep,
-submitted to them at the same time, both SUCCEED and each job's driver joined the head it was
-submitted to (with one shared temp folder, Ray's job supervisor gave a job the address of the
-latest head started on the machine). local-down.sh of one head leaves no process of it alive and its
+(runs/ray-head-<dashboard port>.pid) and Ray temp folder: a one-trial sweep submitted to each at the
+same time SUCCEEDS on both, and each job's driver joined the head it was submitted to (with one
+shared temp folder, Ray's job supervisor gave a job the address of the latest head started on the
+machine). local-down.sh of one head leaves no process of it alive and its
 ports free, and the other head running."""
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ def test_local_up_says_so_when_the_job_agent_never_answers():
             clean_up(env, dashboard, gcs)
 
 
-# One MLP trial of smoke.yaml's sizes: the second head's job, lighter than a second smoke sweep.
+# One MLP trial of smoke.yaml's sizes, each head's job (smoke.yaml: test_tune_smoke.py).
 ONE_TRIAL = """
-experiment: second_head
+experiment: one_trial
 workers: {num_workers: 1, devices_per_worker: 1}
 sweeps:
   - workload: mlp
@@ -83,10 +83,7 @@ def test_two_heads_take_jobs_at_once_and_local_down_ends_only_its_own(real_dir, 
     config = tmp_path / "one_trial.yaml"
     config.write_text(ONE_TRIAL)
     with started_head() as first, started_head() as second:
-        jobs = {
-            "first": (first, "tune_configs/smoke.yaml", 3),
-            "second": (second, str(config), 1),
-        }
+        jobs = {"first": (first, str(config), 1), "second": (second, str(config), 1)}
         with ThreadPoolExecutor(len(jobs)) as pool:
             futures = {
                 name: pool.submit(submit_sweep, head[0], head[1], real_dir, tmp_path / name, config_, n)

@@ -80,6 +80,21 @@ def single_process(trial: dict, tmp_path: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
+def reference_of(tmp_path_factory):
+    """``single_process`` of a trial, run once per distinct trial (the transformer's fsdp and tensor
+    cases share theirs: the reference keeps every array whole)."""
+    found: dict[str, dict[str, np.ndarray]] = {}
+
+    def of(trial: dict) -> dict[str, np.ndarray]:
+        key = json.dumps(trial, sort_keys=True)
+        if key not in found:
+            found[key] = single_process(trial, tmp_path_factory.mktemp("reference"))
+        return found[key]
+
+    return of
+
+
+@pytest.fixture(scope="module")
 def local_ray():
     init_private_ray(num_cpus=4)
     yield
@@ -114,7 +129,7 @@ def parquet(real_dir, tmp_path_factory) -> Path:
     ],
 )
 def test_two_workers_are_one_four_device_program(
-    workload, source, parallel, mesh, split, real_dir, tmp_path, local_ray, request
+    workload, source, parallel, mesh, split, real_dir, tmp_path, local_ray, reference_of, request
 ):
     """memory: Ray Datasets of the in-memory arrays, unsplit, each worker taking its rows of every
     global batch; parquet: each worker streaming its rows from the prepared files (data.parquet).
@@ -140,9 +155,8 @@ def test_two_workers_are_one_four_device_program(
     total, most = result.metrics["state_bytes"], result.metrics["state_bytes_per_device"]
     assert total / split <= most < 1.1 * total / split, (total, most)
 
-    reference = single_process(
-        trial_dict(workload, real_dir, {"num_workers": 1, "devices_per_worker": 4}, **data), tmp_path
-    )
+    one_process = {"num_workers": 1, "devices_per_worker": 4}
+    reference = reference_of(trial_dict(workload, real_dir, one_process, **data))
     assert int(reference["devices"]) == 4
     history = json.loads((Path(result.checkpoint.path) / checkpoint.HISTORY_FILE).read_text())
     np.testing.assert_allclose([row["loss"] for row in history], reference["losses"], **LOSS_TOL)

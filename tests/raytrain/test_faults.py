@@ -9,7 +9,15 @@ import json
 import pytest
 
 from jaxray.config import ModelConfig, TrainConfig, TrialConfig, WorkersConfig
-from jaxray.raytrain.faults import FAULT_ENV, damage, damages_latest, fault_hooks, kill_in_save
+from jaxray.raytrain.faults import (
+    FAULT_ENV,
+    Fault,
+    damage,
+    damages_latest,
+    fault_hooks,
+    kill_in_save,
+    pause_lengths,
+)
 from jaxray.raytrain.trainer import worker_env
 
 
@@ -47,6 +55,13 @@ def test_the_kill_hook(fault, every, kill, rank, attempt, hooks):
     found = fault_hooks(trial(every), rank, attempt)
     assert len(found) == hooks
     assert all(h.every == kill for h in found)
+
+
+def test_pauses_take_one_length_or_one_per_step():
+    assert pause_lengths(Fault(pause_at_steps=(21, 26), pause_s=10)) == {21: 10.0, 26: 10.0}
+    assert pause_lengths(Fault(pause_at_steps=(21, 26), pause_s=[20, 60])) == {21: 20.0, 26: 60.0}
+    with pytest.raises(ValueError, match="pause_s has 1 lengths for 2 pause_at_steps"):
+        pause_lengths(Fault(pause_at_steps=(21, 26), pause_s=[20]))
 
 
 def test_the_kill_in_a_save_is_at_its_step_on_the_first_attempt(fault):
