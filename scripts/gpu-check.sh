@@ -173,7 +173,7 @@ if [ $cpu = 1 ]; then
   preset=tiny tune_yaml=tune_configs/gpu_check_cpu.yaml serve_load=(--duration 5)
   serve_gpus=()
   compile_size=(--batch 4 --width 32 --seq-len 32)
-  pytest_files=(tests/models/test_models.py)
+  pytest_files=(tests/inference/test_detokenize.py)  # seconds: the step's own run, not the models'
   decode_opts=(--new-tokens 24 --repeats 1)
   sweep_opts=(--batches 32,64,128)
   gpt2_opts=(--width 96 --seq-len 32 --batch 2 --steps 2 --repeats 1)

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # collection order (--no-loadscope-reorder): these, the longest (a run's --durations, 2 cores),
 # first, so that no worker ends alone on one of them while the other is done.
 LONGEST_FIRST = (
-    "integration/test_multi_worker.py",
     "integration/test_gpu_check.py",
+    "integration/test_multi_worker.py",
     "integration/test_local_head.py",
     "integration/test_tune_smoke.py",
     "integration/test_object_storage.py",
