@@ -150,13 +150,7 @@ class JaxrayServer:
                 break
         req = parse(model, bytes(body), self.limits)
         openai.check_model(self, req.model)
-        try:
-            prompt = req.text().encode("utf-8")
-        except UnicodeEncodeError as err:
-            raise ApiError(400, "messages", f"messages are not valid Unicode text ({err.reason})") from None
-        if len(prompt) > (limit := self.limits.max_prompt_bytes):
-            message = f"the rendered prompt is {len(prompt)} UTF-8 bytes, over the limit of {limit}"
-            raise ApiError(400, model.prompt_field, message)
+        prompt = schema.prompt_bytes(model, req, self.limits)
         seed = secrets.randbelow(schema.MAX_SEED + 1) if req.seed is None else req.seed
         budget = req.new_tokens(self.limits)
         seeds = [(seed + i) % (schema.MAX_SEED + 1) for i in range(req.n)]
@@ -165,8 +159,8 @@ class JaxrayServer:
             self.engine.check(requests[0])
         except ValueError as err:
             field = next((f for f in ENGINE_FIELDS if str(err).startswith(f)), "body")
-            field = model.budget_field if field == "max_new_tokens" else field
-            raise ApiError(400, field, str(err)) from None
+            field = {"max_new_tokens": model.budget_field, "prompt": model.prompt_field}.get(field, field)
+            raise ApiError(400, field, str(err), schema.allowed(model, field, self.limits)) from None
         choices = [Choice(i, partial(self.tokens, r, model.route), req.stop) for i, r in enumerate(requests)]
         return req, choices, self.engine.prompt_tokens(requests[0])
 

@@ -149,7 +149,8 @@ def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:
         "stop": f"a string or a list of at most {MAX_STOPS} non-empty strings",
         "stream_options": 'an object {"include_usage": true or false}, with stream: true',
         "messages": 'a non-empty list of {"role": "system", "user" or "assistant", "content": a string, '
-        '"name": an optional speaker name of 1..64 letters, digits, spaces, _, \' or -}',
+        '"name": an optional speaker name of 1..64 letters, digits, spaces, _, \' or -}, rendered to at '
+        f"most {limits.max_prompt_bytes} UTF-8 bytes",
         "temperature": "a finite number >= 0 (0 is greedy)",
         "top_k": f"an integer in 1..{limits.vocab_size}, or null"
         + (" or -1 for all" if "n" in model.model_fields else " for all"),
@@ -184,6 +185,22 @@ def parse(model: type[SamplingRequest], body: bytes, limits: Limits) -> Sampling
             message = error["msg"].removeprefix("Value error, ")
             message = message if message.startswith(field) else f"{where}: {message}"
         raise ApiError(400, field, message, allowed(model, field, limits)) from None
+
+
+def prompt_bytes(model: type[SamplingRequest], req: SamplingRequest, limits: Limits) -> bytes:
+    """``req``'s prompt as the model reads it (a chat's messages rendered as a play script), UTF-8.
+    Raises ApiError(400) naming ``model.prompt_field`` when it cannot be encoded (a lone surrogate)
+    or is over ``limits.max_prompt_bytes``."""
+    field = model.prompt_field
+    try:
+        prompt = req.text().encode("utf-8")
+    except UnicodeEncodeError as err:
+        message = f"{field}: not valid Unicode text ({err.reason})"
+        raise ApiError(400, field, message, allowed(model, field, limits)) from None
+    if len(prompt) > (limit := limits.max_prompt_bytes):
+        message = f"the rendered prompt is {len(prompt)} UTF-8 bytes, over the limit of {limit}"
+        raise ApiError(400, field, message, allowed(model, field, limits))
+    return prompt
 
 
 def sse(data: Any) -> bytes:

@@ -169,6 +169,7 @@ def test_invalid_utf8_is_replaced_never_a_500(url):
     assert "".join(p["text"] for p in parts[:-1]) == whole.json()["text"]
 
 
+LONG_CHAT = json.dumps({"messages": [{"role": "user", "content": "x" * 1020}]}).encode()
 BAD = [
     ("/generate", b"not json", "body"),
     ("/generate", b"[1, 2]", "body"),
@@ -195,6 +196,8 @@ BAD = [
     ("/v1/completions", b'{"prompt": "a", "temperature": Infinity}', "temperature"),
     ("/v1/completions", b'{"prompt": ["a"]}', "prompt"),
     ("/v1/completions", b'{"prompt": "a", "echo": true}', "echo"),
+    # Content under the limit, the rendered script (its speaker line) over it.
+    ("/v1/chat/completions", LONG_CHAT, "messages"),
 ]
 
 
@@ -202,7 +205,7 @@ BAD = [
 def test_bad_input_is_a_4xx_naming_the_field(url, path, body, field):
     response = post(url, path, body)
     assert 400 <= response.status_code < 500, (response.status_code, response.text)
-    assert response.json()["error"]["field"] == field, response.text
+    assert response.json()["error"]["field"] == field and response.json()["error"]["allowed"], response.text
 
 
 def test_unknown_routes_and_methods_are_json_errors_and_the_server_stays_up(url):

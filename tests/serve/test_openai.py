@@ -18,7 +18,7 @@ from jaxray.serve.openai import (
     _Reply,
     render_chat,
 )
-from jaxray.serve.schema import ApiError, Limits, parse
+from jaxray.serve.schema import ApiError, Limits, parse, prompt_bytes
 
 LIMITS = Limits(max_new_tokens=100, max_prompt_bytes=50)
 
@@ -61,7 +61,22 @@ def test_bad_requests_are_400_naming_the_field(model, body, field):
         parse(model, body, LIMITS)
     error = caught.value.body()["error"]
     assert caught.value.status == 400 and error["param"] == field and error["code"] == 400
-    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["type"] == "invalid_request_error" and error["message"] and error["allowed"]
+
+
+def test_a_rendered_prompt_over_the_limit_names_the_field_and_the_limit():
+    # 45 bytes of content pass the schema; the rendered play script (speaker lines) is past 50.
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * 45}]}).encode()
+    req = parse(ChatRequest, body, LIMITS)
+    with pytest.raises(ApiError) as caught:
+        prompt_bytes(ChatRequest, req, LIMITS)
+    error = caught.value.body()["error"]
+    assert error["param"] == "messages" and "over the limit of 50" in error["message"], error
+    assert error["allowed"].endswith("rendered to at most 50 UTF-8 bytes"), error
+    short = parse(ChatRequest, b'{"messages": [{"role": "user", "content": "hi"}]}', LIMITS)
+    assert prompt_bytes(ChatRequest, short, LIMITS) == render_chat(short.messages).encode()
+    completion = parse(CompletionRequest, b'{"prompt": "hi"}', LIMITS)
+    assert prompt_bytes(CompletionRequest, completion, LIMITS) == b"hi"
 
 
 def test_a_nested_error_names_where_in_the_field():
