@@ -371,7 +371,8 @@ def resolve(path: str | Path, workload: str | None = None) -> Path:
     path = Path(path)
     if (path / checkpoint.MODEL_CONFIG).is_file():
         return path
-    inside = sorted(p.parent for p in path.glob(f"{checkpoint.CHECKPOINT_PREFIX}*/{checkpoint.MODEL_CONFIG}"))
+    found = path.glob(f"{checkpoint.CHECKPOINT_PREFIX}*/{checkpoint.MODEL_CONFIG}")
+    inside = sorted((p.parent for p in found), key=checkpoint.checkpoint_order)
     if inside:
         return checkpoint.restore_latest(inside[::-1], checkpoint.verify)[1]
     try:

@@ -12,9 +12,10 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jax
@@ -269,11 +270,21 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
     return model, restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")
 
 
+def checkpoint_order(path: Path | str) -> tuple[int, ...]:
+    """The numbers in a checkpoint folder's name, in order (``checkpoint_step_00000020_attempt10``:
+    (20, 10)): its place among its trial's checkpoints by step, then attempt (attempt 10 after 9,
+    which the names' own order would not give). ``path`` a folder, a URI or a name."""
+    return tuple(int(n) for n in re.findall(r"\d+", PurePosixPath(str(path).rstrip("/")).name))
+
+
 def trial_checkpoints(named: Path) -> list[Path]:
-    """``named``, then the older ``checkpoint_*`` folders beside it (its trial's Ray Train folder), by
-    name (step, then attempt) newest first: the order a damaged checkpoint is fallen back from."""
-    older = [c for c in named.parent.glob(f"{CHECKPOINT_PREFIX}*") if c.name < named.name and c.is_dir()]
-    return [named, *sorted(older, reverse=True)]
+    """``named``, then the older ``checkpoint_*`` folders beside it (its trial's Ray Train folder),
+    newest first (``checkpoint_order``): the order a damaged checkpoint is fallen back from."""
+    newest = checkpoint_order(named)
+    older = [
+        c for c in named.parent.glob(f"{CHECKPOINT_PREFIX}*") if checkpoint_order(c) < newest and c.is_dir()
+    ]
+    return [named, *sorted(older, key=checkpoint_order, reverse=True)]
 
 
 def restore_latest(candidates: Iterable[Any], restore: Callable[[Any], Any]) -> tuple[Any, Any]:

@@ -21,7 +21,14 @@ from pathlib import Path, PurePosixPath
 import filelock
 import pyarrow.fs as pafs
 
-from jaxray.checkpoint import CHECKPOINT_PREFIX, MODEL_CONFIG, TRAIN_STATE, CheckpointError, verify
+from jaxray.checkpoint import (
+    CHECKPOINT_PREFIX,
+    MODEL_CONFIG,
+    TRAIN_STATE,
+    CheckpointError,
+    checkpoint_order,
+    verify,
+)
 from jaxray.data.manifest import resolve
 
 # The cache's folder (default ~/.cache/jaxray): checkpoints/ (fetched), staging/ (training's uploads).
@@ -76,7 +83,8 @@ def check_writable(uri: str) -> None:
 def complete_checkpoints(uri: str) -> list[str]:
     """The URIs of the ``checkpoint_*`` folders in the folder ``uri`` holding a ``train_state.json``
     (their saves finished; an upload cut short is refused later, by ``fetch``'s checks), newest first
-    by name; [] when the folder does not exist. Raises CheckpointError when it cannot be listed."""
+    (``checkpoint_order``); [] when the folder does not exist. Raises CheckpointError when it cannot
+    be listed."""
     try:
         fs, root = filesystem(uri)
         found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
@@ -86,7 +94,7 @@ def complete_checkpoints(uri: str) -> list[str]:
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{display(uri)} cannot be listed: {err}") from err
     done = [n for n, s in zip(names, states) if s.type == pafs.FileType.File]
-    return [join(uri, n) for n in sorted(done, reverse=True)]
+    return [join(uri, n) for n in sorted(done, key=checkpoint_order, reverse=True)]
 
 
 def trial_checkpoints(named: str) -> Iterator[str]:
@@ -94,7 +102,10 @@ def trial_checkpoints(named: str) -> Iterator[str]:
     ``jaxray.checkpoint.trial_checkpoints`` for folders), listed only once ``named`` is passed over
     (a reader allowed to read objects but not to list the bucket still reads ``named``)."""
     yield named
-    yield from (c for c in complete_checkpoints(named.rstrip("/").rpartition("/")[0]) if c < named)
+    newest = checkpoint_order(named)
+    yield from (
+        c for c in complete_checkpoints(named.rstrip("/").rpartition("/")[0]) if checkpoint_order(c) < newest
+    )
 
 
 def disk_use(uri: str) -> tuple[int, float]:

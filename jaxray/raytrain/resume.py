@@ -75,7 +75,7 @@ def choose(candidates: list) -> tuple[Path | None, list[str]]:
 
 
 def candidates(trial: Path | str, reported: Path | str | None) -> list:
-    """The checkpoints to resume from, newest first (by name: step, then attempt): Ray Train's newest
+    """The checkpoints to resume from, newest first (``checkpoint.checkpoint_order``): Ray Train's newest
     reported one and every complete one (``train_state.json`` written) in ``trial``, the trial's
     storage folder (Paths) or its URI on object storage (URIs). After an ungraceful node loss Ray's
     record can lack the newest (FACTS: a report the controller had not collected yet); the storage
@@ -83,7 +83,7 @@ def candidates(trial: Path | str, reported: Path | str | None) -> list:
     kind = str if remote.is_uri(str(trial)) else Path
     found = {kind(c) for c in remote.complete_checkpoints(str(trial))}
     found |= {reported} if reported is not None else set()
-    return sorted(found, key=lambda c: PurePosixPath(str(c)).name, reverse=True)
+    return sorted(found, key=checkpoint.checkpoint_order, reverse=True)
 
 
 def one_node(rank: int, world: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxray.checkpoint import TRAIN_STATE, save_state, trial_checkpoints
+from jaxray.checkpoint import TRAIN_STATE, checkpoint_order, save_state, trial_checkpoints
 from jaxray.config import ModelConfig, TrainConfig, TrialConfig
 from jaxray.models import build
 from jaxray.raytrain.faults import damage
@@ -33,9 +33,17 @@ def saved(root, state, *steps_attempts):
 
 
 def test_names_sort_by_step_then_attempt():
-    names = [checkpoint_name(s, a) for s, a in [(12, 1), (8, 2), (100, 1), (8, 1)]]
-    assert sorted(names) == [checkpoint_name(s, a) for s, a in [(8, 1), (8, 2), (12, 1), (100, 1)]]
+    names = [checkpoint_name(s, a) for s, a in [(12, 1), (8, 10), (8, 2), (100, 1), (8, 9)]]
+    want = [checkpoint_name(s, a) for s, a in [(8, 2), (8, 9), (8, 10), (12, 1), (100, 1)]]
+    assert sorted(names, key=checkpoint_order) == want  # attempt 10 after 9, as a name's text would not
+    assert checkpoint_order(f"s3://bucket/run/trial/{checkpoint_name(8, 10)}/") == (8, 10)
     assert checkpoint_name(8, 2) == "checkpoint_step_00000008_attempt2"
+
+
+def test_a_tenth_attempt_is_newer_than_the_ninth(tmp_path, state):
+    ninth, tenth = saved(tmp_path, state, (8, 9), (8, 10))
+    assert candidates(tmp_path, None) == [tenth, ninth]
+    assert trial_checkpoints(tenth) == [tenth, ninth] and trial_checkpoints(ninth) == [ninth]
 
 
 def test_attempts_are_counted_per_start(tmp_path):
