@@ -5,6 +5,8 @@ round-trips. (The sweeps themselves: tests/integration/.)"""
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from tune_cli import tune_cli as tune
 
 from jaxray.config import ConfigError
 from jaxray.config.experiment import load_experiment
+from jaxray.raytrain.sweep import storage_free, with_run_storage
 from jaxray.runs import EXPERIMENT_FILE, TRAIN_DIR, RunFolderError, new_run
 from jaxray.tune import (
     full_disk,
@@ -92,6 +95,25 @@ def test_every_run_gets_a_new_folder_and_never_one_inside_a_run(tmp_path):
     save_experiment(first, load_experiment(ROOT / "tune_configs/smoke.yaml"))
     with pytest.raises(RunFolderError, match="is the folder of one run; pass its experiment folder"):
         new_run(first)
+
+
+def test_a_new_run_never_takes_a_name_another_run_holds_in_its_storage(tmp_path):
+    # Another --out (or machine) started a run of this experiment with this storage this second
+    # (and the next few): the new run's name, and with it its storage folder, is one of its own,
+    # so it never resumes from the other run's checkpoints.
+    exp = load_experiment(ROOT / "tune_configs/smoke.yaml").model_copy(
+        update={"storage": f"file://{tmp_path}/s"}
+    )
+    now = time.time()
+    taken = {time.strftime("%Y%m%d-%H%M%S", time.gmtime(now + dt)) for dt in range(4)}
+    for name in taken:
+        (tmp_path / "s" / "smoke" / name / "mlp_trial").mkdir(parents=True)
+    free = storage_free(exp)
+    assert not any(free(name) for name in taken) and free("20000101-000000")
+    run = new_run(tmp_path / "out", free)
+    assert run.name not in taken and re.fullmatch(r"\d{8}-\d{6}-\d+", run.name), run.name  # a -n suffix
+    assert with_run_storage(exp, run).storage == f"file://{tmp_path}/s/smoke/{run.name}"
+    assert storage_free(exp.model_copy(update={"storage": None}))("anything")
 
 
 def test_bad_input_is_refused_before_a_run_folder_is_made(tmp_path, capsys):

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +236,15 @@ def check_saved_state(out: Path, workload: str) -> None:
             f"continues from its newest checkpoint in {out / TRAIN_DIR}; a finished one keeps its "
             f"results), move {path} out of the run folder, then --resume again"
         )
+
+
+def storage_free(exp: ExperimentConfig) -> Callable[[str], bool]:
+    """Whether a run folder name is unused in ``exp.storage`` (``<storage>/<experiment>/<name>``): a
+    run from another ``--out`` or machine may have started there the same second, and a new run
+    must not resume from its checkpoints. Raises CheckpointError when the storage cannot be listed."""
+    if exp.storage is None:
+        return lambda name: True
+    return lambda name: remote.absent(remote.join(exp.storage, exp.experiment, name))
 
 
 def with_run_storage(exp: ExperimentConfig, out: Path) -> ExperimentConfig:
