@@ -148,9 +148,8 @@ def resume_target(path: Path) -> Path:
         return path
     found = run_folders(path)
     if not found:
-        raise ConfigError(
-            f"--resume {path}: no run of python -m jaxray.tune there (a run folder holds {EXPERIMENT_FILE})"
-        )
+        what = "no run of python -m jaxray.tune there" if path.exists() else "no such folder"
+        raise ConfigError(f"--resume {path}: {what} (a run folder holds {EXPERIMENT_FILE})")
     todo = [run for run in found if unfinished(run)]
     if not todo:
         raise NothingToResume(

@@ -56,7 +56,8 @@ def _json(path: Path) -> Any:
 
 
 def _metric(directory: Path, state: dict) -> str:
-    """The held-out metric of the final checkpoint's summary row, else the last training loss."""
+    """The held-out metric of the final checkpoint's summary row, else the newest validation loss in
+    the checkpoint's history (an earlier save's), else the last training loss."""
     row = state.get("summary") if isinstance(state.get("summary"), dict) else {}
     pairs = (("val_loss", "val loss {:.4f}"), ("val_perplexity", "perplexity {:.2f}"))
     pairs += (("test_accuracy", "test accuracy {:.4f}"), ("test_loss", "test loss {:.4f}"))
@@ -64,7 +65,11 @@ def _metric(directory: Path, state: dict) -> str:
     if shown:
         return shown
     history = _json(directory / HISTORY_FILE) if "step" in state else None
-    last = history[-1] if isinstance(history, list) and history and isinstance(history[-1], dict) else {}
+    rows = [r for r in history if isinstance(r, dict)] if isinstance(history, list) else []
+    held = next((r for r in reversed(rows) if _isnumber(r.get("val_loss"))), None)
+    if held is not None:
+        return f"val loss {held['val_loss']:.4f} at step {held.get('step', '?')}"
+    last = rows[-1] if rows else {}
     if _isnumber(last.get("loss")):
         return f"train loss {last['loss']:.4f} at step {last.get('step', '?')} (no held-out metric saved)"
     return "no metric recorded"

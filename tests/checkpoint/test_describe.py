@@ -86,6 +86,12 @@ def test_describe_of_an_earlier_save_and_of_params_only(trained, trained_transfo
         f"checkpoint: {earlier} (trial {TRIAL_NAME}, step {STEPS}, train loss {last['loss']:.4f} at "
         f"step {last['step']} (no held-out metric saved))"
     )
+    evaluated = [*result.history[:-1], {**last, "val_loss": 2.0697}]  # an eval step's row
+    evaluated_at = tmp_path / TRIAL_NAME / "checkpoint_y"
+    earlier = checkpoint.save_state(evaluated_at, result.state, trial, evaluated, {})
+    assert checkpoint_line.describe(earlier) == (
+        f"checkpoint: {earlier} (trial {TRIAL_NAME}, step {STEPS}, val loss 2.0697 at step {last['step']})"
+    )
     assert checkpoint_line.describe(trained_transformer) == (
         f"checkpoint: {trained_transformer} (trial {TRIAL_NAME}, params only, no metric recorded)"
     )
