@@ -114,6 +114,8 @@ def test_a_new_run_never_takes_a_name_another_run_holds_in_its_storage(tmp_path)
     assert run.name not in taken and re.fullmatch(r"\d{8}-\d{6}-\d+", run.name), run.name  # a -n suffix
     assert with_run_storage(exp, run).storage == f"file://{tmp_path}/s/smoke/{run.name}"
     assert storage_free(exp.model_copy(update={"storage": None}))("anything")
+    with pytest.raises(ConfigError, match="^storage: "):  # a storage that cannot be looked at: named
+        storage_free(exp.model_copy(update={"storage": "nope://bucket/x"}))("20000101-000000")
 
 
 def test_bad_input_is_refused_before_a_run_folder_is_made(tmp_path, capsys):

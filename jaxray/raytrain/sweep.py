@@ -22,7 +22,7 @@ from ray.tune.experiment import Trial
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
-from jaxray.checkpoint import HISTORY_FILE, remote
+from jaxray.checkpoint import HISTORY_FILE, CheckpointError, remote
 from jaxray.config import ConfigError, TrainConfig, parse_trial
 from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
@@ -241,10 +241,18 @@ def check_saved_state(out: Path, workload: str) -> None:
 def storage_free(exp: ExperimentConfig) -> Callable[[str], bool]:
     """Whether a run folder name is unused in ``exp.storage`` (``<storage>/<experiment>/<name>``): a
     run from another ``--out`` or machine may have started there the same second, and a new run
-    must not resume from its checkpoints. Raises CheckpointError when the storage cannot be listed."""
+    must not resume from its checkpoints. Raises ConfigError naming ``storage`` when it cannot be
+    looked at."""
     if exp.storage is None:
         return lambda name: True
-    return lambda name: remote.absent(remote.join(exp.storage, exp.experiment, name))
+
+    def free(name: str) -> bool:
+        try:
+            return remote.absent(remote.join(exp.storage, exp.experiment, name))
+        except CheckpointError as err:
+            raise ConfigError(f"storage: {err}") from None
+
+    return free
 
 
 def with_run_storage(exp: ExperimentConfig, out: Path) -> ExperimentConfig:
