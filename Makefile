@@ -37,7 +37,8 @@ lint: install
 # then the slow ones on two workers, a module at a time each (a module's fixtures are built once),
 # each part printing its 25 slowest. Beside them, in a process of its own whose first Ray is their
 # cluster, the multi-node cluster tests: they mostly wait (pauses, node deaths, Ray's resize checks),
-# so they take little of the two cores; their output is printed when both are done.
+# so they take little of the two cores; their output is printed when both are done (Ctrl-C ends
+# both).
 test: install lint
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
 
@@ -47,6 +48,7 @@ test-all: install lint
 	log=$$(mktemp); base=$$(mktemp -d); \
 	$(PY) -m pytest -q -p no:cacheprovider -m slow --durations=5 --basetemp=$$base/t $(CLUSTER_TESTS) \
 	  > $$log 2>&1 & cluster=$$!; \
+	trap 'kill $$cluster 2>/dev/null; rm -rf $$log $$base; exit 130' INT TERM; \
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m slow --durations=25 \
 	  --ignore=$(CLUSTER_TESTS); slow=$$?; \
 	wait $$cluster; rc=$$?; echo "== $(CLUSTER_TESTS), run beside the slow part =="; cat $$log; \

@@ -15,7 +15,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -276,11 +276,10 @@ def best_row(run_dir: str | Path, workload: str | None = None) -> dict[str, Any]
     return best
 
 
-def new_run(experiment_dir: str | Path, free: Callable[[str], bool] = lambda name: True) -> Path:
+def new_run(experiment_dir: str | Path) -> Path:
     """A new, empty run folder ``experiment_dir/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``... when a run
-    started the same second, or ``free(name)`` says the name is taken elsewhere: the run's storage),
-    created with its parents. Raises RunFolderError when ``experiment_dir`` is a run folder itself
-    (its runs go beside it) or cannot be written."""
+    started the same second), created with its parents. Raises RunFolderError when ``experiment_dir``
+    is a run folder itself (its runs go beside it) or cannot be written."""
     experiment_dir = Path(experiment_dir).absolute()
     if (experiment_dir / EXPERIMENT_FILE).is_file():
         raise RunFolderError(
@@ -297,8 +296,6 @@ def new_run(experiment_dir: str | Path, free: Callable[[str], bool] = lambda nam
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())  # UTC: names sort in time order
     for n in range(1, 100):
         run = experiment_dir / (stamp if n == 1 else f"{stamp}-{n}")
-        if not free(run.name):
-            continue
         try:
             run.mkdir(parents=True)
             return run

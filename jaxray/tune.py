@@ -34,7 +34,7 @@ from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
 from jaxray.parallel.checks import check_experiment
 from jaxray.raytrain.cluster import check_gpus, check_storage, init_ray
-from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep, storage_free, with_run_storage
+from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep, with_run_storage
 from jaxray.reporting import terminal
 from jaxray.reporting.sweep import markdown_summary, write_reports
 from jaxray.runs import (
@@ -230,7 +230,7 @@ def prepare(
         parquet_rows(exp) if exp.data.parquet else {w: num_rows(train) for w, (train, _) in arrays.items()},
     )
     if out is None:
-        out = new_run(Path(args.out or Path("runs") / exp.experiment), storage_free(exp))
+        out = new_run(Path(args.out or Path("runs") / exp.experiment))
         exp = with_run_storage(exp, out)
         save_experiment(out, exp)
     stack.enter_context(exclusive(out))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from tune_cli import tune_cli as tune
 
 from jaxray.config import ConfigError
 from jaxray.config.experiment import load_experiment
-from jaxray.raytrain.sweep import storage_free, with_run_storage
+from jaxray.raytrain.sweep import with_run_storage
 from jaxray.runs import EXPERIMENT_FILE, TRAIN_DIR, RunFolderError, new_run
 from jaxray.tune import (
     full_disk,
@@ -97,25 +96,18 @@ def test_every_run_gets_a_new_folder_and_never_one_inside_a_run(tmp_path):
         new_run(first)
 
 
-def test_a_new_run_never_takes_a_name_another_run_holds_in_its_storage(tmp_path):
-    # Another --out (or machine) started a run of this experiment with this storage this second
-    # (and the next few): the new run's name, and with it its storage folder, is one of its own,
-    # so it never resumes from the other run's checkpoints.
+def test_runs_started_the_same_second_never_share_a_storage_folder(tmp_path):
+    # Two --out folders (or machines), one experiment and storage, one second: each run's storage
+    # folder is its own, so neither resumes from the other's checkpoints.
     exp = load_experiment(ROOT / "tune_configs/smoke.yaml").model_copy(
         update={"storage": f"file://{tmp_path}/s"}
     )
-    now = time.time()
-    taken = {time.strftime("%Y%m%d-%H%M%S", time.gmtime(now + dt)) for dt in range(4)}
-    for name in taken:
-        (tmp_path / "s" / "smoke" / name / "mlp_trial").mkdir(parents=True)
-    free = storage_free(exp)
-    assert not any(free(name) for name in taken) and free("20000101-000000")
-    run = new_run(tmp_path / "out", free)
-    assert run.name not in taken and re.fullmatch(r"\d{8}-\d{6}-\d+", run.name), run.name  # a -n suffix
-    assert with_run_storage(exp, run).storage == f"file://{tmp_path}/s/smoke/{run.name}"
-    assert storage_free(exp.model_copy(update={"storage": None}))("anything")
-    with pytest.raises(ConfigError, match="^storage: "):  # a storage that cannot be looked at: named
-        storage_free(exp.model_copy(update={"storage": "nope://bucket/x"}))("20000101-000000")
+    first, second = new_run(tmp_path / "a"), new_run(tmp_path / "b")
+    uris = [with_run_storage(exp, run).storage for run in (first, second)]
+    assert uris[0] != uris[1]
+    for run, uri in zip((first, second), uris, strict=True):
+        assert re.fullmatch(rf"file://{tmp_path}/s/smoke/{run.name}-[0-9a-f]{{8}}", uri), uri
+    assert with_run_storage(exp.model_copy(update={"storage": None}), first).storage is None
 
 
 def test_bad_input_is_refused_before_a_run_folder_is_made(tmp_path, capsys):

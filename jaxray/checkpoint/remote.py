@@ -61,16 +61,6 @@ def is_object_storage(uri: str) -> bool:
     return not isinstance(filesystem(uri)[0], pafs.LocalFileSystem)
 
 
-def absent(uri: str) -> bool:
-    """Whether nothing (no file, no folder) is at ``uri``. Raises CheckpointError naming the URI when
-    it cannot be looked at."""
-    try:
-        fs, root = filesystem(uri)
-        return fs.get_file_info(root).type == pafs.FileType.NotFound
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{display(uri)} cannot be looked at: {err}") from err
-
-
 def join(uri: str, *names: str) -> str:
     """``uri`` with ``names`` appended as path segments (a URI without a query)."""
     return "/".join([uri.rstrip("/"), *names])

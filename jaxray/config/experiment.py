@@ -203,7 +203,7 @@ class ExperimentConfig(FrozenConfig):
     # None: derived from the cluster (``concurrent_trials``).
     max_concurrent_trials: PosInt | None = None
     # Where Ray Train keeps the checkpoints: a pyarrow URI (s3://bucket/prefix, gs://...) or a folder
-    # every node mounts (file://); a new run resolves it to <storage>/<experiment>/<run folder>
+    # every node mounts (file://); a new run resolves it to <storage>/<experiment>/<run folder>-<8 hex>
     # (its experiment.yaml records that), each trial's checkpoints in <trial>/ there. None: the run
     # folder's train/.
     storage: str | None = None

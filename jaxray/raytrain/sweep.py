@@ -11,7 +11,6 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from ray.tune.experiment import Trial
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
-from jaxray.checkpoint import HISTORY_FILE, CheckpointError, remote
+from jaxray.checkpoint import HISTORY_FILE, remote
 from jaxray.config import ConfigError, TrainConfig, parse_trial
 from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
@@ -238,29 +237,15 @@ def check_saved_state(out: Path, workload: str) -> None:
         )
 
 
-def storage_free(exp: ExperimentConfig) -> Callable[[str], bool]:
-    """Whether a run folder name is unused in ``exp.storage`` (``<storage>/<experiment>/<name>``): a
-    run from another ``--out`` or machine may have started there the same second, and a new run
-    must not resume from its checkpoints. Raises ConfigError naming ``storage`` when it cannot be
-    looked at."""
-    if exp.storage is None:
-        return lambda name: True
-
-    def free(name: str) -> bool:
-        try:
-            return remote.absent(remote.join(exp.storage, exp.experiment, name))
-        except CheckpointError as err:
-            raise ConfigError(f"storage: {err}") from None
-
-    return free
-
-
 def with_run_storage(exp: ExperimentConfig, out: Path) -> ExperimentConfig:
     """``exp`` for the new run folder ``out``: its ``storage`` resolved to the run's own folder there,
-    ``<storage>/<experiment>/<run folder>`` (what the run's experiment.yaml records)."""
+    ``<storage>/<experiment>/<run folder>-<8 hex digits>`` (what the run's experiment.yaml records).
+    The random part keeps it the run's own where runs of another ``--out`` or machine started the
+    same second: a new run must never resume from another's checkpoints."""
     if exp.storage is None:
         return exp
-    return exp.model_copy(update={"storage": remote.join(exp.storage, exp.experiment, out.name)})
+    folder = f"{out.name}-{uuid.uuid4().hex[:8]}"
+    return exp.model_copy(update={"storage": remote.join(exp.storage, exp.experiment, folder)})
 
 
 def _fit(

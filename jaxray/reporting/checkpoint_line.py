@@ -25,9 +25,9 @@ def _isnumber(value: Any) -> bool:
 def describe(directory: str | Path) -> str:
     """``checkpoint: PATH (trial T, step S, METRIC)`` for a resolved checkpoint ``directory``: PATH
     relative to the working directory when inside it; the trial (its Ray Train folder's name, else
-    the one its ``trial_config.json`` names); the
-    step and the held-out metric of the final checkpoint's summary row, else the last training loss
-    ("params only" without a step). Only reads: what cannot be read is left out."""
+    the one its ``trial_config.json`` names); the step and the held-out metric of the final
+    checkpoint's summary row, else the newest validation loss in its history (at step S), else the
+    last training loss ("params only" without a step). Only reads: what cannot be read is left out."""
     directory = Path(directory)
     here = directory.absolute()
     shown: str | Path = remote.source(directory)  # a cached copy: the URI it was fetched from

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from s3_server import s3_server
 from serve_load import start_serving
 
 from jaxray import checkpoint, runs
+from jaxray.config.experiment import load_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "jaxray"
@@ -56,6 +58,13 @@ def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return proc
 
 
+def bucket_folder(run: Path) -> str:
+    """The run's folder in the bucket, as its experiment.yaml records it: runs/s3/<run folder>-<8 hex>."""
+    storage = load_experiment(run / runs.EXPERIMENT_FILE).storage
+    assert re.fullmatch(rf"s3://{BUCKET}/runs/s3/{run.name}-[0-9a-f]{{8}}", storage), storage
+    return storage.removeprefix("s3://")
+
+
 def interrupted_in_the_pause(args: list[str], env: dict, experiment: Path, s3, log: Path) -> Path:
     """Run ``python -m jaxray.tune *args`` with the workers pausing at step 7 and Ctrl+C it once the
     step-3 checkpoint is whole in the bucket; returns the run folder. Kills its process group if
@@ -75,7 +84,7 @@ def interrupted_in_the_pause(args: list[str], env: dict, experiment: Path, s3, l
         while time.monotonic() < deadline and proc.poll() is None:
             folder = next(iter(runs.run_folders(experiment)), None)
             if folder:
-                state = f"{BUCKET}/runs/s3/{folder.name}/{TRIAL}/checkpoint_step_00000003_attempt1"
+                state = f"{bucket_folder(folder)}/{TRIAL}/checkpoint_step_00000003_attempt1"
                 if s3.get_file_info(f"{state}/{checkpoint.TRAIN_STATE}").type == pafs.FileType.File:
                     break
             time.sleep(0.5)
@@ -97,9 +106,9 @@ def test_a_sweep_on_s3_resumed_and_served_from_the_bucket(real_dir, tmp_path, mo
         env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
         args = ["jaxray.tune", "--config", str(config), "--out", str(experiment)]
         out = interrupted_in_the_pause(args, env, experiment, s3, tmp_path / "first.log")
-        assert f"checkpoints: s3://{BUCKET}/runs/s3/{out.name}" in (tmp_path / "first.log").read_text()
+        assert f"checkpoints: s3://{bucket_folder(out)}" in (tmp_path / "first.log").read_text()
         run(["jaxray.tune", "--resume", str(experiment)], env)
-        prefix = f"{BUCKET}/runs/s3/{out.name}/{TRIAL}"  # <storage>/<experiment>/<run folder>
+        prefix = f"{bucket_folder(out)}/{TRIAL}"  # <storage>/<experiment>/<run folder>-<8 hex>
         [row] = json.loads((out / "summary.json").read_text())
         # Continued from the bucket's step-3 checkpoint.
         assert row["restarts"] == 1 and row["resumed_from_step"] == 3, row
