@@ -94,6 +94,14 @@ def int_list(text: str) -> tuple[int, ...]:
         ) from None
 
 
+def name_list(text: str) -> list[str]:
+    """Comma-separated names, e.g. ``attention,gpt2_b16`` (argparse type)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
 def positive_int_list(text: str) -> tuple[int, ...]:
     """Comma-separated distinct positive integers, e.g. ``1,4,16,64``."""
     values = tuple(positive_int(part) for part in text.split(",") if part.strip()) or (positive_int(""),)

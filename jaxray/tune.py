@@ -33,7 +33,7 @@ from jaxray.data.manifest import ManifestError
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
 from jaxray.parallel.checks import check_experiment
-from jaxray.raytrain.cluster import check_gpus, check_storage, init_ray
+from jaxray.raytrain.cluster import check_accelerators, check_storage, init_ray
 from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep, with_run_storage
 from jaxray.reporting import terminal
 from jaxray.reporting.sweep import markdown_summary, write_reports
@@ -240,7 +240,7 @@ def prepare(
         quiet_terminal(out, stack)
     joined, dashboard = init_ray(exp)
     print(header(exp, out, joined, dashboard), file=terminal.err(), flush=True)
-    check_gpus(exp, joined)
+    check_accelerators(exp, joined)
     return exp, out, arrays
 
 

@@ -237,7 +237,7 @@ def tune_figures(log: Path, out: Path, mode: str) -> dict:
     if mode == "gpu":
         figures["gpu_line"] = "found" if uuids else "MISSING: no 'GPUs [GPU-...]' in the worker lines"
     else:
-        figures["gpu_line"] = "not expected on CPU (use_gpu false; the worker logs no GPUs)"
+        figures["gpu_line"] = "not expected on CPU (accelerator cpu; the worker logs no GPUs)"
     if not rows:
         figures["error"] = "no tune/summary.json"
         return figures

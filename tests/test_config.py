@@ -38,7 +38,7 @@ def test_the_shipped_configs_are_all_found():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_configs_load(name):
-    # Every grid point is validated too; use_gpu: true is only a config value, so this holds on a CPU.
+    # Every grid point is validated too; accelerator: gpu is only a config value, so this holds on a CPU.
     exp = load_experiment(ROOT / "tune_configs" / f"{name}.yaml")
     assert exp.experiment == name and exp.sweeps
     for sweep in exp.sweeps:
@@ -80,7 +80,7 @@ def test_shipped_gpt2_small_config_is_the_preset_in_bfloat16():
     shape = {k: getattr(trial.model, k) for k in MODEL_PRESETS["gpt2_small"]}
     assert shape == MODEL_PRESETS["gpt2_small"] and trial.data.seq_len == 1024
     assert (trial.model.dtype, trial.model.attention, trial.train.global_batch) == ("bfloat16", "auto", 16)
-    assert trial.workers.use_gpu and trial.workers.total_devices == 1
+    assert trial.workers.accelerator == "gpu" and trial.workers.total_devices == 1
 
 
 def test_keys_given_next_to_a_preset_win(tmp_path):
@@ -328,39 +328,38 @@ def test_fault_injection_is_no_config_key():
 
 
 @pytest.mark.parametrize("value", ["1", "0", "yes", "off", "'true'", "2.0"])
-@pytest.mark.parametrize("section, key", [("workers", "use_gpu")])
-def test_booleans_take_only_true_or_false(tmp_path, section, key, value):
-    config = GOOD.replace("experiment: t", f"experiment: t\n{section}: {{{key}: {value}}}")
-    if section == "workers":
-        config = config.replace("workers: {num_workers: 1, devices_per_worker: 4}\n", "")
+def test_booleans_take_only_true_or_false(tmp_path, value):
+    config = GOOD.replace(
+        "  - workload: mlp\n", f"  - workload: transformer\n    model: {{scan_layers: {value}}}\n"
+    )
     with pytest.raises(ConfigError) as err:
         load_experiment(write(tmp_path, config))
     shown = {"yes": "'yes'", "off": "'off'"}.get(value, value)  # YAML 1.2: only true/false are booleans
-    assert f"{section}.{key}: Input should be true or false, got {shown}" in str(err.value), str(err.value)
+    assert f"model.scan_layers: Input should be true or false, got {shown}" in str(err.value), str(err.value)
 
 
 def test_booleans_true_and_false_still_load():
     for value in (True, False):
-        trial = parse_trial({"model": {"workload": "mlp"}, "workers": {"use_gpu": value}})
-        assert trial.workers.use_gpu is value
+        trial = parse_trial({"model": {"workload": "transformer", "scan_layers": value}})
+        assert trial.model.scan_layers is value
 
 
 def test_cpu_devices_per_worker_has_the_command_lines_bound():
     from jaxray.argtypes import MAX_CPU_DEVICES
 
-    def trial(devices, use_gpu=False):
-        workers = {"devices_per_worker": devices, "use_gpu": use_gpu}
+    def trial(devices, accelerator="cpu"):
+        workers = {"devices_per_worker": devices, "accelerator": accelerator}
         return parse_trial(
             {"model": {"workload": "mlp"}, "train": {"global_batch": 1024}, "workers": workers}
         )
 
     assert trial(MAX_CPU_DEVICES).workers.total_devices == MAX_CPU_DEVICES
-    assert trial(1024, use_gpu=True).workers.devices_per_worker == 1024  # GPUs are counted by Ray
+    assert trial(1024, "gpu").workers.devices_per_worker == 1024  # GPUs are counted by Ray
     with pytest.raises(ConfigError) as err:
         trial(1024)
     assert (
         f"workers: devices_per_worker must be at most {MAX_CPU_DEVICES} forced host devices on CPU "
-        f"(use_gpu is false), got 1024" in str(err.value)
+        f"(accelerator cpu), got 1024" in str(err.value)
     ), str(err.value)
 
 
@@ -583,3 +582,30 @@ def test_storage_is_a_uri_without_credentials(tmp_path, storage, match):
     # A folder every node mounts: a file:// URI (a relative path is read from the current folder).
     path.write_text(f"experiment: x\nstorage: {tmp_path / 'shared'}\nsweeps: [{{workload: mlp}}]\n")
     assert load_experiment(path).storage == (tmp_path / "shared").as_uri()
+
+
+def test_the_accelerator_and_its_tpu_slice_keys_are_checked():
+    def workers(**given):
+        return parse_trial(
+            {"model": {"workload": "mlp"}, "train": {"global_batch": 8}, "workers": given}
+        ).workers
+
+    assert workers(accelerator="tpu", devices_per_worker=4).accelerator == "tpu"
+    multi = workers(accelerator="tpu", num_workers=2, topology="4x4", accelerator_type="TPU-V5LITEPOD")
+    assert multi.topology == "4x4"
+    refusals = {
+        "must be one of (1, 2, 4, 8) with accelerator tpu, got 3": {
+            "accelerator": "tpu",
+            "devices_per_worker": 3,
+        },
+        "topology: TPU slice keys, they need accelerator tpu, not gpu": {
+            "accelerator": "gpu",
+            "topology": "2x2",
+        },
+        "Ray needs workers.topology": {"accelerator": "tpu", "num_workers": 2},
+        "Input should be 'cpu', 'gpu' or 'tpu'": {"accelerator": "cuda"},
+        "use_gpu: unknown key": {"use_gpu": True},
+    }
+    for message, given in refusals.items():
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            workers(**given)

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import jaxray.argtypes as at
 from jaxray.bench.presets import MODEL_SIZES  # imports no JAX, nor does anything above
-from jaxray.config import DTYPES, WORKLOADS, Attention
+from jaxray.config import DTYPES, REMATS, WORKLOADS, Attention
 from jaxray.data.sources import DataFileError
 
 SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
@@ -51,17 +51,23 @@ def _add(p: argparse.ArgumentParser, *options: tuple) -> argparse.ArgumentParser
 # fmt: off
 OUT = [("--out", str, None, "results folder (default runs/bench/NAME); '' writes nothing")]
 COMMON = [("--data-dir", FOLDER, None, "data folder (default JAXRAY_DATA_DIR)"),
-          ("--cpu-devices", at.cpu_device_count, None, "CPU devices (multi-device: 4)")]
+          ("--cpu-devices", at.cpu_device_count, None, "CPU devices (multi-device: 4)"),
+          ("--compile-cache", str, None, "JAX compilation cache folder ('' off; default "
+           "$JAX_COMPILATION_CACHE_DIR, else ~/.cache/jaxray/jax-compilation-cache)")]
 SIZED = [("--preset", ("cpu", "gpu", "tiny"), "cpu", "sizes: 2-core CPU, the learning path's, seconds")]
 MODEL = [("--workload", WORKLOADS, "transformer", None), ("--dtype", DTYPES, "float32", None),
          ("--batch", INT, 16, "global batch"), ("--width", INT, None, "width or d_model"),
          ("--seq-len", INT, None, "(default 256)"), ("--devices", INT, 1, None), ("--json", bool, None, None),
          ("--mesh", at.mesh_sizes, None, "data=D,fsdp=F,tensor=T over --devices (default: all data)"),
-         ("--model-preset", tuple(MODEL_SIZES), None, "options win"), ("--attention", ATTENTION, None, None)]
+         ("--model-preset", tuple(MODEL_SIZES), None, "options win"), ("--attention", ATTENTION, None, None),
+         ("--num-heads", INT, None, None), ("--remat", REMATS, None, None),
+         ("--scan-layers", bool, None, None)]
 COMMANDS = {  # name: (help, options); all but serve also take COMMON
     **{name: (f"the {name} suite", SIZED) for name in SUITE_NAMES},
     "batch-sweep": ("throughput vs global batch", [*SIZED, ("--batches", INTS, None, None)]),
     "all": ("every suite", SIZED),
+    "check": ("the accelerator check: attention, steps, a profile (one process, no Ray)",
+              [*SIZED, ("--only", at.name_list, None, "cases to run (attention, lab7_f32, ...)")]),
     "throughput": ("one workload at one config", [*MODEL, ("--steps", INT, 10, "timed steps a repeat"),
         ("--repeats", INT, 3, None), ("--warmup", COUNT, 1, None), ("--step", STEPS, "jit", None),
         ("--steps-per-call", INT, 1, "optimizer steps a dispatch")]),

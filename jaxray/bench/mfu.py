@@ -7,9 +7,14 @@ from __future__ import annotations
 from jaxray.config import ModelConfig
 from jaxray.models.mlp import IN_FEATURES, NUM_CLASSES
 
-# Dense peak TFLOP/s per device (NVIDIA data sheets); float32 is the TF32 peak (JAX's default matmul
-# precision). Keys are matched against jax's device_kind ("NVIDIA H100 80GB HBM3"), most specific first.
+# Dense peak TFLOP/s per device. NVIDIA: data sheets; float32 is the TF32 peak (JAX's default matmul
+# precision). TPU: Google Cloud's TPU pages (v4, v5e, v5p, v6e system architecture), bf16 per chip; at
+# JAX's default precision a float32 matmul on TPU is one bf16 pass, so float32 counts the bf16 peak.
+# Keys are matched against jax's device_kind ("NVIDIA H100 80GB HBM3", "TPU v5 lite"), most specific first.
+_TPU = {"TPU v5 lite": 197.0, "TPU v6 lite": 918.0, "TPU v6e": 918.0, "TPU v5p": 459.0, "TPU v5": 459.0}
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    **{kind: dict.fromkeys(("bfloat16", "float16", "float32"), peak) for kind, peak in _TPU.items()},
+    "TPU v4": dict.fromkeys(("bfloat16", "float16", "float32"), 275.0),
     "H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
     "H100": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},  # SXM; PCIe is lower
     "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},

@@ -30,6 +30,8 @@ class Preset:
     sweep_batches: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048, 4096])
     attention: Size = field(default_factory=dict)
     throughput: Size = field(default_factory=dict)
+    check_attention: Size = field(default_factory=dict)
+    check: list[Size] = field(default_factory=list)
 
 
 _DOC = yaml.safe_load(Path(__file__).with_name("presets.yaml").read_text())

@@ -9,24 +9,27 @@ from pathlib import Path
 
 import jax
 
-from jaxray.bench import checkpointing, compare, load, suites
+from jaxray.bench import check, checkpointing, compare, load, suites
 from jaxray.bench.presets import MODEL_SIZES, PRESETS
 from jaxray.bench.report import WRITER, Report, render, write_report
 from jaxray.bench.throughput import TIMING, check_device_count, make_spec
 from jaxray.parallel.mesh import trial_mesh
 from jaxray.reporting.format import json_safe
 from jaxray.runs import check_overwrite
-from jaxray.train import compile_report
+from jaxray.train import compile_cache, compile_report
 
 
 def throughput_size(args: argparse.Namespace) -> dict:
     """``make_spec`` arguments: the ``--model-preset`` shape, then every option given."""
-    lm_only = {"seq_len": args.seq_len, "attention": args.attention, "model_preset": args.model_preset}
+    lm_only = {"seq_len": args.seq_len, "attention": args.attention, "model_preset": args.model_preset,
+               "num_heads": args.num_heads, "remat": args.remat,
+               "scan_layers": args.scan_layers or None}  # fmt: skip
     given = [f"--{k.replace('_', '-')}" for k, v in lm_only.items() if v is not None]
     if args.workload != "transformer" and given:
         raise ValueError(f"{', '.join(given)} applies to --workload transformer only, not {args.workload}")
     size = {"workload": args.workload, "global_batch": args.batch, "dtype": args.dtype, "width": args.width}
-    size |= {"devices": args.devices, "seq_len": args.seq_len, "attention": args.attention, "mesh": args.mesh}
+    size |= {"devices": args.devices, "mesh": args.mesh} | lm_only
+    size.pop("model_preset")
     size |= {k: getattr(args, k, None) for k in TIMING}
     return MODEL_SIZES.get(args.model_preset, {}) | {k: v for k, v in size.items() if v is not None}
 
@@ -93,8 +96,18 @@ REPORTS = {"compare": compare.compare, "decode": compare.decode_benchmark, "inge
            "serve": load.serve_report, "checkpoint": checkpointing.checkpoint_benchmark}  # fmt: skip
 
 
+def _check(args, out) -> int:
+    report = check.check(PRESETS[args.preset], args.data_dir, len(jax.devices()), args.only)
+    write_report(report, out)
+    for row in report.failed:
+        print(f"failed: {row['case']}: {row['error']}")
+    return 1 if report.failed else 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``args.command``; its exit code. Every ``--out`` is checked first (``runs.check_overwrite``)."""
+    if hasattr(args, "compile_cache"):
+        compile_cache.enable(args.compile_cache)
     base = None if args.out == "" else Path(args.out or f"runs/bench/{args.command}")
     names = [*suites.SUITES, "throughput"] if args.command == "all" else [args.command]
     outs = {name: (base / name if args.command == "all" else base) if base else None for name in names}
@@ -105,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
                 out.mkdir(parents=True, exist_ok=True)
             except OSError as err:
                 raise ValueError(f"--out {out} cannot be a results folder: {err}") from None
+    if args.command == "check":
+        return _check(args, outs["check"])
     if args.command in ("throughput", "compile"):
         return (_throughput if args.command == "throughput" else _compile)(args, outs[args.command])
     if args.command not in REPORTS:

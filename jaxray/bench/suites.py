@@ -153,7 +153,7 @@ def batch_sweep(preset: Preset, data_dir: str | None, devices: int, batches=None
 def attention(preset: Preset, data_dir: str | None, devices: int) -> Report:
     """The transformer's attention: xla vs cudnn vs auto (cudnn only where it can run)."""
     model = make_spec(**preset.attention, attention="xla").trial.model
-    target = target_for(jax.devices()[0], model.dtype, model.head_dim)
+    target = target_for(jax.devices()[0], model.dtype, model.head_dim, model.max_seq_len)
     refused, cases = {}, []
     for req in REQUESTS:
         try:

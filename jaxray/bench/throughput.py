@@ -14,13 +14,14 @@ import jax
 import jaxlib
 import numpy as np
 
-from jaxray.bench import mfu
+from jaxray.bench import mfu, profile
 from jaxray.config import ConfigError, TrialConfig, parse_trial
 from jaxray.data.batching import Arrays, num_rows
 from jaxray.data.workloads import load_arrays
 from jaxray.models import build, param_count
 from jaxray.parallel.checks import check_attention, check_trial
 from jaxray.parallel.mesh import needs_sync_per_step, shard_batch, trial_mesh
+from jaxray.train import compile_cache
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import compile_shard_map_train_step, compile_train_step, jit_eval_step
 from jaxray.train.run import eval_batch_size, tokens_per_example
@@ -28,7 +29,7 @@ from jaxray.train.step import LOSSES, make_optimizer, placed_init_state, train_s
 
 STEP_KINDS = ("jit", "shard_map", "eager")
 INIT_SEED = {"transformer": 1, "mlp": 3, "shared_block_mlp": 1}  # lab 7: nnx.Rngs(1); lab 4: key(3)
-TIMING = ("steps", "repeats", "warmup", "step", "steps_per_call", "evaluate")
+TIMING = ("steps", "repeats", "warmup", "step", "steps_per_call", "evaluate", "profile")
 
 
 def time_calls(call: Callable[[int], Any], calls: int, repeats: int, warmup: int = 1) -> tuple[float, list]:
@@ -64,6 +65,7 @@ class Spec:
     step: str = "jit"
     steps_per_call: int = 1
     evaluate: bool = False
+    profile: bool = False
 
 
 def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: int | None = None,
@@ -76,7 +78,7 @@ def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: i
     raw = {"model": {k: v for k, v in model.items() if v is not None and k not in TIMING}}
     raw["train"] = {"global_batch": global_batch}
     raw["data"] = {"data_dir": data_dir} | ({"seq_len": seq_len} if lm else {})
-    raw["workers"] = {"devices_per_worker": devices, "use_gpu": jax.default_backend() == "gpu"}
+    raw["workers"] = {"devices_per_worker": devices, "accelerator": jax.default_backend()}
     raw["parallel"] = mesh or {}
     try:
         check_attention(trial := parse_trial(raw, source="(bench)"), source="(bench)")
@@ -145,7 +147,8 @@ def measure(spec: Spec, data: tuple[Arrays, Arrays] | None = None) -> Measuremen
     model, tx = build(trial.model), make_optimizer(trial.learning_rate, trial.train.weight_decay)
     state = placed_init_state(model, tx, mesh, jax.random.key(INIT_SEED[trial.model.workload]))
     n_params = param_count(state.params)  # before the first step donates the state
-    step, compile_s = _compile(spec, model, tx, mesh, state, batches[0])
+    with compile_cache.watch() as cache:
+        step, compile_s = _compile(spec, model, tx, mesh, state, batches[0])
     losses, sync = [], needs_sync_per_step(mesh)
 
     def call(i: int):
@@ -158,6 +161,9 @@ def measure(spec: Spec, data: tuple[Arrays, Arrays] | None = None) -> Measuremen
     flat = [float(x) for x in np.concatenate([np.ravel(v) for v in jax.device_get(losses)])]
     row = _row(spec, model, n_params, median_s / spec.steps_per_call, compile_s, flat)
     row |= {"sync_each_step": sync, "ms_per_step_repeats": [t / spec.steps_per_call * 1e3 for t in windows]}
+    row |= cache.fields()
+    if spec.profile:  # a few more steps under jax.profiler, after the timed ones
+        row["profile"] = profile.profile(step, lambda: [call(i) for i in range(3)])
     if spec.evaluate:
         size = eval_batch_size(trial, mesh.devices.size)
         scores = evaluate(jit_eval_step(model, mesh), state.params, held_out, size, mesh)
@@ -183,6 +189,7 @@ def _row(spec: Spec, model, n_params: int, seconds: float, compile_s: float, los
     if cfg.workload == "transformer":
         row |= {"seq_len": trial.data.seq_len, "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
                 "tokens_per_sec": rate * tokens_per_example(trial),
-                "attention": model.attention.implementation,
+                "attention": model.attention.implementation, "remat": cfg.remat,
+                "scan_layers": cfg.scan_layers,
                 "attention_note": model.attention.reason}  # fmt: skip
     return row

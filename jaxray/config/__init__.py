@@ -6,27 +6,35 @@ allowed and the value received. ``check_devices`` holds the checks that need the
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    Strict,
-    StrictBool,
-    model_validator,
+from pydantic import Field, Strict, StrictBool, model_validator
+
+from jaxray.config.errors import ConfigError, invalid, shown, validate
+from jaxray.config.scaling import ACCELERATORS, MESH_AXES, ParallelConfig, WorkersConfig
+from jaxray.config.types import (
+    Beta,
+    FiniteFloat,
+    FrozenConfig,
+    NonNegFloat,
+    NonNegInt,
+    PosFloat,
+    PosInt,
 )
 
-from jaxray.argtypes import MAX_CPU_DEVICES
-from jaxray.config.errors import ConfigError, invalid, shown, validate
-
-__all__ = ["ConfigError", "invalid", "shown", "validate"]
+__all__ = ["ACCELERATORS", "MESH_AXES", "ConfigError", "ParallelConfig", "WorkersConfig", "invalid"]
+__all__ += ["shown", "validate", "Beta", "FiniteFloat", "FrozenConfig", "NonNegFloat", "NonNegInt"]
+__all__ += ["PosFloat", "PosInt"]
 
 Workload = Literal["mlp", "shared_block_mlp", "transformer"]
 DType = Literal["float32", "bfloat16", "float16"]
-Attention = Literal["auto", "xla", "cudnn"]
+# xla: jaxray's block-skipping XLA attention; dense: XLA's full [T, T] scores; splash: the Pallas TPU
+# kernel (jaxray.models.splash); cudnn: cuDNN flash attention; auto: jaxray.models.attention.choose.
+Attention = Literal["auto", "xla", "dense", "splash", "cudnn"]
+# Rematerialisation of each block in the backward pass (jax.checkpoint policies): none keeps every
+# activation, full keeps only the block's input, dots keeps the matmul outputs without batch dims.
+Remat = Literal["none", "full", "dots"]
+REMATS: tuple[str, ...] = Remat.__args__
 WORKLOADS: tuple[str, ...] = Workload.__args__
 DTYPES: tuple[str, ...] = DType.__args__
 # The reported metrics a checkpoint may be ranked by (``train.checkpoint_score``).
@@ -48,39 +56,11 @@ RECIPE["shared_block_mlp"] = RECIPE["mlp"]
 MAX_DEFAULT_WARMUP = 100  # the transformer's default warmup: min(100, steps // 10) steps
 
 
-def _finite_number(value: Any) -> Any:
-    """A float field's input as given; ValueError for a boolean (pydantic would take it as 1/0) or
-    NaN/infinity (checked before the range so the message says "not finite")."""
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a number")
-    if isinstance(value, (int, float, str)):
-        try:
-            number = float(value)
-        except (ValueError, OverflowError):  # not a number: pydantic's own message says so
-            return value
-        if not math.isfinite(number):
-            raise ValueError("not finite (NaN and infinity are not allowed)")
-    return value
-
-
-# Integers are strict (no 2.5, "10" or true); floats accept YAML's 3e-3, which PyYAML reads as text.
-PosInt = Annotated[int, Strict(), Field(gt=0)]
-NonNegInt = Annotated[int, Strict(), Field(ge=0)]
-FiniteFloat = Annotated[float, BeforeValidator(_finite_number), Field(allow_inf_nan=False)]
-PosFloat = Annotated[FiniteFloat, Field(gt=0)]
-NonNegFloat = Annotated[FiniteFloat, Field(ge=0)]
-Beta = Annotated[FiniteFloat, Field(ge=0, lt=1)]
-
-
-class FrozenConfig(BaseModel):
-    """Base of every config: unknown keys are errors, values cannot change after validation."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 class ModelConfig(FrozenConfig):
-    """Model hyper-parameters. ``width``: MLP hidden width or transformer d_model (D). ``attention``
-    (transformer only): "xla", "cudnn" or "auto" (``jaxray.models.attention``)."""
+    """Model hyper-parameters. ``width``: MLP hidden width or transformer d_model (D). Transformer only:
+    ``attention`` (``Attention``; ``jaxray.models.attention``), ``remat`` (``Remat``) and ``scan_layers``
+    (the blocks run as one ``lax.scan``: compile time independent of depth). ``remat`` and
+    ``scan_layers`` change how the step runs, not the params: checkpoints restore across them."""
 
     workload: Workload
     width: PosInt | None = None
@@ -91,6 +71,8 @@ class ModelConfig(FrozenConfig):
     max_seq_len: PosInt = 256
     vocab_size: Literal[256] = 256
     attention: Attention = "auto"
+    remat: Remat = "none"
+    scan_layers: StrictBool = False
 
     @model_validator(mode="after")
     def _fill_and_check(self) -> ModelConfig:
@@ -201,108 +183,6 @@ class DataConfig(FrozenConfig):
                 f"seq_len must be >= 2 (next-byte prediction needs two tokens), got {self.seq_len}"
             )
         return self
-
-
-def _worker_count(value: Any) -> Any:
-    """``num_workers`` as given: a positive integer, or [min, max] of them; ValueError saying so."""
-    pair = isinstance(value, list | tuple)
-    items = list(value) if pair else [value]
-    positive = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in items)
-    if not positive or (pair and len(items) != 2):
-        raise ValueError("num_workers must be a positive integer or [min, max] of them")
-    return tuple(items) if pair else value
-
-
-class WorkersConfig(FrozenConfig):
-    """Ray Train scaling: ``num_workers`` JAX processes, or ``[min, max]`` of them (Ray's elastic
-    ``ScalingConfig``: fewer while nodes are missing, the same global batch), each owning
-    ``devices_per_worker`` devices (on CPU at most ``jaxray.argtypes.MAX_CPU_DEVICES``, else
-    ValueError)."""
-
-    num_workers: Annotated[int | tuple[int, int], BeforeValidator(_worker_count)] = 1
-    devices_per_worker: PosInt = 1
-    use_gpu: StrictBool = False
-    # Worker-group restarts after a worker or its node dies (-1: no limit); the loop resumes from
-    # the newest checkpoint. Preemptions (a drain notice, then the node gone) are counted apart.
-    max_failures: Annotated[int, Strict(), Field(ge=-1)] = 1
-    max_preemption_failures: Annotated[int, Strict(), Field(ge=-1)] = -1
-    # Sweeps: Tune's restarts of a trial whose driver died with its node (-1: no limit).
-    max_driver_failures: Annotated[int, Strict(), Field(ge=-1)] = 1
-    # Elastic only: how often Ray checks whether more workers fit again, seconds (Ray's default).
-    elastic_resize_monitor_interval_s: PosFloat = 60.0
-
-    @model_validator(mode="after")
-    def _cpu_devices(self) -> WorkersConfig:
-        low, high = self.worker_range
-        if low > high:
-            raise ValueError(f"num_workers [min, max] needs min <= max, got [{low}, {high}]")
-        if not self.use_gpu and self.devices_per_worker > MAX_CPU_DEVICES:
-            raise ValueError(
-                f"devices_per_worker must be at most {MAX_CPU_DEVICES} forced host devices on CPU "
-                f"(use_gpu is false), got {self.devices_per_worker}; use more workers instead"
-            )
-        return self
-
-    @property
-    def worker_range(self) -> tuple[int, int]:
-        """(min, max) workers; both ``num_workers`` when it is one number."""
-        n = self.num_workers
-        return (n, n) if isinstance(n, int) else n
-
-    @property
-    def elastic(self) -> bool:
-        return self.worker_range[0] != self.worker_range[1]
-
-    @property
-    def total_devices(self) -> int:
-        """Devices of the trial at its most workers."""
-        return self.worker_range[1] * self.devices_per_worker
-
-
-AxisSize = Annotated[int, Strict(), Field(ge=-1)]
-MESH_AXES = ("data", "fsdp", "tensor")
-
-
-class ParallelConfig(FrozenConfig):
-    """The trial's (``data``, ``fsdp``, ``tensor``) device mesh (``jaxray.parallel.mesh``): sizes whose
-    product is the trial's device count over all its workers; one of them may be -1, the rest.
-    ``data`` left out is the rest, or 1 when ``fsdp`` or ``tensor`` is -1 (default: every device on
-    ``data``). ``fsdp`` splits params and optimizer state on their ``embed`` dimension, ``tensor``
-    on ``heads``, ``mlp`` and ``vocab`` (``jaxray.parallel.mesh.RULES``); batches are split over
-    ``data`` x ``fsdp``. ``data`` and ``fsdp`` may span workers, ``tensor`` stays within one."""
-
-    data: AxisSize | None = None
-    fsdp: AxisSize = 1
-    tensor: AxisSize = 1
-
-    @model_validator(mode="after")
-    def _check(self) -> ParallelConfig:
-        given = {a: getattr(self, a) for a in MESH_AXES if getattr(self, a) is not None}
-        if any(n == 0 for n in given.values()) or list(given.values()).count(-1) > 1:
-            raise ValueError(f"parallel sizes must be positive, with at most one -1 (the rest); got {given}")
-        return self
-
-    def shape(self, devices: int) -> dict[str, int]:
-        """``{data, fsdp, tensor}`` sizes on ``devices`` devices, the -1 resolved; ValueError naming the
-        numbers when their product cannot be ``devices``."""
-        data = self.data if self.data is not None else (1 if -1 in (self.fsdp, self.tensor) else -1)
-        sizes = {"data": data, "fsdp": self.fsdp, "tensor": self.tensor}
-        known = math.prod(n for n in sizes.values() if n != -1)
-        if -1 in sizes.values() and devices % known == 0:
-            return {a: devices // known if n == -1 else n for a, n in sizes.items()}
-        if -1 not in sizes.values() and known == devices:
-            return sizes
-        named = [a for a in MESH_AXES if a != "data" or self.data is not None]
-        given = " x ".join(f"parallel.{a} {sizes[a]}" for a in named)
-        need = (
-            f"the fixed sizes' product ({known}) must divide {devices}"
-            if -1 in sizes.values()
-            else f"their product ({known}) must be {devices}, or one size -1 for the rest"
-        )
-        raise ValueError(
-            f"{given} cannot make a mesh of the trial's {devices} devices (workers.num_workers x "
-            f"workers.devices_per_worker): {need}"
-        )
 
 
 def trial_name(workload: str, global_batch: int, dtype: str, width: int, learning_rate: float) -> str:

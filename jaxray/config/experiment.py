@@ -44,7 +44,7 @@ SEARCHABLE = ("global_batch", "dtype", "width", "learning_rate")
 MODEL_KEYS = {
     "mlp": (),
     "shared_block_mlp": ("block_repeats",),
-    "transformer": ("preset", "num_layers", "num_heads", "max_seq_len", "attention"),
+    "transformer": ("preset", "num_layers", "num_heads", "max_seq_len", "attention", "remat", "scan_layers"),
 }
 # Transformer shapes for ``model: {preset: NAME}``; "width" (D) is the grid's default d_model.
 MODEL_PRESETS: dict[str, dict[str, int]] = {

@@ -253,7 +253,7 @@ class Engine:
         """JSON-able description: the model config (less the shared-block MLP's ``block_repeats``, which
         a transformer does not read), source, settings, devices and compile time."""
         return {
-            "model": self.config.model_dump(exclude={"block_repeats"}),
+            "model": self.config.model_dump(exclude={"block_repeats", "remat", "scan_layers"}),
             "checkpoint": self.source,
             "settings": self.settings.model_dump(),
             "buckets": list(self.buckets),

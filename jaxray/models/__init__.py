@@ -44,7 +44,7 @@ def compute_dtype(cfg: ModelConfig):
 
 
 def build_transformer(cfg: ModelConfig, rngs: nnx.Rngs, attention: str | None = None) -> Transformer:
-    """The NNX transformer for ``cfg`` (``attention``: None, "xla" or "cudnn")."""
+    """The NNX transformer for ``cfg`` (``attention``: an implementation, ``AttentionChoice``'s)."""
     return Transformer(
         cfg.vocab_size,
         cfg.width,
@@ -54,6 +54,8 @@ def build_transformer(cfg: ModelConfig, rngs: nnx.Rngs, attention: str | None = 
         cfg.max_seq_len,
         dtype=compute_dtype(cfg),
         attention=attention,
+        remat=cfg.remat,
+        scan_layers=cfg.scan_layers,
         rngs=rngs,
     )
 
@@ -64,7 +66,7 @@ def resolve_attention(
     """``requested`` (default ``cfg.attention``) decided for ``device`` (default: the first device).
     Raises AttentionError for "cudnn" where it cannot run."""
     device = device or jax.devices()[0]
-    return choose(requested or cfg.attention, target_for(device, cfg.dtype, cfg.head_dim))
+    return choose(requested or cfg.attention, target_for(device, cfg.dtype, cfg.head_dim, cfg.max_seq_len))
 
 
 def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
@@ -87,8 +89,8 @@ def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
 
 
 def build(cfg: ModelConfig, attention: str | None = None) -> Model:
-    """The Model for ``cfg.workload``; ``attention`` ("xla", "cudnn" or "auto") overrides
-    ``cfg.attention``. Raises AttentionError for cuDNN attention where it cannot run."""
+    """The Model for ``cfg.workload``; ``attention`` (``jaxray.models.attention.REQUESTS``) overrides
+    ``cfg.attention``. Raises AttentionError for cuDNN or splash attention where it cannot run."""
     dtype = compute_dtype(cfg)
     if cfg.workload == "transformer":
         return _transformer(cfg, resolve_attention(cfg, attention))

@@ -1,19 +1,25 @@
-"""Which attention implementation the transformer uses: XLA everywhere, cuDNN flash attention where
-it can run. ``choose`` decides up front, so ``auto`` falls back to XLA with a reason and ``cudnn``
-raises ``AttentionError`` before compiling.
+"""Which attention implementation the transformer uses: jaxray's block-skipping XLA attention
+(``xla``), XLA's dense one (``dense``), the Pallas splash kernel on TPU (``splash``) or cuDNN flash
+attention (``cudnn``). ``choose`` decides up front, so ``auto`` says why and a request that cannot run
+raises ``AttentionError`` before compiling. ``auto``'s TPU rule is measured (docs/benchmarks.md).
 
 cuDNN's conditions (``jax._src.cudnn.fused_attention_stablehlo``, JAX 0.10): NVIDIA GPU of compute
-capability >= 8.0, bfloat16/float16, head dim a multiple of 8 and <= 128 (<= 256 from 9.0)."""
+capability >= 8.0, bfloat16/float16, head dim a multiple of 8 and <= 128 (<= 256 from 9.0). Splash's:
+a TPU (or Pallas interpret mode on CPU, for tests), a sequence that is a multiple of 128."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-Requested = Literal["xla", "cudnn", "auto"]  # the order benchmarks show them in
+Requested = Literal["xla", "dense", "splash", "cudnn", "auto"]  # the order benchmarks show them in
 REQUESTS: tuple[str, ...] = Requested.__args__
 CUDNN_DTYPES = ("bfloat16", "float16")
 MIN_COMPUTE_CAPABILITY = (8, 0)
+SPLASH_MULTIPLE = 128  # splash's kv blocks are multiples of 128 that divide the sequence
+# auto on TPU: splash from this sequence length, dense XLA below (v5e, bf16, fwd+bwd: splash 2.2x
+# XLA at T 1024, XLA 2.1x splash at T 256; docs/benchmarks.md "Attention on the TPU").
+SPLASH_MIN_SEQ = 512
 
 
 class AttentionError(ValueError):
@@ -22,8 +28,8 @@ class AttentionError(ValueError):
 
 @dataclass(frozen=True)
 class AttentionChoice:
-    """``implementation`` ("xla" or "cudnn") for a ``requested`` one, and ``reason`` when ``auto``
-    fell back to XLA (empty otherwise)."""
+    """``implementation`` ("xla", "dense", "splash" or "cudnn") for a ``requested`` one, and ``reason``:
+    why ``auto`` chose it (empty otherwise)."""
 
     requested: str
     implementation: str
@@ -35,7 +41,7 @@ class AttentionChoice:
         ("auto: cuDNN can run here" or "auto: <reason>")."""
         if self.requested != "auto":
             return "requested in model.attention"
-        return f"auto: {self.reason or 'cuDNN can run here'}"
+        return f"auto: {self.reason}"
 
     def describe(self) -> str:
         """One log line's part: "attention xla (auto: cuDNN attention needs an NVIDIA GPU, ...)"."""
@@ -44,13 +50,14 @@ class AttentionChoice:
 
 @dataclass(frozen=True)
 class Target:
-    """What decides cuDNN support: the device platform ("gpu", "cpu", "tpu"), its compute capability
-    (e.g. "9.0"; None off NVIDIA GPUs), the compute dtype name and the head dim K."""
+    """What decides the choice: the device platform ("gpu", "cpu", "tpu"), its compute capability
+    (e.g. "9.0"; None off NVIDIA GPUs), the compute dtype name, the head dim K and the sequence T."""
 
     platform: str
     compute_capability: str | None
     dtype: str
     head_dim: int
+    seq_len: int = 256
 
 
 def _capability(text: str | None) -> tuple[int, int] | None:
@@ -77,10 +84,24 @@ def cudnn_blockers(target: Target) -> list[str]:
     return blockers
 
 
-def config_blockers(dtype: str, head_dim: int, use_gpu: bool) -> list[str]:
-    """What rules out cuDNN attention before any device is seen: no GPU workers, the compute dtype,
-    or a head dim no GPU supports."""
-    blockers = [] if use_gpu else ["it needs GPU workers (workers.use_gpu: true)"]
+def splash_blockers(target: Target) -> list[str]:
+    """Why the splash kernel cannot run on ``target`` (CPU runs it in Pallas interpret mode)."""
+    tpu = target.platform in ("tpu", "cpu")
+    blockers = [] if tpu else [f"splash needs a TPU, this device is {target.platform}"]
+    if target.seq_len % SPLASH_MULTIPLE:
+        blockers.append(f"sequence length {target.seq_len} is not a multiple of {SPLASH_MULTIPLE}")
+    return blockers
+
+
+def config_blockers(requested: str, dtype: str, head_dim: int, seq_len: int, accelerator: str) -> list[str]:
+    """What rules out ``requested`` ("cudnn" or "splash") before any device is seen: the workers'
+    ``accelerator``, the compute dtype, the head dim or the sequence length."""
+    if requested == "splash":
+        blockers = (
+            [] if accelerator in ("tpu", "cpu") else ["it needs TPU workers (workers.accelerator: tpu)"]
+        )
+        return blockers + splash_blockers(Target("tpu", None, dtype, head_dim, seq_len))
+    blockers = [] if accelerator == "gpu" else ["it needs GPU workers (workers.accelerator: gpu)"]
     if dtype not in CUDNN_DTYPES:
         blockers.append(f"dtype {dtype} is not bfloat16 or float16")
     if head_dim % 8 or head_dim > 256:
@@ -88,24 +109,33 @@ def config_blockers(dtype: str, head_dim: int, use_gpu: bool) -> list[str]:
     return blockers
 
 
-def choose(requested: str, target: Target) -> AttentionChoice:
-    """The implementation for ``requested`` ("xla", "cudnn" or "auto") on ``target``. Raises
-    AttentionError for an unknown request, or "cudnn" where ``cudnn_blockers`` finds a reason."""
-    if requested not in REQUESTS:
-        raise AttentionError(f"attention must be one of {', '.join(REQUESTS)}, got {requested!r}")
-    if requested == "xla":
-        return AttentionChoice(requested, "xla")
+def _auto(target: Target) -> AttentionChoice:
+    if target.platform == "tpu":
+        if not splash_blockers(target) and target.seq_len >= SPLASH_MIN_SEQ:
+            return AttentionChoice("auto", "splash", f"TPU, sequence {target.seq_len} >= {SPLASH_MIN_SEQ}")
+        why = f"TPU, sequence {target.seq_len}: dense XLA beats splash below {SPLASH_MIN_SEQ}"
+        return AttentionChoice("auto", "dense", why)
     blockers = cudnn_blockers(target)
     if not blockers:
-        return AttentionChoice(requested, "cudnn")
-    reason = "; ".join(blockers)
-    if requested == "cudnn":
+        return AttentionChoice("auto", "cudnn", "cuDNN can run here")
+    return AttentionChoice("auto", "xla", "; ".join(blockers))
+
+
+def choose(requested: str, target: Target) -> AttentionChoice:
+    """The implementation for ``requested`` (``REQUESTS``) on ``target``. Raises AttentionError for an
+    unknown request, or "cudnn" / "splash" where ``cudnn_blockers`` / ``splash_blockers`` find a reason."""
+    if requested not in REQUESTS:
+        raise AttentionError(f"attention must be one of {', '.join(REQUESTS)}, got {requested!r}")
+    if requested == "auto":
+        return _auto(target)
+    check = {"cudnn": cudnn_blockers, "splash": splash_blockers}.get(requested)
+    if check is not None and (blockers := check(target)):
         raise AttentionError(
-            f"attention 'cudnn' cannot run here: {reason}. Use 'auto' (falls back to XLA) or 'xla'"
+            f"attention {requested!r} cannot run here: {'; '.join(blockers)}. Use 'auto' or 'xla'"
         )
-    return AttentionChoice(requested, "xla", reason)
+    return AttentionChoice(requested, requested)
 
 
-def target_for(device, dtype: str, head_dim: int) -> Target:
+def target_for(device, dtype: str, head_dim: int, seq_len: int) -> Target:
     """The Target for a ``jax.Device`` (``compute_capability`` exists on CUDA devices only)."""
-    return Target(device.platform, getattr(device, "compute_capability", None), dtype, head_dim)
+    return Target(device.platform, getattr(device, "compute_capability", None), dtype, head_dim, seq_len)

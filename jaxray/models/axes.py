@@ -100,3 +100,10 @@ def constrain(x: jax.Array, *names: str | None) -> jax.Array:
     on its contracted dimension; ``x`` itself outside a layout (inference, the shard_map step)."""
     sharding_of = _LAYOUT.get()
     return x if sharding_of is None else jax.lax.with_sharding_constraint(x, sharding_of(names))
+
+
+def layout_sharding(*names: str | None) -> Any:
+    """The active layout's ``jax.sharding.NamedSharding`` for ``names`` (as ``constrain``), or None outside
+    a layout: how a kernel run through ``shard_map`` (``jaxray.models.splash``) learns the mesh."""
+    sharding_of = _LAYOUT.get()
+    return None if sharding_of is None else sharding_of(names)

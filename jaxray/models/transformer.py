@@ -2,8 +2,10 @@
 
 Token plus learned position embeddings (``embed_tokens``, ``embed_positions``: no gather or scatter in
 a training step), ``num_layers`` pre-norm blocks (causal multi-head attention:
-block-skipping XLA attention or cuDNN's, GELU feed-forward of 4 x D), a final LayerNorm and a
-bias-free LM head. Params are float32; ``dtype`` is the compute dtype; logits come back float32."""
+block-skipping XLA attention, XLA's dense one, splash or cuDNN's; GELU feed-forward of 4 x D), a final
+LayerNorm and a bias-free LM head. Params are float32; ``dtype`` is the compute dtype; logits come back
+float32. Training's forward may rematerialise each block (``remat``) and run the blocks as one
+``lax.scan`` over their params stacked per step (``scan_layers``): the params stay one module per layer."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxray.models.axes import constrain
+from jaxray.models.splash import splash_attention
 
 # Per layer (keys, values), each [B, H, S, K]: the KV cache of ``Transformer.prefill`` / ``decode_step``.
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
@@ -23,11 +26,24 @@ KVCache = tuple[tuple[jax.Array, jax.Array], ...]
 ATTENTION_BLOCK = 64
 
 
+# jax.checkpoint policies of ``model.remat`` (None: no remat).
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
 def causal_attention(query, key, value, implementation=None, **_):
-    """q, k, v [B, T, H, K] -> [B, T, H, K]; causal; cuDNN when ``implementation == "cudnn"``, else
-    ``blocked_causal_attention``. Mask/dropout arguments from ``nnx.MultiHeadAttention`` are ignored."""
-    if implementation == "cudnn":
-        return jax.nn.dot_product_attention(query, key, value, is_causal=True, implementation="cudnn")
+    """q, k, v [B, T, H, K] -> [B, T, H, K]; causal. ``implementation``: "cudnn", "dense" (XLA's
+    ``dot_product_attention``), "splash" (``jaxray.models.splash``; dense where T is not a multiple of
+    128, e.g. a prompt bucket), else ``blocked_causal_attention``. Mask/dropout arguments from
+    ``nnx.MultiHeadAttention`` are ignored."""
+    if implementation == "splash" and query.shape[1] % 128 == 0:
+        return splash_attention(query, key, value)
+    if implementation in ("cudnn", "dense", "splash"):
+        how = "cudnn" if implementation == "cudnn" else "xla"
+        return jax.nn.dot_product_attention(query, key, value, is_causal=True, implementation=how)
     return blocked_causal_attention(query, key, value)
 
 
@@ -121,8 +137,10 @@ class Block(nnx.Module):
         """Causal self-attention over all T positions: x [B, T, D] -> (x, keys, values [B, H, T, K])."""
         query, key, value = self._qkv(x)
         heads_first = (0, 2, 1, 3)
+        with jax.named_scope("attention"):  # names the profile (jaxray.bench.profile) groups by
+            attended = self.attn.attention_fn(query, key, value)
         return (
-            self._finish(x, self.attn.attention_fn(query, key, value)),
+            self._finish(x, attended),
             key.transpose(heads_first),
             value.transpose(heads_first),
         )
@@ -136,13 +154,16 @@ class Block(nnx.Module):
         return self._finish(x, cached_attention(query, keys, values, positions)), keys, values
 
     def _qkv(self, x):
-        h = self.ln1(x)
+        with jax.named_scope("norm"):
+            h = self.ln1(x)
         heads = (self.attn.query(h), self.attn.key(h), self.attn.value(h))  # each [B, T, H, K]
         return tuple(constrain(t, "batch", None, "heads", None) for t in heads)
 
     def _finish(self, x, attended):
         x = constrain(x + self.attn.out(attended), "batch", None, None)
-        hidden = constrain(jax.nn.gelu(self.fc_up(self.ln2(x))), "batch", None, "mlp")  # [B, T, F]
+        with jax.named_scope("norm"):
+            normed = self.ln2(x)
+        hidden = constrain(jax.nn.gelu(self.fc_up(normed)), "batch", None, "mlp")  # [B, T, F]
         return constrain(x + self.fc_down(hidden), "batch", None, None)
 
 
@@ -160,11 +181,14 @@ class Transformer(nnx.Module):
         max_seq_len: int,
         dtype=jnp.float32,
         attention: str | None = None,
+        remat: str = "none",
+        scan_layers: bool = False,
         *,
         rngs: nnx.Rngs,
     ):
         attention_fn = functools.partial(causal_attention, implementation=attention)
         self.max_seq_len = max_seq_len
+        self.remat, self.scan_layers = remat, scan_layers
         self.token_embed = nnx.Embed(vocab_size, d_model, dtype=dtype, rngs=rngs)
         self.pos_embed = nnx.Embed(max_seq_len, d_model, dtype=dtype, rngs=rngs)
         self.blocks = nnx.List(
@@ -174,7 +198,32 @@ class Transformer(nnx.Module):
         self.lm_head = nnx.Linear(d_model, vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        return self.prefill(tokens)[0]
+        """tokens [B, T] int32 -> logits [B, T, V] float32: training's forward (remat, scan_layers)."""
+        with jax.named_scope("embed"):
+            x = embed_tokens(self.token_embed, tokens) + embed_positions(self.pos_embed, tokens.shape[1])
+        return self._logits(self._layers(constrain(x, "batch", None, None)))
+
+    def _layers(self, x: jax.Array) -> jax.Array:
+        """x [B, T, D] through every block: a Python loop, or one ``lax.scan`` over the blocks' params
+        stacked on a leading layer axis (one copy of them per step; the body compiles once)."""
+        policy = REMAT_POLICIES[self.remat]
+        if policy is None and not self.scan_layers:
+            for block in self.blocks:
+                x = block(x)
+            return x
+        graphdef, *states = _split_blocks(self.blocks)
+
+        def run(state, x):
+            return nnx.merge(graphdef, state)(x)
+
+        if policy is not None:
+            run = jax.checkpoint(run, policy=policy, prevent_cse=not self.scan_layers)
+        if self.scan_layers:
+            stacked = jax.tree.map(lambda *layers: jnp.stack(layers), *states)
+            return jax.lax.scan(lambda x, state: (run(state, x), None), x, stacked)[0]
+        for state in states:
+            x = run(state, x)
+        return x
 
     def prefill(self, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
         """tokens [B, T] int32 -> (logits [B, T, V] float32, cache): the cache holds, per layer,
@@ -202,3 +251,9 @@ class Transformer(nnx.Module):
 
     def _logits(self, x):
         return self.lm_head(self.final_norm(x)).astype(jnp.float32)
+
+
+def _split_blocks(blocks) -> list:
+    """[graphdef, state of block 0, state of block 1, ...]: the blocks share one graphdef."""
+    parts = [nnx.split(block) for block in blocks]
+    return [parts[0][0], *(state for _, state in parts)]

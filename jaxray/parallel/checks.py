@@ -17,18 +17,18 @@ from jaxray.parallel.mesh import unsplittable
 
 
 def check_attention(trial: TrialConfig, source: str = "(trial)", prefix: str = "") -> None:
-    """ConfigError when ``trial`` asks for ``model.attention: cudnn`` where the config alone shows
-    cuDNN cannot run (``config_blockers``); the message starts with ``source``, names the field
+    """ConfigError when ``trial`` asks for ``model.attention`` cudnn or splash where the config alone
+    shows it cannot run (``config_blockers``); the message starts with ``source``, names the field
     after ``prefix`` and lists every reason."""
     m = trial.model
-    if m.workload != "transformer" or m.attention != "cudnn":
+    if m.workload != "transformer" or m.attention not in ("cudnn", "splash"):
         return
-    blockers = config_blockers(m.dtype, m.head_dim, trial.workers.use_gpu)
+    blockers = config_blockers(m.attention, m.dtype, m.head_dim, m.max_seq_len, trial.workers.accelerator)
     if blockers:
         raise invalid(
             source,
-            f"model.attention 'cudnn' cannot run: {'; '.join(blockers)}; "
-            f"use 'auto' (cuDNN where it can run, else XLA) or 'xla'",
+            f"model.attention {m.attention!r} cannot run: {'; '.join(blockers)}; "
+            f"use 'auto' (chosen for the device) or 'xla'",
             prefix,
         )
 

@@ -110,22 +110,23 @@ def check_storage(exp: ExperimentConfig) -> None:
         ) from None
 
 
-def check_gpus(exp: ExperimentConfig, joined: bool) -> None:
-    """With ``use_gpu``, ConfigError for a cluster started here without enough GPUs (Tune would wait
-    forever); a joined cluster may autoscale, so only warn."""
+def check_accelerators(exp: ExperimentConfig, joined: bool) -> None:
+    """With GPU or TPU workers, ConfigError for a cluster started here without enough of them (Tune
+    would wait forever); a joined cluster may autoscale, so only warn."""
     w = exp.workers
-    if not w.use_gpu:
+    if w.accelerator == "cpu":
         return
-    have = int(ray.cluster_resources().get("GPU", 0))
+    kind = w.accelerator.upper()
+    have = int(ray.cluster_resources().get(kind, 0))
     if have >= w.devices_per_worker:
         return
     message = (
-        f"workers.use_gpu is true and each worker needs {w.devices_per_worker} GPU(s), but the Ray "
-        f"cluster has {have}; set workers.use_gpu: false to train on CPU"
+        f"workers.accelerator is {w.accelerator} and each worker needs {w.devices_per_worker} {kind}(s), "
+        f"but the Ray cluster has {have}; set workers.accelerator: cpu to train on CPU"
     )
     if not joined:
         raise ConfigError(message)
-    print(f"warning: {message}; waiting for the cluster to add GPU nodes", file=terminal.err())
+    print(f"warning: {message}; waiting for the cluster to add {kind} nodes", file=terminal.err())
 
 
 def join_cpu_program(rank: int, world: int) -> None:
@@ -145,7 +146,7 @@ def join_cpu_program(rank: int, world: int) -> None:
 def cpu_program(workers: WorkersConfig, rank: int, world: int) -> Iterator[None]:
     """Inside: this worker is ``rank`` of a ``world``-process CPU JAX program when several workers
     train on CPU; otherwise nothing. Enter before JAX's backend starts."""
-    joined = world > 1 and not workers.use_gpu
+    joined = world > 1 and workers.accelerator == "cpu"
     if joined:
         join_cpu_program(rank, world)
     yield

@@ -135,12 +135,12 @@ def _write_record(path: Path, record: dict) -> None:
 
 def concurrent_trials(exp: ExperimentConfig, resources: dict[str, float]) -> int:
     """``max_concurrent_trials`` when set; else as many trials as the cluster's GPUs hold (at least
-    one), or one on CPU (trials sharing cores would skew each other's timings)."""
+    one) or TPU chips, or one on CPU (trials sharing cores would skew each other's timings)."""
     if exp.max_concurrent_trials is not None:
         return exp.max_concurrent_trials
-    if not exp.workers.use_gpu:
+    if exp.workers.accelerator == "cpu":
         return 1
-    return max(1, int(resources.get("GPU", 0)) // exp.workers.total_devices)
+    return max(1, int(resources.get(exp.workers.accelerator.upper(), 0)) // exp.workers.total_devices)
 
 
 def sweep_steps(sweep: SweepConfig) -> int:

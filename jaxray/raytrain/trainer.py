@@ -31,10 +31,13 @@ def cpu_xla_flags(devices: int, flags: str = "") -> str:
 
 def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str, str]:
     """Environment for the worker processes (set before JAX is imported there): ``xla_flags`` (None:
-    this process's) plus, on CPU, the forced device count."""
+    this process's) plus, on CPU, the forced device count. TPU workers get no JAX_PLATFORMS: Ray's JAX
+    backend sets ``tpu`` itself."""
     flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
     fault = {FAULT_ENV: os.environ[FAULT_ENV]} if FAULT_ENV in os.environ else {}  # tests only
-    if workers.use_gpu:
+    if workers.accelerator == "tpu":
+        return {**QUIET_ENV, **fault, **({"XLA_FLAGS": flags} if flags.strip() else {})}
+    if workers.accelerator == "gpu":
         # Several JAX processes may share a GPU in small tests; preallocation would starve them.
         env = {**QUIET_ENV, **fault, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
         return {**env, "XLA_FLAGS": flags} if flags.strip() else env
@@ -44,6 +47,20 @@ def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": cpu_xla_flags(workers.devices_per_worker, flags),
     }
+
+
+def scaling_config(w: WorkersConfig) -> ScalingConfig:
+    """Ray Train's ScalingConfig for ``w``: per worker one CPU, ``devices_per_worker`` GPUs, or
+    ``devices_per_worker`` TPU chips (``use_tpu``; a multi-host slice with its topology and type)."""
+    resources = {"cpu": {"CPU": 1}, "gpu": {"GPU": w.devices_per_worker}}.get(w.accelerator)
+    tpu = {"use_tpu": True, "topology": w.topology, "accelerator_type": w.accelerator_type}
+    return ScalingConfig(
+        num_workers=w.num_workers,
+        use_gpu=w.accelerator == "gpu",
+        resources_per_worker=resources or {"TPU": w.devices_per_worker},
+        **(tpu if w.accelerator == "tpu" else {}),
+        **({"elastic_resize_monitor_interval_s": w.elastic_resize_monitor_interval_s} if w.elastic else {}),
+    )
 
 
 def _ordered_ingest():
@@ -99,7 +116,6 @@ def make_trainer(
     storage there instead (checkpoints at ``storage_uri/name``, the counter and causes beside them;
     the compile report stays in ``storage_path/name``)."""
     w = trial.workers
-    resources = {"GPU": w.devices_per_worker} if w.use_gpu else {"CPU": 1}
     attempts, failures = run_files(storage_path, name, storage_uri)
     # Object storage: staged on each node, resumed from fetched copies; a folder: written in place.
     staged = storage_uri is not None and remote.is_object_storage(storage_uri)
@@ -114,16 +130,7 @@ def make_trainer(
             "train_rows": datasets["train"].count() if "train" in datasets else None,
             "trial_uri": remote.join(storage_uri, name) if staged else None,
         },
-        scaling_config=ScalingConfig(
-            num_workers=w.num_workers,
-            use_gpu=w.use_gpu,
-            resources_per_worker=resources,
-            **(
-                {"elastic_resize_monitor_interval_s": w.elastic_resize_monitor_interval_s}
-                if w.elastic
-                else {}
-            ),
-        ),
+        scaling_config=scaling_config(w),
         # Unsplit: each worker takes its rows of every global batch (``shards.rank_batches``).
         dataset_config=DataConfig(datasets_to_split=[], execution_options=_ordered_ingest()),
         datasets=datasets,

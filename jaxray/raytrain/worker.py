@@ -18,6 +18,7 @@ from jaxray.raytrain.reports import Reports, compile_writer, discard_unfinished,
 from jaxray.raytrain.resume import count_attempt, resume_point
 from jaxray.raytrain.shards import worker_data
 from jaxray.reporting.tensorboard import TensorBoardLogger
+from jaxray.train import compile_cache
 from jaxray.train.run import Diverged, train
 
 # Every metric a sweep's ASHA may read (Tune checks each report has it), NaN in a diverged trial's.
@@ -39,6 +40,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     rank, world = context.get_world_rank(), context.get_world_size()
     with cpu_program(trial.workers, rank, world):
         check_local_devices(trial.workers)
+        compile_cache.enable(trial.workers.compile_cache)
         attempt = count_attempt(config.get("attempts_file"), world) if rank == 0 else (1, [world])
         attention = resolve_attention(trial.model) if trial.model.workload == "transformer" else None
         print(describe_worker(rank, attention), flush=True)

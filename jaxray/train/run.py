@@ -19,7 +19,7 @@ from jaxray.data.batching import Arrays, num_rows
 from jaxray.models import Model, build, param_count
 from jaxray.parallel.checks import check_trial
 from jaxray.parallel.mesh import describe, held_bytes, needs_sync_per_step, shard_batch
-from jaxray.train import compile_report
+from jaxray.train import compile_cache, compile_report
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
 from jaxray.train.step import TrainState, abstract_state, optimizer_for, placed_init_state
@@ -147,11 +147,7 @@ def train(
     # The data position: a resumed run skips the batches it had already trained on.
     sharded = (shard_batch(mesh, b) for b in itertools.islice(batches, start, None))
     first = next(sharded)
-    step_fn, compile_s = compile_train_step(model, tx, mesh, state, first)
-    report = {
-        "config": compile_report.describe(trial, mesh),
-        **compile_report.report(step_fn, compile_s, mesh.local_devices[0]),
-    }
+    step_fn, compile_s, report = _compiled(trial, model, tx, mesh, state, first)
     if on_compile is not None:
         on_compile(report)
     state, timing = run_loop(
@@ -173,8 +169,22 @@ def train(
     summary["per_device_batch"] = trial.train.global_batch // (mesh.shape["data"] * mesh.shape["fsdp"])
     summary["state_bytes"], summary["state_bytes_per_device"] = held_bytes(state)
     summary.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))
-    summary.update(_attention(model))
+    summary.update(_attention(model), compile_from_cache=report["compile_from_cache"])
     return TrainResult(state, summary, history, report)
+
+
+def _compiled(trial: TrialConfig, model: Model, tx, mesh: Mesh, state: TrainState, batch):
+    """(the AOT-compiled train step, compile s, the compile report with the attention chosen and
+    whether the persistent compilation cache served it)."""
+    with compile_cache.watch() as cache:
+        step_fn, compile_s = compile_train_step(model, tx, mesh, state, batch)
+    report = {
+        "config": compile_report.describe(trial, mesh),
+        **compile_report.report(step_fn, compile_s, mesh.local_devices[0]),
+        **cache.fields(),
+        **_attention(model),
+    }
+    return step_fn, compile_s, report
 
 
 def _final_held_out(trial: TrialConfig, model: Model, mesh: Mesh, state: TrainState, eval_arrays: Arrays):

@@ -159,8 +159,10 @@ def loss_and_grads(
     """((mean loss, mean accuracy) over ``batch``, gradient of the mean loss w.r.t. ``params``)."""
 
     def mean_loss(params):
-        loss, correct = loss_fn(apply(params, model_inputs(batch)), batch)
-        return loss.mean(), correct.mean()
+        logits = apply(params, model_inputs(batch))
+        with jax.named_scope("loss"):
+            loss, correct = loss_fn(logits, batch)
+            return loss.mean(), correct.mean()
 
     return jax.value_and_grad(mean_loss, has_aux=True)(params)
 
@@ -169,9 +171,10 @@ def apply_gradients(
     state: TrainState, grads: Any, loss: jax.Array, accuracy: jax.Array, *, tx: optax.GradientTransformation
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """The optimizer update for ``grads`` -> (new state, metrics ``loss``, ``accuracy``, ``grad_norm``)."""
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "accuracy": accuracy, "grad_norm": optax.tree.norm(grads)}
+    with jax.named_scope("optimizer"):  # a name the profile (jaxray.bench.profile) groups by
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {"loss": loss, "accuracy": accuracy, "grad_norm": optax.tree.norm(grads)}
     return TrainState(params, opt_state, state.step + 1), metrics
 
 

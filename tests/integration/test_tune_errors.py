@@ -13,7 +13,7 @@ pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
 GPU = """
 experiment: gpu
-workers: {use_gpu: true}
+workers: {accelerator: gpu}
 sweeps:
   - workload: mlp
     train: {steps: 4}
@@ -22,7 +22,7 @@ sweeps:
 
 
 @pytest.mark.slow  # a private Ray start (14 s); CI runs it
-def test_use_gpu_without_gpus_is_an_error_not_a_hang(real_dir, tmp_path):
+def test_gpu_workers_without_gpus_is_an_error_not_a_hang(real_dir, tmp_path):
     config = tmp_path / "gpu.yaml"
     config.write_text(GPU)
     env = {**os.environ, "RAY_ADDRESS": "local", "JAXRAY_DATA_DIR": str(real_dir)}
@@ -35,7 +35,9 @@ def test_use_gpu_without_gpus_is_an_error_not_a_hang(real_dir, tmp_path):
         timeout=180,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "workers.use_gpu is true and each worker needs 1 GPU(s), but the Ray cluster has 0" in proc.stderr
+    assert (
+        "workers.accelerator is gpu and each worker needs 1 GPU(s), but the Ray cluster has 0" in proc.stderr
+    )
 
 
 def test_missing_data_dir_is_an_error(tmp_path):

@@ -37,7 +37,7 @@ def test_auto_falls_back_to_xla_and_says_why(target, why):
 
 def test_xla_is_always_allowed_and_unknown_requests_are_errors():
     assert choose("xla", Target("cpu", None, "float32", 7)).implementation == "xla"
-    with pytest.raises(AttentionError, match="one of xla, cudnn, auto"):
+    with pytest.raises(AttentionError, match="one of xla, dense, splash, cudnn, auto"):
         choose("flash", gpu())
 
 

@@ -24,11 +24,12 @@ sweeps:
 """
 
 
-def cudnn_trial(dtype="bfloat16", use_gpu=False):
+def cudnn_trial(dtype="bfloat16", accelerator="cpu", attention="cudnn", seq=256):
     return parse_trial(
         {
-            "model": {"workload": "transformer", "dtype": dtype, "attention": "cudnn"},
-            "workers": {"use_gpu": use_gpu},
+            "model": {"workload": "transformer", "dtype": dtype, "attention": attention, "max_seq_len": seq},
+            "data": {"seq_len": seq},
+            "workers": {"accelerator": accelerator},
         }
     )
 
@@ -39,14 +40,14 @@ def test_cudnn_without_gpu_workers_parses_but_is_refused():
         check_attention(trial)
     assert str(err.value) == (
         "invalid config (trial):\n  (top level): model.attention 'cudnn' cannot run: it needs GPU "
-        "workers (workers.use_gpu: true); use 'auto' (cuDNN where it can run, else XLA) or 'xla'"
+        "workers (workers.accelerator: gpu); use 'auto' (chosen for the device) or 'xla'"
     )
 
 
 def test_every_reason_is_named_and_a_feasible_request_passes():
     with pytest.raises(ConfigError, match="dtype float32 is not bfloat16 or float16"):
-        check_attention(cudnn_trial(dtype="float32", use_gpu=True))
-    check_attention(cudnn_trial(use_gpu=True))  # the compute capability is the worker's to check
+        check_attention(cudnn_trial(dtype="float32", accelerator="gpu"))
+    check_attention(cudnn_trial(accelerator="gpu"))  # the compute capability is the worker's to check
     check_attention(parse_trial({"model": {"workload": "transformer", "attention": "xla"}}))
 
 
@@ -139,3 +140,12 @@ def test_tune_refuses_a_mesh_that_cannot_split_the_params_before_starting_ray(tm
         "of blocks.0.attn.key.bias [4, 12], and 6 more params); parallel.tensor 3 does not divide 'vocab' of "
         "size 256 (dimension 1 of lm_head.kernel [48, 256], and 1 more params)\n" in stderr
     ), stderr
+
+
+def test_splash_is_refused_before_compiling_where_it_cannot_run():
+    with pytest.raises(ConfigError) as err:
+        check_attention(cudnn_trial(accelerator="gpu", attention="splash", seq=200))
+    message = str(err.value)
+    assert "model.attention 'splash' cannot run: it needs TPU workers (workers.accelerator: tpu)" in message
+    assert "sequence length 200 is not a multiple of 128" in message
+    check_attention(cudnn_trial(accelerator="tpu", attention="splash", seq=1024))

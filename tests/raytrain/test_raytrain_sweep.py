@@ -29,10 +29,10 @@ def experiment(workers: dict, max_concurrent_trials=None) -> ExperimentConfig:
 @pytest.mark.parametrize(
     "workers,gpus,expected",
     [
-        ({"num_workers": 2, "devices_per_worker": 2, "use_gpu": True}, 8, 2),  # 4 GPUs per trial
-        ({"num_workers": 1, "devices_per_worker": 2, "use_gpu": True}, 7, 3),  # whole trials only
-        ({"num_workers": 4, "devices_per_worker": 2, "use_gpu": True}, 2, 1),  # waits for more; never 0
-        ({"num_workers": 2, "devices_per_worker": 2, "use_gpu": False}, 8, 1),  # CPU trials one at a time
+        ({"num_workers": 2, "devices_per_worker": 2, "accelerator": "gpu"}, 8, 2),  # 4 GPUs per trial
+        ({"num_workers": 1, "devices_per_worker": 2, "accelerator": "gpu"}, 7, 3),  # whole trials only
+        ({"num_workers": 4, "devices_per_worker": 2, "accelerator": "gpu"}, 2, 1),  # waits for more; never 0
+        ({"num_workers": 2, "devices_per_worker": 2, "accelerator": "cpu"}, 8, 1),  # CPU trials one at a time
     ],
 )
 def test_concurrent_trials_follow_the_clusters_gpus(workers, gpus, expected):
@@ -40,7 +40,7 @@ def test_concurrent_trials_follow_the_clusters_gpus(workers, gpus, expected):
 
 
 def test_an_explicit_max_concurrent_trials_wins():
-    assert concurrent_trials(experiment({"use_gpu": True}, 3), {"GPU": 16.0}) == 3
+    assert concurrent_trials(experiment({"accelerator": "gpu"}, 3), {"GPU": 16.0}) == 3
 
 
 def test_asha_from_the_yaml():

@@ -14,7 +14,7 @@ def test_worker_env_sets_the_devices_before_jax_starts(monkeypatch):
     cpu = worker_env(WorkersConfig(devices_per_worker=4))
     assert cpu["JAX_PLATFORMS"] == "cpu"
     assert cpu["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
-    gpu = worker_env(WorkersConfig(use_gpu=True))
+    gpu = worker_env(WorkersConfig(accelerator="gpu"))
     assert gpu["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" and "XLA_FLAGS" not in gpu
     assert cpu["RAY_DATA_DISABLE_PROGRESS_BARS"] == gpu["RAY_DATA_DISABLE_PROGRESS_BARS"] == "1"
 
@@ -44,7 +44,7 @@ def test_the_drivers_xla_flags_are_the_default(monkeypatch):
         worker_env(WorkersConfig())["XLA_FLAGS"]
         == "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=1"
     )
-    assert worker_env(WorkersConfig(use_gpu=True))["XLA_FLAGS"] == "--xla_dump_to=/tmp/d"
+    assert worker_env(WorkersConfig(accelerator="gpu"))["XLA_FLAGS"] == "--xla_dump_to=/tmp/d"
     # Given explicitly (the driver's, passed to the Tune actor that builds the trainer), they win.
     assert worker_env(WorkersConfig(), "")["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
 
@@ -76,3 +76,19 @@ def test_a_resumed_attempt_records_why_the_earlier_run_ended(tmp_path):
     attempts.write_text('{"attempts": 2, "workers": [1, 1]}')
     record_driver_lost(failures, attempts, "interrupted")
     assert read_record(failures) == {"1": {"cause": "interrupted"}, "2": {"cause": "interrupted"}}
+
+
+def test_the_accelerator_maps_to_ray_trains_scaling_config():
+    from jaxray.raytrain.trainer import scaling_config
+
+    cpu = scaling_config(WorkersConfig(num_workers=2))
+    assert (cpu.use_gpu, cpu.use_tpu, cpu.resources_per_worker) == (False, False, {"CPU": 1})
+    gpu = scaling_config(WorkersConfig(accelerator="gpu", devices_per_worker=2))
+    assert (gpu.use_gpu, gpu.resources_per_worker) == (True, {"GPU": 2})
+    tpu = scaling_config(
+        WorkersConfig(accelerator="tpu", num_workers=4, devices_per_worker=4, topology="4x4",
+                      accelerator_type="TPU-V5LITEPOD")
+    )  # fmt: skip
+    assert (tpu.use_tpu, tpu.topology, tpu.accelerator_type) == (True, "4x4", "TPU-V5LITEPOD")
+    assert tpu.resources_per_worker == {"TPU": 4}
+    assert "JAX_PLATFORMS" not in worker_env(WorkersConfig(accelerator="tpu"))

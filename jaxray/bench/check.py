@@ -1,0 +1,97 @@
+"""``python -m jaxray.bench check``: the accelerator check, one process on the chip, no Ray (a TPU host
+may allow no sockets). Attention alone (forward + backward) per implementation and sequence length,
+then the preset's ``check`` model steps (ms/step, MFU, compile s, from the compilation cache or not),
+the first of them profiled (``jaxray.bench.profile``). One Report: summary.json and summary.md."""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxray.bench.presets import Preset
+from jaxray.bench.report import SPEED, Report, run_cases
+from jaxray.bench.suites import _case
+from jaxray.bench.throughput import environment, time_calls
+from jaxray.models import splash
+from jaxray.models.transformer import causal_attention
+
+ATTENTION_IMPLS = ("xla", "dense", "splash")
+ATTENTION_SEQS = (256, 1024, 2048)
+
+
+def attention_case(
+    impl: str, seq: int, tokens: int, heads: int, head_dim: int, dtype: str, tiles: dict | None = None
+) -> dict[str, Any]:
+    """Causal attention alone, forward and backward, on q, k, v [tokens // seq, seq, heads, head_dim]:
+    ``{"ms", "compile_s", "max_abs_diff"}`` (the output's largest difference from dense XLA's)."""
+    shape = (max(1, tokens // seq), seq, heads, head_dim)
+    q, k, v = (jax.random.normal(key, shape, dtype) for key in jax.random.split(jax.random.key(0), 3))
+
+    def loss(impl, q, k, v):
+        return jnp.sum(causal_attention(q, k, v, implementation=impl).astype(jnp.float32))
+
+    grad = jax.jit(jax.value_and_grad(functools.partial(loss, impl), argnums=(0, 1, 2)))
+    start = time.perf_counter()
+    with splash.tiling(splash.Tiling(**(tiles or {}))):
+        compiled = grad.lower(q, k, v).compile()
+        out = jax.jit(functools.partial(causal_attention, implementation=impl))(q, k, v)
+    compile_s = time.perf_counter() - start
+    median_s, _ = time_calls(lambda _: compiled(q, k, v), calls=10, repeats=3, warmup=2)
+    ref = jax.jit(functools.partial(causal_attention, implementation="dense"))(q, k, v)
+    diff = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
+    return {"batch": shape[0], "ms": median_s * 1e3, "compile_s": compile_s, "max_abs_diff": diff}
+
+
+def attention_rows(sizes: dict[str, Any]) -> list[dict[str, Any]]:
+    """``attention_case`` for every implementation and sequence length of ``sizes`` (``seqs``,
+    ``tokens``, ``heads``, ``head_dim``, ``dtype``); a case that fails is a row with its error."""
+    seqs = sizes.get("seqs", ATTENTION_SEQS)
+    shape = {k: sizes[k] for k in ("tokens", "heads", "head_dim", "dtype")}
+    cases = [
+        ({"case": f"attention {impl} T{seq}", "attention": impl, "seq_len": seq, **shape},
+         functools.partial(attention_case, impl, seq, **shape))
+        for seq in seqs for impl in ATTENTION_IMPLS
+    ]  # fmt: skip
+    for variant in sizes.get("splash_tilings", []):  # {seq, heads, head_dim, tiles}
+        fields = shape | {k: variant[k] for k in ("heads", "head_dim") if k in variant}
+        label = (
+            f"attention splash T{variant['seq']} h{fields['heads']}x{fields['head_dim']} {variant['tiles']}"
+        )
+        run = functools.partial(attention_case, "splash", variant["seq"], **fields, tiles=variant["tiles"])
+        cases.append(({"case": label, "attention": "splash", "seq_len": variant["seq"], **fields}, run))
+    return run_cases(cases, "attention")
+
+
+def check(preset: Preset, data_dir: str | None, devices: int, only: list[str] | None = None) -> Report:
+    """The attention table and the model steps of ``preset.check`` (``only``: those labels)."""
+    env = environment(devices)
+    steps = [s for s in preset.check if not only or s["case"] in only]
+    rows = attention_rows(preset.check_attention) if not only or "attention" in only else []
+    cases = []
+    for size in steps:
+        label, fields = size["case"], {k: v for k, v in size.items() if k not in ("case", "tiles")}
+        fields_run = _case(label, fields, data_dir)
+        cases.append((fields_run[0] | {"tiles": size.get("tiles")}, _tiled(fields_run[1], size.get("tiles"))))
+    rows += [{**env, **row} for row in run_cases(cases, "check")]
+    cols = (
+        f"case attention dtype global_batch seq_len remat scan_layers ms {SPEED} compile_s compile_from_cache"
+    )
+    notes = [f"{env['device_kind']} ({env['platform']}), jax {env['jax']}"]
+    notes += [f"profile of {r['case']}: {_shares(r['profile'])}" for r in rows if r.get("profile")]
+    return Report("check", "Accelerator check: attention and training steps", rows, cols, notes)
+
+
+def _tiled(run, tiles: dict | None):
+    def tiled():
+        with splash.tiling(splash.Tiling(**(tiles or {}))):
+            return run()
+
+    return tiled
+
+
+def _shares(prof: dict[str, Any]) -> str:
+    return ", ".join(f"{g} {share:.0%}" for g, share in prof["groups"].items())
