@@ -36,7 +36,9 @@ class Facts:
 
     backend: str | None = None  # jax.default_backend(); None when no backend started
     backend_error: str | None = None  # why jax.devices() raised, e.g. JAX_PLATFORMS=cuda without a GPU
-    devices: tuple[dict, ...] = ()  # {"id", "platform", "device_kind", "process_index"}, all processes
+    # {"id", "platform", "device_kind", "process_index", "memory_bytes"} of every process's devices;
+    # memory_bytes: an accelerator's own (HBM on a TPU chip or GPU) as its allocator reports it, else None
+    devices: tuple[dict, ...] = ()
     process_count: int = 1
     jax_version: str = ""
     jaxlib_version: str = ""
@@ -122,6 +124,18 @@ def _cuda_versions() -> tuple[str | None, str | None]:
     return cuda, next((v for k, v in wheels.items() if "cudnn" in k), None)
 
 
+def _memory(device) -> int | None:
+    """An addressable accelerator's memory in bytes (``compile_report.device_memory``), else None."""
+    import jax  # deferred, as in collect
+
+    from jaxray.train.compile_report import device_memory
+
+    if device.platform == "cpu" or device.process_index != jax.process_index():
+        return None
+    size, source = device_memory(device)
+    return size if source == "device" else None
+
+
 def collect() -> Facts:
     """Query jax, pip metadata, nvidia-smi and the environment. Imports jax."""
     # deferred: main sets XLA_FLAGS before jax loads
@@ -147,6 +161,7 @@ def collect() -> Facts:
                 "platform": d.platform,
                 "device_kind": d.device_kind,
                 "process_index": d.process_index,
+                "memory_bytes": _memory(d),
             }
             for d in devices
         ),
@@ -167,7 +182,11 @@ def print_facts(facts: Facts) -> None:
     print(f"backend:        {facts.backend or 'none: ' + str(facts.backend_error)}")
     print(f"devices:        {len(facts.devices)} over {facts.process_count} process(es)")
     for d in facts.devices:
-        print(f"  id {d['id']}: {d['platform']} {d['device_kind']!r} process {d['process_index']}")
+        memory = f", {d['memory_bytes'] / 2**30:.2f} GiB" if d.get("memory_bytes") else ""
+        print(f"  id {d['id']}: {d['platform']} {d['device_kind']!r} process {d['process_index']}{memory}")
+    kinds = sorted({d["device_kind"] for d in facts.devices if d["platform"] == "tpu"})
+    if kinds:
+        print(f"TPU chips:      {sum(d['platform'] == 'tpu' for d in facts.devices)} ({', '.join(kinds)})")
     print(f"jax / jaxlib:   {facts.jax_version} / {facts.jaxlib_version}")
     print(f"CUDA plugins:   {facts.cuda_plugins or 'none'}")
     print(f"CUDA / cuDNN:   {facts.cuda_version or 'n/a'} / {facts.cudnn_version or 'n/a'}")

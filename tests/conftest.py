@@ -10,6 +10,8 @@ Two settings make the suite hold on an NVIDIA GPU as on the CPU:
   ``jax.default_matmul_precision`` context manager because subprocesses (the 4-device parity
   scripts, the CLIs) and local Ray workers inherit it, and a context manager reaches neither. A
   value already set in the environment is kept. bfloat16/float16 matmuls are not affected.
+- subprocesses that import JAX get ``child_env()``: ``JAX_PLATFORMS=cpu`` where this process holds a
+  TPU, which allows one process per chip (a second fails on libtpu's lockfile).
 - tests marked ``gpu`` (``pytest -m gpu`` on a GPU host) are skipped, with the reason, where
   ``jax.default_backend()`` is not "gpu".
 """
@@ -25,6 +27,17 @@ import pytest
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def child_env(**more: str) -> dict[str, str]:
+    """The environment for a subprocess that imports JAX: this one's, with ``JAX_PLATFORMS=cpu`` when
+    this process holds a TPU (one process per chip), plus ``more``."""
+    import jax
+
+    held = {"JAX_PLATFORMS": "cpu"} if jax.default_backend() == "tpu" else {}
+    return {**os.environ, **held, **more}
+
+
 # `make test-all` runs the slow tests on two workers a module at a time (--dist loadfile), in
 # collection order (--no-loadscope-reorder): these, the longest (a run's --durations, 2 cores),
 # first, so that no worker ends alone on one of them while the other is done.

@@ -15,10 +15,10 @@ from checkpoint_copies import flip_a_byte, largest_params_file
 from full_disk import fill, small_tmpfs
 
 from jaxray import checkpoint
+from jaxray.checkpoint import checkpoint_name
 from jaxray.config import parse_trial
 from jaxray.evaluate import default_out, main
 from jaxray.models import build
-from jaxray.raytrain.resume import checkpoint_name
 from jaxray.runs import exclusive
 
 TRIAL_NAME = parse_trial({"model": {"workload": "mlp", "width": 8}}).name()  # as a sweep names it

@@ -28,7 +28,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jaxray.raytrain",),
     ("jaxray.serve",),
     ("jaxray.bench",),
-    ("jaxray.tune", "jaxray.generate", "jaxray.export", "jaxray.evaluate", "jaxray.doctor"),
+    (
+        "jaxray.tune",
+        "jaxray.generate",
+        "jaxray.export",
+        "jaxray.evaluate",
+        "jaxray.doctor",
+        "jaxray.local",
+        "jaxray.local_run",
+    ),
 )
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60

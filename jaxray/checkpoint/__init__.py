@@ -270,6 +270,12 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
     return model, restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")
 
 
+def checkpoint_name(step: int, attempt: int) -> str:
+    """Folder name of the checkpoint at ``step`` saved by ``attempt``; sorts by step, then attempt.
+    The attempt keeps names unique across restarts (Ray Train's rotation must never see one twice)."""
+    return f"checkpoint_step_{step:08d}_attempt{attempt}"
+
+
 def checkpoint_order(path: Path | str) -> tuple[int, ...]:
     """The numbers in a checkpoint folder's name, in order (``checkpoint_step_00000020_attempt10``:
     (20, 10)): its place among its trial's checkpoints by step, then attempt (attempt 10 after 9,

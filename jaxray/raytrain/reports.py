@@ -20,11 +20,10 @@ from pyarrow.fs import LocalFileSystem
 from ray.train import Checkpoint, CheckpointUploadMode
 
 from jaxray import checkpoint
-from jaxray.checkpoint import CheckpointSaveError, remote
+from jaxray.checkpoint import CheckpointSaveError, checkpoint_name, remote
 from jaxray.config import TrialConfig
 from jaxray.raytrain.failures import ATTEMPT_KEY, PREEMPTION_KEY
 from jaxray.raytrain.faults import kill_in_save
-from jaxray.raytrain.resume import checkpoint_name
 from jaxray.reporting.format import json_safe
 from jaxray.train.loop import Hook
 

@@ -28,12 +28,6 @@ class ResumePoint(NamedTuple):
     workers: list[int]
 
 
-def checkpoint_name(step: int, attempt: int) -> str:
-    """Folder name of the checkpoint at ``step`` saved by ``attempt``; sorts by step, then attempt.
-    The attempt keeps names unique across restarts (Ray Train's rotation must never see one twice)."""
-    return f"checkpoint_step_{step:08d}_attempt{attempt}"
-
-
 def count_attempt(path: str | None, workers: int = 1) -> tuple[int, list[int]]:
     """(this worker group's attempt number, the workers of every attempt so far, this one's last),
     counted in the JSON file ``path`` ((1, [workers]) without one). Raises OSError in words when

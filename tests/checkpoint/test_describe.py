@@ -15,10 +15,10 @@ from jaxray import checkpoint, runs
 from jaxray import evaluate as evaluate_cli
 from jaxray import export as export_cli
 from jaxray import generate as generate_cli
+from jaxray.checkpoint import checkpoint_name
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.parallel.mesh import make_mesh
-from jaxray.raytrain.resume import checkpoint_name
 from jaxray.reporting import checkpoint_line
 from jaxray.reporting.sweep import write_reports
 from jaxray.serve import __main__ as serve_cli

@@ -14,10 +14,11 @@ from checkpoint_copies import flip_a_byte, largest_params_file
 from full_disk import fill, small_tmpfs
 
 from jaxray import checkpoint, runs
+from jaxray.checkpoint import checkpoint_name
 from jaxray.config import parse_trial
 from jaxray.models import build
 from jaxray.raytrain.reports import compile_writer
-from jaxray.raytrain.resume import checkpoint_name, count_attempt
+from jaxray.raytrain.resume import count_attempt
 from jaxray.reporting.sweep import write_reports
 
 TRIAL = parse_trial({"model": {"workload": "mlp", "width": 8}})

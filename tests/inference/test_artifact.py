@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import child_env
 
 from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, ArtifactError, load_artifact, sha256
 from jaxray.inference.engine import Engine, Request
@@ -68,6 +69,7 @@ def test_loader_logits_equal_the_live_model_without_jaxray_models(tiny_transform
         text=True,
         cwd=ROOT,
         timeout=120,
+        env=child_env(),
     )
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.splitlines()[-1])

@@ -17,7 +17,8 @@ from jaxray.models import splash
 from jaxray.models.transformer import causal_attention
 
 # bfloat16 keeps 8 bits of mantissa: outputs and gradients of size ~1-4 differ by a few units in the
-# last place between two summation orders (measured: 0.016 outputs, 0.031 dk). float32: 1e-5.
+# last place between two summation orders (measured: 0.016 outputs, 0.031 dk). float32: 1e-5, in
+# interpret mode; on a TPU the kernel's float32 matmuls are single bf16 passes, held to bf16's tolerance.
 TOLERANCE = {"float32": 1e-5, "bfloat16": 0.0625}
 
 
@@ -36,8 +37,9 @@ def test_splash_matches_dense_attention_and_its_gradients(dtype, tiles):
             q, k, v
         )
     ref, ref_grads = jax.value_and_grad(functools.partial(_loss, "dense"), argnums=(0, 1, 2))(q, k, v)
-    tol = TOLERANCE[dtype]
-    np.testing.assert_allclose(out, ref, rtol=1e-3 if dtype == "float32" else 0.02)
+    exact = dtype == "float32" and jax.default_backend() != "tpu"
+    tol = TOLERANCE["float32" if exact else "bfloat16"]
+    np.testing.assert_allclose(out, ref, rtol=1e-3 if exact else 0.02)
     for name, g, r in zip("qkv", grads, ref_grads):
         diff = float(jnp.max(jnp.abs(g.astype(jnp.float32) - r.astype(jnp.float32))))
         assert diff <= tol, f"d{name}: max difference {diff} over {tol}"

@@ -18,10 +18,10 @@ from ray.train import CheckpointUploadMode
 from ray.train.v2._internal.execution.storage import StorageContext
 
 from jaxray import checkpoint, runs
+from jaxray.checkpoint import checkpoint_name
 from jaxray.config import TrainConfig, parse_trial
 from jaxray.models import build
 from jaxray.raytrain.reports import SCORE_KEY, WORST_SCORE, Reports
-from jaxray.raytrain.resume import checkpoint_name
 from jaxray.raytrain.sweep import MAX_ERROR_CHARS, error_text
 from jaxray.train.step import init_state, make_optimizer
 

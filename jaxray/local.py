@@ -1,0 +1,102 @@
+"""``python -m jaxray.local --config X --trial NAME``: one trial of a sweep in this process, without Ray:
+to debug a trial, or to train where Ray cannot start (a TPU host that opens no sockets). The same
+step, data order, checkpoints (``checkpoint_step_<step>_attempt1``), compile report, TensorBoard events
+and summary as the trial's Ray Train worker, in ``--out`` (default ``runs/<experiment>/local/<trial>``).
+Ray's own local mode (``ScalingConfig(num_workers=0)``) is not used: it needs Ray installed and its
+storage context, which jaxray's worker writes checkpoints through."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from jaxray import argtypes as at
+from jaxray.config import ConfigError, TrialConfig, parse_trial
+from jaxray.config.experiment import ExperimentConfig, load_experiment
+from jaxray.data.sources import DataFileError
+
+SUMMARY = "summary.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = at.cli_parser("python -m jaxray.local", __doc__.split("\n")[0].replace("``", ""))
+    p.add_argument("--config", required=True, help="experiment YAML, e.g. tune_configs/quick.yaml")
+    p.add_argument(
+        "--trial", help="the trial's name, as python -m jaxray.tune names it (optional if only one)"
+    )
+    p.add_argument("--out", help="the trial's folder (default runs/<experiment>/local/<trial>)")
+    p.add_argument("--steps", type=at.positive_int, help="train.steps for this run (default: the config's)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--data-dir", type=at.folder, help="data folder (default: $JAXRAY_DATA_DIR, the cache)")
+    return p.parse_args(argv)
+
+
+def trials(exp: ExperimentConfig, source: str) -> dict[str, TrialConfig]:
+    """{name: TrialConfig} of every grid point of ``exp``."""
+    found = {}
+    for i, sweep in enumerate(exp.sweeps):
+        for raw in sweep.trial_dicts(exp.base()):
+            trial = parse_trial(raw, source, prefix=f"sweeps.{i}.")
+            found[trial.name()] = trial
+    return found
+
+
+def pick(exp: ExperimentConfig, source: str, name: str | None, steps: int | None) -> TrialConfig:
+    """The trial ``name`` (the only one when None) with ``steps`` set; ConfigError naming the choices."""
+    found = trials(exp, source)
+    if name is None and len(found) == 1:
+        name = next(iter(found))
+    if name not in found:
+        raise ConfigError(f"--trial {name!r} is not a trial of {source}; allowed: {', '.join(found)}")
+    trial = found[name]
+    if steps is not None:  # a warmup longer than the run is cut to it
+        raw = trial.model_dump()
+        raw["train"]["steps"] = steps
+        if trial.train.warmup_steps is not None:
+            raw["train"]["warmup_steps"] = min(trial.train.warmup_steps, steps)
+        trial = parse_trial(raw, f"{source} with --steps {steps}")
+    return trial
+
+
+def set_cpu_devices(trial: TrialConfig) -> None:
+    """CPU trials: JAX on the CPU with the trial's devices forced, set before JAX is imported."""
+    if trial.workers.accelerator == "cpu":
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        flag = "--xla_force_host_platform_device_count"
+        kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(flag)]
+        os.environ["XLA_FLAGS"] = " ".join([*kept, f"{flag}={trial.workers.total_devices}"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        overrides = {"data.data_dir": args.data_dir} if args.data_dir else None
+        exp = load_experiment(args.config, overrides)
+        trial = pick(exp, args.config, args.trial, args.steps)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"runs/{exp.experiment}/local/{trial.name()}")
+    set_cpu_devices(trial)
+    from jaxray import local_run  # imports JAX: after the devices are set
+
+    try:
+        summary = local_run.run(trial, out, args.resume)
+    except (ConfigError, DataFileError, local_run.LocalRunError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(_shown(summary)))
+    return 0
+
+
+def _shown(summary: dict[str, Any]) -> dict[str, Any]:
+    keys = ("name", "val_loss", "final_train_loss", "steps", "ms_per_step", "tokens_per_sec", "compile_s")
+    return {k: summary.get(k) for k in keys if k in summary}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The trial of ``python -m jaxray.local`` in this process (imports JAX: after the devices are set):
+``jaxray.train.run.train`` with the Ray worker's data order and outputs, written by plain files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxray import checkpoint
+from jaxray.checkpoint import checkpoint_name, remote
+from jaxray.config import TrialConfig
+from jaxray.data.batching import num_rows, train_batches
+from jaxray.data.workloads import load_arrays
+from jaxray.models import resolve_attention
+from jaxray.parallel.mesh import trial_mesh
+from jaxray.reporting.format import json_safe
+from jaxray.reporting.tensorboard import TensorBoardLogger
+from jaxray.train import compile_cache
+from jaxray.train.run import Diverged, train
+
+ATTEMPT = 1  # one process, no restarts: every checkpoint is attempt 1's, as a Ray run's first attempt
+
+
+class LocalRunError(RuntimeError):
+    """A local run that cannot start: too few devices, Parquet data, a folder already used."""
+
+
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with remote.written_whole(path) as tmp:
+        tmp.write_text(json.dumps(json_safe(doc), indent=2))
+
+
+def newest_checkpoint(out: Path) -> Path | None:
+    """The newest committed checkpoint folder in ``out`` (``checkpoint.checkpoint_order``), or None."""
+    done = [c for c in out.glob(f"{checkpoint.CHECKPOINT_PREFIX}*") if (c / checkpoint.TRAIN_STATE).exists()]
+    return max(done, key=checkpoint.checkpoint_order, default=None)
+
+
+def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
+    """The checkpoint to resume from; LocalRunError for a run that cannot start here."""
+    if trial.data.parquet:
+        raise LocalRunError("data.parquet is read through Ray Data: a local run reads the data files")
+    if trial.workers.total_devices > len(jax.devices()):
+        raise LocalRunError(
+            f"the trial needs {trial.workers.total_devices} devices (workers.num_workers x "
+            f"workers.devices_per_worker), this process sees {len(jax.devices())}: {jax.devices()}"
+        )
+    latest = newest_checkpoint(out)
+    if latest is not None and not resume:
+        raise LocalRunError(f"{out} already holds checkpoints ({latest.name}): --resume, or another --out")
+    return latest
+
+
+def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
+    """Train ``trial`` here into ``out``; the summary (also ``out/summary.json``). Raises ConfigError,
+    DataFileError, LocalRunError before compiling; a diverged trial's summary says where."""
+    start = _start(trial, out, resume)
+    compile_cache.enable(trial.workers.compile_cache)
+    mesh = trial_mesh(trial, jax.devices()[: trial.workers.total_devices])
+    train_arrays, held_out = load_arrays(trial)
+    batches = train_batches(train_arrays, trial.train.global_batch)  # the Ray workers' order
+    per_epoch = num_rows(train_arrays) // trial.train.global_batch
+    if trial.model.workload == "transformer":
+        print(f"jaxray local: {trial.name()}, {resolve_attention(trial.model).describe()}", flush=True)
+
+    def save(step: int, state, history: list[dict], row: dict | None = None) -> None:
+        position = {"epoch": step // per_epoch, "batch_in_epoch": step % per_epoch}
+        summary = row if row and row.get("final") else None
+        folder = out / checkpoint_name(step, ATTEMPT)
+        checkpoint.save_state(folder, state, trial, history, position, summary=summary)
+
+    def log(row: dict[str, float]) -> None:
+        shown = " ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step" and isinstance(v, float))
+        print(f"step {row['step']}: {shown}", flush=True)
+
+    with TensorBoardLogger(out / "tensorboard") as tb:
+        try:
+            result = train(
+                trial, batches, held_out, mesh, on_log=[log, tb], resume=start, save=save,
+                on_compile=lambda report: _write_json(out / "compile.json", report),
+            )  # fmt: skip
+        except Diverged as err:
+            summary = {"name": trial.name(), **err.row()}
+            _write_json(out / "summary.json", summary)
+            return summary
+        tb.add_final(result.summary, trial.train.steps)
+    summary = {"name": trial.name(), **result.summary, "final": True}
+    if summary.get("resumed_from_step", 0) < trial.train.steps:  # else its final checkpoint exists
+        save(trial.train.steps, result.state, result.history, row={**result.history[-1], **summary})
+    _write_json(out / "summary.json", summary)
+    return summary

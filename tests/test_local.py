@@ -1,0 +1,50 @@
+"""``python -m jaxray.local``: one trial of a sweep in this process, without Ray (what a TPU host that
+opens no sockets can run): checkpoints, compile report, TensorBoard events and summary as a Ray run's
+worker writes them; refusals before anything compiles."""
+
+import json
+import subprocess
+import sys
+
+from jaxray import checkpoint, local
+
+QUICK = "tune_configs/quick.yaml"  # one transformer trial
+RUN = """
+import sys
+from jaxray import local
+rc = local.main(sys.argv[1:])
+assert not [m for m in sys.modules if m == "ray" or m.startswith("ray.")], "a local run imported Ray"
+sys.exit(rc)
+"""
+
+
+def _local(*args):
+    return subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_a_local_trial_writes_what_a_ray_worker_writes_and_resumes(real_dir, tmp_path):
+    out = tmp_path / "trial"
+    proc = _local("--config", QUICK, "--steps", "20", "--out", str(out), "--data-dir", str(real_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["name"] == "transformer_b16_float32_w128_lr0.003" and summary["steps"] == 20
+    assert (out / "compile.json").is_file() and any((out / "tensorboard").iterdir())
+    final = out / checkpoint.checkpoint_name(20, 1)
+    model, params = checkpoint.restore(final)
+    assert model.config.width == 128 and params is not None
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 20
+
+    again = _local("--config", QUICK, "--steps", "20", "--out", str(out), "--data-dir", str(real_dir))
+    assert again.returncode == 2 and "already holds checkpoints" in again.stderr
+    resumed = _local(
+        "--config", QUICK, "--steps", "20", "--out", str(out), "--resume", "--data-dir", str(real_dir)
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == 20
+
+
+def test_an_unknown_trial_names_the_trials_there_are(capsys):
+    assert local.main(["--config", "tune_configs/demo.yaml", "--trial", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--trial 'nope' is not a trial of tune_configs/demo.yaml; allowed: mlp_b256_float32_w128" in err
+    assert "transformer_b16_float32_w128_lr0.002" in err
