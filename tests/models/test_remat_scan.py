@@ -50,3 +50,47 @@ def test_the_parameter_tree_is_the_same_whatever_the_settings():
     plain = tree()
     for setting in SETTINGS:
         assert tree(**setting) == plain
+
+
+def test_a_train_state_saved_with_scan_and_remat_restores_into_the_plain_model(tmp_path):
+    from jaxray import checkpoint
+    from jaxray.config import parse_trial
+    from jaxray.parallel.mesh import make_mesh
+    from jaxray.train.step import abstract_state, init_state, optimizer_for
+
+    scanned = parse_trial({"model": {**BASE, "scan_layers": True, "remat": "dots"}, "data": {"seq_len": 64}})
+    plain = parse_trial({"model": BASE, "data": {"seq_len": 64}})
+    tx, _ = optimizer_for(scanned)
+    state = init_state(build(scanned.model).init(jax.random.key(0)), tx)
+    folder = checkpoint.save_state(tmp_path / "ck", state, scanned, [], {})
+    target = abstract_state(build(plain.model), optimizer_for(plain)[0], make_mesh(jax.devices()[:1]))
+    restored, doc, _ = checkpoint.restore_state(folder, target)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(restored.params)):
+        np.testing.assert_array_equal(a, b)
+    tokens = jax.random.randint(jax.random.key(2), (1, 64), 0, 256)
+    np.testing.assert_allclose(
+        build(plain.model).apply(restored.params, tokens),
+        build(scanned.model).apply(state.params, tokens),
+        atol=1e-5,
+    )
+
+
+def _sharded_loss(data_dir, *extra: str) -> float:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "jaxray.bench", "throughput", "--workload", "transformer", "--width", "64",
+           "--seq-len", "128", "--batch", "8", "--devices", "4", "--cpu-devices", "4", "--mesh",
+           "fsdp=2,tensor=2", "--steps", "3", "--repeats", "1", "--json", "--out", "", "--compile-cache", "",
+           "--data-dir", str(data_dir), *extra]  # fmt: skip
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TQDM_DISABLE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])["final_loss"]
+
+
+def test_scan_and_remat_train_alike_on_an_fsdp_and_tensor_mesh(real_dir):
+    plain = _sharded_loss(real_dir)
+    assert _sharded_loss(real_dir, "--scan-layers", "--remat", "dots") == pytest.approx(plain, abs=1e-5)
