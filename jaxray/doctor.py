@@ -128,7 +128,7 @@ def _memory(device) -> int | None:
     """An addressable accelerator's memory in bytes (``compile_report.device_memory``), else None."""
     import jax  # deferred, as in collect
 
-    from jaxray.train.compile_report import device_memory
+    from jaxray.train.compile_report import device_memory  # imports jax: deferred as well
 
     if device.platform == "cpu" or device.process_index != jax.process_index():
         return None

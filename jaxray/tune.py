@@ -35,6 +35,7 @@ from jaxray.data.workloads import load_arrays, parquet_folder
 from jaxray.parallel.checks import check_experiment
 from jaxray.raytrain.cluster import check_accelerators, check_storage, init_ray
 from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep, with_run_storage
+from jaxray.raytrain.trainer import check_scaling
 from jaxray.reporting import terminal
 from jaxray.reporting.sweep import markdown_summary, write_reports
 from jaxray.runs import (
@@ -223,6 +224,7 @@ def prepare(
     else:
         exp, out, source = load_experiment(args.config, overrides), None, args.config
     check_experiment(exp, source)
+    check_scaling(exp.workers)
     check_storage(exp)
     arrays = {} if exp.data.parquet else load_sweep_arrays(exp)
     check_batches(

@@ -11,7 +11,7 @@ from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, Sc
 from ray.train.v2.jax import JaxTrainer
 
 from jaxray.checkpoint import remote
-from jaxray.config import TrialConfig, WorkersConfig
+from jaxray.config import ConfigError, TrialConfig, WorkersConfig
 from jaxray.raytrain.cluster import QUIET_ENV
 from jaxray.raytrain.failures import FailureLog
 from jaxray.raytrain.faults import FAULT_ENV
@@ -61,6 +61,15 @@ def scaling_config(w: WorkersConfig) -> ScalingConfig:
         **(tpu if w.accelerator == "tpu" else {}),
         **({"elastic_resize_monitor_interval_s": w.elastic_resize_monitor_interval_s} if w.elastic else {}),
     )
+
+
+def check_scaling(w: WorkersConfig) -> None:
+    """ConfigError when Ray Train refuses ``scaling_config(w)`` (a TPU slice whose topology the
+    workers do not fill, say), with Ray's reason, before Ray starts."""
+    try:
+        scaling_config(w)
+    except ValueError as err:
+        raise ConfigError(f"workers: Ray Train refuses this scaling: {err}") from None
 
 
 def _ordered_ingest():

@@ -92,3 +92,19 @@ def test_the_accelerator_maps_to_ray_trains_scaling_config():
     assert (tpu.use_tpu, tpu.topology, tpu.accelerator_type) == (True, "4x4", "TPU-V5LITEPOD")
     assert tpu.resources_per_worker == {"TPU": 4}
     assert "JAX_PLATFORMS" not in worker_env(WorkersConfig(accelerator="tpu"))
+
+
+def test_a_scaling_ray_refuses_is_a_config_error_before_ray_starts():
+    from jaxray.config import ConfigError
+    from jaxray.raytrain.trainer import check_scaling
+
+    slice_ = WorkersConfig(
+        accelerator="tpu",
+        num_workers=2,
+        devices_per_worker=4,
+        topology="4x4",
+        accelerator_type="TPU-V5LITEPOD",
+    )
+    with pytest.raises(ConfigError, match="workers: Ray Train refuses this scaling: .*num_workers"):
+        check_scaling(slice_)
+    check_scaling(WorkersConfig(num_workers=2))
