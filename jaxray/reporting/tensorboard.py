@@ -1,39 +1,55 @@
-"""TensorBoard event files for a training run (tensorboardX)."""
+"""TensorBoard event files for a training run, written synchronously (tensorboardX's ``EventsWriter``
+and ``summary.scalar``): ``SummaryWriter`` queues events for a background thread, which a process
+ended without ``close()`` (ASHA stopping a trial, a lost node) never lets write them."""
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
-from tensorboardX import SummaryWriter
+from tensorboardX.event_file_writer import EventsWriter
+from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.summary import scalar
 
 log = logging.getLogger(__name__)
 
 
 class TensorBoardLogger:
-    """Writes each logged row as scalars ``train/<name>`` at its ``step``. Use as a context manager:
-    without ``close()`` tensorboardX loses the last scalars."""
+    """Writes each logged row as scalars ``train/<name>`` (held-out ones ``val/<name>``) at its
+    ``step``, on disk when the call returns. Use as a context manager."""
 
     def __init__(self, logdir: str | Path):
         self._logdir = Path(logdir)
-        self._writer = SummaryWriter(str(logdir))
+        self._logdir.mkdir(parents=True, exist_ok=True)
+        self._writer = EventsWriter(str(self._logdir / "events"))
+
+    def _write(self, scalars: dict[str, float], step: int) -> None:
+        """Raises OSError (a full disk) naming the event folder."""
+        try:
+            for tag, value in scalars.items():
+                self._writer.write_event(Event(wall_time=time.time(), step=step, summary=scalar(tag, value)))
+            self._writer.flush()
+        except OSError as err:
+            raise OSError(f"could not write the TensorBoard events in {self._logdir}: {err}") from None
 
     def __call__(self, row: dict[str, float]) -> None:
-        step = int(row["step"])
-        for name, value in row.items():
-            if name != "step":  # held-out metrics under val/ (val/loss), the rest under train/
-                tag = f"val/{name[4:]}" if name.startswith("val_") else f"train/{name}"
-                self._writer.add_scalar(tag, value, step)
+        tags = {
+            (f"val/{k[4:]}" if k.startswith("val_") else f"train/{k}"): v
+            for k, v in row.items()
+            if k != "step"
+        }
+        self._write(tags, int(row["step"]))
 
     def add_final(self, summary: dict, step: int) -> None:
-        for name, value in summary.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._writer.add_scalar(f"final/{name}", value, step)
+        numbers = {
+            k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        self._write({f"final/{k}": v for k, v in numbers.items()}, step)
 
     def close(self) -> None:
         """Flush and close; an OSError (a full disk) names the event folder."""
         try:
-            self._writer.flush()
             self._writer.close()
         except OSError as err:
             raise OSError(f"could not write the TensorBoard events in {self._logdir}: {err}") from None
