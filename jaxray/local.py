@@ -1,7 +1,8 @@
 """``python -m jaxray.local --config X --trial NAME``: one trial of a sweep in this process, without Ray:
 to debug a trial, or to train where Ray cannot start (a TPU host that opens no sockets). The same
-step, data order, checkpoints (``checkpoint_step_<step>_attempt1``), compile report, TensorBoard events
-and summary as the trial's Ray Train worker, in ``--out`` (default ``runs/<experiment>/local/<trial>``).
+step, data order, checkpoints (``checkpoint_step_<step>_attempt1``, all kept), compile report,
+TensorBoard events and summary as the trial's Ray Train worker, in ``--out`` (default
+``runs/<experiment>/local/<trial>``).
 Ray's own local mode (``ScalingConfig(num_workers=0)``) is not used: it needs Ray installed and its
 storage context, which jaxray's worker writes checkpoints through."""
 
@@ -23,7 +24,7 @@ SUMMARY = "summary.json"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = at.cli_parser("python -m jaxray.local", __doc__.split("\n")[0].replace("``", ""))
+    p = at.cli_parser("python -m jaxray.local", "One trial of a sweep in this process, without Ray.")
     p.add_argument("--config", required=True, help="experiment YAML, e.g. tune_configs/quick.yaml")
     p.add_argument(
         "--trial", help="the trial's name, as python -m jaxray.tune names it (optional if only one)"
@@ -50,6 +51,8 @@ def pick(exp: ExperimentConfig, source: str, name: str | None, steps: int | None
     found = trials(exp, source)
     if name is None and len(found) == 1:
         name = next(iter(found))
+    if name is None:
+        raise ConfigError(f"--trial is required: {source} has {len(found)} trials: {', '.join(found)}")
     if name not in found:
         raise ConfigError(f"--trial {name!r} is not a trial of {source}; allowed: {', '.join(found)}")
     trial = found[name]
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps(_shown(summary)))
+    print(f"written: {out}")
     return 0
 
 

@@ -15,6 +15,7 @@ from jaxray.config import TrialConfig
 from jaxray.data.batching import num_rows, train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.models import resolve_attention
+from jaxray.parallel.checks import check_trial
 from jaxray.parallel.mesh import trial_mesh
 from jaxray.reporting.format import json_safe
 from jaxray.reporting.tensorboard import TensorBoardLogger
@@ -41,7 +42,15 @@ def newest_checkpoint(out: Path) -> Path | None:
 
 
 def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
-    """The checkpoint to resume from; LocalRunError for a run that cannot start here."""
+    """The checkpoint to resume from; LocalRunError for a run that cannot start here, ConfigError for
+    a trial that cannot run on its mesh (``check_trial``: batch, params, attention)."""
+    platform = jax.default_backend()
+    if trial.workers.accelerator != "cpu" and trial.workers.accelerator != platform:
+        raise LocalRunError(
+            f"workers.accelerator is {trial.workers.accelerator} but JAX here runs on {platform}: "
+            f"set workers.accelerator: {platform if platform in ('cpu', 'gpu', 'tpu') else 'cpu'}"
+        )
+    check_trial(trial, trial.mesh_shape)
     if trial.data.parquet:
         raise LocalRunError("data.parquet is read through Ray Data: a local run reads the data files")
     if trial.workers.total_devices > len(jax.devices()):
@@ -52,6 +61,10 @@ def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
     latest = newest_checkpoint(out)
     if latest is not None and not resume:
         raise LocalRunError(f"{out} already holds checkpoints ({latest.name}): --resume, or another --out")
+    if resume:
+        print(
+            f"jaxray local: resuming from {latest}" if latest else f"jaxray local: nothing to resume in {out}"
+        )
     return latest
 
 

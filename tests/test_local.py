@@ -32,7 +32,8 @@ def test_a_local_trial_writes_what_a_ray_worker_writes_and_resumes(real_dir, tmp
     final = out / checkpoint.checkpoint_name(20, 1)
     model, params = checkpoint.restore(final)
     assert model.config.width == 128 and params is not None
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 20
+    assert json.loads(proc.stdout.strip().splitlines()[-2])["steps"] == 20
+    assert proc.stdout.strip().splitlines()[-1] == f"written: {out}"
 
     again = _local("--config", QUICK, "--steps", "20", "--out", str(out), "--data-dir", str(real_dir))
     assert again.returncode == 2 and "already holds checkpoints" in again.stderr
@@ -48,3 +49,25 @@ def test_an_unknown_trial_names_the_trials_there_are(capsys):
     err = capsys.readouterr().err
     assert "--trial 'nope' is not a trial of tune_configs/demo.yaml; allowed: mlp_b256_float32_w128" in err
     assert "transformer_b16_float32_w128_lr0.002" in err
+
+
+def test_a_trial_that_cannot_run_here_is_refused_before_compiling(tmp_path, capsys):
+    quick = open(QUICK).read()
+    cases = {
+        "model: {num_layers: 2,": (
+            "model: {attention: splash, num_layers: 2,",
+            "model.attention 'splash' cannot run",
+        ),
+        "workers: {num_workers: 1, devices_per_worker: 1}": (
+            "workers: {num_workers: 1, devices_per_worker: 1, accelerator: tpu}",
+            "workers.accelerator is tpu but JAX here runs on cpu",
+        ),
+    }
+    for old, (new, message) in cases.items():
+        assert old in quick
+        path = tmp_path / "x.yaml"
+        path.write_text(quick.replace(old, new))
+        assert local.main(["--config", str(path), "--out", str(tmp_path / "out")]) == 2
+        assert message in capsys.readouterr().err
+    assert local.main(["--config", "tune_configs/demo.yaml"]) == 2
+    assert "--trial is required: tune_configs/demo.yaml has 10 trials" in capsys.readouterr().err

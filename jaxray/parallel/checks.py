@@ -23,7 +23,10 @@ def check_attention(trial: TrialConfig, source: str = "(trial)", prefix: str = "
     m = trial.model
     if m.workload != "transformer" or m.attention not in ("cudnn", "splash"):
         return
-    blockers = config_blockers(m.attention, m.dtype, m.head_dim, m.max_seq_len, trial.workers.accelerator)
+    # The sequence the step trains on (a sweep's equals max_seq_len; a benchmark's may be shorter).
+    blockers = config_blockers(
+        m.attention, m.dtype, m.head_dim, trial.data.seq_len, trial.workers.accelerator
+    )
     if blockers:
         raise invalid(
             source,
