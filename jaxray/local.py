@@ -86,14 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or f"runs/{exp.experiment}/local/{trial.name()}")
     set_cpu_devices(trial)
     from jaxray import local_run  # imports JAX: after the devices are set
+    from jaxray.checkpoint import CheckpointError  # imports JAX too
 
     try:
         summary = local_run.run(trial, out, args.resume)
-    except (ConfigError, DataFileError, local_run.LocalRunError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ConfigError, DataFileError, CheckpointError, local_run.LocalRunError) as err:
+        print(f"error: {err}", file=sys.stderr)  # CheckpointError: a damaged or unwritable checkpoint
         return 2
     print(json.dumps(_shown(summary)))
     print(f"written: {out}")
+    if "diverged_step" in summary:
+        print(f"error: the trial diverged at step {summary['diverged_step']}", file=sys.stderr)
+        return 1
     return 0
 
 

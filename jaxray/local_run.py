@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,10 @@ def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
         print(
             f"jaxray local: resuming from {latest}" if latest else f"jaxray local: nothing to resume in {out}"
         )
+        for folder in out.glob(f"{checkpoint.CHECKPOINT_PREFIX}*"):  # begun, never committed: a killed save
+            if not (folder / checkpoint.TRAIN_STATE).exists():
+                shutil.rmtree(folder)
+                print(f"jaxray local: removed {folder.name}, a checkpoint never finished", flush=True)
     return latest
 
 
@@ -75,10 +80,16 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
     compile_cache.enable(trial.workers.compile_cache)
     mesh = trial_mesh(trial, jax.devices()[: trial.workers.total_devices])
     train_arrays, held_out = load_arrays(trial)
-    batches = train_batches(train_arrays, trial.train.global_batch)  # the Ray workers' order
     per_epoch = num_rows(train_arrays) // trial.train.global_batch
+    if per_epoch == 0:
+        raise LocalRunError(
+            f"train.global_batch {trial.train.global_batch} is more than the training set's "
+            f"{num_rows(train_arrays)} rows"
+        )
+    batches = train_batches(train_arrays, trial.train.global_batch)  # the Ray workers' order
     if trial.model.workload == "transformer":
-        print(f"jaxray local: {trial.name()}, {resolve_attention(trial.model).describe()}", flush=True)
+        choice = resolve_attention(trial.model, seq_len=trial.data.seq_len)
+        print(f"jaxray local: {trial.name()}, {choice.describe()}", flush=True)
 
     def save(step: int, state, history: list[dict], row: dict | None = None) -> None:
         position = {"epoch": step // per_epoch, "batch_in_epoch": step % per_epoch}

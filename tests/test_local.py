@@ -37,11 +37,14 @@ def test_a_local_trial_writes_what_a_ray_worker_writes_and_resumes(real_dir, tmp
 
     again = _local("--config", QUICK, "--steps", "20", "--out", str(out), "--data-dir", str(real_dir))
     assert again.returncode == 2 and "already holds checkpoints" in again.stderr
+    (out / checkpoint.checkpoint_name(30, 1)).mkdir()  # a save killed before its commit
     resumed = _local(
         "--config", QUICK, "--steps", "20", "--out", str(out), "--resume", "--data-dir", str(real_dir)
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == 20
+    assert "removed checkpoint_step_00000030_attempt1, a checkpoint never finished" in resumed.stdout
+    assert not (out / checkpoint.checkpoint_name(30, 1)).exists()
 
 
 def test_an_unknown_trial_names_the_trials_there_are(capsys):

@@ -23,6 +23,7 @@ _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.+?\s([a-z][a-z0-9\-]*)\(")
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_NAME_PARTS = re.compile(r"[/()]")
 _EVENT_NAME = re.compile(r"^%?([\w.\-]+)\s*=")  # TPU events are named by the instruction's text
 CONTAINERS = ("while", "call", "conditional")  # their time is their body ops' time: not counted twice
 
@@ -57,7 +58,8 @@ def op_groups(hlo_text: str) -> dict[str, str]:
         for inst, opcode, calls, op_name in instructions:
             opcodes, names = contents(calls) if calls else (set(), set())
             opcodes, names = opcodes | {opcode}, names | {op_name}
-            scopes = [s for s in SCOPES if any(f"/{s}/" in f"{n}/" for n in names)]
+            parts = {part for n in names for part in _NAME_PARTS.split(n)}  # "transpose(jvp(attention))"
+            scopes = [s for s in SCOPES if s in parts]
             if opcode in CONTAINERS:
                 groups[inst] = "container"
             elif "attention" in scopes or "splash" in inst:

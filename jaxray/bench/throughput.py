@@ -144,7 +144,10 @@ def measure(spec: Spec, data: tuple[Arrays, Arrays] | None = None) -> Measuremen
     check_trial(trial, mesh.shape)
     train_arrays, held_out = data if data is not None else load_arrays(trial)
     batches = stage_batches(train_arrays, spec, mesh)
-    model, tx = build(trial.model), make_optimizer(trial.learning_rate, trial.train.weight_decay)
+    model, tx = (
+        build(trial.model, seq_len=trial.data.seq_len),
+        make_optimizer(trial.learning_rate, trial.train.weight_decay),
+    )
     state = placed_init_state(model, tx, mesh, jax.random.key(INIT_SEED[trial.model.workload]))
     n_params = param_count(state.params)  # before the first step donates the state
     with compile_cache.watch() as cache:

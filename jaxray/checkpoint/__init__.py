@@ -264,7 +264,10 @@ def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Mo
     the params do not fit the model its config describes."""
     directory = Path(directory).absolute()
     verify(directory)
-    model = build(load_model_config(directory))
+    cfg = load_model_config(directory)
+    # The attention is how a step runs, not what it holds: a kernel requested for the training device
+    # (splash on TPU, cuDNN) is chosen afresh for this one.
+    model = build(cfg, attention="auto" if cfg.attention in ("splash", "cudnn") else None)
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = abstract(jax.eval_shape(model.init, jax.random.key(0)), sharding)
     return model, restore_tree(directory / PARAMS_DIR, target, f"the model that {MODEL_CONFIG} describes")

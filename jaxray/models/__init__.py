@@ -61,12 +61,17 @@ def build_transformer(cfg: ModelConfig, rngs: nnx.Rngs, attention: str | None = 
 
 
 def resolve_attention(
-    cfg: ModelConfig, requested: str | None = None, device: jax.Device | None = None
+    cfg: ModelConfig,
+    requested: str | None = None,
+    device: jax.Device | None = None,
+    seq_len: int | None = None,
 ) -> AttentionChoice:
-    """``requested`` (default ``cfg.attention``) decided for ``device`` (default: the first device).
-    Raises AttentionError for "cudnn" where it cannot run."""
+    """``requested`` (default ``cfg.attention``) decided for ``device`` (default: the first device) and
+    the sequence trained on (default ``cfg.max_seq_len``). Raises AttentionError for "cudnn" or
+    "splash" where it cannot run."""
     device = device or jax.devices()[0]
-    return choose(requested or cfg.attention, target_for(device, cfg.dtype, cfg.head_dim, cfg.max_seq_len))
+    target = target_for(device, cfg.dtype, cfg.head_dim, seq_len or cfg.max_seq_len)
+    return choose(requested or cfg.attention, target)
 
 
 def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
@@ -88,12 +93,13 @@ def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
     return Model(cfg, init, apply, choice, prefill, decode_step)
 
 
-def build(cfg: ModelConfig, attention: str | None = None) -> Model:
+def build(cfg: ModelConfig, attention: str | None = None, seq_len: int | None = None) -> Model:
     """The Model for ``cfg.workload``; ``attention`` (``jaxray.models.attention.REQUESTS``) overrides
-    ``cfg.attention``. Raises AttentionError for cuDNN or splash attention where it cannot run."""
+    ``cfg.attention``, decided for ``seq_len`` (the trained sequence; default ``cfg.max_seq_len``).
+    Raises AttentionError for cuDNN or splash attention where it cannot run."""
     dtype = compute_dtype(cfg)
     if cfg.workload == "transformer":
-        return _transformer(cfg, resolve_attention(cfg, attention))
+        return _transformer(cfg, resolve_attention(cfg, attention, seq_len=seq_len))
     if cfg.workload == "mlp":
         return Model(
             cfg, functools.partial(mlp.init, width=cfg.width), functools.partial(mlp.apply, dtype=dtype)

@@ -42,7 +42,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         check_local_devices(trial.workers)
         compile_cache.enable(trial.workers.compile_cache)
         attempt = count_attempt(config.get("attempts_file"), world) if rank == 0 else (1, [world])
-        attention = resolve_attention(trial.model) if trial.model.workload == "transformer" else None
+        lm = trial.model.workload == "transformer"
+        attention = resolve_attention(trial.model, seq_len=trial.data.seq_len) if lm else None
         print(describe_worker(rank, attention), flush=True)
         start = resume_point(rank, attempt, trial_folder(), config.get("trial_uri"))
         if start.checkpoint is not None and rank == 0:

@@ -41,7 +41,8 @@ def enable(setting: str | None = None) -> str | None:
     if folder is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
-    Path(folder).mkdir(parents=True, exist_ok=True)
+    if "://" not in folder:  # JAX opens a gs:// cache itself
+        Path(folder).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", folder)
     return folder

@@ -139,7 +139,7 @@ def train(
     (nothing of that step is saved)."""
     devices = mesh.devices.size
     check_trial(trial, mesh.shape)
-    model = build(trial.model)
+    model = build(trial.model, seq_len=trial.data.seq_len)
     tx, schedule = optimizer_for(trial)
     state, start, history, saved = _initial_state(trial, model, tx, mesh, resume)
     if start >= trial.train.steps and saved.get("summary"):  # nothing left to train or to time

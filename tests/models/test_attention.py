@@ -86,3 +86,24 @@ def test_the_choice_says_why_in_words():
     assert choose("auto", gpu()).describe() == "attention cudnn (auto: cuDNN can run here)"
     assert choose("xla", gpu()).note == "requested in model.attention"
     assert choose("cudnn", gpu()).describe() == "attention cudnn (requested in model.attention)"
+
+
+def test_auto_on_tpu_picks_splash_from_512_and_dense_below():
+    def picked(seq):
+        return choose("auto", Target("tpu", None, "bfloat16", 64, seq)).implementation
+
+    assert [picked(s) for s in (256, 512, 1024, 1000)] == ["dense", "splash", "splash", "dense"]
+
+
+def test_a_checkpoint_that_asked_for_splash_restores_with_this_devices_attention(tmp_path):
+    import jax
+
+    from jaxray import checkpoint
+
+    trial = parse_trial(
+        {"model": {"workload": "transformer", "width": 32, "num_heads": 2, "max_seq_len": 128,
+                   "attention": "splash"}, "data": {"seq_len": 128}}
+    )  # fmt: skip
+    checkpoint.save(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), trial)
+    model, _ = checkpoint.restore(tmp_path / "ck")
+    assert model.attention.implementation == "xla"  # auto on this CPU, not splash's interpret mode
