@@ -25,6 +25,13 @@ from jaxray.train.run import Diverged, train
 DIVERGED_METRICS = dict.fromkeys(("loss", "accuracy", "val_loss", "val_accuracy"), float("nan"))
 
 
+def _attention(trial):
+    """The transformer's attention for this worker's device and the trained sequence; None for MLPs."""
+    if trial.model.workload != "transformer":
+        return None
+    return resolve_attention(trial.model, seq_len=trial.data.seq_len)
+
+
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point. ``config``: ``{"trial": TrialConfig dict, "tensorboard_dir": str | None,
     "attempts_file": str | None, "failures_file": str | None, "compile_file": str | None,
@@ -42,9 +49,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         check_local_devices(trial.workers)
         compile_cache.enable(trial.workers.compile_cache)
         attempt = count_attempt(config.get("attempts_file"), world) if rank == 0 else (1, [world])
-        lm = trial.model.workload == "transformer"
-        attention = resolve_attention(trial.model, seq_len=trial.data.seq_len) if lm else None
-        print(describe_worker(rank, attention), flush=True)
+        print(describe_worker(rank, _attention(trial)), flush=True)
         start = resume_point(rank, attempt, trial_folder(), config.get("trial_uri"))
         if start.checkpoint is not None and rank == 0:
             print(f"jaxray: attempt {start.attempt}, resuming from {start.checkpoint}", flush=True)
