@@ -84,6 +84,16 @@ def folder(text: str) -> str:
     return text
 
 
+FORCE_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def cpu_xla_flags(devices: int, flags: str = "") -> str:
+    """``flags`` (the user's XLA_FLAGS) with ``FORCE_DEVICES_FLAG=devices`` added; a device count
+    already in them is replaced, every other flag kept in its order."""
+    kept = [f for f in flags.split() if f.split("=", 1)[0] != FORCE_DEVICES_FLAG]
+    return " ".join([*kept, f"{FORCE_DEVICES_FLAG}={devices}"])
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """Comma-separated positive integers, e.g. ``32,128,256`` (repeats allowed)."""
     try:

@@ -20,8 +20,6 @@ from jaxray.config import ConfigError, TrialConfig, parse_trial
 from jaxray.config.experiment import ExperimentConfig, load_experiment
 from jaxray.data.sources import DataFileError
 
-SUMMARY = "summary.json"
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = at.cli_parser("python -m jaxray.local", "One trial of a sweep in this process, without Ray.")
@@ -69,9 +67,8 @@ def set_cpu_devices(trial: TrialConfig) -> None:
     """CPU trials: JAX on the CPU with the trial's devices forced, set before JAX is imported."""
     if trial.workers.accelerator == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
-        flag = "--xla_force_host_platform_device_count"
-        kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(flag)]
-        os.environ["XLA_FLAGS"] = " ".join([*kept, f"{flag}={trial.workers.total_devices}"])
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = at.cpu_xla_flags(trial.workers.total_devices, flags)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from jaxray.reporting.tensorboard import TensorBoardLogger
 from jaxray.train import compile_cache
 from jaxray.train.run import Diverged, train
 
+SUMMARY = "summary.json"
 ATTEMPT = 1  # one process, no restarts: every checkpoint is attempt 1's, as a Ray run's first attempt
 
 
@@ -37,9 +37,9 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 def newest_checkpoint(out: Path) -> Path | None:
-    """The newest committed checkpoint folder in ``out`` (``checkpoint.checkpoint_order``), or None."""
-    done = [c for c in out.glob(f"{checkpoint.CHECKPOINT_PREFIX}*") if (c / checkpoint.TRAIN_STATE).exists()]
-    return max(done, key=checkpoint.checkpoint_order, default=None)
+    """The newest committed checkpoint folder in ``out`` (``remote.complete_checkpoints``), or None."""
+    done = remote.complete_checkpoints(str(out))
+    return Path(done[0]) if done else None
 
 
 def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
@@ -66,10 +66,8 @@ def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
         print(
             f"jaxray local: resuming from {latest}" if latest else f"jaxray local: nothing to resume in {out}"
         )
-        for folder in out.glob(f"{checkpoint.CHECKPOINT_PREFIX}*"):  # begun, never committed: a killed save
-            if not (folder / checkpoint.TRAIN_STATE).exists():
-                shutil.rmtree(folder)
-                print(f"jaxray local: removed {folder.name}, a checkpoint never finished", flush=True)
+        for name in checkpoint.remove_unfinished(out):  # begun, never committed: a killed save
+            print(f"jaxray local: removed {name}, a checkpoint never finished", flush=True)
     return latest
 
 
@@ -109,11 +107,11 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
             )  # fmt: skip
         except Diverged as err:
             summary = {"name": trial.name(), **err.row()}
-            _write_json(out / "summary.json", summary)
+            _write_json(out / SUMMARY, summary)
             return summary
         tb.add_final(result.summary, trial.train.steps)
     summary = {"name": trial.name(), **result.summary, "final": True}
     if summary.get("resumed_from_step", 0) < trial.train.steps:  # else its final checkpoint exists
         save(trial.train.steps, result.state, result.history, row={**result.history[-1], **summary})
-    _write_json(out / "summary.json", summary)
+    _write_json(out / SUMMARY, summary)
     return summary

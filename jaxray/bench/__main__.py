@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import sys
 from urllib.parse import urlsplit
 
@@ -18,7 +17,6 @@ from jaxray.data.sources import DataFileError
 
 SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
 MULTI_DEVICE = {"devices", "shard-map", "batch-sweep", "all"}
-FORCE_FLAG = "xla_force_host_platform_device_count"
 STEPS, ALL, ATTENTION = ("jit", "shard_map", "eager"), ("mlp", "transformer", "all"), Attention.__args__
 INT, INTS, COUNT, RATE = at.positive_int, at.positive_int_list, at.non_negative_int, at.non_negative_float
 FOLDER, SECONDS = at.folder, at.positive_float
@@ -110,10 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
 def set_cpu_devices(args: argparse.Namespace) -> None:
     """Set XLA_FLAGS' host device count before JAX starts; one already there stays unless --cpu-devices."""
     flags = os.environ.get("XLA_FLAGS", "")
-    default = 4 if args.command in MULTI_DEVICE and FORCE_FLAG not in flags else None
+    default = 4 if args.command in MULTI_DEVICE and at.FORCE_DEVICES_FLAG not in flags else None
     if count := getattr(args, "cpu_devices", None) or default:
-        flags = re.sub(rf"--{FORCE_FLAG}=\S*", "", flags)
-        os.environ["XLA_FLAGS"] = f"{flags} --{FORCE_FLAG}={count}".strip()
+        os.environ["XLA_FLAGS"] = at.cpu_xla_flags(count, flags)
 
 
 def main(argv: list[str] | None = None) -> int:

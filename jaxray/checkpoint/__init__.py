@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -277,6 +278,19 @@ def checkpoint_name(step: int, attempt: int) -> str:
     """Folder name of the checkpoint at ``step`` saved by ``attempt``; sorts by step, then attempt.
     The attempt keeps names unique across restarts (Ray Train's rotation must never see one twice)."""
     return f"checkpoint_step_{step:08d}_attempt{attempt}"
+
+
+def remove_unfinished(trial_dir: Path, but_attempt: int | None = None) -> list[str]:
+    """Remove the checkpoint folders in ``trial_dir`` that were begun and never committed (no
+    ``train_state.json``: their workers died or were stopped while writing them, and no process is
+    left to finish them), except those of attempt ``but_attempt``; their names."""
+    keep = f"_attempt{but_attempt}" if but_attempt is not None else None
+    gone = []
+    for folder in sorted(trial_dir.glob(f"{CHECKPOINT_PREFIX}*")):
+        if (keep is None or not folder.name.endswith(keep)) and not (folder / TRAIN_STATE).exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(folder.name)
+    return gone
 
 
 def checkpoint_order(path: Path | str) -> tuple[int, ...]:

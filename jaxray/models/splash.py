@@ -18,9 +18,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
+from jaxray.models.attention import SPLASH_MULTIPLE
 from jaxray.models.axes import layout_sharding
 
-BLOCKS = (512, 256, 128)  # the largest that divides T is used; 512 was fastest on a v5e at T 1024
+# The largest that divides T is used (512 was fastest on a v5e at T 1024); the smallest is splash's
+# kv-block multiple.
+BLOCKS = (512, 256, SPLASH_MULTIPLE)
 
 
 def block_size(seq_len: int) -> int:
@@ -29,7 +32,9 @@ def block_size(seq_len: int) -> int:
     for block in BLOCKS:
         if seq_len % block == 0:
             return block
-    raise ValueError(f"splash attention needs a sequence length that is a multiple of 128, got {seq_len}")
+    raise ValueError(
+        f"splash attention needs a sequence length that is a multiple of {SPLASH_MULTIPLE}, got {seq_len}"
+    )
 
 
 @dataclass(frozen=True)

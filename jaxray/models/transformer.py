@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxray.models.attention import SPLASH_MULTIPLE
 from jaxray.models.axes import constrain
 from jaxray.models.splash import splash_attention
 
@@ -39,7 +40,7 @@ def causal_attention(query, key, value, implementation=None, **_):
     ``dot_product_attention``), "splash" (``jaxray.models.splash``; dense where T is not a multiple of
     128, e.g. a prompt bucket), else ``blocked_causal_attention``. Mask/dropout arguments from
     ``nnx.MultiHeadAttention`` are ignored."""
-    if implementation == "splash" and query.shape[1] % 128 == 0:
+    if implementation == "splash" and query.shape[1] % SPLASH_MULTIPLE == 0:
         return splash_attention(query, key, value)
     if implementation in ("cudnn", "dense", "splash"):
         how = "cudnn" if implementation == "cudnn" else "xla"

@@ -188,21 +188,6 @@ def storage_folder(name: str) -> Path:
     return remote.cache_dir("staging") / trial / name
 
 
-def remove_unfinished(trial_dir: Path, but_attempt: int | None = None) -> list[str]:
-    """Remove the checkpoint folders in ``trial_dir`` that were begun and never committed (no
-    ``train_state.json``: their workers died or were stopped while writing them, and no process is
-    left to finish them), except those of attempt ``but_attempt``; their names."""
-    keep = f"_attempt{but_attempt}" if but_attempt is not None else None
-    gone = []
-    for folder in sorted(trial_dir.glob(f"{checkpoint.CHECKPOINT_PREFIX}*")):
-        if (keep is None or not folder.name.endswith(keep)) and not (
-            folder / checkpoint.TRAIN_STATE
-        ).exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            gone.append(folder.name)
-    return gone
-
-
 def trial_folder() -> Path:
     """This trial's folder in the run's storage, where its checkpoints are written (``storage_folder``:
     with object storage, its staging folder on this node)."""
@@ -213,7 +198,7 @@ def discard_unfinished(attempt: int) -> list[str]:
     """``remove_unfinished`` in this trial's storage folder for the earlier attempts (rank 0, at the
     start of an attempt); with object storage, every checkpoint they left staged on this node."""
     if not staged():
-        return remove_unfinished(trial_folder(), but_attempt=attempt)
+        return checkpoint.remove_unfinished(trial_folder(), but_attempt=attempt)
     left = sorted(trial_folder().glob(f"{checkpoint.CHECKPOINT_PREFIX}*"))
     for folder in left:
         shutil.rmtree(folder, ignore_errors=True)

@@ -21,7 +21,7 @@ from ray.tune.experiment import Trial
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
-from jaxray.checkpoint import HISTORY_FILE, remote
+from jaxray.checkpoint import HISTORY_FILE, remote, remove_unfinished
 from jaxray.config import ConfigError, TrainConfig, parse_trial
 from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
@@ -29,7 +29,7 @@ from jaxray.data.ray_data import to_dataset
 from jaxray.raytrain import progress
 from jaxray.raytrain.failures import ATTEMPT_KEY, read_record, record_driver_lost
 from jaxray.raytrain.progress import TrialProgress
-from jaxray.raytrain.reports import SCORE_KEY, remove_unfinished
+from jaxray.raytrain.reports import SCORE_KEY
 from jaxray.raytrain.trainer import make_trainer, run_files
 from jaxray.reporting import terminal
 from jaxray.reporting.format import DIVERGED_KEYS, diverged_error

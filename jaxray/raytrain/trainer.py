@@ -10,6 +10,7 @@ from typing import Any
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 
+from jaxray.argtypes import cpu_xla_flags
 from jaxray.checkpoint import remote
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig
 from jaxray.raytrain.cluster import QUIET_ENV
@@ -18,15 +19,6 @@ from jaxray.raytrain.faults import FAULT_ENV
 from jaxray.raytrain.reports import SCORE_KEY
 from jaxray.raytrain.worker import train_loop_per_worker
 from jaxray.runs import COMPILE_FILE
-
-FORCE_DEVICES_FLAG = "--xla_force_host_platform_device_count"
-
-
-def cpu_xla_flags(devices: int, flags: str = "") -> str:
-    """``flags`` (the user's XLA_FLAGS) with ``FORCE_DEVICES_FLAG=devices`` added; a device count
-    already in them is replaced, every other flag kept in its order."""
-    kept = [f for f in flags.split() if f.split("=", 1)[0] != FORCE_DEVICES_FLAG]
-    return " ".join([*kept, f"{FORCE_DEVICES_FLAG}={devices}"])
 
 
 def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str, str]:

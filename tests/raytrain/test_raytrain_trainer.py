@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from jaxray.argtypes import cpu_xla_flags
 from jaxray.config import WorkersConfig, parse_trial
-from jaxray.raytrain.trainer import cpu_xla_flags, make_trainer, worker_env
+from jaxray.raytrain.trainer import make_trainer, worker_env
 
 
 def test_worker_env_sets_the_devices_before_jax_starts(monkeypatch):
