@@ -5,6 +5,8 @@ wanted (any mesh, any device count), its shapes checked first so that a mismatch
 from __future__ import annotations
 
 import contextlib
+import errno
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,9 @@ import orbax.checkpoint as ocp
 from jax.sharding import Sharding
 
 PARAMETER, OPTIMISER_ENTRY = "parameter", "optimiser entry"  # what ``restore_tree`` names a leaf
+# Free space a save leaves untouched: the run's own small records (Ray Tune's experiment state, Ray
+# Train's checkpoint list, logs) must still be writable after a save refused for want of room.
+RESERVE_BYTES = 1 << 20
 
 
 class CheckpointError(ValueError):
@@ -42,12 +47,50 @@ def finish(checkpointers: list[ocp.StandardCheckpointer]) -> None:
         raise failures[0]
 
 
+def own_bytes(tree: Any) -> int:
+    """Bytes of ``tree``'s arrays this process writes: replica 0 of each shard it holds (a jax.Array),
+    every byte of a host array on process 0."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            total += sum(s.data.nbytes for s in leaf.addressable_shards if s.replica_id == 0)
+        elif jax.process_index() == 0:
+            total += getattr(leaf, "nbytes", 0)
+    return total
+
+
+def check_room(items: dict[Path, Any]) -> None:
+    """Raise OSError(ENOSPC) when a filesystem that ``items``' paths are on has less free space than
+    this process's bytes of them plus ``RESERVE_BYTES``: a save that cannot fit fails before writing,
+    instead of filling the disk under the run's own records. Paths whose parent is missing are
+    skipped (created by Orbax, on storage this cannot see)."""
+    need: dict[int, tuple[int, Path]] = {}
+    for path, tree in items.items():
+        try:
+            device = path.parent.stat().st_dev
+        except OSError:
+            continue
+        bytes_, _ = need.get(device, (0, path.parent))
+        need[device] = (bytes_ + own_bytes(tree), path.parent)
+    for bytes_, where in need.values():
+        free = shutil.disk_usage(where).free
+        if free < bytes_ + RESERVE_BYTES:
+            raise OSError(
+                errno.ENOSPC,
+                f"No space left on device: the arrays need {bytes_ / 2**20:.1f} MiB on the disk holding "
+                f"{where}, {free / 2**20:.1f} MiB are free ({RESERVE_BYTES >> 20} MiB kept for the run's "
+                "records)",
+            )
+
+
 def start_saves(items: dict[Path, Any]) -> list[ocp.StandardCheckpointer]:
     """Start one collective Orbax save of each ``{path: tree}``: every process of the program calls it
     with the same trees and writes the shards it holds (replica 0 of each), the primary process the
     metadata and the commit; no process gathers an array whole. Returns once the arrays are copied
     to host memory; the writes go on in the background until ``finish``. If one cannot start, those
-    started are finished first."""
+    started are finished first. Raises OSError(ENOSPC) before writing when the disk has no room
+    (``check_room``)."""
+    check_room(items)
     started: list[ocp.StandardCheckpointer] = []
     try:
         for path, tree in items.items():
