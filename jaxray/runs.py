@@ -37,7 +37,6 @@ THROUGHPUT_PLOT = "throughput_vs_batch.png"
 LOSS_PLOT = "loss_curves.png"
 FILES = (SUMMARY_JSON, SUMMARY_MD, THROUGHPUT_PLOT, LOSS_PLOT)  # the sweep report's files
 TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR = "train", "tune", "tensorboard"
-RUN_DIRS = (TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR)  # what a run writes besides the files above
 LOCK_FILE = ".jaxray.lock"  # held by the one command writing into the folder (``exclusive``)
 LOGS_DIR = "logs"  # one log per python -m jaxray.tune in the folder (Ray's, Tune's, Orbax's output)
 # experiment.yaml's line holding the SHA-256 of the config below it (``signed``, ``check_unedited``).

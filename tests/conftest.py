@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 import pytest
+from saved import save_params
 
 # Before jax is imported anywhere (jax reads it once, at import); see the docstring for why.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
@@ -95,7 +96,6 @@ def trained_transformer(real_dir, tmp_path_factory) -> Path:
     """A checkpoint of a small transformer (d_model 64, 2 layers, max_seq_len 64) trained for 60
     steps on the real TinyShakespeare bytes in this process (seconds): enough for text-like output,
     so parity tests compare real predictions rather than those of random weights."""
-    from jaxray import checkpoint
     from jaxray.config import DataConfig, ModelConfig, TrainConfig, TrialConfig
     from jaxray.data.batching import train_batches
     from jaxray.data.workloads import load_arrays
@@ -109,7 +109,7 @@ def trained_transformer(real_dir, tmp_path_factory) -> Path:
     )
     train_arrays, held_out = load_arrays(trial)
     result = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
-    return checkpoint.save(tmp_path_factory.mktemp("trained") / "transformer", result.state.params, trial)
+    return save_params(tmp_path_factory.mktemp("trained") / "transformer", result.state.params, trial)
 
 
 @pytest.fixture(scope="session")

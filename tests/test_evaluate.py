@@ -11,8 +11,8 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from saved import save_params
 
-from jaxray import checkpoint
 from jaxray.config import ModelConfig, parse_trial
 from jaxray.data.batching import train_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES
@@ -32,7 +32,7 @@ def _train_and_save(directory: Path, trial_dict: dict, held_out_rows=None):
     if held_out_rows:
         held_out = {k: v[:held_out_rows] for k, v in held_out.items()}
     result = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
-    checkpoint.save(directory, result.state.params, trial)
+    save_params(directory, result.state.params, trial)
     return result
 
 

@@ -13,8 +13,8 @@ import jax
 import pytest
 from checkpoint_copies import flip_a_byte, largest_params_file
 from full_disk import fill, small_tmpfs
+from saved import save_params
 
-from jaxray import checkpoint
 from jaxray.checkpoint import checkpoint_name
 from jaxray.config import parse_trial
 from jaxray.evaluate import default_out, main
@@ -33,7 +33,7 @@ def trial_checkpoints(real_dir, tmp_path_factory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("runs") / "demo" / "train" / TRIAL_NAME
     model = build(trial.model)
     return tuple(
-        checkpoint.save(folder / checkpoint_name(step, 1), model.init(jax.random.key(step)), trial)
+        save_params(folder / checkpoint_name(step, 1), model.init(jax.random.key(step)), trial)
         for step in (10, 20)
     )
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import jax
 import pytest
+from saved import save_params
 
-from jaxray import checkpoint
 from jaxray import export as export_cli
 from jaxray.config import parse_trial
 from jaxray.models import build
@@ -47,7 +47,7 @@ def test_bad_checkpoints_are_refused_before_writing(trained_transformer, tmp_pat
     assert export_cli.main(["--checkpoint", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
     assert "nowhere is neither a checkpoint" in capsys.readouterr().err
     mlp = parse_trial({"model": {"workload": "mlp", "width": 32}, "data": {"seq_len": 32}})
-    checkpoint.save(tmp_path / "mlp", build(mlp.model).init(jax.random.key(0)), mlp)
+    save_params(tmp_path / "mlp", build(mlp.model).init(jax.random.key(0)), mlp)
     assert export_cli.main(["--checkpoint", str(tmp_path / "mlp"), "--out", str(out)]) == 2
     assert (
         "holds an MLP checkpoint, not a transformer: only a transformer can be exported"

@@ -8,8 +8,8 @@ import sys
 
 import jax
 import pytest
+from saved import save_params
 
-from jaxray import checkpoint
 from jaxray.config import parse_trial
 from jaxray.generate import main
 from jaxray.models import build
@@ -50,6 +50,6 @@ def test_only_a_transformer_checkpoint_is_sampled(tmp_path, capsys):
     assert main(["--checkpoint", str(tmp_path / "nowhere")]) == 2
     assert "nowhere is neither a checkpoint" in capsys.readouterr().err
     mlp = parse_trial({"model": {"workload": "mlp", "width": 32}, "data": {"seq_len": 32}})
-    checkpoint.save(tmp_path / "mlp", build(mlp.model).init(jax.random.key(0)), mlp)
+    save_params(tmp_path / "mlp", build(mlp.model).init(jax.random.key(0)), mlp)
     assert main(["--checkpoint", str(tmp_path / "mlp")]) == 2
     assert "holds a mlp checkpoint; generation needs a transformer" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from saved import save_params
 
 from jaxray import checkpoint, runs
 from jaxray.config import parse_trial
@@ -39,7 +40,7 @@ def stored(tmp_path_factory) -> Path:
     """A real checkpoint of a width-8 MLP (an Orbax save), copied to each row's checkpoint."""
     trial = parse_trial({"model": {"workload": "mlp", "width": 8}})
     params = build(trial.model).init(jax.random.key(0))
-    return checkpoint.save(tmp_path_factory.mktemp("stored") / "ck", params, trial)
+    return save_params(tmp_path_factory.mktemp("stored") / "ck", params, trial)
 
 
 def populate(folder: Path, rows: list[dict], stored: Path) -> Path:
@@ -186,7 +187,8 @@ def test_check_overwrite_lets_only_the_same_writer_replace_a_summary(tmp_path):
 
 def test_the_layout_names():
     assert runs.FILES == ("summary.json", "summary.md", "throughput_vs_batch.png", "loss_curves.png")
-    assert runs.RUN_DIRS == ("train", "tune", "tensorboard") and runs.EXPERIMENT_FILE == "experiment.yaml"
+    assert (runs.TRAIN_DIR, runs.TUNE_DIR, runs.TENSORBOARD_DIR) == ("train", "tune", "tensorboard")
+    assert runs.EXPERIMENT_FILE == "experiment.yaml"
 
 
 def test_an_experiment_folder_resolves_to_its_newest_complete_run(tmp_path, stored):

@@ -30,7 +30,6 @@ from jaxray.checkpoint.trees import (
     abstract,
     finish,
     restore_tree,
-    save_tree,
     start_saves,
 )
 from jaxray.config import ModelConfig, TrialConfig
@@ -99,18 +98,6 @@ def _write_manifest(directory: Path, doc: dict[str, Any]) -> Path:
         tmp.write_text(json.dumps({**doc, "files": _file_digests(directory)}, indent=1))
         os.replace(tmp, directory / TRAIN_STATE)
     return directory
-
-
-def save(directory: str | Path, params: Any, trial: TrialConfig) -> Path:
-    """Write ``params`` (called by every process with the same tree) and the configs under
-    ``directory``, then ``train_state.json``; returns the absolute path once committed. Raises
-    CheckpointSaveError naming the folder."""
-    directory = Path(directory).absolute()
-    with _saving(directory, "the checkpoint"):
-        directory.mkdir(parents=True, exist_ok=True)
-        save_tree(directory / PARAMS_DIR, params)
-        _write_small(directory, trial)
-        return _write_manifest(directory, {})
 
 
 class PendingSave:

@@ -103,11 +103,6 @@ def start_saves(items: dict[Path, Any]) -> list[ocp.StandardCheckpointer]:
     return started
 
 
-def save_tree(path: Path, tree: Any) -> None:
-    """``start_saves`` and ``finish``: the save is committed when this returns."""
-    finish(start_saves({path: tree}))
-
-
 def key_names(path: tuple) -> tuple[str, ...]:
     """A PyTree key path as plain names (dict keys, list indices, attributes; NNX's ``value`` dropped),
     so Orbax's metadata tree and an NNX State target compare."""

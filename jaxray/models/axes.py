@@ -68,18 +68,6 @@ def axes_of(path: tuple, ndim: int) -> Axes | None:
     return () if ndim == 0 else None
 
 
-def logical_axes(tree: Any) -> dict[str, Axes]:
-    """``{param name: logical names}`` for every leaf of ``tree`` (params, a TrainState, or their
-    ``ShapeDtypeStruct``s). Raises KeyError naming a leaf of 1+ dimensions that has no names."""
-    named = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        axes = axes_of(path, len(getattr(leaf, "shape", ())))
-        if axes is None:
-            raise KeyError(f"no logical axis names for param {param_name(path)} {tuple(leaf.shape)}")
-        named[param_name(path)] = axes
-    return named
-
-
 # names -> jax.sharding.Sharding while a train or eval step is traced; None elsewhere (inference).
 _LAYOUT: ContextVar[Callable[[tuple], Any] | None] = ContextVar("jaxray_activation_layout", default=None)
 

@@ -27,7 +27,7 @@ def describe(directory: str | Path) -> str:
     relative to the working directory when inside it; the trial (its Ray Train folder's name, else
     the one its ``trial_config.json`` names); the step and the held-out metric of the final
     checkpoint's summary row, else the newest validation loss in its history (at step S), else the
-    last training loss ("params only" without a step). Only reads: what cannot be read is left out."""
+    last training loss. Only reads: what cannot be read is left out."""
     directory = Path(directory)
     here = directory.absolute()
     shown: str | Path = remote.source(directory)  # a cached copy: the URI it was fetched from
@@ -42,7 +42,7 @@ def describe(directory: str | Path) -> str:
             parts = [f"trial {load_trial_config(directory).name()}"]
         except CheckpointError:
             parts = []
-    parts.append(f"step {state['step']}" if "step" in state else "params only")
+    parts.append(f"step {state['step']}" if "step" in state else "")
     parts.append(_metric(directory, state))
     return f"checkpoint: {shown} ({', '.join(p for p in parts if p)})"
 

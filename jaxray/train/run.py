@@ -248,7 +248,6 @@ def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> 
     row: dict[str, Any] = {
         "workload": m.workload,
         "global_batch": t.global_batch,
-        "per_device_batch": t.global_batch // devices,
         "dtype": m.dtype,
         "width": m.width,
         "learning_rate": trial.learning_rate,

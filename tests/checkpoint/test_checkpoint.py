@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from checkpoint_copies import flip_a_byte, largest_params_file
+from saved import save_params
 
 from jaxray import checkpoint
 from jaxray.config import parse_trial
@@ -30,7 +31,7 @@ def test_round_trip_logits(tmp_path, workload, inputs):
     trial = parse_trial({"model": {"workload": workload, "width": 32, "num_layers": 2, "block_repeats": 2}})
     model = build(trial.model)
     params = model.init(jax.random.key(3))
-    checkpoint.save(tmp_path / "ck", params, trial)
+    save_params(tmp_path / "ck", params, trial)
     restored_model, restored = checkpoint.restore(tmp_path / "ck")
     assert restored_model.config == trial.model
     diff = jnp.max(jnp.abs(model.apply(params, inputs) - restored_model.apply(restored, inputs)))
@@ -40,7 +41,7 @@ def test_round_trip_logits(tmp_path, workload, inputs):
 
 def test_a_damaged_or_incomplete_checkpoint_is_refused_naming_the_file(tmp_path):
     trial = parse_trial({"model": {"workload": "mlp", "width": 8}})
-    saved = checkpoint.save(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), trial)
+    saved = save_params(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), trial)
     recorded = json.loads((saved / checkpoint.TRAIN_STATE).read_text())["files"]
     assert "model_config.json" in recorded and any(f.startswith("params/") for f in recorded)
     damaged = shutil.copytree(saved, tmp_path / "damaged")
@@ -60,7 +61,7 @@ def test_params_of_another_shape_are_a_clear_error(tmp_path):
     trial = parse_trial({"model": {"workload": "mlp", "width": 16}})
     wider = parse_trial({"model": {"workload": "mlp", "width": 32}})
     # Saved so (its checksums match): params of width 16 under a width-32 config.
-    checkpoint.save(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), wider)
+    save_params(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), wider)
     with pytest.raises(checkpoint.CheckpointError, match="could not be restored into the model"):
         checkpoint.restore(tmp_path / "ck")
 

@@ -76,7 +76,7 @@ def test_describe_shows_a_path_inside_the_working_directory_relative(run, monkey
     assert line.startswith(f"checkpoint: demo/train/{TRIAL_NAME}/{checkpoint_name(STEPS, 1)} (trial ")
 
 
-def test_describe_of_an_earlier_save_and_of_params_only(trained, trained_transformer, tmp_path):
+def test_describe_of_an_earlier_save_and_of_a_fresh_state(trained, trained_transformer, tmp_path):
     trial, result = trained  # saved without the summary row, as the saves before the last are
     earlier = checkpoint.save_state(
         tmp_path / TRIAL_NAME / "checkpoint_x", result.state, trial, result.history, {}
@@ -93,7 +93,7 @@ def test_describe_of_an_earlier_save_and_of_params_only(trained, trained_transfo
         f"checkpoint: {earlier} (trial {TRIAL_NAME}, step {STEPS}, val loss 2.0697 at step {last['step']})"
     )
     assert checkpoint_line.describe(trained_transformer) == (
-        f"checkpoint: {trained_transformer} (trial {TRIAL_NAME}, params only, no metric recorded)"
+        f"checkpoint: {trained_transformer} (trial {TRIAL_NAME}, step 0, no metric recorded)"
     )
 
 

@@ -12,6 +12,7 @@ import jax
 import pytest
 from checkpoint_copies import flip_a_byte, largest_params_file
 from full_disk import fill, small_tmpfs
+from saved import save_params
 
 from jaxray import checkpoint, runs
 from jaxray.checkpoint import checkpoint_name
@@ -29,7 +30,7 @@ SNAPSHOT = "checkpoint_manager_snapshot.json"
 def test_no_usable_checkpoint_lists_only_the_checkpoint_folders(tmp_path):
     trial_dir = tmp_path / "run" / "train" / TRIAL_NAME
     params = build(TRIAL.model).init(jax.random.key(0))
-    saved = [checkpoint.save(trial_dir / checkpoint_name(s, 1), params, TRIAL) for s in (10, 20)]
+    saved = [save_params(trial_dir / checkpoint_name(s, 1), params, TRIAL) for s in (10, 20)]
     (trial_dir / SNAPSHOT).write_text(json.dumps({"checkpoint_results": []}))  # as Ray Train leaves it
     row = {"trial": TRIAL_NAME, "workload": "mlp", "test_accuracy": 0.9, "checkpoint": str(saved[-1])}
     write_reports(tmp_path / "run", [row], {TRIAL_NAME: []})

@@ -19,6 +19,7 @@ import pyarrow.fs as pafs
 import pytest
 from checkpoint_copies import largest_params_file
 from s3_server import s3_server
+from saved import save_params
 
 from jaxray import checkpoint, runs
 from jaxray.checkpoint import remote
@@ -117,7 +118,7 @@ def retrained(trained_transformer, tmp_path_factory) -> Path:
     _, params = checkpoint.restore(trained_transformer)
     params = jax.tree.map(lambda x: x + 0.01, params)
     trial = checkpoint.load_trial_config(trained_transformer)
-    return checkpoint.save(tmp_path_factory.mktemp("retrained") / "transformer", params, trial)
+    return save_params(tmp_path_factory.mktemp("retrained") / "transformer", params, trial)
 
 
 def test_a_checkpoint_replaced_at_its_uri_is_fetched_anew_and_a_checked_one_is_pinned(

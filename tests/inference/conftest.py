@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import jax
 import pytest
+from saved import save_params
 
-from jaxray import checkpoint
 from jaxray.config import parse_trial
 from jaxray.inference.artifact import export_checkpoint
 from jaxray.inference.settings import EngineSettings
@@ -27,7 +27,7 @@ def tiny_transformer(tmp_path_factory):
     trial = tiny_trial("transformer", num_layers=1, num_heads=2, max_seq_len=32)
     model = build(trial.model)
     params = model.init(jax.random.key(7))
-    path = checkpoint.save(tmp_path_factory.mktemp("ck") / "transformer", params, trial)
+    path = save_params(tmp_path_factory.mktemp("ck") / "transformer", params, trial)
     return model, params, path
 
 
@@ -36,7 +36,7 @@ def mlp_checkpoint(tmp_path_factory):
     """A checkpoint of a width-32 MLP (fresh weights): what no inference command accepts."""
     trial = tiny_trial("mlp")
     params = build(trial.model).init(jax.random.key(0))
-    return checkpoint.save(tmp_path_factory.mktemp("ck") / "mlp", params, trial)
+    return save_params(tmp_path_factory.mktemp("ck") / "mlp", params, trial)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 from ray import serve
+from saved import save_params
 from serve_load import private_serve
 
 from jaxray import checkpoint
@@ -64,7 +65,7 @@ def trained(real_dir, tmp_path_factory) -> Path:
     train_arrays, held_out = load_arrays(trial)
     held_out = {k: v[:16] for k, v in held_out.items()}  # evaluation is not under test: keep it short
     result = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
-    return checkpoint.save(tmp_path_factory.mktemp("serve") / "ck", result.state.params, trial)
+    return save_params(tmp_path_factory.mktemp("serve") / "ck", result.state.params, trial)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 import jax
 import pytest
+from saved import save_params
 
 from jaxray.config import ConfigError, ModelConfig, parse_trial
 from jaxray.models import build
@@ -104,6 +105,6 @@ def test_a_checkpoint_that_asked_for_splash_restores_with_this_devices_attention
         {"model": {"workload": "transformer", "width": 32, "num_heads": 2, "max_seq_len": 128,
                    "attention": "splash"}, "data": {"seq_len": 128}}
     )  # fmt: skip
-    checkpoint.save(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), trial)
+    save_params(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), trial)
     model, _ = checkpoint.restore(tmp_path / "ck")
     assert model.attention.implementation == "xla"  # auto on this CPU, not splash's interpret mode

@@ -11,10 +11,23 @@ from jax.sharding import PartitionSpec as P
 
 from jaxray.config import ConfigError, parse_trial
 from jaxray.models import build
-from jaxray.models.axes import logical_axes
+from jaxray.models.axes import axes_of, param_name
 from jaxray.parallel.checks import abstract_params, check_mesh, check_trial
 from jaxray.parallel.mesh import make_mesh, spec_for, unsplittable
 from jaxray.train.step import init_state
+
+
+def logical_axes(tree) -> dict[str, tuple]:
+    """``{param name: logical names}`` for every leaf of ``tree`` (params, a TrainState, or their
+    ``ShapeDtypeStruct``s). Raises KeyError naming a leaf of 1+ dimensions that has no names."""
+    named = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        axes = axes_of(path, len(getattr(leaf, "shape", ())))
+        if axes is None:
+            raise KeyError(f"no logical axis names for param {param_name(path)} {tuple(leaf.shape)}")
+        named[param_name(path)] = axes
+    return named
+
 
 MODELS = {
     "mlp": {"workload": "mlp", "width": 64},
