@@ -5,11 +5,12 @@ Every run writes a new folder, never an earlier one: ``runs/<experiment>/<YYYYmm
 (``new_run``) holding ``experiment.yaml`` (the resolved config, ``--resume`` reads it),
 ``summary.json``/``summary.md`` (one row per trial, checkpoint paths relative to the folder), the
 plots, ``train/<trial>/`` (Ray Train's checkpoints), ``tune/<workload>/`` (Tune's state),
-``tensorboard/<trial>/`` and ``logs/``. ``runs/<experiment>`` resolves to its newest complete run
-(summary written, no trial failed), so a failed or interrupted run never hides an earlier one."""
+``tensorboard/<trial>/`` and ``logs/``. ``runs/<experiment>`` resolves to its newest ``finished``
+run with a model of the workload asked for, so a crashed or interrupted run never hides an earlier one."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -252,7 +253,7 @@ def best_row(run_dir: str | Path, workload: str | None = None) -> dict[str, Any]
     Raises RunFolderError naming the file when ``summary.json`` or ``experiment.yaml`` cannot be
     read, or no trial of ``workload`` has a checkpoint and a finite ranking metric."""
     every = read_summary(run_dir)
-    rows = [r for r in every if r.get("checkpoint") and r.get("workload")]
+    rows = [r for r in every if has_model(r)]
     workloads = sorted({r["workload"] for r in rows})
     workload = workload or ("transformer" if "transformer" in workloads else next(iter(workloads), None))
     rows = [r for r in rows if r["workload"] == workload]
@@ -316,47 +317,79 @@ def run_folders(experiment_dir: str | Path) -> list[Path]:
     return [p for *_, p in sorted(found, reverse=True)]
 
 
-def complete(run_dir: Path, workload: str | None = None) -> bool:
-    """True when the run wrote its summary, none of its trials failed and each workload has a best
-    trial (a finite ranking metric); with ``workload``, also when it has trials of ``workload``."""
+def crashed(row: dict) -> bool:
+    """Whether the summary ``row`` is of a trial that failed other than by diverging (an exception, a
+    lost node, no final report): ``--resume`` trains it again."""
+    return bool(row.get("error")) and row.get("diverged_step") is None
+
+
+def finished(run_dir: str | Path) -> bool:
+    """The one meaning of a finished run, for ``--resume``, ``--checkpoint`` and the reports: it wrote
+    its summary and no trial crashed. A diverged trial is finished, without a model (it would diverge
+    again); a trial ASHA stopped is finished with the checkpoint it had."""
     try:
-        rows, ranking = read_summary(run_dir), saved_ranking(run_dir)
+        rows = read_summary(run_dir)
     except (OSError, RunFolderError):
         return False
-    found = {r.get("workload", "?") for r in rows}
-    if workload is not None and workload not in found:
-        return False
-    return all(not r.get("error") for r in rows) and all(best_trial(rows, w, ranking) for w in found)
+    return not any(map(crashed, rows))
+
+
+def has_model(row: dict) -> bool:
+    """Whether the summary ``row``'s trial left a model to use: a checkpoint, and no error."""
+    return bool(row.get("checkpoint")) and bool(row.get("workload")) and not row.get("error")
 
 
 def latest_run(path: str | Path, workload: str | None = None) -> Path:
-    """The run folder ``path`` means: the newest ``complete`` run of the experiment folder ``path``
-    (with ``workload``: the newest complete one with trials of that workload, so a newer run of
-    another workload hides none), or ``path`` itself when it holds no runs but a ``summary.json``.
-    Raises RunFolderError naming the folder and what it holds when there is none."""
+    """The run folder ``path`` means: the newest ``finished`` run of the experiment folder ``path``
+    with a model of ``workload`` (``best_row``; default workload as there), so a newer run that
+    crashed, diverged throughout or trained another workload hides none; or ``path`` itself when it
+    holds no runs but a ``summary.json``. Raises RunFolderError naming the folder and what it holds
+    when there is none."""
     path, runs = Path(path), run_folders(path)
     if not runs and (path / SUMMARY_JSON).is_file():
         return path
-    done = next((r for r in runs if complete(r, workload)), None)
-    if done is not None:
-        return done
+    for run in runs:
+        if finished(run):
+            with contextlib.suppress(RunFolderError):
+                best_row(run, workload)
+                return run
     if runs:
-        which = f" with {workload} trials" if workload else ""
+        which = f" {workload}" if workload else ""
         raise RunFolderError(
-            f"{path} has no complete run{which}: its {len(runs)} run(s), newest {runs[0].name}, failed, "
-            f"diverged, were interrupted or trained other workloads; finish one with python -m "
-            f"jaxray.tune --resume {runs[0]}, or pass one of its trials (a folder under {runs[0] / 'train'})"
+            f"{path} has no finished run with a{which} model: its {len(runs)} run(s), newest "
+            f"{runs[0].name}, crashed, were interrupted, diverged or trained other workloads; finish one "
+            f"with python -m jaxray.tune --resume {runs[0]}, or pass one of its trials (a folder under "
+            f"{runs[0] / TRAIN_DIR})"
         )
     if (path / EXPERIMENT_FILE).is_file():
         raise RunFolderError(
             f"the run {path} has not finished (no {SUMMARY_JSON}: interrupted, or still running); finish "
             f"it with python -m jaxray.tune --resume {path}, or pass one of its trials (a folder under "
-            f"{path / 'train'})"
+            f"{path / TRAIN_DIR})"
         )
+    if path.parent.name == TRAIN_DIR and (path.parent.parent / EXPERIMENT_FILE).is_file():
+        raise RunFolderError(trial_without_checkpoint(path))
     raise RunFolderError(
         f"{path} is neither a checkpoint (no {checkpoint.MODEL_CONFIG}), a run folder (no {SUMMARY_JSON}) "
         f"nor an experiment folder holding runs"
     )
+
+
+def trial_without_checkpoint(folder: Path) -> str:
+    """What a trial's Ray Train ``folder`` holding no checkpoint is, from its run's summary row."""
+    run = folder.parent.parent
+    try:
+        row = next((r for r in read_summary(run) if r.get("trial") == folder.name), None)
+    except (OSError, RunFolderError):
+        row = None
+    where = f"{folder} is trial {folder.name}'s folder and holds no checkpoint"
+    if row is None:
+        return f"{where}: the run has no summary row of it (interrupted, or still running)"
+    if row.get("diverged_step") is not None:
+        return f"{where}: it diverged at step {row['diverged_step']}, before its first save"
+    if crashed(row):
+        return f"{where}: it failed ({row['error']}); train it again: python -m jaxray.tune --resume {run}"
+    return f"{where} (its checkpoints were removed)"
 
 
 def resolve(path: str | Path, workload: str | None = None) -> Path:

@@ -47,10 +47,12 @@ from jaxray.runs import (
     TUNE_DIR,
     RunFolderError,
     check_unedited,
+    crashed,
     exclusive,
+    finished,
+    has_model,
     latest_run,
     new_run,
-    read_summary,
     run_folders,
     signed,
     sweep_ranking,
@@ -119,29 +121,13 @@ class NothingToResume(Exception):
     """``--resume`` found no unfinished run: the message says which runs finished (exit 0, no Ray)."""
 
 
-def unfinished(run: Path) -> bool:
-    """Whether ``--resume`` has work in the run folder ``run``: it wrote no summary (interrupted, or
-    stopped by a full disk), a damaged one, or a trial of it failed other than by diverging (Tune
-    trains those again; a diverged trial would diverge again, so it counts as finished)."""
-    try:
-        rows = read_summary(run)
-    except (OSError, RunFolderError):
-        return True
-    return any(map(crashed, rows))
-
-
-def crashed(row: dict) -> bool:
-    """Whether the summary ``row`` is of a trial that failed other than by diverging."""
-    return bool(row.get("error")) and row.get("diverged_step") is None
-
-
 def resume_target(path: Path) -> Path:
     """The run folder ``--resume path`` finishes: ``path`` itself when it is a run, else the newest
     unfinished run of the experiment folder ``path``, naming on stderr every unfinished run found
     and the one taken. Raises ConfigError when ``path`` holds no run, NothingToResume when the run
     (or every run) finished."""
     if (path / EXPERIMENT_FILE).is_file():
-        if not unfinished(path):
+        if finished(path):
             raise NothingToResume(
                 f"--resume {path}: the run finished ({path / SUMMARY_MD}), nothing to resume; a new "
                 f"run starts with --config"
@@ -151,7 +137,7 @@ def resume_target(path: Path) -> Path:
     if not found:
         what = "no run of python -m jaxray.tune there" if path.exists() else "no such folder"
         raise ConfigError(f"--resume {path}: {what} (a run folder holds {EXPERIMENT_FILE})")
-    todo = [run for run in found if unfinished(run)]
+    todo = [run for run in found if not finished(run)]
     if not todo:
         raise NothingToResume(
             f"--resume {path}: its {len(found)} run(s) all finished (newest {found[0].name}), nothing "
@@ -315,7 +301,7 @@ def next_steps(out: Path, rows: list[dict]) -> str:
     empty when no trial finished."""
     here = Path.cwd()
     folder = shlex.quote(str(out.relative_to(here) if out.is_relative_to(here) else out))
-    done = {r["workload"] for r in rows if not r.get("error")}
+    done = {r["workload"] for r in rows if has_model(r)}
     if not done:
         return ""
     lines = ["next:"]

@@ -15,8 +15,10 @@ from saved import save_params
 from jaxray import checkpoint, runs
 from jaxray.config import parse_trial
 from jaxray.config.experiment import ExperimentConfig
+from jaxray.inference.load import check_checkpoint
 from jaxray.models import build
 from jaxray.reporting.sweep import markdown_summary
+from jaxray.tune import main as tune_main
 from jaxray.tune import save_experiment
 
 
@@ -131,7 +133,7 @@ def test_a_run_whose_trials_all_diverged_is_never_resolved_and_hides_no_earlier_
     ):
         runs.resolve(diverged)
     assert "no trial finished with a finite test loss" in markdown_summary(rows, runs.saved_ranking(diverged))
-    assert not runs.complete(diverged) and runs.latest_run(experiment) == good
+    assert runs.finished(diverged) and runs.latest_run(experiment) == good
     assert runs.resolve(experiment).is_relative_to(good)
 
 
@@ -209,7 +211,9 @@ def test_an_experiment_folder_resolves_to_its_newest_complete_run(tmp_path, stor
     with pytest.raises(checkpoint.CheckpointError, match="neither a checkpoint"):
         runs.resolve(tmp_path / "empty")
     shutil.rmtree(complete)
-    with pytest.raises(checkpoint.CheckpointError, match="has no complete run: its 2 run") as err:
+    with pytest.raises(
+        checkpoint.CheckpointError, match="has no finished run with a model: its 2 run"
+    ) as err:
         runs.resolve(experiment)
     assert f"--resume {interrupted}" in str(err.value)
     # The interrupted run named itself: the error says what to do with it, not that it is no run.
@@ -249,3 +253,34 @@ def test_a_newer_run_of_another_workload_hides_no_transformer(tmp_path, stored):
     assert runs.latest_run(experiment, "transformer") == older
     with pytest.raises(runs.RunFolderError, match="has no transformer trial"):
         runs.best_row(newer, "transformer")
+
+
+def test_a_run_with_a_diverged_mlp_still_serves_its_best_transformer(tmp_path, stored, capsys):
+    """One meaning of finished (runs.finished): a diverged trial is finished without a model, each
+    workload ranked among its own trials with one. --resume has nothing to do; --checkpoint of the
+    experiment, the generate/serve check and evaluate use the new run's best transformer, and the
+    MLP still comes from the earlier run; the diverged trial's empty folder says what it is."""
+    model = {"workload": "transformer", "width": 16, "num_layers": 1, "num_heads": 2, "max_seq_len": 16}
+    trial = parse_trial({"model": model, "data": {"seq_len": 16}})
+    lm = save_params(tmp_path / "lm", build(trial.model).init(jax.random.key(0)), trial)
+    experiment = tmp_path / "demo"
+    older = populate(sweep_folder(experiment / "20261201-100000", ROWS), ROWS, stored)
+    diverged = {
+        "trial": "mlp_bad", "workload": "mlp", "error": "diverged at step 2: loss nan (not finite)",
+        "diverged_step": 2, "diverged_metric": "loss", "diverged_value": "nan",
+    }  # fmt: skip
+    lms = [
+        {"trial": t, "workload": "transformer", "val_loss": v, "checkpoint": f"train/{t}/checkpoint_step_20"}
+        for t, v in (("t1", 2.0), ("t2", 1.8))
+    ]
+    mixed = populate(sweep_folder(experiment / "20261202-100000", [diverged, *lms], metric=None), lms, lm)
+    (mixed / runs.TRAIN_DIR / "mlp_bad").mkdir()
+    assert runs.finished(mixed) and runs.run_folders(experiment)[0] == mixed
+    assert tune_main(["--resume", str(experiment)]) == 0
+    assert "all finished" in capsys.readouterr().err
+    assert runs.latest_run(experiment) == mixed == runs.latest_run(experiment, "transformer")
+    assert runs.resolve(experiment).is_relative_to(mixed / runs.TRAIN_DIR / "t2")
+    check_checkpoint(str(experiment))  # what generate and serve run first: passes
+    assert runs.resolve(experiment, "mlp").is_relative_to(older)
+    with pytest.raises(checkpoint.CheckpointError, match="diverged at step 2, before its first save"):
+        runs.resolve(mixed / runs.TRAIN_DIR / "mlp_bad")

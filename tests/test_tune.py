@@ -16,7 +16,7 @@ from tune_cli import tune_cli as tune
 from jaxray.config import ConfigError
 from jaxray.config.experiment import load_experiment
 from jaxray.raytrain.sweep import with_run_storage
-from jaxray.runs import EXPERIMENT_FILE, TRAIN_DIR, RunFolderError, new_run
+from jaxray.runs import EXPERIMENT_FILE, TRAIN_DIR, RunFolderError, finished, new_run
 from jaxray.tune import (
     full_disk,
     load_resume,
@@ -25,7 +25,6 @@ from jaxray.tune import (
     parse_args,
     report,
     save_experiment,
-    unfinished,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +172,7 @@ def test_resume_of_a_finished_run_says_there_is_nothing_to_do_before_ray_starts(
     done = {"trial": "a", "workload": "mlp", "test_accuracy": 0.9}
     diverged = {"trial": "b", "workload": "mlp", "error": "diverged at step 2: loss nan", "diverged_step": 2}
     (run / "summary.json").write_text(json.dumps([done, diverged]))
-    assert not unfinished(run)
+    assert finished(run)
     assert main(["--resume", str(run)]) == 0
     assert (
         f"--resume {run}: the run finished ({run / 'summary.md'}), nothing to resume"
@@ -185,11 +184,14 @@ def test_resume_of_a_finished_run_says_there_is_nothing_to_do_before_ray_starts(
     (run / "summary.json").write_text(
         json.dumps([done, {"trial": "c", "workload": "mlp", "error": "killed"}])
     )
-    assert unfinished(run)
+    assert not finished(run)
 
 
 def test_the_next_commands_are_the_installs_and_none_when_every_trial_failed(tmp_path, capsys):
-    rows = [{"trial": "t", "workload": "transformer", "val_loss": 1.6}, {"trial": "m", "workload": "mlp"}]
+    rows = [
+        {"trial": "t", "workload": "transformer", "val_loss": 1.6, "checkpoint": "train/t/c"},
+        {"trial": "m", "workload": "mlp", "checkpoint": "train/m/c"},
+    ]
     hints = next_steps(tmp_path, rows)
     assert "python -m jaxray.generate" in hints and "python -m jaxray.serve" in hints
     assert all(line.split()[0] in ("next:", "python") for line in hints.splitlines())  # no tensorboard

@@ -108,7 +108,7 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
     assert rc == 130, first_log[-3000:]
     assert f"Resume with: python -m jaxray.tune --resume {out}" in first_log
     assert not (out / "summary.json").exists()  # an interrupted run writes no reports
-    with pytest.raises(runs.RunFolderError, match="has no complete run"):
+    with pytest.raises(runs.RunFolderError, match="has no finished run"):
         runs.latest_run(experiment)
     assert final_report(out, second) is None
 
