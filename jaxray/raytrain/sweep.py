@@ -21,6 +21,7 @@ from ray.tune.experiment import Trial
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
+from jaxray import checkpoint
 from jaxray.checkpoint import HISTORY_FILE, remote, remove_unfinished
 from jaxray.config import ConfigError, TrainConfig, parse_trial
 from jaxray.config import trial_name as name_of
@@ -33,7 +34,7 @@ from jaxray.raytrain.reports import SCORE_KEY
 from jaxray.raytrain.trainer import make_trainer, run_files
 from jaxray.reporting import terminal
 from jaxray.reporting.format import DIVERGED_KEYS, diverged_error
-from jaxray.runs import TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR
+from jaxray.runs import COMPILE_FILE, TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # A log row's keys: the final report carries the last one for schedulers; the summary row does not.
@@ -299,7 +300,8 @@ def trial_rows(
     """(summary row, history rows) of one trial from its Tune ``result``; a failed trial's row
     carries ``error`` and no history. ``early_stopping``: the metric the sweep's ASHA reads; a trial
     it stopped (no final report, no error) has ``stopped_at_step`` and that metric's last value
-    (``stopped_metric``, ``stopped_value``), no error and no ranking metric."""
+    (``stopped_metric``, ``stopped_value``), no error and no ranking metric, and keeps its figures
+    (``stopped_figures``) and its newest committed checkpoint."""
     # A trial that errored can come back without its config; its folder still carries its name.
     config = result.config or {}
     name = trial_name(workload, config) if config else Path(result.path or "unknown-trial").name
@@ -311,7 +313,14 @@ def trial_rows(
     if not metrics.get("final") and early_stopping and metrics.get("step") is not None:
         value = metrics.get(early_stopping)
         row.update(stopped_at_step=metrics["step"], stopped_metric=early_stopping, stopped_value=value)
-        return row, []
+        folder = remote.join(storage_uri, name) if storage_uri else str(out / TRAIN_DIR / name)
+        row.update(stopped_figures(metrics, folder, int(config.get("global_batch", 0))))
+        try:
+            newest = next(iter(remote.complete_checkpoints(folder)), None)
+        except checkpoint.CheckpointError as err:
+            print(f"warning: {name}: {err}", file=terminal.err())
+            newest = None
+        return with_checkpoint(row, newest)
     if not metrics.get("final"):
         row["error"] = "trial ended without its final report"
         return row, []
@@ -319,19 +328,45 @@ def trial_rows(
         found = {k: metrics.get(k) for k in DIVERGED_KEYS}
         row.update(found, error=diverged_error(found))
         return row, []
-    checkpoint = metrics.get(CHECKPOINT_PATH_KEY)
-    if checkpoint and storage_uri:  # <trial>/<checkpoint> in the run's folder on object storage
-        checkpoint = remote.join(storage_uri, Path(checkpoint).parent.name, Path(checkpoint).name)
-    elif checkpoint:  # train/<trial>/<checkpoint> of this folder, also where Tune recorded another (moved)
-        checkpoint = str(out / TRAIN_DIR / Path(checkpoint).parent.name / Path(checkpoint).name)
-    row.update(reported(metrics), trial=name, checkpoint=checkpoint)
-    if not checkpoint:
+    recorded = metrics.get(CHECKPOINT_PATH_KEY)
+    if recorded and storage_uri:  # <trial>/<checkpoint> in the run's folder on object storage
+        recorded = remote.join(storage_uri, Path(recorded).parent.name, Path(recorded).name)
+    elif recorded:  # train/<trial>/<checkpoint> of this folder, also where Tune recorded another (moved)
+        recorded = str(out / TRAIN_DIR / Path(recorded).parent.name / Path(recorded).name)
+    row.update(reported(metrics), trial=name)
+    return with_checkpoint(row, recorded)
+
+
+def stopped_figures(metrics: dict[str, Any], folder: str, global_batch: int) -> dict[str, Any]:
+    """What a trial ASHA stopped keeps though it sent no final report: its compile report's figures
+    (``compile.json`` in its ``folder``), the last reported train loss and step time (``ms_per_step``
+    of the last log row: since the row before, hooks included) with the throughput it makes."""
+    found: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # missing or damaged: none
+        report = json.loads(remote.read_text(remote.join(folder, COMPILE_FILE)))
+        found = {k: report.get(k) for k in ("compile_s", "attention", "attention_note", "compile_from_cache")}
+        found["peak_bytes_per_device"] = (report.get("memory") or {}).get("peak_bytes")
+    found = {k: v for k, v in found.items() if v is not None}
+    if metrics.get("loss") is not None:
+        found["final_train_loss"] = metrics["loss"]
+    ms = metrics.get("ms_per_step")
+    if ms and global_batch:
+        found.update(ms_per_step=ms, examples_per_sec=global_batch / ms * 1e3)
+        if metrics.get("tokens") and metrics.get("examples"):  # tokens per example
+            found["tokens_per_sec"] = found["examples_per_sec"] * metrics["tokens"] / metrics["examples"]
+    return found
+
+
+def with_checkpoint(row: dict[str, Any], recorded: str | None) -> TrialRows:
+    """``row`` with its trial's ``checkpoint`` (None: none) and, when there is one, what its kept
+    checkpoints take in their folder or on storage (after Ray's retention) and its history rows."""
+    row["checkpoint"] = recorded
+    if not recorded:
         return row, []
-    # What the trial's kept checkpoints take in its folder or on storage, once Ray's retention is done.
     try:
-        row["checkpoints_kept"], row["checkpoints_mib"] = remote.disk_use(checkpoint.rpartition("/")[0])
-        history = remote.read_text(remote.join(checkpoint, HISTORY_FILE))
+        row["checkpoints_kept"], row["checkpoints_mib"] = remote.disk_use(recorded.rpartition("/")[0])
+        history = remote.read_text(remote.join(recorded, HISTORY_FILE))
     except OSError as err:  # the summary is written without them
-        print(f"warning: {name}: its checkpoints cannot be read: {err}", file=terminal.err())
+        print(f"warning: {row['trial']}: its checkpoints cannot be read: {err}", file=terminal.err())
         history = None
     return row, json.loads(history) if history else []

@@ -145,7 +145,12 @@ def _table_row(row: dict, with_error: bool) -> list[str]:
         fmt(mib(row.get("peak_bytes_per_device")), ",.1f"),
         fmt(row.get("final_train_loss"), ".4f"),
         fmt(row.get("test_accuracy"), ".4f"),
-        fmt(row.get("val_loss"), ".4f"),
+        fmt(
+            row.get(
+                "val_loss", row.get("stopped_value") if row.get("stopped_metric") == "val_loss" else None
+            ),
+            ".4f",
+        ),
         fmt(row.get("val_perplexity"), ".2f"),
         "/".join(Path(str(ckpt)).parts[-2:]) if ckpt else "",  # trial run folder / checkpoint
     ]

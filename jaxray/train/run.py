@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,10 +83,14 @@ def _log_hook(
 ) -> Hook:
     """Every ``log_every`` steps a row: the step's metrics, the learning rate it trained with
     (``schedule(step - 1)``: the schedule counts updates from 0) and, every ``eval_every`` steps
-    (``validate(params)``), the held-out ``val_loss``/``val_accuracy`` measured then."""
+    (``validate(params)``), the held-out ``val_loss``/``val_accuracy`` measured then. ``on_log`` also
+    gets ``ms_per_step`` from the second row on (wall clock since the previous row was done, other
+    hooks included: a trial stopped early keeps it); ``history`` does not (resumes compare it)."""
     per_example, every = tokens_per_example(trial), trial.train.eval_every
+    since: list[tuple[int, float]] = []  # (step, clock) when the previous row was done
 
     def log(step: int, state: TrainState, metrics: dict[str, jax.Array]) -> None:
+        now = time.perf_counter()
         row = {
             "step": step,
             "examples": step * trial.train.global_batch,
@@ -99,9 +104,12 @@ def _log_hook(
         if validate is not None and (step % every == 0 or step == trial.train.steps):
             found = validate(state.params)
             row.update(val_loss=found["loss"], val_accuracy=found["accuracy"])
-        history.append(row)
+        history.append(row)  # what a resume restores: no clock in it
+        if since and step > since[0][0]:
+            row = {**row, "ms_per_step": (now - since[0][1]) / (step - since[0][0]) * 1e3}
         for fn in on_log:
             fn(row)
+        since[:] = [(step, time.perf_counter())]
 
     return Hook(trial.train.log_every, log)
 

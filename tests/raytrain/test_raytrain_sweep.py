@@ -194,8 +194,35 @@ def test_a_trial_asha_stopped_is_not_failed_and_has_no_ranking_metric(tmp_path):
         "stopped_at_step": 500,
         "stopped_metric": "val_loss",
         "stopped_value": 2.0586,
+        "final_train_loss": LOG_ROW["loss"],
+        "checkpoint": None,  # none committed in its folder
     }
     assert rows == []
     assert trial_rows("mlp", tune_result(tmp_path, last), tmp_path)[0]["error"] == (
         "trial ended without its final report"
     )
+
+
+def test_a_trial_asha_stopped_keeps_its_figures_and_newest_checkpoint(tmp_path):
+    """Its compile report (compile.json in its folder), its last step time and loss, and the newest
+    checkpoint whose save was committed (a later uncommitted one is not taken), with its history;
+    still no ranking metric, so it is never the best trial."""
+    name = "mlp_b128_float32_w64_lr0.003"
+    folder = tmp_path / "train" / name
+    folder.mkdir(parents=True)
+    report = {"compile_s": 1.5, "memory": {"peak_bytes": 4096}, "compile_from_cache": False}
+    (folder / "compile.json").write_text(json.dumps(report))
+    for step, committed in ((250, True), (500, True), (750, False)):
+        ck = folder / f"checkpoint_step_{step:08d}_attempt1"
+        ck.mkdir()  # a save begun: an empty folder, until its files and train_state.json are written
+        if committed:
+            (ck / "history.json").write_text(json.dumps([{"step": step, "loss": 0.5}]))
+            (ck / "train_state.json").write_text("{}")
+    last = {**LOG_ROW, "step": 250, "ms_per_step": 4.0, "val_loss": 2.06, **TUNE_FIELDS}
+    row, rows = trial_rows("mlp", tune_result(tmp_path, last), tmp_path, early_stopping="val_loss")
+    assert row["stopped_at_step"] == 250 and "error" not in row and "val_loss" not in row
+    assert (row["compile_s"], row["peak_bytes_per_device"], row["final_train_loss"]) == (1.5, 4096, 0.61)
+    assert (row["ms_per_step"], row["examples_per_sec"]) == (4.0, 128 / 4.0e-3)
+    assert row["checkpoint"] == str(folder / "checkpoint_step_00000500_attempt1")
+    assert row["checkpoints_kept"] == 2
+    assert rows == [{"step": 500, "loss": 0.5}]

@@ -231,6 +231,12 @@ def test_a_trial_stopped_early_is_counted_and_shown_as_such(tmp_path):
     stopped = {
         **{"trial": "tf_lr3", "workload": "transformer", "global_batch": 16, "learning_rate": 0.003},
         **{"stopped_at_step": 500, "stopped_metric": "val_loss", "stopped_value": 2.0586},
+        **{
+            "ms_per_step": 12.5,
+            "compile_s": 3.25,
+            "final_train_loss": 2.1,
+            "checkpoint": "train/tf_lr3/ck_500",
+        },
     }
     paths = write_reports(
         tmp_path, [transformer_row("tf_lr2", 16, val_loss=1.66, learning_rate=0.002), stopped], {}
@@ -238,4 +244,6 @@ def test_a_trial_stopped_early_is_counted_and_shown_as_such(tmp_path):
     md = paths["summary.md"].read_text()
     assert "2 trial(s), 0 failed, 1 stopped early by ASHA (tf_lr3 at step 500: val_loss 2.0586)." in md
     assert "| 500 (stopped early) |" in md and "**transformer**: `tf_lr2`, val loss 1.6600" in md
+    [line] = [ln for ln in md.splitlines() if "| 500 (stopped early) |" in ln]
+    assert all(f"| {c} |" in line for c in ("12.50", "3.2", "2.1000", "2.0586", "tf_lr3/ck_500")), line
     assert "| transformer | peak lr | 0.003 | 1 | stopped early (step 500) |  |" in md
