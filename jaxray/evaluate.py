@@ -29,6 +29,7 @@ from jaxray.data.batching import Arrays, eval_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays
+from jaxray.folders import exclusive
 from jaxray.inference.sampling import Sampling, encode_prompt, generate, printable, prompt_window
 from jaxray.models import Model
 from jaxray.parallel.mesh import batch_sharding, make_mesh, replicated, shard_batch
@@ -145,22 +146,20 @@ def run(
     prompt_window(encode_prompt(prompt), 1)  # an empty prompt fails here, not after the restore
     if data_dir is not None and not Path(data_dir).is_dir():  # else a typo falls to the default search
         raise ConfigError(f"--data-dir {data_dir} is not a directory")
-    directory = runs.resolve(path, workload).absolute()
+    opened = runs.open_checkpoint(path, workload)
+    directory = opened.path
     print(checkpoint_line.describe(directory), file=sys.stderr, flush=True)  # which one, before the work
+    opened.require(workload, "evaluated as one")
     trial = checkpoint.load_trial_config(directory)
-    if workload and trial.model.workload != workload:
-        raise checkpoint.CheckpointError(
-            f"{directory} holds a {trial.model.workload} checkpoint, not {workload}"
-        )
     out = results_folder(out or default_out(remote.source(directory)), directory, overwrite)
-    with runs.exclusive(out, "python -m jaxray.evaluate"):  # two evaluations into one --out: one refused
+    with exclusive(out, "python -m jaxray.evaluate"):  # two evaluations into one --out: one refused
         results_folder(out, directory, overwrite)  # again, now that it is held
         data_dir = data_dir or trial.data.data_dir
         _, held_out = load_arrays(
             trial.model_copy(update={"data": trial.data.model_copy(update={"data_dir": data_dir})})
         )
         mesh = make_mesh(jax.devices()[:1])  # one device: small, and no batch must divide
-        model, params = checkpoint.restore(directory, replicated(mesh))
+        model, params = checkpoint.restore(opened, replicated(mesh))
         batch = eval_batch_size(trial, 1)
         head = {"checkpoint": remote.source(directory), CHECKPOINT_SHA256: checkpoint_sha256(directory)}
         head |= {"workload": trial.model.workload, "data_dir": data_dir}

@@ -15,12 +15,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from jaxray import checkpoint
 from jaxray.argtypes import TRANSFORMER_CHECKPOINT_HELP, cli_parser
+from jaxray.folders import removed_if_failed
 from jaxray.inference.artifact import ATTENTION_NOTE, ExportError, check_out, export_checkpoint
 from jaxray.inference.load import check_checkpoint
 from jaxray.inference.settings import EngineSettings, add_engine_options, engine_overrides
 from jaxray.reporting import checkpoint_line
-from jaxray.runs import removed_if_failed
 
 
 def _settings(args: argparse.Namespace) -> EngineSettings:
@@ -48,12 +49,12 @@ def _size(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.iterdir())
 
 
-def _resolved(args: argparse.Namespace, out: Path) -> Path:
+def _resolved(args: argparse.Namespace, out: Path) -> checkpoint.Verified:
     """The checkpoint ``--checkpoint`` resolves to, named on stderr once --out and the settings are
     checked; raises as ``export_checkpoint``."""
     check_out(out)
     source = check_checkpoint(args.checkpoint, _settings(args), purpose="exported")
-    print(checkpoint_line.describe(source), file=sys.stderr, flush=True)
+    print(checkpoint_line.describe(source.path), file=sys.stderr, flush=True)
     return source
 
 

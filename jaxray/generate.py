@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from jaxray import argtypes, checkpoint, runs
 from jaxray.inference.engine import kv_generate
@@ -48,27 +47,23 @@ def sampling_options(args: argparse.Namespace) -> Sampling:
     return Sampling(args.max_new_tokens, args.temperature, args.seed, args.top_k)
 
 
-def checked_checkpoint(args: argparse.Namespace) -> Path:
+def checked_checkpoint(args: argparse.Namespace) -> checkpoint.Verified:
     """The transformer checkpoint ``args`` name, every option checked before anything is restored.
     Raises ValueError naming the option, CheckpointError naming the path."""
     sampling_options(args).check()
     prompt_window(encode_prompt(args.prompt), 1)  # an empty prompt fails before the restore
-    path = runs.resolve(args.checkpoint, workload="transformer")
-    workload = checkpoint.load_model_config(path).workload
-    if workload != "transformer":
-        raise checkpoint.CheckpointError(
-            f"{path} holds a {workload} checkpoint; generation needs a transformer"
-        )
     if args.context_keep is not None and args.sampler == "full":
         raise ValueError("--context-keep applies to --sampler kv only")
-    return path
+    opened = runs.open_checkpoint(args.checkpoint, workload="transformer")
+    opened.require("transformer", "sampled")
+    return opened
 
 
 def sample_text(args: argparse.Namespace) -> str:
     """The text sampled after ``args.prompt`` (prompt excluded); the checkpoint is named on stderr."""
-    path = checked_checkpoint(args)
-    print(checkpoint_line.describe(path), file=sys.stderr, flush=True)
-    model, params = checkpoint.restore(path)
+    opened = checked_checkpoint(args)
+    print(checkpoint_line.describe(opened.path), file=sys.stderr, flush=True)
+    model, params = checkpoint.restore(opened)
     sampling = sampling_options(args)
     if args.sampler == "kv":
         return kv_generate(model, params, args.prompt, sampling, args.context_keep)

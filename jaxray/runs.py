@@ -16,12 +16,10 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import filelock
 import yaml
 from pydantic import ValidationError
 
@@ -29,6 +27,7 @@ from jaxray import checkpoint
 from jaxray.checkpoint import remote
 from jaxray.config import ConfigError
 from jaxray.config.experiment import DEFAULT_METRIC, ExperimentConfig, SweepConfig
+from jaxray.folders import RunFolderError
 
 EXPERIMENT_FILE = "experiment.yaml"
 EXPERIMENT_HEADER = "# The resolved experiment config of this run, written by python -m jaxray.tune;\n"
@@ -38,7 +37,6 @@ THROUGHPUT_PLOT = "throughput_vs_batch.png"
 LOSS_PLOT = "loss_curves.png"
 FILES = (SUMMARY_JSON, SUMMARY_MD, THROUGHPUT_PLOT, LOSS_PLOT)  # the sweep report's files
 TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR = "train", "tune", "tensorboard"
-LOCK_FILE = ".jaxray.lock"  # held by the one command writing into the folder (``exclusive``)
 LOGS_DIR = "logs"  # one log per python -m jaxray.tune in the folder (Ray's, Tune's, Orbax's output)
 # experiment.yaml's line holding the SHA-256 of the config below it (``signed``, ``check_unedited``).
 CONFIG_DIGEST = "# SHA-256 of the config below it (--resume refuses an edited config): "
@@ -47,94 +45,6 @@ COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the tri
 FALLBACK_METRIC = ("test_accuracy", "max")  # ranks a workload no sweep and no default names
 
 Ranking = dict[str, tuple[str, str]]  # workload -> (metric, "min" | "max")
-
-
-class RunFolderError(ValueError):
-    """A run folder, or one of its files, that cannot be read; the message names the file."""
-
-
-@contextmanager
-def exclusive(run_dir: str | Path, command: str = "python -m jaxray.tune") -> Iterator[Path]:
-    """Hold the folder ``run_dir`` (created if missing) for one run of ``command``, the one that
-    writes into it (a sweep, an evaluation): an OS lock on ``run_dir/.jaxray.lock`` (``filelock``),
-    which the system releases when the process ends, however it ends. A second run into the same
-    folder (for a sweep: ``--config``, ``--overwrite`` or ``--resume``) is refused at once, before
-    it reads or moves anything, instead of interleaving its files with the first one's. The lock
-    file is removed when the run ends, and so are the folders created here that are still empty
-    then (the run's checks failed).
-
-    Raises RunFolderError naming the folder when another run holds it or it cannot be created."""
-    run_dir = Path(run_dir).absolute()
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunFolderError(f"--out {run_dir} is a file, not a folder")
-    created = _first_missing(run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(run_dir / LOCK_FILE, timeout=0)
-        lock.acquire()
-    except filelock.Timeout:
-        raise RunFolderError(
-            f"another {command} is writing into {run_dir} (it holds {run_dir / LOCK_FILE}); wait for "
-            f"it to end, or choose another --out (nothing was changed)"
-        ) from None
-    except OSError as err:
-        _remove_empty(run_dir, created)
-        raise RunFolderError(f"--out {run_dir} cannot be written: {err}") from None
-    try:
-        yield run_dir
-    finally:
-        # Removed while still held, so the folder is left as the run left it.
-        (run_dir / LOCK_FILE).unlink(missing_ok=True)
-        lock.release()
-        _remove_empty(run_dir, created)
-
-
-@contextmanager
-def removed_if_failed(out: str | Path) -> Iterator[Path]:
-    """``out`` (absolute) for a command that writes into it: when the block raises, the folders of
-    ``out`` (``out`` included) that did not exist on entry and are empty then are removed, so a
-    failed evaluation or export leaves no empty folder behind; the exception goes on."""
-    out = Path(out).absolute()
-    created = _first_missing(out)
-    try:
-        yield out
-    except BaseException:
-        _remove_empty(out, created)
-        raise
-
-
-def _first_missing(out: Path) -> Path | None:
-    """The topmost folder of ``out`` (``out`` included) that does not exist yet; None if it exists."""
-    return next((p for p in (*reversed(out.parents), out) if not p.exists()), None)
-
-
-def _remove_empty(out: Path, created: Path | None) -> None:
-    """Remove the empty folders from ``out`` up to ``created`` (the topmost one made for it)."""
-    for folder in (out, *out.parents) if created is not None else ():
-        if folder.is_dir():
-            if any(folder.iterdir()):
-                return
-            folder.rmdir()
-        if folder == created:
-            return
-
-
-def check_overwrite(out_dir: str | Path, writer: str, name: str = SUMMARY_JSON) -> None:
-    """Refuse to replace a ``summary.json`` (or ``name``) in ``out_dir`` that ``writer`` (e.g.
-    "jaxray.bench") did not write (its ``written_by``), so pointing ``--out`` at a sweep's folder
-    cannot destroy its results. Raises ValueError naming the file; a missing file, or one from the
-    same writer, passes."""
-    path = Path(out_dir) / name
-    if not path.exists():
-        return
-    try:
-        owner = json.loads(path.read_text()).get("written_by")
-    except (ValueError, AttributeError, OSError):
-        owner = None
-    if owner != writer:
-        raise ValueError(
-            f"{path} exists and was not written by {writer}; choose another --out (nothing was changed)"
-        )
 
 
 def signed(config: str) -> str:
@@ -393,25 +303,35 @@ def trial_without_checkpoint(folder: Path) -> str:
 
 
 def resolve(path: str | Path, workload: str | None = None) -> Path:
-    """The checkpoint folder a command's ``--checkpoint`` names: a checkpoint itself (as it is:
-    restoring verifies it), a Ray Train run folder (its newest good ``checkpoint_*``), a run folder
-    or an experiment folder (``latest_run``): the checkpoint of its best trial of ``workload``
-    (``best_row``), or that trial's newest good older one, with a warning, when it is damaged; a URI
-    (``s3://``...): its checkpoint folder's local copy. Raises CheckpointError naming the path, why."""
+    """The folder of ``open_checkpoint(path, workload)``: verified, for commands that read it whole."""
+    return open_checkpoint(path, workload).path
+
+
+def open_checkpoint(
+    path: str | Path | checkpoint.Verified, workload: str | None = None
+) -> checkpoint.Verified:
+    """The checkpoint a command's ``--checkpoint`` names, verified once (``checkpoint.open``;
+    restore it without hashing again): a checkpoint itself; a Ray Train run folder (its newest good
+    ``checkpoint_*``); a run folder or an experiment folder (``latest_run``): the checkpoint of its
+    best trial of ``workload`` (``best_row``), or that trial's newest good older one, with a warning,
+    when it is damaged; a URI (``s3://``...): its local copy, checked while fetched. Raises
+    CheckpointError naming the path and why."""
+    if isinstance(path, checkpoint.Verified):
+        return path
     if remote.is_uri(path):
-        return remote.fetch(str(path))
+        return remote.open_uri(str(path))
     path = Path(path)
     if (path / checkpoint.MODEL_CONFIG).is_file():
-        return path
+        return checkpoint.open(path)
     found = path.glob(f"{checkpoint.CHECKPOINT_PREFIX}*/{checkpoint.MODEL_CONFIG}")
     inside = sorted((p.parent for p in found), key=checkpoint.checkpoint_order)
     if inside:
-        return checkpoint.restore_latest(inside[::-1], checkpoint.verify)[1]
+        return checkpoint.restore_latest(inside[::-1], checkpoint.open)[0]
     try:
         run = latest_run(path, workload)
         named = checkpoint_of(run, best_row(run, workload))
     except RunFolderError as err:
         raise checkpoint.CheckpointError(str(err)) from err
     if isinstance(named, str):  # on storage (``storage``): fetched, or the trial's newest good older one
-        return checkpoint.restore_latest(remote.trial_checkpoints(named), remote.fetch)[0]
-    return checkpoint.restore_latest(checkpoint.trial_checkpoints(named), checkpoint.verify)[1]
+        return checkpoint.restore_latest(remote.trial_checkpoints(named), remote.open_uri)[0]
+    return checkpoint.restore_latest(checkpoint.trial_checkpoints(named), checkpoint.open)[0]

@@ -32,6 +32,7 @@ from jaxray.data.batching import num_rows
 from jaxray.data.manifest import ManifestError
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
+from jaxray.folders import exclusive
 from jaxray.parallel.checks import check_experiment
 from jaxray.raytrain.cluster import check_accelerators, check_storage, init_ray
 from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep, with_run_storage
@@ -48,7 +49,6 @@ from jaxray.runs import (
     RunFolderError,
     check_unedited,
     crashed,
-    exclusive,
     finished,
     has_model,
     latest_run,
@@ -202,7 +202,7 @@ def prepare(
     """(the experiment, its run folder, each sweep's arrays) once every check that can fail on the
     user's input has passed, all before Ray starts; a new run's folder is created (with its
     experiment.yaml) only then. Ray is up when it returns; the run folder is held
-    (``runs.exclusive``) until ``stack`` closes. Raises ConfigError, DataFileError or RunFolderError."""
+    (``folders.exclusive``) until ``stack`` closes. Raises ConfigError, DataFileError or RunFolderError."""
     overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
     if args.resume is not None:
         exp, out = load_resume(Path(args.resume).absolute(), overrides)

@@ -157,7 +157,7 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, extra, message):
 
 def test_workload_mismatch_is_an_error(mlp_checkpoint, capsys):
     assert main(["--checkpoint", str(mlp_checkpoint[0]), "--workload", "transformer"]) == 2
-    assert "holds a mlp checkpoint, not transformer" in capsys.readouterr().err
+    assert "holds a mlp checkpoint, not a transformer one" in capsys.readouterr().err
 
 
 def test_out_never_replaces_a_sweeps_summary(mlp_checkpoint, tmp_path, capsys):

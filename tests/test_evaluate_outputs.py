@@ -18,8 +18,8 @@ from saved import save_params
 from jaxray.checkpoint import checkpoint_name
 from jaxray.config import parse_trial
 from jaxray.evaluate import default_out, main
+from jaxray.folders import exclusive
 from jaxray.models import build
-from jaxray.runs import exclusive
 
 TRIAL_NAME = parse_trial({"model": {"workload": "mlp", "width": 8}}).name()  # as a sweep names it
 RESULTS = ["confusion_matrix.png", "predictions_grid.png", "summary.json"]

@@ -52,4 +52,4 @@ def test_only_a_transformer_checkpoint_is_sampled(tmp_path, capsys):
     mlp = parse_trial({"model": {"workload": "mlp", "width": 32}, "data": {"seq_len": 32}})
     save_params(tmp_path / "mlp", build(mlp.model).init(jax.random.key(0)), mlp)
     assert main(["--checkpoint", str(tmp_path / "mlp")]) == 2
-    assert "holds a mlp checkpoint; generation needs a transformer" in capsys.readouterr().err
+    assert "holds a mlp checkpoint, not a transformer one: it cannot be sampled" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""One run per run folder (``jaxray.runs.exclusive``): a second ``python -m jaxray.tune`` into a
+"""One run per run folder (``jaxray.folders.exclusive``): a second ``python -m jaxray.tune`` into a
 run folder another is writing (a ``--resume``) is refused before it reads or moves anything."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jaxray.config.experiment import load_experiment
-from jaxray.runs import RunFolderError, exclusive
+from jaxray.folders import RunFolderError, exclusive
 from jaxray.tune import main, save_experiment
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ import jax
 import pytest
 from saved import save_params
 
-from jaxray import checkpoint, runs
+from jaxray import checkpoint, folders, runs
 from jaxray.config import parse_trial
 from jaxray.config.experiment import ExperimentConfig
 from jaxray.inference.load import check_checkpoint
@@ -174,17 +174,17 @@ def test_read_summary_refuses_what_is_not_a_sweep_summary(tmp_path):
 
 
 def test_check_overwrite_lets_only_the_same_writer_replace_a_summary(tmp_path):
-    runs.check_overwrite(tmp_path, "jaxray.evaluate")  # nothing there yet
+    folders.check_overwrite(tmp_path, "jaxray.evaluate")  # nothing there yet
     (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps({"written_by": "jaxray.evaluate"}))
-    runs.check_overwrite(tmp_path, "jaxray.evaluate")
+    folders.check_overwrite(tmp_path, "jaxray.evaluate")
     with pytest.raises(ValueError, match="was not written by jaxray.bench dispatch"):
-        runs.check_overwrite(tmp_path, "jaxray.bench dispatch")
+        folders.check_overwrite(tmp_path, "jaxray.bench dispatch")
     (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))  # a sweep's summary: a list, no owner
     with pytest.raises(ValueError, match="choose another --out"):
-        runs.check_overwrite(tmp_path, "jaxray.evaluate")
+        folders.check_overwrite(tmp_path, "jaxray.evaluate")
     (tmp_path / runs.COMPILE_FILE).write_text("{}")
     with pytest.raises(ValueError, match="compile.json exists"):
-        runs.check_overwrite(tmp_path, "jaxray.bench compile", runs.COMPILE_FILE)
+        folders.check_overwrite(tmp_path, "jaxray.bench compile", runs.COMPILE_FILE)
 
 
 def test_the_layout_names():

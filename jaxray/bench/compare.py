@@ -149,7 +149,7 @@ def decode_benchmark(args) -> Report:
         raise FileNotFoundError(f"--reference {args.reference}: not a file")
     reference = next((p for p in places if p.is_file()), None)
     if args.checkpoint:
-        model, params = checkpoint.restore(runs.resolve(args.checkpoint, workload="transformer"))
+        model, params = checkpoint.restore(runs.open_checkpoint(args.checkpoint, workload="transformer"))
     else:  # the lab's model, fresh weights
         model = build(LAB)
         params = model.init(jax.random.key(0))

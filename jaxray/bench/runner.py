@@ -13,9 +13,9 @@ from jaxray.bench import check, checkpointing, compare, load, suites
 from jaxray.bench.presets import MODEL_SIZES, PRESETS
 from jaxray.bench.report import WRITER, Report, render, write_report
 from jaxray.bench.throughput import TIMING, check_device_count, make_spec
+from jaxray.folders import check_overwrite
 from jaxray.parallel.mesh import trial_mesh
 from jaxray.reporting.format import json_safe
-from jaxray.runs import check_overwrite
 from jaxray.train import compile_cache, compile_report
 
 
@@ -105,7 +105,7 @@ def _check(args, out) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``args.command``; its exit code. Every ``--out`` is checked first (``runs.check_overwrite``)."""
+    """Run ``args.command``; its exit code. Every ``--out`` is checked first (``folders.check_overwrite``)."""
     if hasattr(args, "compile_cache"):
         compile_cache.enable(args.compile_cache)
     base = None if args.out == "" else Path(args.out or f"runs/bench/{args.command}")

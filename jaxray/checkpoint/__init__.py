@@ -16,6 +16,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -189,6 +190,51 @@ def verify(directory: str | Path, full_state: bool = False, digests: bool = True
     return doc
 
 
+@dataclass(frozen=True)
+class Verified:
+    """A checkpoint folder whose files matched their SHA-256 digests once (``open``, a fetch that
+    checked them as they arrived, or ``trusted``): ``restore``/``restore_state`` take it and hash
+    nothing again. ``state``: its ``train_state.json``."""
+
+    path: Path
+    state: dict[str, Any]
+
+    def require(self, workload: str | None, purpose: str = "used") -> ModelConfig:
+        """Its model config, once it is of ``workload`` (None: any). Raises CheckpointError naming
+        the folder, both workloads and ``purpose`` (what the command does: served, sampled...)."""
+        cfg = load_model_config(self.path)
+        if workload is not None and cfg.workload != workload:
+            raise CheckpointError(
+                f"{self.path} holds a {cfg.workload} checkpoint, not a {workload} one: it cannot be {purpose}"
+            )
+        return cfg
+
+
+def open(ref: str | Path | Verified, full_state: bool = False) -> Verified:  # noqa: A001 - checkpoint.open
+    """``ref`` verified (``verify``), or as it is when it already was (``full_state`` checked). Raises
+    CheckpointError as ``verify`` does."""
+    if isinstance(ref, Verified):
+        if full_state and "step" not in ref.state:
+            raise CheckpointError(f"{ref.path} holds params only, not a train state to resume from")
+        return ref
+    path = Path(ref).absolute()
+    return Verified(path, verify(path, full_state))
+
+
+def trusted(path: str | Path, manifest_sha256: str) -> Verified:
+    """The checkpoint at ``path`` that another process verified, unless its ``train_state.json`` no
+    longer has that process's ``manifest_sha256`` (then it is verified here). Serving's replicas take
+    the folder their driver checked this way."""
+    path = Path(path).absolute()
+    try:
+        manifest = (path / TRAIN_STATE).read_bytes()
+    except OSError:
+        return open(path)
+    if hashlib.sha256(manifest).hexdigest() != manifest_sha256:
+        return open(path)
+    return Verified(path, json.loads(manifest))
+
+
 def _check_finite(directory: Path, doc: dict[str, Any], has_history: bool) -> None:
     """Raise CheckpointError naming ``directory``, the metric, its value and step when a metric it
     records (the final summary row, the logged rows of ``history.json``) is NaN or inf: the model
@@ -229,15 +275,15 @@ def load_trial_config(directory: str | Path) -> TrialConfig:
     return _load_config(directory, TRIAL_CONFIG, TrialConfig)
 
 
-def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[dict]]:
+def restore_state(directory: str | Path | Verified, target: Any) -> tuple[Any, dict, list[dict]]:
     """(train state, train_state.json, history) of a full-state checkpoint, restored into
     ``target``: the train state as ``jax.ShapeDtypeStruct`` leaves that carry the shardings wanted
     (``jaxray.train.step.abstract_state``; a NamedTuple with ``params``, ``opt_state`` and ``step``).
     Orbax places every array as its target says, so a checkpoint saved on 1 device restores onto a
-    mesh of 4 and back. Raises CheckpointError as ``verify`` does, or naming the entry and both
-    shapes for a save of another model or optimiser."""
-    directory = Path(directory).absolute()
-    doc = verify(directory, full_state=True)
+    mesh of 4 and back. ``directory`` is verified unless a ``Verified``. Raises CheckpointError as
+    ``verify`` does, or naming the entry and both shapes for a save of another model or optimiser."""
+    opened = open(directory, full_state=True)
+    directory, doc = opened.path, opened.state
     params = restore_tree(directory / PARAMS_DIR, target.params, "the model")
     opt_state = restore_tree(directory / OPT_STATE_DIR, target.opt_state, "the optimiser", OPTIMISER_ENTRY)
     step = jax.device_put(np.asarray(doc["step"], target.step.dtype), target.step.sharding)
@@ -245,13 +291,12 @@ def restore_state(directory: str | Path, target: Any) -> tuple[Any, dict, list[d
     return target._replace(params=params, opt_state=opt_state, step=step), doc, history
 
 
-def restore(directory: str | Path, sharding: Sharding | None = None) -> tuple[Model, Any]:
-    """(model, params): the model rebuilt from its config, the params restored (after ``verify``)
-    into ``jax.eval_shape(model.init)`` targets carrying ``sharding`` (default: the first local
-    device). Raises CheckpointError as ``verify`` does, or naming the parameter and both shapes when
-    the params do not fit the model its config describes."""
-    directory = Path(directory).absolute()
-    verify(directory)
+def restore(directory: str | Path | Verified, sharding: Sharding | None = None) -> tuple[Model, Any]:
+    """(model, params): the model rebuilt from its config, the params restored (``directory``
+    verified unless a ``Verified``) into ``jax.eval_shape(model.init)`` targets carrying ``sharding``
+    (default: the first local device). Raises CheckpointError as ``verify`` does, or naming the
+    parameter and both shapes when the params do not fit the model its config describes."""
+    directory = open(directory).path
     cfg = load_model_config(directory)
     # The attention is how a step runs, not what it holds: a kernel requested for the training device
     # (splash on TPU, cuDNN) is chosen afresh for this one.

@@ -26,6 +26,7 @@ from jaxray.checkpoint import (
     MODEL_CONFIG,
     TRAIN_STATE,
     CheckpointError,
+    Verified,
     checkpoint_order,
     verify,
 )
@@ -141,6 +142,13 @@ def write_text(path_or_uri: str | Path, text: str) -> None:
         return
     with fs.open_output_stream(path) as f:
         f.write(text.encode())
+
+
+def open_uri(uri: str, manifest_sha256: str | None = None) -> Verified:
+    """``fetch(uri, manifest_sha256)`` as a ``Verified`` checkpoint: its files were checked as they
+    arrived (or the cached copy once), so restoring it hashes nothing again. Raises as ``fetch``."""
+    entry = fetch(uri, manifest_sha256)
+    return Verified(entry, json.loads((entry / TRAIN_STATE).read_text()))
 
 
 def fetch(uri: str, manifest_sha256: str | None = None) -> Path:

@@ -180,15 +180,18 @@ def write_artifact(out: Path, manifest: dict, weights: dict[str, np.ndarray], pr
         raise
 
 
-def export_checkpoint(path: str | Path, out: str | Path, settings: EngineSettings | None = None) -> dict:
+def export_checkpoint(
+    path: str | Path | checkpoint.Verified, out: str | Path, settings: EngineSettings | None = None
+) -> dict:
     """Export the transformer at ``path`` (checkpoint, run folder or experiment) to the new directory
     ``out`` for ``settings`` (default ``EngineSettings()``). Returns the manifest. Raises ExportError
     (``out`` not empty), CheckpointError (no transformer checkpoint) or ValueError (context_keep),
     before anything is written."""
     out, settings = Path(out), settings or EngineSettings()
     check_out(out)
-    source = check_checkpoint(path, settings, purpose="exported")
-    _, params = checkpoint.restore(source)
+    opened = check_checkpoint(path, settings, purpose="exported")
+    _, params = checkpoint.restore(opened)
+    source = opened.path
     cfg = checkpoint.load_model_config(source).model_copy(update={"attention": "xla"})
     model = build(cfg, attention="xla")
     engine = Engine.for_model(model, params, settings, source=str(source))

@@ -29,19 +29,13 @@ def is_artifact(path: str | Path) -> bool:
 
 
 def check_checkpoint(
-    path: str | Path, settings: EngineSettings | None = None, purpose: str = "served"
-) -> Path:
-    """The transformer checkpoint ``path`` resolves to, checked without restoring it. Raises
+    path: str | Path | checkpoint.Verified, settings: EngineSettings | None = None, purpose: str = "served"
+) -> checkpoint.Verified:
+    """The transformer checkpoint ``path`` resolves to, verified once and not restored. Raises
     CheckpointError naming the path (no or non-transformer checkpoint), ValueError for context_keep."""
-    resolved = runs.resolve(path, workload="transformer")
-    cfg = checkpoint.load_model_config(resolved)
-    if cfg.workload != "transformer":
-        raise checkpoint.CheckpointError(
-            f"{resolved} holds an {cfg.workload.upper()} checkpoint, not a "
-            f"transformer: only a transformer can be {purpose}"
-        )
-    check_keep(settings or EngineSettings(), cfg.max_seq_len)
-    return resolved
+    opened = runs.open_checkpoint(path, workload="transformer")
+    check_keep(settings or EngineSettings(), opened.require("transformer", purpose).max_seq_len)
+    return opened
 
 
 def check_source(path: str | Path, settings: EngineSettings | None = None) -> Path:
@@ -51,7 +45,7 @@ def check_source(path: str | Path, settings: EngineSettings | None = None) -> Pa
     if is_artifact(path):
         settings_for(read_artifact_manifest(path), settings)
         return Path(path)
-    return check_checkpoint(path, settings)
+    return check_checkpoint(path, settings).path
 
 
 def describe_source(path: str | Path) -> str:
@@ -61,14 +55,14 @@ def describe_source(path: str | Path) -> str:
     return f"artifact: {path} (exported from {read_artifact_manifest(path)['checkpoint']})"
 
 
-def load_engine(path: str | Path, settings: EngineSettings | None = None) -> Engine:
+def load_engine(path: str | Path | checkpoint.Verified, settings: EngineSettings | None = None) -> Engine:
     """The engine for a checkpoint, run folder, ``runs/<experiment>`` or export artifact. Raises as
     ``check_source``, ArtifactError / CheckpointError for damaged weights."""
-    if is_artifact(path):
+    if not isinstance(path, checkpoint.Verified) and is_artifact(path):
         return engine_from_artifact(path, settings)
-    resolved = check_checkpoint(path, settings)
-    model, params = checkpoint.restore(resolved)
-    return Engine.for_model(model, params, settings, source=remote.source(resolved))
+    opened = check_checkpoint(path, settings)
+    model, params = checkpoint.restore(opened)
+    return Engine.for_model(model, params, settings, source=remote.source(opened.path))
 
 
 def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:

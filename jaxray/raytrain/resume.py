@@ -22,7 +22,7 @@ class ResumePoint(NamedTuple):
     """Where a worker group starts: ``checkpoint`` (None: step 0), newer ones ``skipped`` as damaged,
     rank 0's ``attempt`` number (1 for the first start) and the ``workers`` of each attempt so far."""
 
-    checkpoint: Path | None
+    checkpoint: checkpoint.Verified | None
     skipped: list[str]
     attempt: int
     workers: list[int]
@@ -47,17 +47,16 @@ def count_attempt(path: str | None, workers: int = 1) -> tuple[int, list[int]]:
     return attempt, sizes
 
 
-def choose(candidates: list) -> tuple[Path | None, list[str]]:
-    """(the first undamaged of ``candidates`` (folders, or URIs: its fetched copy), the names of those
-    before it); (None, every name) if none."""
+def choose(candidates: list) -> tuple[checkpoint.Verified | None, list[str]]:
+    """(the first undamaged of ``candidates`` (folders, or URIs: its fetched copy), verified once, the
+    names of those before it); (None, every name) if none."""
 
-    def usable(c: Path | str) -> Path:
+    def usable(c: Path | str) -> checkpoint.Verified:
         try:  # a fetch checks the digests
-            local = remote.fetch(c) if remote.is_uri(c) else Path(c)
+            found = remote.open_uri(c) if remote.is_uri(c) else c
         except remote.StorageError as err:  # unreachable is not damaged: the attempt fails, Ray retries
             raise OSError(str(err)) from err
-        checkpoint.verify(local, full_state=True, digests=not remote.is_uri(c))
-        return local
+        return checkpoint.open(found, full_state=True)
 
     names = [PurePosixPath(str(c)).name for c in candidates]
     try:
@@ -117,8 +116,7 @@ def resume_point(
             )
         if found and damages_latest(attempt) and trial_uri is None:
             print(f"jaxray fault injection: damaged {damage(found[0])}", flush=True)
-        path, skipped = choose(found) if found else (None, [])
-        chosen = str(path) if path else None
-    if ray.train.get_context().get_world_size() > 1:
+        chosen, skipped = choose(found) if found else (None, [])
+    if ray.train.get_context().get_world_size() > 1:  # rank 0 verified it: the others take its word
         chosen, skipped, attempt, workers = broadcast_from_rank_zero((chosen, skipped, attempt, workers))
-    return ResumePoint(Path(chosen) if chosen else None, skipped, attempt, workers)
+    return ResumePoint(chosen, skipped, attempt, workers)

@@ -52,7 +52,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         print(describe_worker(rank, _attention(trial)), flush=True)
         start = resume_point(rank, attempt, trial_folder(), config.get("trial_uri"))
         if start.checkpoint is not None and rank == 0:
-            print(f"jaxray: attempt {start.attempt}, resuming from {start.checkpoint}", flush=True)
+            print(f"jaxray: attempt {start.attempt}, resuming from {start.checkpoint.path}", flush=True)
         if start.attempt > 1 and rank == 0:
             for name in discard_unfinished(start.attempt):
                 print(f"jaxray: removed {name}, a checkpoint an earlier attempt never finished", flush=True)

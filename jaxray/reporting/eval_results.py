@@ -10,12 +10,13 @@ from pathlib import Path
 
 from jaxray.checkpoint import remote
 from jaxray.config import ConfigError
+from jaxray.folders import check_overwrite, removed_if_failed
 from jaxray.reporting.format import json_safe
-from jaxray.runs import RUN_NAME, TRAIN_DIR, check_overwrite, removed_if_failed
+from jaxray.runs import RUN_NAME, TRAIN_DIR
 
 DEFAULT_OUT_ROOT = Path("runs") / "eval"
 CHECKPOINT_SHA256 = "checkpoint_sha256"  # summary.json: which weights the evaluation is of
-WRITER = "jaxray.evaluate"  # summary.json's "written_by": what --out may overwrite (runs.check_overwrite)
+WRITER = "jaxray.evaluate"  # summary.json's "written_by": what --out may overwrite (folders.check_overwrite)
 FIGURES = ("confusion_matrix.png", "predictions_grid.png")
 
 

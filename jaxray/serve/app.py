@@ -68,7 +68,7 @@ class JaxrayServer:
     """One replica: the engine, its compiled programs, and the HTTP routes over them. ``args`` as
     ``build_app`` resolves them (the checkpoint found, ``max_batch_size`` <= max(engine.batch_sizes));
     ``pin_cpus``: pin the compute threads (``pin_compute(args.compute_cpus)``); ``checkpoint_sha256``:
-    for a checkpoint URI, the SHA-256 of the ``train_state.json`` that ``build_app`` checked."""
+    for a checkpoint, the SHA-256 of the ``train_state.json`` that ``build_app`` checked."""
 
     def __init__(self, args: AppArgs, pin_cpus: bool = True, checkpoint_sha256: str | None = None):
         self.started, self.started_unix = time.monotonic(), time.time()
@@ -77,7 +77,9 @@ class JaxrayServer:
         settings = args.engine
         source = args.checkpoint
         if remote.is_uri(source):  # fetched into this node's cache: the checkpoint checked, or none
-            source = remote.fetch(source, checkpoint_sha256)
+            source = remote.open_uri(source, checkpoint_sha256)
+        elif checkpoint_sha256 is not None:  # the folder build_app verified, unless it changed since
+            source = checkpoint.trusted(source, checkpoint_sha256)
         self.engine = load_engine(source, settings)
         report = self.engine.compile()
         logger.info(
@@ -272,20 +274,20 @@ def build_app(args: AppArgs) -> Application:
     # replica fetches it into its node's cache, and refuses it if it changed since this check).
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
-    # Weights checked without a restore (each replica restores once): a checkpoint's SHA-256 digests,
-    # unless resolving a run folder or fetching a URI verified them; an artifact is loaded, unless
-    # exported for another platform (then left to the replica).
-    if not is_artifact(source):
-        if source == path:
-            checkpoint.verify(source)
-    elif jax.export.default_export_platform() in read_artifact_manifest(source)["platforms"]:
+    # Weights checked without a restore: a checkpoint's SHA-256 digests once, here (check_source;
+    # the replicas take it by its train_state.json's digest); an artifact is loaded, unless exported
+    # for another platform (then left to the replica).
+    if (
+        is_artifact(source)
+        and jax.export.default_export_platform() in read_artifact_manifest(source)["platforms"]
+    ):
         load_engine(source, args.engine)  # only the check is wanted: the replica loads its own
     # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
     pin = args.compute_cpus is not None or (args.autoscaling_config is None and args.num_replicas == 1)
     fetched = remote.source(source)  # a URI, or a run folder whose best checkpoint is on storage
     remote_source = uri or remote.is_uri(fetched)
     resolved = args.checkpoint if uri else fetched if remote_source else str(source)
-    pinned = remote.manifest_sha256(source) if remote_source else None
+    pinned = None if is_artifact(source) else remote.manifest_sha256(source)
     return server.bind(
         args.model_copy(update={"checkpoint": resolved, "max_batch_size": max_batch}), pin, pinned
     )

@@ -130,7 +130,7 @@ def train(
     eval_arrays: Arrays,
     mesh: Mesh,
     on_log: Sequence[LogFn] = (),
-    resume: Path | None = None,
+    resume: Path | checkpoint.Verified | None = None,
     save: SaveFn | None = None,
     hooks: Sequence[Hook] = (),
     on_compile: Callable[[dict[str, Any]], None] | None = None,
@@ -233,7 +233,7 @@ def _loop_hooks(
 
 
 def _initial_state(
-    trial: TrialConfig, model: Model, tx, mesh: Mesh, resume: Path | None
+    trial: TrialConfig, model: Model, tx, mesh: Mesh, resume: Path | checkpoint.Verified | None
 ) -> tuple[TrainState, int, list[dict[str, float]], dict[str, Any]]:
     """(state placed on ``mesh`` as training shards it, step reached, log rows so far,
     ``train_state.json``): restored from ``resume``, else fresh from ``train.seed`` at step 0 (and

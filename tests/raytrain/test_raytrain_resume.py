@@ -65,10 +65,11 @@ def test_the_order_is_newest_first_from_storage_and_rays_record(tmp_path, state)
 
 def test_the_newest_usable_checkpoint_is_chosen(tmp_path, state):
     c4, c8, c12 = saved(tmp_path, state, (4, 1), (8, 1), (12, 1))
-    assert choose(trial_checkpoints(c12)) == (c12, [])
+    assert choose(trial_checkpoints(c12))[0].path == c12.absolute()  # verified once: restored as it is
     damage(c12)
     (c8 / TRAIN_STATE).unlink()  # a save that never finished
-    assert choose(trial_checkpoints(c12)) == (c4, [c12.name, c8.name])
+    chosen, skipped = choose(trial_checkpoints(c12))
+    assert chosen.path == c4.absolute() and skipped == [c12.name, c8.name]
 
 
 def test_none_usable_starts_again_from_step_zero(tmp_path, state, caplog):
