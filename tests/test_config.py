@@ -132,6 +132,18 @@ def test_an_unsearched_learning_rate_is_the_grids_one_value_and_in_every_trials_
     assert trial.name() == "transformer_b256_float32_w256_lr0.0003" and fixed.grid_size() == 1
 
 
+def test_numbers_stay_numbers_and_inapplicable_worker_keys_are_refused():
+    """YAML 1.1 reads ``1.0e7`` as a string: the sweep keeps the number it trains with (summary rows,
+    trial names); an elastic-only key with a fixed num_workers is refused as it would do nothing."""
+    import yaml
+
+    sweep = SweepConfig.model_validate(yaml.safe_load("{workload: mlp, train: {learning_rate: 1.0e7}}"))
+    assert sweep.axes()["learning_rate"] == [1.0e7] and sweep.train["learning_rate"] == 1.0e7
+    with pytest.raises(ValueError, match="applies to elastic workers only .* fixed num_workers 2"):
+        WorkersConfig(num_workers=2, elastic_resize_monitor_interval_s=5)
+    assert WorkersConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=5).elastic
+
+
 def test_good_config_expands_grid(tmp_path):
     exp = load_experiment(write(tmp_path, GOOD))
     trials = exp.sweeps[0].trial_dicts(exp.base())

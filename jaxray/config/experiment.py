@@ -4,6 +4,7 @@ every grid point included. Sweeps rank trials by ``metric`` (default ``DEFAULT_M
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import re
@@ -127,6 +128,11 @@ class SweepConfig(FrozenConfig):
                 f"early_stopping.metric {rule.metric} needs train.eval_every (the held-out metric is "
                 f"measured every that many steps)"
             )
+        rate = self.train.get("learning_rate")
+        if isinstance(rate, str):  # YAML 1.1 reads 1.0e7 as a string: a number from here on
+            with contextlib.suppress(ValueError):
+                if math.isfinite(float(rate)):  # else the trial's checks name it
+                    object.__setattr__(self, "train", {**self.train, "learning_rate": float(rate)})
         for key in ("workload", *SEARCHABLE):
             fixed_lr = key == "learning_rate" and not self.search_space.learning_rate  # train may fix it
             if not fixed_lr and (key in self.model or key in self.train):
@@ -165,7 +171,7 @@ class SweepConfig(FrozenConfig):
         }
 
     def _fixed_learning_rate(self) -> Any:
-        """``train.learning_rate`` as written (validated with the trial), else the workload's default."""
+        """``train.learning_rate`` (a float, ``_check``), else the workload's default."""
         fixed = self.train.get("learning_rate")
         return DEFAULT_LEARNING_RATE[self.workload] if fixed is None else fixed
 

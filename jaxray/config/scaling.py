@@ -27,6 +27,9 @@ ACCELERATORS: tuple[str, ...] = Accelerator.__args__
 TPU_CHIPS_PER_HOST = (1, 2, 4, 8)  # what Ray 2.60 lets one worker ask for ({"TPU": n})
 
 
+RAY_RESIZE_INTERVAL_S = 60.0  # Ray Train's elastic_resize_monitor_interval_s default
+
+
 class WorkersConfig(FrozenConfig):
     """Ray Train scaling: ``num_workers`` JAX processes, or ``[min, max]`` of them (Ray's elastic
     ``ScalingConfig``: fewer while nodes are missing, the same global batch), each owning
@@ -49,13 +52,19 @@ class WorkersConfig(FrozenConfig):
     # Sweeps: Tune's restarts of a trial whose driver died with its node (-1: no limit).
     max_driver_failures: Annotated[int, Strict(), Field(ge=-1)] = 1
     # Elastic only: how often Ray checks whether more workers fit again, seconds (Ray's default).
-    elastic_resize_monitor_interval_s: PosFloat = 60.0
+    elastic_resize_monitor_interval_s: PosFloat = RAY_RESIZE_INTERVAL_S
 
     @model_validator(mode="after")
     def _cpu_devices(self) -> WorkersConfig:
         low, high = self.worker_range
         if low > high:
             raise ValueError(f"num_workers [min, max] needs min <= max, got [{low}, {high}]")
+        # Another value with fixed workers would do nothing (a saved run's config holds the default).
+        if low == high and self.elastic_resize_monitor_interval_s != RAY_RESIZE_INTERVAL_S:
+            raise ValueError(
+                f"elastic_resize_monitor_interval_s applies to elastic workers only (num_workers: [min, "
+                f"max]), not to a fixed num_workers {high}"
+            )
         if self.accelerator == "cpu" and self.devices_per_worker > MAX_CPU_DEVICES:
             raise ValueError(
                 f"devices_per_worker must be at most {MAX_CPU_DEVICES} forced host devices on CPU "
