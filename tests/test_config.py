@@ -579,6 +579,7 @@ def test_a_worker_count_is_a_number_or_a_pair(workers):
         ("s3://", "expected a URI"),
         ("s3://key:secret@bucket/p", "give the endpoint, region and credentials in the environment"),
         ("s3://bucket/p?endpoint_override=h:9000", "not in the URI, which the run folder records"),
+        ("shared/runs", "is a relative folder: it would mean another place from each working directory"),
     ],
 )
 def test_storage_is_a_uri_without_credentials(tmp_path, storage, match):
@@ -591,7 +592,7 @@ def test_storage_is_a_uri_without_credentials(tmp_path, storage, match):
     assert load_experiment(path).storage == "s3://bucket/prefix"
     path.write_text("experiment: x\nstorage: S3://bucket/prefix\nsweeps: [{workload: mlp}]\n")
     assert load_experiment(path).storage == "s3://bucket/prefix"
-    # A folder every node mounts: a file:// URI (a relative path is read from the current folder).
+    # A folder every node mounts: an absolute one, as a file:// URI.
     path.write_text(f"experiment: x\nstorage: {tmp_path / 'shared'}\nsweeps: [{{workload: mlp}}]\n")
     assert load_experiment(path).storage == (tmp_path / "shared").as_uri()
 

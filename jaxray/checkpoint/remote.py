@@ -30,14 +30,11 @@ from jaxray.checkpoint import (
     checkpoint_order,
     verify,
 )
-from jaxray.data.manifest import resolve
+from jaxray.data.manifest import probe, resolve
 
 # The cache's folder (default ~/.cache/jaxray): checkpoints/ (fetched), staging/ (training's uploads).
 CACHE_ENV = "JAXRAY_CACHE_DIR"
 CHUNK_BYTES = 1 << 22
-# pyarrow retries a gs:// URI without credentials or endpoint for many minutes, silently: at most this
-# long, unless the URI sets its own ``?retry_limit_seconds=``.
-GCS_RETRY_S = 30
 
 
 class StorageError(CheckpointError):
@@ -71,12 +68,13 @@ def check_writable(uri: str) -> None:
     """Create the folder ``uri`` and write and delete a small file in it. Raises CheckpointError
     naming the URI and the cause (no bucket, refused credentials, unknown scheme)."""
     try:
+        probe(uri)  # unreachable or refused: within seconds
         fs, root = filesystem(uri)
         fs.create_dir(root, recursive=True)
-        probe = f"{root}/.jaxray-write-check-{os.getpid()}"
-        with fs.open_output_stream(probe) as f:
+        written = f"{root}/.jaxray-write-check-{os.getpid()}"
+        with fs.open_output_stream(written) as f:
             f.write(b"ok")
-        fs.delete_file(probe)
+        fs.delete_file(written)
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{display(uri)} cannot be written: {err}") from err
 
@@ -268,6 +266,7 @@ def source(path: str | Path) -> str:
 def _read_manifest(uri: str) -> tuple[pafs.FileSystem, str, bytes]:
     """(filesystem, path in it, the bytes of its ``train_state.json``), or CheckpointError saying why not."""
     try:
+        probe(uri)  # unreachable or refused: within seconds
         fs, root = filesystem(uri)
         with fs.open_input_stream(f"{root}/{TRAIN_STATE}") as f:
             return fs, root, f.read()
@@ -278,9 +277,7 @@ def _read_manifest(uri: str) -> tuple[pafs.FileSystem, str, bytes]:
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """``jaxray.data.manifest.resolve`` of ``uri``, a ``gs://`` one with its retries bounded."""
-    if uri.startswith(("gs://", "gcs://")) and "retry_limit_seconds=" not in uri:
-        uri += f"{'&' if '?' in uri else '?'}retry_limit_seconds={GCS_RETRY_S}"
+    """``jaxray.data.manifest.resolve`` of ``uri`` (a ``gs://`` one with its retries bounded)."""
     return resolve(uri)
 
 

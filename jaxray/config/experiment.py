@@ -223,7 +223,12 @@ class ExperimentConfig(FrozenConfig):
         if not uri.strip():
             raise ValueError("expected a URI such as s3://bucket/prefix or gs://bucket/prefix, or a folder")
         if "://" not in uri and not re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", uri):  # a folder, as file://
-            return Path(uri).expanduser().absolute().as_uri()  # (relative: to the current folder)
+            if not Path(uri).expanduser().is_absolute():
+                raise ValueError(
+                    f"{uri!r} is a relative folder: it would mean another place from each working "
+                    f"directory (and every node); give an absolute folder, file:///path or a URI"
+                )
+            return Path(uri).expanduser().as_uri()
         parts = urllib.parse.urlsplit(uri)  # the scheme lower-cased: pyarrow knows s3, not S3
         if parts.scheme == "file" and (parts.netloc or not parts.path.startswith("/")):
             raise ValueError("expected file:///absolute/path (no host)")

@@ -18,6 +18,10 @@ import pyarrow.fs as pafs
 MANIFEST = "manifest.json"
 FORMAT = "jaxray-parquet"
 FORMAT_VERSION = 1
+# pyarrow retries a gs:// URI without credentials or endpoint for many minutes, silently: at most this
+# long per operation (``resolve``), and ``PROBE_RETRY_S`` for the first look at a URI (``probe``), so
+# one that cannot be reached is refused within seconds; a URI's own ``?retry_limit_seconds=`` wins.
+GCS_RETRY_S, PROBE_RETRY_S = 30, 2
 # dataset -> its splits (train, then the held-out one)
 SPLITS = {"tinyshakespeare": ("train", "validation"), "fashion-mnist": ("train", "test")}
 
@@ -56,15 +60,29 @@ class Manifest:
         return self.splits[name]
 
 
-def resolve(path_or_uri: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+def resolve(
+    path_or_uri: str, filesystem: pafs.FileSystem | None = None, retry_s: int = GCS_RETRY_S
+) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for a local path or a URI pyarrow understands (``gs://``, ``s3://``,
-    ``file://``); ``filesystem`` given: ``path_or_uri`` is a path inside it."""
+    ``file://``; a ``gs://`` one retried at most ``retry_s`` seconds per operation); ``filesystem``
+    given: ``path_or_uri`` is a path inside it."""
     if filesystem is not None:
         return filesystem, path_or_uri.rstrip("/")
     if "://" in path_or_uri:
+        if path_or_uri.startswith(("gs://", "gcs://")) and "retry_limit_seconds=" not in path_or_uri:
+            path_or_uri += f"{'&' if '?' in path_or_uri else '?'}retry_limit_seconds={retry_s}"
         fs, path = pafs.FileSystem.from_uri(path_or_uri)
         return fs, path.rstrip("/")
     return pafs.LocalFileSystem(), os.path.abspath(path_or_uri)
+
+
+def probe(uri: str) -> None:
+    """One look at ``uri`` (a URI; a local path passes) with short retries: raises OSError or
+    ValueError within seconds when its service cannot be reached or refuses the credentials, rather
+    than after the retries of every later operation."""
+    if "://" in uri and not uri.startswith("file://"):
+        fs, path = resolve(uri, retry_s=PROBE_RETRY_S)
+        fs.get_file_info(path)
 
 
 def file_sha256(fs: pafs.FileSystem, path: str) -> str:
@@ -82,6 +100,11 @@ def read_manifest(
     """Read and validate ``<folder>/manifest.json``: format, version, dataset, splits, row counts and
     every listed file present (with ``verify_checksums``, its SHA-256 too). Raises ManifestError
     naming the file at fault and what is wrong."""
+    try:
+        if filesystem is None:
+            probe(path_or_uri)
+    except (OSError, ValueError) as err:
+        raise ManifestError(f"{path_or_uri} cannot be reached: {err}") from None
     fs, root = resolve(path_or_uri, filesystem)
     where = f"{root}/{MANIFEST}"
     try:

@@ -23,6 +23,7 @@ from saved import save_params
 
 from jaxray import checkpoint, runs
 from jaxray.checkpoint import remote
+from jaxray.data.manifest import ManifestError, read_manifest
 from jaxray.generate import main as generate
 from jaxray.serve.app import app_builder
 
@@ -202,12 +203,17 @@ def local_name(uri: str) -> str:
     return uri.rsplit("/", 1)[-1]
 
 
-def test_a_gs_uri_without_credentials_fails_in_seconds(monkeypatch):
-    monkeypatch.setattr(remote, "GCS_RETRY_S", 1)
+def test_a_gs_uri_without_credentials_fails_in_seconds(tmp_path):
+    """Issue 49's bar: a URI that cannot be reached is refused within 15 s (pyarrow's own retries: many
+    minutes), as --checkpoint, as storage and as data."""
     start = time.monotonic()
     with pytest.raises(checkpoint.CheckpointError, match="gs://jaxray-none/x cannot be read"):
         runs.resolve("gs://jaxray-none/x")
-    assert time.monotonic() - start < 60  # pyarrow's own default: many minutes
+    with pytest.raises(checkpoint.CheckpointError, match="gs://jaxray-none/s cannot be written"):
+        remote.check_writable("gs://jaxray-none/s")
+    with pytest.raises(ManifestError, match="gs://jaxray-none/d cannot be reached"):
+        read_manifest("gs://jaxray-none/d")
+    assert time.monotonic() - start < 3 * 15
 
 
 def test_concurrent_fetches_share_one_copy_and_a_diverged_model_is_refused(s3, trained_transformer, tmp_path):
