@@ -4,7 +4,9 @@
 
 Axis letters used package-wide: B batch, T time, S max_seq_len (KV cache length), D model width,
 H heads, K head dim, V vocab. "Global batch": one optimizer step over all devices of all workers;
-"per-device batch": global batch / (workers x devices per worker)."""
+"per-device batch": global batch // (data x fsdp), the mesh axes that split the batch
+(``jaxray.config.check_devices``); ``tensor`` does not split it: a tensor group's devices hold the
+same rows."""
 
 from __future__ import annotations
 
