@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ray.serve import Application
 
 from jaxray.reporting import checkpoint_line
 from jaxray.serve.__main__ import build_parser, read_config
@@ -43,6 +44,6 @@ def test_app_builder_serves_the_environments_checkpoint_and_names_it(
 ):
     monkeypatch.setenv(CHECKPOINT_ENV, str(trained_transformer))
     app = app_builder({"engine": {"buckets": [16], "batch_sizes": [1]}})
-    assert app is not None
+    assert isinstance(app, Application)
     named = [line for line in capsys.readouterr().err.splitlines() if line.startswith("checkpoint: ")]
     assert named == [checkpoint_line.describe(trained_transformer)]

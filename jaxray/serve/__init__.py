@@ -5,6 +5,8 @@ imported here, so ``jaxray.serve.schema`` loads without Ray or JAX.
   playground GET /: the browser page streaming /generate            openai   the /v1 OpenAI routes
   metrics    Prometheus via Ray
   (the engine loop, ``jaxray.inference.scheduler``, and ``detokenize`` are inference's)
-  app        the deployment and ``app_builder`` (``serve run serve/config.yaml``)
+  requests   a replica's request path (body -> engine requests -> token streams), every route's
+  replica    one replica: its engine, Serve's batching, the routes
+  app        the checks, deployment options and ``app_builder`` (``serve run serve/config.yaml``)
   python -m jaxray.serve --checkpoint PATH   the same app from one command
 """

@@ -1,6 +1,7 @@
 """The OpenAI surface (vLLM's field set where it applies to a byte model): ``/v1/models``,
-``/v1/completions`` and ``/v1/chat/completions``, called with the replica as ``server``. Chat renders
-``messages`` as a play script (``render_chat``), the text the model was trained on. No Ray."""
+``/v1/completions`` and ``/v1/chat/completions``, called with the replica's request path as
+``server`` (``jaxray.serve.requests.RequestPath``). Chat renders ``messages`` as a play script
+(``render_chat``), the text the model was trained on. No Ray."""
 
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.
 import asyncio
@@ -16,7 +17,7 @@ from starlette.requests import Request as HttpRequest
 from jaxray.inference.detokenize import Choice
 from jaxray.serve import schema
 from jaxray.serve.routes import guarded
-from jaxray.serve.schema import ApiError, Prompt, SamplingRequest, Seed, Stream, Temperature, TopK, sse
+from jaxray.serve.schema import Prompt, SamplingRequest, Seed, Stream, Temperature, TopK, sse
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
 SPEAKER_NAME = r"^[A-Za-z0-9 _'-]{1,64}$"  # a message's ``name``: OpenAI's characters, spaces and '
@@ -125,15 +126,8 @@ def models(server, model_id: str | None = None) -> dict[str, Any]:
     model |= {"owned_by": "jaxray", "max_model_len": server.engine.context_len}
     if model_id is None:
         return {"object": "list", "data": [model]}
-    check_model(server, model_id)
+    server.check_model(model_id)
     return model
-
-
-def check_model(server, model: str | None) -> None:
-    """ApiError 404 unless ``model`` is None or the id ``server`` serves."""
-    if model is not None and model != server.model_name:
-        message = f"the model {model!r} is not served here (GET /v1/models lists {server.model_name!r})"
-        raise ApiError(404, "model", message, f"{server.model_name!r} or null")
 
 
 async def _merged(choices: list[Choice]) -> AsyncIterator[tuple[Choice, str | None]]:
@@ -211,7 +205,7 @@ async def _events(reply: _Reply, choices: list[Choice], req: _OpenAI, prompt_tok
 
 async def answer(server, http: HttpRequest, model: type[_OpenAI]):
     """``POST /v1/completions`` (``CompletionRequest``) or ``/v1/chat/completions`` (``ChatRequest``)
-    on the replica ``server``. Raises ApiError naming the field."""
+    through the request path ``server``. Raises ApiError naming the field."""
     req, choices, prompt_tokens = await server.choices(http, model)
     reply = _Reply(server, model is ChatRequest)
     if req.stream:

@@ -1,20 +1,18 @@
 """The HTTP side of the Serve app: the FastAPI ``api``, its JSON error handlers and SSE streams.
-Handlers are methods of ``jaxray.serve.app.JaxrayServer``. No JAX."""
+Handlers are methods of ``jaxray.serve.replica.JaxrayServer``; ``generate`` is /generate's. No JAX."""
 
 # No `from __future__ import annotations`: FastAPI reads handler signatures at runtime.
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 
-from jaxray.serve.schema import ApiError, sse
+from jaxray.serve.schema import ApiError, GenerateRequest, GenerateResponse, sse
 
 logger = logging.getLogger("ray.serve")
 api = FastAPI(
@@ -60,18 +58,6 @@ async def guarded(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield b"event: error\n" + sse(ApiError(500, "engine", f"{type(err).__name__}: {err}").body())
 
 
-async def drain(results: AsyncIterator, read: asyncio.Future | None = None) -> None:
-    """Read ``results`` to its end after the read in flight, ``read``, dropping the items and an
-    engine error (its other readers report it)."""
-    if read is not None:
-        await asyncio.wait([read])
-        if not read.cancelled():
-            read.exception()  # retrieved: a read whose reader left may end in an engine error
-    with contextlib.suppress(Exception):
-        async for _ in results:
-            pass
-
-
 async def generate_events(choice, usage: dict, start: float) -> AsyncIterator[bytes]:
     """/generate's stream of ``choice`` (a ``jaxray.inference.detokenize.Choice``): ``{"text"}``
     events, then ``{"done": true, **usage, "new_tokens", "latency_ms"}`` (``start``:
@@ -80,3 +66,18 @@ async def generate_events(choice, usage: dict, start: float) -> AsyncIterator[by
         yield sse({"text": piece})
     latency_ms = (time.perf_counter() - start) * 1e3
     yield sse({"done": True, **usage, "new_tokens": choice.tokens, "latency_ms": latency_ms})
+
+
+async def generate(path, http: HttpRequest):
+    """``POST /generate`` through the replica's request path ``path`` (``jaxray.serve.requests``):
+    one choice, as JSON (``GenerateResponse``) or, with ``stream``, SSE (``generate_events``)."""
+    start = time.perf_counter()
+    req, [choice], prompt_tokens = await path.choices(http, GenerateRequest)
+    usage = {"prompt_tokens": prompt_tokens}
+    if req.stream:
+        return StreamingResponse(
+            guarded(generate_events(choice, usage, start)), media_type="text/event-stream"
+        )
+    text = await choice.text()
+    latency_ms = (time.perf_counter() - start) * 1e3
+    return GenerateResponse(text=text, new_tokens=choice.tokens, **usage, latency_ms=latency_ms).model_dump()

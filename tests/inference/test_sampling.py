@@ -65,7 +65,9 @@ def test_long_prompt_keeps_its_tail():
 def test_invalid_utf8_becomes_replacement_chars(tiny):
     model, params = tiny
     text = generate(model, params, "x", Sampling(50, temperature=2.0, seed=0))
-    assert isinstance(text, str)  # decoding never raises; random bytes are mostly invalid UTF-8
+    # Decoding never raises: the random bytes of an untrained model at temperature 2 are mostly
+    # invalid UTF-8, each such run shown as U+FFFD; at most one character per byte.
+    assert "\ufffd" in text and 0 < len(text) <= 50
 
 
 @pytest.mark.parametrize(

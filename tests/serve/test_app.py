@@ -107,7 +107,7 @@ def test_pin_compute_pins_the_calling_thread_only():
     import os
     import threading
 
-    from jaxray.serve.app import pin_compute
+    from jaxray.serve.replica import pin_compute
 
     available, seen = sorted(os.sched_getaffinity(0)), {}
 
@@ -138,7 +138,7 @@ def test_the_shipped_serve_config_is_valid():
     only once Ray is up)."""
     from ray.serve.schema import ServeDeploySchema
 
-    from jaxray.serve.app import AppArgs
+    from jaxray.serve.settings import AppArgs
 
     config = ServeDeploySchema.model_validate(yaml.safe_load((ROOT / "serve" / "config.yaml").read_text()))
     assert (config.http_options.host, config.http_options.port) == ("127.0.0.1", 8000)
