@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jaxray.models",),
     ("jaxray.parallel",),
     ("jaxray.checkpoint",),
-    ("jaxray.runs",),
+    ("jaxray.folders", "jaxray.runs"),
     ("jaxray.train",),
     ("jaxray.reporting",),
     ("jaxray.inference",),
