@@ -266,10 +266,9 @@ def latest_run(path: str | Path, workload: str | None = None) -> Path:
     if runs:
         which = f" {workload}" if workload else ""
         raise RunFolderError(
-            f"{path} has no finished run with a{which} model: its {len(runs)} run(s), newest "
-            f"{runs[0].name}, crashed, were interrupted, diverged or trained other workloads; finish one "
-            f"with python -m jaxray.tune --resume {runs[0]}, or pass one of its trials (a folder under "
-            f"{runs[0] / TRAIN_DIR})"
+            f"{path} has no finished run with a{which} model: of its {len(runs)} run(s), the newest, "
+            f"{runs[0].name}, {unusable(runs[0], workload)}; finish a run with python -m jaxray.tune "
+            f"--resume {runs[0]}, or pass one of its trials (a folder under {runs[0] / TRAIN_DIR})"
         )
     if (path / EXPERIMENT_FILE).is_file():
         raise RunFolderError(
@@ -277,12 +276,31 @@ def latest_run(path: str | Path, workload: str | None = None) -> Path:
             f"it with python -m jaxray.tune --resume {path}, or pass one of its trials (a folder under "
             f"{path / TRAIN_DIR})"
         )
+    if not path.exists():
+        raise RunFolderError(f"{path} does not exist")
     if path.parent.name == TRAIN_DIR and (path.parent.parent / EXPERIMENT_FILE).is_file():
         raise RunFolderError(trial_without_checkpoint(path))
     raise RunFolderError(
         f"{path} is neither a checkpoint (no {checkpoint.MODEL_CONFIG}), a run folder (no {SUMMARY_JSON}) "
         f"nor an experiment folder holding runs"
     )
+
+
+def unusable(run: Path, workload: str | None) -> str:
+    """Why the run folder ``run`` has no model of ``workload`` to use, in words."""
+    try:
+        rows = read_summary(run)
+    except FileNotFoundError:
+        return f"has no {SUMMARY_JSON} (interrupted, or still running)"
+    except (OSError, RunFolderError) as err:
+        return f"cannot be read ({err})"
+    if broken := [r.get("trial", "?") for r in rows if crashed(r)]:
+        return f"has trials that crashed ({', '.join(broken)})"
+    try:
+        best_row(run, workload)
+    except RunFolderError as err:
+        return str(err).removeprefix(f"{run / SUMMARY_JSON}").lstrip(": ")
+    return "holds one"  # not reached: latest_run took it
 
 
 def trial_without_checkpoint(folder: Path) -> str:

@@ -137,7 +137,7 @@ def test_confusion_matrix_rows_are_true_classes():
 @pytest.mark.parametrize(
     "extra,message",
     [
-        ([], "neither a checkpoint"),
+        ([], "not_a_checkpoint does not exist"),
         (["--max-new-tokens", "0"], "max_new_tokens must be in 1..10000"),
         (["--prompt", ""], "prompt is empty"),
         (

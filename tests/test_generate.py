@@ -48,7 +48,7 @@ def test_bad_options_are_refused_by_name(trained_transformer, extra, match, caps
 
 def test_only_a_transformer_checkpoint_is_sampled(tmp_path, capsys):
     assert main(["--checkpoint", str(tmp_path / "nowhere")]) == 2
-    assert "nowhere is neither a checkpoint" in capsys.readouterr().err
+    assert "nowhere does not exist" in capsys.readouterr().err
     mlp = parse_trial({"model": {"workload": "mlp", "width": 32}, "data": {"seq_len": 32}})
     save_params(tmp_path / "mlp", build(mlp.model).init(jax.random.key(0)), mlp)
     assert main(["--checkpoint", str(tmp_path / "mlp")]) == 2

@@ -208,13 +208,17 @@ def test_an_experiment_folder_resolves_to_its_newest_complete_run(tmp_path, stor
     assert runs.latest_run(experiment) == complete
     assert runs.resolve(experiment).is_relative_to(complete)
     assert runs.resolve(failed).is_relative_to(failed)  # named itself: used
+    with pytest.raises(checkpoint.CheckpointError, match="empty does not exist"):
+        runs.resolve(tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
     with pytest.raises(checkpoint.CheckpointError, match="neither a checkpoint"):
         runs.resolve(tmp_path / "empty")
     shutil.rmtree(complete)
     with pytest.raises(
-        checkpoint.CheckpointError, match="has no finished run with a model: its 2 run"
+        checkpoint.CheckpointError, match="has no finished run with a model: of its 2 run"
     ) as err:
         runs.resolve(experiment)
+    assert "the newest, 20261203-100000, has no summary.json (interrupted" in str(err.value)
     assert f"--resume {interrupted}" in str(err.value)
     # The interrupted run named itself: the error says what to do with it, not that it is no run.
     with pytest.raises(checkpoint.CheckpointError, match="has not finished") as err:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 import re
@@ -270,6 +271,10 @@ def _fit(
     unfinished = sum(t.status not in (Trial.TERMINATED, Trial.ERROR) for t in saved)
     rule = sweep.early_stopping
     rows = [trial_rows(sweep.workload, r, out, rule.metric if rule else None, storage_uri) for r in results]
+    # In the grid's order, however Tune returned them (a restored sweep lists them otherwise).
+    axes = sweep.axes()
+    order = [trial_name(sweep.workload, dict(zip(axes, p))) for p in itertools.product(*axes.values())]
+    rows.sort(key=lambda r: order.index(r[0]["trial"]) if r[0]["trial"] in order else len(order))
     return rows, unfinished
 
 

@@ -65,7 +65,7 @@ def test_settings_the_artifact_lacks_are_named(artifact, settings, match):
 
 
 def test_what_cannot_be_served_is_refused_naming_it(tiny_transformer, mlp_checkpoint, tmp_path):
-    with pytest.raises(checkpoint.CheckpointError, match="nowhere is neither a checkpoint"):
+    with pytest.raises(checkpoint.CheckpointError, match="nowhere does not exist"):
         check_source(tmp_path / "nowhere")
     with pytest.raises(checkpoint.CheckpointError, match="mlp checkpoint, not a transformer one"):
         load_engine(mlp_checkpoint)
