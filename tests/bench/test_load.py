@@ -21,7 +21,7 @@ from jaxray.bench.load import Sample, events, run_level, summarize
 def test_summarize_counts_the_window_share_and_excludes_warmups():
     samples = [
         Sample(-1.0, 0.0, "ok", 200, new_tokens=10, warmup=True, first_s=-0.9),  # warm-up: not counted
-        Sample(0.0, 1.0, "ok", 200, new_tokens=10, first_s=0.1),
+        Sample(0.0, 1.0, "ok", 200, new_tokens=10, first_s=0.1, gaps_s=(0.02, 0.04)),
         Sample(9.0, 11.0, "ok", 200, new_tokens=20, first_s=9.3),  # half inside: counts 0.5 and 10 tokens
         Sample(1.0, 1.5, "5xx", 500, error="HTTP 500: boom"),
         Sample(2.0, 2.1, "dropped", error="ServerDisconnectedError"),
@@ -37,10 +37,14 @@ def test_summarize_counts_the_window_share_and_excludes_warmups():
     assert [row["ttft_p50_ms"], row["ttft_p99_ms"]] == pytest.approx(
         np.percentile([100.0, 300.0], [50, 99]).tolist()
     )
+    assert [row["itl_p50_ms"], row["itl_p99_ms"]] == pytest.approx(
+        np.percentile([20.0, 40.0], [50, 99]).tolist()
+    )
     assert (row["errors_4xx"], row["errors_5xx"], row["dropped"], row["errors_other"]) == (1, 1, 1, 1)
     assert row["first_error"] == "HTTP 500: boom"
     none = summarize([Sample(1.0, 1.5, "5xx", 500)], 1, 0.0, 10.0)
     assert none["ttft_p50_ms"] is None and none["ttft_p99_ms"] is None and none["p99_ms"] is None
+    assert none["itl_p50_ms"] is None and none["itl_p99_ms"] is None
     with pytest.raises(ValueError, match="empty window"):
         summarize([], 1, 5.0, 5.0)
 
@@ -70,6 +74,7 @@ class StandIn:
 
     def __init__(self, first_s: float = 0.005, rest_s: float = 0.02, **faults: int):
         self.first_s, self.rest_s, self.faults, self.seeds, self.streamed = first_s, rest_s, faults, [], []
+        self.info_calls = 0
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -99,6 +104,12 @@ class StandIn:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def info(self, request: web.Request) -> web.Response:
+        """The app's engine counters: 10 decode calls of 3 rows each between two reads."""
+        n, self.info_calls = self.info_calls, self.info_calls + 1
+        engine = {"decode_calls": 10 * n, "rows_decoded": 30 * n, "admit_s": 0.0, "decode_s": 0.1 * n}
+        return web.json_response({"server": {"engine": engine}})
+
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
 
@@ -107,6 +118,7 @@ class StandIn:
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/info", self.info)
         return app
 
 
@@ -137,6 +149,8 @@ def test_client_streams_and_times_the_first_token():
     assert row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] and row["client_cpu_pct"] >= 0
     assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] <= row["p99_ms"]
     assert row["ttft_p50_ms"] < row["p50_ms"]  # the first text comes 30 ms before the done event
+    assert 0 < row["itl_p50_ms"] <= row["itl_p99_ms"] < row["p99_ms"]  # "x" then "y": one gap each
+    assert row["rows_per_step"] == 3.0 and row["engine_busy_pct"] > 0  # from /info before and after
 
 
 def test_client_counts_5xx_and_cut_streams_apart():
