@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
 from jaxray.checkpoint.trees import (
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 # Of a failed save's cause in CheckpointSaveError (the whole is chained to it): Ray keeps the first and
 # last 500 characters of a worker's traceback, and a trial's error row shows its last line whole.
 MAX_CAUSE_CHARS = 160
+DIGESTS_PREFIX = ".digests.process_"  # a process's digests of its own files, for the primary
 
 
 def sha256(path: Path) -> str:
@@ -58,10 +60,41 @@ def sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _file_digests(directory: Path) -> dict[str, str]:
-    """{path relative to ``directory``: SHA-256} of every file but ``train_state.json``."""
-    files = [f for f in sorted(directory.rglob("*")) if f.is_file() and f.name != TRAIN_STATE]
-    return {f.relative_to(directory).as_posix(): sha256(f) for f in files}
+def _own_digests(directory: Path) -> dict[str, str]:
+    """{path relative to ``directory``: SHA-256} of the files this process wrote: its shards (Orbax's
+    ``ocdbt.process_<i>/`` folders); the primary's also every file outside another's shard folder."""
+    me, found = jax.process_index(), {}
+    for f in sorted(directory.rglob("*")):
+        rel = f.relative_to(directory)
+        if not f.is_file() or f.name == TRAIN_STATE or f.name.startswith(DIGESTS_PREFIX):
+            continue
+        owner = next(
+            (int(m[1]) for part in rel.parts if (m := re.fullmatch(r"ocdbt\.process_(\d+)", part))), 0
+        )
+        if owner == me:
+            found[rel.as_posix()] = sha256(f)
+    return found
+
+
+def _all_digests(directory: Path, before_manifest: Callable[[], None] | None) -> dict[str, str]:
+    """Every file's SHA-256, each hashed by the process that wrote it (so no process reads the whole
+    state): the others write theirs to ``DIGESTS_PREFIX<i>.json`` and all meet at a barrier; the
+    primary then runs ``before_manifest`` and merges them (the others get only their own). Called
+    by every process."""
+    digests = _own_digests(directory)
+    if jax.process_count() > 1:
+        if not _primary():
+            (directory / f"{DIGESTS_PREFIX}{jax.process_index()}.json").write_text(json.dumps(digests))
+        multihost_utils.sync_global_devices(f"jaxray checkpoint digests {directory.name}")
+    if not _primary():
+        return digests
+    if before_manifest is not None:
+        before_manifest()
+    for i in range(1, jax.process_count()):
+        part = directory / f"{DIGESTS_PREFIX}{i}.json"
+        digests |= json.loads(part.read_text())
+        part.unlink()
+    return digests
 
 
 @contextmanager
@@ -91,12 +124,12 @@ def _write_small(directory: Path, trial: TrialConfig, history: list[dict] | None
             (directory / HISTORY_FILE).write_text(json.dumps(history))
 
 
-def _write_manifest(directory: Path, doc: dict[str, Any]) -> Path:
-    """``train_state.json`` (primary process only): ``doc`` and every other file's SHA-256, through a
-    temp file and a rename, last: the checkpoint is complete once it exists."""
+def _write_manifest(directory: Path, doc: dict[str, Any], digests: dict[str, str]) -> Path:
+    """``train_state.json`` (primary process only): ``doc`` and every other file's SHA-256
+    (``digests``), through a temp file and a rename, last: the checkpoint is complete once it exists."""
     if _primary():
         tmp = directory / f".{TRAIN_STATE}.tmp"
-        tmp.write_text(json.dumps({**doc, "files": _file_digests(directory)}, indent=1))
+        tmp.write_text(json.dumps({**doc, "files": digests}, indent=1))
         os.replace(tmp, directory / TRAIN_STATE)
     return directory
 
@@ -110,13 +143,15 @@ class PendingSave:
 
     def commit(self, manifest: bool = True) -> Path:
         """Wait for every process's writes and Orbax's commit, then (``manifest``) write
-        ``train_state.json``, ``before_manifest`` just before it. Returns the folder. Raises
+        ``train_state.json`` with every file's digest (``_all_digests``: each process hashes its own),
+        ``before_manifest`` on the primary just before it. Returns the folder. Raises
         CheckpointSaveError naming the folder and step; what was written stays incomplete."""
         with _saving(self.directory, f"the checkpoint of step {self.step}"):
             finish(self._checkpointers)
-            if manifest and self._before_manifest is not None:
-                self._before_manifest()
-            return _write_manifest(self.directory, self.doc) if manifest else self.directory
+            if not manifest:
+                return self.directory
+            digests = _all_digests(self.directory, self._before_manifest)
+            return _write_manifest(self.directory, self.doc, digests)
 
 
 def start_save_state(
