@@ -156,6 +156,8 @@ def train(
     sharded = (shard_batch(mesh, b) for b in itertools.islice(batches, start, None))
     first = next(sharded)
     step_fn, compile_s, report = _compiled(trial, model, tx, mesh, state, first)
+    eval_fn = jit_eval_step(model, mesh)  # one jit for the evaluations during and after: compiled once
+    validate = _validator(trial, eval_fn, mesh, eval_arrays)
     if on_compile is not None:
         on_compile(report)
     state, timing = run_loop(
@@ -164,14 +166,14 @@ def train(
         itertools.chain([first], sharded),
         trial.train.steps,
         hooks=(
-            *_loop_hooks(trial, history, on_log, save, schedule, _validator(trial, model, mesh, eval_arrays)),
+            *_loop_hooks(trial, history, on_log, save, schedule, validate),
             *hooks,
         ),
         sync_each_step=needs_sync_per_step(mesh),
         start=start,
     )
 
-    held_out = _final_held_out(trial, model, mesh, state, eval_arrays)
+    held_out = _final_held_out(trial, eval_fn, mesh, state, eval_arrays)
     summary = _summary(trial, devices, param_count(state.params), compile_s, timing, history, held_out)
     summary["mesh"] = describe(mesh)  # "data=2,tensor=2"
     summary["per_device_batch"] = trial.train.global_batch // (mesh.shape["data"] * mesh.shape["fsdp"])
@@ -195,23 +197,23 @@ def _compiled(trial: TrialConfig, model: Model, tx, mesh: Mesh, state: TrainStat
     return step_fn, compile_s, report
 
 
-def _final_held_out(trial: TrialConfig, model: Model, mesh: Mesh, state: TrainState, eval_arrays: Arrays):
-    """The final params' held-out metrics over all of ``eval_arrays``. Raises Diverged when the loss
-    is not finite: the last update can break params the last logged loss (taken before it) did not."""
+def _final_held_out(trial: TrialConfig, eval_fn, mesh: Mesh, state: TrainState, eval_arrays: Arrays):
+    """The final params' held-out metrics over all of ``eval_arrays`` (``eval_fn``: ``jit_eval_step``).
+    Raises Diverged when the loss is not finite: the last update can break params the last logged
+    loss (taken before it) did not."""
     batch = eval_batch_size(trial, mesh.devices.size)
-    held_out = evaluate(jit_eval_step(model, mesh), state.params, eval_arrays, batch, mesh)
+    held_out = evaluate(eval_fn, state.params, eval_arrays, batch, mesh)
     name = "val_loss" if trial.model.workload == "transformer" else "test_loss"  # as the summary names it
     check_finite(trial.train.steps, {name: held_out["loss"]}, (name,))
     return held_out
 
 
-def _validator(trial: TrialConfig, model: Model, mesh: Mesh, eval_arrays: Arrays) -> Callable | None:
-    """``params -> evaluate(...)`` over the first ``train.eval_batches`` eval batches of
+def _validator(trial: TrialConfig, eval_fn, mesh: Mesh, eval_arrays: Arrays) -> Callable | None:
+    """``params -> evaluate(eval_fn, ...)`` over the first ``train.eval_batches`` eval batches of
     ``eval_arrays`` (the same rows every time); None without ``train.eval_every``."""
     if trial.train.eval_every is None:
         return None
-    devices, eval_fn = mesh.devices.size, jit_eval_step(model, mesh)
-    batch = eval_batch_size(trial, devices)
+    batch = eval_batch_size(trial, mesh.devices.size)
     rows = min(num_rows(eval_arrays), trial.train.eval_batches * batch)
     subset = {k: v[:rows] for k, v in eval_arrays.items()}
     return lambda params: evaluate(eval_fn, params, subset, batch, mesh)
