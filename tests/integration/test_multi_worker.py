@@ -160,6 +160,12 @@ def test_two_workers_are_one_four_device_program(
     history = json.loads((Path(result.checkpoint.path) / checkpoint.HISTORY_FILE).read_text())
     np.testing.assert_allclose([row["loss"] for row in history], reference["losses"], **LOSS_TOL)
     np.testing.assert_allclose([row["grad_norm"] for row in history], reference["grad_norms"], **LOSS_TOL)
+    # Each process hashed its own shards and the primary merged the digests: every file is listed.
+    folder = Path(result.checkpoint.path)
+    listed = set(json.loads((folder / checkpoint.TRAIN_STATE).read_text())["files"])
+    on_disk = {f.relative_to(folder).as_posix() for f in folder.rglob("*") if f.is_file()}
+    assert listed == on_disk - {checkpoint.TRAIN_STATE}, sorted(on_disk ^ listed)
+    assert any("/ocdbt.process_1/" in f for f in listed), sorted(listed)
     _, params = checkpoint.restore(result.checkpoint.path)
     ours = flat_params(params)
     theirs = {k.removeprefix("param:"): v for k, v in reference.items() if k.startswith("param:")}
