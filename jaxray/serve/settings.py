@@ -29,7 +29,7 @@ class AppArgs(BaseModel):
     # directory Serve was started in.
     checkpoint: str
     max_batch_size: PositiveInt | None = None
-    batch_wait_ms: NonNegativeFloat = 10.0
+    batch_wait_ms: NonNegativeFloat = 2.0  # 10 cost one client 41 % of its TTFT (docs/benchmarks.md)
     max_ongoing_requests: PositiveInt = 256  # past it, requests queue in Serve's proxy, not ahead of /healthz
     max_queued_requests: PositiveInt = 1024
     compute_cpus: PositiveInt | None = None
