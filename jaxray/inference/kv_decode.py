@@ -113,6 +113,28 @@ def _slide(prefill: Prefill, params, state: DecodeState, full: jax.Array, keep: 
     )
 
 
+def _slide_rows(prefill: Prefill, params, state: DecodeState, full: jax.Array, keep: int) -> DecodeState:
+    """``_slide`` one row at a time, prefilling only the rows where ``full`` is set: under continuous
+    batching rows reach the window's end at different steps, and ``_slide`` prefills every row of
+    the batch for each of them. Same values as ``_slide`` for those rows."""
+    size = state.context.shape[1]
+    readable = context_len(size)
+
+    def one(b, state: DecodeState) -> DecodeState:
+        tail = jax.lax.dynamic_slice(state.context, (b, readable - keep + 1), (1, keep - 1))  # [1, keep - 1]
+        _, cache = prefill(params, tail)
+        put = lambda old, new: jax.lax.dynamic_update_slice_in_dim(old, new.astype(old.dtype), b, axis=0)  # noqa: E731
+        return state._replace(
+            cache=jax.tree.map(put, state.cache, _pad_cache(cache, size)),
+            context=put(state.context, jnp.pad(tail, ((0, 0), (0, size - keep + 1)))),
+            positions=state.positions.at[b].set(keep - 1),
+        )
+
+    return jax.lax.fori_loop(
+        0, full.shape[0], lambda b, s: jax.lax.cond(full[b], one, lambda _, s: s, b, s), state
+    )
+
+
 def decode_chunk(
     prefill: Prefill,
     decode_step: DecodeStep,
@@ -157,8 +179,16 @@ def decode_chunk(
         # The slide's lax.cond sits outside the per-token loop (inside, the cache was copied per step).
         i, state, out = carry
         full = (state.remaining > 0) & (state.positions >= readable)
-        state = jax.lax.cond(
-            jnp.any(full), lambda s: _slide(prefill, params, s, full, keep), lambda s: s, state
+        # A few rows (staggered, as serving admits them): one at a time; many (in step): together.
+        branch = jnp.where(jnp.any(full), 1 + (4 * jnp.sum(full) > full.shape[0]), 0)
+        state = jax.lax.switch(
+            branch,
+            [
+                lambda s: s,
+                lambda s: _slide_rows(prefill, params, s, full, keep),
+                lambda s: _slide(prefill, params, s, full, keep),
+            ],
+            state,
         )
         return jax.lax.while_loop(window_left, step, (i, state, out))
 

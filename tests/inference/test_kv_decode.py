@@ -14,7 +14,7 @@ import pytest
 
 from jaxray.checkpoint.trees import key_names
 from jaxray.inference.engine import Request, kv_generate
-from jaxray.inference.kv_decode import decode_chunk, start
+from jaxray.inference.kv_decode import _slide, _slide_rows, decode_chunk, start
 from jaxray.inference.sampling import Sampling, generate
 from jaxray.models.transformer import write_cache
 
@@ -131,3 +131,25 @@ def test_no_sampler_reads_the_position_training_never_predicts_from(restored, en
     [done] = engine.generate([request])
     [poisoned_done] = dataclasses.replace(engine, params=poisoned).generate([request])  # no compile
     assert poisoned_done.tokens == done.tokens and done.prompt_tokens == size - 1
+
+
+def test_sliding_a_few_rows_alone_equals_sliding_the_batch(restored):
+    """``_slide_rows`` (rows reaching the window's end at different steps, as under continuous
+    batching) re-prefills only those rows, to the values ``_slide`` gives them; the other rows stay
+    as they were."""
+    model, params = restored
+    size, keep, batch = model.config.max_seq_len, 32, 4
+    tokens = jnp.tile(real_tokens(size), (batch, 1))
+    tokens = tokens.at[1].set(jnp.roll(tokens[1], 5)).at[2].set(jnp.roll(tokens[2], 11))
+    ones = jnp.ones(batch, jnp.int32)
+    state, _ = start(
+        model.prefill, params, tokens, ones * (size - 1), ones.astype(jnp.uint32), ones * 0.0,
+        ones * 256, ones * 1.0, ones * 9, max_seq_len=size,
+    )  # fmt: skip
+    full = jnp.asarray([True, False, True, False])
+    together = _slide(model.prefill, params, state, full, keep)
+    alone = _slide_rows(model.prefill, params, state, full, keep)
+    for got, want, before in zip(jax.tree.leaves(alone), jax.tree.leaves(together), jax.tree.leaves(state)):
+        np.testing.assert_allclose(got[np.asarray(full)], want[np.asarray(full)], atol=TOL, rtol=TOL)
+        np.testing.assert_array_equal(got[~np.asarray(full)], before[~np.asarray(full)])
+    assert np.asarray(alone.positions).tolist() == [keep - 1, size - 1, keep - 1, size - 1]
