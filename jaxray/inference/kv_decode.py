@@ -135,6 +135,21 @@ def _slide_rows(prefill: Prefill, params, state: DecodeState, full: jax.Array, k
     )
 
 
+def _slide_where(prefill: Prefill, params, state: DecodeState, full: jax.Array, keep: int) -> DecodeState:
+    """The rows where ``full`` is set slid: none, a few (staggered, as serving admits them) one at a
+    time, more than a quarter of the batch (in step) together."""
+    branch = jnp.where(jnp.any(full), 1 + (4 * jnp.sum(full) > full.shape[0]), 0)
+    return jax.lax.switch(
+        branch,
+        [
+            lambda s: s,
+            lambda s: _slide_rows(prefill, params, s, full, keep),
+            lambda s: _slide(prefill, params, s, full, keep),
+        ],
+        state,
+    )
+
+
 def decode_chunk(
     prefill: Prefill,
     decode_step: DecodeStep,
@@ -179,17 +194,7 @@ def decode_chunk(
         # The slide's lax.cond sits outside the per-token loop (inside, the cache was copied per step).
         i, state, out = carry
         full = (state.remaining > 0) & (state.positions >= readable)
-        # A few rows (staggered, as serving admits them): one at a time; many (in step): together.
-        branch = jnp.where(jnp.any(full), 1 + (4 * jnp.sum(full) > full.shape[0]), 0)
-        state = jax.lax.switch(
-            branch,
-            [
-                lambda s: s,
-                lambda s: _slide_rows(prefill, params, s, full, keep),
-                lambda s: _slide(prefill, params, s, full, keep),
-            ],
-            state,
-        )
+        state = _slide_where(prefill, params, state, full, keep)
         return jax.lax.while_loop(window_left, step, (i, state, out))
 
     before = state.remaining
