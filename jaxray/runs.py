@@ -255,14 +255,18 @@ def latest_run(path: str | Path, workload: str | None = None) -> Path:
     crashed, diverged throughout or trained another workload hides none; or ``path`` itself when it
     holds no runs but a ``summary.json``. Raises RunFolderError naming the folder and what it holds
     when there is none."""
-    path, runs = Path(path), run_folders(path)
+    return _latest(Path(path), workload)[0]
+
+
+def _latest(path: Path, workload: str | None) -> tuple[Path, dict | None]:
+    """``latest_run`` and, where it took a run for its model, that run's ``best_row`` (else None)."""
+    runs = run_folders(path)
     if not runs and (path / SUMMARY_JSON).is_file():
-        return path
+        return path, None
     for run in runs:
         if finished(run):
             with contextlib.suppress(RunFolderError):
-                best_row(run, workload)
-                return run
+                return run, best_row(run, workload)
     if runs:
         which = f" {workload}" if workload else ""
         raise RunFolderError(
@@ -346,8 +350,8 @@ def open_checkpoint(
     if inside:
         return checkpoint.restore_latest(inside[::-1], checkpoint.open)[0]
     try:
-        run = latest_run(path, workload)
-        named = checkpoint_of(run, best_row(run, workload))
+        run, row = _latest(path, workload)
+        named = checkpoint_of(run, row or best_row(run, workload))
     except RunFolderError as err:
         raise checkpoint.CheckpointError(str(err)) from err
     if isinstance(named, str):  # on storage (``storage``): fetched, or the trial's newest good older one

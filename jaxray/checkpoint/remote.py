@@ -56,7 +56,7 @@ def cache_dir(kind: str = "checkpoints") -> Path:
 def is_object_storage(uri: str) -> bool:
     """Whether ``uri`` is on object storage (``s3://``, ``gs://``...), not a local or mounted folder
     (``file://``), which every worker can write in place."""
-    return not isinstance(filesystem(uri)[0], pafs.LocalFileSystem)
+    return not isinstance(resolve(uri)[0], pafs.LocalFileSystem)
 
 
 def join(uri: str, *names: str) -> str:
@@ -69,7 +69,7 @@ def check_writable(uri: str) -> None:
     naming the URI and the cause (no bucket, refused credentials, unknown scheme)."""
     try:
         probe(uri)  # unreachable or refused: within seconds
-        fs, root = filesystem(uri)
+        fs, root = resolve(uri)
         fs.create_dir(root, recursive=True)
         written = f"{root}/.jaxray-write-check-{os.getpid()}"
         with fs.open_output_stream(written) as f:
@@ -85,7 +85,7 @@ def complete_checkpoints(uri: str) -> list[str]:
     (``checkpoint_order``); [] when the folder does not exist. Raises CheckpointError when it cannot
     be listed."""
     try:
-        fs, root = filesystem(uri)
+        fs, root = resolve(uri)
         found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
         names = [PurePosixPath(i.path).name for i in found if i.type == pafs.FileType.Directory]
         names = [n for n in names if n.startswith(CHECKPOINT_PREFIX)]
@@ -109,7 +109,7 @@ def trial_checkpoints(named: str) -> Iterator[str]:
 
 def disk_use(uri: str) -> tuple[int, float]:
     """(how many ``checkpoint_*`` folders the folder ``uri`` holds, the MiB their files take)."""
-    fs, root = filesystem(uri)
+    fs, root = resolve(uri)
     found = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
     inside = []  # (checkpoint folder, size) of each file in one
     for f in found:
@@ -121,7 +121,7 @@ def disk_use(uri: str) -> tuple[int, float]:
 
 def read_text(path_or_uri: str | Path) -> str | None:
     """The text of the file at a local path or a URI; None when it does not exist. Raises OSError."""
-    fs, path = filesystem(str(path_or_uri))
+    fs, path = resolve(str(path_or_uri))
     try:
         with fs.open_input_stream(path) as f:
             return f.read().decode()
@@ -132,7 +132,7 @@ def read_text(path_or_uri: str | Path) -> str | None:
 def write_text(path_or_uri: str | Path, text: str) -> None:
     """``text`` as the file at a local path or ``file://`` URI (written whole: a temporary file renamed
     over it) or an object storage URI (one object written). Raises OSError."""
-    fs, path = filesystem(str(path_or_uri))
+    fs, path = resolve(str(path_or_uri))
     if isinstance(fs, pafs.LocalFileSystem):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with written_whole(path) as tmp:
@@ -267,18 +267,13 @@ def _read_manifest(uri: str) -> tuple[pafs.FileSystem, str, bytes]:
     """(filesystem, path in it, the bytes of its ``train_state.json``), or CheckpointError saying why not."""
     try:
         probe(uri)  # unreachable or refused: within seconds
-        fs, root = filesystem(uri)
+        fs, root = resolve(uri)
         with fs.open_input_stream(f"{root}/{TRAIN_STATE}") as f:
             return fs, root, f.read()
     except FileNotFoundError:
         raise CheckpointError(f"{display(uri)} {_not_a_checkpoint(fs, root)}") from None
     except (OSError, ValueError) as err:  # pyarrow: unknown scheme, no route, refused credentials
         raise StorageError(f"{display(uri)} cannot be read: {err}") from err
-
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """``jaxray.data.manifest.resolve`` of ``uri`` (a ``gs://`` one with its retries bounded)."""
-    return resolve(uri)
 
 
 def _not_a_checkpoint(fs: pafs.FileSystem, root: str) -> str:

@@ -273,8 +273,9 @@ def _fit(
     rows = [trial_rows(sweep.workload, r, out, rule.metric if rule else None, storage_uri) for r in results]
     # In the grid's order, however Tune returned them (a restored sweep lists them otherwise).
     axes = sweep.axes()
-    order = [trial_name(sweep.workload, dict(zip(axes, p))) for p in itertools.product(*axes.values())]
-    rows.sort(key=lambda r: order.index(r[0]["trial"]) if r[0]["trial"] in order else len(order))
+    points = itertools.product(*axes.values())
+    order = {trial_name(sweep.workload, dict(zip(axes, p))): i for i, p in enumerate(points)}
+    rows.sort(key=lambda r: order.get(r[0]["trial"], len(order)))
     return rows, unfinished
 
 

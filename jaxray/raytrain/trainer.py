@@ -13,6 +13,7 @@ from ray.train.v2.jax import JaxTrainer
 from jaxray.argtypes import cpu_xla_flags
 from jaxray.checkpoint import remote
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig
+from jaxray.data.manifest import resolve
 from jaxray.raytrain.cluster import QUIET_ENV
 from jaxray.raytrain.failures import FailureLog
 from jaxray.raytrain.faults import FAULT_ENV
@@ -96,7 +97,7 @@ def storage(path_or_uri: str | Path) -> dict[str, Any]:
     """``RunConfig``'s ``storage_path`` and ``storage_filesystem`` for a local path or a URI."""
     if not remote.is_uri(path_or_uri):
         return {"storage_path": str(path_or_uri)}
-    fs, path = remote.filesystem(str(path_or_uri))
+    fs, path = resolve(str(path_or_uri))
     return {"storage_path": path, "storage_filesystem": fs}
 
 

@@ -87,9 +87,10 @@ def _log_hook(
     gets ``ms_per_step`` from the second row on (wall clock since the previous row was done, other
     hooks included: a trial stopped early keeps it); ``history`` does not (resumes compare it)."""
     per_example, every = tokens_per_example(trial), trial.train.eval_every
-    since: list[tuple[int, float]] = []  # (step, clock) when the previous row was done
+    last_step, last_done = 0, 0.0  # the previous row's step (0: none yet) and when it was done
 
     def log(step: int, state: TrainState, metrics: dict[str, jax.Array]) -> None:
+        nonlocal last_step, last_done
         now = time.perf_counter()
         row = {
             "step": step,
@@ -105,11 +106,11 @@ def _log_hook(
             found = validate(state.params)
             row.update(val_loss=found["loss"], val_accuracy=found["accuracy"])
         history.append(row)  # what a resume restores: no clock in it
-        if since and step > since[0][0]:
-            row = {**row, "ms_per_step": (now - since[0][1]) / (step - since[0][0]) * 1e3}
+        if 0 < last_step < step:
+            row = {**row, "ms_per_step": (now - last_done) / (step - last_step) * 1e3}
         for fn in on_log:
             fn(row)
-        since[:] = [(step, time.perf_counter())]
+        last_step, last_done = step, time.perf_counter()
 
     return Hook(trial.train.log_every, log)
 
