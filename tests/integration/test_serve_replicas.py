@@ -41,6 +41,17 @@ def url(trained_transformer):
         yield url
 
 
+def both_served(samples) -> bool:
+    """Two replicas each show a finished /generate request, its time to first token and tokens."""
+    replicas = label_values(samples, SUCCESS, "replica")
+    return len(replicas) == 2 and all(
+        value(samples, SUCCESS, replica=replica, route="/generate", finished_reason="length") > 0
+        and value(samples, "ray_jaxray_time_to_first_token_seconds_count", replica=replica) > 0
+        and value(samples, "ray_jaxray_generation_tokens_total", replica=replica) > 0
+        for replica in replicas
+    )
+
+
 def test_two_replicas_both_serve_and_one_survives_the_others_kill(url):
     scrape_url = metrics_url()
     assert scrape_url and len(replica_pids()) == 2
@@ -50,22 +61,17 @@ def test_two_replicas_both_serve_and_one_survives_the_others_kill(url):
     with ThreadPoolExecutor(1) as pool:
         clients = pool.submit(asyncio.run, load(url, 8, stop, CLIENT_TIMEOUT_S))
         try:  # the clients run until stopped: a failed assertion here must stop them too
-            # Both replicas' series, and Serve's own HTTP count (its proxy reports apart from them).
+            # Each replica's /generate series (a replica's first series may be the chat request's
+            # alone), the chat request's, and Serve's own HTTP count (its proxy reports apart).
             samples = wait_for(
                 scrape_url,
                 lambda s: (
-                    len(label_values(s, SUCCESS, "replica")) == 2
+                    both_served(s)
+                    and value(s, SUCCESS, route="/v1/chat/completions") > 0
                     and value(s, HTTP, route="/generate", status_code="200") > 0
                 ),
                 timeout=60,
             )
-            replicas = label_values(samples, SUCCESS, "replica")
-            for replica in replicas:  # each replica served, and its latencies and tokens are recorded
-                assert (
-                    value(samples, SUCCESS, replica=replica, route="/generate", finished_reason="length") > 0
-                )
-                assert value(samples, "ray_jaxray_time_to_first_token_seconds_count", replica=replica) > 0
-                assert value(samples, "ray_jaxray_generation_tokens_total", replica=replica) > 0
             assert value(samples, SUCCESS, route="/v1/chat/completions", finished_reason="length") == 1
 
             killed_pid = replica_pids()[0]
