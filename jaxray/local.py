@@ -34,19 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def trials(exp: ExperimentConfig, source: str) -> dict[str, TrialConfig]:
-    """{name: TrialConfig} of every grid point of ``exp``."""
-    found = {}
-    for i, sweep in enumerate(exp.sweeps):
-        for raw in sweep.trial_dicts(exp.base()):
-            trial = parse_trial(raw, source, prefix=f"sweeps.{i}.")
-            found[trial.name()] = trial
-    return found
-
-
 def pick(exp: ExperimentConfig, source: str, name: str | None, steps: int | None) -> TrialConfig:
     """The trial ``name`` (the only one when None) with ``steps`` set; ConfigError naming the choices."""
-    found = trials(exp, source)
+    found = {plan.name: plan.trial for plan in exp.plans(source)}
     if name is None and len(found) == 1:
         name = next(iter(found))
     if name is None:

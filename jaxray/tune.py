@@ -26,14 +26,14 @@ import ray
 import yaml
 
 from jaxray.checkpoint.remote import written_whole
-from jaxray.config import ConfigError, parse_trial
-from jaxray.config.experiment import ExperimentConfig, load_experiment
+from jaxray.config import ConfigError, TrialConfig
+from jaxray.config.experiment import ExperimentConfig, TrialPlan, load_experiment
 from jaxray.data.batching import num_rows
 from jaxray.data.manifest import ManifestError
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
 from jaxray.folders import exclusive
-from jaxray.parallel.checks import check_experiment
+from jaxray.parallel.checks import plan_experiment
 from jaxray.raytrain.cluster import check_accelerators, check_storage, init_ray
 from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep, with_run_storage
 from jaxray.raytrain.trainer import check_scaling
@@ -174,32 +174,31 @@ def check_batches(exp: ExperimentConfig, rows: dict[str, int]) -> None:
                 )
 
 
-def parquet_rows(exp: ExperimentConfig) -> dict[str, int]:
-    """Each sweep's training rows from its prepared Parquet folder's manifest (``data.parquet``).
-    Raises ConfigError naming ``data.parquet`` when a folder is missing, damaged, holds another
-    dataset or another seq_len."""
+def parquet_rows(firsts: dict[str, TrialConfig]) -> dict[str, int]:
+    """Each sweep's training rows from its prepared Parquet folder's manifest (``data.parquet``;
+    ``firsts``: ``first_trials``). Raises ConfigError naming ``data.parquet`` when a folder is
+    missing, damaged, holds another dataset or another seq_len."""
     rows = {}
-    for sweep in exp.sweeps:
-        trial = parse_trial(sweep.trial_dicts(exp.base())[0])
+    for workload, trial in firsts.items():
         try:
-            rows[sweep.workload] = parquet_folder(trial)[1].split("train").rows
+            rows[workload] = parquet_folder(trial)[1].split("train").rows
         except ManifestError as err:
             raise ConfigError(f"data.parquet: {err}") from None
     return rows
 
 
-def load_sweep_arrays(exp: ExperimentConfig) -> dict[str, tuple]:
-    """Each sweep's (train, held-out) arrays, loaded and verified once, before Ray starts.
-
-    Raises DataFileError naming the file when one is missing or damaged.
-    """
-    return {s.workload: load_arrays(parse_trial(s.trial_dicts(exp.base())[0])) for s in exp.sweeps}
+def first_trials(plans: list[TrialPlan]) -> dict[str, TrialConfig]:
+    """Each sweep's first grid point, by workload (the data settings every point of a sweep shares)."""
+    found: dict[str, TrialConfig] = {}
+    for _, _, trial in plans:
+        found.setdefault(trial.model.workload, trial)
+    return found
 
 
 def prepare(
     args: argparse.Namespace, stack: contextlib.ExitStack
 ) -> tuple[ExperimentConfig, Path, dict[str, tuple]]:
-    """(the experiment, its run folder, each sweep's arrays) once every check that can fail on the
+    """(the experiment, its run folder, each sweep's arrays, its plans) once every check that can fail on the
     user's input has passed, all before Ray starts; a new run's folder is created (with its
     experiment.yaml) only then. Ray is up when it returns; the run folder is held
     (``folders.exclusive``) until ``stack`` closes. Raises ConfigError, DataFileError or RunFolderError."""
@@ -209,13 +208,17 @@ def prepare(
         source = str(out / EXPERIMENT_FILE)
     else:
         exp, out, source = load_experiment(args.config, overrides), None, args.config
-    check_experiment(exp, source)
+    plans = plan_experiment(exp, source)  # handed on: Tune's trials and the workers parse nothing
     check_scaling(exp.workers)
     check_storage(exp)
-    arrays = {} if exp.data.parquet else load_sweep_arrays(exp)
+    firsts = first_trials(plans)
+    # Each sweep's (train, held-out) arrays, loaded and verified once, before Ray starts.
+    arrays = {} if exp.data.parquet else {w: load_arrays(trial) for w, trial in firsts.items()}
     check_batches(
         exp,
-        parquet_rows(exp) if exp.data.parquet else {w: num_rows(train) for w, (train, _) in arrays.items()},
+        parquet_rows(firsts)
+        if exp.data.parquet
+        else {w: num_rows(train) for w, (train, _) in arrays.items()},
     )
     if out is None:
         out = new_run(Path(args.out or Path("runs") / exp.experiment))
@@ -229,7 +232,7 @@ def prepare(
     joined, dashboard = init_ray(exp)
     print(header(exp, out, joined, dashboard), file=terminal.err(), flush=True)
     check_accelerators(exp, joined)
-    return exp, out, arrays
+    return exp, out, arrays, plans
 
 
 def quiet_terminal(out: Path, stack: contextlib.ExitStack) -> None:
@@ -314,12 +317,13 @@ def next_steps(out: Path, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_sweeps(exp: ExperimentConfig, out: Path, arrays: dict, resume: bool) -> int:
+def run_sweeps(exp: ExperimentConfig, plans: list[TrialPlan], out: Path, arrays: dict, resume: bool) -> int:
     """Run every sweep, then write the reports; the exit code (INTERRUPTED when a sweep was
     interrupted: no later sweep starts and no report is written)."""
     results: list[TrialRows] = []
-    for sweep in exp.sweeps:
-        rows, unfinished = run_sweep(exp, sweep, arrays.get(sweep.workload), out, resume)
+    for i, sweep in enumerate(exp.sweeps):
+        trials = {plan.name: plan.trial for plan in plans if plan.sweep == i}
+        rows, unfinished = run_sweep(exp, i, trials, arrays.get(sweep.workload), out, resume)
         results += rows
         if unfinished:
             print(
@@ -356,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with contextlib.ExitStack() as stack:
         try:
-            exp, out, arrays = prepare(args, stack)
+            exp, out, arrays, plans = prepare(args, stack)
         except NothingToResume as err:
             print(err, file=terminal.err())
             return 0
@@ -369,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             ray.shutdown()
             return INTERRUPTED
         try:
-            return run_sweeps(exp, out, arrays, args.resume is not None)
+            return run_sweeps(exp, plans, out, arrays, args.resume is not None)
         except KeyboardInterrupt:
             print(f"error: interrupted{resume_hint(out)}", file=terminal.err())
             return INTERRUPTED

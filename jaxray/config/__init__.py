@@ -194,7 +194,8 @@ def trial_name(workload: str, global_batch: int, dtype: str, width: int, learnin
 
 
 class TrialConfig(FrozenConfig):
-    """Everything one Ray Train run needs; it travels to the workers as a plain dict."""
+    """Everything one Ray Train run needs; parsed once before Ray starts (``ExperimentConfig.plans``),
+    it travels to the Tune trial and its workers as it is."""
 
     model: ModelConfig
     train: TrainConfig = TrainConfig()

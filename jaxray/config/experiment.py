@@ -10,7 +10,7 @@ import math
 import re
 import urllib.parse
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import Field, Strict, field_validator, model_validator
@@ -27,6 +27,7 @@ from jaxray.config import (
     PosFloat,
     PosInt,
     TrainConfig,
+    TrialConfig,
     WorkersConfig,
     Workload,
     parse_trial,
@@ -179,12 +180,14 @@ class SweepConfig(FrozenConfig):
         """How many trials the grid holds."""
         return math.prod(len(values) for values in self.axes().values())
 
+    def points(self) -> list[dict[str, Any]]:
+        """The grid's points in order, each ``{axis: value}`` over every axis of ``axes``."""
+        axes = self.axes()
+        return [dict(zip(axes, point)) for point in itertools.product(*axes.values())]
+
     def trial_dicts(self, base: dict[str, Any]) -> list[dict[str, Any]]:
         """The grid expanded into TrialConfig dicts (validate each with ``parse_trial``)."""
-        axes = self.axes()
-        return [
-            self.trial_dict(base, **dict(zip(axes, point))) for point in itertools.product(*axes.values())
-        ]
+        return [self.trial_dict(base, **point) for point in self.points()]
 
     def trial_dict(
         self,
@@ -198,6 +201,19 @@ class SweepConfig(FrozenConfig):
         model = {**self.model_settings(), "workload": self.workload, "dtype": dtype, "width": width}
         train = {**self.train, "global_batch": global_batch, "learning_rate": learning_rate}
         return {**base, "model": model, "train": train, "parallel": self.parallel.model_dump()}
+
+
+class TrialPlan(NamedTuple):
+    """One grid point of an experiment: its sweep's index in ``sweeps``, its axis values (Tune's
+    config of the trial) and its parsed TrialConfig."""
+
+    sweep: int
+    point: dict[str, Any]
+    trial: TrialConfig
+
+    @property
+    def name(self) -> str:
+        return self.trial.name()
 
 
 class ExperimentConfig(FrozenConfig):
@@ -269,6 +285,17 @@ class ExperimentConfig(FrozenConfig):
             "workers": self.workers.model_dump(),
         }
 
+    def plans(self, source: str = "(experiment)") -> list[TrialPlan]:
+        """Every grid point of every sweep, in grid order, each parsed into its TrialConfig; plan once
+        and hand the plans on (``jaxray.tune`` gives them to Tune's trials and the workers). Raises
+        ConfigError naming ``source`` and ``sweeps.I``."""
+        base = self.base()
+        return [
+            TrialPlan(i, point, parse_trial(sweep.trial_dict(base, **point), source, f"sweeps.{i}."))
+            for i, sweep in enumerate(self.sweeps)
+            for point in sweep.points()
+        ]
+
 
 BOOL_TAG = "tag:yaml.org,2002:bool"
 
@@ -301,8 +328,9 @@ _UniqueKeyLoader.add_implicit_resolver(
 def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read and validate an experiment YAML, expanding every sweep so each trial is checked up front.
     Raises ConfigError for a missing, empty or non-UTF-8 file, invalid YAML, unknown keys, bad types
-    or values, a grid point that cannot run (attention: ``checks.check_experiment``), or a
-    transformer whose data.seq_len is below its max_seq_len (positions its loss never trains)."""
+    or values, an invalid grid point, or a transformer whose data.seq_len is below its max_seq_len
+    (positions its loss never trains). What needs the models (attention, mesh splits) is checked by
+    ``jaxray.parallel.checks.plan_experiment``."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -332,15 +360,13 @@ def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -
         raise ConfigError(
             f"invalid config {path}:\n  data.data_dir: {exp.data.data_dir!r} is not a directory"
         )
-    for i, sweep in enumerate(exp.sweeps):
-        for trial in sweep.trial_dicts(exp.base()):
-            parsed = parse_trial(trial, str(path), prefix=f"sweeps.{i}.")
-            m, seq_len = parsed.model, parsed.data.seq_len
-            # The loss never trains positions seq_len - 1.. of a longer position table; samplers read them.
-            if m.workload == "transformer" and seq_len < m.max_seq_len:
-                raise ConfigError(
-                    f"invalid config {path}:\n  sweeps.{i}: data.seq_len {seq_len} is below "
-                    f"model.max_seq_len {m.max_seq_len}: positions {seq_len - 1}..{m.max_seq_len - 2} would "
-                    f"never be trained, and generation reads them; make the two equal"
-                )
+    for i, _, trial in exp.plans(str(path)):
+        m, seq_len = trial.model, trial.data.seq_len
+        # The loss never trains positions seq_len - 1.. of a longer position table; samplers read them.
+        if m.workload == "transformer" and seq_len < m.max_seq_len:
+            raise ConfigError(
+                f"invalid config {path}:\n  sweeps.{i}: data.seq_len {seq_len} is below "
+                f"model.max_seq_len {m.max_seq_len}: positions {seq_len - 1}..{m.max_seq_len - 2} would "
+                f"never be trained, and generation reads them; make the two equal"
+            )
     return exp

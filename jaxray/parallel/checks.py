@@ -1,6 +1,6 @@
 """Pre-flight checks of a trial that need more than the config (which attention can run, whether
 the mesh splits every param evenly, the real device count): ``check_trial`` before a model is built,
-``check_experiment`` for every grid point before Ray starts."""
+``plan_experiment`` for every grid point before Ray starts."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 import jax
 
-from jaxray.config import ModelConfig, TrialConfig, check_devices, invalid, parse_trial
-from jaxray.config.experiment import ExperimentConfig
+from jaxray.config import ModelConfig, TrialConfig, check_devices, invalid
+from jaxray.config.experiment import ExperimentConfig, TrialPlan
 from jaxray.models import build
 from jaxray.models.attention import config_blockers
 from jaxray.parallel.mesh import unsplittable
@@ -67,12 +67,13 @@ def check_trial(trial: TrialConfig, shape: Mapping[str, int]) -> int:
     return per_device
 
 
-def check_experiment(exp: ExperimentConfig, source: str) -> None:
-    """``check_attention`` and ``check_mesh`` (on each mesh it may run on) of every grid point of
-    ``exp`` (fields named ``sweeps.I``); ConfigError."""
-    for i, sweep in enumerate(exp.sweeps):
-        for trial in sweep.trial_dicts(exp.base()):
-            parsed = parse_trial(trial, source)
-            check_attention(parsed, source, prefix=f"sweeps.{i}.")
-            for shape in parsed.mesh_shapes.values():  # an elastic trial's at every size
-                check_mesh(parsed, shape, source, prefix=f"sweeps.{i}.")
+def plan_experiment(exp: ExperimentConfig, source: str) -> list[TrialPlan]:
+    """Every grid point of ``exp`` parsed (``ExperimentConfig.plans``) and checked by
+    ``check_attention`` and ``check_mesh`` on each mesh it may run on: what Tune's trials and their
+    workers receive. Raises ConfigError starting with ``source``, fields named ``sweeps.I``."""
+    plans = exp.plans(source)
+    for i, _, trial in plans:
+        check_attention(trial, source, prefix=f"sweeps.{i}.")
+        for shape in trial.mesh_shapes.values():  # an elastic trial's at every size
+            check_mesh(trial, shape, source, prefix=f"sweeps.{i}.")
+    return plans

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import json
 import os
 import re
@@ -24,7 +23,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 from jaxray import checkpoint
 from jaxray.checkpoint import HISTORY_FILE, remote, remove_unfinished
-from jaxray.config import ConfigError, TrainConfig, parse_trial
+from jaxray.config import ConfigError, TrainConfig, TrialConfig
 from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
@@ -77,15 +76,16 @@ def trial_name(workload: str, config: dict[str, Any]) -> str:
 
 def run_trial(
     config: dict[str, Any],
-    sweep: dict,
-    base: dict,
+    workload: str,
+    trials: dict[str, TrialConfig],
     datasets: dict,
     out: str,
     xla_flags: str | None = None,
     invocation: str = "",
     storage_uri: str | None = None,
 ) -> None:
-    """Tune function trainable: one Ray Train run for the grid point ``config``, written under ``out``
+    """Tune function trainable: one Ray Train run for the grid point ``config`` of the ``workload``
+    sweep (its TrialConfig in ``trials``, planned before Ray started), written under ``out``
     (``train/``, ``tensorboard/``; the checkpoints at ``storage_uri`` when given); ``xla_flags``: the
     driver's XLA_FLAGS, kept by the workers.
     Tune restarts a trial whose driver died (``workers.max_driver_failures``). Each start records
@@ -95,10 +95,8 @@ def run_trial(
     its driver, which its restart causes record ("driver lost"); so do those of one begun by an
     earlier invocation ("interrupted", unless its end is recorded). ``storage_uri``: the run's folder on
     object storage, where the checkpoints go (``with_run_storage``)."""
-    sweep_cfg = SweepConfig.model_validate(sweep)
-    point = {axis: config[axis] for axis in sweep_cfg.axes()}
-    trial = parse_trial(sweep_cfg.trial_dict(base, **point))
-    name = trial_name(sweep_cfg.workload, config)
+    name = trial_name(workload, config)
+    trial = trials[name]
     storage = Path(out) / TRAIN_DIR
     started = storage / f"{name}{INVOCATION_SUFFIX}"
     record = read_record(started)
@@ -168,21 +166,25 @@ def early_stopping(sweep: SweepConfig) -> ASHAScheduler | None:
 
 def run_sweep(
     exp: ExperimentConfig,
-    sweep: SweepConfig,
+    index: int,
+    trials: dict[str, TrialConfig],
     arrays: tuple | None,
     out: Path,
     resume: bool = False,
 ) -> tuple[list[TrialRows], int]:
-    """Fit one sweep on its (train, held-out) arrays (None with ``data.parquet``); with ``resume``
-    restore ``out/tune/<workload>``, rerunning unfinished and failed trials. Returns
+    """Fit sweep ``index`` of ``exp`` (``trials``: ``{name: TrialConfig}`` of its grid points in grid
+    order, from ``exp.plans``) on its (train,
+    held-out) arrays (None with ``data.parquet``); with ``resume`` restore ``out/tune/<workload>``,
+    rerunning unfinished and failed trials. Returns
     ((summary row, history rows) per trial, trials left unfinished by an interruption)."""
+    sweep = exp.sweeps[index]
     datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])} if arrays else {}
     # The driver's XLA_FLAGS: the trial runs in a Tune actor, whose environment is the cluster's.
     xla_flags = os.environ.get("XLA_FLAGS", "")
     trainable = tune.with_parameters(
         run_trial,
-        sweep=sweep.model_dump(),
-        base=exp.base(),
+        workload=sweep.workload,
+        trials=trials,
         datasets=datasets,
         out=str(out),
         xla_flags=xla_flags,
@@ -193,7 +195,7 @@ def run_sweep(
     if resume and tune.Tuner.can_restore(path):
         print(f"resuming the {sweep.workload} sweep from {path}", file=terminal.err())
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
-        return _fit(sweep, tuner, out, exp.storage)
+        return _fit(sweep, tuner, out, exp.storage, list(trials))
     tuner = tune.Tuner(
         trainable,
         param_space=grid(sweep),
@@ -211,7 +213,7 @@ def run_sweep(
             failure_config=tune.FailureConfig(max_failures=exp.workers.max_driver_failures),
         ),
     )
-    return _fit(sweep, tuner, out, exp.storage)
+    return _fit(sweep, tuner, out, exp.storage, list(trials))
 
 
 def check_saved_state(out: Path, workload: str) -> None:
@@ -251,7 +253,7 @@ def with_run_storage(exp: ExperimentConfig, out: Path) -> ExperimentConfig:
 
 
 def _fit(
-    sweep: SweepConfig, tuner: tune.Tuner, out: Path, storage_uri: str | None
+    sweep: SweepConfig, tuner: tune.Tuner, out: Path, storage_uri: str | None, names: list[str]
 ) -> tuple[list[TrialRows], int]:
     title = f"{sweep.workload} sweep: {sweep.grid_size()} trial(s)"
     with progress.showing(title, sweep_steps(sweep)):
@@ -271,10 +273,8 @@ def _fit(
     unfinished = sum(t.status not in (Trial.TERMINATED, Trial.ERROR) for t in saved)
     rule = sweep.early_stopping
     rows = [trial_rows(sweep.workload, r, out, rule.metric if rule else None, storage_uri) for r in results]
-    # In the grid's order, however Tune returned them (a restored sweep lists them otherwise).
-    axes = sweep.axes()
-    points = itertools.product(*axes.values())
-    order = {trial_name(sweep.workload, dict(zip(axes, p))): i for i, p in enumerate(points)}
+    # In the grid's order (``names``), however Tune returned them (a restored sweep lists them otherwise).
+    order = {name: i for i, name in enumerate(names)}
     rows.sort(key=lambda r: order.get(r[0]["trial"], len(order)))
     return rows, unfinished
 

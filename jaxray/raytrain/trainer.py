@@ -124,7 +124,7 @@ def make_trainer(
     return JaxTrainer(
         train_loop_per_worker,
         train_loop_config={
-            "trial": trial.model_dump(),
+            "trial": trial,
             "tensorboard_dir": str(tensorboard_dir) if tensorboard_dir else None,
             "attempts_file": str(attempts),
             "failures_file": str(failures),

@@ -8,7 +8,7 @@ from typing import Any
 
 import ray.train
 
-from jaxray.config import parse_trial
+from jaxray.config import TrialConfig
 from jaxray.models import resolve_attention
 from jaxray.parallel.mesh import trial_mesh
 from jaxray.raytrain.cluster import check_local_devices, cpu_program, describe_worker
@@ -33,7 +33,7 @@ def _attention(trial):
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train entry point. ``config``: ``{"trial": TrialConfig dict, "tensorboard_dir": str | None,
+    """Ray Train entry point. ``config``: ``{"trial": TrialConfig, "tensorboard_dir": str | None,
     "attempts_file": str | None, "failures_file": str | None, "compile_file": str | None,
     "train_rows": int | None, "trial_uri": str | None}`` (``trial_uri``: the trial's checkpoints on
     object storage, staged on this node).
@@ -42,7 +42,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     ``train.checkpoint_interval`` steps and the summary with the final checkpoint; after a restart
     resumes from the newest usable checkpoint. Rank 0 writes TensorBoard events and the compile report.
     """
-    trial = parse_trial(config["trial"])
+    trial: TrialConfig = config["trial"]  # parsed and checked once, before Ray started
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     with cpu_program(trial.workers, rank, world):

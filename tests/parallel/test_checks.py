@@ -10,7 +10,7 @@ import pytest
 
 from jaxray.config import ConfigError, parse_trial
 from jaxray.config.experiment import load_experiment
-from jaxray.parallel.checks import check_attention, check_experiment, check_trial
+from jaxray.parallel.checks import check_attention, check_trial, plan_experiment
 from jaxray.parallel.mesh import make_mesh
 from jaxray.train.run import train
 
@@ -62,12 +62,12 @@ def test_check_trial_checks_the_mesh_and_the_attention():
         check_trial(cudnn_trial(), {"data": 1})
 
 
-def test_check_experiment_names_the_file_and_the_sweep(tmp_path):
+def test_plan_experiment_names_the_file_and_the_sweep(tmp_path):
     path = tmp_path / "cudnn.yaml"
     path.write_text(CUDNN_SWEEP)
     exp = load_experiment(path)
     with pytest.raises(ConfigError) as err:
-        check_experiment(exp, str(path))
+        plan_experiment(exp, str(path))
     assert str(err.value).startswith(
         f"invalid config {path}:\n  sweeps.0: model.attention 'cudnn' cannot run: it needs GPU workers"
     )
@@ -90,7 +90,7 @@ sweeps:
 """
     )
     with pytest.raises(ConfigError) as err:
-        check_experiment(load_experiment(path), str(path))
+        plan_experiment(load_experiment(path), str(path))
     assert "sweeps.0: the mesh data=1,fsdp=3,tensor=1 cannot split the params" in str(err.value)
 
 

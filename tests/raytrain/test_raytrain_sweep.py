@@ -161,68 +161,42 @@ def test_the_drivers_xla_flags_travel_to_the_trials(monkeypatch, tmp_path):
     monkeypatch.setattr(sweep_module.tune, "with_parameters", with_parameters)
     exp = experiment({})
     with pytest.raises(Stop) as stopped:
-        sweep_module.run_sweep(exp, exp.sweeps[0], None, tmp_path)
+        sweep_module.run_sweep(exp, 0, {}, None, tmp_path)
     assert stopped.value.args[0]["xla_flags"] == "--xla_dump_to=/tmp/d"
 
 
-def test_a_diverged_trial_is_a_failed_row_with_its_step_and_value(tmp_path):
-    """The workers' final report of a diverged trial (jaxray.raytrain.worker): no checkpoint, the
-    step and value recorded, an error that says so."""
-    nan = float("nan")
-    final = {"loss": nan, "accuracy": nan, "val_loss": nan, "val_accuracy": nan, "step": 300, "final": True}
-    diverged = {"diverged_step": 300, "diverged_metric": "grad_norm", "diverged_value": "inf"}
-    row, rows = trial_rows("mlp", tune_result(tmp_path, {**final, **diverged, **TUNE_FIELDS}), tmp_path)
-    assert row == {
-        "trial": "mlp_b128_float32_w64_lr0.003",
-        "workload": "mlp",
-        **GRID_POINT,
-        **diverged,
-        "error": "diverged at step 300: grad_norm inf (not finite)",
-    }
-    assert rows == []
+def test_the_grid_is_parsed_twice_and_the_trials_travel_parsed(monkeypatch, tmp_path):
+    """Loading checks every grid point; the plan parses each once more, and the pre-flight checks,
+    the data set-up and the Tune trainable share it: the trainable receives those TrialConfig
+    objects by name (Tune's actor and the workers parse nothing)."""
+    from jaxray import tune as tune_cli
+    from jaxray.config import experiment as experiment_module
+    from jaxray.parallel.checks import plan_experiment
 
-
-def test_a_trial_asha_stopped_is_not_failed_and_has_no_ranking_metric(tmp_path):
-    """Stopped by the sweep's scheduler: its last report (a log row and the held-out loss), no final
-    report, no error. Without early stopping the same result is a failed trial."""
-    last = {**LOG_ROW, "step": 500, "val_loss": 2.0586, **TUNE_FIELDS}
-    row, rows = trial_rows("mlp", tune_result(tmp_path, last), tmp_path, early_stopping="val_loss")
-    assert row == {
-        "trial": "mlp_b128_float32_w64_lr0.003",
-        "workload": "mlp",
-        **GRID_POINT,
-        "stopped_at_step": 500,
-        "stopped_metric": "val_loss",
-        "stopped_value": 2.0586,
-        "final_train_loss": LOG_ROW["loss"],
-        "checkpoint": None,  # none committed in its folder
-    }
-    assert rows == []
-    assert trial_rows("mlp", tune_result(tmp_path, last), tmp_path)[0]["error"] == (
-        "trial ended without its final report"
+    parsed = []
+    real = experiment_module.parse_trial
+    monkeypatch.setattr(
+        experiment_module, "parse_trial", lambda *a, **k: parsed.append(real(*a, **k)) or parsed[-1]
     )
+    path = tmp_path / "x.yaml"
+    path.write_text(
+        "experiment: x\nsweeps:\n- workload: mlp\n  search_space: {global_batch: [32, 64], width: [16, 32]}\n"
+    )
+    exp = experiment_module.load_experiment(path)
+    plans = plan_experiment(exp, str(path))
+    assert tune_cli.first_trials(plans)["mlp"] is plans[0].trial
+    assert len(parsed) == 8  # 4 grid points, twice
 
+    class Stop(Exception):
+        pass
 
-def test_a_trial_asha_stopped_keeps_its_figures_and_newest_checkpoint(tmp_path):
-    """Its compile report (compile.json in its folder), its last step time and loss, and the newest
-    checkpoint whose save was committed (a later uncommitted one is not taken), with its history;
-    still no ranking metric, so it is never the best trial."""
-    name = "mlp_b128_float32_w64_lr0.003"
-    folder = tmp_path / "train" / name
-    folder.mkdir(parents=True)
-    report = {"compile_s": 1.5, "memory": {"peak_bytes": 4096}, "compile_from_cache": False}
-    (folder / "compile.json").write_text(json.dumps(report))
-    for step, committed in ((250, True), (500, True), (750, False)):
-        ck = folder / f"checkpoint_step_{step:08d}_attempt1"
-        ck.mkdir()  # a save begun: an empty folder, until its files and train_state.json are written
-        if committed:
-            (ck / "history.json").write_text(json.dumps([{"step": step, "loss": 0.5}]))
-            (ck / "train_state.json").write_text("{}")
-    last = {**LOG_ROW, "step": 250, "ms_per_step": 4.0, "val_loss": 2.06, **TUNE_FIELDS}
-    row, rows = trial_rows("mlp", tune_result(tmp_path, last), tmp_path, early_stopping="val_loss")
-    assert row["stopped_at_step"] == 250 and "error" not in row and "val_loss" not in row
-    assert (row["compile_s"], row["peak_bytes_per_device"], row["final_train_loss"]) == (1.5, 4096, 0.61)
-    assert (row["ms_per_step"], row["examples_per_sec"]) == (4.0, 128 / 4.0e-3)
-    assert row["checkpoint"] == str(folder / "checkpoint_step_00000500_attempt1")
-    assert row["checkpoints_kept"] == 2
-    assert rows == [{"step": 500, "loss": 0.5}]
+    def with_parameters(trainable, **kwargs):
+        raise Stop(kwargs)
+
+    monkeypatch.setattr(sweep_module.tune, "with_parameters", with_parameters)
+    with pytest.raises(Stop) as stopped:
+        sweep_module.run_sweep(exp, 0, {plan.name: plan.trial for plan in plans}, None, tmp_path)
+    trials = stopped.value.args[0]["trials"]
+    assert len(parsed) == 8 and all(a is b.trial for a, b in zip(trials.values(), plans, strict=True))
+    # run_trial finds its trial by the name of Tune's config, the grid point
+    assert list(trials) == [trial_name("mlp", plan.point) for plan in plans]
