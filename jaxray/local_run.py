@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-from jaxray import checkpoint
+from jaxray import checkpoint, storage
 from jaxray.checkpoint import checkpoint_name, remote
 from jaxray.config import TrialConfig
 from jaxray.data.batching import num_rows, train_batches
@@ -32,7 +32,7 @@ class LocalRunError(RuntimeError):
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with remote.written_whole(path) as tmp:
+    with storage.written_whole(path) as tmp:
         tmp.write_text(json.dumps(json_safe(doc), indent=2))
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from jaxray import checkpoint
+from jaxray import checkpoint, storage
 from jaxray.checkpoint import remote
 from jaxray.config import ConfigError
 from jaxray.config.experiment import DEFAULT_METRIC, ExperimentConfig, SweepConfig
@@ -136,7 +136,7 @@ def checkpoint_of(run_dir: str | Path, row: dict[str, Any]) -> Path | str:
     """The checkpoint the summary ``row`` of ``run_dir`` names: a path relative to the folder (so a
     copied or moved folder reads its own), or a URI (``storage``). Raises RunFolderError otherwise."""
     recorded = row.get("checkpoint")
-    if isinstance(recorded, str) and remote.is_uri(recorded):
+    if isinstance(recorded, str) and storage.is_uri(recorded):
         return recorded
     path = Path(recorded) if isinstance(recorded, str) else None
     if path is None or path.is_absolute() or ".." in path.parts:
@@ -150,7 +150,7 @@ def checkpoint_of(run_dir: str | Path, row: dict[str, Any]) -> Path | str:
 def record_path(run_dir: str | Path, path: str | Path) -> str:
     """``path`` as ``summary.json`` records it: relative to ``run_dir`` (POSIX separators); one
     outside it, or a URI, stays as it is (and ``checkpoint_of`` refuses the first)."""
-    if remote.is_uri(path):
+    if storage.is_uri(path):
         return str(path)
     path, run_dir = Path(path).absolute(), Path(run_dir).absolute()
     return path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else str(path)
@@ -340,7 +340,7 @@ def open_checkpoint(
     CheckpointError naming the path and why."""
     if isinstance(path, checkpoint.Verified):
         return path
-    if remote.is_uri(path):
+    if storage.is_uri(path):
         return remote.open_uri(str(path))
     path = Path(path)
     if (path / checkpoint.MODEL_CONFIG).is_file():

@@ -25,7 +25,6 @@ from typing import Any
 import ray
 import yaml
 
-from jaxray.checkpoint.remote import written_whole
 from jaxray.config import ConfigError, TrialConfig
 from jaxray.config.experiment import ExperimentConfig, TrialPlan, load_experiment
 from jaxray.data.batching import num_rows
@@ -57,6 +56,7 @@ from jaxray.runs import (
     signed,
     sweep_ranking,
 )
+from jaxray.storage import written_whole
 
 RESUME = "python -m jaxray.tune --resume"
 INTERRUPTED = 130  # exit code of an interrupted run (as a shell reports Ctrl+C)

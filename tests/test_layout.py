@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jaxray"
 # Bottom to top: a module may import from its own room or a room before it, never after it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("jaxray.argtypes",),
+    ("jaxray.storage",),
     ("jaxray.config",),
     ("jaxray.data",),
     ("jaxray.models",),

@@ -25,6 +25,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
+from jaxray import storage
 from jaxray.checkpoint.trees import (
     OPTIMISER_ENTRY,
     CheckpointError,
@@ -55,11 +56,6 @@ MAX_CAUSE_CHARS = 160
 DIGESTS_PREFIX = ".digests.process_"  # a process's digests of its own files, for the primary
 
 
-def sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _own_digests(directory: Path) -> dict[str, str]:
     """{path relative to ``directory``: SHA-256} of the files this process wrote: its shards (Orbax's
     ``ocdbt.process_<i>/`` folders); the primary's also every file outside another's shard folder."""
@@ -72,7 +68,7 @@ def _own_digests(directory: Path) -> dict[str, str]:
             (int(m[1]) for part in rel.parts if (m := re.fullmatch(r"ocdbt\.process_(\d+)", part))), 0
         )
         if owner == me:
-            found[rel.as_posix()] = sha256(f)
+            found[rel.as_posix()] = storage.file_sha256(f)
     return found
 
 
@@ -213,7 +209,7 @@ def verify(directory: str | Path, full_state: bool = False, digests: bool = True
         raise CheckpointError(f"{directory} holds params only, not a train state to resume from")
     for rel, expected in files.items() if digests else ():
         try:
-            found = sha256(directory / rel)
+            found = storage.file_sha256(directory / rel)
         except OSError as err:
             raise CheckpointError(f"{directory} is damaged: {rel} cannot be read: {err}") from err
         if found != expected:

@@ -3,8 +3,7 @@ filesystem): ``fetch`` copies it into a local cache, checking every file against
 ``train_state.json`` records, and the commands (and a resumed training run) read that copy. A cache
 entry is named by the URI and that ``train_state.json``, so a checkpoint replaced at the same URI is
 fetched anew, never mistaken for the old one; the older copy is then removed (one copy per URI).
-Also the storage helpers of training with ``storage:``. Credentials and endpoints come from the
-environment, as pyarrow reads them."""
+Also the listing of a trial's checkpoints at a URI (training with ``storage:``)."""
 
 from __future__ import annotations
 
@@ -13,9 +12,7 @@ import json
 import os
 import shutil
 import tempfile
-import urllib.parse
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 import filelock
@@ -30,53 +27,11 @@ from jaxray.checkpoint import (
     checkpoint_order,
     verify,
 )
-from jaxray.data.manifest import probe, resolve
-
-# The cache's folder (default ~/.cache/jaxray): checkpoints/ (fetched), staging/ (training's uploads).
-CACHE_ENV = "JAXRAY_CACHE_DIR"
-CHUNK_BYTES = 1 << 22
+from jaxray.storage import CACHE_ENV, CHUNK_BYTES, cache_dir, display, join, probe, resolve, written_whole
 
 
 class StorageError(CheckpointError):
     """The storage or the local cache could not be reached or written (not a damaged checkpoint)."""
-
-
-def is_uri(path: str | Path) -> bool:
-    """Whether ``path`` is a URI (``scheme://...``) rather than a local path."""
-    return isinstance(path, str) and "://" in path
-
-
-def cache_dir(kind: str = "checkpoints") -> Path:
-    """Where fetched checkpoints are kept: ``$JAXRAY_CACHE_DIR/checkpoints``, else ~/.cache/jaxray's;
-    with ``kind="staging"``, where a worker writes a checkpoint before Ray uploads it."""
-    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "jaxray"
-    return Path(root).expanduser().absolute() / kind
-
-
-def is_object_storage(uri: str) -> bool:
-    """Whether ``uri`` is on object storage (``s3://``, ``gs://``...), not a local or mounted folder
-    (``file://``), which every worker can write in place."""
-    return not isinstance(resolve(uri)[0], pafs.LocalFileSystem)
-
-
-def join(uri: str, *names: str) -> str:
-    """``uri`` with ``names`` appended as path segments (a URI without a query)."""
-    return "/".join([uri.rstrip("/"), *names])
-
-
-def check_writable(uri: str) -> None:
-    """Create the folder ``uri`` and write and delete a small file in it. Raises CheckpointError
-    naming the URI and the cause (no bucket, refused credentials, unknown scheme)."""
-    try:
-        probe(uri)  # unreachable or refused: within seconds
-        fs, root = resolve(uri)
-        fs.create_dir(root, recursive=True)
-        written = f"{root}/.jaxray-write-check-{os.getpid()}"
-        with fs.open_output_stream(written) as f:
-            f.write(b"ok")
-        fs.delete_file(written)
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{display(uri)} cannot be written: {err}") from err
 
 
 def complete_checkpoints(uri: str) -> list[str]:
@@ -117,29 +72,6 @@ def disk_use(uri: str) -> tuple[int, float]:
         if f.type == pafs.FileType.File and len(parts) > 1 and parts[0].startswith(CHECKPOINT_PREFIX):
             inside.append((parts[0], f.size))
     return len({name for name, _ in inside}), round(sum(size for _, size in inside) / 2**20, 2)
-
-
-def read_text(path_or_uri: str | Path) -> str | None:
-    """The text of the file at a local path or a URI; None when it does not exist. Raises OSError."""
-    fs, path = resolve(str(path_or_uri))
-    try:
-        with fs.open_input_stream(path) as f:
-            return f.read().decode()
-    except FileNotFoundError:
-        return None
-
-
-def write_text(path_or_uri: str | Path, text: str) -> None:
-    """``text`` as the file at a local path or ``file://`` URI (written whole: a temporary file renamed
-    over it) or an object storage URI (one object written). Raises OSError."""
-    fs, path = resolve(str(path_or_uri))
-    if isinstance(fs, pafs.LocalFileSystem):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with written_whole(path) as tmp:
-            tmp.write_text(text)
-        return
-    with fs.open_output_stream(path) as f:
-        f.write(text.encode())
 
 
 def open_uri(uri: str, manifest_sha256: str | None = None) -> Verified:
@@ -224,27 +156,6 @@ def _drop_older(entry: Path, shown: str) -> None:
                 sidecar.unlink(missing_ok=True)
         except (filelock.Timeout, OSError):  # being fetched, or just dropped by another process
             continue
-
-
-def display(uri: str) -> str:
-    """``uri`` without credentials (``user:secret@``) or query: what is shown and recorded."""
-    parts = urllib.parse.urlsplit(uri)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
-
-
-@contextmanager
-def written_whole(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` for the block to write; renamed over ``path`` when the block
-    ends, removed when it fails: ``path`` is never left part-written (a full disk leaves the earlier
-    file, or none). The temporary name carries the process id (writers in two processes never share
-    it) and ends as ``path`` does (what matplotlib reads the format from)."""
-    path = Path(path)
-    tmp = path.with_name(f".partial-{os.getpid()}-{path.name}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def manifest_sha256(path: str | Path) -> str:

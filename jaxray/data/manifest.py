@@ -7,21 +7,17 @@ A folder (local or a pyarrow URI) holds ``manifest.json``, ``train/part-NNNNN.pa
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.fs as pafs
 
+from jaxray.storage import file_sha256, probe, resolve
+
 MANIFEST = "manifest.json"
 FORMAT = "jaxray-parquet"
 FORMAT_VERSION = 1
-# pyarrow retries a gs:// URI without credentials or endpoint for many minutes, silently: at most this
-# long per operation (``resolve``), and ``PROBE_RETRY_S`` for the first look at a URI (``probe``), so
-# one that cannot be reached is refused within seconds; a URI's own ``?retry_limit_seconds=`` wins.
-GCS_RETRY_S, PROBE_RETRY_S = 30, 2
 # dataset -> its splits (train, then the held-out one)
 SPLITS = {"tinyshakespeare": ("train", "validation"), "fashion-mnist": ("train", "test")}
 
@@ -60,40 +56,6 @@ class Manifest:
         return self.splits[name]
 
 
-def resolve(
-    path_or_uri: str, filesystem: pafs.FileSystem | None = None, retry_s: int = GCS_RETRY_S
-) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path inside it) for a local path or a URI pyarrow understands (``gs://``, ``s3://``,
-    ``file://``; a ``gs://`` one retried at most ``retry_s`` seconds per operation); ``filesystem``
-    given: ``path_or_uri`` is a path inside it."""
-    if filesystem is not None:
-        return filesystem, path_or_uri.rstrip("/")
-    if "://" in path_or_uri:
-        if path_or_uri.startswith(("gs://", "gcs://")) and "retry_limit_seconds=" not in path_or_uri:
-            path_or_uri += f"{'&' if '?' in path_or_uri else '?'}retry_limit_seconds={retry_s}"
-        fs, path = pafs.FileSystem.from_uri(path_or_uri)
-        return fs, path.rstrip("/")
-    return pafs.LocalFileSystem(), os.path.abspath(path_or_uri)
-
-
-def probe(uri: str) -> None:
-    """One look at ``uri`` (a URI; a local path passes) with short retries: raises OSError or
-    ValueError within seconds when its service cannot be reached or refuses the credentials, rather
-    than after the retries of every later operation."""
-    if "://" in uri and not uri.startswith("file://"):
-        fs, path = resolve(uri, retry_s=PROBE_RETRY_S)
-        fs.get_file_info(path)
-
-
-def file_sha256(fs: pafs.FileSystem, path: str) -> str:
-    """SHA-256 (hex) of a file's bytes."""
-    digest = hashlib.sha256()
-    with fs.open_input_stream(path) as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def read_manifest(
     path_or_uri: str, filesystem: pafs.FileSystem | None = None, verify_checksums: bool = False
 ) -> Manifest:
@@ -124,7 +86,7 @@ def read_manifest(
                 raise ManifestError(
                     f"{path} is listed in {where} (split {name}, {rows} rows) but does not exist"
                 )
-            if verify_checksums and file_sha256(fs, path) != sha:
+            if verify_checksums and file_sha256(path, fs) != sha:
                 raise ManifestError(
                     f"{path} does not match the SHA-256 recorded in {where}: the file changed "
                     f"after prepare; prepare the folder again"

@@ -24,7 +24,8 @@ import ray.data
 
 from jaxray.data.batching import epoch_order, train_batches
 from jaxray.data.columns import column_values
-from jaxray.data.manifest import Manifest, read_manifest, resolve
+from jaxray.data.manifest import Manifest, read_manifest
+from jaxray.storage import resolve
 
 _PLANNING_LOCK = threading.Lock()
 CACHE_BYTES = 1 << 30  # splits up to 1 GiB decoded are read once (module docstring)

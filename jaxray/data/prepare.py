@@ -16,15 +16,15 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from jaxray.data.batching import Arrays, num_rows
 from jaxray.data.columns import column_specs, stored
 from jaxray.data.fashion_mnist import load_fashion_mnist
-from jaxray.data.manifest import FORMAT, FORMAT_VERSION, MANIFEST, SPLITS, file_sha256
+from jaxray.data.manifest import FORMAT, FORMAT_VERSION, MANIFEST, SPLITS
 from jaxray.data.shakespeare import load_shakespeare
 from jaxray.data.sources import REGISTRY
+from jaxray.storage import file_sha256
 
 DATASETS = tuple(SPLITS)
 DEFAULT_SEQ_LEN = 256
@@ -95,7 +95,7 @@ def write_split(
                 "path": path.relative_to(root).as_posix(),
                 "rows": stop - start,
                 "bytes": path.stat().st_size,
-                "sha256": file_sha256(pafs.LocalFileSystem(), str(path)),
+                "sha256": file_sha256(path),
             }
         )
     return {"rows": n, "files": files}

@@ -9,8 +9,9 @@ import pyarrow.fs as pafs
 from jaxray.config import TrialConfig
 from jaxray.data.batching import Arrays
 from jaxray.data.fashion_mnist import load_fashion_mnist
-from jaxray.data.manifest import MANIFEST, SPLITS, Manifest, ManifestError, read_manifest, resolve
+from jaxray.data.manifest import MANIFEST, SPLITS, Manifest, ManifestError, read_manifest
 from jaxray.data.shakespeare import load_shakespeare
+from jaxray.storage import resolve
 
 
 def load_arrays(trial: TrialConfig) -> tuple[Arrays, Arrays]:

@@ -23,11 +23,12 @@ import numpy as np
 from jaxray import checkpoint
 from jaxray.checkpoint import remote
 from jaxray.config import ModelConfig
-from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, FORMAT, FORMAT_VERSION, sha256
+from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, FORMAT, FORMAT_VERSION
 from jaxray.inference.engine import Engine, check_keep
 from jaxray.inference.load import check_checkpoint
 from jaxray.inference.settings import EngineSettings
 from jaxray.models import build
+from jaxray.storage import file_sha256
 
 WEIGHTS = "weights.npz"
 PORTABLE_PLATFORMS = ("cpu", "cuda")
@@ -160,7 +161,7 @@ def write_artifact(out: Path, manifest: dict, weights: dict[str, np.ndarray], pr
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         np.savez(tmp / WEIGHTS, **weights)
-        manifest["weights"]["sha256"] = sha256(tmp / WEIGHTS)
+        manifest["weights"]["sha256"] = file_sha256(tmp / WEIGHTS)
         for stem, (entry, exported) in programs.items():
             file = f"{stem}.exported"
             (tmp / file).write_bytes(exported.serialize())
@@ -168,7 +169,7 @@ def write_artifact(out: Path, manifest: dict, weights: dict[str, np.ndarray], pr
             manifest["functions"][stem] = {
                 **entry,
                 "file": file,
-                "sha256": sha256(tmp / file),
+                "sha256": file_sha256(tmp / file),
                 "inputs": [_aval(a) for a in exported.in_avals[n_weights:]],
                 "outputs": [_aval(a) for a in exported.out_avals],
             }

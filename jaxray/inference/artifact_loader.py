@@ -80,15 +80,6 @@ class Artifact:
         return self.program(("decode", None, np.shape(state[0])[0]))(state, max_steps)
 
 
-def sha256(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_artifact_manifest(directory: str | Path) -> dict:
     """manifest.json of an artifact. Raises ArtifactError if missing, damaged or of another format."""
     path = Path(directory) / ARTIFACT_MANIFEST

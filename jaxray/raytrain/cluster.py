@@ -19,7 +19,7 @@ import ray
 import ray.data
 from ray.train.collective import broadcast_from_rank_zero
 
-from jaxray.checkpoint import CheckpointError, remote
+from jaxray import storage
 from jaxray.config import ConfigError, WorkersConfig
 from jaxray.config.experiment import ExperimentConfig
 from jaxray.models.attention import AttentionChoice
@@ -103,8 +103,8 @@ def check_storage(exp: ExperimentConfig) -> None:
     if exp.storage is None:
         return
     try:
-        remote.check_writable(exp.storage)
-    except CheckpointError as err:
+        storage.check_writable(exp.storage)
+    except OSError as err:
         raise ConfigError(
             f"storage: {err} (endpoint and credentials come from the environment, as pyarrow reads them)"
         ) from None

@@ -11,7 +11,7 @@ from pathlib import Path
 import ray
 from ray.train import UserCallback
 
-from jaxray.checkpoint import remote
+from jaxray import storage
 
 # "preempted": the workers saved on a preemption notice (a report with PREEMPTION_KEY), then their
 # node went; "node lost": a node that was up at the group's last report has died since; "worker
@@ -70,13 +70,13 @@ def _add(path: str | Path, attempt: int, entry: dict) -> None:
     if str(attempt) in entries:
         return
     with contextlib.suppress(OSError):  # a lost record must not stop the restart
-        remote.write_text(path, json.dumps({**entries, str(attempt): entry}))
+        storage.write_text(path, json.dumps({**entries, str(attempt): entry}))
 
 
 def read_record(path: str | Path | None) -> dict:
     """The JSON object at ``path``; {} when there is none, or it cannot be read (a lost record)."""
     try:
-        return dict(json.loads(remote.read_text(path) or "{}")) if path else {}
+        return dict(json.loads(storage.read_text(path) or "{}")) if path else {}
     except (OSError, ValueError, TypeError):
         return {}
 

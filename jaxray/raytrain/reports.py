@@ -19,8 +19,8 @@ import ray.train
 from pyarrow.fs import LocalFileSystem
 from ray.train import Checkpoint, CheckpointUploadMode
 
-from jaxray import checkpoint
-from jaxray.checkpoint import CheckpointSaveError, checkpoint_name, remote
+from jaxray import checkpoint, storage
+from jaxray.checkpoint import CheckpointSaveError, checkpoint_name
 from jaxray.config import TrialConfig
 from jaxray.raytrain.failures import ATTEMPT_KEY, PREEMPTION_KEY
 from jaxray.raytrain.faults import kill_in_save
@@ -185,7 +185,7 @@ def storage_folder(name: str) -> Path:
     if not staged():
         return Path(path)
     trial = hashlib.sha256(str(PurePosixPath(path).parent).encode()).hexdigest()[:16]
-    return remote.cache_dir("staging") / trial / name
+    return storage.cache_dir("staging") / trial / name
 
 
 def trial_folder() -> Path:
@@ -252,7 +252,7 @@ def compile_writer(path: str | None) -> Callable[[dict], None] | None:
         file = Path(path)
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
-            with remote.written_whole(file) as tmp:
+            with storage.written_whole(file) as tmp:
                 tmp.write_text(json.dumps(json_safe(report), indent=2))
         except OSError as err:
             print(f"jaxray: warning: the compile report was not written to {file}: {err}", flush=True)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import ray.train
 from ray.train.collective import broadcast_from_rank_zero
 
-from jaxray import checkpoint
+from jaxray import checkpoint, storage
 from jaxray.checkpoint import remote
 from jaxray.raytrain.faults import damage, damages_latest
 
@@ -35,9 +35,9 @@ def count_attempt(path: str | None, workers: int = 1) -> tuple[int, list[int]]:
     if not path:
         return 1, [workers]
     try:  # a local file, or on the run's object storage (its checkpoints' names must never repeat)
-        doc = json.loads(remote.read_text(path) or '{"attempts": 0}')
+        doc = json.loads(storage.read_text(path) or '{"attempts": 0}')
         attempt, sizes = doc["attempts"] + 1, [*doc.get("workers", []), workers]
-        remote.write_text(path, json.dumps({"attempts": attempt, "workers": sizes}))
+        storage.write_text(path, json.dumps({"attempts": attempt, "workers": sizes}))
     except OSError as err:
         raise OSError(
             f"cannot count this worker group's attempt in {path} ({err}), so its checkpoints could "
@@ -53,7 +53,7 @@ def choose(candidates: list) -> tuple[checkpoint.Verified | None, list[str]]:
 
     def usable(c: Path | str) -> checkpoint.Verified:
         try:  # a fetch checks the digests
-            found = remote.open_uri(c) if remote.is_uri(c) else c
+            found = remote.open_uri(c) if storage.is_uri(c) else c
         except remote.StorageError as err:  # unreachable is not damaged: the attempt fails, Ray retries
             raise OSError(str(err)) from err
         return checkpoint.open(found, full_state=True)
@@ -73,7 +73,7 @@ def candidates(trial: Path | str, reported: Path | str | None) -> list:
     storage folder (Paths) or its URI on object storage (URIs). After an ungraceful node loss Ray's
     record can lack the newest (FACTS: a report the controller had not collected yet); the storage
     still has it."""
-    kind = str if remote.is_uri(str(trial)) else Path
+    kind = str if storage.is_uri(str(trial)) else Path
     found = {kind(c) for c in remote.complete_checkpoints(str(trial))}
     found |= {reported} if reported is not None else set()
     return sorted(found, key=checkpoint.checkpoint_order, reverse=True)
@@ -106,7 +106,7 @@ def resume_point(
         latest = ray.train.get_checkpoint()
         reported = None if latest is None else Path(latest.path)
         if trial_uri is not None and reported is not None:  # Ray's path in the bucket, as a URI
-            reported = remote.join(trial_uri, reported.name)
+            reported = storage.join(trial_uri, reported.name)
         found = candidates(trial_uri or trial_dir, reported)
         if found and found[0] != reported:
             print(

@@ -21,7 +21,7 @@ from ray.tune.experiment import Trial
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
-from jaxray import checkpoint
+from jaxray import checkpoint, storage
 from jaxray.checkpoint import HISTORY_FILE, remote, remove_unfinished
 from jaxray.config import ConfigError, TrainConfig, TrialConfig
 from jaxray.config import trial_name as name_of
@@ -129,7 +129,7 @@ def _write_record(path: Path, record: dict) -> None:
     again, and it fails there again)."""
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        with remote.written_whole(path) as tmp:
+        with storage.written_whole(path) as tmp:
             tmp.write_text(json.dumps(record))
 
 
@@ -249,7 +249,7 @@ def with_run_storage(exp: ExperimentConfig, out: Path) -> ExperimentConfig:
     if exp.storage is None:
         return exp
     folder = f"{out.name}-{uuid.uuid4().hex[:8]}"
-    return exp.model_copy(update={"storage": remote.join(exp.storage, exp.experiment, folder)})
+    return exp.model_copy(update={"storage": storage.join(exp.storage, exp.experiment, folder)})
 
 
 def _fit(
@@ -319,7 +319,7 @@ def trial_rows(
     if not metrics.get("final") and early_stopping and metrics.get("step") is not None:
         value = metrics.get(early_stopping)
         row.update(stopped_at_step=metrics["step"], stopped_metric=early_stopping, stopped_value=value)
-        folder = remote.join(storage_uri, name) if storage_uri else str(out / TRAIN_DIR / name)
+        folder = storage.join(storage_uri, name) if storage_uri else str(out / TRAIN_DIR / name)
         row.update(stopped_figures(metrics, folder, int(config.get("global_batch", 0))))
         try:
             newest = next(iter(remote.complete_checkpoints(folder)), None)
@@ -336,7 +336,7 @@ def trial_rows(
         return row, []
     recorded = metrics.get(CHECKPOINT_PATH_KEY)
     if recorded and storage_uri:  # <trial>/<checkpoint> in the run's folder on object storage
-        recorded = remote.join(storage_uri, Path(recorded).parent.name, Path(recorded).name)
+        recorded = storage.join(storage_uri, Path(recorded).parent.name, Path(recorded).name)
     elif recorded:  # train/<trial>/<checkpoint> of this folder, also where Tune recorded another (moved)
         recorded = str(out / TRAIN_DIR / Path(recorded).parent.name / Path(recorded).name)
     row.update(reported(metrics), trial=name)
@@ -349,7 +349,7 @@ def stopped_figures(metrics: dict[str, Any], folder: str, global_batch: int) -> 
     of the last log row: since the row before, hooks included) with the throughput it makes."""
     found: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # missing or damaged: none
-        report = json.loads(remote.read_text(remote.join(folder, COMPILE_FILE)))
+        report = json.loads(storage.read_text(storage.join(folder, COMPILE_FILE)))
         found = {k: report.get(k) for k in ("compile_s", "attention", "attention_note", "compile_from_cache")}
         found["peak_bytes_per_device"] = (report.get("memory") or {}).get("peak_bytes")
     found = {k: v for k, v in found.items() if v is not None}
@@ -371,7 +371,7 @@ def with_checkpoint(row: dict[str, Any], recorded: str | None) -> TrialRows:
         return row, []
     try:
         row["checkpoints_kept"], row["checkpoints_mib"] = remote.disk_use(recorded.rpartition("/")[0])
-        history = remote.read_text(remote.join(recorded, HISTORY_FILE))
+        history = storage.read_text(storage.join(recorded, HISTORY_FILE))
     except OSError as err:  # the summary is written without them
         print(f"warning: {row['trial']}: its checkpoints cannot be read: {err}", file=terminal.err())
         history = None

@@ -10,16 +10,16 @@ from typing import Any
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 
+from jaxray import storage
 from jaxray.argtypes import cpu_xla_flags
-from jaxray.checkpoint import remote
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig
-from jaxray.data.manifest import resolve
 from jaxray.raytrain.cluster import QUIET_ENV
 from jaxray.raytrain.failures import FailureLog
 from jaxray.raytrain.faults import FAULT_ENV
 from jaxray.raytrain.reports import SCORE_KEY
 from jaxray.raytrain.worker import train_loop_per_worker
 from jaxray.runs import COMPILE_FILE
+from jaxray.storage import resolve
 
 
 def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str, str]:
@@ -89,13 +89,13 @@ def run_files(storage_path: str | Path, name: str, storage_uri: str | None = Non
     given (every node reads them there), else in ``storage_path``."""
     files = (f"{name}.attempts.json", f"{name}.failures.json")
     if storage_uri:
-        return remote.join(storage_uri, files[0]), remote.join(storage_uri, files[1])
+        return storage.join(storage_uri, files[0]), storage.join(storage_uri, files[1])
     return str(Path(storage_path) / files[0]), str(Path(storage_path) / files[1])
 
 
-def storage(path_or_uri: str | Path) -> dict[str, Any]:
+def run_storage(path_or_uri: str | Path) -> dict[str, Any]:
     """``RunConfig``'s ``storage_path`` and ``storage_filesystem`` for a local path or a URI."""
-    if not remote.is_uri(path_or_uri):
+    if not storage.is_uri(path_or_uri):
         return {"storage_path": str(path_or_uri)}
     fs, path = resolve(str(path_or_uri))
     return {"storage_path": path, "storage_filesystem": fs}
@@ -120,7 +120,7 @@ def make_trainer(
     w = trial.workers
     attempts, failures = run_files(storage_path, name, storage_uri)
     # Object storage: staged on each node, resumed from fetched copies; a folder: written in place.
-    staged = storage_uri is not None and remote.is_object_storage(storage_uri)
+    staged = storage_uri is not None and storage.is_object_storage(storage_uri)
     return JaxTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -130,7 +130,7 @@ def make_trainer(
             "failures_file": str(failures),
             "compile_file": str(Path(storage_path) / name / COMPILE_FILE),
             "train_rows": datasets["train"].count() if "train" in datasets else None,
-            "trial_uri": remote.join(storage_uri, name) if staged else None,
+            "trial_uri": storage.join(storage_uri, name) if staged else None,
         },
         scaling_config=scaling_config(w),
         # Unsplit: each worker takes its rows of every global batch (``shards.rank_batches``).
@@ -138,7 +138,7 @@ def make_trainer(
         datasets=datasets,
         run_config=RunConfig(
             name=name,
-            **storage(storage_uri or storage_path),
+            **run_storage(storage_uri or storage_path),
             callbacks=[*(callbacks or []), FailureLog(failures)],
             worker_runtime_env={"env_vars": worker_env(w, xla_flags)},
             failure_config=FailureConfig(

@@ -11,7 +11,6 @@ import json
 import statistics
 from pathlib import Path
 
-from jaxray.checkpoint.remote import written_whole
 from jaxray.reporting.figures import plot_loss_curves, plot_throughput
 from jaxray.reporting.format import (
     cell,
@@ -35,6 +34,7 @@ from jaxray.runs import (
     ranking_metric,
     record_path,
 )
+from jaxray.storage import written_whole
 
 KEY_ORDER = (
     "trial",

@@ -15,6 +15,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import AutoscalingConfig
 
+from jaxray import storage
 from jaxray.checkpoint import remote
 from jaxray.inference.artifact_loader import read_artifact_manifest
 from jaxray.inference.load import check_source, describe_source, is_artifact, load_engine
@@ -58,7 +59,7 @@ def deployment(args: AppArgs) -> serve.Deployment:
 def build_app(args: AppArgs) -> Application:
     """The bound application for ``args``, its weights checked here first. Raises ValueError (bad path,
     max_batch_size or setting), CheckpointError / ArtifactError naming a damaged file."""
-    uri = remote.is_uri(args.checkpoint)  # fetched here to check it, by each replica to serve it
+    uri = storage.is_uri(args.checkpoint)  # fetched here to check it, by each replica to serve it
     path = args.checkpoint if uri else Path(args.checkpoint).expanduser().absolute()
     if not uri and not path.exists():
         raise ValueError(
@@ -93,7 +94,7 @@ def build_app(args: AppArgs) -> Application:
     # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
     pin = args.compute_cpus is not None or (args.autoscaling_config is None and args.num_replicas == 1)
     fetched = remote.source(source)  # a URI, or a run folder whose best checkpoint is on storage
-    remote_source = uri or remote.is_uri(fetched)
+    remote_source = uri or storage.is_uri(fetched)
     resolved = args.checkpoint if uri else fetched if remote_source else str(source)
     pinned = None if is_artifact(source) else remote.manifest_sha256(source)
     return server.bind(

@@ -13,7 +13,7 @@ import jax
 from ray import serve
 from starlette.requests import Request as HttpRequest
 
-from jaxray import checkpoint
+from jaxray import checkpoint, storage
 from jaxray.checkpoint import remote
 from jaxray.inference.engine import Request
 from jaxray.inference.load import load_engine
@@ -58,7 +58,7 @@ class JaxrayServer:
         cpus = pin_compute(args.compute_cpus) if pin_cpus else []  # before XLA starts its threads
         settings = args.engine
         source = args.checkpoint
-        if remote.is_uri(source):  # fetched into this node's cache: the checkpoint checked, or none
+        if storage.is_uri(source):  # fetched into this node's cache: the checkpoint checked, or none
             source = remote.open_uri(source, checkpoint_sha256)
         elif checkpoint_sha256 is not None:  # the folder build_app verified, unless it changed since
             source = checkpoint.trusted(source, checkpoint_sha256)

@@ -1,8 +1,8 @@
 """Each checkpoint file is hashed once per use (issue 49): ``generate`` and ``evaluate`` of a run
 folder, a worker's resume (``resume.choose`` then training from what it chose), and serving a run
 folder (``build_app``'s check, then a replica taking the checkpoint by its ``train_state.json``
-digest). ``checkpoint.sha256``, the one hash of a checkpoint's files, is wrapped to count its
-calls; it still hashes."""
+digest). ``storage.file_sha256``, the one file hash, is wrapped to count its calls; it still
+hashes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxray import checkpoint, evaluate, generate
+from jaxray import checkpoint, evaluate, generate, storage
 from jaxray.checkpoint import remote
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
@@ -26,13 +26,13 @@ from jaxray.train.run import train
 def hashed(monkeypatch) -> Counter:
     """{file: times its SHA-256 was computed} from now on."""
     counts: Counter = Counter()
-    real = checkpoint.sha256
+    real = storage.file_sha256
 
-    def counting(path: Path) -> str:
+    def counting(path: Path, fs=None) -> str:
         counts[Path(path).absolute()] += 1
-        return real(path)
+        return real(path, fs)
 
-    monkeypatch.setattr(checkpoint, "sha256", counting)
+    monkeypatch.setattr(storage, "file_sha256", counting)
     return counts
 
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jaxray.data.batching import train_batches
-from jaxray.data.manifest import MANIFEST, file_sha256, read_manifest, resolve
+from jaxray.data.manifest import MANIFEST, read_manifest
 from jaxray.data.parquet import (
     CACHE_BYTES,
     decoded_bytes,
@@ -22,6 +22,7 @@ from jaxray.data.parquet import (
     split_arrays,
 )
 from jaxray.data.prepare import to_table
+from jaxray.storage import file_sha256, resolve
 
 pytestmark = pytest.mark.ray
 SEED = 7
@@ -116,7 +117,7 @@ def test_uneven_files_give_every_process_the_same_batches(local_ray, ts_parquet,
         path = tmp_path / "train" / f"part-{i:05d}.parquet"
         pq.write_table(to_table(arrays, start, stop, b"{}"), path, row_group_size=7)
         fs, local = resolve(str(path))
-        files.append({"path": f"train/{path.name}", "rows": stop - start, "sha256": file_sha256(fs, local)})
+        files.append({"path": f"train/{path.name}", "rows": stop - start, "sha256": file_sha256(local, fs)})
     manifest["splits"]["train"] = {"rows": cuts[-1], "files": files}
     (tmp_path / "validation").symlink_to(source / "validation")
     (tmp_path / MANIFEST).write_text(json.dumps(manifest))

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 from conftest import child_env
 
-from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, ArtifactError, load_artifact, sha256
+from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, ArtifactError, load_artifact
 from jaxray.inference.engine import Engine, Request
 from jaxray.inference.settings import EngineSettings
+from jaxray.storage import file_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = np.random.default_rng(0).integers(0, 256, (3, 32)).astype(np.int32)
@@ -55,7 +56,7 @@ def test_manifest_describes_the_artifact(artifact):
     ]
     assert manifest["functions"]["logits"]["outputs"] == ["float32[b,32,256]"]
     for entry in [manifest["weights"], *manifest["functions"].values()]:
-        assert sha256(artifact / entry["file"]) == entry["sha256"]
+        assert file_sha256(artifact / entry["file"]) == entry["sha256"]
 
 
 @pytest.mark.slow  # a fresh process that imports no model code (10 s); CI runs it

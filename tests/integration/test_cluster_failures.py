@@ -26,7 +26,7 @@ from private_ray import free_port
 from ray.cluster_utils import Cluster
 from s3_server import s3_server
 
-from jaxray import checkpoint
+from jaxray import checkpoint, storage
 from jaxray.checkpoint import remote
 from jaxray.config import parse_trial
 from jaxray.data.ray_data import to_dataset
@@ -74,7 +74,7 @@ def s3(tmp_path_factory):
     """moto's S3 server, started before the cluster: its nodes inherit the AWS_* variables (and a
     checkpoint cache of the test's own)."""
     env = pytest.MonkeyPatch()
-    env.setenv(remote.CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
+    env.setenv(storage.CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
     try:
         with s3_server(BUCKET) as fs:
             yield fs
