@@ -90,7 +90,10 @@ COMMANDS = {  # name: (help, options); all but serve also take COMMON
         ("--clients", INTS, (1, 4, 16, 64), None), ("--duration", SECONDS, 20.0, "s per level"),
         ("--max-new-tokens", INT, 64, None), ("--prompt", prompt, "ROMEO:", ""), ("--top-k", INT, None, None),
         ("--temperature", RATE, 0.8, None), ("--seed", COUNT, 0, None),
-        ("--timeout", SECONDS, 120.0, "s before a request counts as dropped")]),
+        ("--timeout", SECONDS, 120.0, "s before a request counts as dropped"),
+        ("--prompt-bytes", COUNT, 0, "random prompts of this many bytes instead of --prompt"),
+        ("--shared-bytes", COUNT, 0, "with --prompt-bytes: each level twice, random prompts then "
+         "prompts sharing their first this many bytes (prefix caching's TTFT)")]),
 }
 # fmt: on
 

@@ -4,6 +4,8 @@ read as a stream (``"stream": true``: text events, then a done event with ``new_
 tokens/s count each answer's share inside the window; latency, time to first token (TTFT: sending to
 the first text event) and inter-token latency (ITL: between text events), client clock, in ms, are
 over measured successes; the engine's rows per decode call and busy share come from ``GET /info``.
+With ``--prompt-bytes N`` each request sends N random letters; with ``--shared-bytes M`` too, each
+level runs again with prompts whose first M bytes are the same (a system prompt: prefix caching).
 Outcomes: ok; 4xx and 5xx by HTTP status, 5xx also for an ``event: error`` mid-stream (the engine
 failed); dropped for a connection cut, refused or timed out before the done event; other for an
 answer that is not /generate's."""
@@ -24,8 +26,10 @@ import numpy as np
 from jaxray.bench.report import Report, curve, line_chart
 from jaxray.reporting.format import finite
 
-COLUMNS = "clients requests rps new_tokens_per_s p50_ms p95_ms p99_ms ttft_p50_ms ttft_p99_ms itl_p50_ms"
-COLUMNS += " itl_p99_ms rows_per_step engine_busy_pct errors_4xx errors_5xx dropped client_cpu_pct"
+COLUMNS = "clients prompts requests rps new_tokens_per_s p50_ms p95_ms p99_ms ttft_p50_ms ttft_p99_ms"
+COLUMNS += " ttft_p50_vs_random itl_p50_ms itl_p99_ms rows_per_step engine_busy_pct errors_4xx errors_5xx"
+COLUMNS += " dropped client_cpu_pct"
+ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ,.", np.uint8)  # of --prompt-bytes prompts
 STREAM_ERROR = "5xx"  # the outcome of an error event mid-stream: it fails the zero-5xx bar as HTTP 5xx do
 
 
@@ -115,14 +119,37 @@ async def send(
     return Sample(start, end, kind, status, tokens if ok else 0, error[:300], warmup, first, gaps)
 
 
-async def run_level(args, clients: int) -> dict:
+def prompt_for(args, seed: int, shared: bool, level: int) -> str:
+    """``args.prompt``; with ``--prompt-bytes``, that many letters drawn from ``seed`` and the
+    ``level`` (its clients: no random prompt repeats an earlier level's, which a prefix cache would
+    hold), the first ``--shared-bytes`` of them the same for every request when ``shared``."""
+    if not args.prompt_bytes:
+        return args.prompt
+    head = min(args.shared_bytes, args.prompt_bytes) if shared else 0
+    fixed = np.random.default_rng(2**32).choice(ALPHABET, head)
+    tail = np.random.default_rng([seed, level, shared]).choice(ALPHABET, args.prompt_bytes - head)
+    return np.concatenate([fixed, tail]).tobytes().decode()
+
+
+def prompts_label(args, shared: bool) -> str:
+    if not args.prompt_bytes:
+        return f"{len(args.prompt.encode())} B"
+    return (
+        f"{args.prompt_bytes} B, first {args.shared_bytes} shared"
+        if shared
+        else f"{args.prompt_bytes} B random"
+    )
+
+
+async def run_level(args, clients: int, shared: bool = False) -> dict:
     """One level: warm-ups, then ``args.duration`` s of closed-loop requests; the level's row."""
-    body = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+    body = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     body |= {"top_k": args.top_k} if args.top_k else {}
+    ask = lambda seed: body | {"seed": seed, "prompt": prompt_for(args, seed, shared, clients)}  # noqa: E731
     timeout, connector = aiohttp.ClientTimeout(total=args.timeout), aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
         seeds = [(args.seed + c * 1_000_003) % 2**32 for c in range(clients)]
-        samples = list(await asyncio.gather(*(send(s, args.url, body | {"seed": k}, True) for k in seeds)))
+        samples = list(await asyncio.gather(*(send(s, args.url, ask(k), True) for k in seeds)))
         loop = asyncio.get_running_loop()
         before = await engine_stats(s, args.url)
         cpu0, start = time.process_time(), loop.time()
@@ -130,7 +157,7 @@ async def run_level(args, clients: int) -> dict:
         async def client(seed: int) -> None:
             k = 1
             while loop.time() < start + args.duration:
-                samples.append(sample := await send(s, args.url, body | {"seed": (seed + k) % 2**32}))
+                samples.append(sample := await send(s, args.url, ask((seed + k) % 2**32)))
                 k += 1
                 if sample.outcome == "dropped":
                     await asyncio.sleep(0.1)  # a dead server is not hammered in a tight loop
@@ -139,6 +166,7 @@ async def run_level(args, clients: int) -> dict:
         wall = loop.time() - start
         after = await engine_stats(s, args.url)
     row = summarize(samples, clients, start, start + args.duration) | engine_share(before, after, wall)
+    row |= {"prompts": prompts_label(args, shared), "shared": shared}
     return row | {"client_cpu_pct": 100.0 * (time.process_time() - cpu0) / wall}
 
 
@@ -213,23 +241,31 @@ def serve_report(args) -> Report:
     url = args.url.rstrip("/")
     if get_json(f"{url}/healthz") is None:
         raise ValueError(f"--url {args.url}: GET /healthz did not answer; start python -m jaxray.serve first")
+    if args.shared_bytes and not 0 < args.shared_bytes < args.prompt_bytes:
+        raise ValueError(f"--shared-bytes {args.shared_bytes} needs --prompt-bytes above it")
     model, rows = model_id(url), []
     for clients in args.clients:
-        row = asyncio.run(run_level(args, clients))
-        if not row["requests"]:
-            row["error"] = f"no request answered 200 (first error: {row['first_error'] or 'none'})"
-        rows.append(row)
-    by = {r["clients"]: r for r in rows}
+        for shared in (False, True) if args.shared_bytes else (False,):
+            row = asyncio.run(run_level(args, clients, shared))
+            if not row["requests"]:
+                row["error"] = f"no request answered 200 (first error: {row['first_error'] or 'none'})"
+            rows.append(row)
+    by = {r["clients"]: r for r in rows if not r["shared"]}
     one, sixteen, many = (finite(by.get(n, {}).get("new_tokens_per_s")) for n in (1, 16, 64))
     summary = {"scaling_16_vs_1": sixteen / one if one and sixteen is not None else None, "target": 5.0}
     summary |= {"scaling_64_vs_1": many / one if one and many is not None else None, "target_64": 6.0}
     summary |= {"zero_errors_64": not (by[64]["errors_5xx"] or by[64]["dropped"])} if 64 in by else {}
     top = by[max(by)]
     summary |= {"model": model, "max_clients": top["clients"]}
+    for row in (r for r in rows if r["shared"]):  # shared-prefix TTFT over random prompts' (target <= 0.5)
+        random_p50, shared_p50 = finite(by[row["clients"]].get("ttft_p50_ms")), finite(row.get("ttft_p50_ms"))
+        ratio = shared_p50 / random_p50 if random_p50 and shared_p50 is not None else None
+        row["ttft_p50_vs_random"] = summary[f"shared_ttft_p50_vs_random_{row['clients']}"] = ratio
     summary |= {f"ttft_{p}_ms_at_max_clients": top.get(f"ttft_{p}_ms") for p in ("p50", "p99")}
     notes = [
         f"{url}, model {model or 'unknown (GET /v1/models did not answer)'}: {args.max_new_tokens} new "
-        f"tokens after {args.prompt!r} per request (temperature {args.temperature:g}, its own seed), "
+        f"tokens after {prompts_label(args, False) if args.prompt_bytes else repr(args.prompt)} per request "
+        f"(temperature {args.temperature:g}, its own seed), "
         f"streamed; {args.duration:g} s per level after a warm-up per client.",
         "req/s and new tok/s count each request's share inside the window; latency (to the done event) and "
         "TTFT (to the first text event) are client-side; errors count every request; 5xx counts error "
@@ -244,6 +280,10 @@ def serve_report(args) -> Report:
         "advanced, engine busy: share of the level the engine thread spent in prefill and decode "
         "(both from GET /info: one replica's)"
     )
+    for clients in args.clients if args.shared_bytes else ():
+        if (x := summary.get(f"shared_ttft_p50_vs_random_{clients}")) is not None:
+            shared = f"{clients} client(s), first {args.shared_bytes} bytes shared"
+            notes.append(f"{shared}: TTFT p50 {x:.2f}x the random prompts' (target <= 0.5)")
     if (t99 := summary["ttft_p99_ms_at_max_clients"]) is not None:
         t50 = summary["ttft_p50_ms_at_max_clients"]
         notes.append(f"{top['clients']} clients: time to first token p50 {t50:.1f} ms, p99 {t99:.1f} ms")

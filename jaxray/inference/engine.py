@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import numpy as np
 from jaxray.config import ModelConfig
 from jaxray.data.shakespeare import bytes_to_text
 from jaxray.inference import kv_decode
+from jaxray.inference.prefix_cache import PrefixCache, plan_prefill, store_plan
 from jaxray.inference.sampling import Sampling, check_sampling, context_len, encode_prompt, prompt_window
 from jaxray.inference.settings import EngineSettings
 
@@ -59,6 +61,7 @@ class Programs:
 
     start: Callable[..., tuple]
     decode_chunk: Callable[..., tuple]
+    start_cached: Callable[..., tuple] | None = None  # kv_decode.start_cached; None: no prefix caching
 
 
 def programs_for(model, chunk: int, keep: int) -> Programs:
@@ -67,6 +70,7 @@ def programs_for(model, chunk: int, keep: int) -> Programs:
     return Programs(
         functools.partial(kv_decode.start, model.prefill, max_seq_len=size),
         functools.partial(kv_decode.decode_chunk, model.prefill, model.decode_step, chunk=chunk, keep=keep),
+        functools.partial(kv_decode.start_cached, model.extend),
     )
 
 
@@ -81,6 +85,25 @@ class Engine:
     source: str = ""
     compiled: dict = field(default_factory=dict)
     compile_s: float = 0.0
+    prefix: PrefixCache | None = field(default=None, init=False)
+    pool: Any = field(default=None, init=False, repr=False)  # [slots, L, 2, H, block, K]: the prefix blocks
+
+    def __post_init__(self):
+        """The prefix cache's pool when ``settings.prefix_cache_mib`` > 0. ValueError naming the
+        setting when the programs have none (an export artifact) or one block does not fit."""
+        mib, block, cfg = self.settings.prefix_cache_mib, self.settings.prefix_block, self.config
+        if not mib:
+            return
+        if self.programs.start_cached is None:
+            raise ValueError("prefix_cache_mib: an export artifact has no prefix-cache programs; set 0")
+        if block >= cfg.max_seq_len:
+            raise ValueError(f"prefix_block must be below max_seq_len {cfg.max_seq_len}, got {block}")
+        shape = (cfg.num_layers, 2, cfg.num_heads, block, cfg.head_dim)
+        slots = mib * 2**20 // (math.prod(shape) * jnp.dtype(cfg.dtype).itemsize)
+        if slots < 1:
+            raise ValueError(f"prefix_cache_mib {mib} holds no block of {block} tokens of this model")
+        self.prefix = PrefixCache(slots, block)
+        self.pool = jnp.zeros((slots, *shape), cfg.dtype)
 
     @classmethod
     def for_model(cls, model, params, settings: EngineSettings | None = None, source: str = "") -> Engine:
@@ -116,6 +139,12 @@ class Engine:
                 states[batch], _ = self.start([Request(b"a", 2, 0.5, 1)] * batch)
             for sizes, target in gather_shapes(self.settings.batch_sizes):
                 self.gather([states[b] for b in sizes], np.zeros(target, np.int32), np.zeros(target, bool))
+            for batch in self.settings.batch_sizes if self.prefix else ():
+                self._program("store", None, batch)
+                for bucket in self.buckets:
+                    self._program("start_cached", bucket, batch)
+            if self.prefix:  # the warm-up prompts' blocks and counts are not the users'
+                self.prefix = PrefixCache(self.prefix.slots, self.prefix.block)
             self.compile_s = time.perf_counter() - begin
             log.info(
                 "compiled %d programs in %.1f s (buckets %s, batch sizes %s)",
@@ -132,12 +161,28 @@ class Engine:
 
     def start(self, requests: list[Request]) -> tuple[kv_decode.DecodeState, np.ndarray]:
         """Prefill checked ``requests`` at the smallest batch size and bucket that hold them:
-        (DecodeState, padding rows finished; first new token per request [len(requests)] int32)."""
+        (DecodeState, padding rows finished; first new token per request [len(requests)] int32).
+        With a prefix cache, each prompt's longest cached prefix is read from the pool and only the
+        rest prefilled; its new whole blocks are then kept."""
         batch = self.batch_for(len(requests))
-        bucket = next(b for b in self.buckets if b >= max(map(self.prompt_tokens, requests)))
-        state, first = self._program("start", bucket, batch)(
-            self.params, *self._inputs(requests, bucket, batch)
-        )
+        if self.prefix is None:
+            bucket = next(b for b in self.buckets if b >= max(map(self.prompt_tokens, requests)))
+            state, first = self._program("start", bucket, batch)(
+                self.params, *self._inputs(requests, bucket, batch)
+            )
+            return state, np.asarray(first)[: len(requests)]
+        tokens, lengths, *sampling = self._inputs(requests, self.config.max_seq_len, batch)  # whole windows
+        keys, bucket, cached = plan_prefill(self.prefix, tokens, lengths, len(requests), self.buckets)
+        if cached is not None:
+            program = self._program("start_cached", bucket, batch)
+            state, first = program(self.params, self.pool, *cached, tokens, *sampling)
+        else:
+            state, first = self._program("start", bucket, batch)(
+                self.params, tokens[:, :bucket], lengths, *sampling
+            )
+        plan = store_plan(self.prefix, keys, batch * (self.config.max_seq_len // self.prefix.block))
+        if plan is not None:
+            self.pool = self._program("store", None, batch)(self.pool, state.cache, *plan)
         return state, np.asarray(first)[: len(requests)]
 
     def decode_chunk(
@@ -163,7 +208,9 @@ class Engine:
         joined states' batch sizes) for ``batch`` rows."""
         key = (kind, shape, batch)
         if key not in self.compiled:
-            if kind == "gather":
+            if kind in ("start_cached", "store"):
+                self.compiled[key] = self._prefix_program(kind, shape, batch)
+            elif kind == "gather":
                 states = tuple(self.decode_chunk_args(b)[0] for b in shape)
                 index, valid = jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), bool)
                 self.compiled[key] = jax.jit(kv_decode.gather_rows).lower(states, index, valid).compile()
@@ -171,6 +218,30 @@ class Engine:
                 args = self.start_args(shape, batch) if kind == "start" else self.decode_chunk_args(batch)
                 self.compiled[key] = jax.jit(getattr(self.programs, kind)).lower(self.params, *args).compile()
         return self.compiled[key]
+
+    def _prefix_program(self, kind: str, bucket: int | None, batch: int):
+        """The compiled ``start_cached`` (for ``bucket``) or ``store_blocks`` (pool donated) program."""
+        i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+        pool = jax.ShapeDtypeStruct(self.pool.shape, self.pool.dtype)
+        nb = self.config.max_seq_len // self.prefix.block
+        if kind == "store":
+            cache = self.decode_chunk_args(batch)[0].cache
+            rows = i32(batch * nb)
+            return (
+                jax.jit(kv_decode.store_blocks, donate_argnums=0)
+                .lower(pool, cache, rows, rows, rows)
+                .compile()
+            )
+        _, lengths, *sampling = self.start_args(bucket, batch)
+        args = (
+            pool,
+            i32(batch, nb),
+            i32(batch),
+            i32(batch, bucket),
+            lengths,
+            i32(batch, self.config.max_seq_len),
+        )
+        return jax.jit(self.programs.start_cached).lower(self.params, *args, *sampling).compile()
 
     def start_args(self, bucket: int, batch: int) -> tuple[jax.ShapeDtypeStruct, ...]:
         """Abstract arguments after params of ``start`` for ``bucket`` and ``batch``: tokens [batch,
@@ -263,6 +334,7 @@ class Engine:
             "jax": jax.__version__,
             "compile_s": self.compile_s,
             "programs": len(self.compiled),
+            "prefix_cache": self.prefix.info() if self.prefix else None,
         }
 
 

@@ -47,6 +47,8 @@ class DecodeState(NamedTuple):
 Prefill = Callable[[object, jax.Array], tuple]
 # (params, tokens [B], positions [B], cache) -> (logits [B, V], cache): one cached step per row
 DecodeStep = Callable[[object, jax.Array, jax.Array, KVCache], tuple]
+# (params, tokens [B, T], starts [B], cache) -> (logits [B, T, V], cache): T steps per row at once
+Extend = Callable[[object, jax.Array, jax.Array, KVCache], tuple]
 
 
 def _pad_cache(cache: KVCache, size: int) -> KVCache:
@@ -88,6 +90,60 @@ def start(
         top_p,
     )
     return state, first
+
+
+def pool_cache(pool: jax.Array, table: jax.Array, hits: jax.Array, size: int) -> KVCache:
+    """The KV cache of rows whose first ``hits`` [B] int32 blocks come from ``pool`` [N, L, 2, H, Bk, K]
+    (slots ``table`` [B, nb] int32, nb = size // Bk); zeros past them. Per layer [B, H, size, K]."""
+    blocks = pool[table]  # [B, nb, L, 2, H, Bk, K]
+    used = jnp.arange(table.shape[1])[None, :] < hits[:, None]  # [B, nb]
+    blocks = jnp.where(used.reshape(used.shape + (1,) * 5), blocks, jnp.zeros((), blocks.dtype))
+    batch, nb, layers, _, heads, block, k = blocks.shape
+    x = blocks.transpose(2, 3, 0, 4, 1, 5, 6).reshape(layers, 2, batch, heads, nb * block, k)
+    x = jnp.pad(x, ((0, 0),) * 4 + ((0, size - nb * block), (0, 0)))
+    return tuple((x[layer, 0], x[layer, 1]) for layer in range(layers))
+
+
+def start_cached(
+    extend: Extend,
+    params,
+    pool: jax.Array,
+    table: jax.Array,
+    hits: jax.Array,
+    tokens: jax.Array,
+    lengths: jax.Array,
+    context: jax.Array,
+    seeds: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    max_new_tokens: jax.Array,
+):
+    """``start`` after a cached prefix: row b's first ``hits[b]`` blocks of the pool (``pool_cache``),
+    then its prompt's rest ``tokens[b, :lengths[b]]`` ([B, T] int32, at positions hits[b] * Bk + 0..)
+    through ``extend``; ``context`` [B, S] int32 the whole prompt windows. Other arguments and the
+    result as ``start``'s."""
+    starts = hits * pool.shape[4]
+    logits, cache = extend(params, tokens, starts, pool_cache(pool, table, hits, context.shape[1]))
+    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
+    rng = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(seeds)
+    first, rng = next_tokens(last, rng, temperature, top_k, top_p)
+    state = DecodeState(
+        cache, context, starts + lengths, first, max_new_tokens - 1, rng, temperature, top_k, top_p
+    )
+    return state, first
+
+
+def store_blocks(pool: jax.Array, cache: KVCache, rows: jax.Array, blocks: jax.Array, slots: jax.Array):
+    """``pool`` [N, L, 2, H, Bk, K] with block ``blocks[m]`` of row ``rows[m]`` of ``cache`` written
+    to slot ``slots[m]`` ([M] int32 each; a slot of N or more writes nothing: padding)."""
+    stacked = jnp.stack([jnp.stack(kv) for kv in cache])  # [L, 2, B, H, S, K]
+    layers, _, batch, heads, size, k = stacked.shape
+    block = pool.shape[4]
+    nb = size // block
+    split = stacked[:, :, :, :, : nb * block].reshape(layers, 2, batch, heads, nb, block, k)
+    picked = split[:, :, rows, :, blocks]  # [M, L, 2, H, Bk, K]
+    return pool.at[slots].set(picked.astype(pool.dtype), mode="drop")
 
 
 def gather_rows(states: tuple[DecodeState, ...], index: jax.Array, valid: jax.Array) -> DecodeState:

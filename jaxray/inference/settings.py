@@ -15,6 +15,7 @@ from jaxray.argtypes import (
     context_keep,
     given_options,
     int_list,
+    non_negative_int,
     positive_int,
 )
 
@@ -33,6 +34,8 @@ class EngineSettings(BaseModel):
     max_new_tokens: int = Field(1024, gt=0, le=100_000, strict=True)
     max_prompt_bytes: int = Field(65536, gt=0, strict=True)
     context_keep: int | None = Field(None, ge=2, strict=True)
+    prefix_cache_mib: int = Field(0, ge=0, le=1 << 20, strict=True)
+    prefix_block: int = Field(32, gt=0, le=100_000, strict=True)
 
     @field_validator("buckets", "batch_sizes")
     @classmethod
@@ -53,6 +56,16 @@ OPTIONS: FieldOptions = {
         context_keep,
         "bytes kept when a row's window is full (2..max_seq_len - 1)",
         "max_seq_len // 2",
+    ),
+    "prefix_cache_mib": (
+        non_negative_int,
+        "MiB of device memory keeping prompt prefixes' KV for reuse (0: no prefix caching)",
+        "",
+    ),
+    "prefix_block": (
+        positive_int,
+        "tokens per prefix-cache block (a prefix is reused whole blocks at a time)",
+        "",
     ),
 }
 

@@ -31,7 +31,8 @@ Params = Any
 class Model:
     """A model family's pure functions. ``apply`` takes images [B, 784] float32 or tokens [B, T] int32.
     The transformer adds ``prefill(params, tokens [B, T]) -> (logits [B, T, V], cache)`` and
-    ``decode_step(params, tokens [B], positions [B], cache) -> (logits [B, V], cache)``."""
+    ``decode_step(params, tokens [B], positions [B], cache) -> (logits [B, V], cache)`` and
+    ``extend(params, tokens [B, T], starts [B], cache) -> (logits [B, T, V], cache)``."""
 
     config: ModelConfig
     init: Callable[[jax.Array], Params]
@@ -39,6 +40,7 @@ class Model:
     attention: AttentionChoice | None = None
     prefill: Callable[..., tuple] | None = None
     decode_step: Callable[..., tuple] | None = None
+    extend: Callable[..., tuple] | None = None
 
 
 def compute_dtype(cfg: ModelConfig):
@@ -92,7 +94,10 @@ def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
     def decode_step(params, tokens, positions, cache):
         return nnx.merge(graphdef, params).decode_step(tokens, positions, cache)
 
-    return Model(cfg, init, apply, choice, prefill, decode_step)
+    def extend(params, tokens, starts, cache):
+        return nnx.merge(graphdef, params).extend(tokens, starts, cache)
+
+    return Model(cfg, init, apply, choice, prefill, decode_step, extend)
 
 
 def build(cfg: ModelConfig, attention: str | None = None, seq_len: int | None = None) -> Model:

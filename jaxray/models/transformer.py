@@ -82,6 +82,29 @@ def cached_attention(query, keys, values, positions):
     return jnp.einsum("bhs,bhsk->bhk", probs, values)[:, None]
 
 
+def span_attention(query, keys, values, starts):
+    """T new queries per row against a KV cache (a prompt's rest after a cached prefix).
+
+    query [B, T, H, K] at positions ``starts`` [B] int32 + 0..T-1; keys, values [B, H, S, K] with
+    the span's entries written. Query t of row b sees cache entries 0..starts[b] + t. Returns
+    [B, T, H, K]; float32 softmax, as ``cached_attention``."""
+    query = query * jnp.asarray(1.0 / math.sqrt(query.shape[-1]), query.dtype)
+    scores = jnp.einsum("bthk,bhsk->bhts", query, keys, preferred_element_type=jnp.float32)  # [B, H, T, S]
+    seen = starts[:, None] + jnp.arange(query.shape[1])[None, :]  # [B, T]
+    visible = jnp.arange(keys.shape[2])[None, None, :] <= seen[:, :, None]  # [B, T, S]
+    scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    return jnp.einsum("bhts,bhsk->bthk", probs, values)
+
+
+def write_span(cache: jax.Array, starts: jax.Array, entries: jax.Array) -> jax.Array:
+    """cache [B, H, S, K] with ``entries`` [B, T, H, K] written at ``starts[b]`` .. + T - 1 of each row
+    (``starts[b] + T <= S``: ``dynamic_update_slice`` would move a span that does not fit)."""
+    entries = entries.transpose(0, 2, 1, 3).astype(cache.dtype)  # [B, H, T, K]
+    put = lambda row, entry, start: jax.lax.dynamic_update_slice(row, entry, (0, start, 0))  # noqa: E731
+    return jax.vmap(put)(cache, entries, starts)
+
+
 def embed_tokens(embed: nnx.Embed, tokens: jax.Array) -> jax.Array:
     """tokens [B, T] int32 -> [B, T, D] in ``embed.dtype`` through a one-hot matmul, not a gather.
 
@@ -153,6 +176,13 @@ class Block(nnx.Module):
         keys = write_cache(keys, positions, key[:, 0])
         values = write_cache(values, positions, value[:, 0])
         return self._finish(x, cached_attention(query, keys, values, positions)), keys, values
+
+    def extend(self, x: jax.Array, starts: jax.Array, keys: jax.Array, values: jax.Array):
+        """T new positions per row: x [B, T, D] at ``starts`` [B] + 0..T-1; keys, values [B, H, S, K]
+        this layer's cache. Returns (x [B, T, D], keys, values) with the span's entries written."""
+        query, key, value = self._qkv(x)
+        keys, values = write_span(keys, starts, key), write_span(values, starts, value)
+        return self._finish(x, span_attention(query, keys, values, starts)), keys, values
 
     def _qkv(self, x):
         with jax.named_scope("norm"):
@@ -249,6 +279,18 @@ class Transformer(nnx.Module):
             x, keys, values = block.decode_step(x, positions, keys, values)
             new_cache.append((keys, values))
         return self._logits(x)[:, 0], tuple(new_cache)
+
+    def extend(self, tokens: jax.Array, starts: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """T tokens per row after a cached prefix: tokens [B, T] int32 at positions ``starts`` [B]
+        int32 + 0..T-1 (``starts[b] + T <= S``); ``cache`` as ``decode_step``'s, holding row b's
+        entries 0..starts[b]-1. Returns (logits [B, T, V] float32, cache with the span written)."""
+        positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [B, T]
+        x = self.token_embed(tokens) + self.pos_embed(positions)  # [B, T, D]
+        new_cache = []
+        for block, (keys, values) in zip(self.blocks, cache):
+            x, keys, values = block.extend(x, starts, keys, values)
+            new_cache.append((keys, values))
+        return self._logits(x), tuple(new_cache)
 
     def _logits(self, x):
         return self.lm_head(self.final_norm(x)).astype(jnp.float32)

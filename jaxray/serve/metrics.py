@@ -43,6 +43,10 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], str, list[float] | None]] = 
     "generation_tokens": ("counter", "generation_tokens", _REQ, "Generated tokens (tokens).", None),
     "success": ("counter", "request_success", (*_REQ, "finished_reason"),
                 'Finished requests by finish reason ("abort": ended without one).', None),
+    "prefix_queries": ("counter", "prefix_cache_queries", (MODEL_TAG,),
+                       "Prompt tokens looked up in the prefix cache (tokens).", None),
+    "prefix_hits": ("counter", "prefix_cache_hits", (MODEL_TAG,),
+                    "Prompt tokens read from the prefix cache, not computed (tokens).", None),
 }  # fmt: skip
 # Names as a Prometheus scrape shows them -> (kind, labels besides Ray's and Serve's, description).
 EXPORTED = {
@@ -65,6 +69,7 @@ class _Metrics:
             setattr(self, attr, kinds[kind](PREFIX + name, description, tag_keys=labels, **options))
         self.lock = threading.Lock()
         self.counts: dict[str, list[int]] = {}  # model -> [waiting, running] in this process
+        self.prefix: dict[str, tuple[object, list[int]]] = {}  # model -> (PrefixCache, counts sent)
         threading.Thread(target=self._refresh, name="jaxray-metrics-gauges", daemon=True).start()
 
     def move(self, model: str, waiting: int, running: int) -> None:
@@ -79,12 +84,19 @@ class _Metrics:
             gauge.set(value, tags={MODEL_TAG: model})
 
     def _refresh(self) -> None:
-        """Sets the gauges again every GAUGE_REFRESH_S (an idle replica at 0 would show no series)."""
+        """Sets the gauges again every GAUGE_REFRESH_S (an idle replica at 0 would show no series),
+        and adds what each prefix cache counted since."""
         while True:
             time.sleep(GAUGE_REFRESH_S)
             with self.lock:
                 for model, counts in self.counts.items():
                     self._set(model, counts)
+                for model, (cache, sent) in self.prefix.items():
+                    now = [cache.queries, cache.hits]
+                    for counter, value, before in zip((self.prefix_queries, self.prefix_hits), now, sent):
+                        if value > before:
+                            counter.inc(value - before, tags={MODEL_TAG: model})
+                    sent[:] = now
 
 
 _metrics: _Metrics | None = None
@@ -146,6 +158,14 @@ class RequestTimer:
 
 
 request_started = RequestTimer  # a generation request arrived: request_started(route, model)
+
+
+def watch_prefix_cache(model: str, cache) -> None:
+    """Export the token counts of ``cache`` (a ``jaxray.inference.prefix_cache.PrefixCache``, read as
+    the engine updates it) as ``prefix_cache_queries``/``prefix_cache_hits`` of ``model``."""
+    m = _get()
+    with m.lock:
+        m.prefix[model] = (cache, [0, 0])
 
 
 def metrics_url() -> str | None:

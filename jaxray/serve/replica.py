@@ -18,7 +18,7 @@ from jaxray.checkpoint import remote
 from jaxray.inference.engine import Request
 from jaxray.inference.load import load_engine
 from jaxray.inference.scheduler import Scheduler
-from jaxray.serve import openai, playground  # noqa: F401 - playground registers GET /
+from jaxray.serve import metrics, openai, playground  # noqa: F401 - playground registers GET /
 from jaxray.serve.requests import RequestPath
 from jaxray.serve.routes import api, body_schema, generate
 from jaxray.serve.schema import GenerateRequest, GenerateResponse, Limits
@@ -84,6 +84,8 @@ class JaxrayServer:
         self.path = RequestPath(
             self.engine, self.scheduler, self.limits, args.served_model_name, self.started_unix, self._batch
         )
+        if self.engine.prefix is not None:
+            metrics.watch_prefix_cache(args.served_model_name, self.engine.prefix)
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 import threading
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -74,12 +75,14 @@ class StandIn:
 
     def __init__(self, first_s: float = 0.005, rest_s: float = 0.02, **faults: int):
         self.first_s, self.rest_s, self.faults, self.seeds, self.streamed = first_s, rest_s, faults, [], []
+        self.prompts: list[str] = []
         self.info_calls = 0
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.seeds.append(body["seed"])
         self.streamed.append(body.get("stream"))
+        self.prompts.append(body["prompt"])
         k = len(self.seeds)
         fault = next((f for f, n in self.faults.items() if k % n == 0), None)
         await asyncio.sleep(self.first_s)
@@ -124,6 +127,7 @@ class StandIn:
 
 def load_args(url: str, **more) -> SimpleNamespace:
     base = {"url": url, "prompt": "ROMEO:", "max_new_tokens": 8, "temperature": 0.8, "top_k": None, "seed": 0}
+    base |= {"prompt_bytes": 0, "shared_bytes": 0}
     return SimpleNamespace(**(base | {"timeout": 10.0, "duration": 0.5} | more))
 
 
@@ -222,3 +226,23 @@ def test_bench_serve_url_writes_the_report(tmp_path, capsys):
 def test_bench_serve_fails_on_an_error_event(tmp_path, capsys):
     code = bench_serve(StandIn(error_event=2), tmp_path / "serve", "--clients", "2", "--duration", "0.3")
     assert code == 1 and "failed: 2 clients" in capsys.readouterr().out
+
+
+def test_bench_serve_compares_shared_prefixes_with_random_prompts(tmp_path, capsys):
+    stand_in, out = StandIn(), tmp_path / "serve"
+    argv = ["--clients", "1,2", "--duration", "0.3", "--prompt-bytes", "40", "--shared-bytes", "30"]
+    assert bench_serve(stand_in, out, *argv) == 0, capsys.readouterr()
+    doc = json.loads((out / "summary.json").read_text())
+    assert [(r["clients"], r["shared"]) for r in doc["rows"]] == [
+        (1, False),
+        (1, True),
+        (2, False),
+        (2, True),
+    ]
+    assert [r["prompts"] for r in doc["rows"][:2]] == ["40 B random", "40 B, first 30 shared"]
+    assert all(len(p) == 40 and p.isascii() for p in stand_in.prompts)
+    heads = sorted(Counter(p[:30] for p in stand_in.prompts).values())  # random: each its own; shared: one
+    assert heads[-1] > 4 and heads[:-1] == [1] * (len(heads) - 1)
+    assert doc["summary"]["shared_ttft_p50_vs_random_1"] > 0 and doc["rows"][1]["ttft_p50_vs_random"] > 0
+    assert doc["summary"]["scaling_16_vs_1"] is None and doc["summary"]["max_clients"] == 2
+    assert bench_serve(StandIn(), out, "--clients", "1", "--prompt-bytes", "40", "--shared-bytes", "40") == 2

@@ -1,8 +1,8 @@
 """``jaxray.serve.metrics`` where Ray exports it: a throwaway two-replica Serve deployment on a
 private local Ray records requests with ``RequestTimer`` as the app does;
 real HTTP requests, then the Ray metrics agent's endpoint (``metrics_url()``) scraped and parsed
-with ``prometheus_client``: latency histograms, token and request counters move by what was
-sent (answered, failed, abandoned by its client), Serve's own HTTP counter by route template and
+with ``prometheus_client``: latency histograms, token, request and prefix-cache counters move by
+what was sent (answered, failed, abandoned by its client), Serve's own HTTP counter by route template and
 status (no route, wrong method too), each replica's series under its own
 ``replica`` label, the waiting and running gauges go up during a slow request and back to 0.
 Without Ray: the gauges' bookkeeping and no URL."""
@@ -21,6 +21,7 @@ from private_ray import free_port, init_private_ray
 from prometheus_scrape import label_values, scrape, value, wait_for
 from ray import serve
 
+from jaxray.inference.prefix_cache import PrefixCache
 from jaxray.serve import metrics
 from jaxray.serve.metrics import metrics_url, request_started
 
@@ -49,6 +50,10 @@ def tiny_app(replicas: int):
     @serve.deployment(num_replicas=replicas, ray_actor_options={"num_cpus": 0})
     @serve.ingress(api)
     class Tiny:
+        def __init__(self):  # a prefix cache whose counts the replica exports, as the app's engine's
+            self.prefix = PrefixCache(4, 2)
+            metrics.watch_prefix_cache(MODEL, self.prefix)
+
         @api.get("/healthz")
         async def healthz(self) -> dict:
             return {}
@@ -57,6 +62,7 @@ def tiny_app(replicas: int):
         async def complete(self, body: dict) -> dict:
             prompt, chunks = body["prompt"], body["chunks"]
             timer = request_started(ROUTE, MODEL)
+            self.prefix.count(len(prompt), 1)  # each request reuses one block of 2 tokens
             try:
                 await asyncio.sleep(body.get("wait_s", 0))
                 for i, n in enumerate(chunks):
@@ -171,11 +177,18 @@ def test_requests_move_the_metrics_ray_exports(served):
         ("ray_jaxray_e2e_request_latency_seconds_count", None): len(every),
     }
 
+    expected |= {
+        ("ray_jaxray_prefix_cache_queries_total", "model"): sum(len(p) for p, _ in every),
+        ("ray_jaxray_prefix_cache_hits_total", "model"): 2 * len(every),
+    }
+
     def observed(samples) -> dict:
         got = {}
         for name, reason in expected:
             labels = {**tags, "finished_reason": reason} if reason else tags
-            got[name, reason] = value(samples, name, **labels)
+            got[name, reason] = value(
+                samples, name, **({"model_name": MODEL} if reason == "model" else labels)
+            )
         return got
 
     # Serve's proxy counts every HTTP request by the route template it matched by path and method

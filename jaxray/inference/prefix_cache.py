@@ -1,0 +1,142 @@
+"""Automatic prefix caching: the KV entries of prompt prefixes kept in blocks and reused.
+
+A prompt window's tokens are cut into blocks of ``block`` tokens; block j is named by the SHA-256
+chain of the blocks 0..j (its key), so a key stands for the whole prefix up to it, as in vLLM's
+automatic prefix caching. ``PrefixCache`` maps keys to slots of a fixed pool on the device
+(``kv_decode.store_blocks``/``start_cached``), evicting the least recently used; positions are
+absolute from the window's start, so a prefix's entries are the same in every prompt holding it."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+import numpy as np
+
+
+class PrefixCache:
+    """Keys of cached blocks -> pool slots, ``slots`` in all, least recently used first. Counts, as
+    vLLM's ``prefix_cache_queries``/``prefix_cache_hits`` do, the prompt tokens looked up
+    (``queries``) and those reused, not computed (``hits``), and the requests that reused some
+    (``hit_requests``). Not thread-safe (the engine's thread; other threads may read the counts)."""
+
+    def __init__(self, slots: int, block: int):
+        if slots < 1 or block < 1:
+            raise ValueError(f"a prefix cache needs at least one slot and block size, got {slots}, {block}")
+        self.block, self.slots = block, slots
+        self._slot: OrderedDict[bytes, int] = OrderedDict()
+        self._free = list(range(slots - 1, -1, -1))
+        self.queries = self.hits = self.hit_requests = 0
+
+    def keys(self, tokens: np.ndarray) -> list[bytes]:
+        """The key of each whole block of ``tokens`` [n] int32 (n // block keys)."""
+        keys, digest = [], b""
+        for j in range(len(tokens) // self.block):
+            block = np.ascontiguousarray(tokens[j * self.block : (j + 1) * self.block], np.int32)
+            digest = hashlib.sha256(digest + block.tobytes()).digest()
+            keys.append(digest)
+        return keys
+
+    def lookup(self, keys: list[bytes]) -> list[int]:
+        """The slots of the longest cached run of ``keys`` from the first (a later block is of use
+        only after all before it), marked as just used."""
+        found = []
+        for key in keys:
+            if key not in self._slot:
+                break
+            found.append(self._slot[key])
+        for key in reversed(keys[: len(found)]):  # the first block most recent: evicted last
+            self._slot.move_to_end(key)
+        return found
+
+    def count(self, prompt_tokens: int, hit_blocks: int) -> None:
+        """Record one request of ``prompt_tokens`` that reused ``hit_blocks`` blocks (0: none)."""
+        self.queries += prompt_tokens
+        self.hits += hit_blocks * self.block
+        self.hit_requests += hit_blocks > 0
+
+    def claim(self, keys: list[bytes], taken: set[bytes]) -> list[tuple[int, int]]:
+        """Slots for the blocks of ``keys`` not cached yet: [(block index, slot)], evicting the least
+        recently used keys, never one of ``taken`` (claimed by this batch; updated). Stops when
+        every slot is taken."""
+        claimed = []
+        for j, key in enumerate(keys):
+            if key in self._slot:
+                continue
+            if not self._free:
+                oldest = next((k for k in self._slot if k not in taken), None)
+                if oldest is None:
+                    break
+                self._free.append(self._slot.pop(oldest))
+            self._slot[key] = slot = self._free.pop()
+            taken.add(key)
+            claimed.append((j, slot))
+        return claimed
+
+    def info(self) -> dict:
+        """JSON-able figures: slots, block tokens, slots used, the counts (tokens, requests)."""
+        return {
+            "slots": self.slots,
+            "block_tokens": self.block,
+            "used": len(self._slot),
+            "query_tokens": self.queries,
+            "hit_tokens": self.hits,
+            "hit_requests": self.hit_requests,
+        }
+
+
+def fit_hits(
+    chains: list[int], lengths: np.ndarray, buckets: tuple[int, ...], block: int, size: int
+) -> tuple[list[int], int]:
+    """(blocks each prompt reuses, the bucket its rest is prefilled in): each prompt of ``lengths``
+    tokens reuses up to its cached run of ``chains`` blocks, leaving at least one token to prefill
+    (its logits sample the first new token), and no more than lets the bucket fit in ``size``
+    positions after it (``write_span``); ``buckets`` end with ``size``."""
+    hits = [min(chain, (int(n) - 1) // block) for chain, n in zip(chains, lengths)]
+    while True:
+        rest = max(int(n) - hit * block for n, hit in zip(lengths, hits))
+        bucket = next(b for b in buckets if b >= rest)
+        fitted = [min(hit, (size - bucket) // block) for hit in hits]
+        if fitted == hits:
+            return hits, bucket
+        hits = fitted
+
+
+def plan_prefill(
+    cache: PrefixCache, tokens: np.ndarray, lengths: np.ndarray, requests: int, buckets: tuple[int, ...]
+) -> tuple[list[list[bytes]], int, tuple[np.ndarray, ...] | None]:
+    """For a batch of prompt windows (``tokens`` [B, S] int32, ``lengths`` [B]; the first ``requests``
+    rows real): (each row's block keys, the bucket to prefill in, ``kv_decode.start_cached``'s
+    (table [B, nb], hits [B], rest [B, bucket], rest lengths [B]) or None when no row reuses a
+    block: a plain prefill). Counts each request's lookup."""
+    size = tokens.shape[1]
+    nb = size // cache.block
+    keys = [cache.keys(tokens[i, : lengths[i]])[:nb] for i in range(requests)]
+    chains = [cache.lookup(k) for k in keys]
+    hits, bucket = fit_hits([len(c) for c in chains], lengths[:requests], buckets, cache.block, size)
+    for hit, n in zip(hits, lengths):
+        cache.count(int(n), hit)
+    if not any(hits):
+        return keys, bucket, None
+    table, starts = np.zeros((len(tokens), nb), np.int32), np.zeros(len(tokens), np.int32)
+    rest = np.zeros((len(tokens), bucket), np.int32)
+    for i, (chain, hit) in enumerate(zip(chains, hits)):
+        table[i, :hit], starts[i] = chain[:hit], hit
+        rest[i, : lengths[i] - hit * cache.block] = tokens[i, hit * cache.block : lengths[i]]
+    return keys, bucket, (table, starts, rest, lengths - starts * cache.block)
+
+
+def store_plan(
+    cache: PrefixCache, keys: list[list[bytes]], rows: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``kv_decode.store_blocks``'s (rows, blocks, slots) [``rows``] int32 for the blocks of ``keys``
+    (per batch row) not cached yet, padded with slot ``cache.slots`` (written nowhere); None when
+    there are none."""
+    taken: set[bytes] = set()
+    claimed = [(i, j, slot) for i, row in enumerate(keys) for j, slot in cache.claim(row, taken)]
+    if not claimed:
+        return None
+    plan = np.zeros((3, rows), np.int32)
+    plan[2] = cache.slots
+    plan[:, : len(claimed)] = np.asarray(claimed[:rows], np.int32).T
+    return plan[0], plan[1], plan[2]
