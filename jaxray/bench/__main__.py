@@ -93,7 +93,9 @@ COMMANDS = {  # name: (help, options); all but serve also take COMMON
         ("--timeout", SECONDS, 120.0, "s before a request counts as dropped"),
         ("--prompt-bytes", COUNT, 0, "random prompts of this many bytes instead of --prompt"),
         ("--shared-bytes", COUNT, 0, "with --prompt-bytes: each level twice, random prompts then "
-         "prompts sharing their first this many bytes (prefix caching's TTFT)")]),
+         "prompts sharing their first this many bytes (prefix caching's TTFT)"),
+        ("--long-clients", COUNT, 0, "more clients sending --long-bytes prompts meanwhile (chunked prefill)"),
+        ("--long-bytes", INT, 1000, "their prompts' bytes")]),
 }
 # fmt: on
 

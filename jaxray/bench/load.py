@@ -6,6 +6,8 @@ the first text event) and inter-token latency (ITL: between text events), client
 over measured successes; the engine's rows per decode call and busy share come from ``GET /info``.
 With ``--prompt-bytes N`` each request sends N random letters; with ``--shared-bytes M`` too, each
 level runs again with prompts whose first M bytes are the same (a system prompt: prefix caching).
+``--long-clients K``: K more clients send ``--long-bytes`` random prompts meanwhile; the row's
+figures are the other clients' streams (chunked prefill's ITL), the long ones' count and TTFT apart.
 Outcomes: ok; 4xx and 5xx by HTTP status, 5xx also for an ``event: error`` mid-stream (the engine
 failed); dropped for a connection cut, refused or timed out before the done event; other for an
 answer that is not /generate's."""
@@ -28,7 +30,7 @@ from jaxray.reporting.format import finite
 
 COLUMNS = "clients prompts requests rps new_tokens_per_s p50_ms p95_ms p99_ms ttft_p50_ms ttft_p99_ms"
 COLUMNS += " ttft_p50_vs_random itl_p50_ms itl_p99_ms rows_per_step engine_busy_pct errors_4xx errors_5xx"
-COLUMNS += " dropped client_cpu_pct"
+COLUMNS += " dropped long_requests long_ttft_p50_ms client_cpu_pct"
 ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ,.", np.uint8)  # of --prompt-bytes prompts
 STREAM_ERROR = "5xx"  # the outcome of an error event mid-stream: it fails the zero-5xx bar as HTTP 5xx do
 
@@ -146,27 +148,42 @@ async def run_level(args, clients: int, shared: bool = False) -> dict:
     body = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     body |= {"top_k": args.top_k} if args.top_k else {}
     ask = lambda seed: body | {"seed": seed, "prompt": prompt_for(args, seed, shared, clients)}  # noqa: E731
-    timeout, connector = aiohttp.ClientTimeout(total=args.timeout), aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
+    long = args.long_clients
+    timeout = aiohttp.ClientTimeout(total=args.timeout)
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=clients + long), timeout=timeout
+    ) as s:
         seeds = [(args.seed + c * 1_000_003) % 2**32 for c in range(clients)]
         samples = list(await asyncio.gather(*(send(s, args.url, ask(k), True) for k in seeds)))
-        loop = asyncio.get_running_loop()
+        loop, longs = asyncio.get_running_loop(), []
         before = await engine_stats(s, args.url)
         cpu0, start = time.process_time(), loop.time()
 
-        async def client(seed: int) -> None:
+        async def client(seed: int, into: list, make) -> None:
             k = 1
             while loop.time() < start + args.duration:
-                samples.append(sample := await send(s, args.url, ask((seed + k) % 2**32)))
+                into.append(sample := await send(s, args.url, make((seed + k) % 2**32)))
                 k += 1
                 if sample.outcome == "dropped":
                     await asyncio.sleep(0.1)  # a dead server is not hammered in a tight loop
 
-        await asyncio.gather(*(client(k) for k in seeds))
+        def ask_long(seed: int) -> dict:  # --long-bytes random letters, never a prefix of another's
+            letters = np.random.default_rng([seed, clients, 2]).choice(ALPHABET, args.long_bytes)
+            return body | {"seed": seed, "prompt": letters.tobytes().decode()}
+
+        await asyncio.gather(
+            *(client(k, samples, ask) for k in seeds),
+            *(client(2**31 + k * 7_919, longs, ask_long) for k in range(long)),
+        )
         wall = loop.time() - start
         after = await engine_stats(s, args.url)
     row = summarize(samples, clients, start, start + args.duration) | engine_share(before, after, wall)
     row |= {"prompts": prompts_label(args, shared), "shared": shared}
+    if long:  # the clients' figures above are the short prompts' streams alone
+        done = [x for x in longs if x.outcome == "ok"]
+        ttft = [x.ttft_ms for x in done if x.ttft_ms is not None]
+        row |= {"long_requests": len(done), "long_errors": len(longs) - len(done)}
+        row["long_ttft_p50_ms"] = float(np.percentile(ttft, 50)) if ttft else None
     return row | {"client_cpu_pct": 100.0 * (time.process_time() - cpu0) / wall}
 
 

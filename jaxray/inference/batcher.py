@@ -2,11 +2,15 @@
 
 The running batch is one ``DecodeState``: between two ``step`` calls new requests are prefilled and
 joined, and finished rows dropped, on device with the engine's compiled ``gather`` programs. Rows
-are independent, so a request's tokens do not depend on its batch-mates. Driven from one thread."""
+are independent, so a request's tokens do not depend on its batch-mates. With chunked prefill
+(``settings.prefill_chunk``) a longer prompt is prefilled one chunk per ``step``, before its decode
+call, and joins with its last chunk: rows decoding meanwhile wait for one chunk, not the whole
+prompt (vLLM's chunked prefill). Driven from one thread."""
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -40,13 +44,15 @@ class Batcher:
         self.state = None
         self.rows: list[Hashable | None] = []  # the ticket of each row of ``state``; None: free
         self._left: dict[Hashable, int] = {}  # tokens each live request still expects
+        # Requests prefilled a chunk per step, oldest first: [ticket, request, prompt tokens prefilled].
+        self._prefilling: deque[list] = deque()
         self.decode_calls = self.rows_decoded = 0
         self.admit_s = self.decode_s = 0.0  # time spent in admit and step, seconds
 
     @property
     def live(self) -> int:
-        """Requests in the running batch."""
-        return len(self._left)
+        """Requests in the running batch or being prefilled into it."""
+        return len(self._left) + len(self._prefilling)
 
     @property
     def free(self) -> int:
@@ -55,13 +61,23 @@ class Batcher:
 
     def admit(self, requests: list[Request], tickets: list[Hashable]) -> list[Update]:
         """Prefill ``requests`` (checked; 1..free of them) and join them to the running batch;
-        ``tickets`` (distinct from live ones) name them in updates. Returns each one's first token.
-        Raises ValueError when they do not fit."""
+        ``tickets`` (distinct from live ones) name them in updates. Returns each one's first token;
+        one whose prompt is longer than ``prefill_chunk`` has none yet (``step`` prefills it and
+        gives it). Raises ValueError when they do not fit."""
         if not 1 <= len(requests) <= self.free or len(tickets) != len(requests):
             raise ValueError(
                 f"admit takes 1..{self.free} requests (free rows) with one ticket each, got "
                 f"{len(requests)} requests and {len(tickets)} tickets"
             )
+        chunk = self.engine.settings.prefill_chunk
+        now = [i for i, r in enumerate(requests) if not chunk or self.engine.prompt_tokens(r) <= chunk]
+        self._prefilling.extend([tickets[i], r, 0] for i, r in enumerate(requests) if i not in now)
+        if not now:
+            return []
+        return self._join([requests[i] for i in now], [tickets[i] for i in now])
+
+    def _join(self, requests: list[Request], tickets: list[Hashable]) -> list[Update]:
+        """Prefill ``requests`` (whose prompts' earlier chunks the prefix cache may hold) and join them."""
         begin = time.perf_counter()
         fresh, first = self.engine.start(requests)
         live = self._live_rows()
@@ -81,11 +97,31 @@ class Batcher:
         return updates
 
     def step(self) -> list[Update]:
-        """One ``Engine.decode_chunk`` call over the running batch: the new tokens of every live
-        request (nothing when there is none). Finished requests leave the batch."""
-        if not self.live:
-            return []
-        self.decode_calls, self.rows_decoded = self.decode_calls + 1, self.rows_decoded + self.live
+        """The next prefill chunk of the oldest request being prefilled (its first token when it was
+        the last), then one ``Engine.decode_chunk`` call over the running batch: the new tokens of
+        every live request (nothing when there is none). Finished requests leave the batch."""
+        updates = self._prefill_chunk() if self._prefilling else []
+        if not self._left:
+            return updates
+        return updates + self._decode()
+
+    def _prefill_chunk(self) -> list[Update]:
+        """Prefill the next chunk of the oldest prefilling request into the prefix cache; join it
+        with its last one (its first token)."""
+        entry = self._prefilling[0]
+        ticket, request, done = entry
+        chunk = self.engine.settings.prefill_chunk
+        if done + chunk >= self.engine.prompt_tokens(request):
+            self._prefilling.popleft()
+            return self._join([request], [ticket])
+        begin = time.perf_counter()
+        entry[2] = done + chunk
+        self.engine.prefill_blocks(request, entry[2])
+        self.admit_s += time.perf_counter() - begin
+        return []
+
+    def _decode(self) -> list[Update]:
+        self.decode_calls, self.rows_decoded = self.decode_calls + 1, self.rows_decoded + len(self._left)
         begin = time.perf_counter()
         self.state, out, counts = self.engine.decode_chunk(self.state)
         updates = []
@@ -100,16 +136,18 @@ class Batcher:
     def cancel(self, tickets: list[Hashable]) -> list[Update]:
         """End the live requests of ``tickets`` now (a client that stopped reading): their rows are
         freed; an empty final ``Update`` for each one that was live."""
+        prefilling = [e[0] for e in self._prefilling if e[0] in tickets]
+        self._prefilling = deque(e for e in self._prefilling if e[0] not in tickets)
         live = [t for t in tickets if t in self._left]
         for ticket in live:
             self._left[ticket] = 0
         self._drop_finished()
-        return [Update(ticket, [], True) for ticket in live]
+        return [Update(ticket, [], True) for ticket in prefilling + live]
 
     def reset(self) -> list[Hashable]:
         """Forget the running batch (after an engine failure); returns the tickets it held."""
-        tickets = list(self._left)
-        self.state, self.rows, self._left = None, [], {}
+        tickets = list(self._left) + [e[0] for e in self._prefilling]
+        self.state, self.rows, self._left, self._prefilling = None, [], {}, deque()
         return tickets
 
     def _live_rows(self) -> list[int]:
@@ -125,7 +163,7 @@ class Batcher:
         if not self._left:
             self.state, self.rows = None, []
             return
-        target = self.engine.batch_for(self.live)
+        target = self.engine.batch_for(len(self._left))
         if target < len(self.rows):
             live = self._live_rows()
             self.state = self.engine.gather([self.state], *_index(live, target))

@@ -93,6 +93,10 @@ class Engine:
         setting when the programs have none (an export artifact) or one block does not fit."""
         mib, block, cfg = self.settings.prefix_cache_mib, self.settings.prefix_block, self.config
         if not mib:
+            if self.settings.prefill_chunk:
+                raise ValueError(
+                    "prefill_chunk needs the prefix cache (prefix_cache_mib > 0), which holds its chunks"
+                )
             return
         if self.programs.start_cached is None:
             raise ValueError("prefix_cache_mib: an export artifact has no prefix-cache programs; set 0")
@@ -104,6 +108,8 @@ class Engine:
             raise ValueError(f"prefix_cache_mib {mib} holds no block of {block} tokens of this model")
         self.prefix = PrefixCache(slots, block)
         self.pool = jnp.zeros((slots, *shape), cfg.dtype)
+        if self.settings.prefill_chunk % block:
+            raise ValueError(f"prefill_chunk must be a multiple of prefix_block {block}")
 
     @classmethod
     def for_model(cls, model, params, settings: EngineSettings | None = None, source: str = "") -> Engine:
@@ -159,11 +165,17 @@ class Engine:
         """The smallest compiled batch size that holds ``rows`` (1..max_batch_size)."""
         return next(b for b in self.settings.batch_sizes if b >= rows)
 
-    def start(self, requests: list[Request]) -> tuple[kv_decode.DecodeState, np.ndarray]:
+    def prefill_blocks(self, request: Request, tokens: int) -> None:
+        """Prefill the first ``tokens`` (a multiple of prefix_block) of ``request``'s prompt window into
+        the prefix cache, reusing what it holds (chunked prefill; the token sampled is dropped)."""
+        window, _ = prompt_window(request.prompt, self.context_len)
+        self.start([Request(window[:tokens].astype(np.uint8).tobytes(), 1, 0.0, None, 0)], count=False)
+
+    def start(self, requests: list[Request], count: bool = True) -> tuple[kv_decode.DecodeState, np.ndarray]:
         """Prefill checked ``requests`` at the smallest batch size and bucket that hold them:
         (DecodeState, padding rows finished; first new token per request [len(requests)] int32).
         With a prefix cache, each prompt's longest cached prefix is read from the pool and only the
-        rest prefilled; its new whole blocks are then kept."""
+        rest prefilled; its new whole blocks are then kept (``count``: in the cache's counts)."""
         batch = self.batch_for(len(requests))
         if self.prefix is None:
             bucket = next(b for b in self.buckets if b >= max(map(self.prompt_tokens, requests)))
@@ -172,7 +184,7 @@ class Engine:
             )
             return state, np.asarray(first)[: len(requests)]
         tokens, lengths, *sampling = self._inputs(requests, self.config.max_seq_len, batch)  # whole windows
-        keys, bucket, cached = plan_prefill(self.prefix, tokens, lengths, len(requests), self.buckets)
+        keys, bucket, cached = plan_prefill(self.prefix, tokens, lengths, len(requests), self.buckets, count)
         if cached is not None:
             program = self._program("start_cached", bucket, batch)
             state, first = program(self.params, self.pool, *cached, tokens, *sampling)

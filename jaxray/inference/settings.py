@@ -36,6 +36,7 @@ class EngineSettings(BaseModel):
     context_keep: int | None = Field(None, ge=2, strict=True)
     prefix_cache_mib: int = Field(0, ge=0, le=1 << 20, strict=True)
     prefix_block: int = Field(32, gt=0, le=100_000, strict=True)
+    prefill_chunk: int = Field(0, ge=0, le=100_000, strict=True)
 
     @field_validator("buckets", "batch_sizes")
     @classmethod

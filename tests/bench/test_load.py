@@ -127,18 +127,18 @@ class StandIn:
 
 def load_args(url: str, **more) -> SimpleNamespace:
     base = {"url": url, "prompt": "ROMEO:", "max_new_tokens": 8, "temperature": 0.8, "top_k": None, "seed": 0}
-    base |= {"prompt_bytes": 0, "shared_bytes": 0}
+    base |= {"prompt_bytes": 0, "shared_bytes": 0, "long_clients": 0, "long_bytes": 1000}
     return SimpleNamespace(**(base | {"timeout": 10.0, "duration": 0.5} | more))
 
 
-async def _against(stand_in: StandIn, clients: int) -> dict:
+async def _against(stand_in: StandIn, clients: int, **more) -> dict:
     runner = web.AppRunner(stand_in.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     try:
         return await run_level(
-            load_args(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"), clients
+            load_args(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", **more), clients
         )
     finally:
         await runner.cleanup()
@@ -155,6 +155,16 @@ def test_client_streams_and_times_the_first_token():
     assert row["ttft_p50_ms"] < row["p50_ms"]  # the first text comes 30 ms before the done event
     assert 0 < row["itl_p50_ms"] <= row["itl_p99_ms"] < row["p99_ms"]  # "x" then "y": one gap each
     assert row["rows_per_step"] == 3.0 and row["engine_busy_pct"] > 0  # from /info before and after
+
+
+def test_long_prompt_clients_are_counted_apart_from_the_streams():
+    stand_in = StandIn(first_s=0.005, rest_s=0.01)
+    row = asyncio.run(_against(stand_in, clients=2, long_clients=1, long_bytes=50))
+    long = [p for p in stand_in.prompts if len(p) == 50]
+    short = [p for p in stand_in.prompts if p == "ROMEO:"]
+    assert len(long) + len(short) == len(stand_in.prompts) and len(set(long)) == len(long) > 0
+    assert row["long_requests"] == len(long) and row["long_errors"] == 0 and row["long_ttft_p50_ms"] > 0
+    assert row["requests"] == len(short) - 2  # the streams' own, less their warm-ups
 
 
 def test_client_counts_5xx_and_cut_streams_apart():

@@ -1,7 +1,9 @@
 """Prefix caching (``jaxray.inference.prefix_cache``): the model's ``extend`` continues a prefill;
 an engine with a prefix cache gives the same tokens as one without for the same seeds, whether the
 sharing prompts arrive together, one after another or through the continuous batcher; hits and
-reused tokens are counted; a pool too small for every prefix evicts the least recently used."""
+reused tokens are counted; a pool too small for every prefix evicts the least recently used.
+Chunked prefill through it: a long prompt joins after a chunk per step, the running rows getting
+tokens at each, and its tokens unchanged."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxray.inference.batcher import Batcher
+from jaxray.inference.batcher import Batcher, Update
 from jaxray.inference.engine import Engine, Request
 from jaxray.inference.kv_decode import _pad_cache
 from jaxray.inference.load import load_engine
@@ -98,10 +100,41 @@ def test_fit_hits_leaves_a_token_and_fits_the_bucket():
     assert fit_hits([3], np.array([31]), (16, 32), 8, 32) == ([2], 16)  # 3 blocks + 16 > 32
 
 
+def test_a_long_prompt_is_prefilled_a_chunk_per_step_and_samples_the_same(engines, tiny_transformer):
+    plain, _ = engines
+    model, params, _ = tiny_transformer
+    chunked = Engine.for_model(
+        model, params, EngineSettings(**SETTINGS, prefix_cache_mib=1, prefix_block=8, prefill_chunk=8)
+    )
+    running, long = Request(b"ab", 24, 0.9, None, 1), Request(SHARED + b"xy", 12, 0.9, None, 2)  # 30 bytes
+    batcher, got = Batcher(chunked), {0: [], 1: []}
+    for update in batcher.admit([running], [0]):
+        got[0] += update.tokens
+    assert batcher.admit([long], [1]) == [] and batcher.live == 2 and batcher.free == 2
+    chunks = 0
+    while not got[1]:  # chunks of 8: 0-8, 8-16, 16-24 into the cache; 24-30 with the join
+        updates = batcher.step()
+        # the running row decoded at each step until done (1 + 8 + 8 + 7 tokens)
+        assert 0 in [u.ticket for u in updates if u.tokens] or len(got[0]) == 24
+        for update in updates:
+            got[update.ticket] += update.tokens
+        chunks += 1
+    assert chunks == 4 and chunked.prefix.queries == len(long.prompt) + 2  # the chunks are not counted
+    while batcher.live:
+        for update in batcher.step():
+            got[update.ticket] += update.tokens
+    assert [got[0], got[1]] == [c.tokens for c in plain.generate([running, long])]
+    assert batcher.cancel([0, 1]) == []
+    assert batcher.admit([long], [2]) == [] and batcher.cancel([2]) == [Update(2, [], True)]
+    assert batcher.live == 0 and batcher.step() == []
+
+
 @pytest.mark.parametrize(
     "settings, match",
     [
         ({"prefix_block": 32}, "prefix_block must be below max_seq_len 32"),
+        ({"prefix_block": 8, "prefill_chunk": 12}, "prefill_chunk must be a multiple of prefix_block 8"),
+        ({"prefill_chunk": 8, "prefix_cache_mib": 0}, "prefill_chunk needs the prefix cache"),
         ({"prefix_block": 16, "prefix_cache_mib": 0}, None),
     ],
 )
