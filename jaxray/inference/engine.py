@@ -108,8 +108,6 @@ class Engine:
             raise ValueError(f"prefix_cache_mib {mib} holds no block of {block} tokens of this model")
         self.prefix = PrefixCache(slots, block)
         self.pool = jnp.zeros((slots, *shape), cfg.dtype)
-        if self.settings.prefill_chunk % block:
-            raise ValueError(f"prefill_chunk must be a multiple of prefix_block {block}")
 
     @classmethod
     def for_model(cls, model, params, settings: EngineSettings | None = None, source: str = "") -> Engine:

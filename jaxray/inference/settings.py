@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from jaxray.argtypes import (
     FieldOptions,
@@ -45,6 +45,16 @@ class EngineSettings(BaseModel):
             raise ValueError("must be a non-empty list of positive integers")
         return tuple(sorted(set(value)))
 
+    @model_validator(mode="after")
+    def _chunks_in_the_cache(self) -> EngineSettings:
+        if self.prefill_chunk and not self.prefix_cache_mib:
+            raise ValueError(
+                "prefill_chunk needs the prefix cache (prefix_cache_mib > 0), which holds its chunks"
+            )
+        if self.prefill_chunk % self.prefix_block:
+            raise ValueError(f"prefill_chunk must be a multiple of prefix_block {self.prefix_block}")
+        return self
+
 
 # EngineSettings' fields as command-line options (jaxray.argtypes.add_field_options).
 OPTIONS: FieldOptions = {
@@ -66,6 +76,11 @@ OPTIONS: FieldOptions = {
     "prefix_block": (
         positive_int,
         "tokens per prefix-cache block (a prefix is reused whole blocks at a time)",
+        "",
+    ),
+    "prefill_chunk": (
+        non_negative_int,
+        "prefill longer prompts this many tokens per decode step (a multiple of --prefix-block; 0: at once)",
         "",
     ),
 }

@@ -144,7 +144,7 @@ def test_bad_prefix_settings(tiny_transformer, settings, match):
     if match is None:
         assert build().prefix is None
     else:
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(ValueError, match=match):  # pydantic's ValidationError is a ValueError
             build()
 
 
