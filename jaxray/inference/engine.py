@@ -132,10 +132,12 @@ class Engine:
 
     def compile(self) -> dict:
         """Compile, then run once, every ``start`` (per bucket and batch size), ``decode_chunk`` and
-        ``gather`` program; idempotent. Returns {"compile_s", "programs"}."""
+        ``gather`` program, and the prefix cache's (compiled, not run: the warm-up bypasses the
+        cache, which would send a repeated prompt past ``start``); idempotent. Returns
+        {"compile_s", "programs"}."""
         if not self.compiled:
             begin = time.perf_counter()
-            states = {}
+            states, prefix, self.prefix = {}, self.prefix, None
             for batch in self.settings.batch_sizes:
                 for bucket in self.buckets:  # a prompt of the bucket's length compiles and runs its programs
                     for _ in self._stream([Request(b"a" * bucket, 2, 0.5, 1)] * batch):
@@ -143,12 +145,11 @@ class Engine:
                 states[batch], _ = self.start([Request(b"a", 2, 0.5, 1)] * batch)
             for sizes, target in gather_shapes(self.settings.batch_sizes):
                 self.gather([states[b] for b in sizes], np.zeros(target, np.int32), np.zeros(target, bool))
-            for batch in self.settings.batch_sizes if self.prefix else ():
+            self.prefix = prefix
+            for batch in self.settings.batch_sizes if prefix else ():
                 self._program("store", None, batch)
                 for bucket in self.buckets:
                     self._program("start_cached", bucket, batch)
-            if self.prefix:  # the warm-up prompts' blocks and counts are not the users'
-                self.prefix = PrefixCache(self.prefix.slots, self.prefix.block)
             self.compile_s = time.perf_counter() - begin
             log.info(
                 "compiled %d programs in %.1f s (buckets %s, batch sizes %s)",

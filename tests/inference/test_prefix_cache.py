@@ -51,6 +51,7 @@ def test_extend_continues_a_prefill(tiny_transformer):
 
 def test_the_same_tokens_with_and_without_the_cache(engines):
     plain, cached = engines
+    compiled = cached.info()["programs"]
     expected = [c.tokens for c in plain.generate(requests())]
     assert cached.prefix.queries == 0  # compile's warm-up is forgotten
     assert [c.tokens for c in cached.generate(requests())] == expected  # together: nothing cached yet
@@ -69,6 +70,7 @@ def test_the_same_tokens_with_and_without_the_cache(engines):
             got[update.ticket].extend(update.tokens)
     assert [got[i] for i in range(4)] == expected
     assert cached.info()["prefix_cache"]["hit_requests"] == 8
+    assert cached.info()["programs"] == compiled  # nothing compiled after compile
 
 
 def test_a_prompt_of_whole_blocks_still_prefills_its_last_token(engines):
