@@ -5,6 +5,7 @@
 
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -31,8 +32,30 @@ class StreamOptions(BaseModel):
     include_usage: bool = Field(False, description="a last chunk with empty choices and the usage")
 
 
+# OpenAI fields jaxray does not implement -> the neutral values it accepts for them (clients such as
+# the openai package send their defaults); any other value is refused by name, as vLLM refuses what
+# it cannot do.
+NEUTRAL: dict[str, tuple] = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (False,),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "repetition_penalty": (None, 1),
+    "logit_bias": (None, {}),
+    "best_of": (None, 1),
+    "suffix": (None,),
+}
+
+
+def neutral_words(field: str) -> str:
+    """What ``field`` (of ``NEUTRAL``) accepts, in words."""
+    return " or ".join(json.dumps(v) for v in NEUTRAL[field]) + " (jaxray does not implement it)"
+
+
 class _OpenAI(SamplingRequest):
-    """The fields both OpenAI routes share (vLLM's names and defaults)."""
+    """The fields both OpenAI routes share (vLLM's names and defaults); ``NEUTRAL``'s accepted at
+    their neutral values."""
 
     model: str | None = Field(None, description="the served model's id (GET /v1/models); null: that one")
     temperature: Temperature = 1.0  # OpenAI's default
@@ -46,6 +69,23 @@ class _OpenAI(SamplingRequest):
     stream: Stream = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, description="the end user's id (OpenAI's field): accepted, unused")
+    logprobs: Any = Field(None, description=f"only {neutral_words('logprobs')}")
+    top_logprobs: Any = Field(None, description=f"only {neutral_words('top_logprobs')}")
+    echo: Any = Field(False, description=f"only {neutral_words('echo')}")
+    presence_penalty: Any = Field(0, description=f"only {neutral_words('presence_penalty')}")
+    frequency_penalty: Any = Field(0, description=f"only {neutral_words('frequency_penalty')}")
+    repetition_penalty: Any = Field(None, description=f"only {neutral_words('repetition_penalty')}")
+    logit_bias: Any = Field(None, description=f"only {neutral_words('logit_bias')}")
+    best_of: Any = Field(None, description=f"only {neutral_words('best_of')}")
+    suffix: Any = Field(None, description=f"only {neutral_words('suffix')}")
+
+    @field_validator(*NEUTRAL)
+    @classmethod
+    def _neutral(cls, value: Any, info: ValidationInfo) -> Any:
+        field = info.field_name
+        if not any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in NEUTRAL[field]):
+            raise ValueError(f"{field} {json.dumps(value)} is not supported: only {neutral_words(field)}")
+        return value
 
     @field_validator("top_k", mode="before")
     @classmethod

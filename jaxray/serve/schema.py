@@ -159,8 +159,10 @@ def allowed(model: type[BaseModel], field: str, limits: Limits) -> str:
         "model": "the served model's id (GET /v1/models), or null",
         "user": "a string (unused)",
     }
-    known = field == "body" or field in model.model_fields
-    return words[field] if known else f"one of the fields {', '.join(model.model_fields)}"
+    known = model.model_fields.get(field)
+    if field != "body" and known is None:
+        return f"one of the fields {', '.join(model.model_fields)}"
+    return words[field] if field in words else known.description or ""
 
 
 def parse(model: type[SamplingRequest], body: bytes, limits: Limits) -> SamplingRequest:

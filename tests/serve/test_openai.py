@@ -45,6 +45,11 @@ async def tokens(*chunks: bytes):
         (CompletionRequest, b'{"prompt": "a", "stream_options": {"include_usage": true}}', "stream_options"),
         (CompletionRequest, b'{"prompt": "a", "temperature": NaN}', "temperature"),
         (CompletionRequest, b'{"prompt": "a", "echo": true}', "echo"),
+        (CompletionRequest, b'{"prompt": "a", "presence_penalty": 0.5}', "presence_penalty"),
+        (CompletionRequest, b'{"prompt": "a", "frequency_penalty": false}', "frequency_penalty"),
+        (CompletionRequest, b'{"prompt": "a", "logprobs": 2}', "logprobs"),
+        (CompletionRequest, b'{"prompt": "a", "logit_bias": {"65": 10}}', "logit_bias"),
+        (ChatRequest, b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}', "logprobs"),
         (CompletionRequest, b'{"max_tokens": 5}', "prompt"),
         (ChatRequest, b'{"messages": []}', "messages"),
         (ChatRequest, b'{"messages": [{"role": "robot", "content": "hi"}]}', "messages"),
@@ -62,6 +67,21 @@ def test_bad_requests_are_400_naming_the_field(model, body, field):
     error = caught.value.body()["error"]
     assert caught.value.status == 400 and error["param"] == field and error["code"] == 400
     assert error["type"] == "invalid_request_error" and error["message"] and error["allowed"]
+
+
+def test_what_clients_send_by_default_is_accepted():
+    """The neutral values of fields jaxray does not implement, as the openai package and others send
+    them (vLLM accepts them too); the refusal of another value names the field and what it takes."""
+    neutral = {"logprobs": None, "echo": False, "presence_penalty": 0, "frequency_penalty": 0.0}
+    neutral |= {"logit_bias": {}, "best_of": 1, "suffix": None, "top_logprobs": 0, "repetition_penalty": 1}
+    parse(CompletionRequest, json.dumps({"prompt": "a", **neutral}).encode(), LIMITS)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": False, "logit_bias": None}
+    parse(ChatRequest, json.dumps(chat).encode(), LIMITS)
+    with pytest.raises(ApiError) as caught:
+        parse(CompletionRequest, b'{"prompt": "a", "presence_penalty": 0.5}', LIMITS)
+    error = caught.value.body()["error"]
+    assert error["message"] == "presence_penalty 0.5 is not supported: only 0 (jaxray does not implement it)"
+    assert error["allowed"] == "only 0 (jaxray does not implement it)"
 
 
 def test_a_rendered_prompt_over_the_limit_names_the_field_and_the_limit():
