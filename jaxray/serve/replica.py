@@ -74,7 +74,10 @@ class JaxrayServer:
             jax.devices(),
         )
         self.limits = Limits(
-            settings.max_new_tokens, settings.max_prompt_bytes, self.engine.config.vocab_size
+            settings.max_new_tokens,
+            settings.max_prompt_bytes,
+            self.engine.config.vocab_size,
+            self.engine.context_len,
         )
         batch, wait_ms = args.max_batch_size, args.batch_wait_ms
         self.batching = {"max_batch_size": batch, "batch_wait_ms": wait_ms, "compute_cpus": cpus}

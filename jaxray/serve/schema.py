@@ -24,6 +24,7 @@ class Limits:
     max_new_tokens: int  # cap on new tokens per request
     max_prompt_bytes: int  # UTF-8 bytes of the prompt
     vocab_size: int = 256  # top_k is 1..vocab_size
+    context_len: int | None = None  # prompt bytes the model reads (max_model_len); a longer chat is refused
 
     @property
     def max_body_bytes(self) -> int:
@@ -191,8 +192,8 @@ def parse(model: type[SamplingRequest], body: bytes, limits: Limits) -> Sampling
 
 def prompt_bytes(model: type[SamplingRequest], req: SamplingRequest, limits: Limits) -> bytes:
     """``req``'s prompt as the model reads it (a chat's messages rendered as a play script), UTF-8.
-    Raises ApiError(400) naming ``model.prompt_field`` when it cannot be encoded (a lone surrogate)
-    or is over ``limits.max_prompt_bytes``."""
+    Raises ApiError(400) naming ``model.prompt_field`` when it cannot be encoded (a lone surrogate),
+    is over ``limits.max_prompt_bytes``, or is a chat over ``limits.context_len``."""
     field = model.prompt_field
     try:
         prompt = req.text().encode("utf-8")
@@ -201,6 +202,14 @@ def prompt_bytes(model: type[SamplingRequest], req: SamplingRequest, limits: Lim
         raise ApiError(400, field, message, allowed(model, field, limits)) from None
     if len(prompt) > (limit := limits.max_prompt_bytes):
         message = f"the rendered prompt is {len(prompt)} UTF-8 bytes, over the limit of {limit}"
+        raise ApiError(400, field, message, allowed(model, field, limits))
+    # A completion reads its prompt's last bytes (a window); a chat cut so would lose its system
+    # message and first turns unsaid, so it is refused, as vLLM refuses prompts past max_model_len.
+    if field == "messages" and limits.context_len is not None and len(prompt) > limits.context_len:
+        message = (
+            f"the rendered chat is {len(prompt)} UTF-8 bytes; the model reads at most "
+            f"{limits.context_len} (max_model_len): shorten or drop earlier messages"
+        )
         raise ApiError(400, field, message, allowed(model, field, limits))
     return prompt
 

@@ -99,6 +99,18 @@ def test_a_rendered_prompt_over_the_limit_names_the_field_and_the_limit():
     assert prompt_bytes(CompletionRequest, completion, LIMITS) == b"hi"
 
 
+def test_a_chat_longer_than_the_model_reads_is_refused_not_cut():
+    limits = Limits(max_new_tokens=100, max_prompt_bytes=500, context_len=40)
+    system = {"role": "system", "content": "You are a tragedian."}
+    body = json.dumps({"messages": [system, {"role": "user", "content": "x" * 30}]}).encode()
+    with pytest.raises(ApiError) as caught:
+        prompt_bytes(ChatRequest, parse(ChatRequest, body, limits), limits)
+    error = caught.value.body()["error"]
+    assert error["param"] == "messages" and "the model reads at most 40 (max_model_len)" in error["message"]
+    long = json.dumps({"prompt": "y" * 60}).encode()  # a completion reads its last 40 bytes, as documented
+    assert len(prompt_bytes(CompletionRequest, parse(CompletionRequest, long, limits), limits)) == 60
+
+
 def test_a_nested_error_names_where_in_the_field():
     with pytest.raises(ApiError) as caught:
         parse(ChatRequest, b'{"messages": [{"role": "user"}]}', LIMITS)
