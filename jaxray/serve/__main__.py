@@ -156,15 +156,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from jaxray.serve.app import build_app  # deferred: loads Ray and JAX, after --help has exited
 
-    given, base = read_config(args.config, parser.error) if args.config else ({}, {})
+    def fail(message: str) -> NoReturn:  # as argparse's errors, without its usage block
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+    given, base = read_config(args.config, fail) if args.config else ({}, {})
     options = {key: getattr(args, key) or given.get(key) or value for key, value in HTTP.items()}
     if problem := check_port(options["host"], options["port"]):
-        parser.error(f"--port: {problem}")
-    settings = app_args(args, parser.error, base)
+        fail(f"--port: {problem}")
+    settings = app_args(args, fail, base)
     try:  # checks the path, the batch limits and the checkpoint, restored once; starts nothing
         app = build_app(settings)
     except ValueError as err:
-        parser.error(str(err))
+        fail(str(err))
     joined = init_ray(args.verbose)
     # After ray.init, whose own handler would exit mid-call: SIGTERM (kill, docker stop, systemd)
     # stops the app as Ctrl-C does.

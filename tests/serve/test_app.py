@@ -89,6 +89,15 @@ def test_cli_refuses_bad_options_before_ray_starts(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
+def test_cli_errors_after_parsing_print_the_error_alone(capsys):
+    """A checkpoint or port error is one line, as generate's, not argparse's usage block first."""
+    with pytest.raises(SystemExit) as caught:
+        main(["--checkpoint", "no/such/dir"])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and "usage:" not in err
+    assert err.startswith("python -m jaxray.serve: error: checkpoint no/such/dir does not exist")
+
+
 def test_cli_reads_a_serve_config_and_refuses_a_bad_one_before_ray_starts(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     config = yaml.safe_load((ROOT / "serve" / "config.yaml").read_text())
