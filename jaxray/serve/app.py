@@ -17,8 +17,8 @@ from ray.serve.config import AutoscalingConfig
 
 from jaxray import storage
 from jaxray.checkpoint import remote
-from jaxray.inference.artifact_loader import read_artifact_manifest
-from jaxray.inference.load import check_source, describe_source, is_artifact, load_engine
+from jaxray.inference.artifact_loader import read_artifact_manifest, read_verified
+from jaxray.inference.load import check_source, describe_source, is_artifact
 from jaxray.serve.replica import JaxrayServer
 from jaxray.serve.settings import AppArgs, args_error, with_checkpoint
 
@@ -84,13 +84,11 @@ def build_app(args: AppArgs) -> Application:
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
     # Weights checked without a restore: a checkpoint's SHA-256 digests once, here (check_source;
-    # the replicas take it by its train_state.json's digest); an artifact is loaded, unless exported
-    # for another platform (then left to the replica).
-    if (
-        is_artifact(source)
-        and jax.export.default_export_platform() in read_artifact_manifest(source)["platforms"]
-    ):
-        load_engine(source, args.engine)  # only the check is wanted: the replica loads its own
+    # the replicas take it by its train_state.json's digest); an artifact's files against its
+    # manifest's digests, without JAX (a backend started here would be forked by ray.init's
+    # processes; the replica loads the programs).
+    if is_artifact(source):
+        read_verified(Path(source), read_artifact_manifest(source))
     # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
     pin = args.compute_cpus is not None or (args.autoscaling_config is None and args.num_replicas == 1)
     fetched = remote.source(source)  # a URI, or a run folder whose best checkpoint is on storage

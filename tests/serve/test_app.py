@@ -264,3 +264,26 @@ def test_serve_run_of_the_import_path_ends_with_the_cause_of_a_damaged_checkpoin
         proc.stderr[-3000:]
     )
     assert elapsed < 30 and "Started a local Ray instance" not in proc.stderr, (elapsed, proc.stderr)
+
+
+def test_an_artifact_is_checked_without_starting_jax(trained_transformer, tmp_path):
+    """build_app checks an export artifact's files by their digests without starting a JAX backend
+    (ray.init's processes would fork it: Python's os.fork() warning, twice, at start-up); a damaged
+    one is still refused."""
+    from jaxray.inference.artifact import export_checkpoint
+    from jaxray.inference.settings import EngineSettings
+
+    out = tmp_path / "artifact"
+    export_checkpoint(trained_transformer, out, EngineSettings(buckets=(16,), batch_sizes=(1,), chunk=8))
+    check = (
+        "import sys; from jaxray.serve.app import build_app; from jaxray.serve.settings import AppArgs; "
+        "engine = {'buckets': [16], 'batch_sizes': [1], 'chunk': 8}; "
+        "build_app(AppArgs(checkpoint=sys.argv[1], max_batch_size=1, engine=engine))"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "no_such_platform"}  # any backend started here fails
+    done = subprocess.run([sys.executable, "-c", check, str(out)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    weights = next(out.glob("*.npz"))
+    weights.write_bytes(weights.read_bytes()[:-10])
+    done = subprocess.run([sys.executable, "-c", check, str(out)], env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and f"{weights} is damaged" in done.stderr
