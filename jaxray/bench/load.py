@@ -297,6 +297,15 @@ def serve_report(args) -> Report:
         "advanced, engine busy: share of the level the engine thread spent in prefill and decode "
         "(both from GET /info: one replica's)"
     )
+    if args.long_clients:
+        notes.append(
+            f"{args.long_clients} more client(s) sent {args.long_bytes}-byte random prompts meanwhile: 'long "
+            "requests' and 'long TTFT' are theirs; every other figure is the other clients' streams'"
+        )
+    if not any(r.get("itl_p50_ms") for r in rows):
+        notes.append(
+            f"no ITL: each stream had one text event (--max-new-tokens {args.max_new_tokens} within a chunk)"
+        )
     for clients in args.clients if args.shared_bytes else ():
         if (x := summary.get(f"shared_ttft_p50_vs_random_{clients}")) is not None:
             shared = f"{clients} client(s), first {args.shared_bytes} bytes shared"

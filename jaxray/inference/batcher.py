@@ -69,17 +69,25 @@ class Batcher:
                 f"admit takes 1..{self.free} requests (free rows) with one ticket each, got "
                 f"{len(requests)} requests and {len(tickets)} tickets"
             )
-        chunk = self.engine.settings.prefill_chunk
-        now = [i for i, r in enumerate(requests) if not chunk or self.engine.prompt_tokens(r) <= chunk]
-        self._prefilling.extend([tickets[i], r, 0] for i, r in enumerate(requests) if i not in now)
+        chunk, now, counted = self.engine.settings.prefill_chunk, [], []
+        for ticket, request in zip(tickets, requests):
+            tokens = self.engine.prompt_tokens(request)
+            # Its prefix-cache lookup counted here, once: not its chunks', nor its join's.
+            cached = self.engine.count_prefix(request) if chunk and tokens > chunk else None
+            if cached is not None and tokens - cached > chunk:  # more than a chunk left to compute
+                self._prefilling.append([ticket, request, cached])
+            else:
+                now.append((ticket, request))
+                counted.append(cached is None)
         if not now:
             return []
-        return self._join([requests[i] for i in now], [tickets[i] for i in now])
+        return self._join([r for _, r in now], [t for t, _ in now], counted)
 
-    def _join(self, requests: list[Request], tickets: list[Hashable]) -> list[Update]:
-        """Prefill ``requests`` (whose prompts' earlier chunks the prefix cache may hold) and join them."""
+    def _join(self, requests: list[Request], tickets: list[Hashable], counted: list[bool]) -> list[Update]:
+        """Prefill ``requests`` (whose prompts' earlier chunks the prefix cache may hold) and join them;
+        ``counted``: whether each one's lookup is still to count in the cache's figures."""
         begin = time.perf_counter()
-        fresh, first = self.engine.start(requests)
+        fresh, first = self.engine.start(requests, counted)
         live = self._live_rows()
         joined = live + [len(self.rows) + i for i in range(len(requests))]  # rows of (running, fresh) joined
         target = self.engine.batch_for(len(joined))
@@ -99,11 +107,17 @@ class Batcher:
     def step(self) -> list[Update]:
         """The next prefill chunk of the oldest request being prefilled (its first token when it was
         the last), then one ``Engine.decode_chunk`` call over the running batch: the new tokens of
-        every live request (nothing when there is none). Finished requests leave the batch."""
-        updates = self._prefill_chunk() if self._prefilling else []
+        every live request (nothing when there is none), one ``Update`` each. Finished requests
+        leave the batch."""
+        joined = {u.ticket: u for u in self._prefill_chunk()} if self._prefilling else {}
         if not self._left:
-            return updates
-        return updates + self._decode()
+            return list(joined.values())
+        updates = self._decode()
+        for update in updates:  # a request joined by its last chunk: its first token, then these
+            if (first := joined.pop(update.ticket, None)) is not None:
+                update.tokens[:0] = first.tokens
+                update.done = update.done or first.done
+        return list(joined.values()) + updates
 
     def _prefill_chunk(self) -> list[Update]:
         """Prefill the next chunk of the oldest prefilling request into the prefix cache; join it
@@ -113,7 +127,7 @@ class Batcher:
         chunk = self.engine.settings.prefill_chunk
         if done + chunk >= self.engine.prompt_tokens(request):
             self._prefilling.popleft()
-            return self._join([request], [ticket])
+            return self._join([request], [ticket], [False])
         begin = time.perf_counter()
         entry[2] = done + chunk
         self.engine.prefill_blocks(request, entry[2])

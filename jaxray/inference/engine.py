@@ -100,14 +100,18 @@ class Engine:
             return
         if self.programs.start_cached is None:
             raise ValueError("prefix_cache_mib: an export artifact has no prefix-cache programs; set 0")
-        if block >= cfg.max_seq_len:
-            raise ValueError(f"prefix_block must be below max_seq_len {cfg.max_seq_len}, got {block}")
+        check_prefix_block(self.settings, cfg.max_seq_len)
         shape = (cfg.num_layers, 2, cfg.num_heads, block, cfg.head_dim)
         slots = mib * 2**20 // (math.prod(shape) * jnp.dtype(cfg.dtype).itemsize)
         if slots < 1:
             raise ValueError(f"prefix_cache_mib {mib} holds no block of {block} tokens of this model")
         self.prefix = PrefixCache(slots, block)
-        self.pool = jnp.zeros((slots, *shape), cfg.dtype)
+        try:
+            self.pool = jnp.zeros((slots, *shape), cfg.dtype)
+        except Exception as err:  # jaxlib's allocation error: no public class to name
+            raise ValueError(
+                f"prefix_cache_mib {mib}: its pool does not fit on {jax.devices()[0]}: {err}"
+            ) from None
 
     @classmethod
     def for_model(cls, model, params, settings: EngineSettings | None = None, source: str = "") -> Engine:
@@ -164,17 +168,29 @@ class Engine:
         """The smallest compiled batch size that holds ``rows`` (1..max_batch_size)."""
         return next(b for b in self.settings.batch_sizes if b >= rows)
 
+    def count_prefix(self, request: Request) -> int:
+        """The prompt tokens of ``request`` the prefix cache holds now (whole blocks, at least one
+        token left to compute), its lookup counted in the cache's figures."""
+        window, n = prompt_window(request.prompt, self.context_len)
+        chain = self.prefix.lookup(self.prefix.keys(window[:n]))
+        hit = min(len(chain), (n - 1) // self.prefix.block)
+        self.prefix.count(n, hit)
+        return hit * self.prefix.block
+
     def prefill_blocks(self, request: Request, tokens: int) -> None:
         """Prefill the first ``tokens`` (a multiple of prefix_block) of ``request``'s prompt window into
         the prefix cache, reusing what it holds (chunked prefill; the token sampled is dropped)."""
         window, _ = prompt_window(request.prompt, self.context_len)
-        self.start([Request(window[:tokens].astype(np.uint8).tobytes(), 1, 0.0, None, 0)], count=False)
+        self.start([Request(window[:tokens].astype(np.uint8).tobytes(), 1, 0.0, None, 0)], [False])
 
-    def start(self, requests: list[Request], count: bool = True) -> tuple[kv_decode.DecodeState, np.ndarray]:
+    def start(
+        self, requests: list[Request], counted: list[bool] | None = None
+    ) -> tuple[kv_decode.DecodeState, np.ndarray]:
         """Prefill checked ``requests`` at the smallest batch size and bucket that hold them:
         (DecodeState, padding rows finished; first new token per request [len(requests)] int32).
         With a prefix cache, each prompt's longest cached prefix is read from the pool and only the
-        rest prefilled; its new whole blocks are then kept (``count``: in the cache's counts)."""
+        rest prefilled; its new whole blocks are then kept (``counted``: whether each request's lookup
+        counts in the cache's figures; default all)."""
         batch = self.batch_for(len(requests))
         if self.prefix is None:
             bucket = next(b for b in self.buckets if b >= max(map(self.prompt_tokens, requests)))
@@ -183,7 +199,8 @@ class Engine:
             )
             return state, np.asarray(first)[: len(requests)]
         tokens, lengths, *sampling = self._inputs(requests, self.config.max_seq_len, batch)  # whole windows
-        keys, bucket, cached = plan_prefill(self.prefix, tokens, lengths, len(requests), self.buckets, count)
+        counted = [True] * len(requests) if counted is None else counted
+        keys, bucket, cached = plan_prefill(self.prefix, tokens, lengths, counted, self.buckets)
         if cached is not None:
             program = self._program("start_cached", bucket, batch)
             state, first = program(self.params, self.pool, *cached, tokens, *sampling)
@@ -356,6 +373,13 @@ def check_keep(settings: EngineSettings, max_seq_len: int) -> int:
     if not 2 <= keep <= context:
         raise ValueError(f"context_keep must be in 2..{context} (max_seq_len - 1), got {keep}")
     return keep
+
+
+def check_prefix_block(settings: EngineSettings, max_seq_len: int) -> None:
+    """ValueError naming prefix_block when the prefix cache is on and a block is not below
+    ``max_seq_len``."""
+    if settings.prefix_cache_mib and settings.prefix_block >= max_seq_len:
+        raise ValueError(f"prefix_block must be below max_seq_len {max_seq_len}, got {settings.prefix_block}")
 
 
 def gather_shapes(batch_sizes: tuple[int, ...]) -> list[tuple[tuple[int, ...], int]]:

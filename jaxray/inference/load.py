@@ -18,7 +18,7 @@ from jaxray.checkpoint import remote
 from jaxray.config import ModelConfig
 from jaxray.inference import kv_decode
 from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest
-from jaxray.inference.engine import Engine, Programs, check_keep, compiled_buckets
+from jaxray.inference.engine import Engine, Programs, check_keep, check_prefix_block, compiled_buckets
 from jaxray.inference.settings import EngineSettings
 from jaxray.reporting import checkpoint_line
 
@@ -32,9 +32,12 @@ def check_checkpoint(
     path: str | Path | checkpoint.Verified, settings: EngineSettings | None = None, purpose: str = "served"
 ) -> checkpoint.Verified:
     """The transformer checkpoint ``path`` resolves to, verified once and not restored. Raises
-    CheckpointError naming the path (no or non-transformer checkpoint), ValueError for context_keep."""
+    CheckpointError naming the path (no or non-transformer checkpoint), ValueError for context_keep
+    or prefix_block."""
     opened = runs.open_checkpoint(path, workload="transformer")
-    check_keep(settings or EngineSettings(), opened.require("transformer", purpose).max_seq_len)
+    max_seq_len = opened.require("transformer", purpose).max_seq_len
+    check_keep(settings or EngineSettings(), max_seq_len)
+    check_prefix_block(settings or EngineSettings(), max_seq_len)
     return opened
 
 

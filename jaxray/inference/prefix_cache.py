@@ -106,21 +106,21 @@ def plan_prefill(
     cache: PrefixCache,
     tokens: np.ndarray,
     lengths: np.ndarray,
-    requests: int,
+    counted: list[bool],
     buckets: tuple[int, ...],
-    count: bool = True,
 ) -> tuple[list[list[bytes]], int, tuple[np.ndarray, ...] | None]:
-    """For a batch of prompt windows (``tokens`` [B, S] int32, ``lengths`` [B]; the first ``requests``
-    rows real): (each row's block keys, the bucket to prefill in, ``kv_decode.start_cached``'s
-    (table [B, nb], hits [B], rest [B, bucket], rest lengths [B]) or None when no row reuses a
-    block: a plain prefill). Counts each request's lookup unless not ``count``."""
-    size = tokens.shape[1]
+    """For a batch of prompt windows (``tokens`` [B, S] int32, ``lengths`` [B]; the first
+    ``len(counted)`` rows real): (each row's block keys, the bucket to prefill in,
+    ``kv_decode.start_cached``'s (table [B, nb], hits [B], rest [B, bucket], rest lengths [B]) or
+    None when no row reuses a block: a plain prefill). Counts the lookups ``counted`` says."""
+    size, requests = tokens.shape[1], len(counted)
     nb = size // cache.block
     keys = [cache.keys(tokens[i, : lengths[i]])[:nb] for i in range(requests)]
     chains = [cache.lookup(k) for k in keys]
     hits, bucket = fit_hits([len(c) for c in chains], lengths[:requests], buckets, cache.block, size)
-    for hit, n in zip(hits, lengths if count else ()):
-        cache.count(int(n), hit)
+    for hit, n, count in zip(hits, lengths, counted):
+        if count:
+            cache.count(int(n), hit)
     if not any(hits):
         return keys, bucket, None
     table, starts = np.zeros((len(tokens), nb), np.int32), np.zeros(len(tokens), np.int32)

@@ -112,7 +112,7 @@ class Scheduler:
         steps: dict[_Group, list[list[int]]] = {}
         for update in updates:
             group, i = update.ticket
-            steps.setdefault(group, [[] for _ in group.requests])[i] = update.tokens
+            steps.setdefault(group, [[] for _ in group.requests])[i] += update.tokens
             group.unfinished -= update.done
             if update.done:
                 self._tickets.pop(id(group.requests[i]), None)

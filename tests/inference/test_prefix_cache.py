@@ -116,18 +116,24 @@ def test_a_long_prompt_is_prefilled_a_chunk_per_step_and_samples_the_same(engine
     chunks = 0
     while not got[1]:  # chunks of 8: 0-8, 8-16, 16-24 into the cache; 24-30 with the join
         updates = batcher.step()
+        assert len({u.ticket for u in updates}) == len(updates)  # one update per request and call
         # the running row decoded at each step until done (1 + 8 + 8 + 7 tokens)
         assert 0 in [u.ticket for u in updates if u.tokens] or len(got[0]) == 24
         for update in updates:
             got[update.ticket] += update.tokens
         chunks += 1
-    assert chunks == 4 and chunked.prefix.queries == len(long.prompt) + 2  # the chunks are not counted
+    assert chunks == 4 and len(got[1]) == 1 + 8  # the join's first token, then its first decode call
     while batcher.live:
         for update in batcher.step():
             got[update.ticket] += update.tokens
     assert [got[0], got[1]] == [c.tokens for c in plain.generate([running, long])]
-    assert batcher.cancel([0, 1]) == []
-    assert batcher.admit([long], [2]) == [] and batcher.cancel([2]) == [Update(2, [], True)]
+    # Counted once each, at admission: a prompt's own chunks are not hits.
+    assert (chunked.prefix.queries, chunked.prefix.hits) == (len(running.prompt) + len(long.prompt), 0)
+    # Its prefix now cached, the same prompt joins at once: no chunk left but the last.
+    assert [u.ticket for u in batcher.admit([long], [3])] == [3] and chunked.prefix.hit_requests == 1
+    assert batcher.cancel([0, 1, 3]) == [Update(3, [], True)]
+    other = Request(b"Q" * 30, 4, 0.0, None, 0)
+    assert batcher.admit([other], [2]) == [] and batcher.cancel([2]) == [Update(2, [], True)]
     assert batcher.live == 0 and batcher.step() == []
 
 

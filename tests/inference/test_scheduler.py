@@ -147,3 +147,25 @@ def test_a_request_cancelled_before_it_reaches_the_scheduler_is_ended_once_admit
 
     scheduler, [tokens] = asyncio.run(scenario())
     assert 1 <= len(tokens) <= 1 + 4 and scheduler.batcher.live == 0
+
+
+def test_a_prompt_prefilled_in_chunks_streams_every_token(tiny_engine):
+    """Chunked prefill through the scheduler: a 30-byte prompt joins with its last 8-token chunk
+    while another request decodes; each gets the tokens it gets alone, its first one included."""
+    settings = tiny_engine.settings.model_copy(
+        update={"buckets": (8, 32), "prefix_cache_mib": 1, "prefix_block": 8}
+    )
+    model = build(tiny_engine.config)
+    chunked = Engine.for_model(model, tiny_engine.params, settings.model_copy(update={"prefill_chunk": 8}))
+    plain = Engine.for_model(model, tiny_engine.params, settings.model_copy(update={"prefix_cache_mib": 0}))
+    long_prompt = Request(b"ROMEO: But soft, what light thr", 10, 0.8, None, 5)
+
+    async def scenario():
+        scheduler, log = Scheduler(chunked, 2), []
+        running = asyncio.create_task(collect(scheduler, [LONG], log, "running"))
+        while not log:
+            await asyncio.sleep(0.001)
+        return await collect(scheduler, [long_prompt], log, "long"), await running
+
+    [long], [running] = asyncio.run(scenario())
+    assert [long, running] == [c.tokens for c in plain.generate([long_prompt, LONG])]

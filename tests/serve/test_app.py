@@ -98,6 +98,13 @@ def test_cli_errors_after_parsing_print_the_error_alone(capsys):
     assert err.startswith("python -m jaxray.serve: error: checkpoint no/such/dir does not exist")
 
 
+def test_cli_refuses_a_prefix_block_the_model_cannot_hold_before_ray_starts(trained_transformer, capsys):
+    argv = ["--checkpoint", str(trained_transformer), "--prefix-cache-mib", "1", "--prefix-block", "4096"]
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2 and "prefix_block must be below max_seq_len" in capsys.readouterr().err
+
+
 def test_cli_reads_a_serve_config_and_refuses_a_bad_one_before_ray_starts(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     config = yaml.safe_load((ROOT / "serve" / "config.yaml").read_text())
