@@ -279,6 +279,17 @@ def serve_report(args) -> Report:
         ratio = shared_p50 / random_p50 if random_p50 and shared_p50 is not None else None
         row["ttft_p50_vs_random"] = summary[f"shared_ttft_p50_vs_random_{row['clients']}"] = ratio
     summary |= {f"ttft_{p}_ms_at_max_clients": top.get(f"ttft_{p}_ms") for p in ("p50", "p99")}
+    notes = serve_notes(args, url, model, rows, summary, top)
+
+    def chart(y: str):
+        return lambda rows, path: line_chart(path, {"": curve(rows, "clients", y)}, "clients (log2)", y, True)
+
+    charts = {f"serve_{y}.png": chart(y) for y in ("new_tokens_per_s", "p95_ms", "ttft_p99_ms")}
+    return Report("serve", "Serve: closed-loop HTTP load", rows, COLUMNS, notes, charts, summary)
+
+
+def serve_notes(args, url: str, model: str | None, rows: list[dict], summary: dict, top: dict) -> list[str]:
+    """The report's notes: what was sent and how it is counted, the ratios against their targets."""
     notes = [
         f"{url}, model {model or 'unknown (GET /v1/models did not answer)'}: {args.max_new_tokens} new "
         f"tokens after {prompts_label(args, False) if args.prompt_bytes else repr(args.prompt)} per request "
@@ -313,9 +324,4 @@ def serve_report(args) -> Report:
     if (t99 := summary["ttft_p99_ms_at_max_clients"]) is not None:
         t50 = summary["ttft_p50_ms_at_max_clients"]
         notes.append(f"{top['clients']} clients: time to first token p50 {t50:.1f} ms, p99 {t99:.1f} ms")
-
-    def chart(y: str):
-        return lambda rows, path: line_chart(path, {"": curve(rows, "clients", y)}, "clients (log2)", y, True)
-
-    charts = {f"serve_{y}.png": chart(y) for y in ("new_tokens_per_s", "p95_ms", "ttft_p99_ms")}
-    return Report("serve", "Serve: closed-loop HTTP load", rows, COLUMNS, notes, charts, summary)
+    return notes

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import numpy as np
 from jaxray.config import ModelConfig
 from jaxray.data.shakespeare import bytes_to_text
 from jaxray.inference import kv_decode
-from jaxray.inference.prefix_cache import PrefixCache, plan_prefill, store_plan
+from jaxray.inference.prefix_cache import PrefixCache, new_pool, plan_prefill, store_plan
 from jaxray.inference.sampling import Sampling, check_sampling, context_len, encode_prompt, prompt_window
 from jaxray.inference.settings import EngineSettings
 
@@ -89,29 +88,13 @@ class Engine:
     pool: Any = field(default=None, init=False, repr=False)  # [slots, L, 2, H, block, K]: the prefix blocks
 
     def __post_init__(self):
-        """The prefix cache's pool when ``settings.prefix_cache_mib`` > 0. ValueError naming the
-        setting when the programs have none (an export artifact) or one block does not fit."""
-        mib, block, cfg = self.settings.prefix_cache_mib, self.settings.prefix_block, self.config
-        if not mib:
-            if self.settings.prefill_chunk:
-                raise ValueError(
-                    "prefill_chunk needs the prefix cache (prefix_cache_mib > 0), which holds its chunks"
-                )
+        """The prefix cache and its pool when ``settings.prefix_cache_mib`` > 0. ValueError naming the
+        setting when the programs have none (an export artifact), as ``new_pool``."""
+        if not self.settings.prefix_cache_mib:
             return
         if self.programs.start_cached is None:
             raise ValueError("prefix_cache_mib: an export artifact has no prefix-cache programs; set 0")
-        check_prefix_block(self.settings, cfg.max_seq_len)
-        shape = (cfg.num_layers, 2, cfg.num_heads, block, cfg.head_dim)
-        slots = mib * 2**20 // (math.prod(shape) * jnp.dtype(cfg.dtype).itemsize)
-        if slots < 1:
-            raise ValueError(f"prefix_cache_mib {mib} holds no block of {block} tokens of this model")
-        self.prefix = PrefixCache(slots, block)
-        try:
-            self.pool = jnp.zeros((slots, *shape), cfg.dtype)
-        except Exception as err:  # jaxlib's allocation error: no public class to name
-            raise ValueError(
-                f"prefix_cache_mib {mib}: its pool does not fit on {jax.devices()[0]}: {err}"
-            ) from None
+        self.prefix, self.pool = new_pool(self.config, self.settings)
 
     @classmethod
     def for_model(cls, model, params, settings: EngineSettings | None = None, source: str = "") -> Engine:
@@ -172,10 +155,7 @@ class Engine:
         """The prompt tokens of ``request`` the prefix cache holds now (whole blocks, at least one
         token left to compute), its lookup counted in the cache's figures."""
         window, n = prompt_window(request.prompt, self.context_len)
-        chain = self.prefix.lookup(self.prefix.keys(window[:n]))
-        hit = min(len(chain), (n - 1) // self.prefix.block)
-        self.prefix.count(n, hit)
-        return hit * self.prefix.block
+        return self.prefix.count_prompt(window[:n])
 
     def prefill_blocks(self, request: Request, tokens: int) -> None:
         """Prefill the first ``tokens`` (a multiple of prefix_block) of ``request``'s prompt window into
@@ -373,13 +353,6 @@ def check_keep(settings: EngineSettings, max_seq_len: int) -> int:
     if not 2 <= keep <= context:
         raise ValueError(f"context_keep must be in 2..{context} (max_seq_len - 1), got {keep}")
     return keep
-
-
-def check_prefix_block(settings: EngineSettings, max_seq_len: int) -> None:
-    """ValueError naming prefix_block when the prefix cache is on and a block is not below
-    ``max_seq_len``."""
-    if settings.prefix_cache_mib and settings.prefix_block >= max_seq_len:
-        raise ValueError(f"prefix_block must be below max_seq_len {max_seq_len}, got {settings.prefix_block}")
 
 
 def gather_shapes(batch_sizes: tuple[int, ...]) -> list[tuple[tuple[int, ...], int]]:

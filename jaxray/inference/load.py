@@ -18,7 +18,8 @@ from jaxray.checkpoint import remote
 from jaxray.config import ModelConfig
 from jaxray.inference import kv_decode
 from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest
-from jaxray.inference.engine import Engine, Programs, check_keep, check_prefix_block, compiled_buckets
+from jaxray.inference.engine import Engine, Programs, check_keep, compiled_buckets
+from jaxray.inference.prefix_cache import check_prefix_block
 from jaxray.inference.settings import EngineSettings
 from jaxray.reporting import checkpoint_line
 

@@ -9,9 +9,15 @@ absolute from the window's start, so a prefix's entries are the same in every pr
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import OrderedDict
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from jaxray.config import ModelConfig
+from jaxray.inference.settings import EngineSettings
 
 
 class PrefixCache:
@@ -55,6 +61,13 @@ class PrefixCache:
         self.hits += hit_blocks * self.block
         self.hit_requests += hit_blocks > 0
 
+    def count_prompt(self, tokens: np.ndarray) -> int:
+        """The tokens of the prompt window ``tokens`` [n] int32 cached now (whole blocks, at least one
+        left to compute), its lookup counted."""
+        hit = min(len(self.lookup(self.keys(tokens))), (len(tokens) - 1) // self.block)
+        self.count(len(tokens), hit)
+        return hit * self.block
+
     def claim(self, keys: list[bytes], taken: set[bytes]) -> list[tuple[int, int]]:
         """Slots for the blocks of ``keys`` not cached yet: [(block index, slot)], evicting the least
         recently used keys, never one of ``taken`` (claimed by this batch; updated). Stops when
@@ -83,6 +96,31 @@ class PrefixCache:
             "hit_tokens": self.hits,
             "hit_requests": self.hit_requests,
         }
+
+
+def check_prefix_block(settings: EngineSettings, max_seq_len: int) -> None:
+    """ValueError naming prefix_block when the prefix cache is on and a block is not below
+    ``max_seq_len``."""
+    if settings.prefix_cache_mib and settings.prefix_block >= max_seq_len:
+        raise ValueError(f"prefix_block must be below max_seq_len {max_seq_len}, got {settings.prefix_block}")
+
+
+def new_pool(config: ModelConfig, settings: EngineSettings) -> tuple[PrefixCache, jax.Array]:
+    """(a PrefixCache, its pool [slots, L, 2, H, block, K] of zeros in the compute dtype) in
+    ``settings.prefix_cache_mib`` MiB. ValueError naming the setting when a block is too long for the
+    model, none fits, or the pool does not fit the device."""
+    mib, block = settings.prefix_cache_mib, settings.prefix_block
+    check_prefix_block(settings, config.max_seq_len)
+    shape = (config.num_layers, 2, config.num_heads, block, config.head_dim)
+    slots = mib * 2**20 // (math.prod(shape) * jnp.dtype(config.dtype).itemsize)
+    if slots < 1:
+        raise ValueError(f"prefix_cache_mib {mib} holds no block of {block} tokens of this model")
+    try:
+        return PrefixCache(slots, block), jnp.zeros((slots, *shape), config.dtype)
+    except Exception as err:  # jaxlib's allocation error: no public class to name
+        raise ValueError(
+            f"prefix_cache_mib {mib}: its pool does not fit on {jax.devices()[0]}: {err}"
+        ) from None
 
 
 def fit_hits(
