@@ -42,9 +42,10 @@ def engines(tiny_transformer):
 def test_extend_continues_a_prefill(tiny_transformer):
     model, params, _ = tiny_transformer
     tokens = jax.random.randint(jax.random.key(1), (2, 30), 0, 256)
-    logits, _ = model.prefill(params, tokens)
-    _, head = model.prefill(params, tokens[:, :12])
-    rest, cache = model.extend(params, tokens[:, 12:], jnp.array([12, 12]), _pad_cache(head, 32))
+    prefill, extend = jax.jit(model.prefill), jax.jit(model.extend)  # compiled: eager NNX is slow
+    logits, _ = prefill(params, tokens)
+    _, head = prefill(params, tokens[:, :12])
+    rest, cache = extend(params, tokens[:, 12:], jnp.array([12, 12]), _pad_cache(head, 32))
     np.testing.assert_allclose(rest, logits[:, 12:], atol=2e-5)
     assert all(k.shape == (2, 2, 32, 16) for k, _ in cache)
 

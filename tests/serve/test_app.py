@@ -273,6 +273,7 @@ def test_serve_run_of_the_import_path_ends_with_the_cause_of_a_damaged_checkpoin
     assert elapsed < 30 and "Started a local Ray instance" not in proc.stderr, (elapsed, proc.stderr)
 
 
+@pytest.mark.slow  # an export and two interpreters: ~8 s
 def test_an_artifact_is_checked_without_starting_jax(trained_transformer, tmp_path):
     """build_app checks an export artifact's files by their digests without starting a JAX backend
     (ray.init's processes would fork it: Python's os.fork() warning, twice, at start-up); a damaged
