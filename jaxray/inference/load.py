@@ -72,7 +72,8 @@ def load_engine(path: str | Path | checkpoint.Verified, settings: EngineSettings
 def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:
     """``settings`` checked against an artifact's manifest (None: the artifact's own). Every bucket
     and batch size must have been exported; chunk and context_keep are compiled into the decode
-    programs and must be equal. Raises ValueError naming the setting."""
+    programs and must be equal; an artifact has no prefix cache. Raises ValueError naming the
+    setting."""
     size, keep = manifest["max_seq_len"], manifest["context_keep"]
     if settings is None:
         return EngineSettings(
@@ -81,6 +82,8 @@ def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSetti
             chunk=manifest["chunk"],
             context_keep=keep,
         )
+    if settings.prefix_cache_mib:  # before the buckets: no bucket choice would give it one
+        raise ValueError("prefix_cache_mib: an export artifact has no prefix-cache programs; set 0")
     buckets = set(compiled_buckets(settings, size))
     for name, wanted in (("buckets", buckets), ("batch_sizes", set(settings.batch_sizes))):
         missing = sorted(wanted - set(manifest[name]))

@@ -87,11 +87,12 @@ class PrefixCache:
         return claimed
 
     def info(self) -> dict:
-        """JSON-able figures: slots, block tokens, slots used, the counts (tokens, requests)."""
+        """JSON-able figures: blocks the pool holds, tokens per block, blocks in use, the counts
+        (tokens, requests)."""
         return {
-            "slots": self.slots,
+            "blocks": self.slots,
             "block_tokens": self.block,
-            "used": len(self._slot),
+            "blocks_used": len(self._slot),
             "query_tokens": self.queries,
             "hit_tokens": self.hits,
             "hit_requests": self.hit_requests,

@@ -56,7 +56,7 @@ def test_the_same_tokens_with_and_without_the_cache(engines):
     expected = [c.tokens for c in plain.generate(requests())]
     assert cached.prefix.queries == 0  # compile's warm-up is forgotten
     assert [c.tokens for c in cached.generate(requests())] == expected  # together: nothing cached yet
-    assert cached.prefix.hits == 0 and cached.prefix.info()["used"] == 3  # SHARED's 3 blocks, once
+    assert cached.prefix.hits == 0 and cached.prefix.info()["blocks_used"] == 3  # SHARED's 3 blocks, once
     assert cached.prefix.queries == sum(len(r.prompt) for r in requests())
     for request, tokens in zip(requests(), expected):  # one after another: each reuses SHARED
         assert cached.generate([request])[0].tokens == tokens
@@ -91,7 +91,7 @@ def test_a_small_pool_evicts_the_least_recently_used(tiny_transformer):
     first, second = Request(b"A" * 8 + SHARED[8:], 4, 0.0, None, 0), Request(SHARED, 4, 0.0, None, 0)
     engine.generate([first]), engine.generate([second])  # second evicts first's oldest blocks
     engine.generate([first])
-    assert engine.prefix.hit_requests == 0 and engine.prefix.info()["used"] == 4
+    assert engine.prefix.hit_requests == 0 and engine.prefix.info()["blocks_used"] == 4
     engine.generate([first])
     assert engine.prefix.hit_requests == 1
 
