@@ -197,9 +197,9 @@ def first_trials(plans: list[TrialPlan]) -> dict[str, TrialConfig]:
 
 def prepare(
     args: argparse.Namespace, stack: contextlib.ExitStack
-) -> tuple[ExperimentConfig, Path, dict[str, tuple]]:
-    """(the experiment, its run folder, each sweep's arrays, its plans) once every check that can fail on the
-    user's input has passed, all before Ray starts; a new run's folder is created (with its
+) -> tuple[ExperimentConfig, Path, dict[str, tuple], list[TrialPlan]]:
+    """(the experiment, its run folder, each sweep's arrays, its plans) once every check that can fail
+    on the user's input has passed, all before Ray starts; a new run's folder is created (with its
     experiment.yaml) only then. Ray is up when it returns; the run folder is held
     (``folders.exclusive``) until ``stack`` closes. Raises ConfigError, DataFileError or RunFolderError."""
     overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None

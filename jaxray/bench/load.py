@@ -128,9 +128,12 @@ def prompt_for(args, seed: int, shared: bool, level: int) -> str:
     if not args.prompt_bytes:
         return args.prompt
     head = min(args.shared_bytes, args.prompt_bytes) if shared else 0
-    fixed = np.random.default_rng(2**32).choice(ALPHABET, head)
-    tail = np.random.default_rng([seed, level, shared]).choice(ALPHABET, args.prompt_bytes - head)
-    return np.concatenate([fixed, tail]).tobytes().decode()
+    return letters(2**32, head) + letters([seed, level, shared], args.prompt_bytes - head)
+
+
+def letters(seed, n: int) -> str:
+    """``n`` letters of ``ALPHABET`` drawn by ``np.random.default_rng(seed)``."""
+    return np.random.default_rng(seed).choice(ALPHABET, n).tobytes().decode()
 
 
 def prompts_label(args, shared: bool) -> str:
@@ -168,8 +171,7 @@ async def run_level(args, clients: int, shared: bool = False) -> dict:
                     await asyncio.sleep(0.1)  # a dead server is not hammered in a tight loop
 
         def ask_long(seed: int) -> dict:  # --long-bytes random letters, never a prefix of another's
-            letters = np.random.default_rng([seed, clients, 2]).choice(ALPHABET, args.long_bytes)
-            return body | {"seed": seed, "prompt": letters.tobytes().decode()}
+            return body | {"seed": seed, "prompt": letters([seed, clients, 2], args.long_bytes)}
 
         await asyncio.gather(
             *(client(k, samples, ask) for k in seeds),

@@ -74,21 +74,23 @@ def start(
     top_p [B] float32 (0..1]; max_new_tokens [B] int32 (0 for padding). Returns (DecodeState,
     first [B] int32)."""
     logits, cache = prefill(params, tokens)  # [B, P, V]
+    context = jnp.pad(tokens, ((0, 0), (0, max_seq_len - tokens.shape[1])))
+    return _first_tokens(
+        logits, lengths, _pad_cache(cache, max_seq_len), context, lengths.astype(jnp.int32),
+        seeds, temperature, top_k, top_p, max_new_tokens,
+    )  # fmt: skip
+
+
+def _first_tokens(
+    logits, lengths, cache, context, positions, seeds, temperature, top_k, top_p, max_new_tokens
+) -> tuple[DecodeState, jax.Array]:
+    """Each row's first new token sampled from ``logits`` [B, T, V] at ``lengths - 1``, and the
+    DecodeState that goes on from it (``positions`` [B]: cache entries written); ``start``'s and
+    ``start_cached``'s shared end."""
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     rng = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(seeds)
     first, rng = next_tokens(last, rng, temperature, top_k, top_p)
-    context = jnp.pad(tokens, ((0, 0), (0, max_seq_len - tokens.shape[1])))
-    state = DecodeState(
-        _pad_cache(cache, max_seq_len),
-        context,
-        lengths.astype(jnp.int32),
-        first,
-        max_new_tokens - 1,
-        rng,
-        temperature,
-        top_k,
-        top_p,
-    )
+    state = DecodeState(cache, context, positions, first, max_new_tokens - 1, rng, temperature, top_k, top_p)
     return state, first
 
 
@@ -125,13 +127,9 @@ def start_cached(
     result as ``start``'s."""
     starts = hits * pool.shape[4]
     logits, cache = extend(params, tokens, starts, pool_cache(pool, table, hits, context.shape[1]))
-    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
-    rng = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(seeds)
-    first, rng = next_tokens(last, rng, temperature, top_k, top_p)
-    state = DecodeState(
-        cache, context, starts + lengths, first, max_new_tokens - 1, rng, temperature, top_k, top_p
+    return _first_tokens(
+        logits, lengths, cache, context, starts + lengths, seeds, temperature, top_k, top_p, max_new_tokens
     )
-    return state, first
 
 
 def store_blocks(pool: jax.Array, cache: KVCache, rows: jax.Array, blocks: jax.Array, slots: jax.Array):

@@ -173,9 +173,8 @@ def run_sweep(
     resume: bool = False,
 ) -> tuple[list[TrialRows], int]:
     """Fit sweep ``index`` of ``exp`` (``trials``: ``{name: TrialConfig}`` of its grid points in grid
-    order, from ``exp.plans``) on its (train,
-    held-out) arrays (None with ``data.parquet``); with ``resume`` restore ``out/tune/<workload>``,
-    rerunning unfinished and failed trials. Returns
+    order, from ``exp.plans``) on its (train, held-out) arrays (None with ``data.parquet``); with
+    ``resume`` restore ``out/tune/<workload>``, rerunning unfinished and failed trials. Returns
     ((summary row, history rows) per trial, trials left unfinished by an interruption)."""
     sweep = exp.sweeps[index]
     datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])} if arrays else {}

@@ -19,7 +19,6 @@ from jaxray.raytrain.faults import FAULT_ENV
 from jaxray.raytrain.reports import SCORE_KEY
 from jaxray.raytrain.worker import train_loop_per_worker
 from jaxray.runs import COMPILE_FILE
-from jaxray.storage import resolve
 
 
 def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str, str]:
@@ -97,7 +96,7 @@ def run_storage(path_or_uri: str | Path) -> dict[str, Any]:
     """``RunConfig``'s ``storage_path`` and ``storage_filesystem`` for a local path or a URI."""
     if not storage.is_uri(path_or_uri):
         return {"storage_path": str(path_or_uri)}
-    fs, path = resolve(str(path_or_uri))
+    fs, path = storage.resolve(str(path_or_uri))
     return {"storage_path": path, "storage_filesystem": fs}
 
 
