@@ -138,13 +138,8 @@ class Engine:
                 for bucket in self.buckets:
                     self._program("start_cached", bucket, batch)
             self.compile_s = time.perf_counter() - begin
-            log.info(
-                "compiled %d programs in %.1f s (buckets %s, batch sizes %s)",
-                len(self.compiled),
-                self.compile_s,
-                self.buckets,
-                self.settings.batch_sizes,
-            )
+            sizes = (len(self.compiled), self.compile_s, self.buckets, self.settings.batch_sizes)
+            log.info("compiled %d programs in %.1f s (buckets %s, batch sizes %s)", *sizes)
         return {"compile_s": self.compile_s, "programs": len(self.compiled)}
 
     def batch_for(self, rows: int) -> int:
@@ -197,7 +192,8 @@ class Engine:
         self, state: kv_decode.DecodeState
     ) -> tuple[kv_decode.DecodeState, np.ndarray, np.ndarray]:
         """Up to ``chunk`` more tokens for every unfinished row: (state, tokens [B, chunk] int32,
-        counts [B] int32), row b's new tokens being ``tokens[b, :counts[b]]``."""
+        counts [B] int32), row b's new tokens being ``tokens[b, :counts[b]]``. ``state`` is donated
+        (its arrays are deleted): use the one returned."""
         batch = state.pending.shape[0]
         state, out, counts = self._program("decode_chunk", None, batch)(
             self.params, state, np.int32(self.settings.chunk)
@@ -224,7 +220,9 @@ class Engine:
                 self.compiled[key] = jax.jit(kv_decode.gather_rows).lower(states, index, valid).compile()
             else:
                 args = self.start_args(shape, batch) if kind == "start" else self.decode_chunk_args(batch)
-                self.compiled[key] = jax.jit(getattr(self.programs, kind)).lower(self.params, *args).compile()
+                donate = (1,) if kind == "decode_chunk" else ()  # the state's cache is updated in place
+                program = jax.jit(getattr(self.programs, kind), donate_argnums=donate)
+                self.compiled[key] = program.lower(self.params, *args).compile()
         return self.compiled[key]
 
     def _prefix_program(self, kind: str, bucket: int | None, batch: int):

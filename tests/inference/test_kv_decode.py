@@ -16,7 +16,8 @@ from jaxray.checkpoint.trees import key_names
 from jaxray.inference.engine import Request, kv_generate
 from jaxray.inference.kv_decode import _slide, _slide_rows, decode_chunk, start
 from jaxray.inference.sampling import Sampling, generate
-from jaxray.models.transformer import write_cache
+from jaxray.models import transformer
+from jaxray.models.transformer import cached_attention, query_rows, write_cache
 
 TOL = 1e-5  # float32 logits; the two paths sum attention in a different order
 
@@ -44,6 +45,22 @@ def test_prefill_and_decode_steps_equal_the_full_forward(restored):
     for position in range(40, size):
         step, cache = decode_step(params, tokens[:, position], jnp.array([position]), cache)
         assert float(jnp.abs(step[0] - full[0, position]).max()) < TOL, position
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_cached_attention_equals_a_softmax_over_each_rows_visible_entries(monkeypatch, rows):
+    """The TPU's 8 query rows (7 of zeros, for the MXU) and the CPU's one give the same attention."""
+    monkeypatch.setattr(transformer, "query_rows", lambda platform: rows)
+    q, k, v = (jax.random.normal(jax.random.key(i), shape) for i, shape in enumerate(
+        [(3, 1, 2, 4), (3, 2, 6, 4), (3, 2, 6, 4)]))  # fmt: skip
+    positions = jnp.array([0, 3, 5])
+    got = np.asarray(jax.jit(cached_attention)(q, k, v, positions))
+    for b, p in enumerate([0, 3, 5]):
+        scores = np.einsum("hk,hsk->hs", np.asarray(q[b, 0]) / 2.0, np.asarray(k[b, :, : p + 1]))
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        expected = np.einsum("hs,hsk->hk", probs / probs.sum(-1, keepdims=True), np.asarray(v[b, :, : p + 1]))
+        np.testing.assert_allclose(got[b, 0], expected, rtol=1e-5, atol=1e-6)
+    assert (query_rows("tpu"), query_rows("cpu"), query_rows("gpu")) == (8, 1, 1)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
