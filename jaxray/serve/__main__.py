@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem := check_port(options["host"], options["port"]):
         fail(f"--port: {problem}")
     settings = app_args(args, fail, base)
+    if settings.generation_timeout_s is None:  # end streams with an error event before Serve cuts them
+        timeout = options["request_timeout_s"]
+        settings = settings.model_copy(update={"generation_timeout_s": max(timeout - 1.0, timeout / 2)})
     try:  # checks the path, the batch limits and the checkpoint, restored once; starts nothing
         app = build_app(settings)
     except ValueError as err:

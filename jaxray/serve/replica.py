@@ -78,6 +78,7 @@ class JaxrayServer:
             settings.max_prompt_bytes,
             self.engine.config.vocab_size,
             self.engine.context_len,
+            args.generation_timeout_s,
         )
         batch, wait_ms = args.max_batch_size, args.batch_wait_ms
         self.batching = {"max_batch_size": batch, "batch_wait_ms": wait_ms, "compute_cpus": cpus}

@@ -7,6 +7,7 @@ the metrics. No JAX: the engine is only asked to check a request and count its p
 import asyncio
 import contextlib
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 
@@ -88,9 +89,12 @@ class RequestPath:
     ) -> AsyncIterator[list[int]]:
         """A checked request's new tokens, a chunk at a time, as its batch produces them, recorded
         in the metrics of ``route`` from the first read; its end is "length" at the budget, else
-        ``ended()`` when the reader closes it ("stop" at a stop sequence; None: "abort")."""
+        ``ended()`` when the reader closes it ("stop" at a stop sequence; None: "abort"). Raises
+        ApiError 504 past ``limits.generation_timeout_s``."""
         timer = metrics.request_started(route, self.model_name)
         results, prompt_tokens = self._batch(request), self.engine.prompt_tokens(request)
+        limit = self.limits.generation_timeout_s
+        deadline = None if limit is None else time.monotonic() + limit
         # Each read is a task of its own, awaited through a shield: a reader cancelled mid-read (its
         # client left) must not cancel Serve's future, or Serve's batching orphans the next one
         # ("Future exception was never retrieved: StopAsyncIteration"); ``drain`` ends the read.
@@ -99,11 +103,15 @@ class RequestPath:
         try:
             while True:
                 read = asyncio.ensure_future(anext(results))
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 try:
-                    tokens, done = await asyncio.shield(read)
+                    tokens, done = await asyncio.wait_for(asyncio.shield(read), left)
                 except StopAsyncIteration:
                     finished = True
                     break
+                except TimeoutError:  # ended below as a reader that left: its row freed
+                    message = f"generation ran past {limit:g} s (generation_timeout_s); ask for fewer tokens"
+                    raise ApiError(504, "generation_timeout_s", message) from None
                 if tokens:
                     timer.tokens(len(tokens))
                     yield tokens

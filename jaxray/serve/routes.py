@@ -49,10 +49,13 @@ def body_schema(model: type[BaseModel]) -> dict:
 
 
 async def guarded(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``events`` (SSE), then an SSE error event if the engine fails mid-stream (which ends it)."""
+    """``events`` (SSE), then an SSE error event if the engine fails or the generation times out
+    (``ApiError``) mid-stream, which ends it."""
     try:
         async for event in events:
             yield event
+    except ApiError as err:
+        yield b"event: error\n" + sse(err.body())
     except Exception as err:  # noqa: BLE001 - reported to the client and the log, the server stays up
         logger.exception("jaxray: generation failed mid-stream")
         yield b"event: error\n" + sse(ApiError(500, "engine", f"{type(err).__name__}: {err}").body())

@@ -25,6 +25,7 @@ class Limits:
     max_prompt_bytes: int  # UTF-8 bytes of the prompt
     vocab_size: int = 256  # top_k is 1..vocab_size
     context_len: int | None = None  # prompt bytes the model reads (max_model_len); a longer chat is refused
+    generation_timeout_s: float | None = None  # seconds a request may generate (None: no limit)
 
     @property
     def max_body_bytes(self) -> int:

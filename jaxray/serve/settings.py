@@ -8,7 +8,7 @@ import os
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic.types import NonNegativeFloat, PositiveInt, StrictFloat, StrictInt
+from pydantic.types import NonNegativeFloat, PositiveFloat, PositiveInt, StrictFloat, StrictInt
 
 from jaxray import argtypes
 from jaxray.argtypes import add_field_options, given_options, json_object, non_negative_float, positive_int
@@ -38,6 +38,10 @@ class AppArgs(BaseModel):
     num_replicas: PositiveInt = 1
     autoscaling_config: dict[str, Any] | None = None
     served_model_name: str = Field("jaxray", min_length=1)
+    # Seconds a request may generate before it ends in a 504 "timeout" error (an error event on a
+    # stream). python -m jaxray.serve sets it 1 s under http_options.request_timeout_s, where Serve's
+    # proxy would cut a stream with no event. None: no limit.
+    generation_timeout_s: PositiveFloat | None = None
     engine: EngineSettings = Field(default_factory=EngineSettings)
 
     @model_validator(mode="after")
