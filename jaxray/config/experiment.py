@@ -204,11 +204,9 @@ class SweepConfig(FrozenConfig):
 
 
 class TrialPlan(NamedTuple):
-    """One grid point of an experiment: its sweep's index in ``sweeps``, its axis values (Tune's
-    config of the trial) and its parsed TrialConfig."""
+    """One grid point of an experiment: its sweep's index in ``sweeps`` and its parsed TrialConfig."""
 
     sweep: int
-    point: dict[str, Any]
     trial: TrialConfig
 
     @property
@@ -291,7 +289,7 @@ class ExperimentConfig(FrozenConfig):
         ConfigError naming ``source`` and ``sweeps.I``."""
         base = self.base()
         return [
-            TrialPlan(i, point, parse_trial(sweep.trial_dict(base, **point), source, f"sweeps.{i}."))
+            TrialPlan(i, parse_trial(sweep.trial_dict(base, **point), source, f"sweeps.{i}."))
             for i, sweep in enumerate(self.sweeps)
             for point in sweep.points()
         ]

@@ -199,4 +199,4 @@ def test_the_grid_is_parsed_twice_and_the_trials_travel_parsed(monkeypatch, tmp_
     trials = stopped.value.args[0]["trials"]
     assert len(parsed) == 8 and all(a is b.trial for a, b in zip(trials.values(), plans, strict=True))
     # run_trial finds its trial by the name of Tune's config, the grid point
-    assert list(trials) == [trial_name("mlp", plan.point) for plan in plans]
+    assert list(trials) == [trial_name("mlp", point) for point in exp.sweeps[0].points()]
