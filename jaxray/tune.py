@@ -190,7 +190,7 @@ def parquet_rows(firsts: dict[str, TrialConfig]) -> dict[str, int]:
 def first_trials(plans: list[TrialPlan]) -> dict[str, TrialConfig]:
     """Each sweep's first grid point, by workload (the data settings every point of a sweep shares)."""
     found: dict[str, TrialConfig] = {}
-    for _, _, trial in plans:
+    for _, trial in plans:
         found.setdefault(trial.model.workload, trial)
     return found
 

@@ -358,7 +358,7 @@ def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -
         raise ConfigError(
             f"invalid config {path}:\n  data.data_dir: {exp.data.data_dir!r} is not a directory"
         )
-    for i, _, trial in exp.plans(str(path)):
+    for i, trial in exp.plans(str(path)):
         m, seq_len = trial.model, trial.data.seq_len
         # The loss never trains positions seq_len - 1.. of a longer position table; samplers read them.
         if m.workload == "transformer" and seq_len < m.max_seq_len:

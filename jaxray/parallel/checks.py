@@ -72,7 +72,7 @@ def plan_experiment(exp: ExperimentConfig, source: str) -> list[TrialPlan]:
     ``check_attention`` and ``check_mesh`` on each mesh it may run on: what Tune's trials and their
     workers receive. Raises ConfigError starting with ``source``, fields named ``sweeps.I``."""
     plans = exp.plans(source)
-    for i, _, trial in plans:
+    for i, trial in plans:
         check_attention(trial, source, prefix=f"sweeps.{i}.")
         for shape in trial.mesh_shapes.values():  # an elastic trial's at every size
             check_mesh(trial, shape, source, prefix=f"sweeps.{i}.")
