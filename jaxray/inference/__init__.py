@@ -1,15 +1,7 @@
-"""Sampling and serving a trained transformer, in the order the data flows:
-
-  sampling          the checks, prompt window and encoding, the per-token draw, top-k, and the
-                    full-recompute sampler (the learning path's recipe, the reference)
-  kv_decode         prefill and ``decode_chunk`` over the KV cache, pure over the model's pair
-  engine            ``Engine``: those programs compiled ahead of time per prompt bucket and batch size
-  batcher           continuous batching over one engine's running batch
-  scheduler         the batcher on an engine thread, fed groups of requests from asyncio (Serve)
-  detokenize        byte tokens to UTF-8 text pieces, cut at stop sequences (a ``Choice``)
-  artifact_loader   runs an export artifact with JAX alone (no jaxray model code, Flax or Orbax)
-  load              the one dispatch: a checkpoint or an artifact path becomes an ``Engine``
-  artifact          the export writer (``python -m jaxray.export``)
-
-Nothing is imported here, so ``artifact_loader`` loads without the rest of jaxray.
-"""
+"""Sampling and serving a trained transformer, in the order the data flows: ``settings``, ``sampling``
+(checks, prompt window, the per-token draw, the full-recompute reference sampler), ``kv_decode`` (prefill
+and ``decode_chunk`` over the KV cache), ``prefix_cache``, ``engine`` (those programs compiled per bucket
+and batch size), ``batcher`` (continuous batching), ``scheduler`` (the batcher on an engine thread, fed
+from asyncio), ``detokenize``, ``artifact_loader`` (an export artifact run with JAX alone), ``load`` (a
+checkpoint or artifact becomes an ``Engine``), ``artifact`` (the export writer). Nothing is imported
+here, so ``artifact_loader`` loads without the rest of jaxray."""

@@ -51,11 +51,6 @@ def check_out(out: Path) -> None:
         )
 
 
-def platforms() -> tuple[str, ...]:
-    """This machine's lowering platform, then CPU and CUDA (XLA attention has no custom calls)."""
-    return tuple(dict.fromkeys((jax.export.default_export_platform(),) + PORTABLE_PLATFORMS))
-
-
 def named_weights(params: Any) -> dict[str, np.ndarray]:
     """The params' leaves on the host, in flattening order, named by key path ("blocks/0/ln1/scale/value").
     ExportError if a leaf is not float32."""
@@ -67,16 +62,12 @@ def named_weights(params: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def _spec(x) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(x.shape, x.dtype)
-
-
 def export_programs(model, params, engine: Engine, targets: tuple[str, ...]) -> dict[str, tuple[dict, Any]]:
     """``{file stem: (manifest entry, jax.export.Exported)}`` for ``logits`` (batch symbolic, T = S),
     every ``start_b{bucket}_n{batch}`` and ``decode_n{batch}``; weights come first as a flat list and
     the decode state is a flat tuple."""
     treedef = jax.tree.structure(params)
-    weights = [_spec(x) for x in jax.tree.leaves(params)]
+    weights = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in jax.tree.leaves(params)]
     unflatten = functools.partial(jax.tree.unflatten, treedef)
     state_tree = jax.tree.structure(engine.decode_chunk_args(engine.settings.batch_sizes[0])[0])
 
@@ -103,10 +94,8 @@ def export_programs(model, params, engine: Engine, targets: tuple[str, ...]) -> 
             entry = {"kind": "start", "bucket": bucket, "batch": size}
             out[f"start_b{bucket}_n{size}"] = (entry, export(start, *engine.start_args(bucket, size)))
         state, max_steps = engine.decode_chunk_args(size)
-        out[f"decode_n{size}"] = (  # "decode" names the program in the artifact's format
-            {"kind": "decode", "batch": size},
-            export(decode_chunk, tuple(jax.tree.leaves(state)), max_steps),
-        )
+        decode = export(decode_chunk, tuple(jax.tree.leaves(state)), max_steps)
+        out[f"decode_n{size}"] = ({"kind": "decode", "batch": size}, decode)  # "decode": the format's name
     return out
 
 
@@ -196,7 +185,9 @@ def export_checkpoint(
     cfg = checkpoint.load_model_config(source).model_copy(update={"attention": "xla"})
     model = build(cfg, attention="xla")
     engine = Engine.for_model(model, params, settings, source=str(source))
-    weights, targets = named_weights(params), platforms()
+    # This machine's lowering platform, then CPU and CUDA (XLA attention has no custom calls).
+    targets = tuple(dict.fromkeys((jax.export.default_export_platform(),) + PORTABLE_PLATFORMS))
+    weights = named_weights(params)
     manifest = base_manifest(cfg, engine, source, weights, targets)
     write_artifact(out, manifest, weights, export_programs(model, params, engine, targets))
     return manifest

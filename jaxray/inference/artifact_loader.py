@@ -70,9 +70,8 @@ class Artifact:
         top_k, max_new_tokens [B] int32; seeds [B] uint32; temperature, top_p [B] float32.
         Returns (state: tuple of arrays, first [B] int32)."""
         batch, bucket = np.shape(tokens)
-        return self.program(("start", bucket, batch))(
-            tokens, lengths, seeds, temperature, top_k, top_p, max_new_tokens
-        )
+        program = self.program(("start", bucket, batch))
+        return program(tokens, lengths, seeds, temperature, top_k, top_p, max_new_tokens)
 
     def decode_chunk(self, state, max_steps):
         """``jaxray.inference.kv_decode.decode_chunk``: max_steps () int32 -> (state, tokens [B,
@@ -86,8 +85,7 @@ def read_artifact_manifest(directory: str | Path) -> dict:
     if not path.is_file():
         raise ArtifactError(f"{directory} is not an export artifact: {ARTIFACT_MANIFEST} is missing")
     try:
-        data = path.read_bytes()
-        manifest = json.loads(data)
+        manifest = json.loads(path.read_bytes())
     except ValueError as err:
         raise ArtifactError(f"{path} is damaged: {err}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -150,10 +148,6 @@ def load_weights(path: Path, leaves: list[dict], data: bytes) -> list:
     return out
 
 
-def _key(entry: dict) -> tuple:
-    return (entry["kind"], entry.get("bucket"), entry.get("batch"))
-
-
 def load_artifact(directory: str | Path) -> Artifact:
     """Read, verify and deserialize an artifact directory. Raises ArtifactError for a missing or
     damaged manifest, a missing or mismatched file, bad weights, or another platform; warns on a
@@ -170,7 +164,8 @@ def load_artifact(directory: str | Path) -> Artifact:
     exported = {}
     for entry in manifest["functions"].values():
         try:
-            exported[_key(entry)] = jax.export.deserialize(bytearray(files[entry["file"]]))
+            key = (entry["kind"], entry.get("bucket"), entry.get("batch"))
+            exported[key] = jax.export.deserialize(bytearray(files[entry["file"]]))
         except Exception as err:  # noqa: BLE001 - deserialize raises assorted errors for unreadable blobs
             raise ArtifactError(f"{directory / entry['file']} could not be deserialized: {err}") from None
     name = manifest["weights"]["file"]

@@ -79,9 +79,7 @@ class Batcher:
             else:
                 now.append((ticket, request))
                 counted.append(cached is None)
-        if not now:
-            return []
-        return self._join([r for _, r in now], [t for t, _ in now], counted)
+        return self._join([r for _, r in now], [t for t, _ in now], counted) if now else []
 
     def _join(self, requests: list[Request], tickets: list[Hashable], counted: list[bool]) -> list[Update]:
         """Prefill ``requests`` (whose prompts' earlier chunks the prefix cache may hold) and join them;

@@ -20,6 +20,7 @@ import numpy as np
 from jaxray.config import ModelConfig
 from jaxray.data.shakespeare import bytes_to_text
 from jaxray.inference import kv_decode
+from jaxray.inference.kv_decode import DecodeState
 from jaxray.inference.prefix_cache import PrefixCache, new_pool, plan_prefill, store_plan
 from jaxray.inference.sampling import Sampling, check_sampling, context_len, encode_prompt, prompt_window
 from jaxray.inference.settings import EngineSettings
@@ -160,7 +161,7 @@ class Engine:
 
     def start(
         self, requests: list[Request], counted: list[bool] | None = None
-    ) -> tuple[kv_decode.DecodeState, np.ndarray]:
+    ) -> tuple[DecodeState, np.ndarray]:
         """Prefill checked ``requests`` at the smallest batch size and bucket that hold them:
         (DecodeState, padding rows finished; first new token per request [len(requests)] int32).
         With a prefix cache, each prompt's longest cached prefix is read from the pool and only the
@@ -169,9 +170,8 @@ class Engine:
         batch = self.batch_for(len(requests))
         if self.prefix is None:
             bucket = next(b for b in self.buckets if b >= max(map(self.prompt_tokens, requests)))
-            state, first = self._program("start", bucket, batch)(
-                self.params, *self._inputs(requests, bucket, batch)
-            )
+            program = self._program("start", bucket, batch)
+            state, first = program(self.params, *self._inputs(requests, bucket, batch))
             return state, np.asarray(first)[: len(requests)]
         tokens, lengths, *sampling = self._inputs(requests, self.config.max_seq_len, batch)  # whole windows
         counted = [True] * len(requests) if counted is None else counted
@@ -180,29 +180,22 @@ class Engine:
             program = self._program("start_cached", bucket, batch)
             state, first = program(self.params, self.pool, *cached, tokens, *sampling)
         else:
-            state, first = self._program("start", bucket, batch)(
-                self.params, tokens[:, :bucket], lengths, *sampling
-            )
+            program = self._program("start", bucket, batch)
+            state, first = program(self.params, tokens[:, :bucket], lengths, *sampling)
         plan = store_plan(self.prefix, keys, batch * (self.config.max_seq_len // self.prefix.block))
         if plan is not None:
             self.pool = self._program("store", None, batch)(self.pool, state.cache, *plan)
         return state, np.asarray(first)[: len(requests)]
 
-    def decode_chunk(
-        self, state: kv_decode.DecodeState
-    ) -> tuple[kv_decode.DecodeState, np.ndarray, np.ndarray]:
+    def decode_chunk(self, state: DecodeState) -> tuple[DecodeState, np.ndarray, np.ndarray]:
         """Up to ``chunk`` more tokens for every unfinished row: (state, tokens [B, chunk] int32,
         counts [B] int32), row b's new tokens being ``tokens[b, :counts[b]]``. ``state`` is donated
         (its arrays are deleted): use the one returned."""
-        batch = state.pending.shape[0]
-        state, out, counts = self._program("decode_chunk", None, batch)(
-            self.params, state, np.int32(self.settings.chunk)
-        )
+        program = self._program("decode_chunk", None, state.pending.shape[0])
+        state, out, counts = program(self.params, state, np.int32(self.settings.chunk))
         return state, np.asarray(out), np.asarray(counts)
 
-    def gather(
-        self, states: list[kv_decode.DecodeState], index: np.ndarray, valid: np.ndarray
-    ) -> kv_decode.DecodeState:
+    def gather(self, states: list[DecodeState], index: np.ndarray, valid: np.ndarray) -> DecodeState:
         """``kv_decode.gather_rows`` compiled: index, valid [B'] with B' a compiled batch size."""
         sizes = tuple(s.pending.shape[0] for s in states)
         return self._program("gather", sizes, len(index))(tuple(states), index, valid)
@@ -231,23 +224,13 @@ class Engine:
         pool = jax.ShapeDtypeStruct(self.pool.shape, self.pool.dtype)
         nb = self.config.max_seq_len // self.prefix.block
         if kind == "store":
-            cache = self.decode_chunk_args(batch)[0].cache
-            rows = i32(batch * nb)
-            return (
-                jax.jit(kv_decode.store_blocks, donate_argnums=0)
-                .lower(pool, cache, rows, rows, rows)
-                .compile()
-            )
+            rows, cache = i32(batch * nb), self.decode_chunk_args(batch)[0].cache
+            store = jax.jit(kv_decode.store_blocks, donate_argnums=0)
+            return store.lower(pool, cache, rows, rows, rows).compile()
         _, lengths, *sampling = self.start_args(bucket, batch)
-        args = (
-            pool,
-            i32(batch, nb),
-            i32(batch),
-            i32(batch, bucket),
-            lengths,
-            i32(batch, self.config.max_seq_len),
-        )
-        return jax.jit(self.programs.start_cached).lower(self.params, *args, *sampling).compile()
+        windows = i32(batch, self.config.max_seq_len)
+        args = (pool, i32(batch, nb), i32(batch), i32(batch, bucket), lengths, windows, *sampling)
+        return jax.jit(self.programs.start_cached).lower(self.params, *args).compile()
 
     def start_args(self, bucket: int, batch: int) -> tuple[jax.ShapeDtypeStruct, ...]:
         """Abstract arguments after params of ``start`` for ``bucket`` and ``batch``: tokens [batch,
@@ -257,7 +240,7 @@ class Engine:
         tokens = jax.ShapeDtypeStruct((batch, bucket), jnp.int32)
         return (tokens, *(jax.ShapeDtypeStruct((batch,), dtype) for dtype in per_row))
 
-    def decode_chunk_args(self, batch: int) -> tuple[kv_decode.DecodeState, jax.ShapeDtypeStruct]:
+    def decode_chunk_args(self, batch: int) -> tuple[DecodeState, jax.ShapeDtypeStruct]:
         """Abstract arguments after params of ``decode_chunk`` for ``batch`` rows: (``DecodeState`` of
         ``jax.ShapeDtypeStruct`` leaves, max_steps () int32); independent of the prompt bucket."""
         state, _ = jax.eval_shape(self.programs.start, self.params, *self.start_args(self.buckets[0], batch))
@@ -265,21 +248,12 @@ class Engine:
 
     def check(self, request: Request) -> None:
         """ValueError naming the field when ``request`` cannot be served."""
-        if not request.prompt:
+        r, limit, cap = request, self.settings.max_prompt_bytes, self.settings.max_new_tokens
+        if not r.prompt:
             raise ValueError("prompt is empty: give at least one character")
-        if len(request.prompt) > self.settings.max_prompt_bytes:
-            raise ValueError(
-                f"prompt is {len(request.prompt)} bytes; the limit is {self.settings.max_prompt_bytes}"
-            )
-        check_sampling(
-            request.max_new_tokens,
-            request.temperature,
-            request.top_k,
-            self.config.vocab_size,
-            request.seed,
-            cap=self.settings.max_new_tokens,
-            top_p=request.top_p,
-        )
+        if len(r.prompt) > limit:
+            raise ValueError(f"prompt is {len(r.prompt)} bytes; the limit is {limit}")
+        check_sampling(r.max_new_tokens, r.temperature, r.top_k, self.config.vocab_size, r.seed, cap, r.top_p)
 
     def generate(self, requests: list[Request]) -> list[Completion]:
         """Every request's new tokens (at most ``max_batch_size`` requests). Raises ValueError as
@@ -356,16 +330,8 @@ def check_keep(settings: EngineSettings, max_seq_len: int) -> int:
 def gather_shapes(batch_sizes: tuple[int, ...]) -> list[tuple[tuple[int, ...], int]]:
     """(joined batch sizes, target batch size) of every ``gather`` program: a running batch B joined
     with a fresh batch b into any B' >= b, or a running batch shrunk to any smaller B'."""
-    joins = [
-        ((running, fresh), target)
-        for running in batch_sizes
-        for fresh in batch_sizes
-        for target in batch_sizes
-        if target >= fresh
-    ]
-    return joins + [
-        ((running,), target) for running in batch_sizes for target in batch_sizes if target < running
-    ]
+    joins = [((r, f), t) for r in batch_sizes for f in batch_sizes for t in batch_sizes if t >= f]
+    return joins + [((r,), t) for r in batch_sizes for t in batch_sizes if t < r]
 
 
 def compiled_buckets(settings: EngineSettings, max_seq_len: int) -> tuple[int, ...]:
@@ -378,20 +344,11 @@ def kv_generate(model, params, prompt: str, sampling: Sampling, context_keep: in
     prompt + output fit in max_seq_len - 1. Raises ValueError as ``generate``, or for ``context_keep``
     outside 2..max_seq_len - 1."""
     sampling.check(model.config.vocab_size)
-    max_new_tokens = sampling.max_new_tokens
-    encoded = encode_prompt(prompt)
+    encoded, new = encode_prompt(prompt), sampling.max_new_tokens
     prompt_window(encoded, 1)  # the empty-prompt error
-    size = model.config.max_seq_len
-    settings = EngineSettings(
-        buckets=(min(len(encoded), context_len(size)),),
-        batch_sizes=(1,),
-        chunk=max_new_tokens,
-        max_new_tokens=max_new_tokens,
-        max_prompt_bytes=max(len(encoded), 1),
-        context_keep=context_keep,
-    )
+    bucket = min(len(encoded), context_len(model.config.max_seq_len))
+    budget = {"chunk": new, "max_new_tokens": new, "max_prompt_bytes": len(encoded)}
+    settings = EngineSettings(buckets=(bucket,), batch_sizes=(1,), context_keep=context_keep, **budget)
     engine = Engine.for_model(model, params, settings)
-    [done] = engine.generate(
-        [Request(encoded, max_new_tokens, sampling.temperature, sampling.top_k, sampling.seed)]
-    )
+    [done] = engine.generate([Request(encoded, new, sampling.temperature, sampling.top_k, sampling.seed)])
     return done.text

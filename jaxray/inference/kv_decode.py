@@ -57,41 +57,25 @@ def _pad_cache(cache: KVCache, size: int) -> KVCache:
     return tuple((pad(k), pad(v)) for k, v in cache)
 
 
-def start(
-    prefill: Prefill,
-    params,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    seeds: jax.Array,
-    temperature: jax.Array,
-    top_k: jax.Array,
-    top_p: jax.Array,
-    max_new_tokens: jax.Array,
-    max_seq_len: int,
-):
+def start(prefill: Prefill, params, tokens: jax.Array, lengths: jax.Array, *sampling, max_seq_len: int):
     """Prefill prompts and sample each row's first new token. tokens [B, P] int32 (row b's prompt in
-    ``tokens[b, :lengths[b]]``); seeds [B] uint32; temperature [B] float32; top_k [B] int32 (1..V);
-    top_p [B] float32 (0..1]; max_new_tokens [B] int32 (0 for padding). Returns (DecodeState,
-    first [B] int32)."""
+    ``tokens[b, :lengths[b]]``); ``sampling``: seeds [B] uint32, temperature [B] float32, top_k [B]
+    int32 (1..V), top_p [B] float32 (0..1], max_new_tokens [B] int32 (0 for padding). Returns
+    (DecodeState, first [B] int32)."""
     logits, cache = prefill(params, tokens)  # [B, P, V]
     context = jnp.pad(tokens, ((0, 0), (0, max_seq_len - tokens.shape[1])))
-    return _first_tokens(
-        logits, lengths, _pad_cache(cache, max_seq_len), context, lengths.astype(jnp.int32),
-        seeds, temperature, top_k, top_p, max_new_tokens,
-    )  # fmt: skip
+    cache, positions = _pad_cache(cache, max_seq_len), lengths.astype(jnp.int32)
+    return _first_tokens(logits, lengths, cache, context, positions, *sampling)
 
 
-def _first_tokens(
-    logits, lengths, cache, context, positions, seeds, temperature, top_k, top_p, max_new_tokens
-) -> tuple[DecodeState, jax.Array]:
+def _first_tokens(logits, lengths, cache, context, positions, seeds, temperature, top_k, top_p, max_new):
     """Each row's first new token sampled from ``logits`` [B, T, V] at ``lengths - 1``, and the
     DecodeState that goes on from it (``positions`` [B]: cache entries written); ``start``'s and
     ``start_cached``'s shared end."""
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     rng = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(seeds)
     first, rng = next_tokens(last, rng, temperature, top_k, top_p)
-    state = DecodeState(cache, context, positions, first, max_new_tokens - 1, rng, temperature, top_k, top_p)
-    return state, first
+    return DecodeState(cache, context, positions, first, max_new - 1, rng, temperature, top_k, top_p), first
 
 
 def pool_cache(pool: jax.Array, table: jax.Array, hits: jax.Array, size: int) -> KVCache:
@@ -106,30 +90,14 @@ def pool_cache(pool: jax.Array, table: jax.Array, hits: jax.Array, size: int) ->
     return tuple((x[layer, 0], x[layer, 1]) for layer in range(layers))
 
 
-def start_cached(
-    extend: Extend,
-    params,
-    pool: jax.Array,
-    table: jax.Array,
-    hits: jax.Array,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    context: jax.Array,
-    seeds: jax.Array,
-    temperature: jax.Array,
-    top_k: jax.Array,
-    top_p: jax.Array,
-    max_new_tokens: jax.Array,
-):
+def start_cached(extend: Extend, params, pool: jax.Array, table, hits, tokens, lengths, context, *sampling):
     """``start`` after a cached prefix: row b's first ``hits[b]`` blocks of the pool (``pool_cache``),
     then its prompt's rest ``tokens[b, :lengths[b]]`` ([B, T] int32, at positions hits[b] * Bk + 0..)
-    through ``extend``; ``context`` [B, S] int32 the whole prompt windows. Other arguments and the
-    result as ``start``'s."""
+    through ``extend`` (table [B, nb], hits [B], tokens [B, T], lengths [B] int32); ``context`` [B, S]
+    int32 the whole prompt windows. ``sampling`` and the result as ``start``'s."""
     starts = hits * pool.shape[4]
     logits, cache = extend(params, tokens, starts, pool_cache(pool, table, hits, context.shape[1]))
-    return _first_tokens(
-        logits, lengths, cache, context, starts + lengths, seeds, temperature, top_k, top_p, max_new_tokens
-    )
+    return _first_tokens(logits, lengths, cache, context, starts + lengths, *sampling)
 
 
 def store_blocks(pool: jax.Array, cache: KVCache, rows: jax.Array, blocks: jax.Array, slots: jax.Array):
@@ -193,25 +161,12 @@ def _slide_where(prefill: Prefill, params, state: DecodeState, full: jax.Array, 
     """The rows where ``full`` is set slid: none, a few (staggered, as serving admits them) one at a
     time, more than a quarter of the batch (in step) together."""
     branch = jnp.where(jnp.any(full), 1 + (4 * jnp.sum(full) > full.shape[0]), 0)
-    return jax.lax.switch(
-        branch,
-        [
-            lambda s: s,
-            lambda s: _slide_rows(prefill, params, s, full, keep),
-            lambda s: _slide(prefill, params, s, full, keep),
-        ],
-        state,
-    )
+    slides = [lambda s, slide=slide: slide(prefill, params, s, full, keep) for slide in (_slide_rows, _slide)]
+    return jax.lax.switch(branch, [lambda s: s, *slides], state)
 
 
 def decode_chunk(
-    prefill: Prefill,
-    decode_step: DecodeStep,
-    params,
-    state: DecodeState,
-    max_steps: jax.Array,
-    chunk: int,
-    keep: int,
+    prefill: Prefill, decode_step: DecodeStep, params, state: DecodeState, max_steps, chunk: int, keep: int
 ):
     """Up to ``min(max_steps, chunk)`` decode steps, fewer once no row has tokens to sample.
     ``keep`` (2..C, static): the window policy. Returns (state, tokens [B, chunk] int32, counts [B]

@@ -142,11 +142,7 @@ def fit_hits(
 
 
 def plan_prefill(
-    cache: PrefixCache,
-    tokens: np.ndarray,
-    lengths: np.ndarray,
-    counted: list[bool],
-    buckets: tuple[int, ...],
+    cache: PrefixCache, tokens: np.ndarray, lengths: np.ndarray, counted: list[bool], buckets: tuple[int, ...]
 ) -> tuple[list[list[bytes]], int, tuple[np.ndarray, ...] | None]:
     """For a batch of prompt windows (``tokens`` [B, S] int32, ``lengths`` [B]; the first
     ``len(counted)`` rows real): (each row's block keys, the bucket to prefill in,

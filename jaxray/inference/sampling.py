@@ -27,15 +27,6 @@ MAX_SEED = 2**32 - 1
 TokensToLogits = Callable[[jax.Array], jax.Array]
 
 
-def _next_token(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: int | None) -> jax.Array:
-    """logits [V] float32 -> int32 token: argmax when temperature <= 0, else a draw at ``temperature``
-    from the ``top_k`` most likely (all when None); ``draw``."""
-    if top_k is not None:
-        kth = jax.lax.top_k(logits, top_k)[0][-1]
-        logits = jnp.where(logits < kth, -jnp.inf, logits)
-    return draw(logits, key, temperature)
-
-
 @functools.partial(jax.jit, static_argnames=("max_new_tokens", "top_k"))
 def sample(
     tokens_to_logits: TokensToLogits,
@@ -57,7 +48,9 @@ def sample(
         window, length, key, out = carry
         key, subkey = jax.random.split(key)
         logits = tokens_to_logits(window[None])[0, length - 1]
-        token = _next_token(logits, subkey, temperature, top_k)
+        if top_k is not None:  # static: the top_k most likely only
+            logits = jnp.where(logits < jax.lax.top_k(logits, top_k)[0][-1], -jnp.inf, logits)
+        token = draw(logits, subkey, temperature)
         appended = window.at[jnp.minimum(length, size - 1)].set(token)
         slid = jnp.roll(window, -1).at[size - 1].set(token)
         window = jnp.where(length < size, appended, slid)
@@ -141,15 +134,9 @@ def generate(model, params, prompt: str, sampling: Sampling) -> str:
     sampling.check(model.config.vocab_size)
     window, length = prompt_window(encode_prompt(prompt), context_len(model.config.max_seq_len))
     tokens_to_logits = jax.tree_util.Partial(model.apply, params)
-    new = sample(
-        tokens_to_logits,
-        jnp.asarray(window),
-        jnp.int32(length),
-        jax.random.key(sampling.seed),
-        jnp.float32(sampling.temperature),
-        sampling.max_new_tokens,
-        sampling.top_k,
-    )
+    key, temperature = jax.random.key(sampling.seed), jnp.float32(sampling.temperature)
+    window, length = jnp.asarray(window), jnp.int32(length)
+    new = sample(tokens_to_logits, window, length, key, temperature, sampling.max_new_tokens, sampling.top_k)
     return bytes_to_text(np.asarray(new))
 
 

@@ -56,29 +56,19 @@ class JaxrayServer:
         self.started, self.started_unix = time.monotonic(), time.time()
         self.replica = serve.get_replica_context().replica_id.unique_id
         cpus = pin_compute(args.compute_cpus) if pin_cpus else []  # before XLA starts its threads
-        settings = args.engine
-        source = args.checkpoint
+        settings, source = args.engine, args.checkpoint
         if storage.is_uri(source):  # fetched into this node's cache: the checkpoint checked, or none
             source = remote.open_uri(source, checkpoint_sha256)
         elif checkpoint_sha256 is not None:  # the folder build_app verified, unless it changed since
             source = checkpoint.trusted(source, checkpoint_sha256)
         self.engine = load_engine(source, settings)
         report = self.engine.compile()
-        logger.info(
-            "jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s",
-            report["programs"],
-            report["compile_s"],
-            self.engine.buckets,
-            settings.batch_sizes,
-            self.engine.source,
-            jax.devices(),
-        )
+        message = "jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s"
+        details = (self.engine.buckets, settings.batch_sizes, self.engine.source, jax.devices())
+        logger.info(message, report["programs"], report["compile_s"], *details)
+        model = (self.engine.config.vocab_size, self.engine.context_len)
         self.limits = Limits(
-            settings.max_new_tokens,
-            settings.max_prompt_bytes,
-            self.engine.config.vocab_size,
-            self.engine.context_len,
-            args.generation_timeout_s,
+            settings.max_new_tokens, settings.max_prompt_bytes, *model, args.generation_timeout_s
         )
         batch, wait_ms = args.max_batch_size, args.batch_wait_ms
         self.batching = {"max_batch_size": batch, "batch_wait_ms": wait_ms, "compute_cpus": cpus}
@@ -127,11 +117,5 @@ class JaxrayServer:
         """Each yield hands request i ``(tokens, done)``, then StopIteration (Serve's end of stream)."""
         remaining = [r.max_new_tokens for r in requests]
         async for step in self.scheduler.run(requests):
-            out: list[Any] = []
-            for i, tokens in enumerate(step):
-                if remaining[i] <= 0:
-                    out.append(StopIteration)
-                    continue
-                remaining[i] -= len(tokens)
-                out.append((tokens, remaining[i] <= 0))
-            yield out
+            yield [StopIteration if n <= 0 else (t, n - len(t) <= 0) for n, t in zip(remaining, step)]
+            remaining = [n - len(t) for n, t in zip(remaining, step)]

@@ -78,9 +78,8 @@ async def generate(path, http: HttpRequest):
     req, [choice], prompt_tokens = await path.choices(http, GenerateRequest)
     usage = {"prompt_tokens": prompt_tokens}
     if req.stream:
-        return StreamingResponse(
-            guarded(generate_events(choice, usage, start)), media_type="text/event-stream"
-        )
+        events = guarded(generate_events(choice, usage, start))
+        return StreamingResponse(events, media_type="text/event-stream")
     text = await choice.text()
     latency_ms = (time.perf_counter() - start) * 1e3
     return GenerateResponse(text=text, new_tokens=choice.tokens, **usage, latency_ms=latency_ms).model_dump()
