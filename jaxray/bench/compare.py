@@ -1,13 +1,15 @@
 """Against the learning path's own scripts. ``compare --reference SCRIPT``: jaxray's step vs the script,
 alternately in fresh processes (A B A B); the median ratio, final losses agreeing to ``LOSS_RTOL``.
 ``decode``: new tokens/s of the KV-cache engine (default context_keep, and S) vs full-window recompute
-(``sampling.sample``) and the notebook's sampler script when found; medians of ``repeats`` after a warm-up."""
+(``sampling.sample``) and the notebook's sampler script when found; medians of ``repeats`` after a warm-up;
+``--profile``: each KV row's decode program, its HLO op counts and device time per step by op."""
 
 from __future__ import annotations
 
 import functools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -16,9 +18,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxray import checkpoint, runs
 from jaxray.bench import mfu
+from jaxray.bench.profile import profile
 from jaxray.bench.report import Report, bar_chart, ratio, run_cases
 from jaxray.bench.suites import preload
 from jaxray.bench.throughput import environment, time_calls
@@ -107,7 +111,25 @@ def _rates(s: float, tokens: int, batch: int) -> dict[str, float]:
     return {"seconds": s, "tokens_per_sec": tokens / s, "ms_per_token": s * batch / tokens * 1e3}
 
 
-def _cases(model, params, prompt: bytes, new_tokens: int, batches, temperature: float, repeats: int):
+HLO_OPS = ("scatter", "gather", "copy", "copy-start", "while", "conditional")  # counted in the decode program
+
+
+def decode_profile(engine: Engine, requests: list[Request], steps: int) -> dict:
+    """The compiled ``decode_chunk`` of ``len(requests)`` rows: {"hlo_ops": {op: count in its optimized
+    HLO}, "device_ms_per_step", "top_ops": [(op, group, ms per step)]} from a ``jax.profiler`` trace of
+    one ``steps``-step call after ``engine.start(requests)`` (``jaxray.bench.profile``)."""
+    program = engine.compiled[("decode_chunk", None, len(requests))]
+    text = program.as_text()
+    state, _ = engine.start(requests)
+    traced = profile(program, lambda: program(engine.params, state, np.int32(steps)), top=8)
+    return {
+        "hlo_ops": {op: len(re.findall(rf"\s{re.escape(op)}\(", text)) for op in HLO_OPS},
+        "device_ms_per_step": traced["total_ms"] / steps,
+        "top_ops": [(o["op"], o["group"], round(o["ms"] / steps, 5)) for o in traced["top_ops"]],
+    }
+
+
+def _cases(model, params, prompt: bytes, new_tokens: int, batches, temperature: float, repeats: int, traces):
     size = model.config.max_seq_len
     context = context_len(size)
 
@@ -120,6 +142,8 @@ def _cases(model, params, prompt: bytes, new_tokens: int, batches, temperature: 
             compile_s = engine.compile()["compile_s"]
             requests = [Request(prompt, new_tokens, temperature, None, seed) for seed in range(batch)]
             median_s, _ = time_calls(lambda i: engine.generate(requests), calls=1, repeats=repeats)
+            if traces is not None and keep is None:
+                traces[batch] = decode_profile(engine, requests, new_tokens - 1)
             return {"compile_s": compile_s, **_rates(median_s, new_tokens * batch, batch)}
 
         return {"sampler": f"kv-cache, context_keep {keep or size // 2}", "batch": batch}, run
@@ -154,7 +178,8 @@ def decode_benchmark(args) -> Report:
         model = build(LAB)
         params = model.init(jax.random.key(0))
     cfg, prompt, n = model.config, args.prompt.encode("utf-8"), args.new_tokens
-    cases = _cases(model, params, prompt, n, args.batch_sizes, args.temperature, args.repeats)
+    traces = {} if args.profile else None
+    cases = _cases(model, params, prompt, n, args.batch_sizes, args.temperature, args.repeats, traces)
     if reference is not None:
         cmd = [sys.executable, str(reference), "--new-tokens", str(n), "--temperature", str(args.temperature)]
 
@@ -189,5 +214,11 @@ def decode_benchmark(args) -> Report:
     ]
     if reference is None:
         notes.append("The notebook row was skipped: no reference_generate.py found (pass --reference).")
+    for batch, trace in (traces or {}).items():
+        top = ", ".join(f"{op} ({group}) {ms * 1e3:.1f} us" for op, group, ms in trace["top_ops"][:5])
+        ops = ", ".join(f"{op} {k}" for op, k in trace["hlo_ops"].items())
+        notes.append(f"Profile, batch {batch}: {trace['device_ms_per_step'] * 1e3:.1f} us of device ops per "
+                     f"step; top: {top}. HLO ops: {ops}.")  # fmt: skip
+    summary |= {"profile": traces} if traces is not None else {}
     title = "Decode: KV cache vs full-window recompute"
     return Report("decode", title, rows, COLUMNS, notes, summary=summary)

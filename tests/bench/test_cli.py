@@ -303,3 +303,18 @@ def test_compare_and_decode_against_the_reference_scripts(reference_dir, trained
     ]  # fmt: skip
     assert all(r["new_tokens"] == 70 and r["vs_full"] > 0 and r["vs_notebook"] > 0 for r in doc["rows"])
     assert "the window fills after 57 new tokens" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow  # two decode programs compiled, timed and traced (~25 s)
+def test_decode_profile_names_the_decode_programs_ops_and_device_time(trained_transformer, tmp_path):
+    """``bench decode --profile``: per KV batch size, the decode program's HLO op counts and its device
+    time per step from a jax.profiler trace, in the summary and the notes."""
+    out = tmp_path / "decode"
+    args = ["--checkpoint", trained_transformer, "--new-tokens", 12, "--batch-sizes", "1,2", "--repeats", 1]
+    assert run("decode", *args, "--profile", "--out", out) == 0
+    profiles = json.loads((out / "summary.json").read_text())["summary"]["profile"]
+    assert sorted(profiles) == ["1", "2"]
+    for trace in profiles.values():
+        assert trace["hlo_ops"]["while"] >= 1 and trace["device_ms_per_step"] > 0
+        assert trace["top_ops"] and all(ms > 0 for _, _, ms in trace["top_ops"])
+    assert "Profile, batch 2:" in (out / "summary.md").read_text()
