@@ -151,20 +151,12 @@ def collect() -> Facts:
     topo_status, topo = _run_smi("topo", "-m")
     driver_cuda = re.search(r"CUDA Version:\s*([\d.]+)", header)
     cuda, cudnn = _cuda_versions()
+    fields = ("id", "platform", "device_kind", "process_index")
     return Facts(
         backend=backend,
         backend_error=error,
         process_count=jax.process_count() if devices else 1,
-        devices=tuple(
-            {
-                "id": d.id,
-                "platform": d.platform,
-                "device_kind": d.device_kind,
-                "process_index": d.process_index,
-                "memory_bytes": _memory(d),
-            }
-            for d in devices
-        ),
+        devices=tuple({**{k: getattr(d, k) for k in fields}, "memory_bytes": _memory(d)} for d in devices),
         jax_version=jax.__version__,
         jaxlib_version=jaxlib.__version__,
         cuda_plugins=_installed(CUDA_PLUGINS),
@@ -258,16 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.json:
             print(f"\nmesh failed: {mesh['mesh_error']}")
     if args.json:
-        print(
-            json.dumps(
-                {
-                    **dataclasses.asdict(facts),
-                    "device_count": len(facts.devices),
-                    "cpu_only_reason": cpu_only_reason(facts),
-                    **mesh,
-                }
-            )
-        )
+        extra = {"device_count": len(facts.devices), "cpu_only_reason": cpu_only_reason(facts)}
+        print(json.dumps(dataclasses.asdict(facts) | extra | mesh))
     return 0
 
 

@@ -18,10 +18,6 @@ from jaxray.checkpoint import (
 from jaxray.reporting.format import number
 
 
-def _isnumber(value: Any) -> bool:
-    return number(value) is not None
-
-
 def describe(directory: str | Path) -> str:
     """``checkpoint: PATH (trial T, step S, METRIC)`` for a resolved checkpoint ``directory``: PATH
     relative to the working directory when inside it; the trial (its Ray Train folder's name, else
@@ -61,15 +57,15 @@ def _metric(directory: Path, state: dict) -> str:
     row = state.get("summary") if isinstance(state.get("summary"), dict) else {}
     pairs = (("val_loss", "val loss {:.4f}"), ("val_perplexity", "perplexity {:.2f}"))
     pairs += (("test_accuracy", "test accuracy {:.4f}"), ("test_loss", "test loss {:.4f}"))
-    shown = ", ".join(fmt.format(row[key]) for key, fmt in pairs if _isnumber(row.get(key)))
+    shown = ", ".join(fmt.format(row[key]) for key, fmt in pairs if number(row.get(key)) is not None)
     if shown:
         return shown
     history = _json(directory / HISTORY_FILE) if "step" in state else None
     rows = [r for r in history if isinstance(r, dict)] if isinstance(history, list) else []
-    held = next((r for r in reversed(rows) if _isnumber(r.get("val_loss"))), None)
+    held = next((r for r in reversed(rows) if number(r.get("val_loss")) is not None), None)
     if held is not None:
         return f"val loss {held['val_loss']:.4f} at step {held.get('step', '?')}"
     last = rows[-1] if rows else {}
-    if _isnumber(last.get("loss")):
+    if number(last.get("loss")) is not None:
         return f"train loss {last['loss']:.4f} at step {last.get('step', '?')} (no held-out metric saved)"
     return "no metric recorded"

@@ -18,32 +18,20 @@ from jaxray.reporting.figures import save_figure  # noqa: E402
 GRID_SIDE = 5  # the predictions grid is GRID_SIDE x GRID_SIDE images
 
 
-def row_percentages(matrix: np.ndarray) -> np.ndarray:
-    """[C, C] int counts -> [C, C] float64 percentages of each row (a row with no examples stays 0)."""
-    totals = matrix.sum(axis=1, keepdims=True)
-    return 100.0 * matrix / np.maximum(totals, 1)
-
-
 def plot_confusion_matrix(matrix: np.ndarray, class_names: Sequence[str], path: Path) -> None:
     """Writes ``matrix`` ([C, C] int counts, rows true, columns predicted) as a heat map of row
     percentages, each cell labelled with its percentage, class names on both axes."""
-    percent = row_percentages(matrix)
+    percent = 100.0 * matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)  # a row of no examples: 0
     n = len(class_names)
     fig, ax = plt.subplots(figsize=(9, 8))
     image = ax.imshow(percent, cmap="Blues", vmin=0, vmax=100)
     fig.colorbar(image, ax=ax, label="% of the true class")
     for i in range(n):
         for j in range(n):
-            # White text on dark cells, or the diagonal's large values would be unreadable.
-            ax.text(
-                j,
-                i,
-                f"{percent[i, j]:.1f}",
-                ha="center",
-                va="center",
-                fontsize=8,
-                color="white" if percent[i, j] > 50 else "black",
-            )
+            color = (
+                "white" if percent[i, j] > 50 else "black"
+            )  # white on dark cells: the diagonal stays readable
+            ax.text(j, i, f"{percent[i, j]:.1f}", ha="center", va="center", fontsize=8, color=color)
     ax.set_xticks(range(n), class_names, rotation=45, ha="right")
     ax.set_yticks(range(n), class_names)
     ax.set(
@@ -65,11 +53,7 @@ def plot_predictions_grid(
         if k >= len(images):  # fewer images than cells: leave the rest blank
             continue
         ax.imshow(images[k].reshape(IMAGE_SIDE, IMAGE_SIDE), cmap="gray_r", vmin=0, vmax=1)
-        right = predictions[k] == labels[k]
-        ax.set_title(
-            f"pred: {class_names[predictions[k]]} /\ntrue: {class_names[labels[k]]}",
-            fontsize=8,
-            color="green" if right else "red",
-        )
+        title = f"pred: {class_names[predictions[k]]} /\ntrue: {class_names[labels[k]]}"
+        ax.set_title(title, fontsize=8, color="green" if predictions[k] == labels[k] else "red")
     fig.suptitle(f"First {min(len(images), GRID_SIDE**2)} test images (green: correct, red: wrong)")
     save_figure(fig, path)

@@ -36,49 +36,14 @@ from jaxray.runs import (
 )
 from jaxray.storage import written_whole
 
-KEY_ORDER = (
-    "trial",
-    "workload",
-    "global_batch",
-    "dtype",
-    "width",
-    "learning_rate",
-    "attention",
-    "attention_note",
-    "steps",
-    "devices",
-    "mesh",
-    "examples_per_sec",
-    "tokens_per_sec",
-    "ms_per_step",
-    "compile_s",
-    "peak_bytes_per_device",
-    "final_train_loss",
-    "test_accuracy",
-    "val_loss",
-    "val_perplexity",
-    "checkpoint",
+KEY_ORDER = tuple(
+    "trial workload global_batch dtype width learning_rate attention attention_note steps devices mesh "
+    "examples_per_sec tokens_per_sec ms_per_step compile_s peak_bytes_per_device final_train_loss "
+    "test_accuracy val_loss val_perplexity checkpoint".split()
 )
-HEADER = (
-    "trial",
-    "workload",
-    "global batch",
-    "dtype",
-    "width",
-    "peak lr",
-    "attention",
-    "steps",
-    "devices",
-    "mesh",
-    "throughput",
-    "ms/step",
-    "compile s",
-    "peak MiB/device",
-    "final train loss",
-    "test acc",
-    "val loss",
-    "val ppl",
-    "checkpoint",
+HEADER = tuple(
+    "trial|workload|global batch|dtype|width|peak lr|attention|steps|devices|mesh|throughput|ms/step|"
+    "compile s|peak MiB/device|final train loss|test acc|val loss|val ppl|checkpoint".split("|")
 )
 
 
