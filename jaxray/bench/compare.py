@@ -116,16 +116,20 @@ HLO_OPS = ("scatter", "gather", "copy", "copy-start", "while", "conditional")  #
 
 def decode_profile(engine: Engine, requests: list[Request], steps: int) -> dict:
     """The compiled ``decode_chunk`` of ``len(requests)`` rows: {"hlo_ops": {op: count in its optimized
-    HLO}, "device_ms_per_step", "top_ops": [(op, group, ms per step)]} from a ``jax.profiler`` trace of
-    one ``steps``-step call after ``engine.start(requests)`` (``jaxray.bench.profile``)."""
+    HLO}, "op_us_per_step": summed op time per step (us; on a CPU ops of parallel threads add up, past
+    the wall time), "groups": {group: share}, "top_ops": [{"op", "group", "us"}]} from a ``jax.profiler``
+    trace of one ``steps``-step call after ``engine.start(requests)`` (``jaxray.bench.profile``)."""
     program = engine.compiled[("decode_chunk", None, len(requests))]
     text = program.as_text()
     state, _ = engine.start(requests)
     traced = profile(program, lambda: program(engine.params, state, np.int32(steps)), top=8)
     return {
         "hlo_ops": {op: len(re.findall(rf"\s{re.escape(op)}\(", text)) for op in HLO_OPS},
-        "device_ms_per_step": traced["total_ms"] / steps,
-        "top_ops": [(o["op"], o["group"], round(o["ms"] / steps, 5)) for o in traced["top_ops"]],
+        "op_us_per_step": traced["total_ms"] / steps * 1e3,
+        "groups": {g: round(share, 3) for g, share in traced["groups"].items()},
+        "top_ops": [
+            {"op": o["op"], "group": o["group"], "us": o["ms"] / steps * 1e3} for o in traced["top_ops"]
+        ],
     }
 
 
@@ -215,10 +219,14 @@ def decode_benchmark(args) -> Report:
     if reference is None:
         notes.append("The notebook row was skipped: no reference_generate.py found (pass --reference).")
     for batch, trace in (traces or {}).items():
-        top = ", ".join(f"{op} ({group}) {ms * 1e3:.1f} us" for op, group, ms in trace["top_ops"][:5])
+        groups = ", ".join(f"{g} {share:.0%}" for g, share in trace["groups"].items())
+        top = ", ".join(f"{o['op']} ({o['group']}) {o['us']:.1f} us" for o in trace["top_ops"][:5])
         ops = ", ".join(f"{op} {k}" for op, k in trace["hlo_ops"].items())
-        notes.append(f"Profile, batch {batch}: {trace['device_ms_per_step'] * 1e3:.1f} us of device ops per "
-                     f"step; top: {top}. HLO ops: {ops}.")  # fmt: skip
+        notes.append(
+            f"Profile of the context_keep {cfg.max_seq_len // 2} row, batch {batch}: "
+            f"{trace['op_us_per_step']:.1f} us of ops per step (summed: a CPU's parallel threads add up "
+            f"past the wall time), by group {groups}; top ops {top}; in its HLO: {ops}."
+        )
     summary |= {"profile": traces} if traces is not None else {}
     title = "Decode: KV cache vs full-window recompute"
     return Report("decode", title, rows, COLUMNS, notes, summary=summary)

@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--port: {problem}")
     settings = app_args(args, fail, base)
     if settings.generation_timeout_s is None:  # end streams with an error event before Serve cuts them
-        timeout = options["request_timeout_s"]
-        settings = settings.model_copy(update={"generation_timeout_s": max(timeout - 1.0, timeout / 2)})
+        timeout = options["request_timeout_s"]  # a quarter left for the proxy and a busy replica's loop
+        settings = settings.model_copy(update={"generation_timeout_s": 0.75 * timeout})
     try:  # checks the path, the batch limits and the checkpoint, restored once; starts nothing
         app = build_app(settings)
     except ValueError as err:

@@ -63,7 +63,7 @@ class RequestPath:
         """(the ``model`` request in ``http``'s body, read no further than just past the limit that
         ``parse`` answers with 413; a ``Choice`` per engine request, ``n``, choice i seeded seed + i;
         the prompt tokens each reads). Raises ApiError naming the field."""
-        body = bytearray()
+        arrived, body = time.monotonic(), bytearray()
         async for part in http.stream():
             body += part
             if len(body) > self.limits.max_body_bytes:
@@ -81,20 +81,24 @@ class RequestPath:
             field = next((f for f in ENGINE_FIELDS if str(err).startswith(f)), "body")
             field = {"max_new_tokens": model.budget_field, "prompt": model.prompt_field}.get(field, field)
             raise ApiError(400, field, str(err), schema.allowed(model, field, self.limits)) from None
-        choices = [Choice(i, partial(self.tokens, r, model.route), req.stop) for i, r in enumerate(requests)]
+        limit = self.limits.generation_timeout_s  # counted from the body's arrival
+        chunks = partial(self.tokens, deadline=None if limit is None else arrived + limit)
+        choices = [Choice(i, partial(chunks, r, model.route), req.stop) for i, r in enumerate(requests)]
         return req, choices, self.engine.prompt_tokens(requests[0])
 
     async def tokens(
-        self, request: Request, route: str, ended: Callable[[], str | None] = lambda: None
+        self,
+        request: Request,
+        route: str,
+        ended: Callable[[], str | None] = lambda: None,
+        deadline: float | None = None,
     ) -> AsyncIterator[list[int]]:
         """A checked request's new tokens, a chunk at a time, as its batch produces them, recorded
         in the metrics of ``route`` from the first read; its end is "length" at the budget, else
         ``ended()`` when the reader closes it ("stop" at a stop sequence; None: "abort"). Raises
-        ApiError 504 past ``limits.generation_timeout_s``."""
+        ApiError 504 past ``deadline`` (``time.monotonic()`` s; None: none)."""
         timer = metrics.request_started(route, self.model_name)
         results, prompt_tokens = self._batch(request), self.engine.prompt_tokens(request)
-        limit = self.limits.generation_timeout_s
-        deadline = None if limit is None else time.monotonic() + limit
         # Each read is a task of its own, awaited through a shield: a reader cancelled mid-read (its
         # client left) must not cancel Serve's future, or Serve's batching orphans the next one
         # ("Future exception was never retrieved: StopAsyncIteration"); ``drain`` ends the read.
@@ -110,7 +114,11 @@ class RequestPath:
                     finished = True
                     break
                 except TimeoutError:  # ended below as a reader that left: its row freed
-                    message = f"generation ran past {limit:g} s (generation_timeout_s); ask for fewer tokens"
+                    limit = self.limits.generation_timeout_s
+                    message = (
+                        f"not done {limit:g} s after it reached this replica (generation_timeout_s), "
+                        "waiting for a row or generating: retry later or ask for fewer tokens"
+                    )
                     raise ApiError(504, "generation_timeout_s", message) from None
                 if tokens:
                     timer.tokens(len(tokens))

@@ -38,9 +38,9 @@ class AppArgs(BaseModel):
     num_replicas: PositiveInt = 1
     autoscaling_config: dict[str, Any] | None = None
     served_model_name: str = Field("jaxray", min_length=1)
-    # Seconds a request may generate before it ends in a 504 "timeout" error (an error event on a
-    # stream). python -m jaxray.serve sets it 1 s under http_options.request_timeout_s, where Serve's
-    # proxy would cut a stream with no event. None: no limit.
+    # Seconds from a request's arrival at the replica to its end, else a 504 "timeout" error (an error
+    # event on a stream). python -m jaxray.serve sets it to 3/4 of http_options.request_timeout_s,
+    # where Serve's proxy would cut a stream with no event. None: no limit.
     generation_timeout_s: PositiveFloat | None = None
     engine: EngineSettings = Field(default_factory=EngineSettings)
 

@@ -315,6 +315,7 @@ def test_decode_profile_names_the_decode_programs_ops_and_device_time(trained_tr
     profiles = json.loads((out / "summary.json").read_text())["summary"]["profile"]
     assert sorted(profiles) == ["1", "2"]
     for trace in profiles.values():
-        assert trace["hlo_ops"]["while"] >= 1 and trace["device_ms_per_step"] > 0
-        assert trace["top_ops"] and all(ms > 0 for _, _, ms in trace["top_ops"])
-    assert "Profile, batch 2:" in (out / "summary.md").read_text()
+        assert trace["hlo_ops"]["while"] >= 1 and trace["op_us_per_step"] > 0
+        assert trace["top_ops"] and all(o["us"] > 0 for o in trace["top_ops"])
+        assert abs(sum(trace["groups"].values()) - 1) < 0.01
+    assert "Profile of the context_keep 32 row, batch 2:" in (out / "summary.md").read_text()

@@ -4,11 +4,11 @@ or with an error event when the engine fails or the generation times out mid-str
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import time
 
 import jax
+from starlette.requests import Request as HttpRequest
 
 from jaxray.config import ModelConfig
 from jaxray.inference.detokenize import Choice
@@ -18,7 +18,7 @@ from jaxray.inference.settings import EngineSettings
 from jaxray.models import build
 from jaxray.serve.requests import RequestPath
 from jaxray.serve.routes import generate_events, guarded
-from jaxray.serve.schema import Limits
+from jaxray.serve.schema import GenerateRequest, Limits
 
 
 async def tokens(*chunks: bytes, fail: Exception | None = None):
@@ -65,7 +65,7 @@ def test_an_engine_failure_mid_stream_ends_it_with_an_error_event():
 def test_a_generation_past_its_timeout_ends_in_a_504_event_and_frees_its_row():
     """A stream still generating at ``generation_timeout_s`` ends with an error event (not cut bare, as
     Serve's proxy would at request_timeout_s) and its request leaves the running batch. The real
-    engine and scheduler; each chunk reaches the route 50 ms late, as from a slow device."""
+    engine and scheduler; each chunk reaches the route 200 ms late, as from a slow device."""
     model = build(ModelConfig(workload="transformer", width=32, num_layers=1, num_heads=2, max_seq_len=32))
     settings = EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=4, max_new_tokens=64)
     engine = Engine.for_model(model, model.init(jax.random.key(0)), settings)
@@ -74,13 +74,21 @@ def test_a_generation_past_its_timeout_ends_in_a_504_event_and_frees_its_row():
 
     async def batch(request):  # the replica's Serve batch of one request
         async for [tokens] in scheduler.run([request]):
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
             yield tokens, False
 
     async def run():
-        limits = Limits(64, 1024, generation_timeout_s=0.12)
+        limits = Limits(64, 1024, generation_timeout_s=2.0)
         path = RequestPath(engine, scheduler, limits, "jaxray", 0.0, batch)
-        choice = Choice(0, functools.partial(path.tokens, Request(b"ROMEO:", 64, 0.0), "generate"), [])
+        async for _ in batch(Request(b"KING:", 4, 0.0)):  # the scheduler's first run starts its thread
+            pass
+        body = json.dumps({"prompt": "ROMEO:", "max_new_tokens": 64, "temperature": 0, "stream": True})
+
+        async def receive():
+            return {"type": "http.request", "body": body.encode(), "more_body": False}
+
+        http = HttpRequest({"type": "http", "method": "POST", "path": "/generate", "headers": []}, receive)
+        _, [choice], _ = await path.choices(http, GenerateRequest)  # the clock starts at the body
         raw = await gathered(guarded(generate_events(choice, {"prompt_tokens": 6}, time.perf_counter())))
         await asyncio.sleep(0.3)  # the background drain ends the request's stream
         return raw
