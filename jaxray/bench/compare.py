@@ -133,6 +133,18 @@ def decode_profile(engine: Engine, requests: list[Request], steps: int) -> dict:
     }
 
 
+def profile_note(batch: int, trace: dict, keep: int) -> str:
+    """One line of the report for ``decode_profile``'s ``trace`` of the context_keep ``keep`` row."""
+    groups = ", ".join(f"{g} {share:.0%}" for g, share in trace["groups"].items())
+    top = ", ".join(f"{o['op']} ({o['group']}) {o['us']:.1f} us" for o in trace["top_ops"][:5])
+    ops = ", ".join(f"{op} {k}" for op, k in trace["hlo_ops"].items())
+    return (
+        f"Profile of the context_keep {keep} row, batch {batch}: {trace['op_us_per_step']:.1f} us of ops "
+        f"per step (summed: a CPU's parallel threads add up past the wall time), by group {groups}; top "
+        f"ops {top}; in its HLO: {ops}."
+    )
+
+
 def _cases(model, params, prompt: bytes, new_tokens: int, batches, temperature: float, repeats: int, traces):
     size = model.config.max_seq_len
     context = context_len(size)
@@ -218,15 +230,7 @@ def decode_benchmark(args) -> Report:
     ]
     if reference is None:
         notes.append("The notebook row was skipped: no reference_generate.py found (pass --reference).")
-    for batch, trace in (traces or {}).items():
-        groups = ", ".join(f"{g} {share:.0%}" for g, share in trace["groups"].items())
-        top = ", ".join(f"{o['op']} ({o['group']}) {o['us']:.1f} us" for o in trace["top_ops"][:5])
-        ops = ", ".join(f"{op} {k}" for op, k in trace["hlo_ops"].items())
-        notes.append(
-            f"Profile of the context_keep {cfg.max_seq_len // 2} row, batch {batch}: "
-            f"{trace['op_us_per_step']:.1f} us of ops per step (summed: a CPU's parallel threads add up "
-            f"past the wall time), by group {groups}; top ops {top}; in its HLO: {ops}."
-        )
+    notes += [profile_note(batch, trace, cfg.max_seq_len // 2) for batch, trace in (traces or {}).items()]
     summary |= {"profile": traces} if traces is not None else {}
     title = "Decode: KV cache vs full-window recompute"
     return Report("decode", title, rows, COLUMNS, notes, summary=summary)
