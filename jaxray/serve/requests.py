@@ -82,8 +82,11 @@ class RequestPath:
             field = {"max_new_tokens": model.budget_field, "prompt": model.prompt_field}.get(field, field)
             raise ApiError(400, field, str(err), schema.allowed(model, field, self.limits)) from None
         limit = self.limits.generation_timeout_s  # counted from the body's arrival
-        chunks = partial(self.tokens, deadline=None if limit is None else arrived + limit)
-        choices = [Choice(i, partial(chunks, r, model.route), req.stop) for i, r in enumerate(requests)]
+        deadline = None if limit is None else arrived + limit
+        choices = [
+            Choice(i, partial(self.tokens, r, model.route, deadline=deadline), req.stop)
+            for i, r in enumerate(requests)
+        ]
         return req, choices, self.engine.prompt_tokens(requests[0])
 
     async def tokens(
