@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxray.bench.presets import Preset
+from jaxray.bench.presets import PRESETS
 from jaxray.bench.report import SPEED, Report, run_cases
 from jaxray.bench.suites import _case
 from jaxray.bench.throughput import environment, time_calls
@@ -66,32 +66,23 @@ def attention_rows(sizes: dict[str, Any]) -> list[dict[str, Any]]:
     return run_cases(cases, "attention")
 
 
-def check(preset: Preset, data_dir: str | None, devices: int, only: list[str] | None = None) -> Report:
-    """The attention table and the model steps of ``preset.check`` (``only``: those labels)."""
-    env = environment(devices)
-    steps = [s for s in preset.check if not only or s["case"] in only]
+def check(args) -> Report:
+    """The attention table and the model steps of ``--preset``'s ``check`` (``--only``: those labels)."""
+    preset, only, env = PRESETS[args.preset], args.only, environment(len(jax.devices()))
     rows = attention_rows(preset.check_attention) if not only or "attention" in only else []
     cases = []
-    for size in steps:
-        label, fields = size["case"], {k: v for k, v in size.items() if k not in ("case", "tiles")}
-        fields_run = _case(label, fields, data_dir)
-        cases.append((fields_run[0] | {"tiles": size.get("tiles")}, _tiled(fields_run[1], size.get("tiles"))))
+    for size in (s for s in preset.check if not only or s["case"] in only):
+        tiles, fields = size.get("tiles"), {k: v for k, v in size.items() if k not in ("case", "tiles")}
+        fields, run = _case(size["case"], fields, args.data_dir)
+        tiling = splash.tiling(splash.Tiling(**(tiles or {})))  # a context manager and a decorator
+        cases.append((fields | {"tiles": tiles}, tiling(run)))
     rows += [{**env, **row} for row in run_cases(cases, "check")]
     cols = (
         f"case attention dtype global_batch seq_len remat scan_layers ms {SPEED} compile_s compile_from_cache"
     )
     notes = [f"{env['device_kind']} ({env['platform']}), jax {env['jax']}"]
-    notes += [f"profile of {r['case']}: {_shares(r['profile'])}" for r in rows if r.get("profile")]
+    for r in (r for r in rows if r.get("profile")):
+        notes.append(
+            f"profile of {r['case']}: " + ", ".join(f"{g} {x:.0%}" for g, x in r["profile"]["groups"].items())
+        )
     return Report("check", "Accelerator check: attention and training steps", rows, cols, notes)
-
-
-def _tiled(run, tiles: dict | None):
-    def tiled():
-        with splash.tiling(splash.Tiling(**(tiles or {}))):
-            return run()
-
-    return tiled
-
-
-def _shares(prof: dict[str, Any]) -> str:
-    return ", ".join(f"{g} {share:.0%}" for g, share in prof["groups"].items())

@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxray.bench.report import Report, run_cases
 from jaxray.bench.throughput import environment, make_spec
-from jaxray.checkpoint import PendingSave, restore_state, save_state, start_save_state
+from jaxray.checkpoint import restore_state, save_state, start_save_state
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.models import build, param_count
@@ -29,13 +29,6 @@ from jaxray.train.step import abstract_state, init_state, make_optimizer
 TARGET = 1.05  # ms/step with a checkpoint every 100 steps over ms/step without
 COLUMNS = "case params size_mb save_s restore_s every mode ms_per_step blocked_ms vs_none"
 MODES = ("none", "sync", "async")
-
-
-def _save(folder: Path, state, trial) -> float:
-    """Seconds to save ``state`` under ``folder``, committed."""
-    start = time.perf_counter()
-    save_state(folder, state, trial, [], {})
-    return time.perf_counter() - start
 
 
 def size_row(workload: str, repeats: int, data_dir: str | None) -> dict[str, Any]:
@@ -53,8 +46,9 @@ def size_row(workload: str, repeats: int, data_dir: str | None) -> dict[str, Any
     saves, restores = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats + 1):  # the first of each is warm-up
-            stored = Path(tmp) / f"stored{i}"
-            saves.append(_save(stored, state, trial))
+            stored, start = Path(tmp) / f"stored{i}", time.perf_counter()
+            save_state(stored, state, trial, [], {})
+            saves.append(time.perf_counter() - start)
             start = time.perf_counter()
             jax.block_until_ready(restore_state(stored, abstract_state(model, tx, mesh))[0])
             restores.append(time.perf_counter() - start)
@@ -69,12 +63,9 @@ def _ms_per_step(trial, every: int, mode: str, arrays, held_out, tmp: Path) -> t
     """(ms/step, median ms a save blocked the loop) of one run of ``trial`` with no checkpoint
     (``mode`` "none"), or one every ``every`` steps committed at once ("sync") or at the next save
     ("async": the arrays copied to host memory, written while training goes on)."""
-    every_or_none = None if mode == "none" else every
-    trial = trial.model_copy(
-        update={"train": trial.train.model_copy(update={"checkpoint_every": every_or_none})}
-    )
-    blocked: list[float] = []
-    pending: list[PendingSave] = []
+    every = None if mode == "none" else every
+    trial = trial.model_copy(update={"train": trial.train.model_copy(update={"checkpoint_every": every})})
+    blocked, pending = [], []
 
     def save(step, state, history):
         start = time.perf_counter()
@@ -88,9 +79,7 @@ def _ms_per_step(trial, every: int, mode: str, arrays, held_out, tmp: Path) -> t
         blocked.append(time.perf_counter() - start)
 
     batches = train_batches(arrays, trial.train.global_batch, trial.train.seed)
-    result = train(
-        trial, batches, held_out, make_mesh(jax.devices()[:1]), save=save if every_or_none else None
-    )
+    result = train(trial, batches, held_out, make_mesh(jax.devices()[:1]), save=save if every else None)
     for job in pending:
         job.commit()
     ms = result.summary["ms_per_step"] + result.summary["hook_s"] * 1e3 / (trial.train.steps - 1)
@@ -134,10 +123,9 @@ def checkpoint_benchmark(args) -> Report:
     for w in ["mlp", "transformer"] if args.workload == "all" else [args.workload]:
         cases.append(({"case": f"{w} every {args.every}"}, lambda w=w: {"rows": cost_rows(w, args)}))
     rows = [r for res in run_cases(cases, "checkpoint") for r in res.pop("rows", [res])]
-    cost = [r for r in rows if r.get("every") not in (None, "none")]
-    summary = {f"{r['workload']}_every_{r['every']}_{r['mode']}": r["vs_none"] for r in cost} | {
-        "target": TARGET
-    }
+    cost = (r for r in rows if r.get("every") not in (None, "none"))
+    summary = {f"{r['workload']}_every_{r['every']}_{r['mode']}": r["vs_none"] for r in cost}
+    summary["target"] = TARGET
     notes = [
         f"Target: a checkpoint every 100 steps costs <= {TARGET:g}x the step time without.",
         "save s: save_state, committed; restore s: restore_state onto the mesh, checksums verified; medians "

@@ -1,16 +1,12 @@
-"""``serve --url URL``: closed-loop HTTP load on a running ``python -m jaxray.serve``: per level, N clients
-send a warm-up ``POST /generate``, then requests back to back for ``duration`` s, each its own seed, each
-read as a stream (``"stream": true``: text events, then a done event with ``new_tokens``). req/s and
-tokens/s count each answer's share inside the window; latency, time to first token (TTFT: sending to
-the first text event) and inter-token latency (ITL: between text events), client clock, in ms, are
-over measured successes; the engine's rows per decode call and busy share come from ``GET /info``.
-With ``--prompt-bytes N`` each request sends N random letters; with ``--shared-bytes M`` too, each
-level runs again with prompts whose first M bytes are the same (a system prompt: prefix caching).
-``--long-clients K``: K more clients send ``--long-bytes`` random prompts meanwhile; the row's
-figures are the other clients' streams (chunked prefill's ITL), the long ones' count and TTFT apart.
-Outcomes: ok; 4xx and 5xx by HTTP status, 5xx also for an ``event: error`` mid-stream (the engine
-failed); dropped for a connection cut, refused or timed out before the done event; other for an
-answer that is not /generate's."""
+"""``serve --url URL``: closed-loop HTTP load on a running ``python -m jaxray.serve``. Per level, N clients
+send a warm-up ``POST /generate``, then streamed requests (``"stream": true``) back to back for ``duration``
+s, each its own seed. req/s and tokens/s count each answer's share inside the window; latency, TTFT (to the
+first text event) and ITL (between text events) are client-clock ms over measured successes; rows per decode
+call and engine busy share come from ``GET /info``. ``--prompt-bytes N``: N random letters a prompt;
+``--shared-bytes M``: each level again with their first M bytes shared (prefix caching). ``--long-clients
+K``: K more clients send ``--long-bytes`` prompts meanwhile, counted apart (chunked prefill's ITL). Outcomes:
+ok; 4xx and 5xx by HTTP status, 5xx also for an ``event: error`` mid-stream; dropped for a connection cut,
+refused or timed out before the done event; other for an answer that is not /generate's."""
 
 from __future__ import annotations
 
@@ -139,11 +135,7 @@ def letters(seed, n: int) -> str:
 def prompts_label(args, shared: bool) -> str:
     if not args.prompt_bytes:
         return f"{len(args.prompt.encode())} B"
-    return (
-        f"{args.prompt_bytes} B, first {args.shared_bytes} shared"
-        if shared
-        else f"{args.prompt_bytes} B random"
-    )
+    return f"{args.prompt_bytes} B" + (f", first {args.shared_bytes} shared" if shared else " random")
 
 
 async def run_level(args, clients: int, shared: bool = False) -> dict:
@@ -151,11 +143,9 @@ async def run_level(args, clients: int, shared: bool = False) -> dict:
     body = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     body |= {"top_k": args.top_k} if args.top_k else {}
     ask = lambda seed: body | {"seed": seed, "prompt": prompt_for(args, seed, shared, clients)}  # noqa: E731
-    long = args.long_clients
-    timeout = aiohttp.ClientTimeout(total=args.timeout)
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=clients + long), timeout=timeout
-    ) as s:
+    long, timeout = args.long_clients, aiohttp.ClientTimeout(total=args.timeout)
+    connector = aiohttp.TCPConnector(limit=clients + long)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
         seeds = [(args.seed + c * 1_000_003) % 2**32 for c in range(clients)]
         samples = list(await asyncio.gather(*(send(s, args.url, ask(k), True) for k in seeds)))
         loop, longs = asyncio.get_running_loop(), []
@@ -249,12 +239,6 @@ def get_json(url: str, timeout_s: float = 10.0) -> dict | None:
         return None
 
 
-def model_id(url: str) -> str | None:
-    """The served model's id, from ``GET /v1/models``; None when it does not answer one."""
-    data = (get_json(f"{url}/v1/models") or {}).get("data")
-    return data[0].get("id") if isinstance(data, list) and data and isinstance(data[0], dict) else None
-
-
 def serve_report(args) -> Report:
     """Every level of ``args.clients`` in turn against ``args.url``. ValueError when /healthz fails."""
     url = args.url.rstrip("/")
@@ -262,7 +246,8 @@ def serve_report(args) -> Report:
         raise ValueError(f"--url {args.url}: GET /healthz did not answer; start python -m jaxray.serve first")
     if args.shared_bytes and not 0 < args.shared_bytes < args.prompt_bytes:
         raise ValueError(f"--shared-bytes {args.shared_bytes} needs --prompt-bytes above it")
-    model, rows = model_id(url), []
+    data, rows = (get_json(f"{url}/v1/models") or {}).get("data"), []  # the served model's id, if it says
+    model = data[0].get("id") if isinstance(data, list) and data and isinstance(data[0], dict) else None
     for clients in args.clients:
         for shared in (False, True) if args.shared_bytes else (False,):
             row = asyncio.run(run_level(args, clients, shared))

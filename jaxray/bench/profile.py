@@ -42,29 +42,26 @@ def op_groups(hlo_text: str) -> dict[str, str]:
                 (inst.group(1), inst.group(2), calls.group(1) if calls else "", name.group(1) if name else "")
             )
 
-    def contents(computation: str, seen: frozenset = frozenset()) -> tuple[set[str], set[str]]:
-        opcodes, names = set(), set()
+    def contents(computation: str, seen: frozenset = frozenset()) -> set[tuple[str, str]]:
+        """(opcode, op_name) of every instruction of ``computation`` and of what it calls."""
+        found = set()
         for _, opcode, calls, op_name in computations.get(computation, []):
-            opcodes.add(opcode)
-            names.add(op_name)
+            found.add((opcode, op_name))
             if calls and calls not in seen:
-                more = contents(calls, seen | {computation})
-                opcodes |= more[0]
-                names |= more[1]
-        return opcodes, names
+                found |= contents(calls, seen | {computation})
+        return found
 
     groups = {}
     for instructions in computations.values():
         for inst, opcode, calls, op_name in instructions:
-            opcodes, names = contents(calls) if calls else (set(), set())
-            opcodes, names = opcodes | {opcode}, names | {op_name}
-            parts = {part for n in names for part in _NAME_PARTS.split(n)}  # "transpose(jvp(attention))"
+            found = (contents(calls) if calls else set()) | {(opcode, op_name)}
+            parts = {part for _, n in found for part in _NAME_PARTS.split(n)}  # "transpose(jvp(attention))"
             scopes = [s for s in SCOPES if s in parts]
             if opcode in CONTAINERS:
                 groups[inst] = "container"
             elif "attention" in scopes or "splash" in inst:
                 groups[inst] = "attention"
-            elif opcodes & {"dot", "convolution"}:
+            elif any(op in ("dot", "convolution") for op, _ in found):
                 groups[inst] = "matmul"
             elif scopes:
                 groups[inst] = scopes[0]

@@ -7,8 +7,8 @@ import functools
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import jax
 import jaxlib
@@ -99,13 +99,12 @@ def make_spec(workload: str, global_batch: int, dtype: str = "float32", width: i
     return spec
 
 
-@dataclass
-class Measurement:
+class Measurement(NamedTuple):
     """The row, the loss of every step run (warm-up included) and the final train state."""
 
     row: dict[str, Any]
-    losses: list[float] = field(default_factory=list)
-    state: Any = None
+    losses: list[float]
+    state: Any
 
 
 def stage_batches(arrays: Arrays, spec: Spec, mesh) -> list[dict[str, jax.Array]]:
@@ -114,10 +113,9 @@ def stage_batches(arrays: Arrays, spec: Spec, mesh) -> list[dict[str, jax.Array]
     if (n_calls := min(spec.steps // k, num_rows(arrays) // (batch * k))) < 1:
         raise ValueError(f"batch {batch} x steps_per_call {k} is more than the {num_rows(arrays)} rows")
     windows = [{n: a[c * batch * k : (c + 1) * batch * k] for n, a in arrays.items()} for c in range(n_calls)]
-    if k == 1:
-        return [shard_batch(mesh, rows) for rows in windows]
-    shaped = [{n: a.reshape(k, batch, *a.shape[1:]) for n, a in rows.items()} for rows in windows]
-    return [shard_batch(mesh, rows, stacked=True) for rows in shaped]
+    if k > 1:
+        windows = [{n: a.reshape(k, batch, *a.shape[1:]) for n, a in rows.items()} for rows in windows]
+    return [shard_batch(mesh, rows, stacked=k > 1) for rows in windows]
 
 
 def check_device_count(devices: int) -> None:
@@ -144,10 +142,8 @@ def measure(spec: Spec, data: tuple[Arrays, Arrays] | None = None) -> Measuremen
     check_trial(trial, mesh.shape)
     train_arrays, held_out = data if data is not None else load_arrays(trial)
     batches = stage_batches(train_arrays, spec, mesh)
-    model, tx = (
-        build(trial.model, seq_len=trial.data.seq_len),
-        make_optimizer(trial.learning_rate, trial.train.weight_decay),
-    )
+    model = build(trial.model, seq_len=trial.data.seq_len)
+    tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
     state = placed_init_state(model, tx, mesh, jax.random.key(INIT_SEED[trial.model.workload]))
     n_params = param_count(state.params)  # before the first step donates the state
     with compile_cache.watch() as cache:
