@@ -43,27 +43,6 @@ class Model:
     extend: Callable[..., tuple] | None = None
 
 
-def compute_dtype(cfg: ModelConfig):
-    return jnp.dtype(cfg.dtype)
-
-
-def build_transformer(cfg: ModelConfig, rngs: nnx.Rngs, attention: str | None = None) -> Transformer:
-    """The NNX transformer for ``cfg`` (``attention``: an implementation, ``AttentionChoice``'s)."""
-    return Transformer(
-        cfg.vocab_size,
-        cfg.width,
-        cfg.num_heads,
-        cfg.num_layers,
-        cfg.ffn_dim,
-        cfg.max_seq_len,
-        dtype=compute_dtype(cfg),
-        attention=attention,
-        remat=cfg.remat,
-        scan_layers=cfg.scan_layers,
-        rngs=rngs,
-    )
-
-
 def resolve_attention(
     cfg: ModelConfig,
     requested: str | None = None,
@@ -79,32 +58,28 @@ def resolve_attention(
 
 
 def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
-    attention = choice.implementation
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_transformer(cfg, nnx.Rngs(0), attention)))
+    def make(rngs: nnx.Rngs) -> Transformer:
+        return Transformer(cfg, choice.implementation, rngs=rngs)
+
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: make(nnx.Rngs(0))))
+
+    def method(name: str) -> Callable:
+        """``params, *args -> Transformer.name(*args)`` on the module ``params`` make."""
+        return lambda params, *args: getattr(nnx.merge(graphdef, params), name)(*args)
 
     def init(key):
-        return nnx.state(build_transformer(cfg, nnx.Rngs(key), attention), nnx.Param)
+        return nnx.state(make(nnx.Rngs(key)), nnx.Param)
 
-    def apply(params, tokens):
-        return nnx.merge(graphdef, params)(tokens)
-
-    def prefill(params, tokens):
-        return nnx.merge(graphdef, params).prefill(tokens)
-
-    def decode_step(params, tokens, positions, cache):
-        return nnx.merge(graphdef, params).decode_step(tokens, positions, cache)
-
-    def extend(params, tokens, starts, cache):
-        return nnx.merge(graphdef, params).extend(tokens, starts, cache)
-
-    return Model(cfg, init, apply, choice, prefill, decode_step, extend)
+    return Model(
+        cfg, init, method("__call__"), choice, method("prefill"), method("decode_step"), method("extend")
+    )
 
 
 def build(cfg: ModelConfig, attention: str | None = None, seq_len: int | None = None) -> Model:
     """The Model for ``cfg.workload``; ``attention`` (``jaxray.models.attention.REQUESTS``) overrides
     ``cfg.attention``, decided for ``seq_len`` (the trained sequence; default ``cfg.max_seq_len``).
     Raises AttentionError for cuDNN or splash attention where it cannot run."""
-    dtype = compute_dtype(cfg)
+    dtype = jnp.dtype(cfg.dtype)
     if cfg.workload == "transformer":
         return _transformer(cfg, resolve_attention(cfg, attention, seq_len=seq_len))
     if cfg.workload == "mlp":

@@ -96,17 +96,12 @@ def splash_blockers(target: Target) -> list[str]:
 def config_blockers(requested: str, dtype: str, head_dim: int, seq_len: int, accelerator: str) -> list[str]:
     """What rules out ``requested`` ("cudnn" or "splash") before any device is seen: the workers'
     ``accelerator``, the compute dtype, the head dim or the sequence length."""
-    if requested == "splash":
-        blockers = (
-            [] if accelerator in ("tpu", "cpu") else ["it needs TPU workers (workers.accelerator: tpu)"]
-        )
-        return blockers + splash_blockers(Target("tpu", None, dtype, head_dim, seq_len))
-    blockers = [] if accelerator == "gpu" else ["it needs GPU workers (workers.accelerator: gpu)"]
-    if dtype not in CUDNN_DTYPES:
-        blockers.append(f"dtype {dtype} is not bfloat16 or float16")
-    if head_dim % 8 or head_dim > 256:
-        blockers.append(f"head dim {head_dim} is not a multiple of 8 up to 256")
-    return blockers
+    splash = requested == "splash"
+    platform, check = ("tpu", splash_blockers) if splash else ("gpu", cudnn_blockers)
+    ok = accelerator in (("tpu", "cpu") if splash else ("gpu",))
+    blockers = [] if ok else [f"it needs {platform.upper()} workers (workers.accelerator: {platform})"]
+    # cuDNN judged as on a compute capability 9.0 GPU: the most any GPU allows
+    return blockers + check(Target(platform, "9.0", dtype, head_dim, seq_len))
 
 
 def _auto(target: Target) -> AttentionChoice:

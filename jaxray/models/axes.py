@@ -82,16 +82,15 @@ def activation_layout(sharding_of: Callable[[tuple], Any]) -> Iterator[None]:
         _LAYOUT.reset(token)
 
 
-def constrain(x: jax.Array, *names: str | None) -> jax.Array:
-    """``x`` (one logical name or None per dimension: "batch", "heads", "mlp") constrained to the
-    active layout's sharding, so that XLA gathers a split param rather than splitting an activation
-    on its contracted dimension; ``x`` itself outside a layout (inference, the shard_map step)."""
-    sharding_of = _LAYOUT.get()
-    return x if sharding_of is None else jax.lax.with_sharding_constraint(x, sharding_of(names))
-
-
 def layout_sharding(*names: str | None) -> Any:
-    """The active layout's ``jax.sharding.NamedSharding`` for ``names`` (as ``constrain``), or None outside
-    a layout: how a kernel run through ``shard_map`` (``jaxray.models.splash``) learns the mesh."""
+    """The active layout's ``jax.sharding.NamedSharding`` for ``names`` (one logical name or None per
+    dimension: "batch", "heads", "mlp"), or None outside a layout (inference, the shard_map step)."""
     sharding_of = _LAYOUT.get()
     return None if sharding_of is None else sharding_of(names)
+
+
+def constrain(x: jax.Array, *names: str | None) -> jax.Array:
+    """``x`` constrained to ``layout_sharding(*names)`` (``x`` itself outside a layout), so that XLA
+    gathers a split param rather than splitting an activation on its contracted dimension."""
+    sharding = layout_sharding(*names)
+    return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)

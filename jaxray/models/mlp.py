@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
 from jaxray.models.axes import constrain
-from jaxray.models.common import cast_params, he_normal
 
 IN_FEATURES = 784
 NUM_CLASSES = 10
 
 
+def he_normal(key: jax.Array, fan_in: int, fan_out: int) -> jax.Array:
+    """[fan_in, fan_out] float32 with std sqrt(2 / fan_in) (He et al. 2015, for ReLU-like activations)."""
+    return jax.random.normal(key, (fan_in, fan_out), jnp.float32) * math.sqrt(2.0 / fan_in)
+
+
+def cast_params(params, dtype):
+    """Params are stored float32; the forward pass runs in ``dtype`` (mixed precision)."""
+    return jax.tree.map(lambda a: a.astype(dtype), params)
+
+
 def init(key: jax.Array, width: int) -> dict[str, jax.Array]:
-    """Float32 params: He-normal weights (std sqrt(2 / fan_in), He et al. 2015) and zero biases."""
+    """Float32 params: He-normal weights and zero biases."""
     sizes = (IN_FEATURES, width, width // 2, NUM_CLASSES)
     keys = jax.random.split(key, len(sizes) - 1)
     params = {}

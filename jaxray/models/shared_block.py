@@ -6,8 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxray.models.common import cast_params, he_normal
-from jaxray.models.mlp import IN_FEATURES, NUM_CLASSES
+from jaxray.models.mlp import IN_FEATURES, NUM_CLASSES, cast_params, he_normal
 
 RESIDUAL_KEEP = 0.9
 

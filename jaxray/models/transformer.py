@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxray.config import ModelConfig
 from jaxray.models.attention import SPLASH_MULTIPLE
 from jaxray.models.axes import constrain
 from jaxray.models.splash import splash_attention
@@ -177,11 +178,7 @@ class Block(nnx.Module):
         heads_first = (0, 2, 1, 3)
         with jax.named_scope("attention"):  # names the profile (jaxray.bench.profile) groups by
             attended = self.attn.attention_fn(query, key, value)
-        return (
-            self._finish(x, attended),
-            key.transpose(heads_first),
-            value.transpose(heads_first),
-        )
+        return self._finish(x, attended), key.transpose(heads_first), value.transpose(heads_first)
 
     def decode_step(self, x: jax.Array, positions: jax.Array, keys: jax.Array, values: jax.Array):
         """One new position per row: x [B, 1, D] at ``positions`` [B]; keys, values [B, H, S, K] this
@@ -213,40 +210,35 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-    """tokens [B, T] int32 (T <= max_seq_len) -> logits [B, T, V] float32; ``prefill`` and
-    ``decode_step`` run it with a KV cache."""
+    """tokens [B, T] int32 (T <= max_seq_len) -> logits [B, T, V] float32 for ``cfg`` (a ModelConfig;
+    ``attention``: an implementation, ``AttentionChoice``'s); ``prefill``, ``decode_step`` and
+    ``extend`` run it with a KV cache."""
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        num_heads: int,
-        num_layers: int,
-        ffn_dim: int,
-        max_seq_len: int,
-        dtype=jnp.float32,
-        attention: str | None = None,
-        remat: str = "none",
-        scan_layers: bool = False,
-        *,
-        rngs: nnx.Rngs,
-    ):
+    def __init__(self, cfg: ModelConfig, attention: str | None = None, *, rngs: nnx.Rngs):
+        dtype, d_model = jnp.dtype(cfg.dtype), cfg.width
         attention_fn = functools.partial(causal_attention, implementation=attention)
-        self.max_seq_len = max_seq_len
-        self.remat, self.scan_layers = remat, scan_layers
-        self.token_embed = nnx.Embed(vocab_size, d_model, dtype=dtype, rngs=rngs)
-        self.pos_embed = nnx.Embed(max_seq_len, d_model, dtype=dtype, rngs=rngs)
+        self.max_seq_len = cfg.max_seq_len
+        self.remat, self.scan_layers = cfg.remat, cfg.scan_layers
+        self.token_embed = nnx.Embed(cfg.vocab_size, d_model, dtype=dtype, rngs=rngs)
+        self.pos_embed = nnx.Embed(cfg.max_seq_len, d_model, dtype=dtype, rngs=rngs)
         self.blocks = nnx.List(
-            [Block(d_model, num_heads, ffn_dim, dtype, attention_fn, rngs) for _ in range(num_layers)]
+            [
+                Block(d_model, cfg.num_heads, cfg.ffn_dim, dtype, attention_fn, rngs)
+                for _ in range(cfg.num_layers)
+            ]
         )
         self.final_norm = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
-        self.lm_head = nnx.Linear(d_model, vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
+        self.lm_head = nnx.Linear(d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """tokens [B, T] int32 -> logits [B, T, V] float32: training's forward (remat, scan_layers)."""
+        return self._logits(self._layers(self._embed(tokens)))
+
+    def _embed(self, tokens: jax.Array) -> jax.Array:
+        """tokens [B, T] -> [B, T, D]: no gather, so no scatter in the gradient."""
         with jax.named_scope("embed"):
             x = embed_tokens(self.token_embed, tokens) + embed_positions(self.pos_embed, tokens.shape[1])
-        return self._logits(self._layers(constrain(x, "batch", None, None)))
+        return constrain(x, "batch", None, None)
 
     def _layers(self, x: jax.Array) -> jax.Array:
         """x [B, T, D] through every block: a Python loop, or one ``lax.scan`` over the blocks' params
@@ -256,7 +248,8 @@ class Transformer(nnx.Module):
             for block in self.blocks:
                 x = block(x)
             return x
-        graphdef, *states = _split_blocks(self.blocks)
+        parts = [nnx.split(block) for block in self.blocks]  # the blocks share one graphdef
+        graphdef, states = parts[0][0], [state for _, state in parts]
 
         def run(state, x):
             return nnx.merge(graphdef, state)(x)
@@ -273,9 +266,7 @@ class Transformer(nnx.Module):
     def prefill(self, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
         """tokens [B, T] int32 -> (logits [B, T, V] float32, cache): the cache holds, per layer,
         (keys, values) [B, H, T, K] in the compute dtype."""
-        x = embed_tokens(self.token_embed, tokens) + embed_positions(self.pos_embed, tokens.shape[1])
-        x = constrain(x, "batch", None, None)  # [B, T, D]
-        cache = []
+        x, cache = self._embed(tokens), []
         for block in self.blocks:
             x, key, value = block.forward(x)
             cache.append((key, value))
@@ -288,11 +279,8 @@ class Transformer(nnx.Module):
         (keys, values) [B, H, S, K] with S = max_seq_len. Returns (logits [B, V] float32, cache with
         this step's entries written). Inference only: its gathers have no gradient to scatter."""
         x = self.token_embed(tokens[:, None]) + self.pos_embed(positions[:, None])  # [B, 1, D]
-        new_cache = []
-        for block, (keys, values) in zip(self.blocks, cache):
-            x, keys, values = block.decode_step(x, positions, keys, values)
-            new_cache.append((keys, values))
-        return self._logits(x)[:, 0], tuple(new_cache)
+        logits, cache = self._through_cache(x, cache, Block.decode_step, positions)
+        return logits[:, 0], cache
 
     def extend(self, tokens: jax.Array, starts: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """T tokens per row after a cached prefix: tokens [B, T] int32 at positions ``starts`` [B]
@@ -300,17 +288,15 @@ class Transformer(nnx.Module):
         entries 0..starts[b]-1. Returns (logits [B, T, V] float32, cache with the span written)."""
         positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [B, T]
         x = self.token_embed(tokens) + self.pos_embed(positions)  # [B, T, D]
+        return self._through_cache(x, cache, Block.extend, starts)
+
+    def _through_cache(self, x, cache: KVCache, step, where) -> tuple[jax.Array, KVCache]:
+        """x through every block's ``step(block, x, where, keys, values)`` -> (logits, new cache)."""
         new_cache = []
         for block, (keys, values) in zip(self.blocks, cache):
-            x, keys, values = block.extend(x, starts, keys, values)
+            x, keys, values = step(block, x, where, keys, values)
             new_cache.append((keys, values))
         return self._logits(x), tuple(new_cache)
 
     def _logits(self, x):
         return self.lm_head(self.final_norm(x)).astype(jnp.float32)
-
-
-def _split_blocks(blocks) -> list:
-    """[graphdef, state of block 0, state of block 1, ...]: the blocks share one graphdef."""
-    parts = [nnx.split(block) for block in blocks]
-    return [parts[0][0], *(state for _, state in parts)]

@@ -34,61 +34,42 @@ COLLECTIVES = (
 # One HLO instruction: "%name = TYPE opcode(" (TYPE may be a tuple "(f32[2]{0}, s32[])").
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+([a-z][a-z0-9\-]*)\(", re.MULTILINE)
 _ELEMENT_TYPE = re.compile(r"\b([a-z]+[0-9]*)\[")
-_CUSTOM_CALL_TARGET = re.compile(r'custom_call_target="([^"]+)"')
-_FUSION_KIND = re.compile(r"\bkind=(k\w+)")
-
-
-def _element_types(type_text: str) -> list[str]:
-    return _ELEMENT_TYPE.findall(type_text)
+# opcode -> (the count it adds to, the attribute naming what is counted)
+_LABELLED = {
+    "custom-call": ("custom_calls", re.compile(r'custom_call_target="([^"]+)"')),
+    "fusion": ("fusions", re.compile(r"\bkind=(k\w+)")),
+}
 
 
 def hlo_ops(text: str) -> dict[str, Any]:
     """Op counts of an HLO module's text (every computation, fused ones included): ``{"scatter":
     {dtype: n}, "gather": {dtype: n}, "collectives": {opcode: n}, "custom_calls": {target: n},
     "fusions": {kind: n}, "dots": n}``; an async collective counts once (its ``-start``)."""
-    scatter, gather, collectives, fusions = Counter(), Counter(), Counter(), Counter()
-    custom_calls: Counter = Counter()
+    counts = {k: Counter() for k in ("scatter", "gather", "collectives", "custom_calls", "fusions")}
     dots = 0
     for line in text.splitlines():
         match = _INSTRUCTION.match(line)
         if not match:
             continue
         type_text, opcode = match.groups()
-        base = opcode.removesuffix("-start")
+        base = opcode.removesuffix("-start")  # an "-done" is no collective's name
         if opcode in ("scatter", "gather"):
-            (scatter if opcode == "scatter" else gather).update(set(_element_types(type_text)))
-        elif base in COLLECTIVES and not opcode.endswith("-done"):
-            collectives[base] += 1
-        elif opcode == "custom-call":
-            target = _CUSTOM_CALL_TARGET.search(line)
-            custom_calls[target.group(1) if target else "?"] += 1
-        elif opcode == "fusion":
-            kind = _FUSION_KIND.search(line)
-            fusions[kind.group(1) if kind else "?"] += 1
+            counts[opcode].update(set(_ELEMENT_TYPE.findall(type_text)))
+        elif base in COLLECTIVES:
+            counts["collectives"][base] += 1
+        elif opcode in _LABELLED:
+            key, attribute = _LABELLED[opcode]
+            found = attribute.search(line)
+            counts[key][found.group(1) if found else "?"] += 1
         elif opcode == "dot":
             dots += 1
-    return {
-        "scatter": dict(scatter),
-        "gather": dict(gather),
-        "collectives": dict(collectives),
-        "custom_calls": dict(custom_calls),
-        "fusions": dict(fusions),
-        "dots": dots,
-    }
+    return {**{k: dict(c) for k, c in counts.items()}, "dots": dots}
 
 
 def sixteen_bit_scatters(text: str) -> dict[str, int]:
     """16-bit (bf16, f16) scatters of HLO ``text``: {dtype: n}. These serialise on NVIDIA GPUs
     (openxla/xla#26371)."""
     return {dtype: n for dtype, n in hlo_ops(text)["scatter"].items() if dtype in ("bf16", "f16")}
-
-
-def _cost(compiled) -> dict[str, float | None]:
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per program
-        cost = cost[0] if cost else {}
-    cost = cost or {}
-    return {"flops": cost.get("flops"), "bytes_accessed": cost.get("bytes accessed")}
 
 
 def _memory(compiled) -> dict[str, int | None]:
@@ -131,11 +112,16 @@ def report(compiled, compile_s: float, device: jax.Device | None = None) -> dict
     memory = _memory(compiled)
     limit, source = device_memory(device)
     peak = memory.get("peak_bytes")
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per program
+        cost = cost[0] if cost else {}
+    cost = cost or {}
     return {
         "compile_s": compile_s,
         "platform": device.platform,
         "device_kind": device.device_kind,
-        **_cost(compiled),
+        "flops": cost.get("flops"),
+        "bytes_accessed": cost.get("bytes accessed"),
         "memory": memory,
         "device_memory_bytes": limit,
         "memory_source": source,

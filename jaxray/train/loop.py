@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 import jax
 from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from jaxray.models import Model
 from jaxray.parallel.mesh import (
+    DATA_AXIS,
     activation_sharding,
     batch_sharding,
     describe,
@@ -22,8 +24,15 @@ from jaxray.parallel.mesh import (
     shards_state,
     state_shardings,
 )
-from jaxray.train.shard_map_step import shard_map_train_step
-from jaxray.train.step import LOSSES, TrainState, eval_step, train_step
+from jaxray.train.step import (
+    LOSSES,
+    Batch,
+    TrainState,
+    apply_gradients,
+    eval_step,
+    loss_and_grads,
+    train_step,
+)
 
 HookFn = Callable[[int, TrainState, dict[str, jax.Array]], None]
 
@@ -69,18 +78,30 @@ def compile_train_step(
 def compile_shard_map_train_step(
     model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array]
 ):
-    """AOT-compile the explicit ``shard_map`` train step (``jaxray.train.shard_map_step``) -> (compiled
-    step, compile seconds), with the same shardings and donation as ``compile_train_step``. Its
-    explicit step takes the params whole: ValueError on a mesh whose ``fsdp`` or ``tensor`` is over 1."""
+    """AOT-compile the explicit data-parallel train step -> (compiled step, compile seconds), with the
+    same shardings and donation as ``compile_train_step``: under ``jax.shard_map`` over ``data`` each
+    device takes the loss and gradients of its rows ``[B / devices, ...]``, ``pmean``s them and applies
+    the same Optax update to its replicated state. The mean of per-device means is the global mean as
+    ``check_devices`` enforces equal rows per device; ``check_vma=True`` makes a missing average a
+    trace-time error. It takes the params whole: ValueError on a mesh whose ``fsdp`` or ``tensor`` is
+    over 1."""
     if shards_state(mesh):
         raise ValueError(
             f"the shard_map step keeps the params whole: it needs parallel.fsdp 1 and parallel.tensor 1, "
             f"got mesh {describe(mesh)}"
         )
-    step = functools.partial(
-        shard_map_train_step, mesh=mesh, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx
-    )
-    return _compile_step(step, mesh, state, batch)
+    apply, loss_fn = model.apply, LOSSES[model.config.workload]
+
+    def local_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        # Params cast to varying before differentiating: otherwise JAX returns gradients already
+        # psum'd over devices and pmean keeps that sum (devices x the mean gradient).
+        params = jax.lax.pcast(state.params, DATA_AXIS, to="varying")
+        (loss, accuracy), grads = loss_and_grads(params, batch, apply=apply, loss_fn=loss_fn)
+        grads, loss, accuracy = jax.lax.pmean((grads, loss, accuracy), DATA_AXIS)
+        return apply_gradients(state, grads, loss, accuracy, tx=tx)
+
+    specs = {"in_specs": (P(), P(DATA_AXIS)), "out_specs": (P(), P())}
+    return _compile_step(jax.shard_map(local_step, mesh=mesh, check_vma=True, **specs), mesh, state, batch)
 
 
 def _compile_step(

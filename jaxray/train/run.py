@@ -146,47 +146,49 @@ def train(
     if ``resume`` is damaged or holds another model, Diverged at the first logged or checkpointed
     step whose loss or grad_norm is NaN or inf, or when the held-out loss of the final params is
     (nothing of that step is saved)."""
-    devices = mesh.devices.size
     check_trial(trial, mesh.shape)
     model = build(trial.model, seq_len=trial.data.seq_len)
     tx, schedule = optimizer_for(trial)
-    state, start, history, saved = _initial_state(trial, model, tx, mesh, resume)
+    if resume is None:  # fresh from train.seed, placed as training shards it
+        state, saved, history = (
+            placed_init_state(model, tx, mesh, jax.random.key(trial.train.seed)),
+            {"step": 0},
+            [],
+        )
+    else:
+        state, saved, history = checkpoint.restore_state(resume, abstract_state(model, tx, mesh))
+    start = saved["step"]
     if start >= trial.train.steps and saved.get("summary"):  # nothing left to train or to time
         return TrainResult(state, {**saved["summary"], "resumed_from_step": start}, history, {})
     # The data position: a resumed run skips the batches it had already trained on.
     sharded = (shard_batch(mesh, b) for b in itertools.islice(batches, start, None))
     first = next(sharded)
-    step_fn, compile_s, report = _compiled(trial, model, tx, mesh, state, first)
+    step_fn, report = _compiled(trial, model, tx, mesh, state, first)
     eval_fn = jit_eval_step(model, mesh)  # one jit for the evaluations during and after: compiled once
-    validate = _validator(trial, eval_fn, mesh, eval_arrays)
     if on_compile is not None:
         on_compile(report)
+    loop_hooks = [_log_hook(trial, history, on_log, schedule, _validator(trial, eval_fn, mesh, eval_arrays))]
+    if save is not None:
+        loop_hooks.append(_checkpoint_hook(trial, history, save))
     state, timing = run_loop(
         step_fn,
         state,
         itertools.chain([first], sharded),
         trial.train.steps,
-        hooks=(
-            *_loop_hooks(trial, history, on_log, save, schedule, validate),
-            *hooks,
-        ),
+        hooks=(*loop_hooks, *hooks),
         sync_each_step=needs_sync_per_step(mesh),
         start=start,
     )
-
     held_out = _final_held_out(trial, eval_fn, mesh, state, eval_arrays)
-    summary = _summary(trial, devices, param_count(state.params), compile_s, timing, history, held_out)
-    summary["mesh"] = describe(mesh)  # "data=2,tensor=2"
-    summary["per_device_batch"] = trial.train.global_batch // (mesh.shape["data"] * mesh.shape["fsdp"])
-    summary["state_bytes"], summary["state_bytes_per_device"] = held_bytes(state)
+    summary = _summary(trial, mesh, model, state, report, timing, history, held_out)
     summary.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))
     summary.update(_attention(model), compile_from_cache=report["compile_from_cache"])
     return TrainResult(state, summary, history, report)
 
 
 def _compiled(trial: TrialConfig, model: Model, tx, mesh: Mesh, state: TrainState, batch):
-    """(the AOT-compiled train step, compile s, the compile report with the attention chosen and
-    whether the persistent compilation cache served it)."""
+    """(the AOT-compiled train step, its compile report with the attention chosen and whether the
+    persistent compilation cache served it)."""
     with compile_cache.watch() as cache:
         step_fn, compile_s = compile_train_step(model, tx, mesh, state, batch)
     report = {
@@ -195,7 +197,7 @@ def _compiled(trial: TrialConfig, model: Model, tx, mesh: Mesh, state: TrainStat
         **cache.fields(),
         **_attention(model),
     }
-    return step_fn, compile_s, report
+    return step_fn, report
 
 
 def _final_held_out(trial: TrialConfig, eval_fn, mesh: Mesh, state: TrainState, eval_arrays: Arrays):
@@ -220,33 +222,6 @@ def _validator(trial: TrialConfig, eval_fn, mesh: Mesh, eval_arrays: Arrays) -> 
     return lambda params: evaluate(eval_fn, params, subset, batch, mesh)
 
 
-def _loop_hooks(
-    trial: TrialConfig,
-    history: list,
-    on_log: Sequence[LogFn],
-    save: SaveFn | None,
-    schedule: Callable,
-    validate: Callable | None,
-) -> list[Hook]:
-    """The log hook, and the checkpoint hook when ``save`` is given."""
-    hooks = [_log_hook(trial, history, on_log, schedule, validate)]
-    if save is not None:
-        hooks.append(_checkpoint_hook(trial, history, save))
-    return hooks
-
-
-def _initial_state(
-    trial: TrialConfig, model: Model, tx, mesh: Mesh, resume: Path | checkpoint.Verified | None
-) -> tuple[TrainState, int, list[dict[str, float]], dict[str, Any]]:
-    """(state placed on ``mesh`` as training shards it, step reached, log rows so far,
-    ``train_state.json``): restored from ``resume``, else fresh from ``train.seed`` at step 0 (and
-    an empty dict)."""
-    if resume is None:
-        return placed_init_state(model, tx, mesh, jax.random.key(trial.train.seed)), 0, [], {}
-    state, doc, history = checkpoint.restore_state(resume, abstract_state(model, tx, mesh))
-    return state, doc["step"], history, doc
-
-
 def _attention(model: Model) -> dict[str, str]:
     """The transformer's attention implementation and why (what ``auto`` chose; {} for the MLPs)."""
     if model.attention is None:
@@ -254,7 +229,7 @@ def _attention(model: Model) -> dict[str, str]:
     return {"attention": model.attention.implementation, "attention_note": model.attention.note}
 
 
-def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> dict[str, Any]:
+def _summary(trial, mesh, model, state, report, timing, history, held_out) -> dict[str, Any]:
     m, t = trial.model, trial.train
     row: dict[str, Any] = {
         "workload": m.workload,
@@ -263,11 +238,11 @@ def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> 
         "width": m.width,
         "learning_rate": trial.learning_rate,
         "steps": t.steps,
-        "devices": devices,
-        "params": n_params,
+        "devices": mesh.devices.size,
+        "params": param_count(state.params),
         "examples_per_sec": t.global_batch / timing.seconds_per_step,
         "ms_per_step": timing.seconds_per_step * 1e3,
-        "compile_s": compile_s,
+        "compile_s": report["compile_s"],
         "warmup_s": timing.warmup_s,
         "hook_s": timing.hook_s,
         "final_train_loss": history[-1]["loss"],
@@ -284,4 +259,7 @@ def _summary(trial, devices, n_params, compile_s, timing, history, held_out) -> 
         row.update(
             test_loss=held_out["loss"], test_accuracy=held_out["accuracy"], test_examples=held_out["count"]
         )
+    row["mesh"] = describe(mesh)  # "data=2,tensor=2"
+    row["per_device_batch"] = t.global_batch // (mesh.shape["data"] * mesh.shape["fsdp"])
+    row["state_bytes"], row["state_bytes_per_device"] = held_bytes(state)
     return row

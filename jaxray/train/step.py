@@ -63,15 +63,10 @@ LOSSES: dict[str, LossFn] = {
 }
 
 
-LEARNING_PATH_WEIGHT_DECAY = 1e-4
-
-
 def make_optimizer(learning_rate: float, weight_decay: float | None = None) -> optax.GradientTransformation:
-    """The learning path's AdamW: a constant rate, decay on every parameter (default 1e-4; Loshchilov &
+    """The learning path's AdamW: a constant rate, decay on every parameter (None: 1e-4; Loshchilov &
     Hutter 2019; Optax defaults b1=0.9, b2=0.999). ``bench compare`` trains with it, like for like."""
-    return optax.adamw(
-        learning_rate, weight_decay=LEARNING_PATH_WEIGHT_DECAY if weight_decay is None else weight_decay
-    )
+    return optax.adamw(learning_rate, weight_decay=1e-4 if weight_decay is None else weight_decay)
 
 
 def learning_rate_schedule(
