@@ -74,17 +74,18 @@ def describe(mesh: Mesh) -> str:
     return ",".join(f"{axis}={n}" for axis, n in mesh.shape.items() if n > 1) or f"{DATA_AXIS}=1"
 
 
+def _mesh_axes(name: str | None) -> tuple[str, ...]:
+    """The mesh axes ``RULES`` split logical axis ``name`` over (none: replicated)."""
+    rule = RULES.get(name)
+    return (rule,) if isinstance(rule, str) else rule or ()
+
+
 def spec_for(axes: Sequence[str], mesh: Mesh | None = None) -> P:
     """The PartitionSpec ``RULES`` give logical ``axes`` (one name per dimension); with a ``mesh``, mesh
     axes of size 1 are left out (the same layout, a simpler spec)."""
-
-    def keep(axis: str) -> bool:
-        return mesh is None or mesh.shape.get(axis, 1) > 1
-
     spec = []
     for name in axes:
-        rule = RULES.get(name)
-        kept = tuple(a for a in ((rule,) if isinstance(rule, str) else rule or ()) if keep(a))
+        kept = tuple(a for a in _mesh_axes(name) if mesh is None or mesh.shape.get(a, 1) > 1)
         spec.append(kept[0] if len(kept) == 1 else (kept or None))
     return P(*spec)
 
@@ -128,8 +129,7 @@ def unsplittable(tree: Any, mesh_shape: Mapping[str, int]) -> list[str]:
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         shape = tuple(getattr(leaf, "shape", ()))
         for dim, (size, name) in enumerate(zip(shape, axes_of(path, len(shape)) or ())):
-            rule = RULES.get(name)
-            for axis in (rule,) if isinstance(rule, str) else rule or ():
+            for axis in _mesh_axes(name):
                 n = mesh_shape.get(axis, 1)
                 if n > 1 and size % n:
                     where = f"dimension {dim} of {param_name(path)} {list(shape)}"
