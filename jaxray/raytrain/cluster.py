@@ -32,13 +32,8 @@ QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
 def ray_address_file() -> Path:
     """Where ``ray start`` records its cluster's ``host:port``: ``ray/ray_current_cluster`` under
     ``$RAY_TMPDIR``, else ``$TMPDIR``, else ``/tmp``."""
-    if "RAY_TMPDIR" in os.environ:
-        root = os.environ["RAY_TMPDIR"]
-    elif sys.platform.startswith("linux"):
-        root = os.environ.get("TMPDIR", "/tmp")
-    else:
-        root = "/tmp"
-    return Path(root) / "ray" / "ray_current_cluster"
+    default = os.environ.get("TMPDIR", "/tmp") if sys.platform.startswith("linux") else "/tmp"
+    return Path(os.environ.get("RAY_TMPDIR", default)) / "ray" / "ray_current_cluster"
 
 
 def running_local_cluster(address_file: Path | None = None) -> str | None:
@@ -74,7 +69,8 @@ def init_ray(exp: ExperimentConfig) -> tuple[bool, str | None]:
     ):
         # A `ray start` cluster of Ray 2.60 uses token auth; this user's token is the key to it.
         os.environ.setdefault("RAY_AUTH_MODE", "token")
-    if address and address != "local":
+    joined = bool(address) and address != "local"
+    if joined:
         try:
             context = ray.init(address=address, runtime_env=runtime_env)
         except Exception as err:  # Ray raises ConnectionError, RuntimeError or its own auth errors
@@ -86,15 +82,11 @@ def init_ray(exp: ExperimentConfig) -> tuple[bool, str | None]:
         print(
             f"jaxray: joined the Ray cluster at {ray.get_runtime_context().gcs_address}", file=terminal.err()
         )
-        return True, _url(context.dashboard_url)
-    # One CPU for each trial driver and each worker; Tune queues what does not fit.
-    need = (exp.max_concurrent_trials or 1) * (1 + exp.workers.worker_range[1]) + 1
-    context = ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), runtime_env=runtime_env)
-    return False, _url(context.dashboard_url)
-
-
-def _url(dashboard: str | None) -> str | None:  # Ray gives host:port
-    return f"http://{dashboard}" if dashboard and "://" not in dashboard else dashboard or None
+    else:  # one CPU for each trial driver and each worker; Tune queues what does not fit
+        need = (exp.max_concurrent_trials or 1) * (1 + exp.workers.worker_range[1]) + 1
+        context = ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), runtime_env=runtime_env)
+    url = context.dashboard_url  # Ray gives host:port
+    return joined, f"http://{url}" if url and "://" not in url else url or None
 
 
 def check_storage(exp: ExperimentConfig) -> None:
@@ -129,26 +121,21 @@ def check_accelerators(exp: ExperimentConfig, joined: bool) -> None:
     print(f"warning: {message}; waiting for the cluster to add {kind} nodes", file=terminal.err())
 
 
-def join_cpu_program(rank: int, world: int) -> None:
-    """Make this worker process ``rank`` of one ``world``-process JAX program on CPU, before JAX's
-    backend starts. Rank 0's ``host:port`` is broadcast by Ray Train; collectives use gloo."""
-    address = None
-    if rank == 0:
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            address = f"{ray.util.get_node_ip_address()}:{probe.getsockname()[1]}"
-    address = broadcast_from_rank_zero(address)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(address, num_processes=world, process_id=rank)
-
-
 @contextlib.contextmanager
 def cpu_program(workers: WorkersConfig, rank: int, world: int) -> Iterator[None]:
     """Inside: this worker is ``rank`` of a ``world``-process CPU JAX program when several workers
-    train on CPU; otherwise nothing. Enter before JAX's backend starts."""
+    train on CPU (rank 0's ``host:port`` broadcast by Ray Train; gloo collectives); otherwise
+    nothing. Enter before JAX's backend starts."""
     joined = world > 1 and workers.accelerator == "cpu"
     if joined:
-        join_cpu_program(rank, world)
+        address = None
+        if rank == 0:
+            with socket.socket() as probe:
+                probe.bind(("", 0))
+                address = f"{ray.util.get_node_ip_address()}:{probe.getsockname()[1]}"
+        address = broadcast_from_rank_zero(address)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(address, num_processes=world, process_id=rank)
     yield
     if joined:
         jax.distributed.shutdown()  # JaxTrainer's backend only shuts down what it started (GPU, TPU)

@@ -1,6 +1,6 @@
 """Why a worker group restarted: ``FailureLog``, a Ray Train callback in the run's controller, writes
 each interruption of an attempt to a JSON file beside the run; ``read_causes`` (when the trial ends)
-names their causes (``CAUSES``) for the trial's summary (``restart_causes``)."""
+names their causes for the trial's summary (``restart_causes``)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ from ray.train import UserCallback
 
 from jaxray import storage
 
-# "preempted": the workers saved on a preemption notice (a report with PREEMPTION_KEY), then their
-# node went; "node lost": a node that was up at the group's last report has died since; "worker
+# The causes: "preempted": the workers saved on a preemption notice (a report with PREEMPTION_KEY),
+# then their node went; "node lost": a node up at the group's last report has died since; "worker
 # died": a worker process ended or raised, every node still up; "resized": an elastic group was
 # restarted with more or fewer workers; "driver lost": Tune restarted the trial, whose driver (Tune's
 # trial actor, Ray Train's controller) had died (``record_driver_lost``); "interrupted": the
 # jaxray.tune run that began the trial ended first (Ctrl-C, an error) and ``--resume`` went on with
 # it; "unknown": none of these.
-CAUSES = ("preempted", "node lost", "driver lost", "worker died", "resized", "interrupted", "unknown")
 PREEMPTION_KEY = "preemption_save_step"  # in the report of a save made on a preemption notice
 ATTEMPT_KEY = "attempt"  # in every report: the worker group's attempt (1, 2, ...)
 

@@ -138,22 +138,21 @@ class TrialProgress(tune.Callback):
             _showing.result(self.name(trial.config), result)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        last = trial.last_result or {}
-        diverged = diverged_error(last)
         if _showing:
-            name = self.name(trial.config)
+            last = trial.last_result or {}
             early = f"stopped early at step {last.get('step')}"  # by the scheduler: no final report
             done = "done" + (f" after a restart ({last['restart_causes']})" if last.get("restarts") else "")
-            _showing.end(name, "failed" if diverged else done if last.get("final") else early)
-            if diverged:
-                line = f"error: trial {name} failed: {diverged}"
-                print(line, file=sys.stderr, flush=True)  # the log, while the terminal is quiet
-                _showing.say(line)
+            self._end(trial, done if last.get("final") else early, diverged_error(last))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if _showing:
-            name = self.name(trial.config)
-            _showing.end(name, "failed")
-            line = f"error: trial {name} failed: {error_line(trial)}{terminal.log_hint()}"
+            self._end(trial, "failed", f"{error_line(trial)}{terminal.log_hint()}")
+
+    def _end(self, trial: Any, status: str, error: str | None) -> None:
+        """The trial's row ends with ``status``, or with ``failed`` and its ``error`` printed."""
+        name = self.name(trial.config)
+        _showing.end(name, "failed" if error else status)
+        if error:
+            line = f"error: trial {name} failed: {error}"
             print(line, file=sys.stderr, flush=True)  # the log, while the terminal is quiet
             _showing.say(line)

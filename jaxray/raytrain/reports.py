@@ -36,36 +36,17 @@ SCORE_KEY = "checkpoint_score"
 WORST_SCORE = sys.float_info.max
 
 
-def chained(*fns: Callable[[], None] | None) -> Callable[[], None]:
-    """One call running each of ``fns`` that is not None, in order."""
-
-    def run() -> None:
-        for fn in fns:
-            if fn is not None:
-                fn()
-
-    return run
-
-
-def position(step: int, batches_per_epoch: int | None) -> dict[str, int]:
-    """The data position after ``step`` batches: epoch and batch index within it (when known)."""
-    if not batches_per_epoch:
-        return {}
-    return {"epoch": step // batches_per_epoch, "batch_in_epoch": step % batches_per_epoch}
-
-
 class Reports:
     """A worker's reports to Ray Train, log rows and checkpoints in one stream in step order.
 
     ``log(row)`` (``train``'s ``on_log``): a report every ``train.report_interval`` steps but the
     last, with the latest held-out metrics (``val_*``) added, so the metric an ASHA scheduler reads
     is in every report after the first evaluation. ``save(step, state, history, row=None)``
-    (``train``'s ``save``, on every rank): each process writes its shards of the state straight into
-    the run's storage (object storage: into this node's staging folder, uploaded by Ray at the report)
-    as ``checkpoint_name(step, attempt)``, in the background; the save is committed
-    (``train_state.json``) and goes with the next report (a log row's, the next save's, or at once the
-    final one's: ``row`` with ``final``). ``abandon()`` drops a save under way. A failed save raises
-    CheckpointSaveError naming the step, folder and cause, its partial folder removed (rank 0)."""
+    (``train``'s ``save``, every rank): each process writes its shards as ``checkpoint_name(step,
+    attempt)`` into the run's storage (object storage: this node's staging folder, uploaded by Ray at
+    the report), in the background; it is committed and goes with the next report (at once with a
+    ``final`` ``row``). ``abandon()`` drops a save under way. A failed save raises CheckpointSaveError
+    naming the step, folder and cause, its partial folder removed (rank 0)."""
 
     def __init__(self, trial: TrialConfig, rank: int, attempt: int, batches_per_epoch: int | None) -> None:
         self.trial, self.rank, self.attempt, self.batches_per_epoch = trial, rank, attempt, batches_per_epoch
@@ -89,14 +70,22 @@ class Reports:
         name = checkpoint_name(step, self.attempt)
         folder = storage_folder(name)
         kill = kill_in_save(step, self.attempt) if self.rank == 0 else None  # fault injection (tests)
+
+        def before_manifest() -> None:
+            check_shared(folder)
+            if kill is not None:
+                kill()
+
+        per_epoch = self.batches_per_epoch  # the data position after ``step`` batches, when known
+        position = {"epoch": step // per_epoch, "batch_in_epoch": step % per_epoch} if per_epoch else {}
         with removing(folder, self.rank):
             pending = checkpoint.start_save_state(
                 folder,
                 state,
                 self.trial,
                 history,
-                position(step, self.batches_per_epoch),
-                chained(shared_storage_check(folder), kill),
+                position,
+                before_manifest,
                 summary=row if row and row.get("final") else None,
             )
         self._pending = (pending, name)
@@ -205,28 +194,24 @@ def discard_unfinished(attempt: int) -> list[str]:
     return [folder.name for folder in left]
 
 
-def shared_storage_check(folder: Path) -> Callable[[], None]:
-    """A check for just before a checkpoint's manifest: process 0 sees every process's shards
-    (Orbax's ``ocdbt.process_<i>`` folders), so ``folder`` is one folder all workers share (a shared
-    storage folder, or one node's staging folder). Raises CheckpointSaveError saying so when not."""
-
-    def check() -> None:
-        if jax.process_index() != 0 or jax.process_count() == 1:
-            return
-        for item in (checkpoint.PARAMS_DIR, checkpoint.OPT_STATE_DIR):
-            seen = len(list((folder / item).glob("ocdbt.process_*")))
-            if seen != jax.process_count():
-                need = (
-                    "with object storage (storage:), a trial's workers must all run on one node"
-                    if staged()
-                    else "the run's storage must be one folder every worker node mounts"
-                )
-                raise CheckpointSaveError(
-                    f"process 0 sees the shards of {seen} of the {jax.process_count()} processes in "
-                    f"{folder / item}: {need}"
-                )
-
-    return check
+def check_shared(folder: Path) -> None:
+    """Just before a checkpoint's manifest: process 0 must see every process's shards (Orbax's
+    ``ocdbt.process_<i>`` folders), so ``folder`` is one folder all workers share (a shared storage
+    folder, or one node's staging folder). Raises CheckpointSaveError saying so when not."""
+    if jax.process_index() != 0 or jax.process_count() == 1:
+        return
+    for item in (checkpoint.PARAMS_DIR, checkpoint.OPT_STATE_DIR):
+        seen = len(list((folder / item).glob("ocdbt.process_*")))
+        if seen != jax.process_count():
+            need = (
+                "with object storage (storage:), a trial's workers must all run on one node"
+                if staged()
+                else "the run's storage must be one folder every worker node mounts"
+            )
+            raise CheckpointSaveError(
+                f"process 0 sees the shards of {seen} of the {jax.process_count()} processes in "
+                f"{folder / item}: {need}"
+            )
 
 
 @contextmanager
@@ -249,12 +234,9 @@ def compile_writer(path: str | None) -> Callable[[dict], None] | None:
         return None
 
     def write(report: dict) -> None:
-        file = Path(path)
-        try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            with storage.written_whole(file) as tmp:
-                tmp.write_text(json.dumps(json_safe(report), indent=2))
+        try:  # a local path: written whole
+            storage.write_text(path, json.dumps(json_safe(report), indent=2))
         except OSError as err:
-            print(f"jaxray: warning: the compile report was not written to {file}: {err}", flush=True)
+            print(f"jaxray: warning: the compile report was not written to {path}: {err}", flush=True)
 
     return write

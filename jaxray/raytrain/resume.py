@@ -79,29 +79,26 @@ def candidates(trial: Path | str, reported: Path | str | None) -> list:
     return sorted(found, key=checkpoint.checkpoint_order, reverse=True)
 
 
-def one_node(rank: int, world: int) -> None:
-    """With object storage, every worker of the group stages its shards of a checkpoint in one
-    folder: raise CheckpointSaveError on the workers that are not on rank 0's node (called by all)."""
-    here = ray.get_runtime_context().get_node_id()
-    first = broadcast_from_rank_zero(here) if world > 1 else here
-    if here != first:
-        raise checkpoint.CheckpointSaveError(
-            f"worker {rank} runs on node {here}, worker 0 on {first}: with object storage (storage:), "
-            f"a trial's workers stage each checkpoint in one folder, so they must all run on one node "
-            f"(use fewer, larger workers, or a folder every node mounts as storage)"
-        )
-
-
 def resume_point(
     rank: int, attempt: tuple[int, list[int]], trial_dir: Path, trial_uri: str | None = None
 ) -> ResumePoint:
     """The checkpoint this worker group continues from (None on a fresh start), decided by rank 0
     from ``candidates(trial_dir, ...)`` (with object storage, those of ``trial_uri``, fetched into
-    this node's cache) and broadcast with its ``attempt`` (``count_attempt``'s)."""
+    this node's cache) and broadcast with its ``attempt`` (``count_attempt``'s). With object storage
+    the group stages each checkpoint in one folder: CheckpointSaveError on the workers that are not
+    on rank 0's node."""
     attempt, workers = attempt
+    world = ray.train.get_context().get_world_size()
     chosen, skipped = None, []
-    if trial_uri is not None:
-        one_node(rank, ray.train.get_context().get_world_size())
+    if trial_uri is not None:  # called by every worker
+        here = ray.get_runtime_context().get_node_id()
+        first = broadcast_from_rank_zero(here) if world > 1 else here
+        if here != first:
+            raise checkpoint.CheckpointSaveError(
+                f"worker {rank} runs on node {here}, worker 0 on {first}: with object storage (storage:), "
+                f"a trial's workers stage each checkpoint in one folder, so they must all run on one node "
+                f"(use fewer, larger workers, or a folder every node mounts as storage)"
+            )
     if rank == 0:
         latest = ray.train.get_checkpoint()
         reported = None if latest is None else Path(latest.path)
@@ -117,6 +114,6 @@ def resume_point(
         if found and damages_latest(attempt) and trial_uri is None:
             print(f"jaxray fault injection: damaged {damage(found[0])}", flush=True)
         chosen, skipped = choose(found) if found else (None, [])
-    if ray.train.get_context().get_world_size() > 1:  # rank 0 verified it: the others take its word
+    if world > 1:  # rank 0 verified it: the others take its word
         chosen, skipped, attempt, workers = broadcast_from_rank_zero((chosen, skipped, attempt, workers))
     return ResumePoint(chosen, skipped, attempt, workers)

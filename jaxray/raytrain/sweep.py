@@ -16,9 +16,9 @@ from typing import Any
 
 import ray
 from ray import cloudpickle, tune
-from ray.tune import result as tune_result
 from ray.tune.experiment import Trial
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
+from ray.tune.result import AUTO_RESULT_KEYS, CONFIG_PREFIX, DEBUG_METRICS, DONE, EXPERIMENT_TAG, TRIAL_ID
 from ray.tune.schedulers import ASHAScheduler
 
 from jaxray import checkpoint, storage
@@ -40,21 +40,16 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # A log row's keys: the final report carries the last one for schedulers; the summary row does not.
 LOG_ROW_KEYS = ("step", "examples", "loss", "accuracy", "grad_norm", "tokens", "perplexity", "lr")
 # What Tune adds to every result beside what the workers reported.
-TUNE_KEYS = frozenset(
-    (
-        *tune_result.AUTO_RESULT_KEYS,
-        *tune_result.DEBUG_METRICS,
-        tune_result.DONE,
-        tune_result.TRIAL_ID,
-        tune_result.EXPERIMENT_TAG,
-    )
-)
+TUNE_KEYS = frozenset((*AUTO_RESULT_KEYS, *DEBUG_METRICS, DONE, TRIAL_ID, EXPERIMENT_TAG))
 MAX_ERROR_CHARS = 2000  # of a failed trial's ``error`` in its summary row
 # (summary row, history rows) of one trial; a failed trial's row carries ``error``.
 TrialRows = tuple[dict[str, Any], list[dict]]
-TUNER_FILE = "tuner.pkl"  # what Tuner.restore reads first; Tune writes it when the sweep starts
-# The other files Tuner.restore reads (Tune 2.60), with how.
-STATE_FILES = (("experiment_state-*.json", json.loads), ("basic-variant-state-*.json", cloudpickle.loads))
+# The files Tuner.restore reads (Tune 2.60), with how; first tuner.pkl, written when the sweep starts.
+STATE_FILES = (
+    ("tuner.pkl", cloudpickle.loads),
+    ("experiment_state-*.json", json.loads),
+    ("basic-variant-state-*.json", cloudpickle.loads),
+)
 # Beside a trial's storage folder: the jaxray.tune run that last started it, and its error if it failed.
 INVOCATION_SUFFIX = ".invocation.json"
 
@@ -62,11 +57,6 @@ INVOCATION_SUFFIX = ".invocation.json"
 class TrialFailed(RuntimeError):
     """A trial that failed earlier in the same ``python -m jaxray.tune`` run and was restarted by
     Tune (whose restarts are meant for a lost driver): it fails again at once with that error."""
-
-
-def grid(sweep: SweepConfig) -> dict[str, Any]:
-    """Tune's param space: every searchable axis as a grid (a single default value if not searched)."""
-    return {axis: tune.grid_search(values) for axis, values in sweep.axes().items()}
 
 
 def trial_name(workload: str, config: dict[str, Any]) -> str:
@@ -86,33 +76,34 @@ def run_trial(
 ) -> None:
     """Tune function trainable: one Ray Train run for the grid point ``config`` of the ``workload``
     sweep (its TrialConfig in ``trials``, planned before Ray started), written under ``out``
-    (``train/``, ``tensorboard/``; the checkpoints at ``storage_uri`` when given); ``xla_flags``: the
-    driver's XLA_FLAGS, kept by the workers.
+    (``train/``, ``tensorboard/``; the checkpoints at ``storage_uri``, the run's folder on object
+    storage, when given); ``xla_flags``: the driver's XLA_FLAGS, kept by the workers.
     Tune restarts a trial whose driver died (``workers.max_driver_failures``). Each start records
     ``invocation`` (this ``jaxray.tune`` run's id) in ``<name>.invocation.json``, with the error if
     the run raises. Restarted in the same invocation, a trial that raised raises ``TrialFailed`` with
     that error at once (only ``--resume``, a new invocation, trains it again); one that did not lost
-    its driver, which its restart causes record ("driver lost"); so do those of one begun by an
-    earlier invocation ("interrupted", unless its end is recorded). ``storage_uri``: the run's folder on
-    object storage, where the checkpoints go (``with_run_storage``)."""
+    its driver ("driver lost" in its restart causes); one begun by an earlier invocation was
+    "interrupted" (unless its end is recorded)."""
     name = trial_name(workload, config)
     trial = trials[name]
-    storage = Path(out) / TRAIN_DIR
-    started = storage / f"{name}{INVOCATION_SUFFIX}"
+    train_dir = Path(out) / TRAIN_DIR
+    started = train_dir / f"{name}{INVOCATION_SUFFIX}"
     record = read_record(started)
-    attempts, failures = run_files(storage, name, storage_uri)
+    attempts, failures = run_files(train_dir, name, storage_uri)
     if invocation and record.get("invocation") == invocation:
         if "error" in record:
             raise TrialFailed(record["error"])
         record_driver_lost(failures, attempts)
     elif record.get("invocation"):  # begun by an earlier jaxray.tune run, gone on with by --resume
         record_driver_lost(failures, attempts, "interrupted")
-    _write_record(started, {"invocation": invocation})
+    # On a full disk nothing is recorded: Tune's restart then trains the trial again, to fail again.
+    with contextlib.suppress(OSError):
+        storage.write_text(started, json.dumps({"invocation": invocation}))
     try:
         make_trainer(
             trial,
             datasets,
-            storage_path=storage,
+            storage_path=train_dir,
             name=name,
             tensorboard_dir=Path(out) / TENSORBOARD_DIR / name,
             callbacks=[TuneReportCallback()],
@@ -120,17 +111,9 @@ def run_trial(
             storage_uri=storage_uri,
         ).fit()
     except Exception as err:
-        _write_record(started, {"invocation": invocation, "error": error_text(err)})
+        with contextlib.suppress(OSError):
+            storage.write_text(started, json.dumps({"invocation": invocation, "error": error_text(err)}))
         raise
-
-
-def _write_record(path: Path, record: dict) -> None:
-    """``record`` as JSON at ``path``; on a full disk nothing (Tune's restart then trains the trial
-    again, and it fails there again)."""
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with storage.written_whole(path) as tmp:
-            tmp.write_text(json.dumps(record))
 
 
 def concurrent_trials(exp: ExperimentConfig, resources: dict[str, float]) -> int:
@@ -195,20 +178,22 @@ def run_sweep(
         print(f"resuming the {sweep.workload} sweep from {path}", file=terminal.err())
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
         return _fit(sweep, tuner, out, exp.storage, list(trials))
+    name = functools.partial(trial_name, sweep.workload)
     tuner = tune.Tuner(
         trainable,
-        param_space=grid(sweep),
+        # Every searchable axis as a grid (a single default value if not searched).
+        param_space={axis: tune.grid_search(values) for axis, values in sweep.axes().items()},
         tune_config=tune.TuneConfig(
             max_concurrent_trials=concurrent_trials(exp, ray.cluster_resources()),
             scheduler=early_stopping(sweep),
-            trial_name_creator=lambda t: trial_name(sweep.workload, t.config),
-            trial_dirname_creator=lambda t: trial_name(sweep.workload, t.config),
+            trial_name_creator=lambda t: name(t.config),
+            trial_dirname_creator=lambda t: name(t.config),
         ),
         run_config=tune.RunConfig(
             name=sweep.workload,
             storage_path=str(out / TUNE_DIR),
             verbose=1,  # Tune's status tables: on the terminal with --verbose, else in the run's log
-            callbacks=[TrialProgress(functools.partial(trial_name, sweep.workload))],
+            callbacks=[TrialProgress(name)],
             failure_config=tune.FailureConfig(max_failures=exp.workers.max_driver_failures),
         ),
     )
@@ -221,17 +206,16 @@ def check_saved_state(out: Path, workload: str) -> None:
     path = out / TUNE_DIR / workload
     if not path.is_dir():
         return
-    for pattern, loads in ((TUNER_FILE, cloudpickle.loads), *STATE_FILES):
+    for pattern, loads in STATE_FILES:
         # Tune reads the newest of each (names start with the sweep's start time).
         file = max(path.glob(pattern), default=path / pattern)
         try:
             loads(file.read_bytes())
+            continue
         except FileNotFoundError:
             cause = "is missing"
         except Exception as err:  # whatever a damaged pickle or JSON file raises: all mean damaged
             cause = f"cannot be read ({type(err).__name__}: {err})"
-        else:
-            continue
         raise ConfigError(
             f"--resume {out}: {file}, part of the saved Tune state of the {workload} sweep, {cause}, "
             f"so Tune cannot restore that sweep. Nothing was changed. To run its trials again (each "
@@ -281,7 +265,7 @@ def _fit(
 def reported(metrics: dict[str, Any]) -> dict[str, Any]:
     """What a trial's workers reported in its final Tune result, without Tune's fields and the log row."""
     dropped = {"final", SCORE_KEY, ATTEMPT_KEY, CHECKPOINT_PATH_KEY, *LOG_ROW_KEYS, *TUNE_KEYS}
-    prefix = f"{tune_result.CONFIG_PREFIX}/"
+    prefix = f"{CONFIG_PREFIX}/"
     return {k: v for k, v in metrics.items() if k not in dropped and not k.startswith(prefix)}
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
@@ -26,19 +25,13 @@ def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str
     this process's) plus, on CPU, the forced device count. TPU workers get no JAX_PLATFORMS: Ray's JAX
     backend sets ``tpu`` itself."""
     flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
-    fault = {FAULT_ENV: os.environ[FAULT_ENV]} if FAULT_ENV in os.environ else {}  # tests only
-    if workers.accelerator == "tpu":
-        return {**QUIET_ENV, **fault, **({"XLA_FLAGS": flags} if flags.strip() else {})}
+    env = {**QUIET_ENV, **({FAULT_ENV: os.environ[FAULT_ENV]} if FAULT_ENV in os.environ else {})}
+    if workers.accelerator == "cpu":
+        return {**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": cpu_xla_flags(workers.devices_per_worker, flags)}
     if workers.accelerator == "gpu":
         # Several JAX processes may share a GPU in small tests; preallocation would starve them.
-        env = {**QUIET_ENV, **fault, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-        return {**env, "XLA_FLAGS": flags} if flags.strip() else env
-    return {
-        **QUIET_ENV,
-        **fault,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": cpu_xla_flags(workers.devices_per_worker, flags),
-    }
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    return {**env, "XLA_FLAGS": flags} if flags.strip() else env
 
 
 def scaling_config(w: WorkersConfig) -> ScalingConfig:
@@ -64,40 +57,12 @@ def check_scaling(w: WorkersConfig) -> None:
         raise ConfigError(f"workers: Ray Train refuses this scaling: {err}") from None
 
 
-def _ordered_ingest():
-    """Ray Data's ingest options with block order kept (else the same seed gives another order)."""
-    options = DataConfig.default_ingest_options()
-    options.preserve_order = True
-    return options
-
-
-def checkpoint_config(trial: TrialConfig) -> CheckpointConfig:
-    """Ray's retention, the only one (Orbax keeps no checkpoints of its own): the best
-    ``train.keep_checkpoints`` by ``SCORE_KEY`` (``train.score``'s metric, in every report that
-    carries a checkpoint) and always the latest."""
-    return CheckpointConfig(
-        num_to_keep=trial.train.keep_checkpoints,
-        checkpoint_score_attribute=SCORE_KEY,
-        checkpoint_score_order=trial.train.score[1],
-    )
-
-
 def run_files(storage_path: str | Path, name: str, storage_uri: str | None = None) -> tuple[str, str]:
     """The run's attempt counter and restart causes, ``name.attempts.json`` and ``name.failures.json``
     beside its folder (Ray Train v2 keeps the folder's own state for itself): in ``storage_uri`` when
     given (every node reads them there), else in ``storage_path``."""
-    files = (f"{name}.attempts.json", f"{name}.failures.json")
-    if storage_uri:
-        return storage.join(storage_uri, files[0]), storage.join(storage_uri, files[1])
-    return str(Path(storage_path) / files[0]), str(Path(storage_path) / files[1])
-
-
-def run_storage(path_or_uri: str | Path) -> dict[str, Any]:
-    """``RunConfig``'s ``storage_path`` and ``storage_filesystem`` for a local path or a URI."""
-    if not storage.is_uri(path_or_uri):
-        return {"storage_path": str(path_or_uri)}
-    fs, path = storage.resolve(str(path_or_uri))
-    return {"storage_path": path, "storage_filesystem": fs}
+    root = storage_uri or str(Path(storage_path))
+    return storage.join(root, f"{name}.attempts.json"), storage.join(root, f"{name}.failures.json")
 
 
 def make_trainer(
@@ -120,6 +85,10 @@ def make_trainer(
     attempts, failures = run_files(storage_path, name, storage_uri)
     # Object storage: staged on each node, resumed from fetched copies; a folder: written in place.
     staged = storage_uri is not None and storage.is_object_storage(storage_uri)
+    root = storage_uri or storage_path
+    fs, path = storage.resolve(root) if storage.is_uri(root) else (None, str(root))
+    ingest = DataConfig.default_ingest_options()
+    ingest.preserve_order = True  # else the same seed gives another order
     return JaxTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -132,17 +101,24 @@ def make_trainer(
             "trial_uri": storage.join(storage_uri, name) if staged else None,
         },
         scaling_config=scaling_config(w),
-        # Unsplit: each worker takes its rows of every global batch (``shards.rank_batches``).
-        dataset_config=DataConfig(datasets_to_split=[], execution_options=_ordered_ingest()),
+        # Unsplit: each worker takes its rows of every global batch (``worker.worker_data``).
+        dataset_config=DataConfig(datasets_to_split=[], execution_options=ingest),
         datasets=datasets,
         run_config=RunConfig(
             name=name,
-            **run_storage(storage_uri or storage_path),
+            storage_path=path,
+            storage_filesystem=fs,
             callbacks=[*(callbacks or []), FailureLog(failures)],
             worker_runtime_env={"env_vars": worker_env(w, xla_flags)},
             failure_config=FailureConfig(
                 max_failures=w.max_failures, max_preemption_failures=w.max_preemption_failures
             ),
-            checkpoint_config=checkpoint_config(trial),
+            # Ray's retention, the only one (Orbax keeps none of its own): the best
+            # ``train.keep_checkpoints`` by ``train.score``'s metric, and always the latest.
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=trial.train.keep_checkpoints,
+                checkpoint_score_attribute=SCORE_KEY,
+                checkpoint_score_order=trial.train.score[1],
+            ),
         ),
     )

@@ -1,14 +1,22 @@
 """The Ray Train worker: runs ``jaxray.train.run.train`` in each worker process (config, rank,
-multi-process JAX program, mesh, batch shards, resume, Ray Train reports, fault injection)."""
+multi-process JAX program, mesh, batch shards, resume, Ray Train reports, fault injection). Each
+worker trains on rows ``[rank * L, (rank + 1) * L)`` of every global batch (L = global_batch /
+world), from its Ray Train shard or the Parquet folder, and evaluates on the whole held-out set."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import ray.train
 
 from jaxray.config import TrialConfig
+from jaxray.data.batching import Arrays
+from jaxray.data.parquet import parquet_batches, split_arrays
+from jaxray.data.ray_data import shard_batches
+from jaxray.data.workloads import held_out_split, parquet_folder
 from jaxray.models import resolve_attention
 from jaxray.parallel.mesh import trial_mesh
 from jaxray.raytrain.cluster import check_local_devices, cpu_program, describe_worker
@@ -16,7 +24,6 @@ from jaxray.raytrain.failures import read_causes
 from jaxray.raytrain.faults import fault_hooks
 from jaxray.raytrain.reports import Reports, compile_writer, discard_unfinished, trial_folder
 from jaxray.raytrain.resume import count_attempt, resume_point
-from jaxray.raytrain.shards import worker_data
 from jaxray.reporting.tensorboard import TensorBoardLogger
 from jaxray.train import compile_cache
 from jaxray.train.run import Diverged, train
@@ -30,6 +37,32 @@ def _attention(trial):
     if trial.model.workload != "transformer":
         return None
     return resolve_attention(trial.model, seq_len=trial.data.seq_len)
+
+
+def worker_data(
+    trial: TrialConfig, rank: int, world: int, train_rows: int | None
+) -> tuple[Iterator[dict[str, np.ndarray]], Arrays, int | None]:
+    """(this worker's training batches, endless; the held-out arrays; the training rows if known)
+    from ``data.parquet`` when set, else from Ray Train's unsplit ``train`` and ``eval`` shards.
+    Together the workers see what ``train_batches(arrays, global_batch)`` gives one process. The
+    batches raise ValueError if the dataset holds fewer rows than one global batch."""
+    global_batch = trial.train.global_batch
+    if trial.data.parquet:
+        folder, manifest = parquet_folder(trial)
+        cache_bytes = trial.data.parquet_cache_mib << 20
+        batches = parquet_batches(
+            folder, "train", global_batch, trial.train.seed, rank, world, cache_bytes=cache_bytes
+        )
+        held_out = split_arrays(folder, held_out_split(trial.model.workload), manifest=manifest)
+        return batches, held_out, manifest.split("train").rows
+    local = global_batch // world
+    batches = (
+        {k: v[rank * local : (rank + 1) * local] for k, v in batch.items()}
+        for batch in shard_batches(ray.train.get_dataset_shard("train"), global_batch)
+    )
+    # The held-out set is small: every row of it as numpy arrays.
+    parts = list(ray.train.get_dataset_shard("eval").iter_batches(batch_size=4096, batch_format="numpy"))
+    return batches, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, train_rows
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
