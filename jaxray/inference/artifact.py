@@ -1,9 +1,7 @@
-"""The export artifact writer: a trained transformer through ``jax.export`` (``python -m jaxray.export``).
-
-Writes ``logits``, ``start`` per (bucket, batch size) and ``decode_n{B}`` as serialized StableHLO,
-float32 weights in ``weights.npz`` and ``manifest.json`` (layout: ``artifact_loader``). Params are
-a flat-list argument, never baked in. Always XLA attention (cuDNN custom calls would tie it to
-NVIDIA); lowered for this platform plus CPU and CUDA."""
+"""The export artifact writer (``python -m jaxray.export``): a trained transformer's ``logits``,
+``start`` per (bucket, batch size) and ``decode_n{B}`` as serialized StableHLO, float32 weights and
+``manifest.json`` (layout: ``artifact_loader``). Params are a flat-list argument, never baked in.
+Always XLA attention (cuDNN custom calls would tie it to NVIDIA); lowered for this platform, CPU, CUDA."""
 
 from __future__ import annotations
 
@@ -64,11 +62,9 @@ def named_weights(params: Any) -> dict[str, np.ndarray]:
 
 def export_programs(model, params, engine: Engine, targets: tuple[str, ...]) -> dict[str, tuple[dict, Any]]:
     """``{file stem: (manifest entry, jax.export.Exported)}`` for ``logits`` (batch symbolic, T = S),
-    every ``start_b{bucket}_n{batch}`` and ``decode_n{batch}``; weights come first as a flat list and
-    the decode state is a flat tuple."""
-    treedef = jax.tree.structure(params)
+    every ``start_b{bucket}_n{batch}`` and ``decode_n{batch}``."""
     weights = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in jax.tree.leaves(params)]
-    unflatten = functools.partial(jax.tree.unflatten, treedef)
+    unflatten = functools.partial(jax.tree.unflatten, jax.tree.structure(params))
     state_tree = jax.tree.structure(engine.decode_chunk_args(engine.settings.batch_sizes[0])[0])
 
     def logits(leaves, tokens):
@@ -144,7 +140,7 @@ def base_manifest(
 
 
 def write_artifact(out: Path, manifest: dict, weights: dict[str, np.ndarray], programs: dict) -> None:
-    """Write the artifact into a temporary sibling, then rename it to ``out`` (absent or empty), so a
+    """Write the artifact into a temporary sibling renamed to ``out`` (absent or empty) at the end, so a
     failed export leaves nothing behind."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
@@ -174,9 +170,8 @@ def export_checkpoint(
     path: str | Path | checkpoint.Verified, out: str | Path, settings: EngineSettings | None = None
 ) -> dict:
     """Export the transformer at ``path`` (checkpoint, run folder or experiment) to the new directory
-    ``out`` for ``settings`` (default ``EngineSettings()``). Returns the manifest. Raises ExportError
-    (``out`` not empty), CheckpointError (no transformer checkpoint) or ValueError (context_keep),
-    before anything is written."""
+    ``out``; returns the manifest. Raises, before writing anything, ExportError (``out`` not empty),
+    CheckpointError (no transformer checkpoint) or ValueError (a setting)."""
     out, settings = Path(out), settings or EngineSettings()
     check_out(out)
     opened = check_checkpoint(path, settings, purpose="exported")

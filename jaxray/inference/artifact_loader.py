@@ -1,10 +1,9 @@
 """Run a ``python -m jaxray.export`` artifact with JAX alone (stdlib, NumPy, JAX: copyable).
 
-An artifact directory holds ``manifest.json`` (format, versions, config, buckets, batch sizes,
-weight order, per file its sha256), ``weights.npz`` (float32 params by key path),
-``logits.exported`` (tokens [b, S] int32 -> logits [b, S, V] float32) and
-``start_b{P}_n{B}.exported``/``decode_n{B}.exported`` (``jaxray.inference.kv_decode``). Every
-function takes the flat weights first; the decode state is a flat tuple."""
+An artifact directory holds ``manifest.json`` (format, versions, config, buckets, batch sizes, weight
+order, each file's sha256), ``weights.npz`` (float32 params by key path), ``logits.exported`` (tokens
+[b, S] int32 -> logits [b, S, V] float32) and ``start_b{P}_n{B}``/``decode_n{B}.exported``
+(``kv_decode``). Every function takes the flat weights first; the decode state is a flat tuple."""
 
 from __future__ import annotations
 
@@ -31,9 +30,8 @@ class ArtifactError(ValueError):
 
 @dataclass
 class Artifact:
-    """A loaded, verified artifact: ``path``, ``manifest`` (dict), ``weights`` (device arrays, manifest
-    order), ``exported`` keyed ``("logits", None, None)``, ``("start", bucket, batch)``,
-    ``("decode", None, batch)``."""
+    """A loaded, verified artifact: ``weights`` device arrays in manifest order, ``exported`` keyed
+    ``("logits", None, None)``, ``("start", bucket, batch)``, ``("decode", None, batch)``."""
 
     path: Path
     manifest: dict
@@ -66,16 +64,15 @@ class Artifact:
         return np.asarray(self.program(("logits", None, None))(padded))[:, : tokens.shape[1]]
 
     def start(self, tokens, lengths, seeds, temperature, top_k, top_p, max_new_tokens):
-        """``jaxray.inference.kv_decode.start`` for tokens [B, P] int32 (P a bucket, B a batch size); lengths,
-        top_k, max_new_tokens [B] int32; seeds [B] uint32; temperature, top_p [B] float32.
-        Returns (state: tuple of arrays, first [B] int32)."""
+        """``kv_decode.start`` for tokens [B, P] int32 (P a bucket, B a batch size); lengths, top_k,
+        max_new_tokens [B] int32; seeds [B] uint32; temperature, top_p [B] float32. Returns (state:
+        tuple of arrays, first [B] int32)."""
         batch, bucket = np.shape(tokens)
         program = self.program(("start", bucket, batch))
         return program(tokens, lengths, seeds, temperature, top_k, top_p, max_new_tokens)
 
     def decode_chunk(self, state, max_steps):
-        """``jaxray.inference.kv_decode.decode_chunk``: max_steps () int32 -> (state, tokens [B,
-        chunk] int32, counts [B] int32)."""
+        """``kv_decode.decode_chunk``: max_steps () int32 -> (state, tokens [B, chunk], counts [B])."""
         return self.program(("decode", None, np.shape(state[0])[0]))(state, max_steps)
 
 
@@ -99,9 +96,9 @@ def read_artifact_manifest(directory: str | Path) -> dict:
 
 
 def read_verified(directory: Path, manifest: dict) -> dict[str, bytes]:
-    """Every file the manifest lists, read once and checked against its sha256: {file name: bytes}
-    (what is used is what was hashed). ArtifactError naming the first file missing or mismatched
-    (both digests given), or an entry without a file or digest."""
+    """{file name: bytes} of every file the manifest lists, read once (what is used is what was
+    hashed). ArtifactError naming the first file missing or mismatching its sha256, or an entry
+    without a file or digest."""
     files = [manifest["weights"]] + list(manifest["functions"].values())
     read = {}
     for entry in files:
@@ -132,7 +129,7 @@ def check_versions(manifest: dict) -> None:
 
 def load_weights(path: Path, leaves: list[dict], data: bytes) -> list:
     """The weights in manifest order as device arrays, from the verified bytes ``data`` of ``path``.
-    ArtifactError names a leaf that is missing or of the wrong shape or dtype."""
+    ArtifactError naming a leaf missing or of the wrong shape or dtype."""
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
         out = []
         for leaf in leaves:
@@ -149,9 +146,8 @@ def load_weights(path: Path, leaves: list[dict], data: bytes) -> list:
 
 
 def load_artifact(directory: str | Path) -> Artifact:
-    """Read, verify and deserialize an artifact directory. Raises ArtifactError for a missing or
-    damaged manifest, a missing or mismatched file, bad weights, or another platform; warns on a
-    JAX minor version mismatch."""
+    """Read, verify and deserialize an artifact directory. ArtifactError for a bad manifest, file or
+    weights, or another platform; warns on another JAX minor version."""
     directory = Path(directory)
     manifest = read_artifact_manifest(directory)
     files = read_verified(directory, manifest)

@@ -1,11 +1,10 @@
 """Continuous batching: requests join a running batch between decode calls and leave it when done.
 
-The running batch is one ``DecodeState``: between two ``step`` calls new requests are prefilled and
-joined, and finished rows dropped, on device with the engine's compiled ``gather`` programs. Rows
-are independent, so a request's tokens do not depend on its batch-mates. With chunked prefill
-(``settings.prefill_chunk``) a longer prompt is prefilled one chunk per ``step``, before its decode
-call, and joins with its last chunk: rows decoding meanwhile wait for one chunk, not the whole
-prompt (vLLM's chunked prefill). Driven from one thread."""
+The running batch is one ``DecodeState``; between two ``step`` calls new requests are prefilled and
+joined, and finished rows dropped, with the engine's compiled ``gather`` programs. Rows are
+independent: a request's tokens do not depend on its batch-mates. With chunked prefill
+(``settings.prefill_chunk``, as vLLM's) a longer prompt is prefilled one chunk per ``step`` and joins
+with its last chunk, so decoding rows wait for one chunk, not the whole prompt. One thread."""
 
 from __future__ import annotations
 
@@ -60,10 +59,9 @@ class Batcher:
         return self.max_batch_size - self.live
 
     def admit(self, requests: list[Request], tickets: list[Hashable]) -> list[Update]:
-        """Prefill ``requests`` (checked; 1..free of them) and join them to the running batch;
-        ``tickets`` (distinct from live ones) name them in updates. Returns each one's first token;
-        one whose prompt is longer than ``prefill_chunk`` has none yet (``step`` prefills it and
-        gives it). Raises ValueError when they do not fit."""
+        """Prefill ``requests`` (checked; 1..free of them), named by ``tickets`` (not live ones), and
+        join them: each one's first token, but for a prompt longer than ``prefill_chunk`` (``step``
+        prefills it and gives it). Raises ValueError when they do not fit."""
         if not 1 <= len(requests) <= self.free or len(tickets) != len(requests):
             raise ValueError(
                 f"admit takes 1..{self.free} requests (free rows) with one ticket each, got "
@@ -82,8 +80,7 @@ class Batcher:
         return self._join([r for _, r in now], [t for t, _ in now], counted) if now else []
 
     def _join(self, requests: list[Request], tickets: list[Hashable], counted: list[bool]) -> list[Update]:
-        """Prefill ``requests`` (whose prompts' earlier chunks the prefix cache may hold) and join them;
-        ``counted``: whether each one's lookup is still to count in the cache's figures."""
+        """Prefill ``requests`` and join them; ``counted`` as ``Engine.start``'s."""
         begin = time.perf_counter()
         fresh, first = self.engine.start(requests, counted)
         live = self._live_rows()
@@ -103,10 +100,8 @@ class Batcher:
         return updates
 
     def step(self) -> list[Update]:
-        """The next prefill chunk of the oldest request being prefilled (its first token when it was
-        the last), then one ``Engine.decode_chunk`` call over the running batch: the new tokens of
-        every live request (nothing when there is none), one ``Update`` each. Finished requests
-        leave the batch."""
+        """The oldest prefilling request's next chunk (its first token after the last), then one
+        ``Engine.decode_chunk`` call: an ``Update`` per live request. Finished requests leave."""
         joined = {u.ticket: u for u in self._prefill_chunk()} if self._prefilling else {}
         if not self._left:
             return list(joined.values())
@@ -118,8 +113,7 @@ class Batcher:
         return list(joined.values()) + updates
 
     def _prefill_chunk(self) -> list[Update]:
-        """Prefill the next chunk of the oldest prefilling request into the prefix cache; join it
-        with its last one (its first token)."""
+        """The oldest prefilling request's next chunk into the prefix cache; its last one joins it."""
         entry = self._prefilling[0]
         ticket, request, done = entry
         chunk = self.engine.settings.prefill_chunk
@@ -146,8 +140,7 @@ class Batcher:
         return updates
 
     def cancel(self, tickets: list[Hashable]) -> list[Update]:
-        """End the live requests of ``tickets`` now (a client that stopped reading): their rows are
-        freed; an empty final ``Update`` for each one that was live."""
+        """End the live requests of ``tickets`` now, freeing their rows: an empty final ``Update`` each."""
         prefilling = [e[0] for e in self._prefilling if e[0] in tickets]
         self._prefilling = deque(e for e in self._prefilling if e[0] not in tickets)
         live = [t for t in tickets if t in self._left]
@@ -163,7 +156,6 @@ class Batcher:
         return tickets
 
     def _live_rows(self) -> list[int]:
-        """Indices of the rows of ``state`` that hold a live request."""
         return [i for i, ticket in enumerate(self.rows) if ticket is not None]
 
     def _drop_finished(self) -> None:

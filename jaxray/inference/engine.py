@@ -49,8 +49,7 @@ class Completion:
     prompt_tokens: int
 
     @property
-    def text(self) -> str:
-        """The new bytes as UTF-8; invalid sequences become U+FFFD."""
+    def text(self) -> str:  # invalid UTF-8 becomes U+FFFD
         return bytes_to_text(np.asarray(self.tokens, np.int32))
 
 
@@ -62,16 +61,6 @@ class Programs:
     start: Callable[..., tuple]
     decode_chunk: Callable[..., tuple]
     start_cached: Callable[..., tuple] | None = None  # kv_decode.start_cached; None: no prefix caching
-
-
-def programs_for(model, chunk: int, keep: int) -> Programs:
-    """``Programs`` of a live ``jaxray.models.Model`` (the transformer)."""
-    size = model.config.max_seq_len
-    return Programs(
-        functools.partial(kv_decode.start, model.prefill, max_seq_len=size),
-        functools.partial(kv_decode.decode_chunk, model.prefill, model.decode_step, chunk=chunk, keep=keep),
-        functools.partial(kv_decode.start_cached, model.extend),
-    )
 
 
 @dataclass
@@ -89,8 +78,8 @@ class Engine:
     pool: Any = field(default=None, init=False, repr=False)  # [slots, L, 2, H, block, K]: the prefix blocks
 
     def __post_init__(self):
-        """The prefix cache and its pool when ``settings.prefix_cache_mib`` > 0. ValueError naming the
-        setting when the programs have none (an export artifact), as ``new_pool``."""
+        """The prefix cache and its pool when ``settings.prefix_cache_mib`` > 0; ValueError as ``new_pool``
+        or when the programs have none (an export artifact)."""
         if not self.settings.prefix_cache_mib:
             return
         if self.programs.start_cached is None:
@@ -102,8 +91,15 @@ class Engine:
         """The engine of a live transformer ``model`` and its params; ``source`` names their origin.
         Raises ValueError for a context_keep outside 2..max_seq_len - 1."""
         settings = settings or EngineSettings()
-        keep = check_keep(settings, model.config.max_seq_len)
-        return cls(model.config, params, settings, programs_for(model, settings.chunk, keep), source)
+        keep, size = check_keep(settings, model.config.max_seq_len), model.config.max_seq_len
+        programs = Programs(
+            functools.partial(kv_decode.start, model.prefill, max_seq_len=size),
+            functools.partial(
+                kv_decode.decode_chunk, model.prefill, model.decode_step, chunk=settings.chunk, keep=keep
+            ),
+            functools.partial(kv_decode.start_cached, model.extend),
+        )
+        return cls(model.config, params, settings, programs, source)
 
     @property
     def context_len(self) -> int:
@@ -119,10 +115,9 @@ class Engine:
         return self.settings.batch_sizes[-1]
 
     def compile(self) -> dict:
-        """Compile, then run once, every ``start`` (per bucket and batch size), ``decode_chunk`` and
-        ``gather`` program, and the prefix cache's (compiled, not run: the warm-up bypasses the
-        cache, which would send a repeated prompt past ``start``); idempotent. Returns
-        {"compile_s", "programs"}."""
+        """Compile and run once every ``start``, ``decode_chunk`` and ``gather`` program; compile the
+        prefix cache's (not run: the warm-up bypasses the cache). Idempotent. Returns {"compile_s",
+        "programs"}."""
         if not self.compiled:
             begin = time.perf_counter()
             states, prefix, self.prefix = {}, self.prefix, None
@@ -148,10 +143,12 @@ class Engine:
         return next(b for b in self.settings.batch_sizes if b >= rows)
 
     def count_prefix(self, request: Request) -> int:
-        """The prompt tokens of ``request`` the prefix cache holds now (whole blocks, at least one
-        token left to compute), its lookup counted in the cache's figures."""
+        """Prompt tokens of ``request`` the prefix cache holds now (whole blocks, at least one left to
+        compute), its lookup counted in the cache's figures."""
         window, n = prompt_window(request.prompt, self.context_len)
-        return self.prefix.count_prompt(window[:n])
+        hit = min(len(self.prefix.lookup(self.prefix.keys(window[:n]))), (n - 1) // self.prefix.block)
+        self.prefix.count(n, hit)
+        return hit * self.prefix.block
 
     def prefill_blocks(self, request: Request, tokens: int) -> None:
         """Prefill the first ``tokens`` (a multiple of prefix_block) of ``request``'s prompt window into
@@ -164,33 +161,31 @@ class Engine:
     ) -> tuple[DecodeState, np.ndarray]:
         """Prefill checked ``requests`` at the smallest batch size and bucket that hold them:
         (DecodeState, padding rows finished; first new token per request [len(requests)] int32).
-        With a prefix cache, each prompt's longest cached prefix is read from the pool and only the
-        rest prefilled; its new whole blocks are then kept (``counted``: whether each request's lookup
-        counts in the cache's figures; default all)."""
-        batch = self.batch_for(len(requests))
+        With a prefix cache, only what follows each prompt's longest cached prefix is prefilled, and
+        its new whole blocks kept (``counted``: whether each lookup counts in the cache's figures)."""
+        batch, keys, cached = self.batch_for(len(requests)), None, None
         if self.prefix is None:
             bucket = next(b for b in self.buckets if b >= max(map(self.prompt_tokens, requests)))
-            program = self._program("start", bucket, batch)
-            state, first = program(self.params, *self._inputs(requests, bucket, batch))
-            return state, np.asarray(first)[: len(requests)]
-        tokens, lengths, *sampling = self._inputs(requests, self.config.max_seq_len, batch)  # whole windows
-        counted = [True] * len(requests) if counted is None else counted
-        keys, bucket, cached = plan_prefill(self.prefix, tokens, lengths, counted, self.buckets)
+            tokens, lengths, *sampling = self._inputs(requests, bucket, batch)
+        else:  # whole windows
+            tokens, lengths, *sampling = self._inputs(requests, self.config.max_seq_len, batch)
+            counted = [True] * len(requests) if counted is None else counted
+            keys, bucket, cached = plan_prefill(self.prefix, tokens, lengths, counted, self.buckets)
         if cached is not None:
             program = self._program("start_cached", bucket, batch)
             state, first = program(self.params, self.pool, *cached, tokens, *sampling)
         else:
             program = self._program("start", bucket, batch)
             state, first = program(self.params, tokens[:, :bucket], lengths, *sampling)
-        plan = store_plan(self.prefix, keys, batch * (self.config.max_seq_len // self.prefix.block))
-        if plan is not None:
-            self.pool = self._program("store", None, batch)(self.pool, state.cache, *plan)
+        if keys is not None:
+            plan = store_plan(self.prefix, keys, batch * (self.config.max_seq_len // self.prefix.block))
+            if plan is not None:
+                self.pool = self._program("store", None, batch)(self.pool, state.cache, *plan)
         return state, np.asarray(first)[: len(requests)]
 
     def decode_chunk(self, state: DecodeState) -> tuple[DecodeState, np.ndarray, np.ndarray]:
-        """Up to ``chunk`` more tokens for every unfinished row: (state, tokens [B, chunk] int32,
-        counts [B] int32), row b's new tokens being ``tokens[b, :counts[b]]``. ``state`` is donated
-        (its arrays are deleted): use the one returned."""
+        """Up to ``chunk`` more tokens for every unfinished row, as ``kv_decode.decode_chunk``. ``state``
+        is donated (its arrays are deleted): use the one returned."""
         program = self._program("decode_chunk", None, state.pending.shape[0])
         state, out, counts = program(self.params, state, np.int32(self.settings.chunk))
         return state, np.asarray(out), np.asarray(counts)
@@ -201,48 +196,43 @@ class Engine:
         return self._program("gather", sizes, len(index))(tuple(states), index, valid)
 
     def _program(self, kind: str, shape, batch: int):
-        """The compiled program ``kind`` (start: shape = bucket; decode_chunk; gather: shape = the
-        joined states' batch sizes) for ``batch`` rows."""
+        """The compiled program ``kind`` for ``batch`` rows: start and start_cached (shape: the bucket),
+        decode_chunk (state donated), store (``store_blocks``, pool donated), gather (shape: the joined
+        states' batch sizes)."""
         key = (kind, shape, batch)
-        if key not in self.compiled:
-            if kind in ("start_cached", "store"):
-                self.compiled[key] = self._prefix_program(kind, shape, batch)
-            elif kind == "gather":
-                states = tuple(self.decode_chunk_args(b)[0] for b in shape)
-                index, valid = jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), bool)
-                self.compiled[key] = jax.jit(kv_decode.gather_rows).lower(states, index, valid).compile()
+        if key in self.compiled:
+            return self.compiled[key]
+        i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+        if kind == "start":
+            fn, args, donate = self.programs.start, (self.params, *self.start_args(shape, batch)), ()
+        elif kind == "decode_chunk":  # the state's cache is updated in place
+            fn, args, donate = self.programs.decode_chunk, (self.params, *self.decode_chunk_args(batch)), 1
+        elif kind == "gather":
+            states = tuple(self.decode_chunk_args(b)[0] for b in shape)
+            fn, args, donate = kv_decode.gather_rows, (states, i32(batch), i32(batch).update(dtype=bool)), ()
+        else:
+            pool = jax.ShapeDtypeStruct(self.pool.shape, self.pool.dtype)
+            nb = self.config.max_seq_len // self.prefix.block
+            if kind == "store":
+                rows, cache = i32(batch * nb), self.decode_chunk_args(batch)[0].cache
+                fn, args, donate = kv_decode.store_blocks, (pool, cache, rows, rows, rows), 0
             else:
-                args = self.start_args(shape, batch) if kind == "start" else self.decode_chunk_args(batch)
-                donate = (1,) if kind == "decode_chunk" else ()  # the state's cache is updated in place
-                program = jax.jit(getattr(self.programs, kind), donate_argnums=donate)
-                self.compiled[key] = program.lower(self.params, *args).compile()
+                _, lengths, *sampling = self.start_args(shape, batch)
+                windows = i32(batch, self.config.max_seq_len)
+                args = (pool, i32(batch, nb), i32(batch), i32(batch, shape), lengths, windows, *sampling)
+                fn, args, donate = self.programs.start_cached, (self.params, *args), ()
+        self.compiled[key] = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
         return self.compiled[key]
 
-    def _prefix_program(self, kind: str, bucket: int | None, batch: int):
-        """The compiled ``start_cached`` (for ``bucket``) or ``store_blocks`` (pool donated) program."""
-        i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
-        pool = jax.ShapeDtypeStruct(self.pool.shape, self.pool.dtype)
-        nb = self.config.max_seq_len // self.prefix.block
-        if kind == "store":
-            rows, cache = i32(batch * nb), self.decode_chunk_args(batch)[0].cache
-            store = jax.jit(kv_decode.store_blocks, donate_argnums=0)
-            return store.lower(pool, cache, rows, rows, rows).compile()
-        _, lengths, *sampling = self.start_args(bucket, batch)
-        windows = i32(batch, self.config.max_seq_len)
-        args = (pool, i32(batch, nb), i32(batch), i32(batch, bucket), lengths, windows, *sampling)
-        return jax.jit(self.programs.start_cached).lower(self.params, *args).compile()
-
     def start_args(self, bucket: int, batch: int) -> tuple[jax.ShapeDtypeStruct, ...]:
-        """Abstract arguments after params of ``start`` for ``bucket`` and ``batch``: tokens [batch,
-        bucket] int32, lengths [batch] int32, seeds [batch] uint32, temperature [batch] float32,
-        top_k [batch] int32, top_p [batch] float32, max_new_tokens [batch] int32."""
+        """Abstract arguments after params of ``start``: tokens [batch, bucket] int32, then per row
+        lengths int32, seeds uint32, temperature float32, top_k int32, top_p float32, max_new int32."""
         per_row = [jnp.int32, jnp.uint32, jnp.float32, jnp.int32, jnp.float32, jnp.int32]
         tokens = jax.ShapeDtypeStruct((batch, bucket), jnp.int32)
         return (tokens, *(jax.ShapeDtypeStruct((batch,), dtype) for dtype in per_row))
 
     def decode_chunk_args(self, batch: int) -> tuple[DecodeState, jax.ShapeDtypeStruct]:
-        """Abstract arguments after params of ``decode_chunk`` for ``batch`` rows: (``DecodeState`` of
-        ``jax.ShapeDtypeStruct`` leaves, max_steps () int32); independent of the prompt bucket."""
+        """Abstract arguments after params of ``decode_chunk``: (DecodeState, max_steps () int32)."""
         state, _ = jax.eval_shape(self.programs.start, self.params, *self.start_args(self.buckets[0], batch))
         return state, jax.ShapeDtypeStruct((), jnp.int32)
 
@@ -256,8 +246,7 @@ class Engine:
         check_sampling(r.max_new_tokens, r.temperature, r.top_k, self.config.vocab_size, r.seed, cap, r.top_p)
 
     def generate(self, requests: list[Request]) -> list[Completion]:
-        """Every request's new tokens (at most ``max_batch_size`` requests). Raises ValueError as
-        ``check``."""
+        """Every request's new tokens. Raises ValueError as ``stream``."""
         done = [Completion([], self.prompt_tokens(r)) for r in requests]
         for chunk in self.stream(requests):
             for completion, tokens in zip(done, chunk):
@@ -287,8 +276,7 @@ class Engine:
             left = [n - int(c) for n, c in zip(left, counts)]
 
     def _inputs(self, requests: list[Request], bucket: int, batch: int) -> tuple[np.ndarray, ...]:
-        """Host arrays for ``start`` (shapes as ``start_args``): row i holds request i's prompt
-        window (``prompt_window``); padding rows get a one-byte prompt and no tokens to sample."""
+        """Host arrays for ``start`` (as ``start_args``); padding rows: a one-byte prompt, no new tokens."""
         tokens = np.zeros((batch, bucket), np.int32)
         lengths, seeds = np.ones(batch, np.int32), np.zeros(batch, np.uint32)
         temperature, top_k = np.zeros(batch, np.float32), np.full(batch, self.config.vocab_size, np.int32)
@@ -301,8 +289,8 @@ class Engine:
         return tokens, lengths, seeds, temperature, top_k, top_p, max_new
 
     def info(self) -> dict:
-        """JSON-able description: the model config (less the shared-block MLP's ``block_repeats``, which
-        a transformer does not read), source, settings, devices and compile time."""
+        """JSON-able description: model config (less fields a transformer does not read), source,
+        settings, devices and compile time."""
         return {
             "model": self.config.model_dump(exclude={"block_repeats", "remat", "scan_layers"}),
             "checkpoint": self.source,
@@ -319,8 +307,7 @@ class Engine:
 
 
 def check_keep(settings: EngineSettings, max_seq_len: int) -> int:
-    """The context_keep in force: settings' or max_seq_len // 2. ValueError outside 2..C, C =
-    ``context_len(max_seq_len)``."""
+    """The context_keep in force: settings' or max_seq_len // 2. ValueError outside 2..max_seq_len - 1."""
     keep, context = settings.context_keep or max(2, max_seq_len // 2), context_len(max_seq_len)
     if not 2 <= keep <= context:
         raise ValueError(f"context_keep must be in 2..{context} (max_seq_len - 1), got {keep}")
@@ -340,9 +327,8 @@ def compiled_buckets(settings: EngineSettings, max_seq_len: int) -> tuple[int, .
 
 
 def kv_generate(model, params, prompt: str, sampling: Sampling, context_keep: int | None = None) -> str:
-    """As ``generate`` with the KV-cache sampler in one compiled call; equal token for token while
-    prompt + output fit in max_seq_len - 1. Raises ValueError as ``generate``, or for ``context_keep``
-    outside 2..max_seq_len - 1."""
+    """``sampling.generate`` with the KV-cache sampler; equal token for token while prompt + output fit
+    in max_seq_len - 1. Raises ValueError as ``generate``, or as ``check_keep``."""
     sampling.check(model.config.vocab_size)
     encoded, new = encode_prompt(prompt), sampling.max_new_tokens
     prompt_window(encoded, 1)  # the empty-prompt error

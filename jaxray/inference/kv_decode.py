@@ -1,11 +1,8 @@
-"""Sampling with a KV cache: a prefill of the prompt, then one cached decode step per new token.
-
-Pure functions over the model's ``prefill``/``decode_step``: ``start`` prefills one length bucket
-and samples each row's first token; ``decode_chunk`` runs up to ``chunk`` steps in a
-``lax.while_loop``. Rows are independent; sampling matches ``jaxray.inference.sampling.sample`` key
-for key. A row reaching position C = S - 1 (``sampling.context_len``; S = max_seq_len) restarts from
-its newest ``keep`` tokens (re-prefilled at 0..keep-2); ``keep = C`` equals the full-recompute
-sliding window."""
+"""Sampling with a KV cache, pure functions over the model's ``prefill``/``decode_step``: ``start``
+prefills one length bucket and samples each row's first token; ``decode_chunk`` runs up to ``chunk``
+steps in a ``lax.while_loop``. Rows are independent; sampling matches ``sampling.sample`` key for key.
+A row reaching position C = S - 1 (``sampling.context_len``; S = max_seq_len) restarts from its
+newest ``keep`` tokens (re-prefilled at 0..keep-2); ``keep = C`` equals the full-recompute window."""
 
 from __future__ import annotations
 
@@ -69,9 +66,8 @@ def start(prefill: Prefill, params, tokens: jax.Array, lengths: jax.Array, *samp
 
 
 def _first_tokens(logits, lengths, cache, context, positions, seeds, temperature, top_k, top_p, max_new):
-    """Each row's first new token sampled from ``logits`` [B, T, V] at ``lengths - 1``, and the
-    DecodeState that goes on from it (``positions`` [B]: cache entries written); ``start``'s and
-    ``start_cached``'s shared end."""
+    """(DecodeState, first [B]): each row's first new token sampled from ``logits`` [B, T, V] at
+    ``lengths - 1``; ``positions`` [B]: cache entries written."""
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     rng = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(seeds)
     first, rng = next_tokens(last, rng, temperature, top_k, top_p)
@@ -92,9 +88,9 @@ def pool_cache(pool: jax.Array, table: jax.Array, hits: jax.Array, size: int) ->
 
 def start_cached(extend: Extend, params, pool: jax.Array, table, hits, tokens, lengths, context, *sampling):
     """``start`` after a cached prefix: row b's first ``hits[b]`` blocks of the pool (``pool_cache``),
-    then its prompt's rest ``tokens[b, :lengths[b]]`` ([B, T] int32, at positions hits[b] * Bk + 0..)
-    through ``extend`` (table [B, nb], hits [B], tokens [B, T], lengths [B] int32); ``context`` [B, S]
-    int32 the whole prompt windows. ``sampling`` and the result as ``start``'s."""
+    then its prompt's rest ``tokens[b, :lengths[b]]`` through ``extend`` at positions hits[b] * Bk + 0..
+    (table [B, nb], hits [B], tokens [B, T], lengths [B], context [B, S]: the whole prompt windows;
+    int32). ``sampling`` and the result as ``start``'s."""
     starts = hits * pool.shape[4]
     logits, cache = extend(params, tokens, starts, pool_cache(pool, table, hits, context.shape[1]))
     return _first_tokens(logits, lengths, cache, context, starts + lengths, *sampling)
@@ -136,9 +132,8 @@ def _slide(prefill: Prefill, params, state: DecodeState, full: jax.Array, keep: 
 
 
 def _slide_rows(prefill: Prefill, params, state: DecodeState, full: jax.Array, keep: int) -> DecodeState:
-    """``_slide`` one row at a time, prefilling only the rows where ``full`` is set: under continuous
-    batching rows reach the window's end at different steps, and ``_slide`` prefills every row of
-    the batch for each of them. Same values as ``_slide`` for those rows."""
+    """``_slide``'s values, prefilling only the rows where ``full`` is set, one at a time (under
+    continuous batching rows reach the window's end at different steps)."""
     size = state.context.shape[1]
     readable = context_len(size)
 
@@ -158,8 +153,7 @@ def _slide_rows(prefill: Prefill, params, state: DecodeState, full: jax.Array, k
 
 
 def _slide_where(prefill: Prefill, params, state: DecodeState, full: jax.Array, keep: int) -> DecodeState:
-    """The rows where ``full`` is set slid: none, a few (staggered, as serving admits them) one at a
-    time, more than a quarter of the batch (in step) together."""
+    """Slide the rows where ``full`` is set: up to a quarter of the batch one at a time, more together."""
     branch = jnp.where(jnp.any(full), 1 + (4 * jnp.sum(full) > full.shape[0]), 0)
     slides = [lambda s, slide=slide: slide(prefill, params, s, full, keep) for slide in (_slide_rows, _slide)]
     return jax.lax.switch(branch, [lambda s: s, *slides], state)
@@ -168,9 +162,9 @@ def _slide_where(prefill: Prefill, params, state: DecodeState, full: jax.Array, 
 def decode_chunk(
     prefill: Prefill, decode_step: DecodeStep, params, state: DecodeState, max_steps, chunk: int, keep: int
 ):
-    """Up to ``min(max_steps, chunk)`` decode steps, fewer once no row has tokens to sample.
-    ``keep`` (2..C, static): the window policy. Returns (state, tokens [B, chunk] int32, counts [B]
-    int32); row b's new tokens are ``tokens[b, :counts[b]]``."""
+    """Up to ``min(max_steps, chunk)`` decode steps, fewer once no row has tokens to sample; ``keep``
+    (2..C, static). Returns (state, tokens [B, chunk], counts [B]) int32; row b's new tokens are
+    ``tokens[b, :counts[b]]``."""
     readable = context_len(state.context.shape[1])
     rows = jnp.arange(state.pending.shape[0])
     limit = jnp.minimum(max_steps, chunk)

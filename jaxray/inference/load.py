@@ -1,10 +1,6 @@
-"""Where an engine comes from: the one dispatch between a checkpoint and an export artifact.
-
-A path holding ``manifest.json`` is an export artifact whose programs run in an ``Engine``; any other
-is a checkpoint, run folder or ``runs/<experiment>``. ``check_source`` checks without loading weights.
-
-  engine = load_engine("runs/demo")          # or "exports/demo"
-  engine.compile()"""
+"""Where an engine comes from: ``load_engine("runs/demo")`` (or ``"exports/demo"``). A path holding
+``manifest.json`` is an export artifact whose programs run in an ``Engine``; any other is a checkpoint,
+run folder or ``runs/<experiment>``. ``check_source`` checks without loading weights."""
 
 from __future__ import annotations
 
@@ -43,9 +39,8 @@ def check_checkpoint(
 
 
 def check_source(path: str | Path, settings: EngineSettings | None = None) -> Path:
-    """What ``load_engine`` would serve, checked without loading any weights: the artifact
-    directory (``settings`` checked against it, see ``settings_for``) or the resolved checkpoint.
-    Raises ArtifactError / CheckpointError / ValueError naming the path or the setting."""
+    """What ``load_engine`` would serve, checked without loading weights: the artifact directory
+    (``settings_for``) or the resolved checkpoint. ArtifactError / CheckpointError / ValueError."""
     if is_artifact(path):
         settings_for(read_artifact_manifest(path), settings)
         return Path(path)
@@ -70,10 +65,8 @@ def load_engine(path: str | Path | checkpoint.Verified, settings: EngineSettings
 
 
 def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:
-    """``settings`` checked against an artifact's manifest (None: the artifact's own). Every bucket
-    and batch size must have been exported; chunk and context_keep are compiled into the decode
-    programs and must be equal; an artifact has no prefix cache. Raises ValueError naming the
-    setting."""
+    """``settings`` (None: the artifact's own) checked against an artifact's manifest: buckets and batch
+    sizes exported, chunk and context_keep equal, no prefix cache. ValueError naming the setting."""
     size, keep = manifest["max_seq_len"], manifest["context_keep"]
     if settings is None:
         return EngineSettings(
@@ -111,9 +104,8 @@ def _decode_chunk(exported: dict, state_tree, params, state, max_steps):
 
 
 def engine_from_artifact(path: str | Path, settings: EngineSettings | None = None) -> Engine:
-    """An ``Engine`` whose programs call an artifact's exported functions; its params are the
-    artifact's flat weights. Raises ArtifactError (a ValueError) for a damaged artifact, ValueError
-    naming the setting when ``settings`` asks for programs the artifact lacks (``settings_for``)."""
+    """An ``Engine`` calling an artifact's exported functions, its params the flat weights. Raises
+    ArtifactError for a damaged artifact, ValueError as ``settings_for``."""
     artifact = load_artifact(path)
     config = ModelConfig.model_validate(artifact.manifest["model"])
     settings = settings_for(artifact.manifest, settings)

@@ -1,10 +1,9 @@
-"""Automatic prefix caching: the KV entries of prompt prefixes kept in blocks and reused.
+"""Automatic prefix caching (as vLLM's): the KV entries of prompt prefixes kept in blocks and reused.
 
-A prompt window's tokens are cut into blocks of ``block`` tokens; block j is named by the SHA-256
-chain of the blocks 0..j (its key), so a key stands for the whole prefix up to it, as in vLLM's
-automatic prefix caching. ``PrefixCache`` maps keys to slots of a fixed pool on the device
-(``kv_decode.store_blocks``/``start_cached``), evicting the least recently used; positions are
-absolute from the window's start, so a prefix's entries are the same in every prompt holding it."""
+A prompt window is cut into blocks of ``block`` tokens; block j's key is the SHA-256 chain of blocks
+0..j, so it stands for the whole prefix. ``PrefixCache`` maps keys to slots of a fixed device pool
+(``kv_decode.store_blocks``/``start_cached``), evicting the least recently used. Positions count from
+the window's start, so a prefix's entries are the same in every prompt holding it."""
 
 from __future__ import annotations
 
@@ -21,10 +20,9 @@ from jaxray.inference.settings import EngineSettings
 
 
 class PrefixCache:
-    """Keys of cached blocks -> pool slots, ``slots`` in all, least recently used first. Counts, as
-    vLLM's ``prefix_cache_queries``/``prefix_cache_hits`` do, the prompt tokens looked up
-    (``queries``) and those reused, not computed (``hits``), and the requests that reused some
-    (``hit_requests``). Not thread-safe (the engine's thread; other threads may read the counts)."""
+    """Keys of cached blocks -> pool slots, least recently used first. Counts (as vLLM's
+    ``prefix_cache_queries``/``_hits``) the prompt tokens looked up (``queries``), those reused
+    (``hits``) and the requests that reused some (``hit_requests``). Only the engine's thread writes."""
 
     def __init__(self, slots: int, block: int):
         if slots < 1 or block < 1:
@@ -44,8 +42,7 @@ class PrefixCache:
         return keys
 
     def lookup(self, keys: list[bytes]) -> list[int]:
-        """The slots of the longest cached run of ``keys`` from the first (a later block is of use
-        only after all before it), marked as just used."""
+        """The slots of the longest cached run of ``keys`` from the first, marked as just used."""
         found = []
         for key in keys:
             if key not in self._slot:
@@ -61,17 +58,9 @@ class PrefixCache:
         self.hits += hit_blocks * self.block
         self.hit_requests += hit_blocks > 0
 
-    def count_prompt(self, tokens: np.ndarray) -> int:
-        """The tokens of the prompt window ``tokens`` [n] int32 cached now (whole blocks, at least one
-        left to compute), its lookup counted."""
-        hit = min(len(self.lookup(self.keys(tokens))), (len(tokens) - 1) // self.block)
-        self.count(len(tokens), hit)
-        return hit * self.block
-
     def claim(self, keys: list[bytes], taken: set[bytes]) -> list[tuple[int, int]]:
-        """Slots for the blocks of ``keys`` not cached yet: [(block index, slot)], evicting the least
-        recently used keys, never one of ``taken`` (claimed by this batch; updated). Stops when
-        every slot is taken."""
+        """[(block index, slot)] for the blocks of ``keys`` not cached yet, evicting the least recently
+        used keys but never one of ``taken`` (this batch's; updated); stops when every slot is taken."""
         claimed = []
         for j, key in enumerate(keys):
             if key in self._slot:
@@ -87,8 +76,7 @@ class PrefixCache:
         return claimed
 
     def info(self) -> dict:
-        """JSON-able figures: blocks the pool holds, tokens per block, blocks in use, the counts
-        (tokens, requests)."""
+        """JSON-able figures: pool blocks, tokens per block, blocks in use, the counts."""
         return {
             "blocks": self.slots,
             "block_tokens": self.block,
@@ -100,16 +88,14 @@ class PrefixCache:
 
 
 def check_prefix_block(settings: EngineSettings, max_seq_len: int) -> None:
-    """ValueError naming prefix_block when the prefix cache is on and a block is not below
-    ``max_seq_len``."""
+    """ValueError naming prefix_block when the prefix cache is on and a block is not below max_seq_len."""
     if settings.prefix_cache_mib and settings.prefix_block >= max_seq_len:
         raise ValueError(f"prefix_block must be below max_seq_len {max_seq_len}, got {settings.prefix_block}")
 
 
 def new_pool(config: ModelConfig, settings: EngineSettings) -> tuple[PrefixCache, jax.Array]:
-    """(a PrefixCache, its pool [slots, L, 2, H, block, K] of zeros in the compute dtype) in
-    ``settings.prefix_cache_mib`` MiB. ValueError naming the setting when a block is too long for the
-    model, none fits, or the pool does not fit the device."""
+    """(PrefixCache, its pool [slots, L, 2, H, block, K] of zeros, compute dtype) in ``prefix_cache_mib``
+    MiB. ValueError naming the setting when a block is too long, none fits or the device lacks room."""
     mib, block = settings.prefix_cache_mib, settings.prefix_block
     check_prefix_block(settings, config.max_seq_len)
     shape = (config.num_layers, 2, config.num_heads, block, config.head_dim)
@@ -127,10 +113,9 @@ def new_pool(config: ModelConfig, settings: EngineSettings) -> tuple[PrefixCache
 def fit_hits(
     chains: list[int], lengths: np.ndarray, buckets: tuple[int, ...], block: int, size: int
 ) -> tuple[list[int], int]:
-    """(blocks each prompt reuses, the bucket its rest is prefilled in): each prompt of ``lengths``
-    tokens reuses up to its cached run of ``chains`` blocks, leaving at least one token to prefill
-    (its logits sample the first new token), and no more than lets the bucket fit in ``size``
-    positions after it (``write_span``); ``buckets`` end with ``size``."""
+    """(blocks each prompt reuses, the bucket its rest is prefilled in): up to its cached run of
+    ``chains`` blocks, leaving at least one of its ``lengths`` tokens to prefill (its logits sample the
+    first new token) and room for the bucket within ``size`` (``write_span``)."""
     hits = [min(chain, (int(n) - 1) // block) for chain, n in zip(chains, lengths)]
     while True:
         rest = max(int(n) - hit * block for n, hit in zip(lengths, hits))
@@ -144,10 +129,10 @@ def fit_hits(
 def plan_prefill(
     cache: PrefixCache, tokens: np.ndarray, lengths: np.ndarray, counted: list[bool], buckets: tuple[int, ...]
 ) -> tuple[list[list[bytes]], int, tuple[np.ndarray, ...] | None]:
-    """For a batch of prompt windows (``tokens`` [B, S] int32, ``lengths`` [B]; the first
-    ``len(counted)`` rows real): (each row's block keys, the bucket to prefill in,
-    ``kv_decode.start_cached``'s (table [B, nb], hits [B], rest [B, bucket], rest lengths [B]) or
-    None when no row reuses a block: a plain prefill). Counts the lookups ``counted`` says."""
+    """For prompt windows ``tokens`` [B, S] int32, ``lengths`` [B] (the first ``len(counted)`` rows
+    real): (each row's block keys, the bucket to prefill in, ``start_cached``'s (table [B, nb], hits
+    [B], rest [B, bucket], rest lengths [B]), or None when no row reuses a block). Counts the
+    lookups ``counted`` says."""
     size, requests = tokens.shape[1], len(counted)
     nb = size // cache.block
     keys = [cache.keys(tokens[i, : lengths[i]])[:nb] for i in range(requests)]
@@ -169,9 +154,8 @@ def plan_prefill(
 def store_plan(
     cache: PrefixCache, keys: list[list[bytes]], rows: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``kv_decode.store_blocks``'s (rows, blocks, slots) [``rows``] int32 for the blocks of ``keys``
-    (per batch row) not cached yet, padded with slot ``cache.slots`` (written nowhere); None when
-    there are none."""
+    """``store_blocks``'s (rows, blocks, slots) [``rows``] int32 for the blocks of ``keys`` (per batch
+    row) not cached yet, padded with slot ``cache.slots`` (written nowhere); None if there are none."""
     taken: set[bytes] = set()
     claimed = [(i, j, slot) for i, row in enumerate(keys) for j, slot in cache.claim(row, taken)]
     if not claimed:

@@ -1,10 +1,7 @@
 """Byte-level sampling: checks, prompt window and encoding shared by every sampler, the per-token
-draw and top-k mask, and the full-recompute sampler ``sample``.
-
-``sample`` recomputes the full window for every new byte inside one ``lax.fori_loop``; prompts keep
-their last ``context_len`` = max_seq_len - 1 bytes. The KV-cache sampler
-(``jaxray.inference.kv_decode``) uses the same ``draw`` and key schedule, so both give the same
-tokens for the same seed."""
+draw and masks, and the full-recompute sampler ``sample`` (the whole window per new byte, in one
+``lax.fori_loop``; prompts keep their last max_seq_len - 1 bytes). ``kv_decode`` uses the same
+``draw`` and key schedule, so both give the same tokens for the same seed."""
 
 from __future__ import annotations
 
@@ -87,9 +84,8 @@ def check_sampling(
     cap: int = MAX_NEW_TOKENS,
     top_p: float = 1.0,
 ) -> None:
-    """ValueError naming the argument if ``max_new_tokens`` is outside 1..cap (default
-    MAX_NEW_TOKENS), ``temperature`` is negative or not finite, ``top_k`` is outside 1..vocab_size,
-    ``top_p`` outside (0, 1], or ``seed`` outside 0..2**32 - 1."""
+    """ValueError naming the argument outside its range: ``max_new_tokens`` 1..cap, ``temperature``
+    finite >= 0, ``top_k`` 1..vocab_size, ``top_p`` (0, 1], ``seed`` 0..2**32 - 1."""
     if not 1 <= max_new_tokens <= cap:
         raise ValueError(f"max_new_tokens must be in 1..{cap}, got {max_new_tokens}")
     if not 0 <= seed <= MAX_SEED:
@@ -114,8 +110,7 @@ def encode_prompt(prompt: str) -> bytes:
 
 @dataclass(frozen=True)
 class Sampling:
-    """Options of both samplers' ``generate``: ``max_new_tokens``, ``temperature`` (0 is greedy),
-    ``top_k`` (None: all) and PRNG ``seed``."""
+    """Options of both samplers' ``generate``: temperature 0 is greedy, top_k None: all."""
 
     max_new_tokens: int
     temperature: float = 0.8
@@ -128,9 +123,8 @@ class Sampling:
 
 
 def generate(model, params, prompt: str, sampling: Sampling) -> str:
-    """The text sampled after ``prompt`` (the prompt itself not included). Invalid UTF-8 in the
-    sampled bytes becomes U+FFFD. Raises ValueError for an empty prompt, ``max_new_tokens`` < 1,
-    a negative or non-finite temperature, or ``top_k`` outside 1..vocab."""
+    """The text sampled after ``prompt`` (invalid UTF-8 becomes U+FFFD). Raises ValueError for an
+    empty prompt or as ``check_sampling``."""
     sampling.check(model.config.vocab_size)
     window, length = prompt_window(encode_prompt(prompt), context_len(model.config.max_seq_len))
     tokens_to_logits = jax.tree_util.Partial(model.apply, params)
@@ -141,8 +135,7 @@ def generate(model, params, prompt: str, sampling: Sampling) -> str:
 
 
 def printable(text: str) -> str:
-    """``text`` safe to print on a terminal: control characters other than newline and tab become
-    U+FFFD."""
+    """``text`` with control characters other than newline and tab replaced by U+FFFD."""
     return "".join(c if c in "\n\t" or c.isprintable() else "\ufffd" for c in text)
 
 

@@ -1,7 +1,6 @@
-"""The serving engine loop: continuous batching (``jaxray.inference.batcher``) driven from asyncio,
-fed by groups of requests (a Serve replica's ``@serve.batch`` calls). Between two decode calls the
-loop admits every waiting group, whole, that fits in the free rows, so requests join within one
-chunk. No Ray."""
+"""The serving engine loop: continuous batching (``batcher``) driven from asyncio, fed by groups of
+requests (a Serve replica's ``@serve.batch`` calls). Between two decode calls it admits every waiting
+group, whole, that fits in the free rows. No Ray."""
 
 from __future__ import annotations
 
@@ -54,9 +53,9 @@ class Scheduler:
             yield item
 
     def cancel(self, request: Request) -> bool:
-        """End ``request`` before its budget: a running one's row is freed before the next decode call;
-        one waiting, or not given to ``run`` yet, once admitted, after at most one chunk. Its group's
-        stream ends once its other requests are done. Returns whether it was running or waiting."""
+        """End ``request`` before its budget: before the next decode call if running, else once
+        admitted. Its group's stream ends with its other requests. Returns whether it was running or
+        waiting."""
         self._cancelled[id(request)] = request
         self._wake.set()
         return id(request) in self._tickets or any(r is request for g in self._waiting for r in g.requests)
@@ -97,9 +96,8 @@ class Scheduler:
                 await self._run(loop, None, self.batcher.step)
 
     async def _run(self, loop, admitted: list[_Group] | None, call, *args) -> None:
-        """``call`` on the engine thread, its updates sent to their groups: one list per group that got
-        tokens, each of its requests' new tokens ([] if none); a finished request leaves ``_tickets``.
-        On an engine error the groups involved get it and the running batch is reset."""
+        """``call`` on the engine thread, its updates sent to their groups (each request's new tokens);
+        on an engine error the groups involved get it and the running batch is reset."""
         try:
             updates: list[Update] = await loop.run_in_executor(self._thread, call, *args)
         except Exception as err:  # noqa: BLE001 - the handlers get the error, the loop goes on

@@ -21,10 +21,7 @@ from jaxray.argtypes import (
 
 
 class EngineSettings(BaseModel):
-    """What a replica compiles and accepts: ``buckets`` (prompt lengths; max_seq_len always added),
-    ``batch_sizes``, ``chunk`` (new tokens per decode call), ``max_new_tokens`` (per-request cap),
-    ``max_prompt_bytes``, ``context_keep`` (tokens kept when the window is full; default
-    max_seq_len // 2)."""
+    """What a replica compiles and accepts; the fields are described in ``OPTIONS``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
