@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from jaxray.argtypes import cli_parser
+from jaxray.argtypes import add_field_options, cli_parser, given_options
 from jaxray.inference.settings import EngineSettings, add_engine_options, engine_overrides
-from jaxray.serve.settings import AppArgs, add_replica_options, replica_overrides
+from jaxray.serve.settings import OPTIONS, AppArgs
 
 
 def _parser():
     p = cli_parser("prog", "test")
-    add_replica_options(p)
+    add_field_options(p, AppArgs, OPTIONS, OPTIONS)
     add_engine_options(p)
     return p
 
@@ -19,8 +19,8 @@ def _parser():
 def test_options_left_out_keep_the_models_defaults():
     args = _parser().parse_args(["--chunk", "8", "--batch-wait-ms", "2.5"])
     assert engine_overrides(args) == {"chunk": 8}
-    assert replica_overrides(args) == {"batch_wait_ms": 2.5}
-    app = AppArgs(checkpoint="x", **replica_overrides(args), engine=engine_overrides(args))
+    assert given_options(args, OPTIONS) == {"batch_wait_ms": 2.5}
+    app = AppArgs(checkpoint="x", **given_options(args, OPTIONS), engine=engine_overrides(args))
     assert app.engine == EngineSettings(chunk=8) and app.max_ongoing_requests == 256
 
 

@@ -24,9 +24,10 @@ from typing import Any, NoReturn
 import yaml
 from pydantic import ValidationError
 
-from jaxray.argtypes import cli_parser, port, positive_float
+from jaxray.argtypes import add_field_options, cli_parser, given_options, port, positive_float
 from jaxray.inference.settings import add_engine_options, engine_overrides
-from jaxray.serve.settings import AppArgs, add_replica_options, args_error, replica_overrides, with_checkpoint
+from jaxray.serve.settings import OPTIONS as REPLICA_OPTIONS
+from jaxray.serve.settings import AppArgs, args_error, with_checkpoint
 
 APP_NAME = "jaxray"
 IMPORT_PATH = "jaxray.serve.app:app_builder"  # the application of a config file (serve/config.yaml)
@@ -60,14 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Ray's and Serve's own INFO output too (default: their warnings and errors only)",
     )
-    add_replica_options(p)
+    add_field_options(p, AppArgs, REPLICA_OPTIONS, REPLICA_OPTIONS)  # each None unless given
     add_engine_options(p)
     return p
 
 
 def read_config(path: str, error: Callable[[str], NoReturn]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(http_options, args) of the Serve config ``path``: one ``IMPORT_PATH`` application with valid
-    AppArgs; ``error`` (exit 2) says what is wrong."""
+    """(http_options, args) of the Serve config ``path``, whose one ``IMPORT_PATH`` application has
+    valid AppArgs, else ``error`` (exit 2)."""
     from ray.serve.schema import ServeDeploySchema  # deferred: ray is heavy; --help stays fast
 
     try:
@@ -90,7 +91,8 @@ def app_args(args: argparse.Namespace, error: Callable[[str], NoReturn], base: d
     if not (args.checkpoint or base.get("checkpoint")):
         error("one of --checkpoint or --config is required")
     try:
-        given = {**base, "checkpoint": args.checkpoint or base["checkpoint"], **replica_overrides(args)}
+        given = {**base, "checkpoint": args.checkpoint or base["checkpoint"]}
+        given |= given_options(args, REPLICA_OPTIONS)
         parsed = AppArgs(**{**given, "engine": {**base.get("engine", {}), **engine_overrides(args)}})
     except ValidationError as err:
         error(args_error(err, option=True))
@@ -113,8 +115,8 @@ def check_port(host: str, port: int) -> str | None:
 
 
 def init_ray(verbose: bool = False) -> bool:
-    """Join the cluster ``RAY_ADDRESS`` names, else start a private local Ray (never joins on its
-    own); True if joined. Unless ``verbose``, Ray's and Serve's loggers show warnings and errors only."""
+    """Join the cluster ``RAY_ADDRESS`` names (True), else start a private local Ray (False). Unless
+    ``verbose``, Ray's and Serve's loggers show warnings and errors only."""
     import ray  # deferred: ray is heavy; --help and option errors stay fast
 
     level = logging.INFO if verbose else logging.WARNING
@@ -183,9 +185,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(app, http: dict[str, Any], verbose: bool, num_gpus: float, joined: bool) -> int:
-    """Deploy ``app`` on Serve's ``http`` options (too few GPUs: exit 2 on the private Ray, a warning
-    on a joined cluster), print the ready message and wait for Ctrl-C; the exit status. Then remove
-    our app from a joined cluster and stop the Ray this process started."""
+    """Deploy ``app`` on Serve's ``http`` options and wait for Ctrl-C; the exit status (too few GPUs:
+    2 on the private Ray, a warning on a joined cluster). Then remove our app and stop Ray."""
     import ray  # deferred: ray is heavy; --help and option errors stay fast
     from ray import serve  # deferred: as ray
 

@@ -1,6 +1,5 @@
-"""The Ray Serve application: ``app_builder`` (``serve run serve/config.yaml``, ``python -m
-jaxray.serve``) checks the arguments and the weights before anything is deployed, then binds
-``replica.JaxrayServer`` with the deployment options that keep faults short."""
+"""The Ray Serve application: ``app_builder`` (``serve run``, ``python -m jaxray.serve``) checks the
+arguments and weights before anything is deployed, then binds ``replica.JaxrayServer``."""
 
 # No `from __future__ import annotations`: kept like the route modules Serve reads.
 import os
@@ -31,8 +30,8 @@ SHUTDOWN_TIMEOUT_S = 3.0  # ... and is killed after this
 
 
 def deployment(args: AppArgs) -> serve.Deployment:
-    """``JaxrayServer`` with the options of ``args`` (``num_replicas``, or ``autoscaling_config`` checked
-    as Ray's ``AutoscalingConfig``: ValueError naming a bad key) and those that keep faults short."""
+    """``JaxrayServer`` with ``args``' replica policy (``autoscaling_config`` checked as Ray's
+    ``AutoscalingConfig``: ValueError naming a bad key) and the options that keep faults short."""
     policy: dict[str, Any] = {"num_replicas": args.num_replicas}
     if args.autoscaling_config is not None:
         if unknown := sorted(set(args.autoscaling_config) - set(AutoscalingConfig.model_fields)):
@@ -79,14 +78,13 @@ def build_app(args: AppArgs) -> Application:
             f"a batch could never fill"
         )
     server = deployment(args)  # checks the replica policy before any restore
-    # Replicas get the checkpoint resolved here, so a replacement serves the same one (a URI: each
-    # replica fetches it into its node's cache, and refuses it if it changed since this check).
+    # Resolved here, so a replacement replica serves the same one (a URI: fetched into each node's
+    # cache, refused if it changed since this check).
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
-    # Weights checked without a restore: a checkpoint's SHA-256 digests once, here (check_source;
-    # the replicas take it by its train_state.json's digest); an artifact's files against its
-    # manifest's digests, without JAX (a backend started here would be forked by ray.init's
-    # processes; the replica loads the programs).
+    # Weights checked without a restore: a checkpoint's digests once (check_source; replicas take it by
+    # its train_state.json's digest); an artifact's files against its manifest, without JAX (a backend
+    # started here would be forked by ray.init's processes).
     if is_artifact(source):
         read_verified(Path(source), read_artifact_manifest(source))
     # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
@@ -101,8 +99,8 @@ def build_app(args: AppArgs) -> Application:
 
 
 def app_builder(args: dict[str, Any]) -> Application:
-    """``import_path`` for ``serve run``: validates ``args`` (AppArgs, ``with_checkpoint``) and builds
-    the app. Raises ValueError naming the bad argument, CheckpointError / ArtifactError the file."""
+    """``import_path`` for ``serve run``: ``build_app`` of ``args`` validated (AppArgs, ``with_checkpoint``).
+    Raises ValueError naming the bad argument, CheckpointError / ArtifactError the file."""
     try:
         parsed = AppArgs.model_validate(with_checkpoint(args))
     except ValidationError as err:

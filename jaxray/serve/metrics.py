@@ -1,10 +1,7 @@
-"""Serving metrics where Ray exports them: ``ray.serve.metrics`` objects recorded in each replica and
-served in Prometheus text by the Ray metrics agent of every node (``metrics_url()``), with Ray's
-``ray_`` prefix and Serve's ``application``, ``deployment`` and ``replica`` labels. Names are vLLM's
-with ``jaxray_`` for ``vllm:`` (Ray drops names holding ``:``); ``EXPORTED`` lists them as scraped.
-HTTP requests by route template, method and status: Serve's own ``ray_serve_num_http_requests_total``.
-Values reach the scrape within Ray's report interval (``RAY_metrics_report_interval_ms``, 10 s by
-default). See docs/serving.md#metrics. No JAX."""
+"""Serving metrics: ``ray.serve.metrics`` objects recorded in each replica, scraped from every node's
+Ray metrics agent (``metrics_url()``) with the ``ray_`` prefix and Serve's labels, within Ray's report
+interval (10 s by default). Names are vLLM's with ``jaxray_`` for ``vllm:`` (Ray drops ``:``);
+``EXPORTED`` lists them as scraped. HTTP requests: Serve's ``ray_serve_num_http_requests_total``. No JAX."""
 
 from __future__ import annotations
 
@@ -56,8 +53,7 @@ EXPORTED = {
 
 
 class _Metrics:
-    """The metric objects of this process (one per replica, attributes named as in ``METRICS``), and
-    its running/waiting counts."""
+    """This process's (a replica's) metric objects, attributes named as in ``METRICS``."""
 
     def __init__(self):
         # Deferred: importing this module needs no Ray (routes.py has none); a replica has it.
@@ -73,7 +69,7 @@ class _Metrics:
         threading.Thread(target=self._refresh, name="jaxray-metrics-gauges", daemon=True).start()
 
     def move(self, model: str, waiting: int, running: int) -> None:
-        """Adds ``waiting`` and ``running`` (each -1, 0 or 1) to this process's counts of ``model``."""
+        """Adds ``waiting`` and ``running`` (each -1, 0 or 1) to the counts of ``model``."""
         with self.lock:
             counts = self.counts.setdefault(model, [0, 0])
             counts[:] = counts[0] + waiting, counts[1] + running
@@ -84,8 +80,7 @@ class _Metrics:
             gauge.set(value, tags={MODEL_TAG: model})
 
     def _refresh(self) -> None:
-        """Sets the gauges again every GAUGE_REFRESH_S (an idle replica at 0 would show no series),
-        and adds what each prefix cache counted since."""
+        """Sets the gauges again (an idle replica's 0 would age out) and adds the prefix caches' counts."""
         while True:
             time.sleep(GAUGE_REFRESH_S)
             with self.lock:
@@ -104,8 +99,7 @@ _create = threading.Lock()
 
 
 def _get() -> _Metrics:
-    """This process's metrics, created on first use (in a replica: inside its Serve context, which
-    gives them the application, deployment and replica labels)."""
+    """This process's metrics, created on first use (in a replica's Serve context: its labels)."""
     global _metrics
     with _create:
         _metrics = _metrics or _Metrics()
@@ -113,10 +107,8 @@ def _get() -> _Metrics:
 
 
 class RequestTimer:
-    """The metrics of one generation request, from its arrival at ``route`` (the path template, e.g.
-    ``"/v1/completions"``) for ``model`` (the ``model_name`` label), when it counts as waiting until
-    its first ``tokens``, to ``finish``. Times are ``time.perf_counter()`` seconds; methods called
-    after ``finish`` do nothing."""
+    """One generation request's metrics from its arrival at ``route`` (e.g. ``"/v1/completions"``) for
+    ``model``: waiting until its first ``tokens``, then running until ``finish``; no-ops after it."""
 
     __slots__ = ("_m", "_tags", "_start", "_last", "_done")
 
@@ -129,9 +121,8 @@ class RequestTimer:
         self._m.move(model, waiting=1, running=0)
 
     def tokens(self, n: int) -> None:
-        """``n`` new tokens produced now (one chunk; ``n`` <= 0 does nothing). The first chunk observes
-        the time to first token (s), moving the request from waiting to running; each later one the
-        inter-token latency, (seconds since the previous chunk) / ``n``."""
+        """A chunk of ``n`` new tokens now (``n`` <= 0: nothing): the first observes the TTFT (s), later
+        ones the inter-token latency, (seconds since the previous chunk) / ``n``."""
         if n <= 0 or self._done:
             return
         now = time.perf_counter()
@@ -144,9 +135,8 @@ class RequestTimer:
         self._m.generation_tokens.inc(n, tags=self._tags)
 
     def finish(self, prompt_tokens: int, finish_reason: str | None) -> None:
-        """The request ended (answered, failed or cancelled): observes the end-to-end latency (s) and
-        counts ``prompt_tokens`` and one request under ``finish_reason`` (None: ``"abort"``). Only the
-        first call counts."""
+        """The request ended (answered, failed or cancelled): observes the end-to-end latency (s), counts
+        ``prompt_tokens`` and one request under ``finish_reason`` (None: ``"abort"``). Once only."""
         if self._done:
             return
         self._done, m = True, self._m
@@ -157,12 +147,8 @@ class RequestTimer:
         m.success.inc(1, tags={**self._tags, "finished_reason": finish_reason or ABORTED})
 
 
-request_started = RequestTimer  # a generation request arrived: request_started(route, model)
-
-
 def watch_prefix_cache(model: str, cache) -> None:
-    """Export the token counts of ``cache`` (a ``jaxray.inference.prefix_cache.PrefixCache``, read as
-    the engine updates it) as ``prefix_cache_queries``/``prefix_cache_hits`` of ``model``."""
+    """Export ``cache``'s (a ``PrefixCache``) token counts as ``model``'s prefix_cache_queries and _hits."""
     m = _get()
     with m.lock:
         m.prefix[model] = (cache, [0, 0])

@@ -1,7 +1,6 @@
-"""The OpenAI surface (vLLM's field set where it applies to a byte model): ``/v1/models``,
-``/v1/completions`` and ``/v1/chat/completions``, called with the replica's request path as
-``server`` (``jaxray.serve.requests.RequestPath``). Chat renders ``messages`` as a play script
-(``render_chat``), the text the model was trained on. No Ray."""
+"""The OpenAI surface (vLLM's fields where they apply to a byte model): ``/v1/models``,
+``/v1/completions`` and ``/v1/chat/completions`` over the replica's ``RequestPath`` (``server``).
+Chat renders ``messages`` as a play script (``render_chat``), the text the model was trained on. No Ray."""
 
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.
 import asyncio
@@ -54,8 +53,7 @@ def neutral_words(field: str) -> str:
 
 
 class _OpenAI(SamplingRequest):
-    """The fields both OpenAI routes share (vLLM's names and defaults); ``NEUTRAL``'s accepted at
-    their neutral values."""
+    """The fields both OpenAI routes share (vLLM's names and defaults); ``NEUTRAL``'s at neutral values."""
 
     model: str | None = Field(None, description="the served model's id (GET /v1/models); null: that one")
     temperature: Temperature = 1.0  # OpenAI's default
@@ -160,8 +158,8 @@ def render_chat(messages: list[ChatMessage]) -> str:
 
 
 def models(server, model_id: str | None = None) -> dict[str, Any]:
-    """``GET /v1/models`` (a list of the one OpenAI ``model`` object), or ``/v1/models/{model_id}``;
-    ApiError 404 for another id."""
+    """``GET /v1/models`` (a list of the one ``model`` object), or ``/v1/models/{model_id}`` (ApiError
+    404 for another id)."""
     model = {"id": server.model_name, "object": "model", "created": int(server.started_unix)}
     model |= {"owned_by": "jaxray", "max_model_len": server.engine.context_len}
     if model_id is None:
@@ -204,7 +202,7 @@ def _usage(prompt_tokens: int, choices: list[Choice]) -> dict[str, int]:
 
 
 class _Reply:
-    """The id, object type and model of one request's answer or stream, and its ``choices`` entries."""
+    """One request's answer or stream: its id, object type and model, and its ``choices`` entries."""
 
     def __init__(self, server, chat: bool):
         self.kind = "chat.completion" if chat else "text_completion"
@@ -212,8 +210,7 @@ class _Reply:
         self.model, self.created = server.model_name, int(time.time())
 
     def choice(self, c: Choice, text: str, chunk: bool, done: bool = True) -> dict:
-        """One entry of ``choices`` for ``c``: text (completions), a message or a delta (chat); with
-        its finish and stop reasons once ``done``."""
+        """``c``'s entry: text (completions), a message or a delta (chat); its reasons once ``done``."""
         finish, stop = (c.finish_reason, c.stop_reason) if done else (None, None)
         end = {"logprobs": None, "finish_reason": finish, "stop_reason": stop}
         if self.kind == "text_completion":
@@ -244,8 +241,8 @@ async def _events(reply: _Reply, choices: list[Choice], req: _OpenAI, prompt_tok
 
 
 async def answer(server, http: HttpRequest, model: type[_OpenAI]):
-    """``POST /v1/completions`` (``CompletionRequest``) or ``/v1/chat/completions`` (``ChatRequest``)
-    through the request path ``server``. Raises ApiError naming the field."""
+    """``POST /v1/completions`` (``CompletionRequest``) or ``/v1/chat/completions`` (``ChatRequest``).
+    Raises ApiError naming the field."""
     req, choices, prompt_tokens = await server.choices(http, model)
     reply = _Reply(server, model is ChatRequest)
     if req.stream:

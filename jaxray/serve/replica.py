@@ -1,6 +1,5 @@
-"""One Ray Serve replica: a compiled ``Engine`` for the checkpoint or artifact ``build_app`` checked,
-Serve's batching feeding the scheduler that merges batches into its rows, and the HTTP routes of
-``routes.api`` over its request path (``jaxray.serve.requests``)."""
+"""One Ray Serve replica: a compiled ``Engine`` for what ``build_app`` checked, Serve's batching
+feeding the scheduler that merges batches into its rows, and ``routes.api`` over its ``RequestPath``."""
 
 # No `from __future__ import annotations`: FastAPI and Serve read the route annotations at runtime.
 import logging
@@ -18,7 +17,7 @@ from jaxray.checkpoint import remote
 from jaxray.inference.engine import Request
 from jaxray.inference.load import load_engine
 from jaxray.inference.scheduler import Scheduler
-from jaxray.serve import metrics, openai, playground  # noqa: F401 - playground registers GET /
+from jaxray.serve import metrics, openai
 from jaxray.serve.requests import RequestPath
 from jaxray.serve.routes import api, body_schema, generate
 from jaxray.serve.schema import GenerateRequest, GenerateResponse, Limits
@@ -29,9 +28,8 @@ MERGED_BATCHES = 16  # Serve batches in flight at once, merged by the scheduler
 
 
 def pin_compute(cpus: int | None) -> list[int]:
-    """Pin the calling thread (and threads it starts later, XLA's among them: jax-ml/jax#1539) to
-    ``cpus`` CPUs (None: all but one); returns them sorted, [] where the OS has no affinity call.
-    Raises ValueError when ``cpus`` exceeds the CPUs available."""
+    """Pin the calling thread and those it starts later (XLA's: jax-ml/jax#1539) to ``cpus`` CPUs (None:
+    all but one); returns them sorted ([]: no affinity call). ValueError past the CPUs available."""
     if not hasattr(os, "sched_setaffinity"):
         return []
     available = sorted(os.sched_getaffinity(0))
@@ -47,10 +45,8 @@ def pin_compute(cpus: int | None) -> list[int]:
 @serve.deployment
 @serve.ingress(api)
 class JaxrayServer:
-    """One replica: the engine, its compiled programs, and the HTTP routes over them. ``args`` as
-    ``build_app`` resolves them (the checkpoint found, ``max_batch_size`` <= max(engine.batch_sizes));
-    ``pin_cpus``: pin the compute threads (``pin_compute(args.compute_cpus)``); ``checkpoint_sha256``:
-    for a checkpoint, the SHA-256 of the ``train_state.json`` that ``build_app`` checked."""
+    """One replica. ``args`` as ``build_app`` resolves them; ``pin_cpus``: ``pin_compute(args.compute_cpus)``;
+    ``checkpoint_sha256``: for a checkpoint, the SHA-256 of the ``train_state.json`` build_app checked."""
 
     def __init__(self, args: AppArgs, pin_cpus: bool = True, checkpoint_sha256: str | None = None):
         self.started, self.started_unix = time.monotonic(), time.time()
@@ -66,10 +62,8 @@ class JaxrayServer:
         message = "jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s"
         details = (self.engine.buckets, settings.batch_sizes, self.engine.source, jax.devices())
         logger.info(message, report["programs"], report["compile_s"], *details)
-        model = (self.engine.config.vocab_size, self.engine.context_len)
-        self.limits = Limits(
-            settings.max_new_tokens, settings.max_prompt_bytes, *model, args.generation_timeout_s
-        )
+        model = (self.engine.config.vocab_size, self.engine.context_len, args.generation_timeout_s)
+        self.limits = Limits(settings.max_new_tokens, settings.max_prompt_bytes, *model)
         batch, wait_ms = args.max_batch_size, args.batch_wait_ms
         self.batching = {"max_batch_size": batch, "batch_wait_ms": wait_ms, "compute_cpus": cpus}
         self._batch.set_max_batch_size(batch)
@@ -90,7 +84,6 @@ class JaxrayServer:
         server = {**self.batching, "limits": vars(self.limits), "engine": self.scheduler.stats()}
         return {**self.engine.info(), "server": server}
 
-    # Each route hands the request to its function, with the request path (jaxray.serve.requests).
     @api.post("/generate", response_model=GenerateResponse, openapi_extra=body_schema(GenerateRequest))
     async def generate(self, http: HttpRequest):
         return await generate(self.path, http)

@@ -1,11 +1,11 @@
-"""A replica's request path, the same for every route (``/generate`` and the OpenAI ones): an HTTP
-body read no further than its limit, parsed and checked into engine requests (``n`` of them, seeds
-seed + i), and each request's new tokens streamed from the replica's batch as they come, recorded in
-the metrics. No JAX: the engine is only asked to check a request and count its prompt."""
+"""A replica's request path, shared by every route: an HTTP body read no further than its limit,
+checked into ``n`` engine requests (seeds seed + i), each streaming its new tokens from the replica's
+batch, recorded in the metrics. No JAX: the engine only checks a request and counts its prompt."""
 
 # No `from __future__ import annotations`: kept like the route modules FastAPI reads.
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -34,24 +34,19 @@ async def drain(results: AsyncIterator, read: asyncio.Future | None = None) -> N
             pass
 
 
+@dataclasses.dataclass(eq=False)
 class RequestPath:
-    """What the routes need of a replica: the served ``model_name``, when it started
-    (``started_unix``), ``engine`` and ``limits``; ``choices`` turns a request body into ``Choice``s
-    whose tokens come from ``batch`` (the replica's Serve-batched call: an engine request -> an async
+    """What the routes need of a replica; ``choices`` turns a request body into ``Choice``s whose
+    tokens come from ``batch`` (the replica's Serve-batched call: an engine request -> an async
     iterator of ``(tokens, done)``); ``scheduler`` frees the row of a request whose reader left."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        scheduler: Scheduler,
-        limits: Limits,
-        model_name: str,
-        started_unix: float,
-        batch: Callable[[Request], AsyncIterator],
-    ) -> None:
-        self.engine, self.scheduler, self.limits = engine, scheduler, limits
-        self.model_name, self.started_unix, self._batch = model_name, started_unix, batch
-        self._draining: set[asyncio.Task] = set()  # keeps drain tasks from being collected
+    engine: Engine
+    scheduler: Scheduler
+    limits: Limits
+    model_name: str  # the served model's id
+    started_unix: float  # when the replica started
+    batch: Callable[[Request], AsyncIterator]
+    _draining: set[asyncio.Task] = dataclasses.field(default_factory=set, init=False)  # held: not GC'd
 
     def check_model(self, model: str | None) -> None:
         """ApiError 404 unless ``model`` is None or the id served here."""
@@ -100,8 +95,8 @@ class RequestPath:
         in the metrics of ``route`` from the first read; its end is "length" at the budget, else
         ``ended()`` when the reader closes it ("stop" at a stop sequence; None: "abort"). Raises
         ApiError 504 past ``deadline`` (``time.monotonic()`` s; None: none)."""
-        timer = metrics.request_started(route, self.model_name)
-        results, prompt_tokens = self._batch(request), self.engine.prompt_tokens(request)
+        timer = metrics.RequestTimer(route, self.model_name)
+        results, prompt_tokens = self.batch(request), self.engine.prompt_tokens(request)
         # Each read is a task of its own, awaited through a shield: a reader cancelled mid-read (its
         # client left) must not cancel Serve's future, or Serve's batching orphans the next one
         # ("Future exception was never retrieved: StopAsyncIteration"); ``drain`` ends the read.

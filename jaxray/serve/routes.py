@@ -1,13 +1,15 @@
-"""The HTTP side of the Serve app: the FastAPI ``api``, its JSON error handlers and SSE streams.
-Handlers are methods of ``jaxray.serve.replica.JaxrayServer``; ``generate`` is /generate's. No JAX."""
+"""The HTTP side of the Serve app: the FastAPI ``api``, its JSON error handlers, SSE streams and
+``GET /``, the playground (``playground.html``: one self-contained page, no outside assets, streaming
+``POST /generate``). Handlers are methods of ``jaxray.serve.replica.JaxrayServer``. No JAX."""
 
 # No `from __future__ import annotations`: FastAPI reads handler signatures at runtime.
 import logging
 import time
 from collections.abc import AsyncIterator
+from importlib.resources import files
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
@@ -22,6 +24,12 @@ ROUTES = (
     "GET / (the playground), GET /healthz, GET /info, POST /generate, GET /v1/models, "
     "GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions"
 )
+PAGE = files("jaxray.serve").joinpath("playground.html").read_text(encoding="utf-8")
+
+
+@api.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def playground() -> HTMLResponse:
+    return HTMLResponse(PAGE)
 
 
 @api.exception_handler(ApiError)
@@ -49,8 +57,7 @@ def body_schema(model: type[BaseModel]) -> dict:
 
 
 async def guarded(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``events`` (SSE), then an SSE error event if the engine fails or the generation times out
-    (``ApiError``) mid-stream, which ends it."""
+    """``events`` (SSE), ended by an error event if the engine fails or times out (ApiError) mid-stream."""
     try:
         async for event in events:
             yield event
@@ -62,9 +69,8 @@ async def guarded(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 async def generate_events(choice, usage: dict, start: float) -> AsyncIterator[bytes]:
-    """/generate's stream of ``choice`` (a ``jaxray.inference.detokenize.Choice``): ``{"text"}``
-    events, then ``{"done": true, **usage, "new_tokens", "latency_ms"}`` (``start``:
-    ``time.perf_counter()`` at arrival)."""
+    """/generate's stream of ``choice``: ``{"text"}`` events, then ``{"done": true, **usage,
+    "new_tokens", "latency_ms"}`` (``start``: ``time.perf_counter()`` at arrival)."""
     async for piece in choice.pieces():
         yield sse({"text": piece})
     latency_ms = (time.perf_counter() - start) * 1e3
@@ -72,8 +78,8 @@ async def generate_events(choice, usage: dict, start: float) -> AsyncIterator[by
 
 
 async def generate(path, http: HttpRequest):
-    """``POST /generate`` through the replica's request path ``path`` (``jaxray.serve.requests``):
-    one choice, as JSON (``GenerateResponse``) or, with ``stream``, SSE (``generate_events``)."""
+    """``POST /generate`` through the replica's ``RequestPath``: one choice, as JSON (``GenerateResponse``)
+    or, with ``stream``, SSE (``generate_events``)."""
     start = time.perf_counter()
     req, [choice], prompt_tokens = await path.choices(http, GenerateRequest)
     usage = {"prompt_tokens": prompt_tokens}

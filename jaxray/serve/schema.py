@@ -1,8 +1,7 @@
-"""HTTP request/response shapes of the Serve app, and the one error format every refusal uses.
-
-Requests are strict pydantic models parsed from the body bytes (``parse``); server-dependent
-``Limits`` travel as validation context. Refusals are 4xx with OpenAI's error shape
-``{"error": {"message", "type", "param", "code"}}`` plus ``field`` (= ``param``) and ``allowed``."""
+"""HTTP request/response shapes of the Serve app: strict pydantic models parsed from the body bytes
+(``parse``) under the server's ``Limits`` (the validation context). Refusals are 4xx in OpenAI's
+error shape ``{"error": {"message", "type", "param", "code"}}``, plus ``field`` (= ``param``) and
+``allowed``."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ class Limits:
 
     @property
     def max_body_bytes(self) -> int:
-        """Bodies longer than this are refused unread (413): at most 6 JSON characters per prompt
-        byte plus room for the other fields."""
+        """Longer bodies are refused unread (413): 6 JSON characters per prompt byte, 4 KiB for the rest."""
         return 6 * self.max_prompt_bytes + 4096
 
 
@@ -47,7 +45,6 @@ class ApiError(Exception):
         self.status, self.field, self.message, self.allowed = status, field, message, allowed
 
     def body(self) -> dict[str, Any]:
-        """The JSON error body (see the module docstring)."""
         kind = ERROR_TYPES.get(self.status, "server_error")
         error = {"message": self.message, "type": kind, "param": self.field, "code": self.status}
         return {"error": {**error, "field": self.field, "allowed": self.allowed}}
@@ -203,16 +200,16 @@ def prompt_bytes(model: type[SamplingRequest], req: SamplingRequest, limits: Lim
         raise ApiError(400, field, message, allowed(model, field, limits)) from None
     if len(prompt) > (limit := limits.max_prompt_bytes):
         message = f"the rendered prompt is {len(prompt)} UTF-8 bytes, over the limit of {limit}"
-        raise ApiError(400, field, message, allowed(model, field, limits))
     # A completion reads its prompt's last bytes (a window); a chat cut so would lose its system
     # message and first turns unsaid, so it is refused, as vLLM refuses prompts past max_model_len.
-    if field == "messages" and limits.context_len is not None and len(prompt) > limits.context_len:
+    elif field == "messages" and limits.context_len is not None and len(prompt) > limits.context_len:
         message = (
             f"the rendered chat is {len(prompt)} UTF-8 bytes; the model reads at most "
             f"{limits.context_len} (max_model_len): shorten or drop earlier messages"
         )
-        raise ApiError(400, field, message, allowed(model, field, limits))
-    return prompt
+    else:
+        return prompt
+    raise ApiError(400, field, message, allowed(model, field, limits))
 
 
 def sse(data: Any) -> bytes:

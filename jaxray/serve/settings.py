@@ -3,7 +3,6 @@ command-line options. Imports neither JAX nor Ray, so ``--help`` stays fast."""
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Annotated, Any
 
@@ -11,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.types import NonNegativeFloat, PositiveFloat, PositiveInt, StrictFloat, StrictInt
 
 from jaxray import argtypes
-from jaxray.argtypes import add_field_options, given_options, json_object, non_negative_float, positive_int
+from jaxray.argtypes import json_object, non_negative_float, positive_int
 from jaxray.inference.settings import EngineSettings
 
 # Serve config files do not expand environment variables: ``with_checkpoint`` reads this.
@@ -20,8 +19,8 @@ DEFAULT_CHECKPOINT = "runs/demo"
 
 
 class AppArgs(BaseModel):
-    """The ``args`` of ``serve/config.yaml`` (and of ``python -m jaxray.serve``); ``OPTIONS`` below
-    describes each replica field."""
+    """The ``args`` of ``serve/config.yaml`` (and of ``python -m jaxray.serve``); ``OPTIONS`` describes
+    the replica fields."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -58,7 +57,7 @@ def with_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     return {**args, "checkpoint": os.environ.get(CHECKPOINT_ENV) or DEFAULT_CHECKPOINT}
 
 
-# AppArgs' replica fields as command-line options (jaxray.argtypes.add_field_options).
+# AppArgs' replica fields as command-line options (argtypes.add_field_options, given_options).
 OPTIONS: argtypes.FieldOptions = {
     "max_batch_size": (positive_int, "requests decoded together", "the largest of --batch-sizes"),
     "batch_wait_ms": (non_negative_float, "how long a batch waits to fill, ms", ""),
@@ -87,16 +86,6 @@ OPTIONS: argtypes.FieldOptions = {
     ),
     "served_model_name": (str, "the model's id in GET /v1/models and in OpenAI requests' model", ""),
 }
-
-
-def add_replica_options(parser: argparse.ArgumentParser) -> None:
-    """Add ``OPTIONS`` to ``parser``; each defaults to None (AppArgs' default applies)."""
-    add_field_options(parser, AppArgs, OPTIONS, OPTIONS)
-
-
-def replica_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """{AppArgs field: value} for the replica options given on the command line."""
-    return given_options(args, OPTIONS)
 
 
 def args_error(err: ValidationError, option: bool = False) -> str:

@@ -23,7 +23,7 @@ from ray import serve
 
 from jaxray.inference.prefix_cache import PrefixCache
 from jaxray.serve import metrics
-from jaxray.serve.metrics import metrics_url, request_started
+from jaxray.serve.metrics import RequestTimer, metrics_url
 
 MODEL = "tiny"
 ROUTE = "/v1/completions"
@@ -61,7 +61,7 @@ def tiny_app(replicas: int):
         @api.post(ROUTE)
         async def complete(self, body: dict) -> dict:
             prompt, chunks = body["prompt"], body["chunks"]
-            timer = request_started(ROUTE, MODEL)
+            timer = RequestTimer(ROUTE, MODEL)
             self.prefix.count(len(prompt), 1)  # each request reuses one block of 2 tokens
             try:
                 await asyncio.sleep(body.get("wait_s", 0))
@@ -81,7 +81,7 @@ def tiny_app(replicas: int):
 def test_a_timer_moves_its_request_from_waiting_to_running_to_done_once():
     counts = metrics._get().counts  # this process's gauges (recorded nowhere without Ray)
     try:
-        timer = request_started(ROUTE, "bookkeeping")
+        timer = RequestTimer(ROUTE, "bookkeeping")
         assert counts["bookkeeping"] == [1, 0]
         timer.tokens(0)  # no token yet
         assert counts["bookkeeping"] == [1, 0]
@@ -92,7 +92,7 @@ def test_a_timer_moves_its_request_from_waiting_to_running_to_done_once():
         timer.finish(5, None)
         timer.tokens(1)
         assert counts["bookkeeping"] == [0, 0]
-        request_started(ROUTE, "bookkeeping").finish(0, None)  # ended before a token: not waiting
+        RequestTimer(ROUTE, "bookkeeping").finish(0, None)  # ended before a token: not waiting
         assert counts["bookkeeping"] == [0, 0]
     finally:  # else this process re-sets its gauges, exported should it start Ray later
         with metrics._get().lock:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from jaxray.serve import playground
-from jaxray.serve.routes import api
+from jaxray.serve.routes import PAGE, api, playground
 
 IDS = ("prompt", "temperature", "top_k", "max_tokens", "seed", "generate", "output", "ttft", "tps", "error")
 
@@ -15,13 +14,13 @@ IDS = ("prompt", "temperature", "top_k", "max_tokens", "seed", "generate", "outp
 def test_get_slash_answers_the_page():
     [route] = [r for r in api.routes if getattr(r, "path", None) == "/"]
     assert route.methods == {"GET"} and not route.include_in_schema
-    response = asyncio.run(playground.playground())
+    response = asyncio.run(playground())
     assert response.status_code == 200 and response.media_type == "text/html"
-    assert response.body.decode() == playground.PAGE
+    assert response.body.decode() == PAGE
 
 
 def test_the_page_is_self_contained_and_has_its_controls():
-    page = playground.PAGE
+    page = PAGE
     for name in IDS:
         assert f'id="{name}"' in page, name
     assert ">ROMEO:</textarea>" in page and 'fetch("generate"' in page
