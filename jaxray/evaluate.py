@@ -9,7 +9,6 @@ Writes summary.json (and MLP PNGs) to ``--out`` (default ``runs/eval/<name>``).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import sys
@@ -100,20 +99,11 @@ def evaluate_classifier(model: Model, params: Any, held_out: Arrays, global_batc
 
 
 def evaluate_language_model(
-    model: Model,
-    params: Any,
-    held_out: Arrays,
-    global_batch: int,
-    mesh: Mesh,
-    prompt: str = "ROMEO:",
-    max_new_tokens: int = 200,
-    temperature: float = 0.8,
-    seed: int = 0,
+    model: Model, params: Any, held_out: Arrays, batch: int, mesh: Mesh, prompt: str, sampling: Sampling
 ) -> dict:
     """Validation ``loss`` (nats per byte), ``perplexity`` = exp(loss), ``bits_per_byte`` = loss / ln 2,
     byte ``accuracy``, ``count`` (sequences) and a ``sample`` of ``max_new_tokens`` bytes after ``prompt``."""
-    metrics = evaluate(jit_eval_step(model, mesh), params, held_out, global_batch, mesh)
-    sample = generate(model, params, prompt, Sampling(max_new_tokens, temperature, seed))
+    metrics = evaluate(jit_eval_step(model, mesh), params, held_out, batch, mesh)
     return {
         "loss": metrics["loss"],
         "perplexity": metrics["perplexity"],
@@ -121,10 +111,10 @@ def evaluate_language_model(
         "accuracy": metrics["accuracy"],
         "count": metrics["count"],
         "prompt": prompt,
-        "max_new_tokens": max_new_tokens,
-        "temperature": temperature,
-        "seed": seed,
-        "sample": sample,
+        "max_new_tokens": sampling.max_new_tokens,
+        "temperature": sampling.temperature,
+        "seed": sampling.seed,
+        "sample": generate(model, params, prompt, sampling),
     }
 
 
@@ -142,7 +132,8 @@ def run(
     """Evaluate the checkpoint ``path`` names and write summary.json (and MLP figures) under ``out``;
     returns the summary. Raises CheckpointError, ConfigError, ValueError, DataFileError and
     ResultsWriteError (nothing in ``out`` changed)."""
-    Sampling(max_new_tokens, temperature, seed).check()
+    sampling = Sampling(max_new_tokens, temperature, seed)
+    sampling.check()
     prompt_window(encode_prompt(prompt), 1)  # an empty prompt fails here, not after the restore
     if data_dir is not None and not Path(data_dir).is_dir():  # else a typo falls to the default search
         raise ConfigError(f"--data-dir {data_dir} is not a directory")
@@ -166,9 +157,7 @@ def run(
         if trial.model.workload != "transformer":
             result = evaluate_classifier(model, params, held_out, batch, mesh)
             return write_results(out, *_classifier_files(head | result, held_out, out))
-        sampled = evaluate_language_model(
-            model, params, held_out, batch, mesh, prompt, max_new_tokens, temperature, seed
-        )
+        sampled = evaluate_language_model(model, params, held_out, batch, mesh, prompt, sampling)
         return write_results(out, head | {"seq_len": trial.data.seq_len} | sampled, {})
 
 
@@ -227,7 +216,7 @@ def format_summary(s: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = cli_parser("python -m jaxray.evaluate", "Evaluate a saved checkpoint.")
-    p.add_argument("--checkpoint", required=True, help=CHECKPOINT_HELP)
+    p.add_argument("--checkpoint", dest="path", metavar="CHECKPOINT", required=True, help=CHECKPOINT_HELP)
     p.add_argument(
         "--workload",
         choices=WORKLOADS,
@@ -235,7 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--out",
-        default=argparse.SUPPRESS,
         help="output folder, created once the results are ready (default: runs/eval/<name>, one "
         "per checkpoint: the checkpoint folder's name, or <trial>/<checkpoint_...> for a Ray Train "
         "checkpoint, under <experiment>/<run>/ in a run folder)",
@@ -257,17 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="transformer: PRNG seed of the sample")
     args = p.parse_args(argv)
     try:
-        summary = run(
-            args.checkpoint,
-            getattr(args, "out", None),
-            args.data_dir,
-            args.workload,
-            prompt=args.prompt,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            seed=args.seed,
-            overwrite=args.overwrite,
-        )
+        summary = run(**vars(args))
     except (checkpoint.CheckpointError, ConfigError, ValueError, DataFileError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

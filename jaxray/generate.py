@@ -42,29 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def sampling_options(args: argparse.Namespace) -> Sampling:
-    """--max-new-tokens, --temperature, --seed and --top-k."""
-    return Sampling(args.max_new_tokens, args.temperature, args.seed, args.top_k)
-
-
-def checked_checkpoint(args: argparse.Namespace) -> checkpoint.Verified:
-    """The transformer checkpoint ``args`` name, every option checked before anything is restored.
-    Raises ValueError naming the option, CheckpointError naming the path."""
-    sampling_options(args).check()
+def sample_text(args: argparse.Namespace) -> str:
+    """The text sampled after ``args.prompt`` (prompt excluded), every option checked before anything is
+    restored; the checkpoint is named on stderr. Raises ValueError naming the option, CheckpointError
+    naming the path."""
+    sampling = Sampling(args.max_new_tokens, args.temperature, args.seed, args.top_k)
+    sampling.check()
     prompt_window(encode_prompt(args.prompt), 1)  # an empty prompt fails before the restore
     if args.context_keep is not None and args.sampler == "full":
         raise ValueError("--context-keep applies to --sampler kv only")
     opened = runs.open_checkpoint(args.checkpoint, workload="transformer")
     opened.require("transformer", "sampled")
-    return opened
-
-
-def sample_text(args: argparse.Namespace) -> str:
-    """The text sampled after ``args.prompt`` (prompt excluded); the checkpoint is named on stderr."""
-    opened = checked_checkpoint(args)
     print(checkpoint_line.describe(opened.path), file=sys.stderr, flush=True)
     model, params = checkpoint.restore(opened)
-    sampling = sampling_options(args)
     if args.sampler == "kv":
         return kv_generate(model, params, args.prompt, sampling, args.context_keep)
     return generate(model, params, args.prompt, sampling)

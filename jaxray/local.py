@@ -13,7 +13,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from jaxray import argtypes as at
 from jaxray.config import ConfigError, TrialConfig, parse_trial
@@ -80,17 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataFileError, CheckpointError, local_run.LocalRunError) as err:
         print(f"error: {err}", file=sys.stderr)  # CheckpointError: a damaged or unwritable checkpoint
         return 2
-    print(json.dumps(_shown(summary)))
+    keys = ("name", "val_loss", "final_train_loss", "steps", "ms_per_step", "tokens_per_sec", "compile_s")
+    print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
     print(f"written: {out}")
     if "diverged_step" in summary:
         print(f"error: the trial diverged at step {summary['diverged_step']}", file=sys.stderr)
         return 1
     return 0
-
-
-def _shown(summary: dict[str, Any]) -> dict[str, Any]:
-    keys = ("name", "val_loss", "final_train_loss", "steps", "ms_per_step", "tokens_per_sec", "compile_s")
-    return {k: summary.get(k) for k in keys if k in summary}
 
 
 if __name__ == "__main__":

@@ -324,11 +324,6 @@ def trial_without_checkpoint(folder: Path) -> str:
     return f"{where} (its checkpoints were removed)"
 
 
-def resolve(path: str | Path, workload: str | None = None) -> Path:
-    """The folder of ``open_checkpoint(path, workload)``: verified, for commands that read it whole."""
-    return open_checkpoint(path, workload).path
-
-
 def open_checkpoint(
     path: str | Path | checkpoint.Verified, workload: str | None = None
 ) -> checkpoint.Verified:

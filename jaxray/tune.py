@@ -162,29 +162,26 @@ def load_resume(path: Path, overrides: dict[str, Any] | None = None) -> tuple[Ex
     return load_experiment(run / EXPERIMENT_FILE, overrides), run
 
 
-def check_batches(exp: ExperimentConfig, rows: dict[str, int]) -> None:
-    """Every grid point's global batch must fit in the training rows (``rows``: per workload);
-    otherwise no worker would ever see a full batch. Raises ConfigError naming the sweep and the sizes."""
+def check_batches(exp: ExperimentConfig, firsts: dict[str, TrialConfig], arrays: dict[str, tuple]) -> None:
+    """Every grid point's global batch must fit in its sweep's training rows (``arrays``' train split,
+    else the Parquet folder's manifest), or no worker would see a full batch. Raises ConfigError
+    naming the sweep and the sizes, or ``data.parquet`` when a folder is missing, damaged, holds
+    another dataset or another seq_len."""
     for i, sweep in enumerate(exp.sweeps):
-        for batch in sweep.axes()["global_batch"]:
-            if batch > rows[sweep.workload]:
-                raise ConfigError(
-                    f"sweeps.{i}.search_space.global_batch: {batch} is larger than the "
-                    f"{rows[sweep.workload]} training rows of {sweep.workload}"
-                )
-
-
-def parquet_rows(firsts: dict[str, TrialConfig]) -> dict[str, int]:
-    """Each sweep's training rows from its prepared Parquet folder's manifest (``data.parquet``;
-    ``firsts``: ``first_trials``). Raises ConfigError naming ``data.parquet`` when a folder is
-    missing, damaged, holds another dataset or another seq_len."""
-    rows = {}
-    for workload, trial in firsts.items():
         try:
-            rows[workload] = parquet_folder(trial)[1].split("train").rows
+            rows = (
+                parquet_folder(firsts[sweep.workload])[1].split("train").rows
+                if exp.data.parquet
+                else num_rows(arrays[sweep.workload][0])
+            )
         except ManifestError as err:
             raise ConfigError(f"data.parquet: {err}") from None
-    return rows
+        for batch in sweep.axes()["global_batch"]:
+            if batch > rows:
+                raise ConfigError(
+                    f"sweeps.{i}.search_space.global_batch: {batch} is larger than the "
+                    f"{rows} training rows of {sweep.workload}"
+                )
 
 
 def first_trials(plans: list[TrialPlan]) -> dict[str, TrialConfig]:
@@ -214,12 +211,7 @@ def prepare(
     firsts = first_trials(plans)
     # Each sweep's (train, held-out) arrays, loaded and verified once, before Ray starts.
     arrays = {} if exp.data.parquet else {w: load_arrays(trial) for w, trial in firsts.items()}
-    check_batches(
-        exp,
-        parquet_rows(firsts)
-        if exp.data.parquet
-        else {w: num_rows(train) for w, (train, _) in arrays.items()},
-    )
+    check_batches(exp, firsts, arrays)
     if out is None:
         out = new_run(Path(args.out or Path("runs") / exp.experiment))
         exp = with_run_storage(exp, out)
@@ -273,7 +265,11 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     print(markdown_summary(rows, ranking), file=terminal.out())
     print(f"results in {out}", file=terminal.out())
     failed = [r["trial"] for r in rows if r.get("error")]
-    hints = next_steps(out if failed or latest(out.parent) != out else out.parent, rows)
+    try:
+        newest = latest_run(out.parent)
+    except RunFolderError:
+        newest = None
+    hints = next_steps(out if failed or newest != out else out.parent, rows)
     if hints:
         print(hints, file=terminal.out())
     if failed:
@@ -288,14 +284,6 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
         )
         return 1
     return 0
-
-
-def latest(experiment_dir: Path) -> Path | None:
-    """The run ``experiment_dir`` resolves to (``runs.latest_run``), None when none."""
-    try:
-        return latest_run(experiment_dir)
-    except RunFolderError:
-        return None
 
 
 def next_steps(out: Path, rows: list[dict]) -> str:
@@ -328,15 +316,12 @@ def run_sweeps(exp: ExperimentConfig, plans: list[TrialPlan], out: Path, arrays:
         if unfinished:
             print(
                 f"error: the {sweep.workload} sweep stopped with {unfinished} trial(s) unfinished "
-                f"(interrupted, or a trial's driver lost with its node){resume_hint(out)}",
+                f"(interrupted, or a trial's driver lost with its node); the state is saved. Resume "
+                f"with: {RESUME} {out}",
                 file=terminal.err(),
             )
             return INTERRUPTED
     return report(out, exp, results)
-
-
-def resume_hint(out: Path) -> str:
-    return f"; the state is saved. Resume with: {RESUME} {out}"
 
 
 def full_disk(out: Path, err: Exception) -> str | None:
@@ -375,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return run_sweeps(exp, plans, out, arrays, args.resume is not None)
         except KeyboardInterrupt:
-            print(f"error: interrupted{resume_hint(out)}", file=terminal.err())
+            print(f"error: interrupted; the state is saved. Resume with: {RESUME} {out}", file=terminal.err())
             return INTERRUPTED
         except Exception as err:
             message = full_disk(out, err)

@@ -72,28 +72,28 @@ def test_the_default_and_the_saved_metric_disagree_and_the_saved_one_wins(tmp_pa
     ranking = runs.saved_ranking(folder)
     assert ranking == {"mlp": ("test_loss", "min")}  # mode follows the metric when not given
     assert runs.best_trial(ROWS, "mlp", ranking)["trial"] == "calm"
-    assert runs.resolve(folder) == folder / ROWS[1]["checkpoint"]
-    assert runs.resolve(folder) == folder / ROWS[1]["checkpoint"]
+    assert runs.open_checkpoint(folder).path == folder / ROWS[1]["checkpoint"]
+    assert runs.open_checkpoint(folder).path == folder / ROWS[1]["checkpoint"]
     assert best_named_in_summary_md(ROWS, ranking) == "calm"
 
 
 def test_an_explicit_mode_is_honoured(tmp_path, stored):
     folder = populate(sweep_folder(tmp_path, ROWS, metric="test_loss", mode="max"), ROWS, stored)
     assert runs.saved_ranking(folder) == {"mlp": ("test_loss", "max")}
-    assert runs.resolve(folder).parent.name == "bad"
+    assert runs.open_checkpoint(folder).path.parent.name == "bad"
     assert best_named_in_summary_md(ROWS, runs.saved_ranking(folder)) == "bad"
 
 
 def test_a_sweep_on_the_default_metric_ranks_as_before(tmp_path, stored):
     folder = populate(sweep_folder(tmp_path, ROWS, metric=None), ROWS, stored)
     assert runs.saved_ranking(folder) == {"mlp": ("test_accuracy", "max")}
-    assert runs.resolve(folder).parent.name == "sharp"
+    assert runs.open_checkpoint(folder).path.parent.name == "sharp"
 
 
 def test_without_experiment_yaml_the_default_metric_ranks(tmp_path, stored):
     (populate(tmp_path, ROWS, stored) / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))
     assert runs.saved_ranking(tmp_path) == {}
-    assert runs.resolve(tmp_path).parent.name == "sharp"
+    assert runs.open_checkpoint(tmp_path).path.parent.name == "sharp"
 
 
 def test_a_damaged_experiment_yaml_is_named(tmp_path):
@@ -104,7 +104,7 @@ def test_a_damaged_experiment_yaml_is_named(tmp_path):
     with pytest.raises(runs.RunFolderError, match="experiment.yaml is damaged"):
         runs.saved_ranking(tmp_path)
     with pytest.raises(checkpoint.CheckpointError, match="experiment.yaml is damaged"):
-        runs.resolve(tmp_path)
+        runs.open_checkpoint(tmp_path)
 
 
 def test_missing_and_non_finite_values_rank_last_and_ties_go_to_the_first():
@@ -131,10 +131,10 @@ def test_a_run_whose_trials_all_diverged_is_never_resolved_and_hides_no_earlier_
     with pytest.raises(
         checkpoint.CheckpointError, match="no trial of workload 'mlp' finished with a finite test_loss"
     ):
-        runs.resolve(diverged)
+        runs.open_checkpoint(diverged)
     assert "no trial finished with a finite test loss" in markdown_summary(rows, runs.saved_ranking(diverged))
     assert runs.finished(diverged) and runs.latest_run(experiment) == good
-    assert runs.resolve(experiment).is_relative_to(good)
+    assert runs.open_checkpoint(experiment).path.is_relative_to(good)
 
 
 def test_other_workloads_keep_their_own_ranking():
@@ -206,23 +206,23 @@ def test_an_experiment_folder_resolves_to_its_newest_complete_run(tmp_path, stor
     )
     assert runs.run_folders(experiment) == [interrupted, failed, complete]
     assert runs.latest_run(experiment) == complete
-    assert runs.resolve(experiment).is_relative_to(complete)
-    assert runs.resolve(failed).is_relative_to(failed)  # named itself: used
+    assert runs.open_checkpoint(experiment).path.is_relative_to(complete)
+    assert runs.open_checkpoint(failed).path.is_relative_to(failed)  # named itself: used
     with pytest.raises(checkpoint.CheckpointError, match="empty does not exist"):
-        runs.resolve(tmp_path / "empty")
+        runs.open_checkpoint(tmp_path / "empty")
     (tmp_path / "empty").mkdir()
     with pytest.raises(checkpoint.CheckpointError, match="neither a checkpoint"):
-        runs.resolve(tmp_path / "empty")
+        runs.open_checkpoint(tmp_path / "empty")
     shutil.rmtree(complete)
     with pytest.raises(
         checkpoint.CheckpointError, match="has no finished run with a model: of its 2 run"
     ) as err:
-        runs.resolve(experiment)
+        runs.open_checkpoint(experiment)
     assert "the newest, 20261203-100000, has no summary.json (interrupted" in str(err.value)
     assert f"--resume {interrupted}" in str(err.value)
     # The interrupted run named itself: the error says what to do with it, not that it is no run.
     with pytest.raises(checkpoint.CheckpointError, match="has not finished") as err:
-        runs.resolve(interrupted)
+        runs.open_checkpoint(interrupted)
     assert f"--resume {interrupted}" in str(err.value) and str(interrupted / "train") in str(err.value)
 
 
@@ -239,7 +239,8 @@ def test_only_timestamped_folders_are_runs_and_an_evaluation_beside_them_hides_n
     shutil.copytree(older, experiment / "baseline")  # a copy kept beside the runs: not a run
     (experiment / runs.SUMMARY_JSON).write_text('{"written_by": "jaxray.evaluate"}')  # evaluate --out here
     assert runs.run_folders(experiment) == [newer, older]
-    assert runs.latest_run(experiment) == newer and runs.resolve(experiment).is_relative_to(newer)
+    assert runs.latest_run(experiment) == newer
+    assert runs.open_checkpoint(experiment).path.is_relative_to(newer)
 
 
 def test_a_run_is_never_made_inside_a_checkpoint(tmp_path, stored):
@@ -283,8 +284,8 @@ def test_a_run_with_a_diverged_mlp_still_serves_its_best_transformer(tmp_path, s
     assert tune_main(["--resume", str(experiment)]) == 0
     assert "all finished" in capsys.readouterr().err
     assert runs.latest_run(experiment) == mixed == runs.latest_run(experiment, "transformer")
-    assert runs.resolve(experiment).is_relative_to(mixed / runs.TRAIN_DIR / "t2")
+    assert runs.open_checkpoint(experiment).path.is_relative_to(mixed / runs.TRAIN_DIR / "t2")
     check_checkpoint(str(experiment))  # what generate and serve run first: passes
-    assert runs.resolve(experiment, "mlp").is_relative_to(older)
+    assert runs.open_checkpoint(experiment, "mlp").path.is_relative_to(older)
     with pytest.raises(checkpoint.CheckpointError, match="diverged at step 2, before its first save"):
-        runs.resolve(mixed / runs.TRAIN_DIR / "mlp_bad")
+        runs.open_checkpoint(mixed / runs.TRAIN_DIR / "mlp_bad")

@@ -90,7 +90,16 @@ def write_results(out: Path, summary: dict, figures: dict[str, Callable[[Path], 
     try:
         with removed_if_failed(out):
             try:
-                _write_files(out, summary, figures, partial)
+                out.mkdir(parents=True, exist_ok=True)
+                for name, draw in figures.items():
+                    draw(out / f".partial-{name}")
+                # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
+                text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
+                (out / ".partial-summary.json").write_text(text)
+                for name in set(FIGURES) - set(figures):
+                    (out / name).unlink(missing_ok=True)
+                for tmp, final in partial.items():  # summary.json last: it marks the results complete
+                    os.replace(tmp, final)
             except BaseException:
                 for tmp in partial:  # before the folders this run created are removed
                     tmp.unlink(missing_ok=True)
@@ -100,18 +109,3 @@ def write_results(out: Path, summary: dict, figures: dict[str, Callable[[Path], 
             f"the evaluation could not be written to {out}: {err}; nothing there was changed"
         ) from None
     return summary
-
-
-def _write_files(
-    out: Path, summary: dict, figures: dict[str, Callable[[Path], None]], partial: dict[Path, Path]
-) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for name, draw in figures.items():
-        draw(out / f".partial-{name}")
-    # allow_nan=False: a NaN that slipped past json_safe fails here, not in the reader's parser
-    text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
-    (out / ".partial-summary.json").write_text(text)
-    for name in set(FIGURES) - set(figures):
-        (out / name).unlink(missing_ok=True)
-    for tmp, final in partial.items():  # summary.json last: it marks the results complete
-        os.replace(tmp, final)

@@ -93,6 +93,7 @@ def attention(row: dict) -> str:
 def _table_row(row: dict, with_error: bool) -> list[str]:
     value, unit = throughput(row)
     ckpt = row.get("checkpoint")
+    stopped_val = row.get("stopped_value") if row.get("stopped_metric") == "val_loss" else None
     cells = [
         row.get("trial", ""),
         row.get("workload", ""),
@@ -110,12 +111,7 @@ def _table_row(row: dict, with_error: bool) -> list[str]:
         fmt(mib(row.get("peak_bytes_per_device")), ",.1f"),
         fmt(row.get("final_train_loss"), ".4f"),
         fmt(row.get("test_accuracy"), ".4f"),
-        fmt(
-            row.get(
-                "val_loss", row.get("stopped_value") if row.get("stopped_metric") == "val_loss" else None
-            ),
-            ".4f",
-        ),
+        fmt(row.get("val_loss", stopped_val), ".4f"),
         fmt(row.get("val_perplexity"), ".2f"),
         "/".join(Path(str(ckpt)).parts[-2:]) if ckpt else "",  # trial run folder / checkpoint
     ]

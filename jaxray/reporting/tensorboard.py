@@ -31,37 +31,28 @@ class TensorBoardLogger:
                 self._writer.write_event(Event(wall_time=time.time(), step=step, summary=scalar(tag, value)))
             self._writer.flush()
         except OSError as err:
-            raise OSError(f"could not write the TensorBoard events in {self._logdir}: {err}") from None
+            raise self._failed(err) from None
+
+    def _failed(self, err: OSError) -> OSError:
+        return OSError(f"could not write the TensorBoard events in {self._logdir}: {err}")
 
     def __call__(self, row: dict[str, float]) -> None:
-        tags = {
-            (f"val/{k[4:]}" if k.startswith("val_") else f"train/{k}"): v
-            for k, v in row.items()
-            if k != "step"
-        }
-        self._write(tags, int(row["step"]))
+        tags = {(f"val/{k[4:]}" if k.startswith("val_") else f"train/{k}"): v for k, v in row.items()}
+        self._write({tag: v for tag, v in tags.items() if tag != "train/step"}, int(row["step"]))
 
     def add_final(self, summary: dict, step: int) -> None:
-        numbers = {
-            k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        self._write({f"final/{k}": v for k, v in numbers.items()}, step)
-
-    def close(self) -> None:
-        """Flush and close; an OSError (a full disk) names the event folder."""
-        try:
-            self._writer.close()
-        except OSError as err:
-            raise OSError(f"could not write the TensorBoard events in {self._logdir}: {err}") from None
+        finals = {f"final/{k}": v for k, v in summary.items() if not isinstance(v, bool)}
+        self._write({k: v for k, v in finals.items() if isinstance(v, (int, float))}, step)
 
     def __enter__(self) -> TensorBoardLogger:
         return self
 
     def __exit__(self, kind, *exc) -> None:
+        """Flush and close; an OSError (a full disk) names the event folder, and is only logged when
+        an exception is already on its way out (a failing close must not replace it)."""
         try:
-            self.close()
+            self._writer.close()
         except OSError as err:
             if kind is None:
-                raise
-            # An exception is already on its way out: a failing close must not replace it.
-            log.warning("%s", err)
+                raise self._failed(err) from None
+            log.warning("%s", self._failed(err))

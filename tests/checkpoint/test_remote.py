@@ -50,17 +50,18 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 def test_a_checkpoint_read_by_uri_is_the_one_uploaded_and_fetched_once(s3, trained_transformer, cache):
     uri = upload(s3, trained_transformer, "runs/a/checkpoint_step_00000060")
-    local = runs.resolve(uri)
+    local = runs.open_checkpoint(uri).path
     assert local.parent == cache and checkpoint.verify(local) == checkpoint.verify(trained_transformer)
     fetched, uploaded = (jax.tree.leaves(checkpoint.restore(p)[1]) for p in (local, trained_transformer))
     for a, b in zip(fetched, uploaded, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     stamps = {f: f.stat().st_mtime_ns for f in local.rglob("*")}
-    assert runs.resolve(uri) == local and {f: f.stat().st_mtime_ns for f in local.rglob("*")} == stamps
+    assert runs.open_checkpoint(uri).path == local
+    assert {f: f.stat().st_mtime_ns for f in local.rglob("*")} == stamps
     # A damaged cached copy is fetched again, whole.
     flipped = largest_params_file(local)
     flipped.write_bytes(b"\0" * flipped.stat().st_size)
-    assert runs.resolve(uri) == local
+    assert runs.open_checkpoint(uri).path == local
     checkpoint.verify(local)
 
 
@@ -84,19 +85,19 @@ def test_a_damaged_or_absent_remote_checkpoint_is_refused_by_name(s3, trained_tr
         out.write(b"\0" * victim.stat().st_size)
     refused = checkpoint.CheckpointError
     with pytest.raises(refused, match=f"{uri} is damaged: {rel} does not match its checksum"):
-        runs.resolve(uri)
+        runs.open_checkpoint(uri)
     assert [p.suffix for p in cache.iterdir()] == [".lock"]  # nothing half-fetched is kept
     s3.delete_file(f"{BUCKET}/damaged/{rel}")
     with pytest.raises(refused, match=f"{uri} is damaged: {rel} is missing"):
-        runs.resolve(uri)
+        runs.open_checkpoint(uri)
     s3.delete_file(f"{BUCKET}/damaged/{checkpoint.TRAIN_STATE}")
     with pytest.raises(refused, match=f"{uri} is incomplete: its save never finished"):
-        runs.resolve(uri)
+        runs.open_checkpoint(uri)
     s3.create_dir(f"{BUCKET}/other")
     with s3.open_output_stream(f"{BUCKET}/other/notes.txt") as out:
         out.write(b"not a checkpoint")
     with pytest.raises(refused, match="s3://jaxray/other is not a jaxray checkpoint folder"):
-        runs.resolve("s3://jaxray/other")
+        runs.open_checkpoint("s3://jaxray/other")
 
 
 def test_the_serve_app_checks_a_uri_and_hands_it_to_its_replicas(s3, trained_transformer, cache, capsys):
@@ -126,11 +127,11 @@ def test_a_checkpoint_replaced_at_its_uri_is_fetched_anew_and_a_checked_one_is_p
     s3, trained_transformer, retrained, cache
 ):
     uri = upload(s3, trained_transformer, "replaced")
-    first = runs.resolve(uri)
+    first = runs.open_checkpoint(uri).path
     pinned = remote.manifest_sha256(first)
-    other = runs.resolve(upload(s3, trained_transformer, "other"))  # another URI's copy stays
+    other = runs.open_checkpoint(upload(s3, trained_transformer, "other")).path  # another URI's copy stays
     replace_remote(s3, "replaced", retrained)
-    second = runs.resolve(uri)
+    second = runs.open_checkpoint(uri).path
     assert second != first and checkpoint.verify(second) == checkpoint.verify(retrained)
     assert remote.source(second) == uri and not first.exists()  # one copy per URI: the older removed
     assert other.is_dir() and sorted(p for p in cache.iterdir() if p.is_dir()) == sorted([other, second])
@@ -141,9 +142,9 @@ def test_a_checkpoint_replaced_at_its_uri_is_fetched_anew_and_a_checked_one_is_p
     # A copy another process is fetching (its lock held) is left, and removed by a later fetch.
     replace_remote(s3, "replaced", trained_transformer)
     with filelock.FileLock(f"{second}.lock"):
-        third = runs.resolve(uri)
+        third = runs.open_checkpoint(uri).path
         assert third == first and second.is_dir()
-    assert runs.resolve(uri) == third and not second.exists() and other.is_dir()
+    assert runs.open_checkpoint(uri).path == third and not second.exists() and other.is_dir()
 
 
 def test_names_that_leave_the_folder_a_run_folder_and_a_wrong_bucket_are_refused(
@@ -156,13 +157,13 @@ def test_names_that_leave_the_folder_a_run_folder_and_a_wrong_bucket_are_refused
         (copy / checkpoint.TRAIN_STATE).write_text(json.dumps({**doc, "files": {name: "0" * 64}}))
         uri = upload(s3, copy, "escape")
         with pytest.raises(checkpoint.CheckpointError, match=f"it lists '{re.escape(name)}', not a file in"):
-            runs.resolve(uri)
+            runs.open_checkpoint(uri)
     assert not outside.exists()
     run = upload(s3, copied_run_folder, "run")
     with pytest.raises(checkpoint.CheckpointError, match=f"{run} is a run or trial folder: only checkpoint"):
-        runs.resolve(run)
+        runs.open_checkpoint(run)
     with pytest.raises(checkpoint.CheckpointError, match="s3://nobucket/x does not exist"):
-        runs.resolve("s3://nobucket/x")
+        runs.open_checkpoint("s3://nobucket/x")
 
 
 def test_an_unwritable_cache_is_named(s3, trained_transformer, monkeypatch):
@@ -171,7 +172,7 @@ def test_an_unwritable_cache_is_named(s3, trained_transformer, monkeypatch):
     with pytest.raises(
         checkpoint.CheckpointError, match="the checkpoint cache /proc/nope/checkpoints cannot be"
     ):
-        runs.resolve(uri)
+        runs.open_checkpoint(uri)
 
 
 def test_an_evaluation_of_a_uri_records_the_uri(s3, trained_transformer, tmp_path):
@@ -179,7 +180,7 @@ def test_an_evaluation_of_a_uri_records_the_uri(s3, trained_transformer, tmp_pat
     from jaxray.reporting.eval_results import default_out, results_folder
 
     uri = upload(s3, trained_transformer, "evaluated/train/trial_a/checkpoint_step_00000060_attempt1")
-    local = runs.resolve(uri)
+    local = runs.open_checkpoint(uri).path
     assert default_out(remote.source(local)).parts[-3:] == ("evaluated", "trial_a", local_name(uri))
     out = tmp_path / "eval"
     out.mkdir()
@@ -208,7 +209,7 @@ def test_a_gs_uri_without_credentials_fails_in_seconds(tmp_path):
     minutes), as --checkpoint, as storage and as data."""
     start = time.monotonic()
     with pytest.raises(checkpoint.CheckpointError, match="gs://jaxray-none/x cannot be read"):
-        runs.resolve("gs://jaxray-none/x")
+        runs.open_checkpoint("gs://jaxray-none/x")
     with pytest.raises(OSError, match="gs://jaxray-none/s cannot be written"):
         storage.check_writable("gs://jaxray-none/s")
     with pytest.raises(ManifestError, match="gs://jaxray-none/d cannot be reached"):
@@ -226,13 +227,13 @@ def test_concurrent_fetches_share_one_copy_and_a_diverged_model_is_refused(s3, t
     (copy / checkpoint.TRAIN_STATE).write_text(json.dumps({**doc, "summary": {"loss": float("nan")}}))
     diverged = upload(s3, copy, "diverged")
     with pytest.raises(checkpoint.CheckpointError, match=f"{diverged}: .* records loss nan"):
-        runs.resolve(diverged)
+        runs.open_checkpoint(diverged)
 
 
 def test_credentials_and_query_in_a_uri_are_never_shown_or_recorded(s3, trained_transformer):
     assert storage.display("s3://KEY:secret@bucket/a/b?region=x") == "s3://bucket/a/b"
     upload(s3, trained_transformer, "keyed")
-    local = runs.resolve("s3://test:test@jaxray/keyed")
+    local = runs.open_checkpoint("s3://test:test@jaxray/keyed").path
     assert remote.source(local) == "s3://jaxray/keyed"
 
 
@@ -268,5 +269,5 @@ def test_a_run_folder_on_storage_falls_back_to_the_trials_older_checkpoint(s3, t
     row = {"trial": "transformer_t", "workload": "transformer", "val_loss": 2.0, "checkpoint": named}
     write_reports(tmp_path / "run", [row], {})
     assert json.loads((tmp_path / "run" / "summary.json").read_text())[0]["checkpoint"] == named
-    local = runs.resolve(tmp_path / "run")
+    local = runs.open_checkpoint(tmp_path / "run").path
     assert remote.source(local) == f"{trial}/checkpoint_step_00000004_attempt1"

@@ -125,7 +125,7 @@ def test_a_sweep_on_s3_resumed_and_served_from_the_bucket(real_dir, tmp_path, mo
         assert not list((tmp_path / "cache" / "staging").rglob("checkpoint_*"))
         assert not list(out.glob("train/*/checkpoint_*"))
         # The run folder's best transformer, read from the bucket and served over HTTP.
-        assert checkpoint.verify(runs.resolve(out))["step"] == 12
+        assert checkpoint.verify(runs.open_checkpoint(out).path)["step"] == 12
         port = free_port()
         server = start_serving(out, port)
         try:

@@ -27,7 +27,7 @@ def sharded(real_dir, tmp_path_factory):
     tune(ROOT / "tune_configs" / "sharded_cpu.yaml", out, real_dir)
     run = runs.run_folders(out)[0]
     row = json.loads((run / "summary.json").read_text())[0]
-    return run, row, runs.resolve(run)
+    return run, row, runs.open_checkpoint(run).path
 
 
 def test_a_device_holds_a_quarter_of_the_state(sharded):

@@ -166,12 +166,12 @@ def test_resume_finishes_the_unfinished_trial_only(real_dir, tmp_path):
     assert {"summary.md", "loss_curves.png"} <= {p.name for p in out.iterdir()}
 
     # The sweep's metric ranks the resumed run: summary.md names the trial with the highest test loss,
-    # which `--checkpoint <experiment>` (runs.resolve) loads; the default metric would pick the other.
+    # which `--checkpoint <experiment>` (runs.open_checkpoint) loads; the default metric would pick the other.
     worst = max(rows.values(), key=lambda r: r["test_loss"])
     assert runs.saved_ranking(out) == {"mlp": ("test_loss", "max")}
     assert runs.best_trial(list(rows.values()), "mlp")["trial"] != worst["trial"]
     named = re.search(r"- \*\*mlp\*\*: `([^`]+)`, test loss", (out / runs.SUMMARY_MD).read_text())
     assert named and named.group(1) == worst["trial"], (out / runs.SUMMARY_MD).read_text()
-    resolved = runs.resolve(moved)
+    resolved = runs.open_checkpoint(moved).path
     assert resolved == out / worst["checkpoint"]
     assert checkpoint.load_trial_config(resolved).model.width == worst["width"]

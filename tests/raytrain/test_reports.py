@@ -107,7 +107,7 @@ def test_a_save_into_full_storage_names_it_removes_it_and_keeps_the_earlier(stor
     assert NO_SPACE in message and "the partial folder is removed" in message
     assert not failed.exists() and len(reports) == 1
     assert checkpoint.verify(earlier)["step"] == 20
-    assert runs.resolve(run) == earlier
+    assert runs.open_checkpoint(run).path == earlier
 
 
 def test_a_failed_trials_row_keeps_the_end_of_a_long_error():
