@@ -15,7 +15,6 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from jaxray import checkpoint
 from jaxray.argtypes import TRANSFORMER_CHECKPOINT_HELP, cli_parser
 from jaxray.folders import removed_if_failed
 from jaxray.inference.artifact import ATTENTION_NOTE, ExportError, check_out, export_checkpoint
@@ -45,19 +44,6 @@ def _write_failure(out: Path, err: OSError) -> str:
     return f"the export to --out {out} could not be written ({err}); nothing was left there: {advice}"
 
 
-def _size(directory: Path) -> int:
-    return sum(p.stat().st_size for p in directory.iterdir())
-
-
-def _resolved(args: argparse.Namespace, out: Path) -> checkpoint.Verified:
-    """The checkpoint ``--checkpoint`` resolves to, named on stderr once --out and the settings are
-    checked; raises as ``export_checkpoint``."""
-    check_out(out)
-    source = check_checkpoint(args.checkpoint, _settings(args), purpose="exported")
-    print(checkpoint_line.describe(source.path), file=sys.stderr, flush=True)
-    return source
-
-
 def main(argv: list[str] | None = None) -> int:
     p = cli_parser(
         "python -m jaxray.export",
@@ -71,16 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).absolute()
     try:
         with removed_if_failed(out):
-            manifest = export_checkpoint(_resolved(args, out), out, _settings(args))
+            check_out(out)
+            source = check_checkpoint(args.checkpoint, _settings(args), purpose="exported")
+            print(checkpoint_line.describe(source.path), file=sys.stderr, flush=True)
+            manifest = export_checkpoint(source, out, _settings(args))
     except ValueError as err:  # CheckpointError, ExportError, AttentionError, a context_keep out of range
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # writing the artifact: its temporary folder is already removed
         print(f"error: {_write_failure(out, err)}", file=sys.stderr)
         return 1
+    size = sum(p.stat().st_size for p in out.iterdir())
     print(
         f"exported {len(manifest['functions'])} programs of {manifest['checkpoint']} to {args.out} "
-        f"({_size(Path(args.out)) / 2**20:.1f} MiB): buckets {manifest['buckets']}, batch sizes "
+        f"({size / 2**20:.1f} MiB): buckets {manifest['buckets']}, batch sizes "
         f"{manifest['batch_sizes']}, chunk {manifest['chunk']}, context_keep {manifest['context_keep']}, "
         f"platforms {', '.join(manifest['platforms'])}"
     )

@@ -28,9 +28,7 @@ def plot_confusion_matrix(matrix: np.ndarray, class_names: Sequence[str], path: 
     fig.colorbar(image, ax=ax, label="% of the true class")
     for i in range(n):
         for j in range(n):
-            color = (
-                "white" if percent[i, j] > 50 else "black"
-            )  # white on dark cells: the diagonal stays readable
+            color = "white" if percent[i, j] > 50 else "black"  # the dark diagonal stays readable
             ax.text(j, i, f"{percent[i, j]:.1f}", ha="center", va="center", fontsize=8, color=color)
     ax.set_xticks(range(n), class_names, rotation=45, ha="right")
     ax.set_yticks(range(n), class_names)

@@ -144,12 +144,7 @@ def best_per_workload(rows: list[dict], ranking: Ranking | None = None) -> list[
 
 
 # The sweep axes (jaxray.config.experiment.SEARCHABLE) and their names in summary.md.
-AXES = (
-    ("global_batch", "global batch"),
-    ("dtype", "dtype"),
-    ("width", "width"),
-    ("learning_rate", "peak lr"),
-)
+AXES = {"global_batch": "global batch", "dtype": "dtype", "width": "width", "learning_rate": "peak lr"}
 
 
 def axis_effects(rows: list[dict], ranking: Ranking | None = None) -> list[str]:
@@ -159,7 +154,7 @@ def axis_effects(rows: list[dict], ranking: Ranking | None = None) -> list[str]:
     lines = []
     for w in workloads(rows):
         trials = [r for r in rows if r.get("workload", "?") == w]
-        for key, label in AXES:
+        for key, label in AXES.items():
             values = {r[key] for r in trials if r.get(key) is not None}
             for value in sorted(values, key=lambda v: (isinstance(v, str), v)) if len(values) > 1 else ():
                 cells = _effect(w, label, value, [r for r in trials if r.get(key) == value], ranking)
