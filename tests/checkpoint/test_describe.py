@@ -66,13 +66,13 @@ def chosen_line(run: tuple[Path, dict]) -> str:
 
 def test_describe_names_trial_step_and_held_out_metric(run):
     root, _ = run
-    assert checkpoint_line.describe(runs.resolve(root)) == chosen_line(run)
+    assert checkpoint_line.describe(runs.open_checkpoint(root).path) == chosen_line(run)
 
 
 def test_describe_shows_a_path_inside_the_working_directory_relative(run, monkeypatch):
     root, _ = run
     monkeypatch.chdir(root.parent)
-    line = checkpoint_line.describe(runs.resolve("demo"))
+    line = checkpoint_line.describe(runs.open_checkpoint("demo").path)
     assert line.startswith(f"checkpoint: demo/train/{TRIAL_NAME}/{checkpoint_name(STEPS, 1)} (trial ")
 
 

@@ -37,7 +37,7 @@ def test_no_usable_checkpoint_lists_only_the_checkpoint_folders(tmp_path):
     for ck in saved:
         flip_a_byte(largest_params_file(ck))
     with pytest.raises(checkpoint.CheckpointError) as err:
-        runs.resolve(tmp_path / "run")
+        runs.open_checkpoint(tmp_path / "run")
     message = str(err.value)
     assert message.startswith("no usable checkpoint of the 2 tried, newest first: ")
     assert SNAPSHOT not in message and message.count("does not match its checksum") == 2
