@@ -26,23 +26,21 @@ CHUNK_BYTES = 1 << 22
 def resolve(
     path_or_uri: str, filesystem: pafs.FileSystem | None = None, retry_s: int = GCS_RETRY_S
 ) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path inside it) for a local path or a URI pyarrow understands (``gs://``, ``s3://``,
-    ``file://``; a ``gs://`` one retried at most ``retry_s`` seconds per operation); ``filesystem``
-    given: ``path_or_uri`` is a path inside it."""
+    """(filesystem, path inside it) of a local path or a pyarrow URI (``gs://`` retried at most
+    ``retry_s`` seconds per operation); with ``filesystem``, ``path_or_uri`` is a path inside it."""
     if filesystem is not None:
         return filesystem, path_or_uri.rstrip("/")
-    if "://" in path_or_uri:
-        if path_or_uri.startswith(("gs://", "gcs://")) and "retry_limit_seconds=" not in path_or_uri:
-            path_or_uri += f"{'&' if '?' in path_or_uri else '?'}retry_limit_seconds={retry_s}"
-        fs, path = pafs.FileSystem.from_uri(path_or_uri)
-        return fs, path.rstrip("/")
-    return pafs.LocalFileSystem(), os.path.abspath(path_or_uri)
+    if "://" not in path_or_uri:
+        return pafs.LocalFileSystem(), os.path.abspath(path_or_uri)
+    if path_or_uri.startswith(("gs://", "gcs://")) and "retry_limit_seconds=" not in path_or_uri:
+        path_or_uri += f"{'&' if '?' in path_or_uri else '?'}retry_limit_seconds={retry_s}"
+    fs, path = pafs.FileSystem.from_uri(path_or_uri)
+    return fs, path.rstrip("/")
 
 
 def probe(uri: str) -> None:
-    """One look at ``uri`` (a URI; a local path passes) with short retries: raises OSError or
-    ValueError within seconds when its service cannot be reached or refuses the credentials, rather
-    than after the retries of every later operation."""
+    """One look at ``uri`` with short retries (a local path or ``file://`` passes): raises OSError or
+    ValueError within seconds when its service cannot be reached or refuses the credentials."""
     if "://" in uri and not uri.startswith("file://"):
         fs, path = resolve(uri, retry_s=PROBE_RETRY_S)
         fs.get_file_info(path)
@@ -63,8 +61,7 @@ def is_uri(path: str | Path) -> bool:
 
 
 def is_object_storage(uri: str) -> bool:
-    """Whether ``uri`` is on object storage (``s3://``, ``gs://``...), not a local or mounted folder
-    (``file://``), which every worker can write in place."""
+    """Whether ``uri`` is on object storage (``s3://``, ``gs://``...), not a local or mounted folder."""
     return not isinstance(resolve(uri)[0], pafs.LocalFileSystem)
 
 
@@ -80,8 +77,8 @@ def display(uri: str) -> str:
 
 
 def cache_dir(kind: str = "checkpoints") -> Path:
-    """Where fetched checkpoints are kept: ``$JAXRAY_CACHE_DIR/checkpoints``, else ~/.cache/jaxray's;
-    with ``kind="staging"``, where a worker writes a checkpoint before Ray uploads it."""
+    """``$JAXRAY_CACHE_DIR/<kind>``, else ~/.cache/jaxray's: ``checkpoints`` (fetched) or ``staging``
+    (where a worker writes a checkpoint before Ray uploads it)."""
     root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "jaxray"
     return Path(root).expanduser().absolute() / kind
 
@@ -112,24 +109,23 @@ def read_text(path_or_uri: str | Path) -> str | None:
 
 
 def write_text(path_or_uri: str | Path, text: str) -> None:
-    """``text`` as the file at a local path or ``file://`` URI (written whole: a temporary file renamed
-    over it) or an object storage URI (one object written). Raises OSError."""
+    """``text`` as the file at a local path or URI: a local one written whole (``written_whole``), an
+    object one as one object. Raises OSError."""
     fs, path = resolve(str(path_or_uri))
-    if isinstance(fs, pafs.LocalFileSystem):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with written_whole(path) as tmp:
-            tmp.write_text(text)
+    if not isinstance(fs, pafs.LocalFileSystem):
+        with fs.open_output_stream(path) as f:
+            f.write(text.encode())
         return
-    with fs.open_output_stream(path) as f:
-        f.write(text.encode())
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with written_whole(path) as tmp:
+        tmp.write_text(text)
 
 
 @contextmanager
 def written_whole(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` for the block to write; renamed over ``path`` when the block
-    ends, removed when it fails: ``path`` is never left part-written (a full disk leaves the earlier
-    file, or none). The temporary name carries the process id (writers in two processes never share
-    it) and ends as ``path`` does (what matplotlib reads the format from)."""
+    """A temporary path beside ``path`` for the block to write, renamed over ``path`` when it ends,
+    removed when it fails: ``path`` is never part-written. The name carries the process id (no two
+    processes share it) and ends as ``path`` does (matplotlib reads the format from it)."""
     path = Path(path)
     tmp = path.with_name(f".partial-{os.getpid()}-{path.name}")
     try:

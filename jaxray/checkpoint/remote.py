@@ -1,12 +1,11 @@
-"""A checkpoint folder on object storage, read by URI (``s3://``, ``gs://``, ``file://``: any pyarrow
-filesystem): ``fetch`` copies it into a local cache, checking every file against the SHA-256 that its
-``train_state.json`` records, and the commands (and a resumed training run) read that copy. A cache
-entry is named by the URI and that ``train_state.json``, so a checkpoint replaced at the same URI is
-fetched anew, never mistaken for the old one; the older copy is then removed (one copy per URI).
-Also the listing of a trial's checkpoints at a URI (training with ``storage:``)."""
+"""A checkpoint folder read by URI (any pyarrow filesystem): ``fetch`` copies it into a local cache,
+checking each file against its SHA-256 in ``train_state.json``; an entry is named by the URI and that
+file, so a checkpoint replaced at the URI is fetched anew (the older copy removed: one per URI). Also
+the listing of a trial's checkpoints at a URI (training with ``storage:``)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -35,10 +34,8 @@ class StorageError(CheckpointError):
 
 
 def complete_checkpoints(uri: str) -> list[str]:
-    """The URIs of the ``checkpoint_*`` folders in the folder ``uri`` holding a ``train_state.json``
-    (their saves finished; an upload cut short is refused later, by ``fetch``'s checks), newest first
-    (``checkpoint_order``); [] when the folder does not exist. Raises CheckpointError when it cannot
-    be listed."""
+    """The URIs of the complete ``checkpoint_*`` folders (with a ``train_state.json``) in the folder
+    ``uri``, newest first; [] when it does not exist. Raises CheckpointError when it cannot be listed."""
     try:
         fs, root = resolve(uri)
         found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
@@ -52,9 +49,8 @@ def complete_checkpoints(uri: str) -> list[str]:
 
 
 def trial_checkpoints(named: str) -> Iterator[str]:
-    """The checkpoint URI ``named``, then the older complete ones beside it, newest first (as
-    ``jaxray.checkpoint.trial_checkpoints`` for folders), listed only once ``named`` is passed over
-    (a reader allowed to read objects but not to list the bucket still reads ``named``)."""
+    """The checkpoint URI ``named``, then the older complete ones beside it, newest first, listed only
+    once ``named`` is passed over (a reader allowed to read objects but not to list still reads it)."""
     yield named
     newest = checkpoint_order(named)
     yield from (
@@ -75,28 +71,31 @@ def disk_use(uri: str) -> tuple[int, float]:
 
 
 def open_uri(uri: str, manifest_sha256: str | None = None) -> Verified:
-    """``fetch(uri, manifest_sha256)`` as a ``Verified`` checkpoint: its files were checked as they
-    arrived (or the cached copy once), so restoring it hashes nothing again. Raises as ``fetch``."""
+    """``fetch(uri, manifest_sha256)`` as a ``Verified`` checkpoint (restoring it hashes nothing again)."""
     entry = fetch(uri, manifest_sha256)
     return Verified(entry, json.loads((entry / TRAIN_STATE).read_text()))
 
 
 def fetch(uri: str, manifest_sha256: str | None = None) -> Path:
-    """The local copy of the checkpoint folder ``uri``, fetched unless the cache holds it. With
-    ``manifest_sha256``, the remote ``train_state.json`` must still have that SHA-256 (the one that
-    was checked). Processes fetching one entry take turns (a lock file beside it). Raises
-    CheckpointError naming ``uri``: unreachable or absent, a run folder, not a checkpoint,
-    incomplete, changed since checked, a listed file missing or not matching its SHA-256, or what
-    ``verify`` refuses (a diverged model); or naming the cache when it cannot be written. A copy is
-    used only once whole and verified; once it is, older copies of ``uri`` are removed (``_drop_older``)."""
-    uri = uri.rstrip("/")
-    fs, root, manifest = _read_manifest(uri)
-    shown = display(uri)
+    """The local copy of the checkpoint folder ``uri``, fetched unless the cache holds it whole (under a
+    lock file; older copies of ``uri`` then removed); with ``manifest_sha256``, its remote
+    ``train_state.json`` must still have that SHA-256. Raises CheckpointError naming ``uri``: absent,
+    a run folder, not a checkpoint, incomplete, changed, a file missing or not matching, or what
+    ``verify`` refuses; StorageError when ``uri`` cannot be reached or the cache written."""
+    uri, shown = uri.rstrip("/"), display(uri.rstrip("/"))
+    try:
+        probe(uri)  # unreachable or refused: within seconds
+        fs, root = resolve(uri)
+        with fs.open_input_stream(f"{root}/{TRAIN_STATE}") as f:
+            manifest = f.read()
+    except FileNotFoundError:
+        raise CheckpointError(f"{shown} {_not_a_checkpoint(fs, root)}") from None
+    except (OSError, ValueError) as err:  # pyarrow: unknown scheme, no route, refused credentials
+        raise StorageError(f"{shown} cannot be read: {err}") from err
     if manifest_sha256 is not None and hashlib.sha256(manifest).hexdigest() != manifest_sha256:
         raise CheckpointError(
             f"{shown} changed since it was checked (its {TRAIN_STATE} differs): start again to use it"
         )
-    files = _listed_files(shown, manifest)
     entry = cache_dir() / hashlib.sha256(uri.encode() + b"\0" + manifest).hexdigest()[:24]
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -107,22 +106,33 @@ def fetch(uri: str, manifest_sha256: str | None = None) -> Path:
             f"the checkpoint cache {cache_dir()} cannot be written (set {CACHE_ENV} to another folder): {err}"
         ) from err
     try:
-        if not _cached(entry):
-            _fill(entry, fs, root, manifest, files, shown)
+        _fill(entry, fs, root, manifest, shown)
         _drop_older(entry, shown)
         return entry
     finally:
         lock.release()
 
 
-def _fill(
-    entry: Path, fs: pafs.FileSystem, root: str, manifest: bytes, files: dict[str, str], shown: str
-) -> None:
-    """Copy the checkpoint at ``root`` into ``entry``: each of ``files`` checked as it arrives, then
-    ``manifest`` (its ``train_state.json``), the whole verified before it takes the entry's place."""
+def _fill(entry: Path, fs: pafs.FileSystem, root: str, manifest: bytes, shown: str) -> None:
+    """Copy the checkpoint at ``root`` into ``entry`` unless it holds a whole copy: each file that
+    ``manifest`` (its ``train_state.json``) lists checked as it arrives, refused unless a plain path
+    inside the folder, then ``manifest``; the whole verified before it takes the entry's place."""
+    with contextlib.suppress(CheckpointError):
+        verify(entry)
+        return
+    try:
+        files = {str(k): v for k, v in dict(json.loads(manifest)["files"]).items()}
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{shown}/{TRAIN_STATE} is damaged: {err}") from err
     tmp = Path(tempfile.mkdtemp(prefix=f"{entry.name}.", suffix=".tmp", dir=entry.parent))
     try:
         for rel, expected in files.items():
+            parts = PurePosixPath(rel).parts
+            plain = PurePosixPath(rel).as_posix() == rel and "\\" not in rel
+            if not plain or not parts or rel.startswith("/") or ".." in parts or rel == TRAIN_STATE:
+                raise CheckpointError(
+                    f"{shown}/{TRAIN_STATE} is damaged: it lists {rel!r}, not a file inside the folder"
+                )
             _copy(fs, f"{root}/{rel}", tmp / rel, expected, shown, rel)
         (tmp / TRAIN_STATE).write_bytes(manifest)  # last, as a save writes it
         try:  # the digests were checked as the files arrived: the rest of verify (a diverged model)
@@ -131,7 +141,7 @@ def _fill(
             raise CheckpointError(f"{shown}: {err}") from err
         with written_whole(entry.with_name(f"{entry.name}.uri")) as sidecar:
             sidecar.write_text(shown)
-        if entry.exists():  # a damaged copy (``_cached`` said no): out of the way first
+        if entry.exists():  # a damaged copy: out of the way first
             os.replace(entry, tmp.with_suffix(".old"))
             shutil.rmtree(tmp.with_suffix(".old"))
         os.replace(tmp, entry)
@@ -144,8 +154,7 @@ def _fill(
 
 
 def _drop_older(entry: Path, shown: str) -> None:
-    """Remove the cache's other copies fetched from ``shown`` (a checkpoint since replaced at that
-    URI), each under its lock; one that another process is fetching now is left for a later fetch."""
+    """Remove the cache's other copies of ``shown``, each under its lock (one being fetched is left)."""
     for sidecar in entry.parent.glob("[!.]*.uri"):  # not a sidecar being written (written_whole)
         older = sidecar.with_suffix("")
         try:
@@ -166,25 +175,10 @@ def manifest_sha256(path: str | Path) -> str:
 def source(path: str | Path) -> str:
     """The URI a cached copy ``path`` was fetched from; any other path as it is, as a string."""
     entry = Path(path).absolute()
-    if entry.parent != cache_dir():
-        return str(path)
     try:
-        return entry.with_name(f"{entry.name}.uri").read_text()
+        return entry.with_name(f"{entry.name}.uri").read_text() if entry.parent == cache_dir() else str(path)
     except OSError:
         return str(path)
-
-
-def _read_manifest(uri: str) -> tuple[pafs.FileSystem, str, bytes]:
-    """(filesystem, path in it, the bytes of its ``train_state.json``), or CheckpointError saying why not."""
-    try:
-        probe(uri)  # unreachable or refused: within seconds
-        fs, root = resolve(uri)
-        with fs.open_input_stream(f"{root}/{TRAIN_STATE}") as f:
-            return fs, root, f.read()
-    except FileNotFoundError:
-        raise CheckpointError(f"{display(uri)} {_not_a_checkpoint(fs, root)}") from None
-    except (OSError, ValueError) as err:  # pyarrow: unknown scheme, no route, refused credentials
-        raise StorageError(f"{display(uri)} cannot be read: {err}") from err
 
 
 def _not_a_checkpoint(fs: pafs.FileSystem, root: str) -> str:
@@ -197,39 +191,14 @@ def _not_a_checkpoint(fs: pafs.FileSystem, root: str) -> str:
         return f"cannot be listed: {err}"
     if MODEL_CONFIG in names:
         return f"is incomplete: its save never finished (no {TRAIN_STATE})"
-    if any(n.startswith("checkpoint_") for n in names) or {"summary.json", "train"} & names:
+    if any(n.startswith(CHECKPOINT_PREFIX) for n in names) or {"summary.json", "train"} & names:
         return "is a run or trial folder: only checkpoint folders are read by URI (name a checkpoint_* in it)"
     return f"is not a jaxray checkpoint folder (no {TRAIN_STATE})"
 
 
-def _listed_files(uri: str, manifest: bytes) -> dict[str, str]:
-    """{relative path: SHA-256} that ``train_state.json`` lists, each a plain path inside the folder."""
-    try:
-        files = {str(k): str(v) for k, v in dict(json.loads(manifest)["files"]).items()}
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{uri}/{TRAIN_STATE} is damaged: {err}") from err
-    for rel in files:
-        parts = PurePosixPath(rel).parts
-        plain = PurePosixPath(rel).as_posix() == rel and "\\" not in rel
-        if not plain or not parts or rel.startswith("/") or ".." in parts or rel == TRAIN_STATE:
-            raise CheckpointError(
-                f"{uri}/{TRAIN_STATE} is damaged: it lists {rel!r}, not a file inside the folder"
-            )
-    return files
-
-
-def _cached(entry: Path) -> bool:
-    """Whether ``entry`` holds a complete copy whose files match its ``train_state.json``."""
-    try:
-        verify(entry)
-    except CheckpointError:
-        return False
-    return True
-
-
 def _copy(fs: pafs.FileSystem, source: str, dest: Path, expected: str, uri: str, rel: str) -> None:
-    """Copy ``source`` to ``dest``, raising CheckpointError unless its SHA-256 is ``expected``;
-    OSError for a failed local write."""
+    """Copy ``source`` to ``dest``. Raises CheckpointError unless its SHA-256 is ``expected``,
+    StorageError when it cannot be read, OSError for a failed local write."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     try:
