@@ -54,14 +54,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def checked(value: int, ok: bool, expected: str) -> int:
+    """``value`` if ``ok``, else argparse's error "expected EXPECTED, got VALUE"."""
+    if not ok:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+    return value
+
+
 def cpu_device_count(text: str) -> int:
     """A forced CPU device count, 1..MAX_CPU_DEVICES."""
     value = positive_int(text)
-    if value > MAX_CPU_DEVICES:
-        raise argparse.ArgumentTypeError(
-            f"expected at most {MAX_CPU_DEVICES} forced CPU devices, got {value}"
-        )
-    return value
+    return checked(value, value <= MAX_CPU_DEVICES, f"at most {MAX_CPU_DEVICES} forced CPU devices")
 
 
 def mesh_sizes(text: str) -> dict[str, int]:
@@ -143,9 +146,7 @@ def non_negative_float(text: str) -> float:
 def port(text: str) -> int:
     """A TCP port, 1..65535."""
     value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {value}")
-    return value
+    return checked(value, value <= 65535, "a TCP port 1..65535")
 
 
 def json_object(text: str) -> dict[str, Any]:
@@ -162,21 +163,11 @@ def json_object(text: str) -> dict[str, Any]:
 def context_keep(text: str) -> int:
     """Bytes of context kept when the window is full: an integer >= 2 (max_seq_len checked later)."""
     value = positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(
-            f"expected an integer >= 2 (bytes kept when the window is full), got {value}"
-        )
-    return value
+    return checked(value, value >= 2, "an integer >= 2 (bytes kept when the window is full)")
 
 
 # Field name -> (argparse type, help text, help's default when the field's default is None).
 FieldOptions = dict[str, tuple[Callable[[str], Any], str, str]]
-
-
-def _shown(value: Any, when_none: str) -> str:
-    if value is None:
-        return when_none
-    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def add_field_options(
@@ -186,7 +177,9 @@ def add_field_options(
     ``--max-batch-size``), defaulting to None so the model's default applies; ``note`` ends each help."""
     for name in names:
         kind, what, when_none = options[name]
-        shown = _shown(model.model_fields[name].default, when_none)
+        default = model.model_fields[name].default
+        shown = when_none if default is None else default
+        shown = ",".join(map(str, shown)) if isinstance(shown, tuple) else str(shown)
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=kind, default=None, help=f"{what} (default {shown}){note}")
 

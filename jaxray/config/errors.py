@@ -41,23 +41,16 @@ def shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _message(e: dict) -> str:
-    """One pydantic error in words, ending with the value received ("..., got 0")."""
-    msg = e["msg"].removeprefix("Value error, ")
-    if e["type"] == "bool_type":
-        msg = "Input should be true or false"
-    section_check = e["type"] == "value_error" and isinstance(e["input"], dict)
-    if section_check or e["type"] in ("missing", "extra_forbidden"):
-        return msg
-    return f"{msg}, got {shown(e['input'])}"
-
-
 def _format(err: ValidationError, source: str, root: type[BaseModel], prefix: str = "") -> str:
+    """Each pydantic error on a line of its own, ending with the value received ("..., got 0")."""
     lines = [f"invalid config {source}:"]
     for e in err.errors():
-        msg = _message(e)
+        msg = "Input should be true or false" if e["type"] == "bool_type" else e["msg"]
+        msg = msg.removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = f"unknown key; allowed: {', '.join(_allowed_keys(root, e['loc'][:-1]))}"
+        elif e["type"] != "missing" and not (e["type"] == "value_error" and isinstance(e["input"], dict)):
+            msg = f"{msg}, got {shown(e['input'])}"  # not for a whole section's check
         lines.append(f"  {_where(prefix, e['loc'])}: {msg}")
     return "\n".join(lines)
 

@@ -155,26 +155,17 @@ class SweepConfig(FrozenConfig):
     def _preset(self) -> dict[str, int]:
         return MODEL_PRESETS.get(self.model.get("preset"), {})
 
-    def model_settings(self) -> dict[str, Any]:
-        """The sweep's fixed model keys with its preset expanded (``model`` wins), without width."""
-        preset = {k: v for k, v in self._preset().items() if k != "width"}
-        return {**preset, **{k: v for k, v in self.model.items() if k != "preset"}}
-
     def axes(self) -> dict[str, list]:
         """Grid values per searchable axis, in SEARCHABLE order; an unsearched axis holds its one
-        value (the learning rate: ``train``'s, else the workload's default peak rate)."""
-        s = self.search_space
+        value (the learning rate: ``train``'s, a float after ``_check``, else the workload's default)."""
+        s, fixed_lr = self.search_space, self.train.get("learning_rate")
         return {
             "global_batch": s.global_batch or [TrainConfig().global_batch],
             "dtype": s.dtype or [ModelConfig.model_fields["dtype"].default],
             "width": s.width or [self._preset().get("width", DEFAULT_WIDTH[self.workload])],
-            "learning_rate": s.learning_rate or [self._fixed_learning_rate()],
+            "learning_rate": s.learning_rate
+            or [DEFAULT_LEARNING_RATE[self.workload] if fixed_lr is None else fixed_lr],
         }
-
-    def _fixed_learning_rate(self) -> Any:
-        """``train.learning_rate`` (a float, ``_check``), else the workload's default."""
-        fixed = self.train.get("learning_rate")
-        return DEFAULT_LEARNING_RATE[self.workload] if fixed is None else fixed
 
     def grid_size(self) -> int:
         """How many trials the grid holds."""
@@ -190,15 +181,13 @@ class SweepConfig(FrozenConfig):
         return [self.trial_dict(base, **point) for point in self.points()]
 
     def trial_dict(
-        self,
-        base: dict[str, Any],
-        global_batch: int,
-        dtype: str,
-        width: int,
-        learning_rate: float,
+        self, base: dict[str, Any], global_batch: int, dtype: str, width: int, learning_rate: float
     ) -> dict[str, Any]:
-        """One grid point as a TrialConfig dict: ``base`` (data, workers) plus this sweep's settings."""
-        model = {**self.model_settings(), "workload": self.workload, "dtype": dtype, "width": width}
+        """One grid point as a TrialConfig dict: ``base`` (data, workers) plus this sweep's settings
+        (its fixed model keys with the preset expanded, ``model`` winning over it)."""
+        preset = {k: v for k, v in self._preset().items() if k != "width"}
+        fixed = {k: v for k, v in self.model.items() if k != "preset"}
+        model = {**preset, **fixed, "workload": self.workload, "dtype": dtype, "width": width}
         train = {**self.train, "global_batch": global_batch, "learning_rate": learning_rate}
         return {**base, "model": model, "train": train, "parallel": self.parallel.model_dump()}
 
@@ -278,10 +267,7 @@ class ExperimentConfig(FrozenConfig):
         return self
 
     def base(self) -> dict[str, Any]:
-        return {
-            "data": self.data.model_dump(),
-            "workers": self.workers.model_dump(),
-        }
+        return {"data": self.data.model_dump(), "workers": self.workers.model_dump()}
 
     def plans(self, source: str = "(experiment)") -> list[TrialPlan]:
         """Every grid point of every sweep, in grid order, each parsed into its TrialConfig; plan once

@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxray.argtypes import folder, positive_int
+from jaxray.argtypes import checked, folder, positive_int
 from jaxray.data.prepare import (
     DATASETS,
     DEFAULT_ROW_GROUP_ROWS,
@@ -24,9 +24,7 @@ from jaxray.data.sources import DataFileError
 def seq_len_arg(text: str) -> int:
     """A sequence length >= 2 (input and shifted target)."""
     value = positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2 (input and shifted target), got {value}")
-    return value
+    return checked(value, value >= 2, "an integer >= 2 (input and shifted target)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

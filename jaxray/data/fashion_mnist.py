@@ -43,23 +43,15 @@ class FashionMNIST:
 
 
 def _check_size(raw: bytes, expected: int, name: str) -> None:
-    if len(raw) < expected:
-        raise DataFileError(
-            f"{name} is truncated: its header promises {expected} bytes, but it has {len(raw)}."
-        )
-    if len(raw) > expected:
-        raise DataFileError(
-            f"{name} has trailing bytes: its header promises {expected} bytes, but it has {len(raw)}."
-        )
+    if len(raw) != expected:
+        problem = "is truncated" if len(raw) < expected else "has trailing bytes"
+        raise DataFileError(f"{name} {problem}: its header promises {expected} bytes, but it has {len(raw)}.")
 
 
 def _header(raw: bytes, n_fields: int, magic: int, name: str) -> tuple[int, ...]:
     # Magic first, so a swapped file is reported as such, not as a short header.
-    if len(raw) >= 4 and struct.unpack(">I", raw[:4])[0] != magic:
-        raise DataFileError(
-            f"{name} is not the expected IDX file: magic number "
-            f"{struct.unpack('>I', raw[:4])[0]}, expected {magic}."
-        )
+    if len(raw) >= 4 and (found := struct.unpack(">I", raw[:4])[0]) != magic:
+        raise DataFileError(f"{name} is not the expected IDX file: magic number {found}, expected {magic}.")
     size = 4 * n_fields
     if len(raw) < size:
         raise DataFileError(f"{name} is truncated: an IDX header needs {size} bytes, but it has {len(raw)}.")

@@ -204,20 +204,6 @@ class _Ahead:
         self._thread.join(timeout_s)
 
 
-def _check_batching(
-    rows: int, global_batch: int, process_index: int, process_count: int, cache_bytes: int
-) -> None:
-    """Raise ValueError (as ``train_batches``) for a batching ``parquet_batches`` cannot serve."""
-    if rows < global_batch:
-        raise ValueError(f"batch size {global_batch} is larger than the {rows} rows of the dataset")
-    if global_batch % process_count:
-        raise ValueError(f"batch size {global_batch} does not divide over {process_count} processes")
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} is not in 0..{process_count - 1}")
-    if cache_bytes < 0:
-        raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
-
-
 def parquet_batches(
     path_or_uri: str,
     split: str,
@@ -237,7 +223,15 @@ def parquet_batches(
     ``cache_bytes``), RuntimeError if an epoch comes back incomplete."""
     fs, root = resolve(path_or_uri, filesystem)
     manifest = read_manifest(root, fs)
-    _check_batching(manifest.split(split).rows, global_batch, process_index, process_count, cache_bytes)
+    rows = manifest.split(split).rows
+    if rows < global_batch:
+        raise ValueError(f"batch size {global_batch} is larger than the {rows} rows of the dataset")
+    if global_batch % process_count:
+        raise ValueError(f"batch size {global_batch} does not divide over {process_count} processes")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} is not in 0..{process_count - 1}")
+    if cache_bytes < 0:
+        raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
     if decoded_bytes(manifest, split) <= cache_bytes:
         yield from train_batches(
             split_arrays(root, split, fs, manifest), global_batch, seed, process_index, process_count
@@ -246,20 +240,16 @@ def parquet_batches(
     share = ProcessShare(
         root, fs, manifest, split, global_batch, seed, process_index, process_count, prefetch_batches
     )
-    yield from _epochs_ahead(share, manifest.split(split).rows // global_batch, global_batch // process_count)
+    yield from _epochs_ahead(share, rows // global_batch, global_batch // process_count)
 
 
 def _epochs_ahead(share: ProcessShare, per_epoch: int, local: int) -> Iterator[dict[str, np.ndarray]]:
     """Batches of ``local`` rows, ``per_epoch`` per epoch, each epoch read on a background thread."""
-
-    def read(epoch: int, stop: threading.Event) -> dict[str, np.ndarray] | None:
-        return epoch_arrays(share, epoch, stop=stop)
-
-    pending = _Ahead(functools.partial(read, 0))
+    pending = _Ahead(functools.partial(epoch_arrays, share, 0))
     try:
         for epoch in itertools.count():
             arrays = pending.result()
-            pending = _Ahead(functools.partial(read, epoch + 1))
+            pending = _Ahead(functools.partial(epoch_arrays, share, epoch + 1))
             for k in range(per_epoch):
                 yield {name: a[k * local : (k + 1) * local] for name, a in arrays.items()}
     finally:  # closed (or dropped) by the consumer: stop reading the next epoch

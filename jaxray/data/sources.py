@@ -33,35 +33,20 @@ class DataFileError(Exception):
 class KnownFile(NamedTuple):
     sha256: str  # of the decompressed content
     url: str
-    gzipped: bool
 
 
+_FMNIST_SHA256 = {
+    "train-images-idx3-ubyte.gz": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+    "train-labels-idx1-ubyte.gz": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+    "t10k-images-idx3-ubyte.gz": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+    "t10k-labels-idx1-ubyte.gz": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+}
 REGISTRY: dict[str, KnownFile] = {
     "tinyshakespeare.txt": KnownFile(
         "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
         "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
-        False,
     ),
-    "fashion-mnist/train-images-idx3-ubyte.gz": KnownFile(
-        "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
-        _FMNIST_URL + "train-images-idx3-ubyte.gz",
-        True,
-    ),
-    "fashion-mnist/train-labels-idx1-ubyte.gz": KnownFile(
-        "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
-        _FMNIST_URL + "train-labels-idx1-ubyte.gz",
-        True,
-    ),
-    "fashion-mnist/t10k-images-idx3-ubyte.gz": KnownFile(
-        "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
-        _FMNIST_URL + "t10k-images-idx3-ubyte.gz",
-        True,
-    ),
-    "fashion-mnist/t10k-labels-idx1-ubyte.gz": KnownFile(
-        "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
-        _FMNIST_URL + "t10k-labels-idx1-ubyte.gz",
-        True,
-    ),
+    **{f"fashion-mnist/{n}": KnownFile(sha, _FMNIST_URL + n) for n, sha in _FMNIST_SHA256.items()},
 }
 
 
@@ -84,53 +69,32 @@ def read_verified(name: str, data_dir: str | os.PathLike | None = None) -> bytes
     candidates = _candidate_paths(name, data_dir)
     for path in candidates:
         if path.is_file():
-            return _verify(path, known)
+            fix = (
+                f"Delete it (a fresh copy is then downloaded into {cache_dir()} if online), "
+                f"or point --data-dir / {DATA_DIR_ENV} at a directory holding a good copy."
+            )
+            return _verify(path, known, fix)
     return _download_into_cache(name, known, candidates)
 
 
-def _search_dirs(name: str, data_dir: str | os.PathLike | None) -> list[Path]:
-    dirs = []
-    if data_dir is not None:
-        dirs.append(Path(data_dir))
+def _candidate_paths(name: str, data_dir: str | os.PathLike | None) -> list[Path]:
+    dirs = [] if data_dir is None else [Path(data_dir)]
     if os.environ.get(DATA_DIR_ENV):
         dirs.append(Path(os.environ[DATA_DIR_ENV]))
     dirs.append(cache_dir())
     if name.startswith("fashion-mnist/"):
         dirs.append(SYSTEM_DIR)
-    # Absolute paths so the "not found" message is unambiguous whatever the cwd.
-    return [d.expanduser().absolute() for d in dirs]
+    # A copy someone gunzipped by hand is as good: the digest is of the payload.
+    rels = [
+        r for rel in dict.fromkeys([name, name.rsplit("/", 1)[-1]]) for r in (rel, rel.removesuffix(".gz"))
+    ]
+    # Absolute paths so the "not found" message is unambiguous whatever the cwd; the system package
+    # ships a flat folder, only basenames live there.
+    dirs = [d.expanduser().absolute() for d in dirs]
+    return list(dict.fromkeys(d / r for d in dirs for r in rels if not (d == SYSTEM_DIR and "/" in r)))
 
 
-def _candidate_paths(name: str, data_dir: str | os.PathLike | None) -> list[Path]:
-    basename = name.rsplit("/", 1)[-1]
-    relatives = [name] if basename == name else [name, basename]
-    names = []
-    for rel in relatives:
-        names.append(rel)
-        if rel.endswith(".gz"):
-            # A copy someone gunzipped by hand is as good: the digest is of the payload.
-            names.append(rel[:-3])
-    paths: list[Path] = []
-    for d in _search_dirs(name, data_dir):
-        for rel in names:
-            p = d / rel
-            # The system package ships a flat folder; only basenames live there.
-            if d == SYSTEM_DIR and "/" in rel:
-                continue
-            if p not in paths:
-                paths.append(p)
-    return paths
-
-
-def _local_fix() -> str:
-    return (
-        f"Delete it (a fresh copy is then downloaded into {cache_dir()} if online), "
-        f"or point --data-dir / {DATA_DIR_ENV} at a directory holding a good copy."
-    )
-
-
-def _verify(path: Path, known: KnownFile, fix: str | None = None) -> bytes:
-    fix = fix or _local_fix()
+def _verify(path: Path, known: KnownFile, fix: str) -> bytes:
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -170,7 +134,8 @@ def _download_into_cache(name: str, known: KnownFile, searched: list[Path]) -> b
         tmp_path = Path(tmp)
         _download(known.url, tmp_path)
     except (OSError, http.client.HTTPException, ValueError) as e:
-        _remove(tmp_path)
+        if tmp_path is not None:
+            tmp_path.unlink(missing_ok=True)
         raise DataFileError(_not_found_message(name, known, searched, e)) from e
     fix = (
         f"This was a download of {known.url}; it has been discarded. Supply a good "
@@ -180,15 +145,10 @@ def _download_into_cache(name: str, known: KnownFile, searched: list[Path]) -> b
         # Verify before the rename so a bad download never lands in the cache.
         content = _verify(tmp_path, known, fix)
     except DataFileError:
-        _remove(tmp_path)
+        tmp_path.unlink(missing_ok=True)
         raise
     os.replace(tmp_path, target)
     return content
-
-
-def _remove(path: Path | None) -> None:
-    if path is not None:
-        path.unlink(missing_ok=True)
 
 
 def _not_found_message(name: str, known: KnownFile, searched: list[Path], err: BaseException) -> str:
