@@ -38,15 +38,6 @@ def stored(arrays: Arrays, columns: dict[str, dict[str, Any]]) -> Arrays:
     return out
 
 
-def column_numpy(column: pa.ChunkedArray, shape: list[int]) -> np.ndarray:
-    """A plain or fixed_size_list Arrow column -> [rows, *shape] numpy array (zero-copy where Arrow
-    allows: no nulls, one chunk)."""
-    array = column.combine_chunks()
-    if shape:
-        array = array.flatten()  # the values of the rows in this (possibly sliced) array
-    return array.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
-
-
 def decode_column(values: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
     """A column's stored values ([rows, *shape]) -> what readers return: ``uint8`` bytes become
     float32 ``x / 255``, others unchanged."""
@@ -56,5 +47,10 @@ def decode_column(values: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
 
 
 def column_values(table: pa.Table, name: str, spec: dict[str, Any]) -> np.ndarray:
-    """Column ``name`` of an Arrow table -> [rows, *shape] numpy of the manifest dtype."""
-    return decode_column(column_numpy(table.column(name), spec["shape"]), spec)
+    """Column ``name`` (plain or fixed_size_list) of an Arrow table -> [rows, *shape] numpy of the
+    manifest dtype (zero-copy where Arrow allows: no nulls, one chunk, no decoding)."""
+    column = table.column(name)
+    array = column.combine_chunks()
+    if spec["shape"]:
+        array = array.flatten()  # the values of the rows in this (possibly sliced) array
+    return decode_column(array.to_numpy(zero_copy_only=False).reshape(len(column), *spec["shape"]), spec)

@@ -20,34 +20,14 @@ import pyarrow.parquet as pq
 
 from jaxray.data.batching import Arrays, num_rows
 from jaxray.data.columns import column_specs, stored
-from jaxray.data.fashion_mnist import load_fashion_mnist
 from jaxray.data.manifest import FORMAT, FORMAT_VERSION, MANIFEST, SPLITS
-from jaxray.data.shakespeare import load_shakespeare
 from jaxray.data.sources import REGISTRY
+from jaxray.data.workloads import DEFAULT_SEQ_LEN, natural_splits
 from jaxray.storage import file_sha256
 
 DATASETS = tuple(SPLITS)
-DEFAULT_SEQ_LEN = 256
 DEFAULT_ROWS_PER_FILE = 8192
 DEFAULT_ROW_GROUP_ROWS = 1024  # a row group is what a reader decodes at once: small enough to stream
-
-
-def natural_splits(
-    dataset: str, data_dir: str | None = None, seq_len: int = DEFAULT_SEQ_LEN
-) -> dict[str, Arrays]:
-    """{split: arrays} in natural order: TinyShakespeare ``{"tokens": [N, seq_len] int32}`` (train
-    and validation, text order), Fashion-MNIST ``{"image": [N, 784] float32, "label": [N] int32}``
-    (train and test, file order). Raises DataFileError (files), ValueError (unknown dataset, seq_len)."""
-    if dataset == "tinyshakespeare":
-        seqs = load_shakespeare(seq_len=seq_len, seed=None, data_dir=data_dir)
-        return {"train": {"tokens": seqs.train}, "validation": {"tokens": seqs.validation}}
-    if dataset == "fashion-mnist":
-        fm = load_fashion_mnist(data_dir)
-        return {
-            "train": {"image": fm.train_images, "label": fm.train_labels},
-            "test": {"image": fm.test_images, "label": fm.test_labels},
-        }
-    raise ValueError(f"unknown dataset {dataset!r}; expected one of {', '.join(DATASETS)}")
 
 
 def source_checksums(dataset: str) -> dict[str, str]:

@@ -24,11 +24,6 @@ class ByteSequences:
     seq_len: int
 
 
-def encode(text: str) -> np.ndarray:
-    """UTF-8 encode ``text`` into a [len(text.encode())] int32 array in 0..255."""
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
-
-
 def bytes_to_text(tokens) -> str:
     """Decode a 1-D sequence of byte tokens (list, NumPy or JAX array) to text; invalid UTF-8
     becomes U+FFFD. Raises ValueError if ``tokens`` is not 1-D, not integers, or outside 0..255."""

@@ -7,23 +7,31 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from jaxray.config import TrialConfig
-from jaxray.data.batching import Arrays
+from jaxray.data.batching import Arrays, num_rows
 from jaxray.data.fashion_mnist import load_fashion_mnist
 from jaxray.data.manifest import MANIFEST, SPLITS, Manifest, ManifestError, read_manifest
 from jaxray.data.shakespeare import load_shakespeare
 from jaxray.storage import resolve
 
+DEFAULT_SEQ_LEN = 256
 
-def load_arrays(trial: TrialConfig) -> tuple[Arrays, Arrays]:
-    """(train, held-out) arrays for ``trial``'s workload; raises DataFileError if files are missing or bad."""
-    seed, data_dir = trial.train.seed, trial.data.data_dir
-    if trial.model.workload == "transformer":
-        seqs = load_shakespeare(seq_len=trial.data.seq_len, seed=seed, data_dir=data_dir)
-        return {"tokens": seqs.train}, {"tokens": seqs.validation}
-    fm = load_fashion_mnist(data_dir)
-    order = np.random.default_rng(seed).permutation(len(fm.train_labels))
-    train = {"image": fm.train_images[order], "label": fm.train_labels[order]}
-    return train, {"image": fm.test_images, "label": fm.test_labels}
+
+def natural_splits(
+    dataset: str, data_dir: str | None = None, seq_len: int = DEFAULT_SEQ_LEN
+) -> dict[str, Arrays]:
+    """{split: arrays} in natural order: TinyShakespeare ``{"tokens": [N, seq_len] int32}`` (train
+    and validation, text order), Fashion-MNIST ``{"image": [N, 784] float32, "label": [N] int32}``
+    (train and test, file order). Raises DataFileError (files), ValueError (unknown dataset, seq_len)."""
+    if dataset == "tinyshakespeare":
+        seqs = load_shakespeare(seq_len=seq_len, seed=None, data_dir=data_dir)
+        return {"train": {"tokens": seqs.train}, "validation": {"tokens": seqs.validation}}
+    if dataset == "fashion-mnist":
+        fm = load_fashion_mnist(data_dir)
+        return {
+            "train": {"image": fm.train_images, "label": fm.train_labels},
+            "test": {"image": fm.test_images, "label": fm.test_labels},
+        }
+    raise ValueError(f"unknown dataset {dataset!r}; expected one of {', '.join(SPLITS)}")
 
 
 # The dataset each workload trains on (its splits, train and held-out, are ``manifest.SPLITS``).
@@ -32,6 +40,15 @@ WORKLOAD_DATASET = {
     "mlp": "fashion-mnist",
     "shared_block_mlp": "fashion-mnist",
 }
+
+
+def load_arrays(trial: TrialConfig) -> tuple[Arrays, Arrays]:
+    """(train, held-out) arrays for ``trial``'s workload (``natural_splits``), the train rows in the
+    order of ``default_rng(train.seed).permutation``; raises DataFileError if files are missing or bad."""
+    dataset = WORKLOAD_DATASET[trial.model.workload]
+    train, held_out = natural_splits(dataset, trial.data.data_dir, trial.data.seq_len).values()
+    order = np.random.default_rng(trial.train.seed).permutation(num_rows(train))
+    return {k: v[order] for k, v in train.items()}, held_out
 
 
 def held_out_split(workload: str) -> str:

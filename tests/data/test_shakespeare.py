@@ -9,12 +9,16 @@ from jaxray.data.shakespeare import (
     VOCAB_SIZE,
     ByteSequences,
     bytes_to_text,
-    encode,
     load_shakespeare,
     split_sequences,
 )
 
 N_BYTES = 1_115_394
+
+
+def encode(text: str) -> np.ndarray:
+    """UTF-8 encode ``text`` into a [len(text.encode())] int32 array in 0..255."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
 
 @pytest.fixture(scope="module")
