@@ -240,19 +240,12 @@ class TrialConfig(FrozenConfig):
 
     def recipe(self) -> dict[str, Any]:
         """The optimizer settings this trial trains with: ``train``'s, else the workload's ``RECIPE``."""
-        t, defaults = self.train, RECIPE[self.model.workload]
-        given = {k: getattr(t, k) for k in ("schedule", "grad_clip_norm", "weight_decay", "beta2")}
-        recipe = {k: defaults[k] if v is None else v for k, v in given.items()}
-        default_warmup = min(MAX_DEFAULT_WARMUP, t.steps // 10) if self.model.workload == "transformer" else 0
+        t, workload = self.train, self.model.workload
+        recipe = {k: v if getattr(t, k) is None else getattr(t, k) for k, v in RECIPE[workload].items()}
+        default_warmup = min(MAX_DEFAULT_WARMUP, t.steps // 10) if workload == "transformer" else 0
         warmup = default_warmup if t.warmup_steps is None else t.warmup_steps
-        return {
-            **recipe,
-            "learning_rate": self.learning_rate,
-            "warmup_steps": warmup,
-            "min_lr_ratio": t.min_lr_ratio,
-            "beta1": t.beta1,
-            "steps": t.steps,
-        }
+        fixed = {"learning_rate": self.learning_rate, "warmup_steps": warmup, "min_lr_ratio": t.min_lr_ratio}
+        return {**recipe, **fixed, "beta1": t.beta1, "steps": t.steps}
 
 
 def check_devices(global_batch: int, devices: int) -> int:
