@@ -150,12 +150,11 @@ def write_artifact(out: Path, manifest: dict, weights: dict[str, np.ndarray], pr
         for stem, (entry, exported) in programs.items():
             file = f"{stem}.exported"
             (tmp / file).write_bytes(exported.serialize())
-            n_weights = len(weights)
             manifest["functions"][stem] = {
                 **entry,
                 "file": file,
                 "sha256": file_sha256(tmp / file),
-                "inputs": [_aval(a) for a in exported.in_avals[n_weights:]],
+                "inputs": [_aval(a) for a in exported.in_avals[len(weights) :]],
                 "outputs": [_aval(a) for a in exported.out_avals],
             }
         (tmp / ARTIFACT_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

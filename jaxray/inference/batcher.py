@@ -1,10 +1,8 @@
-"""Continuous batching: requests join a running batch between decode calls and leave it when done.
-
-The running batch is one ``DecodeState``; between two ``step`` calls new requests are prefilled and
-joined, and finished rows dropped, with the engine's compiled ``gather`` programs. Rows are
-independent: a request's tokens do not depend on its batch-mates. With chunked prefill
-(``settings.prefill_chunk``, as vLLM's) a longer prompt is prefilled one chunk per ``step`` and joins
-with its last chunk, so decoding rows wait for one chunk, not the whole prompt. One thread."""
+"""Continuous batching: requests join the running batch (one ``DecodeState``) between decode calls and
+leave it when done, through the engine's compiled ``gather`` programs. Rows are independent: a request's
+tokens do not depend on its batch-mates. With chunked prefill (``settings.prefill_chunk``, as vLLM's) a
+longer prompt is prefilled one chunk per ``step`` and joins with its last chunk, so decoding rows wait
+for one chunk, not the whole prompt."""
 
 from __future__ import annotations
 

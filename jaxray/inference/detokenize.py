@@ -1,6 +1,5 @@
-"""Text from a stream of byte tokens: UTF-8 pieces that never split a character (``decoded``), and
-``Choice``, one request's text cut at its first stop sequence, as the serving routes return it. No
-JAX, no Ray."""
+"""Text from a stream of byte tokens, as the serving routes return it: UTF-8 pieces that never split a
+character, cut at the first stop sequence. No JAX, no Ray."""
 
 from __future__ import annotations
 

@@ -55,8 +55,7 @@ class Completion:
 
 @dataclass
 class Programs:
-    """Uncompiled programs: ``start(params, tokens, lengths, seeds, temperature, top_k, max_new)`` and
-    ``decode_chunk(params, state, max_steps)`` (``jaxray.inference.kv_decode`` with the model bound)."""
+    """Uncompiled programs: ``kv_decode``'s with the model bound, params first."""
 
     start: Callable[..., tuple]
     decode_chunk: Callable[..., tuple]
@@ -65,7 +64,7 @@ class Programs:
 
 @dataclass
 class Engine:
-    """Compiled KV-cache sampling for one model (see the module docstring)."""
+    """Compiled KV-cache sampling for one model."""
 
     config: ModelConfig
     params: Any

@@ -34,11 +34,9 @@ def sample(
     max_new_tokens: int,
     top_k: int | None = None,
 ) -> jax.Array:
-    """Sample ``max_new_tokens`` bytes after the prompt held in ``window``.
-
-    window: [T] int32, the prompt in ``window[:length]`` (1 <= length <= T), zeros after it; T is the
-    context read (``context_len``: the window slides once full).
-    Returns [max_new_tokens] int32."""
+    """[max_new_tokens] int32 bytes sampled after the prompt ``window[:length]`` (1 <= length <= T) of
+    ``window`` [T] int32, zeros after it; T is the context read (``context_len``: the window slides once
+    full)."""
     size = window.shape[0]
 
     def step(i, carry):

@@ -61,7 +61,8 @@ class Scheduler:
         return id(request) in self._tickets or any(r is request for g in self._waiting for r in g.requests)
 
     def stats(self) -> dict[str, float]:
-        """Decode calls so far, the live requests they decoded in all, and their mean."""
+        """Decode calls so far, the live requests they decoded in all, their mean, and the seconds spent
+        admitting and decoding."""
         calls, rows = self.batcher.decode_calls, self.batcher.rows_decoded
         return {
             "decode_calls": calls,
