@@ -1,8 +1,7 @@
 """``python -m jaxray.doctor``: which devices JAX sees, why only the CPU if so, and how a batch shards.
 
-Exits 0 whenever it ran (a diagnosis, not a gate). ``--json`` prints the facts as one JSON object;
-``--cpu-devices N`` forces N host devices. jax is imported inside functions, after XLA_FLAGS is set.
-"""
+Exits 0 whenever it ran (a diagnosis, not a gate). jax is imported inside functions, after
+``--cpu-devices`` has set XLA_FLAGS."""
 
 from __future__ import annotations
 
@@ -81,8 +80,7 @@ def cpu_only_reason(facts: Facts) -> str | None:
 
 
 def _run_smi(*args: str) -> tuple[str, str]:
-    """(status, stdout) of ``nvidia-smi *args``; status is "ok", "missing (not on PATH)" or
-    "failed: <why>"."""
+    """(status, stdout) of ``nvidia-smi *args``; status: "ok", "missing (not on PATH)", "failed: <why>"."""
     if shutil.which("nvidia-smi") is None:
         return "missing (not on PATH)", ""
     try:
@@ -221,7 +219,6 @@ def check_mesh(show: bool) -> dict:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line; argparse exits 2 on bad arguments."""
     parser = argparse.ArgumentParser(prog="python -m jaxray.doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the facts as one JSON object")
     parser.add_argument(
@@ -234,7 +231,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the checks and print them; 0 whenever it ran."""
     args = parse_args(argv)
     if args.cpu_devices:  # appended, so the user's own XLA_FLAGS survive; must precede `import jax`
         flag = f"--xla_force_host_platform_device_count={args.cpu_devices}"

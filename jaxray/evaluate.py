@@ -2,10 +2,7 @@
 
 MLPs: test loss (nats), accuracy, 10x10 confusion matrix and figures over all 10,000 test images.
 Transformer: val loss (nats/byte), perplexity = exp(loss), bits/byte = loss / ln 2, a sample.
-Writes summary.json (and MLP PNGs) to ``--out`` (default ``runs/eval/<name>``).
-
-  python -m jaxray.evaluate --checkpoint runs/demo --workload mlp
-  python -m jaxray.evaluate --checkpoint runs/demo --prompt "JULIET:" --max-new-tokens 300"""
+Writes summary.json (and MLP PNGs) to ``--out`` (default ``runs/eval/<name>``)."""
 
 from __future__ import annotations
 
@@ -53,7 +50,7 @@ def predict_step(params: Any, batch: dict[str, jax.Array], *, apply) -> jax.Arra
 
 
 def jit_predict_step(model: Model, mesh: Mesh):
-    """The jitted predict step: params replicated, batch sharded, predictions replicated."""
+    """Params replicated, batch sharded, predictions replicated."""
     step = functools.partial(predict_step, apply=model.apply)
     return jax.jit(
         step, in_shardings=(replicated(mesh), batch_sharding(mesh)), out_shardings=replicated(mesh)
@@ -129,9 +126,8 @@ def run(
     seed: int = 0,
     overwrite: bool = False,
 ) -> dict:
-    """Evaluate the checkpoint ``path`` names and write summary.json (and MLP figures) under ``out``;
-    returns the summary. Raises CheckpointError, ConfigError, ValueError, DataFileError and
-    ResultsWriteError (nothing in ``out`` changed)."""
+    """Evaluate the checkpoint ``path`` names into ``out``; returns the summary. Raises CheckpointError,
+    ConfigError, ValueError, DataFileError and ResultsWriteError (nothing in ``out`` changed)."""
     sampling = Sampling(max_new_tokens, temperature, seed)
     sampling.check()
     prompt_window(encode_prompt(prompt), 1)  # an empty prompt fails here, not after the restore
@@ -187,7 +183,7 @@ def _classifier_files(result: dict, held_out: Arrays, out: Path) -> tuple[dict, 
 
 
 def format_summary(s: dict) -> str:
-    """The lines ``main`` prints for a summary from ``run``."""
+    """The lines ``main`` prints for ``run``'s summary."""
     lines = [f"checkpoint     {s['checkpoint']} ({s['workload']})"]
     if s["workload"] == "transformer":
         lines += [

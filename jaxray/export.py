@@ -1,10 +1,7 @@
 """Export a trained transformer with ``jax.export``; ``python -m jaxray.export``.
 
 Command line of ``jaxray.inference.artifact``. A failed write exits 1 with one line naming --out
-and the OS error, having removed what it wrote.
-
-  python -m jaxray.export --checkpoint runs/demo --out exports/demo --buckets 32,128,256
-"""
+and the OS error, having removed what it wrote."""
 
 from __future__ import annotations
 

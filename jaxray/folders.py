@@ -20,14 +20,10 @@ class RunFolderError(ValueError):
 
 @contextmanager
 def exclusive(run_dir: str | Path, command: str = "python -m jaxray.tune") -> Iterator[Path]:
-    """Hold the folder ``run_dir`` (created if missing) for one run of ``command``, the one that
-    writes into it (a sweep, an evaluation): an OS lock on ``run_dir/.jaxray.lock`` (``filelock``),
-    which the system releases when the process ends, however it ends. A second run into the same
-    folder (for a sweep: ``--config``, ``--overwrite`` or ``--resume``) is refused at once, before
-    it reads or moves anything, instead of interleaving its files with the first one's. The lock
-    file is removed when the run ends, and so are the folders created here that are still empty
-    then (the run's checks failed).
-
+    """Hold the folder ``run_dir`` (created if missing) for the one run of ``command`` writing into
+    it: an OS lock on ``run_dir/.jaxray.lock`` (``filelock``), released however the process ends. A
+    second run into it is refused at once, before it reads or moves anything. On exit the lock file
+    goes, and so do the folders created here that are still empty (the run's checks failed).
     Raises RunFolderError naming the folder when another run holds it or it cannot be created."""
     run_dir = Path(run_dir).absolute()
     if run_dir.exists() and not run_dir.is_dir():
@@ -56,9 +52,8 @@ def exclusive(run_dir: str | Path, command: str = "python -m jaxray.tune") -> It
 
 @contextmanager
 def removed_if_failed(out: str | Path) -> Iterator[Path]:
-    """``out`` (absolute) for a command that writes into it: when the block raises, the folders of
-    ``out`` (``out`` included) that did not exist on entry and are empty then are removed, so a
-    failed evaluation or export leaves no empty folder behind; the exception goes on."""
+    """``out`` (absolute); when the block raises, the folders of ``out`` (``out`` included) that did
+    not exist on entry and are empty then are removed, and the exception goes on."""
     out = Path(out).absolute()
     created = _first_missing(out)
     try:
@@ -85,10 +80,8 @@ def _remove_empty(out: Path, created: Path | None) -> None:
 
 
 def check_overwrite(out_dir: str | Path, writer: str, name: str = "summary.json") -> None:
-    """Refuse to replace a ``summary.json`` (or ``name``) in ``out_dir`` that ``writer`` (e.g.
-    "jaxray.bench") did not write (its ``written_by``), so pointing ``--out`` at a sweep's folder
-    cannot destroy its results. Raises ValueError naming the file; a missing file, or one from the
-    same writer, passes."""
+    """Raise ValueError naming the file when ``out_dir/name`` exists and its ``written_by`` is not
+    ``writer`` (e.g. "jaxray.bench"): ``--out`` pointed at a sweep's folder cannot destroy its results."""
     path = Path(out_dir) / name
     if not path.exists():
         return

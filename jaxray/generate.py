@@ -1,10 +1,7 @@
 """Byte-level sampling from a trained transformer; ``python -m jaxray.generate``.
 
 Samplers: ``kv`` (default, ``jaxray.inference.engine.kv_generate``) and ``full``, the full-recompute
-reference (``jaxray.inference.sampling.generate``).
-
-  python -m jaxray.generate --checkpoint runs/demo --prompt "ROMEO:" --max-new-tokens 300
-"""
+reference (``jaxray.inference.sampling.generate``)."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ from jaxray.inference.sampling import Sampling, encode_prompt, generate, printab
 from jaxray.reporting import checkpoint_line
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     p = argtypes.cli_parser("python -m jaxray.generate", "Sample text from a trained transformer.")
     p.add_argument("--checkpoint", required=True, help=argtypes.TRANSFORMER_CHECKPOINT_HELP)
     p.add_argument(
@@ -39,13 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="kv: bytes kept when the window is full (2..max_seq_len - 1; default max_seq_len // 2)",
     )
-    return p
+    args = p.parse_args(argv)
+    try:
+        text = sample_text(args)
+    except (checkpoint.CheckpointError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(printable(args.prompt + text))
+    return 0
 
 
 def sample_text(args: argparse.Namespace) -> str:
-    """The text sampled after ``args.prompt`` (prompt excluded), every option checked before anything is
-    restored; the checkpoint is named on stderr. Raises ValueError naming the option, CheckpointError
-    naming the path."""
+    """The text sampled after ``args.prompt`` (prompt excluded), every option checked before the restore;
+    the checkpoint is named on stderr. Raises ValueError naming the option, CheckpointError the path."""
     sampling = Sampling(args.max_new_tokens, args.temperature, args.seed, args.top_k)
     sampling.check()
     prompt_window(encode_prompt(args.prompt), 1)  # an empty prompt fails before the restore
@@ -58,17 +61,6 @@ def sample_text(args: argparse.Namespace) -> str:
     if args.sampler == "kv":
         return kv_generate(model, params, args.prompt, sampling, args.context_keep)
     return generate(model, params, args.prompt, sampling)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        text = sample_text(args)
-    except (checkpoint.CheckpointError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(printable(args.prompt + text))
-    return 0
 
 
 if __name__ == "__main__":

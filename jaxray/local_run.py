@@ -36,12 +36,6 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
         tmp.write_text(json.dumps(json_safe(doc), indent=2))
 
 
-def newest_checkpoint(out: Path) -> Path | None:
-    """The newest committed checkpoint folder in ``out`` (``remote.complete_checkpoints``), or None."""
-    done = remote.complete_checkpoints(str(out))
-    return Path(done[0]) if done else None
-
-
 def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
     """The checkpoint to resume from; LocalRunError for a run that cannot start here, ConfigError for
     a trial that cannot run on its mesh (``check_trial``: batch, params, attention)."""
@@ -59,7 +53,8 @@ def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
             f"the trial needs {trial.workers.total_devices} devices (workers.num_workers x "
             f"workers.devices_per_worker), this process sees {len(jax.devices())}: {jax.devices()}"
         )
-    latest = newest_checkpoint(out)
+    done = remote.complete_checkpoints(str(out))  # committed ones, newest first
+    latest = Path(done[0]) if done else None
     if latest is not None and not resume:
         raise LocalRunError(f"{out} already holds checkpoints ({latest.name}): --resume, or another --out")
     if resume:

@@ -74,9 +74,8 @@ def sweep_ranking(sweeps: Iterable[SweepConfig]) -> Ranking:
 
 
 def saved_ranking(run_dir: str | Path) -> Ranking:
-    """The ranking the sweeps of ``run_dir`` saved in its ``experiment.yaml``; empty (every workload
-    ranked by ``DEFAULT_METRIC``) when the folder has none. Raises RunFolderError naming the file
-    when it is not a valid experiment config."""
+    """The ranking saved in ``run_dir/experiment.yaml``; empty (``DEFAULT_METRIC``) without one.
+    Raises RunFolderError naming the file when it is not a valid experiment config."""
     path = Path(run_dir) / EXPERIMENT_FILE
     if not path.is_file():
         return {}
@@ -109,9 +108,8 @@ def metric_value(row: dict, metric: str) -> float | None:
 
 
 def best_trial(rows: Iterable[dict], workload: str, ranking: Ranking | None = None) -> dict | None:
-    """The best of ``rows`` whose ``workload`` it is, by ``ranking_metric(workload, ranking)``: the
-    highest or lowest finite value, the first of equal ones. None when no such row has a finite
-    value. The one ranking every report and checkpoint look-up uses."""
+    """The row of ``workload`` with the highest or lowest finite ``ranking_metric(workload, ranking)``,
+    the first of equal ones; None when none has a finite value. Every report and look-up ranks so."""
     metric, mode = ranking_metric(workload, ranking)
     mine = [r for r in rows if r.get("workload", "?") == workload]
     scored = [(v, r) for r in mine if (v := metric_value(r, metric)) is not None]
@@ -157,11 +155,10 @@ def record_path(run_dir: str | Path, path: str | Path) -> str:
 
 
 def best_row(run_dir: str | Path, workload: str | None = None) -> dict[str, Any]:
-    """The summary row of the best trial of ``workload`` in the run folder ``run_dir``: the trial
-    ``summary.md`` names (``best_trial`` by the sweep's saved ranking), among those with a
-    checkpoint. Default workload: the transformer if the sweep has one, else the first by name.
-    Raises RunFolderError naming the file when ``summary.json`` or ``experiment.yaml`` cannot be
-    read, or no trial of ``workload`` has a checkpoint and a finite ranking metric."""
+    """The summary row of the best trial of ``workload`` with a checkpoint in ``run_dir`` (``best_trial``
+    by the saved ranking, as ``summary.md`` names it). Default workload: the transformer if the sweep
+    has one, else the first by name. Raises RunFolderError naming the file when ``summary.json`` or
+    ``experiment.yaml`` cannot be read, or no trial of ``workload`` has a checkpoint and a finite metric."""
     every = read_summary(run_dir)
     rows = [r for r in every if has_model(r)]
     workloads = sorted({r["workload"] for r in rows})
@@ -217,8 +214,8 @@ def new_run(experiment_dir: str | Path) -> Path:
 
 
 def run_folders(experiment_dir: str | Path) -> list[Path]:
-    """The run folders of ``experiment_dir`` (named ``<YYYYmmdd-HHMMSS>[-n]`` by ``new_run``, holding
-    ``experiment.yaml``), newest first; a folder of any other name (a copy kept there) is not a run."""
+    """The folders of ``experiment_dir`` named as ``new_run`` names them and holding ``experiment.yaml``,
+    newest first (a copy kept there under another name is not a run)."""
     found = [
         (m.group(1), int(m.group(2) or 1), p.parent)
         for p in Path(experiment_dir).glob(f"*/{EXPERIMENT_FILE}")
@@ -234,9 +231,8 @@ def crashed(row: dict) -> bool:
 
 
 def finished(run_dir: str | Path) -> bool:
-    """The one meaning of a finished run, for ``--resume``, ``--checkpoint`` and the reports: it wrote
-    its summary and no trial crashed. A diverged trial is finished, without a model (it would diverge
-    again); a trial ASHA stopped is finished with the checkpoint it had."""
+    """Whether the run wrote its summary and no trial crashed (``--resume``, ``--checkpoint``, reports).
+    A diverged trial is finished without a model; one ASHA stopped, with the checkpoint it had."""
     try:
         rows = read_summary(run_dir)
     except (OSError, RunFolderError):
@@ -250,11 +246,9 @@ def has_model(row: dict) -> bool:
 
 
 def latest_run(path: str | Path, workload: str | None = None) -> Path:
-    """The run folder ``path`` means: the newest ``finished`` run of the experiment folder ``path``
-    with a model of ``workload`` (``best_row``; default workload as there), so a newer run that
-    crashed, diverged throughout or trained another workload hides none; or ``path`` itself when it
-    holds no runs but a ``summary.json``. Raises RunFolderError naming the folder and what it holds
-    when there is none."""
+    """The newest ``finished`` run of the experiment folder ``path`` with a model of ``workload``
+    (``best_row``'s default), or ``path`` itself when it holds no runs but a ``summary.json``. Raises
+    RunFolderError naming the folder and what it holds when there is none."""
     return _latest(Path(path), workload)[0]
 
 
@@ -327,12 +321,11 @@ def trial_without_checkpoint(folder: Path) -> str:
 def open_checkpoint(
     path: str | Path | checkpoint.Verified, workload: str | None = None
 ) -> checkpoint.Verified:
-    """The checkpoint a command's ``--checkpoint`` names, verified once (``checkpoint.open``;
-    restore it without hashing again): a checkpoint itself; a Ray Train run folder (its newest good
-    ``checkpoint_*``); a run folder or an experiment folder (``latest_run``): the checkpoint of its
-    best trial of ``workload`` (``best_row``), or that trial's newest good older one, with a warning,
-    when it is damaged; a URI (``s3://``...): its local copy, checked while fetched. Raises
-    CheckpointError naming the path and why."""
+    """The checkpoint ``--checkpoint path`` names, verified once (``checkpoint.open``): a checkpoint
+    itself; a Ray Train run folder: its newest good ``checkpoint_*``; a run or experiment folder
+    (``latest_run``): its best ``workload`` trial's checkpoint (``best_row``), or, with a warning when
+    that is damaged, the trial's newest good older one; a URI: its local copy, checked while fetched.
+    Raises CheckpointError naming the path and why."""
     if isinstance(path, checkpoint.Verified):
         return path
     if storage.is_uri(path):

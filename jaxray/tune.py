@@ -195,9 +195,9 @@ def first_trials(plans: list[TrialPlan]) -> dict[str, TrialConfig]:
 def prepare(
     args: argparse.Namespace, stack: contextlib.ExitStack
 ) -> tuple[ExperimentConfig, Path, dict[str, tuple], list[TrialPlan]]:
-    """(the experiment, its run folder, each sweep's arrays, its plans) once every check that can fail
-    on the user's input has passed, all before Ray starts; a new run's folder is created (with its
-    experiment.yaml) only then. Ray is up when it returns; the run folder is held
+    """(the experiment, its run folder, each sweep's (train, held-out) arrays, its plans) once every
+    check that can fail on the user's input has passed, all before Ray starts; a new run's folder is
+    created (with its experiment.yaml) only then. Ray is up when it returns; the run folder is held
     (``folders.exclusive``) until ``stack`` closes. Raises ConfigError, DataFileError or RunFolderError."""
     overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
     if args.resume is not None:
@@ -209,7 +209,6 @@ def prepare(
     check_scaling(exp.workers)
     check_storage(exp)
     firsts = first_trials(plans)
-    # Each sweep's (train, held-out) arrays, loaded and verified once, before Ray starts.
     arrays = {} if exp.data.parquet else {w: load_arrays(trial) for w, trial in firsts.items()}
     check_batches(exp, firsts, arrays)
     if out is None:

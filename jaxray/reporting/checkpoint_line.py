@@ -19,11 +19,9 @@ from jaxray.reporting.format import number
 
 
 def describe(directory: str | Path) -> str:
-    """``checkpoint: PATH (trial T, step S, METRIC)`` for a resolved checkpoint ``directory``: PATH
-    relative to the working directory when inside it; the trial (its Ray Train folder's name, else
-    the one its ``trial_config.json`` names); the step and the held-out metric of the final
-    checkpoint's summary row, else the newest validation loss in its history (at step S), else the
-    last training loss. Only reads: what cannot be read is left out."""
+    """``checkpoint: PATH (trial T, step S, METRIC)``: PATH relative to the working directory when
+    inside it; the trial its Ray Train folder, else its ``trial_config.json``, names; METRIC as
+    ``_metric``. Only reads: what cannot be read is left out."""
     directory = Path(directory)
     here = directory.absolute()
     shown: str | Path = remote.source(directory)  # a cached copy: the URI it was fetched from
@@ -44,7 +42,7 @@ def describe(directory: str | Path) -> str:
 
 
 def _json(path: Path) -> Any:
-    """``path`` parsed; None when it is missing, unreadable or no JSON (``describe`` only shows)."""
+    """``path`` parsed; None when it is missing, unreadable or no JSON."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -53,7 +51,7 @@ def _json(path: Path) -> Any:
 
 def _metric(directory: Path, state: dict) -> str:
     """The held-out metric of the final checkpoint's summary row, else the newest validation loss in
-    the checkpoint's history (an earlier save's), else the last training loss."""
+    its history (an earlier save's), else the last training loss."""
     row = state.get("summary") if isinstance(state.get("summary"), dict) else {}
     pairs = (("val_loss", "val loss {:.4f}"), ("val_perplexity", "perplexity {:.2f}"))
     pairs += (("test_accuracy", "test accuracy {:.4f}"), ("test_loss", "test loss {:.4f}"))

@@ -34,7 +34,7 @@ def number(value: Any) -> float | None:
 
 def finite(value: Any) -> float | None:
     """The value as a float when it is a finite number, else None (missing, text, NaN, inf)."""
-    v = number(value)  # None for missing and for NaN/inf: what plots and rankings need
+    v = number(value)
     return v if v is not None and math.isfinite(v) else None
 
 
@@ -88,8 +88,8 @@ DIVERGED_KEYS = ("diverged_step", "diverged_metric", "diverged_value")
 
 
 def diverged_error(row: dict) -> str | None:
-    """A diverged trial's ``error``, "diverged at step 300: loss nan (not finite)"; None for a row
-    (or Tune result) without ``diverged_step``."""
+    """A diverged trial's ``error``, "diverged at step 300: loss nan (not finite)"; None without
+    ``diverged_step``."""
     if row.get("diverged_step") is None:
         return None
     found = f"{row.get('diverged_metric')} {row.get('diverged_value')}"

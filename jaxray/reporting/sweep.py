@@ -50,11 +50,9 @@ HEADER = tuple(
 def write_reports(
     out_dir: str | Path, rows: list[dict], histories: dict[str, list[dict]], ranking: Ranking | None = None
 ) -> dict[str, Path]:
-    """Writes summary.json, summary.md, throughput_vs_batch.png and loss_curves.png under out_dir.
-
+    """Writes the four files under out_dir, each whole or not at all; returns {file name: path}.
     ``histories``: trial name -> logged rows (``step``, ``examples``, ``loss``, ``tokens``).
-    ``ranking``: workload -> (metric, "min"|"max") (default ``DEFAULT_METRIC``). Returns {file
-    name: path}."""
+    ``ranking``: workload -> (metric, "min"|"max") (default ``DEFAULT_METRIC``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in FILES}
@@ -69,7 +67,7 @@ def write_reports(
         THROUGHPUT_PLOT: lambda tmp: plot_throughput(rows, tmp),
         LOSS_PLOT: lambda tmp: plot_loss_curves(rows, histories, tmp),
     }
-    for name, write in writers.items():  # each whole or not at all (a full disk)
+    for name, write in writers.items():
         with written_whole(paths[name]) as tmp:
             write(tmp)
     return paths
@@ -189,8 +187,7 @@ def _no_best(trials: list[dict]) -> str:
 
 
 def markdown_summary(rows: list[dict], ranking: Ranking | None = None) -> str:
-    """The whole summary.md: heading, trial counts, table, best trial per workload, the effect of
-    each swept axis (``axis_effects``)."""
+    """summary.md: heading, trial counts, table, best trial per workload, effect of each swept axis."""
     failed = sum(1 for r in rows if r.get("error"))
     stopped = [r for r in rows if "stopped_at_step" in r]
     return "\n".join(
@@ -239,7 +236,7 @@ def stopped_early(rows: list[dict]) -> str:
 
 
 def effects_section(rows: list[dict], ranking: Ranking | None = None) -> list[str]:
-    """summary.md's "Effect of each axis" section (``axis_effects``), or nothing without a swept axis."""
+    """summary.md's "Effect of each axis" section, or nothing without a swept axis."""
     table = axis_effects(rows, ranking)
     if not table:
         return []

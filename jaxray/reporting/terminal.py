@@ -21,12 +21,12 @@ _log_file: Path | None = None  # where everything else goes meanwhile
 
 
 def out() -> TextIO:
-    """Where jaxray's results go: the terminal's stdout and the log (``sys.stdout`` when not quiet)."""
+    """jaxray's results: the terminal's stdout and the log (``sys.stdout`` when not quiet)."""
     return _lines[0] if _lines else sys.stdout
 
 
 def err() -> TextIO:
-    """Where jaxray's header, warnings and errors go: the terminal's stderr and the log."""
+    """jaxray's header, warnings and errors: the terminal's stderr and the log."""
     return _lines[1] if _lines else sys.stderr
 
 
@@ -112,9 +112,9 @@ class _Once(logging.Filter):
 
 @contextlib.contextmanager
 def quiet(log_file: Path) -> Iterator[Path]:
-    """Inside: descriptors 1 and 2 write to ``log_file`` (created, appended to), ``out()``/``err()``
-    to the terminal; ``jaxray`` logger warnings reach ``err()`` once each. Yields ``log_file``.
-    Raises OSError when the log file cannot be created (before anything is redirected)."""
+    """Descriptors 1 and 2 to ``log_file`` (created, appended to) inside; ``jaxray`` logger warnings
+    reach ``err()`` once each. Yields ``log_file``. Raises OSError when the log file cannot be
+    created (before anything is redirected)."""
     global _terminal, _lines, _log_file
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
