@@ -108,7 +108,7 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def name_list(text: str) -> list[str]:
-    """Comma-separated names, e.g. ``attention,gpt2_b16`` (argparse type)."""
+    """Comma-separated names, e.g. ``attention,gpt2_b16``."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
@@ -150,7 +150,7 @@ def port(text: str) -> int:
 
 
 def json_object(text: str) -> dict[str, Any]:
-    """An argparse type: a JSON object, such as ``'{"min_replicas": 1, "max_replicas": 2}'``."""
+    """A JSON object, such as ``'{"min_replicas": 1, "max_replicas": 2}'``."""
     try:
         value = json.loads(text)
     except ValueError as err:

@@ -1,8 +1,6 @@
-"""Typed configs of one trial (model, train, data, workers), parsed from Tune dicts and
-validated in one place; ``jaxray.config.experiment`` holds the sweep and experiment configs.
-
-Every config is a frozen pydantic model with ``extra="forbid"``; errors name the field path, what is
-allowed and the value received. ``check_devices`` holds the checks that need the device count."""
+"""Typed configs of one trial (model, train, data, workers, parallel), parsed from Tune dicts and
+validated in one place (``check_devices``: the checks that need the device count);
+``jaxray.config.experiment`` holds the sweep and experiment configs."""
 
 from __future__ import annotations
 
@@ -176,10 +174,9 @@ class DataConfig(FrozenConfig):
 
 
 def trial_name(workload: str, global_batch: int, dtype: str, width: int, learning_rate: float) -> str:
-    """A trial's name, ``<workload>_b<global_batch>_<dtype>_w<width>_lr<peak learning rate>``: the one
-    name of its Tune and Ray Train folders, TensorBoard run, progress row, summary row and checkpoint.
-    The rate is written as Python's shortest repr of the float (0.003, 1e-05), so two different
-    rates never share a name."""
+    """``<workload>_b<global_batch>_<dtype>_w<width>_lr<peak rate>``, the one name of a trial's Tune and
+    Ray Train folders, TensorBoard run, progress and summary rows and checkpoint. The rate is Python's
+    shortest repr of the float (0.003, 1e-05), so two different rates never share a name."""
     return f"{workload}_b{global_batch}_{dtype}_w{width}_lr{float(learning_rate)!r}"
 
 
@@ -194,7 +191,7 @@ class TrialConfig(FrozenConfig):
     parallel: ParallelConfig = ParallelConfig()
 
     def name(self) -> str:
-        """The trial's name (``trial_name``), as python -m jaxray.tune names its folders."""
+        """``trial_name`` of this trial, as python -m jaxray.tune names its folders."""
         m = self.model
         return trial_name(m.workload, self.train.global_batch, m.dtype, m.width, self.learning_rate)
 

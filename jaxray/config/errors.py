@@ -1,5 +1,4 @@
-"""Config errors in words: ``validate`` parses a pydantic model and raises ConfigError naming the
-source, each field's path, what is allowed and the value received."""
+"""Config errors in words: the ConfigError messages of ``validate`` and ``invalid``."""
 
 from __future__ import annotations
 
@@ -56,8 +55,8 @@ def _format(err: ValidationError, source: str, root: type[BaseModel], prefix: st
 
 
 def invalid(source: str, message: str, prefix: str = "") -> ConfigError:
-    """The ConfigError of a post-parse check, worded as ``validate``'s: "invalid config SOURCE:",
-    the field path and ``message``."""
+    """A post-parse check's ConfigError, worded as ``validate``'s: "invalid config SOURCE:", the field
+    path and ``message``."""
     return ConfigError(f"invalid config {source}:\n  {_where(prefix)}: {message}")
 
 

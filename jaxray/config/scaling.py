@@ -25,19 +25,16 @@ def _worker_count(value: Any) -> Any:
 Accelerator = Literal["cpu", "gpu", "tpu"]
 ACCELERATORS: tuple[str, ...] = Accelerator.__args__
 TPU_CHIPS_PER_HOST = (1, 2, 4, 8)  # what Ray 2.60 lets one worker ask for ({"TPU": n})
-
-
 RAY_RESIZE_INTERVAL_S = 60.0  # Ray Train's elastic_resize_monitor_interval_s default
 
 
 class WorkersConfig(FrozenConfig):
     """Ray Train scaling: ``num_workers`` JAX processes, or ``[min, max]`` of them (Ray's elastic
     ``ScalingConfig``: fewer while nodes are missing, the same global batch), each owning
-    ``devices_per_worker`` devices of ``accelerator`` (on CPU at most
-    ``jaxray.argtypes.MAX_CPU_DEVICES`` forced host devices; on TPU 1, 2, 4 or 8 chips). A TPU slice
-    of several hosts names its ``topology`` ("4x4") and ``accelerator_type`` ("TPU-V5LITEPOD"), as
-    Ray's ``ScalingConfig`` requires. ``compile_cache``: JAX's persistent compilation cache folder
-    for every trial ("" turns it off; default ``jaxray.train.compile_cache.default_folder``)."""
+    ``devices_per_worker`` devices of ``accelerator``. A TPU slice of several hosts names its
+    ``topology`` ("4x4") and ``accelerator_type`` ("TPU-V5LITEPOD"), as Ray's ``ScalingConfig``
+    requires. ``compile_cache``: JAX's persistent compilation cache folder for every trial ("" turns
+    it off; default ``jaxray.train.compile_cache.default_folder``)."""
 
     num_workers: Annotated[int | tuple[int, int], BeforeValidator(_worker_count)] = 1
     devices_per_worker: PosInt = 1

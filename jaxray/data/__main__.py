@@ -1,7 +1,4 @@
-"""``python -m jaxray.data SUB-COMMAND``: see ``--help``. Options are checked before any file is read.
-
-python -m jaxray.data prepare --dataset tinyshakespeare --out data/shakespeare-256 --seq-len 256
-python -m jaxray.data prepare --dataset fashion-mnist --out data/fashion-mnist"""
+"""``python -m jaxray.data prepare``: see ``--help``. Options are checked before any file is read."""
 
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ from jaxray.data.sources import DataFileError
 
 
 def seq_len_arg(text: str) -> int:
-    """A sequence length >= 2 (input and shifted target)."""
     value = positive_int(text)
     return checked(value, value >= 2, "an integer >= 2 (input and shifted target)")
 

@@ -21,8 +21,7 @@ def num_rows(arrays: Arrays) -> int:
 
 
 def epoch_order(rows: int, seed: int, epoch: int) -> np.ndarray:
-    """The row order of one epoch: a permutation [rows] int64 from ``np.random.default_rng([seed,
-    epoch])``; every data path (memory, Parquet) uses it."""
+    """Epoch ``epoch``'s row order, [rows] int64; every data path (memory, Parquet) uses it."""
     return np.random.default_rng([seed, epoch]).permutation(rows)
 
 

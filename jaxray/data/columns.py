@@ -1,7 +1,4 @@
-"""How a prepared folder's columns are stored in Parquet and read back (no Ray needed).
-
-Column spec: ``{"dtype": "int32"|"float32", "shape": [per-row dims]}`` plus ``"stored": "uint8"``
-for Fashion-MNIST pixels, stored as their IDX bytes and divided by 255 on read (bit-exact)."""
+"""How a prepared folder's columns are stored in Parquet and read back (no Ray needed)."""
 
 from __future__ import annotations
 
@@ -12,12 +9,12 @@ import pyarrow as pa
 
 from jaxray.data.batching import Arrays
 
-STORED = {"image": "uint8"}  # column -> the dtype it is written as, when not its own
+STORED = {"image": "uint8"}  # Fashion-MNIST pixels are written as their IDX bytes
 
 
 def column_specs(arrays: Arrays) -> dict[str, dict[str, Any]]:
-    """{column: {"dtype": "int32"|"float32", "shape": [per-row dims]}} plus ``"stored": "uint8"``
-    for a column kept as bytes (``STORED``): dtype is what readers return."""
+    """{column: {"dtype": "int32"|"float32", "shape": [per-row dims]}} (what readers return), plus
+    ``"stored": "uint8"`` for a column written as bytes (``STORED``)."""
     specs = {k: {"dtype": str(v.dtype), "shape": list(v.shape[1:])} for k, v in arrays.items()}
     for name in specs.keys() & STORED.keys():
         specs[name]["stored"] = STORED[name]
@@ -39,8 +36,7 @@ def stored(arrays: Arrays, columns: dict[str, dict[str, Any]]) -> Arrays:
 
 
 def decode_column(values: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
-    """A column's stored values ([rows, *shape]) -> what readers return: ``uint8`` bytes become
-    float32 ``x / 255``, others unchanged."""
+    """Stored values [rows, *shape] -> what readers return: ``uint8`` bytes become float32 ``x / 255``."""
     if spec.get("stored") == "uint8":
         return values.astype(np.float32) / np.float32(255.0)
     return values

@@ -1,5 +1,4 @@
-"""Fashion-MNIST: IDX parsing of verified bytes (:mod:`jaxray.data.sources`) into float32 arrays,
-unshuffled."""
+"""Fashion-MNIST: verified IDX files (:mod:`jaxray.data.sources`) parsed into float32 arrays."""
 
 from __future__ import annotations
 
@@ -98,8 +97,8 @@ def _load_split(prefix: str, data_dir: str | os.PathLike | None) -> tuple[np.nda
 
 
 def load_fashion_mnist(data_dir: str | os.PathLike | None = None) -> FashionMNIST:
-    """Load and verify Fashion-MNIST, unshuffled (``data_dir`` searched first). DataFileError for a
-    missing, corrupt or malformed file, or differing image and label counts."""
+    """``data_dir`` searched first. DataFileError for a missing, corrupt or malformed file, or
+    differing image and label counts."""
     train_images, train_labels = _load_split("train", data_dir)
     test_images, test_labels = _load_split("t10k", data_dir)
     return FashionMNIST(train_images, train_labels, test_images, test_labels)

@@ -2,8 +2,7 @@
 
 A folder (local or a pyarrow URI) holds ``manifest.json``, ``train/part-NNNNN.parquet`` and
 ``validation/`` or ``test/``, rows in natural order. Columns: ``row`` int64 (0..N-1), then
-``tokens`` fixed_size_list<int32>[T], or ``image`` fixed_size_list<uint8>[784] and ``label`` int32.
-"""
+``tokens`` fixed_size_list<int32>[T], or ``image`` fixed_size_list<uint8>[784] and ``label`` int32."""
 
 from __future__ import annotations
 
@@ -37,8 +36,8 @@ class SplitFiles:
 
 @dataclass(frozen=True)
 class Manifest:
-    """A validated manifest. ``columns``: {name: {"dtype": str, "shape": [per-row dims]}} of the data
-    columns (``row`` excluded); ``seq_len`` is None for Fashion-MNIST; ``raw`` is the whole JSON."""
+    """A validated manifest. ``columns``: the data columns' specs (``columns.column_specs``, ``row``
+    excluded); ``seq_len`` is None for Fashion-MNIST; ``raw`` is the whole JSON."""
 
     root: str
     dataset: str
@@ -48,7 +47,7 @@ class Manifest:
     raw: dict[str, Any]
 
     def split(self, name: str) -> SplitFiles:
-        """The split ``name``; ManifestError naming the splits there are if it is not one."""
+        """ManifestError naming the splits there are if ``name`` is not one."""
         if name not in self.splits:
             raise ManifestError(
                 f"{self.root}/{MANIFEST}: no split {name!r} (it has {', '.join(self.splits)})"

@@ -142,8 +142,7 @@ def decoded_bytes(manifest: Manifest, split: str) -> int:
 
 @dataclass(frozen=True)
 class ProcessShare:
-    """What one process reads of a split each epoch: folder (``root`` on ``fs``, ``manifest``),
-    ``split``, batching (``global_batch`` over ``process_count``, ``seed``) and ``prefetch_blocks``."""
+    """What one process reads of a split each epoch (``epoch_arrays``)."""
 
     root: str
     fs: pafs.FileSystem

@@ -1,8 +1,7 @@
 """Write a workload's real data as Parquet for Ray Data (``python -m jaxray.data prepare``).
 
-Row i of a split's files is row i of the unshuffled arrays (``row`` column = i); epochs are
-ordered at read time (``jaxray.data.parquet``), so one folder serves every seed. The folder is
-written under a temporary name and renamed into place; a non-empty ``out`` is refused."""
+Row i of a split's files is row i of the unshuffled arrays (``row`` column = i); epochs are ordered
+at read time (``jaxray.data.parquet``), so one folder serves every seed."""
 
 from __future__ import annotations
 
@@ -28,12 +27,6 @@ from jaxray.storage import file_sha256
 DATASETS = tuple(SPLITS)
 DEFAULT_ROWS_PER_FILE = 8192
 DEFAULT_ROW_GROUP_ROWS = 1024  # a row group is what a reader decodes at once: small enough to stream
-
-
-def source_checksums(dataset: str) -> dict[str, str]:
-    """{registered source file: SHA-256 of its decompressed content} (what ``read_verified`` checked)."""
-    prefix = "tinyshakespeare" if dataset == "tinyshakespeare" else "fashion-mnist/"
-    return {name: known.sha256 for name, known in REGISTRY.items() if name.startswith(prefix)}
 
 
 def out_problem(out: Path) -> str | None:
@@ -89,8 +82,9 @@ def prepare(
     rows_per_file: int = DEFAULT_ROWS_PER_FILE,
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
 ) -> dict:
-    """Write ``dataset`` under ``out`` -> the manifest written. Raises ValueError if ``out`` exists
-    and is not an empty folder, DataFileError if a source file is missing or damaged."""
+    """Write ``dataset`` under a temporary name, then rename it to ``out`` -> the manifest written.
+    Raises ValueError if ``out`` exists and is not an empty folder, DataFileError if a source file is
+    missing or damaged."""
     out = Path(out).absolute()
     problem = out_problem(out)
     if problem:
@@ -98,6 +92,7 @@ def prepare(
     splits = natural_splits(dataset, data_dir, seq_len)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    prefix = "tinyshakespeare" if dataset == "tinyshakespeare" else "fashion-mnist/"
     try:
         columns = column_specs(splits["train"])
         manifest = {
@@ -110,7 +105,8 @@ def prepare(
             "rows_per_file": rows_per_file,
             "row_group_rows": row_group_rows,
             "splits": {},
-            "sources": source_checksums(dataset),
+            # SHA-256 of each source file's decompressed content, as ``read_verified`` checked it
+            "sources": {name: known.sha256 for name, known in REGISTRY.items() if name.startswith(prefix)},
             "versions": {"jaxray": metadata.version("jaxray"), "pyarrow": pa.__version__},
         }
         for split, arrays in splits.items():

@@ -20,9 +20,8 @@ def to_dataset(arrays: Arrays) -> ray.data.Dataset:
 
 
 def shard_batches(shard, batch_size: int, prefetch_batches: int = 2) -> Iterator[dict[str, np.ndarray]]:
-    """Endless ``[batch_size, ...]`` numpy batches from a dataset shard iterator, in the dataset's
-    order, each epoch's partial last batch dropped. ValueError if the shard holds less than a batch.
-    """
+    """Endless ``[batch_size, ...]`` numpy batches of a dataset shard iterator, in the dataset's order,
+    each epoch's partial last batch dropped. ValueError if the shard holds less than a batch."""
     while True:
         produced = 0
         for batch in shard.iter_batches(

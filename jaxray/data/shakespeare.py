@@ -15,9 +15,8 @@ VOCAB_SIZE = 256
 
 @dataclass(frozen=True)
 class ByteSequences:
-    """Non-overlapping byte-token sequences of one length: ``train`` [N_train, seq_len] int32 in
-    0..255, shuffled (text order with ``seed=None``); ``validation`` [N_val, seq_len] int32, in
-    text order; ``seq_len``."""
+    """Non-overlapping byte sequences: ``train`` [N_train, seq_len] int32 in 0..255, shuffled (text
+    order with ``seed=None``); ``validation`` [N_val, seq_len] int32, in text order."""
 
     train: np.ndarray
     validation: np.ndarray

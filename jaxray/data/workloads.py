@@ -1,5 +1,4 @@
-"""The real arrays each workload trains and evaluates on: ``{"image": [N, 784] float32, "label": [N]
-int32}`` (Fashion-MNIST) or ``{"tokens": [N, T] int32}`` (TinyShakespeare); train order seeded."""
+"""The arrays each workload trains and evaluates on, in memory or as a prepared Parquet folder."""
 
 from __future__ import annotations
 
