@@ -37,14 +37,12 @@ class AttentionChoice:
 
     @property
     def note(self) -> str:
-        """Why this implementation: "requested in model.attention", or what ``auto`` found
-        ("auto: cuDNN can run here" or "auto: <reason>")."""
         if self.requested != "auto":
             return "requested in model.attention"
         return f"auto: {self.reason}"
 
     def describe(self) -> str:
-        """One log line's part: "attention xla (auto: cuDNN attention needs an NVIDIA GPU, ...)"."""
+        """One log line's part: "attention xla (auto: ...)"."""
         return f"attention {self.implementation} ({self.note})"
 
 

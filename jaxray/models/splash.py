@@ -21,8 +21,7 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from jaxray.models.attention import SPLASH_MULTIPLE
 from jaxray.models.axes import layout_sharding
 
-# The largest that divides T is used (512 was fastest on a v5e at T 1024); the smallest is splash's
-# kv-block multiple.
+# 512 was fastest on a v5e at T 1024; the smallest is splash's kv-block multiple.
 BLOCKS = (512, 256, SPLASH_MULTIPLE)
 
 
@@ -96,8 +95,7 @@ def _local(query, key, value):
 
 
 def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array) -> jax.Array:
-    """Causal attention: q, k, v ``[B, T, H, K]`` -> ``[B, T, H, K]`` in q's dtype. T must be a multiple
-    of 128 (``block_size``); under a training layout the call runs per shard (``shard_map``)."""
+    """Causal attention: q, k, v ``[B, T, H, K]`` -> ``[B, T, H, K]`` in q's dtype; T a multiple of 128."""
     sharding = layout_sharding("batch", None, "heads", None)
     if sharding is None or sharding.mesh.size == 1:
         return _local(query, key, value)

@@ -1,11 +1,8 @@
-"""The learning path's byte-level decoder (lab 7) in Flax NNX.
-
-Token plus learned position embeddings (``embed_tokens``, ``embed_positions``: no gather or scatter in
-a training step), ``num_layers`` pre-norm blocks (causal multi-head attention:
-block-skipping XLA attention, XLA's dense one, splash or cuDNN's; GELU feed-forward of 4 x D), a final
-LayerNorm and a bias-free LM head. Params are float32; ``dtype`` is the compute dtype; logits come back
-float32. Training's forward may rematerialise each block (``remat``) and run the blocks as one
-``lax.scan`` over their params stacked per step (``scan_layers``): the params stay one module per layer."""
+"""The learning path's byte-level decoder (lab 7) in Flax NNX: token plus learned position embeddings
+(no gather or scatter in a training step), ``num_layers`` pre-norm blocks (``causal_attention``; GELU
+feed-forward of 4 x D), a final LayerNorm and a bias-free LM head. Params are float32; ``dtype`` is the
+compute dtype; logits come back float32. Training's forward may rematerialise each block (``remat``)
+and scan the blocks (``scan_layers``); the params stay one module per layer."""
 
 from __future__ import annotations
 
@@ -26,7 +23,6 @@ KVCache = tuple[tuple[jax.Array, jax.Array], ...]
 
 # Query rows per block of the XLA causal attention: 64 cut the lab's step time most on CPU (T = 256).
 ATTENTION_BLOCK = 64
-
 
 # jax.checkpoint policies of ``model.remat`` (None: no remat).
 REMAT_POLICIES = {
@@ -50,11 +46,9 @@ def causal_attention(query, key, value, implementation=None, **_):
 
 
 def blocked_causal_attention(query, key, value, block: int = ATTENTION_BLOCK):
-    """Exact causal softmax attention that skips the masked upper triangle block by block.
-
-    q, k, v: [B, T, H, K] -> [B, T, H, K]. Query rows [i*block, (i+1)*block) attend to keys
-    [0, (i+1)*block) only; equals ``jax.nn.dot_product_attention(is_causal=True)`` up to rounding.
-    Scores and softmax are float32 whatever the input dtype."""
+    """Exact causal softmax attention, q, k, v [B, T, H, K] -> [B, T, H, K], skipping the masked upper
+    triangle: query rows [i*block, (i+1)*block) attend to keys [0, (i+1)*block) only; equals
+    ``jax.nn.dot_product_attention(is_causal=True)`` up to rounding. Scores and softmax are float32."""
     t, k_dim = query.shape[1], query.shape[-1]
     query = query * jnp.asarray(1.0 / math.sqrt(k_dim), query.dtype)
     outputs = []
@@ -79,11 +73,10 @@ def query_rows(platform: str) -> int:
 
 
 def cached_attention(query, keys, values, positions):
-    """One new query per row against a KV cache.
-
-    query [B, 1, H, K]; keys, values [B, H, S, K] (this step's entry written); positions [B] int32.
-    Row b sees cache entries 0..positions[b] only. Returns [B, 1, H, K]; float32 softmax; both
-    products at ``HIGHEST`` precision (float32 on the MXU too) over ``query_rows`` rows."""
+    """One new query per row against a KV cache: query [B, 1, H, K]; keys, values [B, H, S, K] (this
+    step's entry written); positions [B] int32; row b sees cache entries 0..positions[b] only. Returns
+    [B, 1, H, K]; float32 softmax; both products at ``HIGHEST`` precision (float32 on the MXU too)
+    over ``query_rows`` rows."""
     rows = query_rows(jax.default_backend())
     query = query[:, 0] * jnp.asarray(1.0 / math.sqrt(query.shape[-1]), query.dtype)  # [B, H, K]
     query = jnp.pad(query[:, :, None], ((0, 0), (0, 0), (0, rows - 1), (0, 0)))  # [B, H, R, K]
@@ -98,11 +91,10 @@ def cached_attention(query, keys, values, positions):
 
 
 def span_attention(query, keys, values, starts):
-    """T new queries per row against a KV cache (a prompt's rest after a cached prefix).
-
-    query [B, T, H, K] at positions ``starts`` [B] int32 + 0..T-1; keys, values [B, H, S, K] with
-    the span's entries written. Query t of row b sees cache entries 0..starts[b] + t. Returns
-    [B, T, H, K]; float32 softmax, as ``cached_attention``."""
+    """T new queries per row against a KV cache (a prompt's rest after a cached prefix): query
+    [B, T, H, K] at positions ``starts`` [B] int32 + 0..T-1; keys, values [B, H, S, K] with the span's
+    entries written; query t of row b sees cache entries 0..starts[b] + t. Returns [B, T, H, K];
+    float32 softmax."""
     query = query * jnp.asarray(1.0 / math.sqrt(query.shape[-1]), query.dtype)
     scores = jnp.einsum("bthk,bhsk->bhts", query, keys, preferred_element_type=jnp.float32)  # [B, H, T, S]
     seen = starts[:, None] + jnp.arange(query.shape[1])[None, :]  # [B, T]
@@ -121,9 +113,8 @@ def write_span(cache: jax.Array, starts: jax.Array, entries: jax.Array) -> jax.A
 
 
 def embed_tokens(embed: nnx.Embed, tokens: jax.Array) -> jax.Array:
-    """tokens [B, T] int32 -> [B, T, D] in ``embed.dtype`` through a one-hot matmul, not a gather.
-
-    A gather's gradient is a scatter-add that serialises in bf16 on NVIDIA GPUs (openxla/xla#26371,
+    """tokens [B, T] int32 -> [B, T, D] in ``embed.dtype`` through a one-hot matmul, not a gather:
+    a gather's gradient is a scatter-add that serialises in bf16 on NVIDIA GPUs (openxla/xla#26371,
     openxla/xla#46225). ``HIGHEST`` precision keeps the float32 lookup exact (no TF32 rounding)."""
     table = embed.embedding[...].astype(embed.dtype)  # [V, D]
     one_hot = jax.nn.one_hot(tokens, table.shape[0], dtype=table.dtype)  # [B, T, V]
@@ -138,7 +129,6 @@ def embed_positions(embed: nnx.Embed, length: int) -> jax.Array:
 
 def write_cache(cache: jax.Array, positions: jax.Array, entry: jax.Array) -> jax.Array:
     """cache [B, H, S, K] with ``entry`` [B, H, K] written at ``positions`` [B] (row b, every head).
-
     One row is written with one index per head: a single-index scatter made XLA's CPU compiler copy
     the whole cache several times per decode step."""
     entry = entry.astype(cache.dtype)
@@ -231,11 +221,11 @@ class Transformer(nnx.Module):
         self.lm_head = nnx.Linear(d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        """tokens [B, T] int32 -> logits [B, T, V] float32: training's forward (remat, scan_layers)."""
+        """Training's forward (remat, scan_layers)."""
         return self._logits(self._layers(self._embed(tokens)))
 
     def _embed(self, tokens: jax.Array) -> jax.Array:
-        """tokens [B, T] -> [B, T, D]: no gather, so no scatter in the gradient."""
+        """tokens [B, T] -> [B, T, D], no gather (``embed_tokens``)."""
         with jax.named_scope("embed"):
             x = embed_tokens(self.token_embed, tokens) + embed_positions(self.pos_embed, tokens.shape[1])
         return constrain(x, "batch", None, None)

@@ -1,6 +1,5 @@
-"""Pre-flight checks of a trial that need more than the config (which attention can run, whether
-the mesh splits every param evenly, the real device count): ``check_trial`` before a model is built,
-``plan_experiment`` for every grid point before Ray starts."""
+"""Pre-flight checks that need more than the config (attention, even param splits, the device count):
+``check_trial`` before a model is built, ``plan_experiment`` for every grid point before Ray starts."""
 
 from __future__ import annotations
 

@@ -58,8 +58,7 @@ def trial_mesh(trial: TrialConfig, devices: Sequence[jax.Device] | None = None) 
 
 
 def activation_sharding(mesh: Mesh):
-    """The context in which a traced step's activations follow ``RULES`` on ``mesh``
-    (``jaxray.models.axes.constrain``)."""
+    """The context in which a traced step's activations (``constrain``) follow ``RULES`` on ``mesh``."""
     return activation_layout(lambda names: NamedSharding(mesh, spec_for(names, mesh)))
 
 
@@ -69,8 +68,7 @@ def shards_state(mesh: Mesh) -> bool:
 
 
 def describe(mesh: Mesh) -> str:
-    """The mesh's axes of size over 1 and their sizes, e.g. ``"data=2,tensor=2"``; ``"data=1"`` for
-    one device."""
+    """The mesh's axes of size over 1, e.g. ``"data=2,tensor=2"``; ``"data=1"`` for one device."""
     return ",".join(f"{axis}={n}" for axis, n in mesh.shape.items() if n > 1) or f"{DATA_AXIS}=1"
 
 
@@ -96,9 +94,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharding(mesh: Mesh, stacked: bool = False) -> NamedSharding:
-    """Batch dimension split as ``RULES["batch"]`` says (``data`` x ``fsdp``; replicated over
-    ``tensor``), other dimensions whole. The batch dimension is the leading one, or the second for a
-    ``stacked`` ``[steps, B, ...]`` group of batches."""
+    """Batch dimension (the leading one; the second for ``stacked`` ``[steps, B, ...]``) split over
+    ``data`` x ``fsdp`` (``RULES["batch"]``), replicated over ``tensor``; other dimensions whole."""
     batch = spec_for(("batch",), mesh)
     return NamedSharding(mesh, P(None, *batch) if stacked else batch)
 

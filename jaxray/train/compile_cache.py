@@ -66,7 +66,6 @@ class Watch:
     hits: int = 0
 
     def fields(self) -> dict[str, object]:
-        """``{"compile_from_cache": bool, "compile_cache_dir": str | None}`` for reports."""
         return {"compile_from_cache": self.hits > 0, "compile_cache_dir": self.folder}
 
 

@@ -67,8 +67,7 @@ def hlo_ops(text: str) -> dict[str, Any]:
 
 
 def sixteen_bit_scatters(text: str) -> dict[str, int]:
-    """16-bit (bf16, f16) scatters of HLO ``text``: {dtype: n}. These serialise on NVIDIA GPUs
-    (openxla/xla#26371)."""
+    """bf16/f16 scatters of HLO ``text``: {dtype: n}; they serialise on NVIDIA GPUs (openxla/xla#26371)."""
     return {dtype: n for dtype, n in hlo_ops(text)["scatter"].items() if dtype in ("bf16", "f16")}
 
 
@@ -138,8 +137,7 @@ def _size(n: float | None) -> str:
 
 
 def fits_text(rep: dict[str, Any]) -> str:
-    """One line on whether the program fits in the device's memory, e.g. "peak 1.20 GiB per device of
-    139.80 GiB (device): fits"."""
+    """One line on whether the program's peak memory fits in the device's."""
     peak = rep["memory"].get("peak_bytes")
     if peak is None:
         return "peak memory unknown (no memory analysis on this backend)"
@@ -152,8 +150,7 @@ def fits_text(rep: dict[str, Any]) -> str:
 
 
 def describe(trial, mesh) -> dict[str, Any]:
-    """The config fields a compile report is read against (``trial``: a TrialConfig; ``mesh``: the
-    jax Mesh it compiled for)."""
+    """The config fields a compile report is read against (a TrialConfig on the jax Mesh it compiled for)."""
     m, batch, devices = trial.model, trial.train.global_batch, mesh.devices.size
     split = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
     row = {
@@ -209,8 +206,7 @@ MAX_ELEMENTS = 2**62
 
 
 def check_extents(trial) -> None:
-    """ConfigError when the largest array of ``trial``'s step has more elements than XLA can index
-    (it would abort the process)."""
+    """ConfigError when the largest array of ``trial``'s step has more elements than XLA can index."""
     m, b = trial.model, trial.train.global_batch
     rows = b * (trial.data.seq_len if m.workload == "transformer" else 1)
     largest = max(rows * max(4 * m.width, m.vocab_size, 784), 4 * m.width * m.width)

@@ -14,8 +14,7 @@ from jaxray.parallel.mesh import needs_sync_per_step, shard_batch
 def evaluate(eval_fn, params, arrays: Arrays, global_batch: int, mesh: Mesh) -> dict[str, float]:
     """Mean loss and accuracy over every row of ``arrays`` (padding masked out, nothing dropped).
     ``eval_fn(params, batch) -> {"loss_sum", "correct_sum", "count"}``. Returns ``loss`` (nats),
-    ``accuracy``, ``perplexity`` = exp(loss) and ``count``; ValueError if ``count`` is not the row count.
-    """
+    ``accuracy``, ``perplexity`` = exp(loss) and ``count``; ValueError if ``count`` is not the row count."""
     totals, sync = None, needs_sync_per_step(mesh)
     for batch in eval_batches(arrays, global_batch):
         sums = eval_fn(params, shard_batch(mesh, batch))

@@ -1,7 +1,5 @@
-"""The step loop: compile once, run N steps, call hooks on their own cadence, time it honestly.
-
-AOT compile (``compile_s``), step 1 timed alone (``warmup_s``), then steps 2..N timed up to
-``jax.block_until_ready``; input-pipeline time is inside, host time in hooks is not (``hook_s``)."""
+"""The step loop: AOT compile (``compile_s``), step 1 timed alone (``warmup_s``), then steps 2..N timed
+up to ``jax.block_until_ready``; input-pipeline time is inside, host time in hooks is not (``hook_s``)."""
 
 from __future__ import annotations
 
@@ -63,10 +61,8 @@ class LoopTiming:
 def compile_train_step(
     model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array], steps_per_call: int = 1
 ):
-    """AOT-compile the auto-sharded train step -> (compiled step, compile seconds). State sharded
-    as ``state_shardings`` says (replicated without ``fsdp``) and donated, batch split over every
-    device. ``steps_per_call`` K > 1 scans K steps over a stack ``[K, B, ...]`` and returns metrics
-    ``[K]``."""
+    """AOT-compile the auto-sharded train step (laid out as ``_compile_step`` says) -> (compiled step,
+    compile seconds). ``steps_per_call`` K > 1 scans K steps over ``[K, B, ...]``, metrics ``[K]``."""
     step = laid_out(
         functools.partial(train_step, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx), mesh
     )
@@ -78,13 +74,12 @@ def compile_train_step(
 def compile_shard_map_train_step(
     model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array]
 ):
-    """AOT-compile the explicit data-parallel train step -> (compiled step, compile seconds), with the
-    same shardings and donation as ``compile_train_step``: under ``jax.shard_map`` over ``data`` each
-    device takes the loss and gradients of its rows ``[B / devices, ...]``, ``pmean``s them and applies
-    the same Optax update to its replicated state. The mean of per-device means is the global mean as
-    ``check_devices`` enforces equal rows per device; ``check_vma=True`` makes a missing average a
-    trace-time error. It takes the params whole: ValueError on a mesh whose ``fsdp`` or ``tensor`` is
-    over 1."""
+    """AOT-compile the explicit data-parallel train step -> (compiled step, compile seconds), laid out
+    as ``_compile_step`` says: under ``jax.shard_map`` over ``data`` each device takes the loss and
+    gradients of its rows ``[B / devices, ...]``, ``pmean``s them and applies the same Optax update to
+    its replicated state (the mean of per-device means is the global mean: ``check_devices`` enforces
+    equal rows; ``check_vma=True`` makes a missing average a trace-time error). ValueError on a mesh
+    whose ``fsdp`` or ``tensor`` is over 1 (the params are kept whole)."""
     if shards_state(mesh):
         raise ValueError(
             f"the shard_map step keeps the params whole: it needs parallel.fsdp 1 and parallel.tensor 1, "
@@ -107,9 +102,8 @@ def compile_shard_map_train_step(
 def _compile_step(
     step: Callable, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array], stacked: bool = False
 ):
-    """jit ``step(state, batch) -> (state, metrics)`` with the state sharded by ``state_shardings``
-    in and out and donated, the batch split over every device and the metrics replicated; lower
-    and compile ahead of time, timed."""
+    """jit ``step(state, batch) -> (state, metrics)``, the state sharded by ``state_shardings`` (replicated
+    without ``fsdp``/``tensor``) and donated, the batch split, the metrics replicated; AOT compile, timed."""
     shardings = state_shardings(state, mesh)
     jitted = jax.jit(
         step,

@@ -28,8 +28,6 @@ from jaxray.train.step import TrainState, abstract_state, optimizer_for, placed_
 LogFn = Callable[[dict[str, float]], None]
 # save(step, state, history so far): a full-state checkpoint every ``train.checkpoint_interval`` steps.
 SaveFn = Callable[[int, TrainState, list[dict[str, float]]], None]
-
-
 # The training metrics whose non-finite value stops a run (``Diverged``).
 WATCHED = ("loss", "grad_norm")
 
@@ -150,11 +148,8 @@ def train(
     model = build(trial.model, seq_len=trial.data.seq_len)
     tx, schedule = optimizer_for(trial)
     if resume is None:  # fresh from train.seed, placed as training shards it
-        state, saved, history = (
-            placed_init_state(model, tx, mesh, jax.random.key(trial.train.seed)),
-            {"step": 0},
-            [],
-        )
+        state = placed_init_state(model, tx, mesh, jax.random.key(trial.train.seed))
+        saved, history = {"step": 0}, []
     else:
         state, saved, history = checkpoint.restore_state(resume, abstract_state(model, tx, mesh))
     start = saved["step"]

@@ -140,9 +140,8 @@ def placed_init_state(
 
 
 def abstract_state(model: Model, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
-    """The TrainState of ``model`` and ``tx`` as ``jax.ShapeDtypeStruct`` leaves (nothing allocated)
-    carrying the shardings training uses on ``mesh`` (``jaxray.parallel.mesh.state_shardings``):
-    the target ``jaxray.checkpoint.restore_state`` restores into, whatever mesh the save ran on."""
+    """The TrainState as ``jax.ShapeDtypeStruct`` leaves with training's shardings on ``mesh``: the
+    target ``jaxray.checkpoint.restore_state`` restores into, whatever mesh the save ran on."""
     shapes = jax.eval_shape(lambda: init_state(model.init(jax.random.key(0)), tx))
     shardings = state_shardings(shapes, mesh)
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
