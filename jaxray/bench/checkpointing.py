@@ -60,9 +60,8 @@ def size_row(workload: str, repeats: int, data_dir: str | None) -> dict[str, Any
 
 
 def _ms_per_step(trial, every: int, mode: str, arrays, held_out, tmp: Path) -> tuple[float, float | None]:
-    """(ms/step, median ms a save blocked the loop) of one run of ``trial`` with no checkpoint
-    (``mode`` "none"), or one every ``every`` steps committed at once ("sync") or at the next save
-    ("async": the arrays copied to host memory, written while training goes on)."""
+    """(ms/step, median ms a save blocked the loop or None) of one run of ``trial`` in ``mode`` (``MODES``);
+    "async" copies to host memory and writes while training goes on, committed at the next save."""
     every = None if mode == "none" else every
     trial = trial.model_copy(update={"train": trial.train.model_copy(update={"checkpoint_every": every})})
     blocked, pending = [], []
@@ -87,8 +86,7 @@ def _ms_per_step(trial, every: int, mode: str, arrays, held_out, tmp: Path) -> t
 
 
 def cost_rows(workload: str, args) -> list[dict[str, Any]]:
-    """ms/step without checkpoints, with synchronous and with background ones every ``args.every``
-    steps, in turn; medians over ``args.repeats``."""
+    """A row per ``MODES`` entry (checkpoints every ``args.every`` steps), medians over ``args.repeats``."""
     lm, steps = workload == "transformer", args.steps or 2 * args.every + 1
     batch, width = args.batch or (16 if lm else 512), args.width or (128 if lm else None)
     shape = {"width": width, "seq_len": args.seq_len, **({"max_seq_len": args.seq_len} if lm else {})}

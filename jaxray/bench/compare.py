@@ -1,8 +1,7 @@
 """Against the learning path's own scripts. ``compare --reference SCRIPT``: jaxray's step vs the script,
 alternately in fresh processes (A B A B); the median ratio, final losses agreeing to ``LOSS_RTOL``.
 ``decode``: new tokens/s of the KV-cache engine (default context_keep, and S) vs full-window recompute
-(``sampling.sample``) and the notebook's sampler script when found; medians of ``repeats`` after a warm-up;
-``--profile``: each KV row's decode program, its HLO op counts and device time per step by op."""
+(``sampling.sample``) and the notebook's sampler script when found; medians of ``repeats`` after a warm-up."""
 
 from __future__ import annotations
 

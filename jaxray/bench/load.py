@@ -1,12 +1,9 @@
 """``serve --url URL``: closed-loop HTTP load on a running ``python -m jaxray.serve``. Per level, N clients
-send a warm-up ``POST /generate``, then streamed requests (``"stream": true``) back to back for ``duration``
-s, each its own seed. req/s and tokens/s count each answer's share inside the window; latency, TTFT (to the
-first text event) and ITL (between text events) are client-clock ms over measured successes; rows per decode
-call and engine busy share come from ``GET /info``. ``--prompt-bytes N``: N random letters a prompt;
-``--shared-bytes M``: each level again with their first M bytes shared (prefix caching). ``--long-clients
-K``: K more clients send ``--long-bytes`` prompts meanwhile, counted apart (chunked prefill's ITL). Outcomes:
-ok; 4xx and 5xx by HTTP status, 5xx also for an ``event: error`` mid-stream; dropped for a connection cut,
-refused or timed out before the done event; other for an answer that is not /generate's."""
+send a warm-up ``POST /generate``, then streamed requests back to back for ``duration`` s, each its own
+seed. req/s and tokens/s count each answer's share inside the window; latency, TTFT and ITL are
+client-clock ms over measured successes. Outcomes: ok; 4xx and 5xx by HTTP status, 5xx also for an
+``event: error`` mid-stream; dropped for a connection cut, refused or timed out before the done event;
+other for an answer that is not /generate's."""
 
 from __future__ import annotations
 

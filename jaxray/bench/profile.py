@@ -29,8 +29,7 @@ CONTAINERS = ("while", "call", "conditional")  # their time is their body ops' t
 
 
 def op_groups(hlo_text: str) -> dict[str, str]:
-    """{HLO instruction name: group} for every instruction of a compiled module's text (``SCOPES``,
-    "matmul", "collectives" or "other"); a fusion is grouped by everything it fuses."""
+    """{HLO instruction name: group} of a compiled module's text; a fusion is grouped by all it fuses."""
     computations: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
     current = ""
     for line in hlo_text.splitlines():

@@ -1,10 +1,7 @@
 """python -m jaxray.serve --checkpoint PATH: serve a trained transformer over HTTP with Ray Serve.
 
 Options, port and weights are checked before Ray starts (exit 2); a replica that fails to start
-ends the command (exit 1). Ctrl-C or SIGTERM removes the app and stops what it started.
-
-  python -m jaxray.serve --checkpoint runs/demo --port 8000 --max-batch-size 16 --batch-wait-ms 10
-  python -m jaxray.serve --config serve/config.yaml   # serve run's config, failing and stopping fast"""
+ends the command (exit 1). Ctrl-C or SIGTERM removes the app and stops what it started."""
 
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ from jaxray.serve.settings import AppArgs, args_error, with_checkpoint
 
 APP_NAME = "jaxray"
 IMPORT_PATH = "jaxray.serve.app:app_builder"  # the application of a config file (serve/config.yaml)
-# Serve's http_options where neither the options nor --config give them (request_timeout_s: Serve's
-# proxy answers a request still unanswered after this many seconds with 408).
+# Serve's http_options where neither the options nor --config give them.
 HTTP = {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 60.0}
 
 
@@ -175,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         fail(str(err))
     joined = init_ray(args.verbose)
-    # After ray.init, whose own handler would exit mid-call: SIGTERM (kill, docker stop, systemd)
-    # stops the app as Ctrl-C does.
+    # After ray.init, whose own handler would exit mid-call: SIGTERM stops the app as Ctrl-C does.
     sigterm = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return _serve(app, options, args.verbose, settings.num_gpus, joined)

@@ -82,9 +82,8 @@ def build_app(args: AppArgs) -> Application:
     # cache, refused if it changed since this check).
     source = check_source(path, args.engine)
     print(describe_source(source), file=sys.stderr, flush=True)  # which one, in the terminal
-    # Weights checked without a restore: a checkpoint's digests once (check_source; replicas take it by
-    # its train_state.json's digest); an artifact's files against its manifest, without JAX (a backend
-    # started here would be forked by ray.init's processes).
+    # Checked without a restore: a checkpoint's digests by check_source; an artifact's files against its
+    # manifest, without JAX (a backend started here would be forked by ray.init's processes).
     if is_artifact(source):
         read_verified(Path(source), read_artifact_manifest(source))
     # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.

@@ -31,9 +31,8 @@ class StreamOptions(BaseModel):
     include_usage: bool = Field(False, description="a last chunk with empty choices and the usage")
 
 
-# OpenAI fields jaxray does not implement -> the neutral values it accepts for them (clients such as
-# the openai package send their defaults); any other value is refused by name, as vLLM refuses what
-# it cannot do.
+# OpenAI fields jaxray does not implement -> the neutral values it accepts (clients such as the openai
+# package send their defaults); any other value is refused by name, as vLLM refuses what it cannot do.
 NEUTRAL: dict[str, tuple] = {
     "logprobs": (None, False),
     "top_logprobs": (None, 0),

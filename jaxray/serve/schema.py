@@ -1,7 +1,6 @@
-"""HTTP request/response shapes of the Serve app: strict pydantic models parsed from the body bytes
-(``parse``) under the server's ``Limits`` (the validation context). Refusals are 4xx in OpenAI's
-error shape ``{"error": {"message", "type", "param", "code"}}``, plus ``field`` (= ``param``) and
-``allowed``."""
+"""HTTP request/response shapes: strict pydantic models parsed from the body bytes (``parse``) under the
+server's ``Limits`` (the validation context). Refusals are 4xx in OpenAI's error shape
+``{"error": {"message", "type", "param", "code"}}``, plus ``field`` (= ``param``) and ``allowed``."""
 
 from __future__ import annotations
 

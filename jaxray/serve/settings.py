@@ -19,8 +19,7 @@ DEFAULT_CHECKPOINT = "runs/demo"
 
 
 class AppArgs(BaseModel):
-    """The ``args`` of ``serve/config.yaml`` (and of ``python -m jaxray.serve``); ``OPTIONS`` describes
-    the replica fields."""
+    """The ``args`` of ``serve/config.yaml`` and ``python -m jaxray.serve`` (``OPTIONS``: replica fields)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
