@@ -1,8 +1,6 @@
-"""Where the Ray cluster is, and how a trial's workers become one JAX program.
-
-Driver: ``init_ray`` joins ``RAY_ADDRESS`` or a live ``ray start`` cluster of this machine, else
-starts a private local Ray. Worker: one JAX process per worker; on GPU the JaxTrainer backend
-initialises ``jax.distributed``, on CPU ``cpu_program`` does (gloo collectives)."""
+"""Where the Ray cluster is (``init_ray``), and how a trial's workers become one JAX program: one JAX
+process per worker; on GPU the JaxTrainer backend initialises ``jax.distributed``, on CPU
+``cpu_program`` does (gloo collectives)."""
 
 from __future__ import annotations
 
@@ -37,9 +35,9 @@ def ray_address_file() -> Path:
 
 
 def running_local_cluster(address_file: Path | None = None) -> str | None:
-    """The ``host:port`` of a live ``ray start`` cluster on this machine, or None. A one-second TCP
-    probe of the GCS port tells live from stale (``address="auto"`` would wait minutes for a dead
-    one); a missing, empty or unparsable ``address_file`` means no cluster."""
+    """The ``host:port`` of a live ``ray start`` cluster on this machine (in ``address_file``), or None.
+    A one-second TCP probe of the GCS port tells live from stale (``address="auto"`` would wait
+    minutes for a dead one)."""
     try:
         address = (address_file or ray_address_file()).read_text().strip()
     except OSError:
@@ -55,9 +53,9 @@ def running_local_cluster(address_file: Path | None = None) -> str | None:
 
 
 def init_ray(exp: ExperimentConfig) -> tuple[bool, str | None]:
-    """Join ``RAY_ADDRESS`` or a live local ``ray start`` cluster; otherwise (or with
-    ``RAY_ADDRESS=local``) start a local Ray. Returns (joined a cluster, dashboard URL or None).
-    Raises ConfigError naming the address when joining fails."""
+    """Join ``RAY_ADDRESS`` or a live local ``ray start`` cluster, else (or with ``RAY_ADDRESS=local``)
+    start a private local Ray. Returns (joined a cluster, dashboard URL or None). Raises ConfigError
+    naming the address when joining fails."""
     os.environ.update(QUIET_ENV)
     ray.data.DataContext.get_current().enable_progress_bars = False
     runtime_env = {"env_vars": QUIET_ENV}
@@ -90,8 +88,7 @@ def init_ray(exp: ExperimentConfig) -> tuple[bool, str | None]:
 
 
 def check_storage(exp: ExperimentConfig) -> None:
-    """ConfigError naming ``storage`` when it is set and cannot be written (no bucket, refused
-    credentials, an unknown scheme), before anything runs."""
+    """ConfigError naming ``storage`` when it is set and cannot be written, before anything runs."""
     if exp.storage is None:
         return
     try:
@@ -124,8 +121,8 @@ def check_accelerators(exp: ExperimentConfig, joined: bool) -> None:
 @contextlib.contextmanager
 def cpu_program(workers: WorkersConfig, rank: int, world: int) -> Iterator[None]:
     """Inside: this worker is ``rank`` of a ``world``-process CPU JAX program when several workers
-    train on CPU (rank 0's ``host:port`` broadcast by Ray Train; gloo collectives); otherwise
-    nothing. Enter before JAX's backend starts."""
+    train on CPU (rank 0's ``host:port`` broadcast by Ray Train); otherwise nothing. Enter before
+    JAX's backend starts."""
     joined = world > 1 and workers.accelerator == "cpu"
     if joined:
         address = None

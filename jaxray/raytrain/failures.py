@@ -1,6 +1,6 @@
-"""Why a worker group restarted: ``FailureLog``, a Ray Train callback in the run's controller, writes
-each interruption of an attempt to a JSON file beside the run; ``read_causes`` (when the trial ends)
-names their causes for the trial's summary (``restart_causes``)."""
+"""Why a worker group restarted: ``FailureLog`` (a Ray Train callback in the run's controller) records
+how each attempt ended in a JSON file beside the run; ``read_causes`` names the causes for the trial's
+summary (``restart_causes``)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from ray.train import UserCallback
 
 from jaxray import storage
 
-# The causes: "preempted": the workers saved on a preemption notice (a report with PREEMPTION_KEY),
-# then their node went; "node lost": a node up at the group's last report has died since; "worker
-# died": a worker process ended or raised, every node still up; "resized": an elastic group was
-# restarted with more or fewer workers; "driver lost": Tune restarted the trial, whose driver (Tune's
-# trial actor, Ray Train's controller) had died (``record_driver_lost``); "interrupted": the
-# jaxray.tune run that began the trial ended first (Ctrl-C, an error) and ``--resume`` went on with
+# The causes: "preempted": the workers saved on a preemption notice, then their node went; "node
+# lost": a node up at the group's last report has died since; "worker died": a worker ended or raised,
+# every node still up; "resized": an elastic group restarted with another number of workers; "driver
+# lost": Tune restarted the trial after its driver (trial actor, Ray Train controller) died;
+# "interrupted": the jaxray.tune run that began the trial ended first and ``--resume`` went on with
 # it; "unknown": none of these.
 PREEMPTION_KEY = "preemption_save_step"  # in the report of a save made on a preemption notice
 ATTEMPT_KEY = "attempt"  # in every report: the worker group's attempt (1, 2, ...)
@@ -29,12 +28,11 @@ def _alive_nodes() -> list[str]:
 
 
 class FailureLog(UserCallback):
-    """Records in the JSON object at ``path``, {attempt: entry}, how each attempt of the run's worker
-    group ended, once: ``{"cause": "preempted"}`` when it reports a save on a preemption notice (Ray
-    restarts the group when the node is gone, not always through a worker error), else at its first
-    worker error ``{"cause": "worker died", "nodes": [...]}`` with the nodes up at its last report
-    (Ray marks a lost node dead only after missed heartbeats, so ``read_causes`` looks again). Ray
-    calls ``after_exception`` at every poll that finds errors: only the first counts."""
+    """Records at ``path`` ({attempt: entry}) how each attempt ended, once (the first entry counts):
+    ``{"cause": "preempted"}`` at a report of a save on a preemption notice (Ray restarts the group
+    when the node is gone, not always through a worker error), else at its first worker error
+    ``{"cause": "worker died", "nodes": [...]}`` with the nodes up at its last report (Ray marks a
+    lost node dead only after missed heartbeats, so ``read_causes`` looks again)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -56,9 +54,8 @@ class FailureLog(UserCallback):
 
 
 def record_driver_lost(path: str | Path, attempts_path: str | Path, cause: str = "driver lost") -> None:
-    """Records at ``path`` (``FailureLog``'s file) that the newest attempt counted in ``attempts_path``
-    (``resume.count_attempt``'s file) ended with its driver lost (or ``cause``), unless a cause of its
-    end is recorded already; nothing before a first attempt."""
+    """Records at ``path`` (``FailureLog``'s) that the newest attempt counted in ``attempts_path``
+    (``resume.count_attempt``'s) ended with ``cause``, unless one is recorded; nothing before a first."""
     if isinstance(attempt := read_record(attempts_path).get("attempts"), int):
         _add(path, attempt, {"cause": cause})
 

@@ -1,10 +1,9 @@
-"""Fault injection for the fault-tolerance tests, set only by them through the environment
-(``JAXRAY_FAULT``, JSON; the trainer passes it on to the workers): a worker process that exits at a
-step (``kill_at_step``; in the middle of the save at a checkpoint step), a damaged newest
-checkpoint (``corrupt_latest_checkpoint``) and a pause of every worker at each of ``pause_at_steps``
+"""Fault injection for the fault-tolerance tests, set only by them in ``JAXRAY_FAULT`` (JSON, passed on
+to the workers): a worker exits at ``kill_at_step`` (mid-save at a checkpoint step), the newest
+checkpoint is damaged (``corrupt_latest_checkpoint``), every worker pauses at ``pause_at_steps``
 (``pause_s``: one length for all, or one per step; a test removes or drains their node meanwhile).
-Each fault fires on the first attempt of the worker group only (the damage: on the second, before
-the restore), so Ray Train's restart runs undisturbed."""
+Each fires on the worker group's first attempt only (the damage: on the second, before the
+restore), so Ray Train's restart runs undisturbed."""
 
 from __future__ import annotations
 
@@ -36,25 +35,23 @@ def injected() -> Fault:
     return Fault(**json.loads(text)) if text else Fault()
 
 
-# Before an injected exit: several of Ray Train's 2 s health-check polls, also under load.
+# Before an injected exit: several of Ray Train's 2 s polls, also under load. Its controller collects
+# reports (and their checkpoints) when it polls: without the pause, a report just before the exit
+# could be lost on one run and not another.
 FAULT_PAUSE_S = 10.0
 EXIT_CODE = 17  # of a worker process killed by ``die``
 
 
 def die(step: int) -> None:
     """End this worker process at once (no cleanup, exit code 17), after ``FAULT_PAUSE_S``."""
-    # Ray Train's controller collects reports (and registers their checkpoints) when it polls the
-    # workers, every 2 s: a worker that dies sooner after a report loses that report. The pause
-    # makes the injected fault the same on every run: every checkpoint reported before it counts.
     time.sleep(FAULT_PAUSE_S)
     print(f"jaxray fault injection: worker process exits at step {step}", flush=True)
     os._exit(EXIT_CODE)
 
 
 def fault_hooks(trial: TrialConfig, rank: int, attempt: int) -> tuple[Hook, ...]:
-    """The ``kill_at_step`` hook: rank 0, first attempt only, and not at a checkpoint step (there the
-    save itself dies half-way, ``kill_in_save``); the ``pause_at_steps`` hook: every rank, in the
-    ``pause_attempts`` (the first); () otherwise."""
+    """The ``kill_at_step`` hook (rank 0, first attempt, not at a checkpoint step: there
+    ``kill_in_save`` does it) and the ``pause_at_steps`` hook (every rank, in ``pause_attempts``)."""
     fault, every = injected(), trial.train.checkpoint_interval
     hooks = []
     if fault.pause_at_steps and attempt in fault.pause_attempts:
@@ -83,17 +80,16 @@ def _pause(seconds: float) -> None:
 
 
 def kill_in_save(step: int, attempt: int) -> Callable[[], None] | None:
-    """What the save of the checkpoint at ``step`` runs after writing the arrays and before its
-    manifest (``checkpoint.save_state``'s ``before_manifest``): ``die`` when ``kill_at_step`` is this
-    step on the first attempt, else None."""
+    """The save's ``before_manifest`` at ``step`` (after the arrays, before the manifest): ``die`` when
+    ``kill_at_step`` is this step on the first attempt, else None."""
     if injected().kill_at_step == step and attempt == 1:
         return lambda: die(step)
     return None
 
 
 def damages_latest(attempt: int) -> bool:
-    """Whether ``corrupt_latest_checkpoint`` damages the newest checkpoint now: on the first restart
-    (attempt 2), before rank 0 picks the one to restore."""
+    """Whether ``corrupt_latest_checkpoint`` damages the newest checkpoint now: at attempt 2, before
+    rank 0 picks the one to restore."""
     return injected().corrupt_latest_checkpoint and attempt == 2
 
 

@@ -25,9 +25,8 @@ MAX_ERROR_CHARS = 300  # of the error line printed when a trial fails
 
 
 class SweepDisplay:
-    """The rows of one sweep's trials on ``file``: name, bar, steps done, last loss, throughput
-    (examples/s or tokens/s), time left and status. Updated in place on a terminal; elsewhere the
-    final state is printed once."""
+    """The rows of one sweep's trials on ``file``, updated in place on a terminal; elsewhere the final
+    state is printed once."""
 
     def __init__(self, steps: int, file: TextIO) -> None:
         self.steps = steps
@@ -84,18 +83,14 @@ class SweepDisplay:
         done = status.startswith("done")
         self.progress.update(task, status=status, **({"completed": self.steps} if done else {}))
 
-    def say(self, line: str) -> None:
-        """A line above the rows (a failed trial's error), on the terminal only."""
-        self.progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
-
 
 _showing: SweepDisplay | None = None
 
 
 @contextlib.contextmanager
 def showing(title: str, steps: int) -> Iterator[SweepDisplay | None]:
-    """Inside: the progress rows of one sweep (``steps`` per trial) on ``terminal.display()``, headed
-    by ``title``; nothing when not quiet (``--verbose``)."""
+    """Inside: one sweep's progress rows (``steps`` per trial) on ``terminal.display()`` under ``title``;
+    nothing with ``--verbose``."""
     global _showing
     if not terminal.is_quiet():
         yield None
@@ -123,8 +118,8 @@ def error_line(trial: Any) -> str:
 
 
 class TrialProgress(tune.Callback):
-    """Tune callback: trials' starts, log rows and ends to the display that is ``showing``.
-    ``name``: the trial name of a grid point (``config`` -> str)."""
+    """Tune callback: trials' starts, log rows and ends to the display ``showing``; ``name``: a grid
+    point's trial name."""
 
     def __init__(self, name: Callable[[dict], str]) -> None:
         self.name = name
@@ -155,4 +150,4 @@ class TrialProgress(tune.Callback):
         if error:
             line = f"error: trial {name} failed: {error}"
             print(line, file=sys.stderr, flush=True)  # the log, while the terminal is quiet
-            _showing.say(line)
+            _showing.progress.console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -27,10 +27,8 @@ from jaxray.raytrain.faults import kill_in_save
 from jaxray.reporting.format import json_safe
 from jaxray.train.loop import Hook
 
-# The reported key Ray ranks checkpoints by (``CheckpointConfig.checkpoint_score_attribute``): the
-# value of ``train.score``'s metric, in every report that carries a checkpoint; the worst finite
-# value (``WORST_SCORE`` for "min", its negative for "max") before that metric is first measured or
-# when it is NaN: Ray saves its record of reported checkpoints as JSON with inf and NaN turned to
+# The key Ray ranks checkpoints by (``checkpoint_score_attribute``), in every report with one: never
+# inf or NaN (``Reports._score``), as Ray saves its record of checkpoints as JSON with those turned to
 # null, and a run resumed from that record fails ranking a null.
 SCORE_KEY = "checkpoint_score"
 WORST_SCORE = sys.float_info.max
@@ -39,14 +37,12 @@ WORST_SCORE = sys.float_info.max
 class Reports:
     """A worker's reports to Ray Train, log rows and checkpoints in one stream in step order.
 
-    ``log(row)`` (``train``'s ``on_log``): a report every ``train.report_interval`` steps but the
-    last, with the latest held-out metrics (``val_*``) added, so the metric an ASHA scheduler reads
-    is in every report after the first evaluation. ``save(step, state, history, row=None)``
-    (``train``'s ``save``, every rank): each process writes its shards as ``checkpoint_name(step,
-    attempt)`` into the run's storage (object storage: this node's staging folder, uploaded by Ray at
-    the report), in the background; it is committed and goes with the next report (at once with a
-    ``final`` ``row``). ``abandon()`` drops a save under way. A failed save raises CheckpointSaveError
-    naming the step, folder and cause, its partial folder removed (rank 0)."""
+    ``log`` (``train``'s ``on_log``): a report every ``train.report_interval`` steps but the last,
+    with the latest ``val_*`` metrics, so the metric ASHA reads is in every report after the first
+    evaluation. ``save`` (``train``'s ``save``, every rank): each process writes its shards into
+    ``storage_folder(checkpoint_name(step, attempt))`` in the background; it is committed with the
+    next report (at once with a ``final`` ``row``). A failed save raises CheckpointSaveError naming
+    the step, folder and cause, its partial folder removed (rank 0)."""
 
     def __init__(self, trial: TrialConfig, rank: int, attempt: int, batches_per_epoch: int | None) -> None:
         self.trial, self.rank, self.attempt, self.batches_per_epoch = trial, rank, attempt, batches_per_epoch
@@ -94,18 +90,17 @@ class Reports:
 
     def _score(self, step: int) -> float:
         """``train.score``'s metric for the checkpoint of ``step``: its newest logged value at or before
-        that step (held-out metrics over the same ``eval_batches`` for every checkpoint, the final one
-        too: not the summary's whole-set ones, nor newer ones a later report carries); else (none, or
-        not finite) the worst finite value."""
+        that step (the final checkpoint's too: the same ``eval_batches`` as the others, not the
+        summary's whole set); else (none, or not finite) the worst finite value for its order."""
         metric, order = self.trial.train.score
         rows = [r for r in reversed(self._history) if r["step"] <= step and metric in r]
         value = float(rows[0][metric]) if rows else math.nan
         return value if math.isfinite(value) else (WORST_SCORE if order == "min" else -WORST_SCORE)
 
     def preemption_hook(self) -> Hook:
-        """Every ``train.log_every`` steps, on every rank alike (``ray.train.get_preemption_info`` is a
-        collective): at the first notice that a node of the group is being preempted, the state of
-        this step is saved, committed and reported at once, so the restart loses no steps."""
+        """Every ``train.log_every`` steps on every rank (``get_preemption_info`` is a collective): at
+        the first preemption notice, this step's state is saved and reported at once, so the restart
+        loses no steps."""
         train = self.trial.train
 
         def check(step: int, state, metrics) -> None:
@@ -137,8 +132,7 @@ class Reports:
                 shutil.rmtree(pending.directory, ignore_errors=True)
 
     def _report(self, metrics: dict) -> None:
-        """``ray.train.report(metrics)`` on every rank, with the save under way committed and attached
-        (and its ``SCORE_KEY``)."""
+        """``ray.train.report(metrics)`` on every rank, with the save under way committed and attached."""
         ckpt, name, staging = None, None, False
         if self._pending is not None:
             (pending, name), self._pending = self._pending, None
@@ -161,15 +155,14 @@ class Reports:
 
 
 def staged() -> bool:
-    """Whether the run's storage is object storage (``storage: s3://...``): each checkpoint is then
-    written into a folder on this node (``storage_folder``) and uploaded by Ray at its report."""
+    """Whether the run's storage is object storage: each checkpoint is then written on this node
+    (``storage_folder``) and uploaded by Ray at its report."""
     return not isinstance(ray.train.get_context().get_storage().storage_filesystem, LocalFileSystem)
 
 
 def storage_folder(name: str) -> Path:
-    """The folder every worker writes checkpoint ``name`` into: its folder in the run's storage (Ray
-    Train's StorageContext: a local or mounted shared folder), or, with object storage, a folder of
-    this node's ``$JAXRAY_CACHE_DIR/staging`` named after that storage path."""
+    """The folder every worker writes checkpoint ``name`` into: its folder in the run's (local or
+    mounted) storage, or with object storage one in this node's ``$JAXRAY_CACHE_DIR/staging``."""
     path = ray.train.get_context().get_storage().build_checkpoint_path_from_name(name)
     if not staged():
         return Path(path)
@@ -178,8 +171,7 @@ def storage_folder(name: str) -> Path:
 
 
 def trial_folder() -> Path:
-    """This trial's folder in the run's storage, where its checkpoints are written (``storage_folder``:
-    with object storage, its staging folder on this node)."""
+    """The folder this trial's checkpoints are written in (``storage_folder``'s parent)."""
     return storage_folder(checkpoint_name(0, 1)).parent
 
 
@@ -195,9 +187,8 @@ def discard_unfinished(attempt: int) -> list[str]:
 
 
 def check_shared(folder: Path) -> None:
-    """Just before a checkpoint's manifest: process 0 must see every process's shards (Orbax's
-    ``ocdbt.process_<i>`` folders), so ``folder`` is one folder all workers share (a shared storage
-    folder, or one node's staging folder). Raises CheckpointSaveError saying so when not."""
+    """Before a checkpoint's manifest: raises CheckpointSaveError unless process 0 sees every
+    process's shards (``ocdbt.process_<i>``), i.e. ``folder`` is one that all workers share."""
     if jax.process_index() != 0 or jax.process_count() == 1:
         return
     for item in (checkpoint.PARAMS_DIR, checkpoint.OPT_STATE_DIR):
@@ -216,8 +207,7 @@ def check_shared(folder: Path) -> None:
 
 @contextmanager
 def removing(folder: Path, rank: int) -> Iterator[None]:
-    """On a CheckpointSaveError inside, rank 0 removes ``folder`` (the partial save) and the error
-    says so."""
+    """On a CheckpointSaveError inside, rank 0 removes ``folder`` (the partial save); the error says so."""
     try:
         yield
     except CheckpointSaveError as err:

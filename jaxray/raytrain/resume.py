@@ -1,8 +1,6 @@
-"""Which checkpoint a (restarted) worker group continues from, and how its checkpoints are named.
-
-Rank 0 walks back from the newest complete checkpoint (Ray Train's newest reported one, or a newer
-one in the trial's storage that Ray's record lost with a node) to the newest undamaged one
-(``checkpoint.verify``) and broadcasts its choice, so every rank restores the same one."""
+"""Which checkpoint a (restarted) worker group continues from: rank 0 walks back from the newest
+complete one to the newest undamaged one (``checkpoint.verify``) and broadcasts its choice, so every
+rank restores the same one."""
 
 from __future__ import annotations
 
@@ -30,8 +28,8 @@ class ResumePoint(NamedTuple):
 
 def count_attempt(path: str | None, workers: int = 1) -> tuple[int, list[int]]:
     """(this worker group's attempt number, the workers of every attempt so far, this one's last),
-    counted in the JSON file ``path`` ((1, [workers]) without one). Raises OSError in words when
-    the count cannot be read or written."""
+    counted in the JSON file ``path`` ((1, [workers]) without one). Raises OSError when the count
+    cannot be read or written."""
     if not path:
         return 1, [workers]
     try:  # a local file, or on the run's object storage (its checkpoints' names must never repeat)
@@ -68,11 +66,9 @@ def choose(candidates: list) -> tuple[checkpoint.Verified | None, list[str]]:
 
 
 def candidates(trial: Path | str, reported: Path | str | None) -> list:
-    """The checkpoints to resume from, newest first (``checkpoint.checkpoint_order``): Ray Train's newest
-    reported one and every complete one (``train_state.json`` written) in ``trial``, the trial's
-    storage folder (Paths) or its URI on object storage (URIs). After an ungraceful node loss Ray's
-    record can lack the newest (FACTS: a report the controller had not collected yet); the storage
-    still has it."""
+    """The checkpoints to resume from, newest first: Ray Train's newest reported one and every complete
+    one in ``trial``, the trial's storage folder (Paths) or URI (URIs). After an ungraceful node loss
+    Ray's record can lack the newest (a report the controller had not collected yet); storage has it."""
     kind = str if storage.is_uri(str(trial)) else Path
     found = {kind(c) for c in remote.complete_checkpoints(str(trial))}
     found |= {reported} if reported is not None else set()
@@ -82,11 +78,9 @@ def candidates(trial: Path | str, reported: Path | str | None) -> list:
 def resume_point(
     rank: int, attempt: tuple[int, list[int]], trial_dir: Path, trial_uri: str | None = None
 ) -> ResumePoint:
-    """The checkpoint this worker group continues from (None on a fresh start), decided by rank 0
-    from ``candidates(trial_dir, ...)`` (with object storage, those of ``trial_uri``, fetched into
-    this node's cache) and broadcast with its ``attempt`` (``count_attempt``'s). With object storage
-    the group stages each checkpoint in one folder: CheckpointSaveError on the workers that are not
-    on rank 0's node."""
+    """Where this worker group starts, decided by rank 0 from ``candidates`` of ``trial_dir`` (with
+    object storage, of ``trial_uri``, fetched into this node's cache) and broadcast with ``attempt``
+    (``count_attempt``'s). With object storage, CheckpointSaveError on workers not on rank 0's node."""
     attempt, workers = attempt
     world = ray.train.get_context().get_world_size()
     chosen, skipped = None, []

@@ -55,12 +55,12 @@ INVOCATION_SUFFIX = ".invocation.json"
 
 
 class TrialFailed(RuntimeError):
-    """A trial that failed earlier in the same ``python -m jaxray.tune`` run and was restarted by
-    Tune (whose restarts are meant for a lost driver): it fails again at once with that error."""
+    """A trial that failed earlier in the same ``jaxray.tune`` run, restarted by Tune (whose restarts
+    are meant for a lost driver): it fails again at once with that error."""
 
 
 def trial_name(workload: str, config: dict[str, Any]) -> str:
-    """The name (``jaxray.config.trial_name``) of the grid point ``config`` (every axis of ``grid``)."""
+    """The name (``jaxray.config.trial_name``) of the grid point ``config``."""
     return name_of(workload, **{axis: config[axis] for axis in SEARCHABLE})
 
 
@@ -74,16 +74,12 @@ def run_trial(
     invocation: str = "",
     storage_uri: str | None = None,
 ) -> None:
-    """Tune function trainable: one Ray Train run for the grid point ``config`` of the ``workload``
-    sweep (its TrialConfig in ``trials``, planned before Ray started), written under ``out``
-    (``train/``, ``tensorboard/``; the checkpoints at ``storage_uri``, the run's folder on object
-    storage, when given); ``xla_flags``: the driver's XLA_FLAGS, kept by the workers.
-    Tune restarts a trial whose driver died (``workers.max_driver_failures``). Each start records
-    ``invocation`` (this ``jaxray.tune`` run's id) in ``<name>.invocation.json``, with the error if
-    the run raises. Restarted in the same invocation, a trial that raised raises ``TrialFailed`` with
-    that error at once (only ``--resume``, a new invocation, trains it again); one that did not lost
-    its driver ("driver lost" in its restart causes); one begun by an earlier invocation was
-    "interrupted" (unless its end is recorded)."""
+    """Tune trainable: one Ray Train run for the grid point ``config`` (its TrialConfig in ``trials``),
+    written under ``out`` (``train/``, ``tensorboard/``; checkpoints at ``storage_uri`` when given).
+    Each start records ``invocation`` (this ``jaxray.tune`` run's id) in ``<name>.invocation.json``,
+    with the error if the run raises. Restarted by Tune in the same invocation, a trial that raised
+    raises ``TrialFailed`` with that error at once (only ``--resume`` trains it again); one that did not
+    lost its driver ("driver lost"); one begun by an earlier invocation was "interrupted"."""
     name = trial_name(workload, config)
     trial = trials[name]
     train_dir = Path(out) / TRAIN_DIR
@@ -117,8 +113,8 @@ def run_trial(
 
 
 def concurrent_trials(exp: ExperimentConfig, resources: dict[str, float]) -> int:
-    """``max_concurrent_trials`` when set; else as many trials as the cluster's GPUs hold (at least
-    one) or TPU chips, or one on CPU (trials sharing cores would skew each other's timings)."""
+    """``max_concurrent_trials`` when set; else as many trials as the cluster's GPUs or TPU chips hold
+    (at least one), or one on CPU (trials sharing cores would skew each other's timings)."""
     if exp.max_concurrent_trials is not None:
         return exp.max_concurrent_trials
     if exp.workers.accelerator == "cpu":
@@ -155,21 +151,20 @@ def run_sweep(
     out: Path,
     resume: bool = False,
 ) -> tuple[list[TrialRows], int]:
-    """Fit sweep ``index`` of ``exp`` (``trials``: ``{name: TrialConfig}`` of its grid points in grid
-    order, from ``exp.plans``) on its (train, held-out) arrays (None with ``data.parquet``); with
-    ``resume`` restore ``out/tune/<workload>``, rerunning unfinished and failed trials. Returns
-    ((summary row, history rows) per trial, trials left unfinished by an interruption)."""
+    """Fit sweep ``index`` of ``exp`` (``trials``: ``{name: TrialConfig}`` in grid order) on its (train,
+    held-out) arrays (None with ``data.parquet``); with ``resume`` restore ``out/tune/<workload>``,
+    rerunning unfinished and failed trials. Returns ((summary row, history rows) per trial, trials
+    left unfinished by an interruption)."""
     sweep = exp.sweeps[index]
     datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])} if arrays else {}
-    # The driver's XLA_FLAGS: the trial runs in a Tune actor, whose environment is the cluster's.
-    xla_flags = os.environ.get("XLA_FLAGS", "")
     trainable = tune.with_parameters(
         run_trial,
         workload=sweep.workload,
         trials=trials,
         datasets=datasets,
         out=str(out),
-        xla_flags=xla_flags,
+        # The driver's: the trial runs in a Tune actor, whose environment is the cluster's.
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
         invocation=uuid.uuid4().hex,  # tells Tune's restart of a failed trial from --resume
         storage_uri=exp.storage,
     )
@@ -201,8 +196,8 @@ def run_sweep(
 
 
 def check_saved_state(out: Path, workload: str) -> None:
-    """For ``--resume``: check that the saved Tune state in ``out/tune/<workload>`` (if any) reads.
-    Raises ConfigError naming the damaged or missing file and how to run the sweep again."""
+    """For ``--resume``: ConfigError naming a damaged or missing file of the saved Tune state in
+    ``out/tune/<workload>`` (if any) and how to run the sweep again."""
     path = out / TUNE_DIR / workload
     if not path.is_dir():
         return
@@ -225,10 +220,8 @@ def check_saved_state(out: Path, workload: str) -> None:
 
 
 def with_run_storage(exp: ExperimentConfig, out: Path) -> ExperimentConfig:
-    """``exp`` for the new run folder ``out``: its ``storage`` resolved to the run's own folder there,
-    ``<storage>/<experiment>/<run folder>-<8 hex digits>`` (what the run's experiment.yaml records).
-    The random part keeps it the run's own where runs of another ``--out`` or machine started the
-    same second: a new run must never resume from another's checkpoints."""
+    """``exp`` with its ``storage`` resolved to ``<storage>/<experiment>/<out's name>-<8 hex digits>``:
+    the random part keeps it the run's own (a new run must never resume from another's checkpoints)."""
     if exp.storage is None:
         return exp
     folder = f"{out.name}-{uuid.uuid4().hex[:8]}"
@@ -286,11 +279,10 @@ def trial_rows(
     early_stopping: str | None = None,
     storage_uri: str | None = None,
 ) -> TrialRows:
-    """(summary row, history rows) of one trial from its Tune ``result``; a failed trial's row
-    carries ``error`` and no history. ``early_stopping``: the metric the sweep's ASHA reads; a trial
-    it stopped (no final report, no error) has ``stopped_at_step`` and that metric's last value
-    (``stopped_metric``, ``stopped_value``), no error and no ranking metric, and keeps its figures
-    (``stopped_figures``) and its newest committed checkpoint."""
+    """(summary row, history rows) of one trial from its Tune ``result``; a failed trial's row carries
+    ``error`` and no history. ``early_stopping``: the metric the sweep's ASHA reads; a trial it stopped
+    (no final report) has ``stopped_at_step``, ``stopped_metric``, ``stopped_value``, no ranking
+    metric, its ``stopped_figures`` and its newest committed checkpoint."""
     # A trial that errored can come back without its config; its folder still carries its name.
     config = result.config or {}
     name = trial_name(workload, config) if config else Path(result.path or "unknown-trial").name
@@ -327,9 +319,9 @@ def trial_rows(
 
 
 def stopped_figures(metrics: dict[str, Any], folder: str, global_batch: int) -> dict[str, Any]:
-    """What a trial ASHA stopped keeps though it sent no final report: its compile report's figures
-    (``compile.json`` in its ``folder``), the last reported train loss and step time (``ms_per_step``
-    of the last log row: since the row before, hooks included) with the throughput it makes."""
+    """What a trial ASHA stopped keeps: its compile report's figures (``compile.json`` in ``folder``),
+    the last reported train loss and ``ms_per_step`` (since the row before, hooks included) with the
+    throughput it makes."""
     found: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # missing or damaged: none
         report = json.loads(storage.read_text(storage.join(folder, COMPILE_FILE)))
@@ -347,8 +339,8 @@ def stopped_figures(metrics: dict[str, Any], folder: str, global_batch: int) -> 
 
 
 def with_checkpoint(row: dict[str, Any], recorded: str | None) -> TrialRows:
-    """``row`` with its trial's ``checkpoint`` (None: none) and, when there is one, what its kept
-    checkpoints take in their folder or on storage (after Ray's retention) and its history rows."""
+    """``row`` with its trial's ``checkpoint`` (None: none) and, when there is one, the count and MiB of
+    the kept checkpoints beside it (after Ray's retention), and its history rows."""
     row["checkpoint"] = recorded
     if not recorded:
         return row, []

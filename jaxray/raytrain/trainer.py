@@ -21,9 +21,9 @@ from jaxray.runs import COMPILE_FILE
 
 
 def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str, str]:
-    """Environment for the worker processes (set before JAX is imported there): ``xla_flags`` (None:
-    this process's) plus, on CPU, the forced device count. TPU workers get no JAX_PLATFORMS: Ray's JAX
-    backend sets ``tpu`` itself."""
+    """Environment of the worker processes (set before JAX is imported there): ``xla_flags`` (None:
+    this process's), on CPU with the forced device count. No JAX_PLATFORMS on TPU: Ray's JAX backend
+    sets ``tpu`` itself."""
     flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
     env = {**QUIET_ENV, **({FAULT_ENV: os.environ[FAULT_ENV]} if FAULT_ENV in os.environ else {})}
     if workers.accelerator == "cpu":
@@ -35,8 +35,8 @@ def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str
 
 
 def scaling_config(w: WorkersConfig) -> ScalingConfig:
-    """Ray Train's ScalingConfig for ``w``: per worker one CPU, ``devices_per_worker`` GPUs, or
-    ``devices_per_worker`` TPU chips (``use_tpu``; a multi-host slice with its topology and type)."""
+    """Per worker one CPU, or ``devices_per_worker`` GPUs or TPU chips (a TPU slice with its topology
+    and type)."""
     resources = {"cpu": {"CPU": 1}, "gpu": {"GPU": w.devices_per_worker}}.get(w.accelerator)
     tpu = {"use_tpu": True, "topology": w.topology, "accelerator_type": w.accelerator_type}
     return ScalingConfig(
@@ -58,9 +58,9 @@ def check_scaling(w: WorkersConfig) -> None:
 
 
 def run_files(storage_path: str | Path, name: str, storage_uri: str | None = None) -> tuple[str, str]:
-    """The run's attempt counter and restart causes, ``name.attempts.json`` and ``name.failures.json``
-    beside its folder (Ray Train v2 keeps the folder's own state for itself): in ``storage_uri`` when
-    given (every node reads them there), else in ``storage_path``."""
+    """(attempt counter, restart causes): ``name.attempts.json`` and ``name.failures.json`` beside the
+    run's folder (Ray Train v2 keeps the folder's own state for itself), in ``storage_uri`` when given
+    (every node reads them there), else in ``storage_path``."""
     root = storage_uri or str(Path(storage_path))
     return storage.join(root, f"{name}.attempts.json"), storage.join(root, f"{name}.failures.json")
 
@@ -75,12 +75,10 @@ def make_trainer(
     xla_flags: str | None = None,
     storage_uri: str | None = None,
 ) -> JaxTrainer:
-    """A JaxTrainer for one trial. ``datasets``: ``{"train": Dataset, "eval": Dataset}`` given whole
-    to every worker ({} with ``data.parquet``). The run is ``storage_path/name``, the attempt counter
-    ``name.attempts.json`` and the causes of its restarts ``name.failures.json`` (``FailureLog``)
-    beside it. ``xla_flags``: kept for the workers (None: this process's). ``storage_uri``: Ray Train's
-    storage there instead (checkpoints at ``storage_uri/name``, the counter and causes beside them;
-    the compile report stays in ``storage_path/name``)."""
+    """The JaxTrainer of one trial, run ``storage_path/name`` (``run_files`` beside it). ``datasets``:
+    ``{"train": Dataset, "eval": Dataset}`` given whole to every worker ({} with ``data.parquet``).
+    ``xla_flags``: the workers' (None: this process's). ``storage_uri``: Ray Train's storage there
+    instead (checkpoints at ``storage_uri/name``; the compile report stays in ``storage_path/name``)."""
     w = trial.workers
     attempts, failures = run_files(storage_path, name, storage_uri)
     # Object storage: staged on each node, resumed from fetched copies; a folder: written in place.

@@ -1,7 +1,6 @@
-"""The Ray Train worker: runs ``jaxray.train.run.train`` in each worker process (config, rank,
-multi-process JAX program, mesh, batch shards, resume, Ray Train reports, fault injection). Each
-worker trains on rows ``[rank * L, (rank + 1) * L)`` of every global batch (L = global_batch /
-world), from its Ray Train shard or the Parquet folder, and evaluates on the whole held-out set."""
+"""The Ray Train worker: ``jaxray.train.run.train`` in each worker process. Each worker trains on rows
+``[rank * L, (rank + 1) * L)`` of every global batch (L = global_batch / world), from its Ray Train
+shard or the Parquet folder, and evaluates on the whole held-out set."""
 
 from __future__ import annotations
 
@@ -32,20 +31,13 @@ from jaxray.train.run import Diverged, train
 DIVERGED_METRICS = dict.fromkeys(("loss", "accuracy", "val_loss", "val_accuracy"), float("nan"))
 
 
-def _attention(trial):
-    """The transformer's attention for this worker's device and the trained sequence; None for MLPs."""
-    if trial.model.workload != "transformer":
-        return None
-    return resolve_attention(trial.model, seq_len=trial.data.seq_len)
-
-
 def worker_data(
     trial: TrialConfig, rank: int, world: int, train_rows: int | None
 ) -> tuple[Iterator[dict[str, np.ndarray]], Arrays, int | None]:
     """(this worker's training batches, endless; the held-out arrays; the training rows if known)
-    from ``data.parquet`` when set, else from Ray Train's unsplit ``train`` and ``eval`` shards.
-    Together the workers see what ``train_batches(arrays, global_batch)`` gives one process. The
-    batches raise ValueError if the dataset holds fewer rows than one global batch."""
+    from ``data.parquet``, else Ray Train's unsplit ``train`` and ``eval`` shards: together what
+    ``train_batches(arrays, global_batch)`` gives one process. The batches raise ValueError if the
+    dataset holds fewer rows than one global batch."""
     global_batch = trial.train.global_batch
     if trial.data.parquet:
         folder, manifest = parquet_folder(trial)
@@ -66,15 +58,10 @@ def worker_data(
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train entry point. ``config``: ``{"trial": TrialConfig, "tensorboard_dir": str | None,
-    "attempts_file": str | None, "failures_file": str | None, "compile_file": str | None,
-    "train_rows": int | None, "trial_uri": str | None}`` (``trial_uri``: the trial's checkpoints on
-    object storage, staged on this node).
-
-    Reports a log row every ``train.report_interval`` steps, a checkpoint every
-    ``train.checkpoint_interval`` steps and the summary with the final checkpoint; after a restart
-    resumes from the newest usable checkpoint. Rank 0 writes TensorBoard events and the compile report.
-    """
+    """Ray Train entry point; ``config``: ``make_trainer``'s ``train_loop_config``. Reports a log row
+    every ``train.report_interval`` steps, a checkpoint every ``train.checkpoint_interval`` and the
+    summary with the final one; after a restart resumes from the newest usable checkpoint. Rank 0
+    writes TensorBoard events and the compile report."""
     trial: TrialConfig = config["trial"]  # parsed and checked once, before Ray started
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
@@ -82,7 +69,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         check_local_devices(trial.workers)
         compile_cache.enable(trial.workers.compile_cache)
         attempt = count_attempt(config.get("attempts_file"), world) if rank == 0 else (1, [world])
-        print(describe_worker(rank, _attention(trial)), flush=True)
+        transformer = trial.model.workload == "transformer"  # the MLPs have no attention
+        choice = resolve_attention(trial.model, seq_len=trial.data.seq_len) if transformer else None
+        print(describe_worker(rank, choice), flush=True)
         start = resume_point(rank, attempt, trial_folder(), config.get("trial_uri"))
         if start.checkpoint is not None and rank == 0:
             print(f"jaxray: attempt {start.attempt}, resuming from {start.checkpoint.path}", flush=True)
