@@ -1,7 +1,6 @@
-"""Files at a local path or a pyarrow URI (``s3://``, ``gs://``, ``file://``), beneath ``data/`` and
-``checkpoint/``: the filesystem of a path (``gs://`` retries bounded), reads and whole writes, the
-one file hash, and the local cache folder. Credentials and endpoints come from the environment,
-as pyarrow reads them."""
+"""Files at a local path or a pyarrow URI (``s3://``, ``gs://``, ``file://``): the filesystem of a
+path, reads and whole writes, the file hash, and the local cache folder. Credentials and endpoints
+come from the environment, as pyarrow reads them."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ def resolve(
     path_or_uri: str, filesystem: pafs.FileSystem | None = None, retry_s: int = GCS_RETRY_S
 ) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) of a local path or a pyarrow URI (``gs://`` retried at most
-    ``retry_s`` seconds per operation); with ``filesystem``, ``path_or_uri`` is a path inside it."""
+    ``retry_s`` s per operation); with ``filesystem``, ``path_or_uri`` is a path inside it."""
     if filesystem is not None:
         return filesystem, path_or_uri.rstrip("/")
     if "://" not in path_or_uri:
@@ -58,11 +57,6 @@ def file_sha256(path: str | Path, fs: pafs.FileSystem | None = None) -> str:
 def is_uri(path: str | Path) -> bool:
     """Whether ``path`` is a URI (``scheme://...``) rather than a local path."""
     return isinstance(path, str) and "://" in path
-
-
-def is_object_storage(uri: str) -> bool:
-    """Whether ``uri`` is on object storage (``s3://``, ``gs://``...), not a local or mounted folder."""
-    return not isinstance(resolve(uri)[0], pafs.LocalFileSystem)
 
 
 def join(uri: str, *names: str) -> str:
@@ -109,8 +103,7 @@ def read_text(path_or_uri: str | Path) -> str | None:
 
 
 def write_text(path_or_uri: str | Path, text: str) -> None:
-    """``text`` as the file at a local path or URI: a local one written whole (``written_whole``), an
-    object one as one object. Raises OSError."""
+    """``text`` as the file at a local path (written whole) or URI (one object). Raises OSError."""
     fs, path = resolve(str(path_or_uri))
     if not isinstance(fs, pafs.LocalFileSystem):
         with fs.open_output_stream(path) as f:
@@ -124,8 +117,8 @@ def write_text(path_or_uri: str | Path, text: str) -> None:
 @contextmanager
 def written_whole(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` for the block to write, renamed over ``path`` when it ends,
-    removed when it fails: ``path`` is never part-written. The name carries the process id (no two
-    processes share it) and ends as ``path`` does (matplotlib reads the format from it)."""
+    removed when it fails. Its name carries the process id and ends as ``path`` does (matplotlib
+    reads the format from it)."""
     path = Path(path)
     tmp = path.with_name(f".partial-{os.getpid()}-{path.name}")
     try:

@@ -75,8 +75,7 @@ class PendingSave:
 
     def commit(self, manifest: bool = True) -> Path:
         """Wait for every process's writes, then (``manifest``) the primary runs ``before_manifest`` and
-        writes ``train_state.json`` with every file's SHA-256, each hashed by its writer (its
-        ``ocdbt.process_<i>/`` shards; the primary's also the rest), sent in ``DIGESTS_PREFIX<i>.json``.
+        writes ``train_state.json`` (the others send their digests in ``DIGESTS_PREFIX<i>.json``).
         Returns the folder. Raises CheckpointSaveError naming it and the step (the save stays incomplete)."""
         directory, me = self.directory, jax.process_index()
         with _saving(directory, self.step):
@@ -118,10 +117,10 @@ def start_save_state(
     before_manifest: Callable[[], None] | None = None,
     summary: dict[str, Any] | None = None,
 ) -> PendingSave:
-    """Start writing the train state ``state`` (params, opt_state, step) under ``directory``, called by
-    every process alike; ``position``: ``{"epoch", "batch_in_epoch"}`` or {}; ``summary``: the final
-    row. Returns once the arrays are in host memory (training may donate them); ``commit()`` ends it.
-    Raises CheckpointSaveError naming the folder and the step."""
+    """Start writing ``state`` (params, opt_state, step) under ``directory``, on every process alike;
+    ``position``: ``{"epoch", "batch_in_epoch"}`` or {}; ``summary``: the final row. Returns once the
+    arrays are in host memory (training may donate them). Raises CheckpointSaveError naming the
+    folder and the step."""
     directory = Path(directory).absolute()
     step = state.step.addressable_data(0) if isinstance(state.step, jax.Array) else state.step
     step = int(np.asarray(step))  # replicated: every process holds it
@@ -147,10 +146,9 @@ def save_state(*args: Any, **kwargs: Any) -> Path:
 
 def verify(directory: str | Path, full_state: bool = False, digests: bool = True) -> dict[str, Any]:
     """``train_state.json`` of ``directory`` once every file it lists matches its SHA-256 (unless not
-    ``digests``: checked as they were written). Raises CheckpointError naming the folder: none, no
-    ``train_state.json`` (incomplete), params only where ``full_state`` needs a train state, a file
-    unreadable or not matching (naming it and both digests), or a metric of the summary or
-    ``history.json`` NaN or inf (naming it, its value and step: the model diverged)."""
+    ``digests``). Raises CheckpointError naming the folder: none, incomplete, params only where
+    ``full_state`` needs a train state, a file unreadable or not matching (naming it and both
+    digests), or a metric of the summary or ``history.json`` NaN or inf (naming it, its value, step)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory} is not a checkpoint: no such folder")
@@ -196,8 +194,8 @@ def verify(directory: str | Path, full_state: bool = False, digests: bool = True
 
 @dataclass(frozen=True)
 class Verified:
-    """A checkpoint folder whose files matched their digests once (``open``, a fetch, ``trusted``), which
-    ``restore``/``restore_state`` hash no more. ``state``: its ``train_state.json``."""
+    """A checkpoint folder whose files matched their digests once, which ``restore``/``restore_state``
+    hash no more. ``state``: its ``train_state.json``."""
 
     path: Path
     state: dict[str, Any]
@@ -242,8 +240,8 @@ def load_model_config(directory: str | Path) -> ModelConfig:
 def load_trial_config(
     directory: str | Path, name: str = TRIAL_CONFIG, cls: type = TrialConfig
 ) -> TrialConfig:
-    """The TrialConfig the params were trained with (or the ``cls`` saved as ``name``). Raises
-    CheckpointError if missing or invalid."""
+    """The TrialConfig saved beside the params (or the ``cls`` saved as ``name``). Raises CheckpointError
+    if missing or invalid."""
     path = Path(directory) / name
     try:
         return cls.model_validate_json(path.read_text())
@@ -255,8 +253,8 @@ def load_trial_config(
 
 def restore_state(directory: str | Path | Verified, target: Any) -> tuple[Any, dict, list[dict]]:
     """(train state, train_state.json, history), restored into ``target``: ``ShapeDtypeStruct`` leaves
-    carrying the shardings wanted (``jaxray.train.step.abstract_state``), any mesh. Raises
-    CheckpointError as ``verify`` does, or naming the entry and both shapes (another model or optimiser)."""
+    with the shardings wanted (``jaxray.train.step.abstract_state``). Raises CheckpointError as
+    ``verify`` does, or naming the entry and both shapes (another model or optimiser)."""
     opened = open(directory, full_state=True)
     directory, doc = opened.path, opened.state
     params = restore_tree(directory / PARAMS_DIR, target.params, "the model")
@@ -282,14 +280,14 @@ def restore(directory: str | Path | Verified, sharding: Sharding | None = None) 
 
 
 def checkpoint_name(step: int, attempt: int) -> str:
-    """Folder name of the checkpoint at ``step`` saved by ``attempt``; sorts by step, then attempt.
-    The attempt keeps names unique across restarts (Ray Train's rotation must never see one twice)."""
+    """Folder name of the checkpoint at ``step`` saved by ``attempt``, unique across restarts (Ray
+    Train's rotation must never see one twice)."""
     return f"checkpoint_step_{step:08d}_attempt{attempt}"
 
 
 def remove_unfinished(trial_dir: Path, but_attempt: int | None = None) -> list[str]:
-    """Remove the checkpoint folders in ``trial_dir`` begun and never committed (no ``train_state.json``:
-    their workers died while writing them), except those of attempt ``but_attempt``; their names."""
+    """Remove the checkpoint folders in ``trial_dir`` never committed (no ``train_state.json``), except
+    those of attempt ``but_attempt``; returns their names."""
     keep = f"_attempt{but_attempt}" if but_attempt is not None else None
     gone = []
     for folder in sorted(trial_dir.glob(f"{CHECKPOINT_PREFIX}*")):
@@ -306,8 +304,8 @@ def checkpoint_order(path: Path | str) -> tuple[int, ...]:
 
 
 def trial_checkpoints(named: Path) -> list[Path]:
-    """``named``, then the older ``checkpoint_*`` folders beside it, newest first (``checkpoint_order``):
-    the order a damaged checkpoint is fallen back from."""
+    """``named``, then the older ``checkpoint_*`` folders beside it, newest first: the order a damaged
+    checkpoint is fallen back from."""
     newest = checkpoint_order(named)
     older = [
         c for c in named.parent.glob(f"{CHECKPOINT_PREFIX}*") if checkpoint_order(c) < newest and c.is_dir()

@@ -1,7 +1,7 @@
-"""A checkpoint folder read by URI (any pyarrow filesystem): ``fetch`` copies it into a local cache,
-checking each file against its SHA-256 in ``train_state.json``; an entry is named by the URI and that
-file, so a checkpoint replaced at the URI is fetched anew (the older copy removed: one per URI). Also
-the listing of a trial's checkpoints at a URI (training with ``storage:``)."""
+"""Checkpoints by URI (any pyarrow filesystem): ``fetch`` copies one into a local cache, checking each
+file against its SHA-256 in ``train_state.json``; an entry is named by the URI and that file, so a
+checkpoint replaced at the URI is fetched anew (one copy per URI). Also the listing of a trial's
+checkpoints at a URI."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ class StorageError(CheckpointError):
 
 
 def complete_checkpoints(uri: str) -> list[str]:
-    """The URIs of the complete ``checkpoint_*`` folders (with a ``train_state.json``) in the folder
-    ``uri``, newest first; [] when it does not exist. Raises CheckpointError when it cannot be listed."""
+    """The URIs of the complete ``checkpoint_*`` folders in the folder ``uri``, newest first; [] when it
+    does not exist. Raises CheckpointError when it cannot be listed."""
     try:
         fs, root = resolve(uri)
         found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
@@ -49,8 +49,8 @@ def complete_checkpoints(uri: str) -> list[str]:
 
 
 def trial_checkpoints(named: str) -> Iterator[str]:
-    """The checkpoint URI ``named``, then the older complete ones beside it, newest first, listed only
-    once ``named`` is passed over (a reader allowed to read objects but not to list still reads it)."""
+    """``named``, then the older complete checkpoints beside it, newest first, listed only once ``named``
+    is passed over (a reader allowed to read objects but not to list still reads it)."""
     yield named
     newest = checkpoint_order(named)
     yield from (
@@ -71,17 +71,17 @@ def disk_use(uri: str) -> tuple[int, float]:
 
 
 def open_uri(uri: str, manifest_sha256: str | None = None) -> Verified:
-    """``fetch(uri, manifest_sha256)`` as a ``Verified`` checkpoint (restoring it hashes nothing again)."""
+    """``fetch(uri, manifest_sha256)`` as a ``Verified`` checkpoint."""
     entry = fetch(uri, manifest_sha256)
     return Verified(entry, json.loads((entry / TRAIN_STATE).read_text()))
 
 
 def fetch(uri: str, manifest_sha256: str | None = None) -> Path:
-    """The local copy of the checkpoint folder ``uri``, fetched unless the cache holds it whole (under a
-    lock file; older copies of ``uri`` then removed); with ``manifest_sha256``, its remote
-    ``train_state.json`` must still have that SHA-256. Raises CheckpointError naming ``uri``: absent,
-    a run folder, not a checkpoint, incomplete, changed, a file missing or not matching, or what
-    ``verify`` refuses; StorageError when ``uri`` cannot be reached or the cache written."""
+    """The local copy of the checkpoint folder ``uri``, fetched (under a lock file) unless the cache
+    holds it whole; with ``manifest_sha256``, its remote ``train_state.json`` must still have that
+    SHA-256. Raises CheckpointError naming ``uri``: absent, a run folder, not a checkpoint,
+    incomplete, changed, a file missing or not matching, or what ``verify`` refuses; StorageError
+    when ``uri`` cannot be reached or the cache written."""
     uri, shown = uri.rstrip("/"), display(uri.rstrip("/"))
     try:
         probe(uri)  # unreachable or refused: within seconds
@@ -115,8 +115,8 @@ def fetch(uri: str, manifest_sha256: str | None = None) -> Path:
 
 def _fill(entry: Path, fs: pafs.FileSystem, root: str, manifest: bytes, shown: str) -> None:
     """Copy the checkpoint at ``root`` into ``entry`` unless it holds a whole copy: each file that
-    ``manifest`` (its ``train_state.json``) lists checked as it arrives, refused unless a plain path
-    inside the folder, then ``manifest``; the whole verified before it takes the entry's place."""
+    ``manifest`` lists (refused unless a plain path inside the folder) checked as it arrives, then
+    ``manifest``; the whole verified before it takes the entry's place."""
     with contextlib.suppress(CheckpointError):
         verify(entry)
         return

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pyarrow.fs import LocalFileSystem
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 
@@ -82,7 +83,7 @@ def make_trainer(
     w = trial.workers
     attempts, failures = run_files(storage_path, name, storage_uri)
     # Object storage: staged on each node, resumed from fetched copies; a folder: written in place.
-    staged = storage_uri is not None and storage.is_object_storage(storage_uri)
+    staged = storage_uri is not None and not isinstance(storage.resolve(storage_uri)[0], LocalFileSystem)
     root = storage_uri or storage_path
     fs, path = storage.resolve(root) if storage.is_uri(root) else (None, str(root))
     ingest = DataConfig.default_ingest_options()
