@@ -103,7 +103,8 @@ def read_text(path_or_uri: str | Path) -> str | None:
 
 
 def write_text(path_or_uri: str | Path, text: str) -> None:
-    """``text`` as the file at a local path (written whole) or URI (one object). Raises OSError."""
+    """``text`` as the file at a local path or ``file://`` URI (written whole) or an object storage URI
+    (one object). Raises OSError."""
     fs, path = resolve(str(path_or_uri))
     if not isinstance(fs, pafs.LocalFileSystem):
         with fs.open_output_stream(path) as f:
