@@ -55,8 +55,9 @@ class SweepDisplay:
         return self.tasks[name]
 
     def result(self, name: str, result: dict[str, Any]) -> None:
-        """A log row of trial ``name`` (Tune's result: step, loss, examples or tokens, and Tune's
-        ``time_total_s``, seconds since the trial started)."""
+        """A log row of trial ``name`` (Tune's result: step, loss, examples or tokens, ``ms_per_step``
+        from the second row on, and Tune's ``time_total_s``, seconds since the trial started): the
+        throughput from ``ms_per_step`` where there is one, else over the time since the last row."""
         task, fields = self.row(name), {}
         if "loss" in result:
             fields["loss"] = f"loss {float(result['loss']):.4f}"
@@ -65,6 +66,10 @@ class SweepDisplay:
         for key, unit, final in COUNTERS:
             if final in result:
                 fields["speed"] = f"{float(result[final]):,.0f} {unit}"
+                break
+            if key in result and result.get("ms_per_step") and result.get("step"):  # as the summary's
+                per_step = float(result[key]) / result["step"]  # table has it for a trial stopped here
+                fields["speed"] = f"{per_step / result['ms_per_step'] * 1e3:,.0f} {unit}"
                 break
             if key in result and "time_total_s" in result:
                 count, seconds = float(result[key]), float(result["time_total_s"])

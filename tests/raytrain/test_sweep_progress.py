@@ -28,6 +28,21 @@ def test_rows_show_steps_loss_throughput_and_status():
     assert "10/100 steps" in transformer and "loss 5.5000" in transformer and "640 tok/s" in transformer
 
 
+def test_a_row_with_ms_per_step_shows_the_throughput_the_summary_table_computes():
+    """A trial ASHA stops keeps its last row's figure: tokens per step over ``ms_per_step``, as
+    ``raytrain.sweep.stopped_figures`` computes it, not the tokens over the time since the trial
+    started (compile and start-up included: the demo's stopped trial said 6,756 against 13,170)."""
+    file = io.StringIO()
+    display = SweepDisplay(steps=2000, file=file)
+    with display.progress:
+        row = {"step": 250, "loss": 2.3555, "val_loss": 2.3624, "examples": 4000, "tokens": 252_000}
+        display.result(
+            "transformer_b16_float32_w128_lr0.002", row | {"ms_per_step": 76.54, "time_total_s": 37.3}
+        )
+        display.end("transformer_b16_float32_w128_lr0.002", "stopped early at step 250")
+    assert "13,170 tok/s" in file.getvalue()  # 1,008 tokens a step in 76.54 ms
+
+
 class Terminal(io.StringIO):
     """A stream that says it is a terminal, as the one `make demo` prints on."""
 
