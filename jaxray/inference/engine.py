@@ -145,9 +145,7 @@ class Engine:
         """Prompt tokens of ``request`` the prefix cache holds now (whole blocks, at least one left to
         compute), its lookup counted in the cache's figures."""
         window, n = prompt_window(request.prompt, self.context_len)
-        hit = min(len(self.prefix.lookup(self.prefix.keys(window[:n]))), (n - 1) // self.prefix.block)
-        self.prefix.count(n, hit)
-        return hit * self.prefix.block
+        return self.prefix.count_prompt(window[:n])
 
     def prefill_blocks(self, request: Request, tokens: int) -> None:
         """Prefill the first ``tokens`` (a multiple of prefix_block) of ``request``'s prompt window into

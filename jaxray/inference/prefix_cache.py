@@ -58,6 +58,13 @@ class PrefixCache:
         self.hits += hit_blocks * self.block
         self.hit_requests += hit_blocks > 0
 
+    def count_prompt(self, tokens: np.ndarray) -> int:
+        """The tokens of the prompt window ``tokens`` [n] int32 cached now (whole blocks, at least one
+        left to compute), its lookup counted."""
+        hit = min(len(self.lookup(self.keys(tokens))), (len(tokens) - 1) // self.block)
+        self.count(len(tokens), hit)
+        return hit * self.block
+
     def claim(self, keys: list[bytes], taken: set[bytes]) -> list[tuple[int, int]]:
         """[(block index, slot)] for the blocks of ``keys`` not cached yet, evicting the least recently
         used keys but never one of ``taken`` (this batch's; updated); stops when every slot is taken."""
