@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemaining
 
 from jaxray.raytrain.failures import ATTEMPT_KEY
 from jaxray.reporting import terminal
-from jaxray.reporting.format import diverged_error
+from jaxray.reporting.format import diverged_error, step_rates
 
 # Throughput from a log row's counters (tokens or examples); the final report's own figure replaces it.
 COUNTERS = (("tokens", "tok/s", "tokens_per_sec"), ("examples", "ex/s", "examples_per_sec"))
@@ -63,20 +63,17 @@ class SweepDisplay:
             fields["loss"] = f"loss {float(result['loss']):.4f}"
         if "val_loss" in result:
             fields["loss"] += f" val {float(result['val_loss']):.4f}"
+        rates = {**step_rates(result), **result}  # a final report's own figure wins
         for key, unit, final in COUNTERS:
-            if final in result:
-                fields["speed"] = f"{float(result[final]):,.0f} {unit}"
-                break
-            if key in result and result.get("ms_per_step") and result.get("step"):  # as the summary's
-                per_step = float(result[key]) / result["step"]  # table has it for a trial stopped here
-                fields["speed"] = f"{per_step / result['ms_per_step'] * 1e3:,.0f} {unit}"
-                break
             if key in result and "time_total_s" in result:
                 count, seconds = float(result[key]), float(result["time_total_s"])
                 before = self.last.get(name, (0.0, 0.0))
                 if seconds > before[1]:
                     fields["speed"] = f"{(count - before[0]) / (seconds - before[1]):,.0f} {unit}"
                 self.last[name] = (count, seconds)
+            if final in rates:  # as the summary table computes it (a trial stopped here keeps it)
+                fields["speed"] = f"{float(rates[final]):,.0f} {unit}"
+            if final in rates or key in result:
                 break
         if result.get(ATTEMPT_KEY, 1) > 1:  # the worker group restarted
             fields["status"] = f"running (attempt {result[ATTEMPT_KEY]})"

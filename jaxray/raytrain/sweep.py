@@ -33,7 +33,7 @@ from jaxray.raytrain.progress import TrialProgress
 from jaxray.raytrain.reports import SCORE_KEY
 from jaxray.raytrain.trainer import make_trainer, run_files
 from jaxray.reporting import terminal
-from jaxray.reporting.format import DIVERGED_KEYS, diverged_error
+from jaxray.reporting.format import DIVERGED_KEYS, diverged_error, step_rates
 from jaxray.runs import COMPILE_FILE, TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -295,7 +295,7 @@ def trial_rows(
         value = metrics.get(early_stopping)
         row.update(stopped_at_step=metrics["step"], stopped_metric=early_stopping, stopped_value=value)
         folder = storage.join(storage_uri, name) if storage_uri else str(out / TRAIN_DIR / name)
-        row.update(stopped_figures(metrics, folder, int(config.get("global_batch", 0))))
+        row.update(stopped_figures(metrics, folder))
         try:
             newest = next(iter(remote.complete_checkpoints(folder)), None)
         except checkpoint.CheckpointError as err:
@@ -318,7 +318,7 @@ def trial_rows(
     return with_checkpoint(row, recorded)
 
 
-def stopped_figures(metrics: dict[str, Any], folder: str, global_batch: int) -> dict[str, Any]:
+def stopped_figures(metrics: dict[str, Any], folder: str) -> dict[str, Any]:
     """What a trial ASHA stopped keeps: its compile report's figures (``compile.json`` in ``folder``),
     the last reported train loss and ``ms_per_step`` (since the row before, hooks included) with the
     throughput it makes."""
@@ -330,11 +330,8 @@ def stopped_figures(metrics: dict[str, Any], folder: str, global_batch: int) -> 
     found = {k: v for k, v in found.items() if v is not None}
     if metrics.get("loss") is not None:
         found["final_train_loss"] = metrics["loss"]
-    ms = metrics.get("ms_per_step")
-    if ms and global_batch:
-        found.update(ms_per_step=ms, examples_per_sec=global_batch / ms * 1e3)
-        if metrics.get("tokens") and metrics.get("examples"):  # tokens per example
-            found["tokens_per_sec"] = found["examples_per_sec"] * metrics["tokens"] / metrics["examples"]
+    if rates := step_rates(metrics):
+        found.update(ms_per_step=metrics["ms_per_step"], **rates)
     return found
 
 

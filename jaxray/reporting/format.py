@@ -68,6 +68,18 @@ def throughput(row: dict) -> tuple[float | None, str]:
     return number(row.get("examples_per_sec")), "ex/s"
 
 
+def step_rates(row: dict[str, Any]) -> dict[str, float]:
+    """A log row's throughput from its ``ms_per_step``: ``examples_per_sec`` (its examples per step over
+    it) and, where it counts tokens, ``tokens_per_sec``; {} without ``ms_per_step``."""
+    ms, step, examples = row.get("ms_per_step"), row.get("step"), row.get("examples")
+    if not (ms and step and examples):
+        return {}
+    rates = {"examples_per_sec": examples / step / ms * 1e3}
+    if row.get("tokens"):
+        rates["tokens_per_sec"] = rates["examples_per_sec"] * row["tokens"] / examples
+    return rates
+
+
 def workloads(rows: list[dict]) -> list[str]:
     """The workloads of ``rows`` in WORKLOAD_ORDER, then any others by name ("?" for a row without)."""
     present = {r.get("workload", "?") for r in rows}

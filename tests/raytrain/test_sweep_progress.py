@@ -30,7 +30,7 @@ def test_rows_show_steps_loss_throughput_and_status():
 
 def test_a_row_with_ms_per_step_shows_the_throughput_the_summary_table_computes():
     """A trial ASHA stops keeps its last row's figure: tokens per step over ``ms_per_step``, as
-    ``raytrain.sweep.stopped_figures`` computes it, not the tokens over the time since the trial
+    ``reporting.format.step_rates`` computes it for the table, not the tokens over the time since the trial
     started (compile and start-up included: the demo's stopped trial said 6,756 against 13,170)."""
     file = io.StringIO()
     display = SweepDisplay(steps=2000, file=file)
@@ -60,3 +60,16 @@ def test_on_a_terminal_what_others_print_stays_out_of_the_rows(capsys):
         print("Trial status: 1 RUNNING")  # Tune, in the driver
     assert "Trial status" not in file.getvalue() and "mlp_b8_float32_w64" in file.getvalue()
     assert "Trial status: 1 RUNNING" in capsys.readouterr().out  # where it was printed: the log, there
+
+
+def test_a_row_without_ms_per_step_counts_from_the_row_before():
+    """The first row after a restart has no ``ms_per_step``: its speed is over the time since the row
+    before it, rows with ``ms_per_step`` included (not since the trial's first row)."""
+    file = io.StringIO()
+    display = SweepDisplay(steps=100, file=file)
+    with display.progress:
+        display.result("mlp_b8", {"step": 50, "examples": 400, "time_total_s": 2.0})
+        display.result("mlp_b8", {"step": 100, "examples": 800, "time_total_s": 4.0, "ms_per_step": 40.0})
+        display.result("mlp_b8", {"step": 150, "examples": 1200, "time_total_s": 10.0})
+        display.end("mlp_b8", "done")
+    assert "67 ex/s" in file.getvalue()  # (1200 - 800) / (10 - 4) s; since the first row: 100
