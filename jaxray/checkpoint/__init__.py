@@ -234,14 +234,15 @@ def trusted(path: str | Path, manifest_sha256: str) -> Verified:
 
 def load_model_config(directory: str | Path) -> ModelConfig:
     """The ModelConfig saved beside the params. Raises CheckpointError if missing or invalid."""
-    return load_trial_config(directory, MODEL_CONFIG, ModelConfig)
+    return _load_config(directory, MODEL_CONFIG, ModelConfig)
 
 
-def load_trial_config(
-    directory: str | Path, name: str = TRIAL_CONFIG, cls: type = TrialConfig
-) -> TrialConfig:
-    """The TrialConfig saved beside the params (or the ``cls`` saved as ``name``). Raises CheckpointError
-    if missing or invalid."""
+def load_trial_config(directory: str | Path) -> TrialConfig:
+    """The TrialConfig the params were trained with. Raises CheckpointError if missing or invalid."""
+    return _load_config(directory, TRIAL_CONFIG, TrialConfig)
+
+
+def _load_config(directory: str | Path, name: str, cls: type):
     path = Path(directory) / name
     try:
         return cls.model_validate_json(path.read_text())
