@@ -175,9 +175,7 @@ def train(
         start=start,
     )
     held_out = _final_held_out(trial, eval_fn, mesh, state, eval_arrays)
-    summary = _summary(trial, mesh, model, state, report, timing, history, held_out)
-    summary.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))
-    summary.update(_attention(model), compile_from_cache=report["compile_from_cache"])
+    summary = _summary(trial, mesh, start, state, report, timing, history, held_out)
     return TrainResult(state, summary, history, report)
 
 
@@ -224,7 +222,8 @@ def _attention(model: Model) -> dict[str, str]:
     return {"attention": model.attention.implementation, "attention_note": model.attention.note}
 
 
-def _summary(trial, mesh, model, state, report, timing, history, held_out) -> dict[str, Any]:
+def _summary(trial, mesh, start, state, report, timing, history, held_out) -> dict[str, Any]:
+    """The run's summary row; ``report``: ``_compiled``'s (compile time, memory, attention, cache)."""
     m, t = trial.model, trial.train
     row: dict[str, Any] = {
         "workload": m.workload,
@@ -257,4 +256,7 @@ def _summary(trial, mesh, model, state, report, timing, history, held_out) -> di
     row["mesh"] = describe(mesh)  # "data=2,tensor=2"
     row["per_device_batch"] = t.global_batch // (mesh.shape["data"] * mesh.shape["fsdp"])
     row["state_bytes"], row["state_bytes_per_device"] = held_bytes(state)
+    row.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))
+    row.update({k: report[k] for k in ("attention", "attention_note") if k in report})
+    row["compile_from_cache"] = report["compile_from_cache"]
     return row
