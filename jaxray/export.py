@@ -55,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with removed_if_failed(out):
             check_out(out)
-            source = check_checkpoint(args.checkpoint, _settings(args), purpose="exported")
+            settings = _settings(args)
+            source = check_checkpoint(args.checkpoint, settings, purpose="exported")
             print(checkpoint_line.describe(source.path), file=sys.stderr, flush=True)
-            manifest = export_checkpoint(source, out, _settings(args))
+            manifest = export_checkpoint(source, out, settings)
     except ValueError as err:  # CheckpointError, ExportError, AttentionError, a context_keep out of range
         print(f"error: {err}", file=sys.stderr)
         return 2

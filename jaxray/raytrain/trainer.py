@@ -82,10 +82,10 @@ def make_trainer(
     instead (checkpoints at ``storage_uri/name``; the compile report stays in ``storage_path/name``)."""
     w = trial.workers
     attempts, failures = run_files(storage_path, name, storage_uri)
-    # Object storage: staged on each node, resumed from fetched copies; a folder: written in place.
-    staged = storage_uri is not None and not isinstance(storage.resolve(storage_uri)[0], LocalFileSystem)
     root = storage_uri or storage_path
     fs, path = storage.resolve(root) if storage.is_uri(root) else (None, str(root))
+    # Object storage: staged on each node, resumed from fetched copies; a folder: written in place.
+    staged = storage_uri is not None and fs is not None and not isinstance(fs, LocalFileSystem)
     ingest = DataConfig.default_ingest_options()
     ingest.preserve_order = True  # else the same seed gives another order
     return JaxTrainer(
