@@ -264,11 +264,11 @@ def report(out: Path, exp: ExperimentConfig, results: list[TrialRows]) -> int:
     print(markdown_summary(rows, ranking), file=terminal.out())
     print(f"results in {out}", file=terminal.out())
     failed = [r["trial"] for r in rows if r.get("error")]
-    try:
-        newest = latest_run(out.parent)
-    except RunFolderError:
-        newest = None
-    hints = next_steps(out if failed or newest != out else out.parent, rows)
+    newest = None
+    if not failed:  # with a failed trial the hints name this run's folder: no look-up needed
+        with contextlib.suppress(RunFolderError):
+            newest = latest_run(out.parent)
+    hints = next_steps(out if newest != out else out.parent, rows)
     if hints:
         print(hints, file=terminal.out())
     if failed:
