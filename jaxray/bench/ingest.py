@@ -20,7 +20,8 @@ from jaxray.bench.throughput import INIT_SEED, environment, make_spec
 from jaxray.data.batching import train_batches
 from jaxray.data.manifest import read_manifest
 from jaxray.data.parquet import CACHE_BYTES, parquet_batches
-from jaxray.data.prepare import natural_splits, prepare
+from jaxray.data.prepare import prepare
+from jaxray.data.workloads import natural_splits
 from jaxray.models import build
 from jaxray.parallel.mesh import make_mesh, replicate, shard_batch
 from jaxray.train.loop import compile_train_step

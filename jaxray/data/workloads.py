@@ -44,8 +44,9 @@ WORKLOAD_DATASET = {
 def load_arrays(trial: TrialConfig) -> tuple[Arrays, Arrays]:
     """(train, held-out) arrays for ``trial``'s workload (``natural_splits``), the train rows in the
     order of ``default_rng(train.seed).permutation``; raises DataFileError if files are missing or bad."""
-    dataset = WORKLOAD_DATASET[trial.model.workload]
-    train, held_out = natural_splits(dataset, trial.data.data_dir, trial.data.seq_len).values()
+    workload = trial.model.workload
+    splits = natural_splits(WORKLOAD_DATASET[workload], trial.data.data_dir, trial.data.seq_len)
+    train, held_out = splits["train"], splits[held_out_split(workload)]
     order = np.random.default_rng(trial.train.seed).permutation(num_rows(train))
     return {k: v[order] for k, v in train.items()}, held_out
 

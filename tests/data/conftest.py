@@ -32,7 +32,8 @@ TS_SEQ_LEN, TS_ROWS_PER_FILE, TS_ROW_GROUP = 128, 2000, 500
 def ts_parquet(real_dir, tmp_path_factory):
     """(folder, natural splits): TinyShakespeare at seq_len 128 (7842 train rows) as Parquet, 2000
     rows a file, and the same unshuffled arrays in memory."""
-    from jaxray.data.prepare import natural_splits, prepare
+    from jaxray.data.prepare import prepare
+    from jaxray.data.workloads import natural_splits
 
     out = tmp_path_factory.mktemp("parquet") / "ts"
     prepare("tinyshakespeare", out, str(real_dir), TS_SEQ_LEN, TS_ROWS_PER_FILE, TS_ROW_GROUP)
@@ -42,7 +43,8 @@ def ts_parquet(real_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def fm_parquet(real_dir, tmp_path_factory):
     """(folder, natural splits): all of Fashion-MNIST as Parquet, 16384 rows a file (4 train files)."""
-    from jaxray.data.prepare import natural_splits, prepare
+    from jaxray.data.prepare import prepare
+    from jaxray.data.workloads import natural_splits
 
     out = tmp_path_factory.mktemp("parquet") / "fm"
     prepare("fashion-mnist", out, str(real_dir), rows_per_file=16384)

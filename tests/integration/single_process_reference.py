@@ -18,8 +18,7 @@ import numpy as np
 
 from jaxray.config import parse_trial
 from jaxray.data.batching import train_batches
-from jaxray.data.prepare import natural_splits
-from jaxray.data.workloads import WORKLOAD_DATASET, held_out_split, load_arrays
+from jaxray.data.workloads import WORKLOAD_DATASET, held_out_split, load_arrays, natural_splits
 from jaxray.parallel.mesh import make_mesh
 from jaxray.train.run import train
 
