@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxray.bench.presets import PRESETS
+from jaxray.bench.profile import shares
 from jaxray.bench.report import SPEED, Report, run_cases
 from jaxray.bench.suites import _case
 from jaxray.bench.throughput import environment, time_calls
@@ -81,9 +82,7 @@ def check(args) -> Report:
     )
     notes = [f"{env['device_kind']} ({env['platform']}), jax {env['jax']}"]
     for r in (r for r in rows if r.get("profile")):
-        notes.append(
-            f"profile of {r['case']}: " + ", ".join(f"{g} {x:.0%}" for g, x in r["profile"]["groups"].items())
-        )
+        notes.append(f"profile of {r['case']}: {shares(r['profile']['groups'])}")
     return Report("check", "Accelerator check: attention and training steps", rows, cols, notes)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxray import checkpoint, runs
 from jaxray.bench import mfu
-from jaxray.bench.profile import profile
+from jaxray.bench.profile import profile, shares
 from jaxray.bench.report import Report, bar_chart, ratio, run_cases
 from jaxray.bench.suites import preload
 from jaxray.bench.throughput import environment, time_calls
@@ -134,17 +134,18 @@ def decode_profile(engine: Engine, requests: list[Request], steps: int) -> dict:
 
 def profile_note(batch: int, trace: dict, keep: int) -> str:
     """One line of the report for ``decode_profile``'s ``trace`` of the context_keep ``keep`` row."""
-    groups = ", ".join(f"{g} {share:.0%}" for g, share in trace["groups"].items())
     top = ", ".join(f"{o['op']} ({o['group']}) {o['us']:.1f} us" for o in trace["top_ops"][:5])
     ops = ", ".join(f"{op} {k}" for op, k in trace["hlo_ops"].items())
     return (
         f"Profile of the context_keep {keep} row, batch {batch}: {trace['op_us_per_step']:.1f} us of ops "
-        f"per step (summed: a CPU's parallel threads add up past the wall time), by group {groups}; top "
-        f"ops {top}; in its HLO: {ops}."
+        f"per step (summed: a CPU's parallel threads add up past the wall time), by group "
+        f"{shares(trace['groups'])}; top ops {top}; in its HLO: {ops}."
     )
 
 
-def _cases(model, params, prompt: bytes, new_tokens: int, batches, temperature: float, repeats: int, traces):
+def _cases(
+    model, params, prompt: bytes, new_tokens: int, batches, temperature: float, repeats: int, profiled: bool
+):
     size = model.config.max_seq_len
     context = context_len(size)
 
@@ -157,9 +158,10 @@ def _cases(model, params, prompt: bytes, new_tokens: int, batches, temperature: 
             compile_s = engine.compile()["compile_s"]
             requests = [Request(prompt, new_tokens, temperature, None, seed) for seed in range(batch)]
             median_s, _ = time_calls(lambda i: engine.generate(requests), calls=1, repeats=repeats)
-            if traces is not None and keep is None:
-                traces[batch] = decode_profile(engine, requests, new_tokens - 1)
-            return {"compile_s": compile_s, **_rates(median_s, new_tokens * batch, batch)}
+            row = {"compile_s": compile_s, **_rates(median_s, new_tokens * batch, batch)}
+            if profiled and keep is None:
+                row["profile"] = decode_profile(engine, requests, new_tokens - 1)
+            return row
 
         return {"sampler": f"kv-cache, context_keep {keep or size // 2}", "batch": batch}, run
 
@@ -193,8 +195,7 @@ def decode_benchmark(args) -> Report:
         model = build(LAB)
         params = model.init(jax.random.key(0))
     cfg, prompt, n = model.config, args.prompt.encode("utf-8"), args.new_tokens
-    traces = {} if args.profile else None
-    cases = _cases(model, params, prompt, n, args.batch_sizes, args.temperature, args.repeats, traces)
+    cases = _cases(model, params, prompt, n, args.batch_sizes, args.temperature, args.repeats, args.profile)
     if reference is not None:
         cmd = [sys.executable, str(reference), "--new-tokens", str(n), "--temperature", str(args.temperature)]
 
@@ -205,6 +206,7 @@ def decode_benchmark(args) -> Report:
         cases.append(({"sampler": f"notebook ({reference.name})", "batch": 1}, notebook))
     cases = [({**fields, "new_tokens": n}, run) for fields, run in cases]
     rows = [r | environment(1) for r in run_cases(cases, "decode")]
+    traces = {r["batch"]: r.pop("profile") for r in rows if "profile" in r}  # to the notes and summary
 
     def first(prefix: str) -> dict | None:  # the sampler's batch-1 row
         return next((r for r in rows if r["sampler"].startswith(prefix) and r["batch"] == 1), None)
@@ -229,7 +231,7 @@ def decode_benchmark(args) -> Report:
     ]
     if reference is None:
         notes.append("The notebook row was skipped: no reference_generate.py found (pass --reference).")
-    notes += [profile_note(batch, trace, cfg.max_seq_len // 2) for batch, trace in (traces or {}).items()]
-    summary |= {"profile": traces} if traces is not None else {}
+    notes += [profile_note(batch, trace, cfg.max_seq_len // 2) for batch, trace in traces.items()]
+    summary |= {"profile": traces} if args.profile else {}
     title = "Decode: KV cache vs full-window recompute"
     return Report("decode", title, rows, COLUMNS, notes, summary=summary)

@@ -94,6 +94,11 @@ def device_op_times(xplane: Path) -> Counter:
     return times
 
 
+def shares(groups: dict[str, float]) -> str:
+    """``profile``'s ``{group: share}`` as a report's words: "matmul 41%, attention 30%, ..."."""
+    return ", ".join(f"{g} {share:.0%}" for g, share in groups.items())
+
+
 def profile(compiled, run_steps: Callable[[], Any], top: int = 25) -> dict[str, Any]:
     """Trace ``run_steps()`` (which runs the ``compiled`` step a few times and returns what to wait on)
     and group its device time: ``{"groups": {group: share}, "group_ms": {group: ms}, "top_ops":
