@@ -46,7 +46,7 @@ TRIAL = {
 }
 NODE_CPUS = 2  # one node holds the trial's two workers
 WAIT_S = 240
-COORDINATOR_REFRESH_S = 25
+COORDINATOR_REFRESH_S = 60  # three of its 20 s ticks: on a loaded machine 25 s once missed
 BUCKET = "jaxray"
 
 
@@ -138,7 +138,8 @@ def wait_complete(folder: Path) -> None:
     """Until ``folder`` is a complete checkpoint (its ``train_state.json`` written)."""
     deadline = time.monotonic() + WAIT_S
     while not (folder / checkpoint.TRAIN_STATE).is_file():
-        assert time.monotonic() < deadline, f"{folder} never completed"
+        found = sorted(p.name for p in folder.parent.glob("checkpoint_*"))
+        assert time.monotonic() < deadline, f"{folder} never completed; beside it: {found}"
         time.sleep(0.5)
 
 
