@@ -1,15 +1,15 @@
 """Shared fixtures. The real data files come from JAXRAY_DATA_DIR (CI and `make test` set it).
 
-Two settings make the suite hold on an NVIDIA GPU as on the CPU:
+Two settings make the suite hold on an NVIDIA GPU or a TPU as on the CPU:
 
 - float32 matmuls run at precision "highest" in every test: ``JAX_DEFAULT_MATMUL_PRECISION=highest``
   is set below, at import, before anything imports jax. On NVIDIA GPUs JAX's default precision runs
   float32 matmuls on TF32 tensor cores (10-bit mantissa, ~1e-3 relative error per product), so two
   float32 paths that tests hold to 1e-5 (KV cache vs full forward, 4 devices vs 1, export vs live)
-  would differ by TF32 rounding, not by a bug. An environment variable rather than a
-  ``jax.default_matmul_precision`` context manager because subprocesses (the 4-device parity
-  scripts, the CLIs) and local Ray workers inherit it, and a context manager reaches neither. A
-  value already set in the environment is kept. bfloat16/float16 matmuls are not affected.
+  would differ by TF32 rounding, not by a bug (on a TPU, one bfloat16 pass: ~1e-2). An environment
+  variable rather than a ``jax.default_matmul_precision`` context manager because subprocesses (the
+  4-device parity scripts, the CLIs) and local Ray workers inherit it, and a context manager reaches
+  neither. A value already set in the environment is kept. bfloat16/float16 matmuls are not affected.
 - subprocesses that import JAX get ``child_env()``: ``JAX_PLATFORMS=cpu`` where this process holds a
   TPU, which allows one process per chip (a second fails on libtpu's lockfile).
 - tests marked ``gpu`` (``pytest -m gpu`` on a GPU host) are skipped, with the reason, where
@@ -22,10 +22,12 @@ import os
 from pathlib import Path
 
 import pytest
-from saved import save_params
 
-# Before jax is imported anywhere (jax reads it once, at import); see the docstring for why.
+# Before jax is imported anywhere (jax reads it once, at import: ``saved`` below imports it); see the
+# docstring for why.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
+from saved import save_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -75,11 +75,14 @@ def test_loader_logits_equal_the_live_model_without_jaxray_models(tiny_transform
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.splitlines()[-1])
     assert loaded == ["jaxray", "jaxray.inference", "jaxray.inference.artifact_loader"]
+    # Where this process holds a TPU the loader runs on the CPU (child_env): float32 across two
+    # platforms agrees to ~1e-4 (4.5e-5 seen: exp and the sums round differently), not 1e-5.
+    tol = 1e-4 if jax.default_backend() == "tpu" else 1e-5
     for file, tokens in (("full.npy", TOKENS), ("short.npy", TOKENS[:2, :20])):
         exported = np.load(tmp_path / file)
         live = np.asarray(model.apply(params, tokens))
         assert exported.shape == live.shape and exported.dtype == np.float32
-        assert float(np.max(np.abs(exported - live))) < 1e-5
+        assert float(np.max(np.abs(exported - live))) < tol
 
 
 def test_loader_start_and_decode_chunk_sample_like_the_live_engine(tiny_transformer, artifact):
