@@ -10,6 +10,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import child_env
 
 PROBE = (
     "import jax, jax.numpy as jnp; x = jnp.ones((4, 4), jnp.float32); "
@@ -25,7 +26,9 @@ def test_float32_matmuls_compile_at_highest_precision():
 
 def test_subprocesses_inherit_the_precision():
     # What the 4-device parity scripts, the CLI tests and local Ray workers rely on.
-    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=child_env()
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     setting, hlo = proc.stdout.split("\n", 1)
     assert setting == "highest" and "precision = [HIGHEST, HIGHEST]" in hlo
