@@ -67,9 +67,10 @@ def shards_state(mesh: Mesh) -> bool:
     return mesh.shape.get(FSDP_AXIS, 1) * mesh.shape.get(TENSOR_AXIS, 1) > 1
 
 
-def describe(mesh: Mesh) -> str:
-    """The mesh's axes of size over 1, e.g. ``"data=2,tensor=2"``; ``"data=1"`` for one device."""
-    return ",".join(f"{axis}={n}" for axis, n in mesh.shape.items() if n > 1) or f"{DATA_AXIS}=1"
+def describe(shape: Mapping[str, int]) -> str:
+    """A mesh's axes (``Mesh.shape``: axis -> size) of size over 1, e.g. ``"data=2,tensor=2"``;
+    ``"data=1"`` for one device."""
+    return ",".join(f"{axis}={n}" for axis, n in shape.items() if n > 1) or f"{DATA_AXIS}=1"
 
 
 def _mesh_axes(name: str | None) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ from jaxray.config import ConfigError, TrainConfig, TrialConfig
 from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
 from jaxray.data.ray_data import to_dataset
+from jaxray.parallel.mesh import MESH_AXES, describe
 from jaxray.raytrain import progress
 from jaxray.raytrain.failures import ATTEMPT_KEY, read_record, record_driver_lost
 from jaxray.raytrain.progress import TrialProgress
@@ -301,7 +302,8 @@ def trial_rows(
         except checkpoint.CheckpointError as err:
             print(f"warning: {name}: {err}", file=terminal.err())
             newest = None
-        return with_checkpoint(row, newest)
+        row, history = with_checkpoint(row, newest)
+        return row, reported_rows(result) or history  # its reports reach past its newest save
     if not metrics.get("final"):
         row["error"] = "trial ended without its final report"
         return row, []
@@ -319,20 +321,34 @@ def trial_rows(
 
 
 def stopped_figures(metrics: dict[str, Any], folder: str) -> dict[str, Any]:
-    """What a trial ASHA stopped keeps: its compile report's figures (``compile.json`` in ``folder``),
-    the last reported train loss and ``ms_per_step`` (since the row before, hooks included) with the
-    throughput it makes."""
+    """What a trial ASHA stopped keeps: its compile report's figures (``compile.json`` in ``folder``:
+    devices, mesh, per-device batch, compile time, peak memory, attention), the last reported train
+    loss and ``ms_per_step`` (since the row before, hooks included) with the throughput it makes."""
     found: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # missing or damaged: none
         report = json.loads(storage.read_text(storage.join(folder, COMPILE_FILE)))
         found = {k: report.get(k) for k in ("compile_s", "attention", "attention_note", "compile_from_cache")}
         found["peak_bytes_per_device"] = (report.get("memory") or {}).get("peak_bytes")
+        config = report.get("config") or {}
+        found.update({k: config.get(k) for k in ("devices", "per_device_batch")})
+        if axes := {axis: config[axis] for axis in MESH_AXES if axis in config}:
+            found["mesh"] = describe(axes)
     found = {k: v for k, v in found.items() if v is not None}
     if metrics.get("loss") is not None:
         found["final_train_loss"] = metrics["loss"]
     if rates := step_rates(metrics):
         found.update(ms_per_step=metrics["ms_per_step"], **rates)
     return found
+
+
+def reported_rows(result: tune.Result) -> list[dict[str, Any]]:
+    """The log rows a trial reported to Tune (``step``, ``examples``, ``tokens``, ``loss``), oldest
+    first, from ``Result.metrics_dataframe``; [] without one."""
+    frame = result.metrics_dataframe
+    if frame is None or "loss" not in frame:
+        return []
+    keys = [k for k in ("step", "examples", "tokens", "loss") if k in frame]
+    return frame[keys].dropna(subset=["loss"]).to_dict("records")
 
 
 def with_checkpoint(row: dict[str, Any], recorded: str | None) -> TrialRows:

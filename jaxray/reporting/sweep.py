@@ -8,6 +8,7 @@ Units: throughput in examples/s or tokens/s, ``ms_per_step`` in ms, ``compile_s`
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -92,6 +93,8 @@ def _table_row(row: dict, with_error: bool) -> list[str]:
     value, unit = throughput(row)
     ckpt = row.get("checkpoint")
     stopped_val = row.get("stopped_value") if row.get("stopped_metric") == "val_loss" else None
+    # its perplexity as evaluation's, exp(val loss); none past exp's float range (or NaN)
+    stopped_ppl = math.exp(stopped_val) if stopped_val is not None and stopped_val < 700 else None
     cells = [
         row.get("trial", ""),
         row.get("workload", ""),
@@ -110,7 +113,7 @@ def _table_row(row: dict, with_error: bool) -> list[str]:
         fmt(row.get("final_train_loss"), ".4f"),
         fmt(row.get("test_accuracy"), ".4f"),
         fmt(row.get("val_loss", stopped_val), ".4f"),
-        fmt(row.get("val_perplexity"), ".2f"),
+        fmt(row.get("val_perplexity", stopped_ppl), ".2f"),
         "/".join(Path(str(ckpt)).parts[-2:]) if ckpt else "",  # trial run folder / checkpoint
     ]
     if with_error:

@@ -83,7 +83,7 @@ def compile_shard_map_train_step(
     if shards_state(mesh):
         raise ValueError(
             f"the shard_map step keeps the params whole: it needs parallel.fsdp 1 and parallel.tensor 1, "
-            f"got mesh {describe(mesh)}"
+            f"got mesh {describe(mesh.shape)}"
         )
     apply, loss_fn = model.apply, LOSSES[model.config.workload]
 

@@ -253,7 +253,7 @@ def _summary(trial, mesh, start, state, report, timing, history, held_out) -> di
         row.update(
             test_loss=held_out["loss"], test_accuracy=held_out["accuracy"], test_examples=held_out["count"]
         )
-    row["mesh"] = describe(mesh)  # "data=2,tensor=2"
+    row["mesh"] = describe(mesh.shape)  # "data=2,tensor=2"
     row["per_device_batch"] = t.global_batch // (mesh.shape["data"] * mesh.shape["fsdp"])
     row["state_bytes"], row["state_bytes_per_device"] = held_bytes(state)
     row.update(resumed_from_step=start, peak_bytes_per_device=report["memory"].get("peak_bytes"))

@@ -45,7 +45,7 @@ def main(source: str, work: str) -> None:
         out.append(
             {
                 "link": name,
-                "mesh": describe(mesh),
+                "mesh": describe(mesh.shape),
                 "step": doc["step"],
                 "loss": float(metrics["loss"]),
                 "same": same,

@@ -13,6 +13,7 @@ from ray.tune.schedulers import ASHAScheduler
 from jaxray.config.experiment import ExperimentConfig, SweepConfig
 from jaxray.raytrain import sweep as sweep_module
 from jaxray.raytrain.sweep import concurrent_trials, early_stopping, trial_name, trial_rows
+from jaxray.runs import COMPILE_FILE, TRAIN_DIR
 
 
 def experiment(workers: dict, max_concurrent_trials=None) -> ExperimentConfig:
@@ -213,3 +214,27 @@ def test_a_trial_asha_stopped_keeps_its_last_rows_figures(tmp_path):
     assert row["final_train_loss"] == 2.3555 and row["ms_per_step"] == 76.54
     assert row["examples_per_sec"] == 16 / 76.54 * 1e3 and round(row["tokens_per_sec"]) == 13_170
     assert row["checkpoint"] is None and rows == []  # stopped before its first save
+
+
+def test_a_trial_asha_stopped_keeps_its_mesh_and_the_curve_it_reported(tmp_path):
+    """Its devices, mesh and per-device batch from its compile report (compile.json), and its loss
+    curve from the rows it reported to Tune (stopped before its first save: no checkpoint history)."""
+    import pandas as pd
+
+    grid = {"global_batch": 16, "dtype": "float32", "width": 128, "learning_rate": 0.002}
+    folder = tmp_path / TRAIN_DIR / trial_name("transformer", grid)
+    folder.mkdir(parents=True)
+    config = {"devices": 4, "data": 2, "fsdp": 1, "tensor": 2, "per_device_batch": 8}
+    report = {"config": config, "compile_s": 3.0, "memory": {"peak_bytes": 2**20}}
+    (folder / COMPILE_FILE).write_text(json.dumps(report))
+    reports = [
+        {"step": s, "examples": 16 * s, "tokens": 1008 * s, "loss": loss, "val_loss": val}
+        for s, loss, val in ((125, 2.61, 2.63), (250, 2.3555, 2.3624))
+    ]
+    frame = pd.DataFrame([{**r, **TUNE_FIELDS} for r in reports])
+    metrics = {**reports[-1], "ms_per_step": 76.54, **TUNE_FIELDS, "config": grid}
+    result = tune.Result(metrics, None, None, path=str(folder), metrics_dataframe=frame)
+    row, rows = trial_rows("transformer", result, tmp_path, early_stopping="val_loss")
+    assert (row["devices"], row["mesh"], row["per_device_batch"]) == (4, "data=2,tensor=2", 8)
+    assert (row["compile_s"], row["peak_bytes_per_device"], row["checkpoint"]) == (3.0, 2**20, None)
+    assert rows == [{k: r[k] for k in ("step", "examples", "tokens", "loss")} for r in reports]

@@ -246,4 +246,5 @@ def test_a_trial_stopped_early_is_counted_and_shown_as_such(tmp_path):
     assert "| 500 (stopped early) |" in md and "**transformer**: `tf_lr2`, val loss 1.6600" in md
     [line] = [ln for ln in md.splitlines() if "| 500 (stopped early) |" in ln]
     assert all(f"| {c} |" in line for c in ("12.50", "3.2", "2.1000", "2.0586", "tf_lr3/ck_500")), line
+    assert "| 2.0586 | 7.83 |" in line  # its perplexity, exp(2.0586) = 7.834, as evaluation gives it
     assert "| transformer | peak lr | 0.003 | 1 | stopped early (step 500) |  |" in md
