@@ -295,15 +295,17 @@ def trial_rows(
     if not metrics.get("final") and early_stopping and metrics.get("step") is not None:
         value = metrics.get(early_stopping)
         row.update(stopped_at_step=metrics["step"], stopped_metric=early_stopping, stopped_value=value)
-        folder = storage.join(storage_uri, name) if storage_uri else str(out / TRAIN_DIR / name)
-        row.update(stopped_figures(metrics, folder))
+        local = str(out / TRAIN_DIR / name)  # its compile.json, whatever the checkpoints' storage
+        folder = storage.join(storage_uri, name) if storage_uri else local
+        row.update(stopped_figures(metrics, local))
         try:
             newest = next(iter(remote.complete_checkpoints(folder)), None)
         except checkpoint.CheckpointError as err:
             print(f"warning: {name}: {err}", file=terminal.err())
             newest = None
         row, history = with_checkpoint(row, newest)
-        return row, reported_rows(result) or history  # its reports reach past its newest save
+        last = history[-1].get("step", -1) if history else -1  # its reports reach past its newest save
+        return row, history + [r for r in reported_rows(result) if r.get("step", -1) > last]
     if not metrics.get("final"):
         row["error"] = "trial ended without its final report"
         return row, []
@@ -342,13 +344,19 @@ def stopped_figures(metrics: dict[str, Any], folder: str) -> dict[str, Any]:
 
 
 def reported_rows(result: tune.Result) -> list[dict[str, Any]]:
-    """The log rows a trial reported to Tune (``step``, ``examples``, ``tokens``, ``loss``), oldest
-    first, from ``Result.metrics_dataframe``; [] without one."""
+    """The log rows a trial reported to Tune (``step``, ``examples``, ``tokens``, ``loss``) by step,
+    from ``Result.metrics_dataframe``; [] without one. The frame holds every attempt's reports: a
+    restart's rows replace those at and past the step it resumed from."""
     frame = result.metrics_dataframe
-    if frame is None or "loss" not in frame:
+    if frame is None or "loss" not in frame or "step" not in frame:
         return []
     keys = [k for k in ("step", "examples", "tokens", "loss") if k in frame]
-    return frame[keys].dropna(subset=["loss"]).to_dict("records")
+    rows: list[dict[str, Any]] = []
+    for row in frame[keys].dropna(subset=["step", "loss"]).to_dict("records"):
+        while rows and rows[-1]["step"] >= row["step"]:
+            rows.pop()
+        rows.append(row)
+    return rows
 
 
 def with_checkpoint(row: dict[str, Any], recorded: str | None) -> TrialRows:

@@ -94,7 +94,7 @@ def _table_row(row: dict, with_error: bool) -> list[str]:
     ckpt = row.get("checkpoint")
     stopped_val = row.get("stopped_value") if row.get("stopped_metric") == "val_loss" else None
     # its perplexity as evaluation's, exp(val loss); none past exp's float range (or NaN)
-    stopped_ppl = math.exp(stopped_val) if stopped_val is not None and stopped_val < 700 else None
+    stopped_ppl = math.exp(v) if (v := finite(stopped_val)) is not None and v < 700 else None
     cells = [
         row.get("trial", ""),
         row.get("workload", ""),

@@ -217,8 +217,10 @@ def test_a_trial_asha_stopped_keeps_its_last_rows_figures(tmp_path):
 
 
 def test_a_trial_asha_stopped_keeps_its_mesh_and_the_curve_it_reported(tmp_path):
-    """Its devices, mesh and per-device batch from its compile report (compile.json), and its loss
-    curve from the rows it reported to Tune (stopped before its first save: no checkpoint history)."""
+    """Its devices, mesh and per-device batch from its compile report (compile.json, in the run folder
+    also when checkpoints go to ``storage``), and its loss curve from the rows it reported to Tune
+    (stopped before its first save: no checkpoint history), a restart's rows replacing those from
+    the step it resumed at."""
     import pandas as pd
 
     grid = {"global_batch": 16, "dtype": "float32", "width": 128, "learning_rate": 0.002}
@@ -228,13 +230,15 @@ def test_a_trial_asha_stopped_keeps_its_mesh_and_the_curve_it_reported(tmp_path)
     report = {"config": config, "compile_s": 3.0, "memory": {"peak_bytes": 2**20}}
     (folder / COMPILE_FILE).write_text(json.dumps(report))
     reports = [
-        {"step": s, "examples": 16 * s, "tokens": 1008 * s, "loss": loss, "val_loss": val}
-        for s, loss, val in ((125, 2.61, 2.63), (250, 2.3555, 2.3624))
+        {"step": s, "examples": 16 * s, "tokens": 1008 * s, "loss": loss, "val_loss": 2.5}
+        for s, loss in ((125, 2.61), (250, 2.42), (250, 2.41), (375, 2.3555))  # attempt 2 from 125
     ]
     frame = pd.DataFrame([{**r, **TUNE_FIELDS} for r in reports])
     metrics = {**reports[-1], "ms_per_step": 76.54, **TUNE_FIELDS, "config": grid}
     result = tune.Result(metrics, None, None, path=str(folder), metrics_dataframe=frame)
-    row, rows = trial_rows("transformer", result, tmp_path, early_stopping="val_loss")
+    uri = (tmp_path / "bucket").as_uri()
+    row, rows = trial_rows("transformer", result, tmp_path, early_stopping="val_loss", storage_uri=uri)
     assert (row["devices"], row["mesh"], row["per_device_batch"]) == (4, "data=2,tensor=2", 8)
     assert (row["compile_s"], row["peak_bytes_per_device"], row["checkpoint"]) == (3.0, 2**20, None)
-    assert rows == [{k: r[k] for k in ("step", "examples", "tokens", "loss")} for r in reports]
+    kept = [reports[i] for i in (0, 2, 3)]
+    assert rows == [{k: r[k] for k in ("step", "examples", "tokens", "loss")} for r in kept]
