@@ -1,7 +1,7 @@
 """``python -m jaxray.local --config X --trial NAME``: one trial of a sweep in this process, without Ray:
 to debug a trial, or to train where Ray cannot start (a TPU host that opens no sockets). The same
-step, data order, checkpoints (``checkpoint_step_<step>_attempt1``, all kept), compile report,
-TensorBoard events and summary as the trial's Ray Train worker, in ``--out`` (default
+step, data order, checkpoints (``checkpoint_step_<step>_attempt1``; the best and the newest kept),
+compile report, TensorBoard events and summary as the trial's Ray Train worker, in ``--out`` (default
 ``runs/<experiment>/local/<trial>``).
 Ray's own local mode (``ScalingConfig(num_workers=0)``) is not used: it needs Ray installed and its
 storage context, which jaxray's worker writes checkpoints through."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import jax
 from jaxray import checkpoint, storage
 from jaxray.checkpoint import checkpoint_name, remote
 from jaxray.config import TrialConfig
-from jaxray.data.batching import num_rows, train_batches
+from jaxray.data.batching import num_samples, train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.models import resolve_attention
 from jaxray.parallel.checks import check_trial
@@ -72,14 +73,14 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
     start = _start(trial, out, resume)
     compile_cache.enable(trial.workers.compile_cache)
     mesh = trial_mesh(trial, jax.devices()[: trial.workers.total_devices])
-    train_arrays, held_out = load_arrays(trial)
-    per_epoch = num_rows(train_arrays) // trial.train.global_batch
+    source, held_out = load_arrays(trial)
+    per_epoch = num_samples(source) // trial.train.global_batch
     if per_epoch == 0:
         raise LocalRunError(
             f"train.global_batch {trial.train.global_batch} is more than the training set's "
-            f"{num_rows(train_arrays)} rows"
+            f"{num_samples(source)} samples"
         )
-    batches = train_batches(train_arrays, trial.train.global_batch)  # the Ray workers' order
+    batches = train_batches(source, trial.train.global_batch, trial.train.seed)  # the Ray workers' order
     if trial.model.workload == "transformer":
         choice = resolve_attention(trial.model, seq_len=trial.data.seq_len)
         print(f"jaxray local: {trial.name()}, {choice.describe()}", flush=True)
@@ -89,6 +90,7 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
         summary = row if row and row.get("final") else None
         folder = out / checkpoint_name(step, ATTEMPT)
         checkpoint.save_state(folder, state, trial, history, position, summary=summary)
+        keep_best_and_newest(out)
 
     def log(row: dict[str, float]) -> None:
         shown = " ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step" and isinstance(v, float))
@@ -106,7 +108,21 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
             return summary
         tb.add_final(result.summary, trial.train.steps)
     summary = {"name": trial.name(), **result.summary, "final": True}
-    if summary.get("resumed_from_step", 0) < trial.train.steps:  # else its final checkpoint exists
-        save(trial.train.steps, result.state, result.history, row={**result.history[-1], **summary})
+    last = summary.get("last_step", trial.train.steps)  # earlier when train.patience stopped it
+    if summary.get("resumed_from_step", 0) < last:  # else its final checkpoint exists
+        save(last, result.state, result.history, row={**result.history[-1], **summary})
+    ranked = remote.ranked_checkpoints(str(out))
+    summary["checkpoint"] = Path(ranked[0]).name if ranked else None  # what --checkpoint loads
     _write_json(out / SUMMARY, summary)
     return summary
+
+
+def keep_best_and_newest(out: Path) -> list[str]:
+    """Remove the complete checkpoints in ``out`` but the newest (resume) and the best (the lowest
+    recorded ``val_loss``: ``remote.ranked_checkpoints``); returns the removed names."""
+    done, ranked = remote.complete_checkpoints(str(out)), remote.ranked_checkpoints(str(out))
+    keep = {done[0], ranked[0]} if done else set()
+    gone = [c for c in done if c not in keep]
+    for c in gone:
+        shutil.rmtree(c)
+    return [Path(c).name for c in gone]

@@ -322,7 +322,8 @@ def open_checkpoint(
     path: str | Path | checkpoint.Verified, workload: str | None = None
 ) -> checkpoint.Verified:
     """The checkpoint ``--checkpoint path`` names, verified once (``checkpoint.open``): a checkpoint
-    itself; a Ray Train run folder: its newest good ``checkpoint_*``; a run or experiment folder
+    itself; a trial's folder (Ray Train's or a local run's): its best good ``checkpoint_*`` (lowest
+    recorded ``val_loss``; newest without one), else the newest good; a run or experiment folder
     (``latest_run``): its best ``workload`` trial's checkpoint (``best_row``), or, with a warning when
     that is damaged, the trial's newest good older one; a URI: its local copy, checked while fetched.
     Raises CheckpointError naming the path and why."""
@@ -333,10 +334,10 @@ def open_checkpoint(
     path = Path(path)
     if (path / checkpoint.MODEL_CONFIG).is_file():
         return checkpoint.open(path)
-    found = path.glob(f"{checkpoint.CHECKPOINT_PREFIX}*/{checkpoint.MODEL_CONFIG}")
-    inside = sorted((p.parent for p in found), key=checkpoint.checkpoint_order)
-    if inside:
-        return checkpoint.restore_latest(inside[::-1], checkpoint.open)[0]
+    if any(path.glob(f"{checkpoint.CHECKPOINT_PREFIX}*/{checkpoint.MODEL_CONFIG}")):
+        # A trial's folder (Ray Train's, or a local run's): its best, then the rest newest first.
+        ranked = [Path(c) for c in remote.ranked_checkpoints(str(path))]
+        return checkpoint.restore_latest(ranked, checkpoint.open)[0]
     try:
         run, row = _latest(path, workload)
         named = checkpoint_of(run, row or best_row(run, workload))

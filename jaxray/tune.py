@@ -27,7 +27,7 @@ import yaml
 
 from jaxray.config import ConfigError, TrialConfig
 from jaxray.config.experiment import ExperimentConfig, TrialPlan, load_experiment
-from jaxray.data.batching import num_rows
+from jaxray.data.batching import num_samples
 from jaxray.data.manifest import ManifestError
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
@@ -172,7 +172,7 @@ def check_batches(exp: ExperimentConfig, firsts: dict[str, TrialConfig], arrays:
             rows = (
                 parquet_folder(firsts[sweep.workload])[1].split("train").rows
                 if exp.data.parquet
-                else num_rows(arrays[sweep.workload][0])
+                else num_samples(arrays[sweep.workload][0])
             )
         except ManifestError as err:
             raise ConfigError(f"data.parquet: {err}") from None
@@ -180,7 +180,7 @@ def check_batches(exp: ExperimentConfig, firsts: dict[str, TrialConfig], arrays:
             if batch > rows:
                 raise ConfigError(
                     f"sweeps.{i}.search_space.global_batch: {batch} is larger than the "
-                    f"{rows} training rows of {sweep.workload}"
+                    f"{rows} training samples of {sweep.workload}"
                 )
 
 

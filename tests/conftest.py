@@ -110,7 +110,9 @@ def trained_transformer(real_dir, tmp_path_factory) -> Path:
         data=DataConfig(seq_len=64, data_dir=str(real_dir)),
     )
     train_arrays, held_out = load_arrays(trial)
-    result = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
+    result = train(
+        trial, train_batches(train_arrays, trial.train.global_batch, trial.train.seed), held_out, make_mesh()
+    )
     return save_params(tmp_path_factory.mktemp("trained") / "transformer", result.state.params, trial)
 
 

@@ -284,7 +284,7 @@ def test_cli_rejects_a_batch_larger_than_the_data(tmp_path, real_dir):
     big = write(tmp_path, GOOD.replace("global_batch: [256, 512]", "global_batch: [100000]"))
     proc = run_cli("--config", big, "--data-dir", real_dir, "--out", tmp_path / "o")
     assert proc.returncode == 2
-    assert "global_batch: 100000 is larger than the 60000 training rows of mlp" in proc.stderr
+    assert "global_batch: 100000 is larger than the 60000 training samples of mlp" in proc.stderr
     assert not (tmp_path / "o").exists()
 
 

@@ -31,7 +31,9 @@ def _train_and_save(directory: Path, trial_dict: dict, held_out_rows=None):
     train_arrays, held_out = load_arrays(trial)
     if held_out_rows:
         held_out = {k: v[:held_out_rows] for k, v in held_out.items()}
-    result = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
+    result = train(
+        trial, train_batches(train_arrays, trial.train.global_batch, trial.train.seed), held_out, make_mesh()
+    )
     save_params(directory, result.state.params, trial)
     return result
 

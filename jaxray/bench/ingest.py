@@ -1,6 +1,8 @@
 """``ingest``: one compiled step, params and batches fed, in turn each repeat, ``pre-staged`` (on device),
-``in memory`` (``train_batches``), ``ray data`` (``parquet_batches``) and ``ray data, every epoch``
-(``cache_bytes=0``): ``warmup`` untimed steps, then ``steps`` timed; median ms/step and input wait."""
+``in memory`` (``train_batches``), ``ray data, arrays`` (``train_dataset``: the samples drawn in Ray
+Data tasks), ``ray data`` (``parquet_batches``) and ``ray data, every epoch`` (``cache_bytes=0``):
+``warmup`` untimed steps, then ``steps`` timed; median ms/step, input wait and the tokens the feed
+makes per second of waiting (text: windows at every offset)."""
 
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ import ray
 
 from jaxray.bench.report import Report, run_cases
 from jaxray.bench.throughput import INIT_SEED, environment, make_spec
-from jaxray.data.batching import train_batches
+from jaxray.data.batching import num_samples, train_batches
 from jaxray.data.manifest import read_manifest
 from jaxray.data.parquet import CACHE_BYTES, parquet_batches
 from jaxray.data.prepare import prepare
-from jaxray.data.workloads import natural_splits
+from jaxray.data.ray_data import shard_batches, train_dataset
+from jaxray.data.workloads import natural_splits, train_source
 from jaxray.models import build
 from jaxray.parallel.mesh import make_mesh, replicate, shard_batch
 from jaxray.train.loop import compile_train_step
@@ -34,7 +37,7 @@ DEFAULTS = {"mlp": (1024, 10, 150), "transformer": (16, 2, 10)}  # global batch,
 SEED = 0
 STREAMED = {"ray data": CACHE_BYTES, "ray data, every epoch": 0}  # feed -> cache_bytes
 COLUMNS = "workload feed global_batch ms_per_step vs_prestaged input_wait_ms_per_step"
-COLUMNS += " epoch_boundaries final_loss"
+COLUMNS += " feed_tokens_per_sec epoch_boundaries final_loss"
 IngestSize = namedtuple("IngestSize", "workload global_batch warmup steps repeats seq_len")
 
 
@@ -64,8 +67,9 @@ class _Run:
         self.size, self.folder, self.prefetch = size, folder, prefetch_batches
         self.trial = make_spec(*size[:2], seq_len=size.seq_len, data_dir=data_dir).trial  # workload, batch
         self.mesh, model = make_mesh(jax.devices()[:1]), build(self.trial.model)
-        self.arrays = natural_splits(DATASET[size.workload], data_dir, size.seq_len)["train"]
-        self.per_epoch = len(next(iter(self.arrays.values()))) // size.global_batch
+        train = natural_splits(DATASET[size.workload], data_dir, size.seq_len)["train"]
+        self.arrays = train_source(DATASET[size.workload], train)
+        self.per_epoch = num_samples(self.arrays) // size.global_batch
         host = itertools.islice(train_batches(self.arrays, size.global_batch, SEED), size.warmup + size.steps)
         self.staged = jax.block_until_ready([shard_batch(self.mesh, b) for b in host])
         self.tx = make_optimizer(self.trial.learning_rate, self.trial.train.weight_decay)
@@ -97,6 +101,11 @@ class _Run:
         if name == "in memory":
             host = train_batches(self.arrays, self.size.global_batch, SEED)
             return self.timed(lambda i: shard_batch(self.mesh, next(host)))
+        if name == "ray data, arrays":
+            g = self.size.global_batch
+            ds = train_dataset(self.arrays, g, SEED, self.size.warmup + self.size.steps)
+            batches = shard_batches(ds.iterator(), g, self.prefetch)
+            return self.timed(lambda i: shard_batch(self.mesh, next(batches)))
         stream = parquet_batches(self.folder, "train", self.size.global_batch, SEED,
                                  prefetch_batches=self.prefetch, cache_bytes=STREAMED[name])  # fmt: skip
         try:
@@ -107,7 +116,7 @@ class _Run:
 
 def _rows(run: _Run) -> list[dict]:
     """One row per feed: the medians over repeats, each repeat running every feed in turn."""
-    times = {name: [] for name in ["pre-staged", "in memory", *STREAMED]}
+    times = {name: [] for name in ["pre-staged", "in memory", "ray data, arrays", *STREAMED]}
     for _ in range(run.size.repeats):
         for name, runs in times.items():
             runs.append(run.feed(name))
@@ -124,6 +133,9 @@ def _rows(run: _Run) -> list[dict]:
             "examples_per_sec": rate, "final_loss": runs[0][2], "final_losses": [x for _, _, x in runs],
             "vs_prestaged": seconds * 1e3 / (rows[0]["ms_per_step"] if rows else seconds * 1e3),
         } | ({"tokens_per_sec": rate * tokens_per_example(run.trial)} if lm else {}))  # fmt: skip
+        wait_s = rows[-1]["input_wait_ms_per_step"] / 1e3
+        if lm and wait_s > 0 and feed != "pre-staged":  # what the feed alone makes per second of waiting
+            rows[-1]["feed_tokens_per_sec"] = size.global_batch * tokens_per_example(run.trial) / wait_s
     return rows
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -19,6 +20,7 @@ import pyarrow.fs as pafs
 
 from jaxray.checkpoint import (
     CHECKPOINT_PREFIX,
+    HISTORY_FILE,
     MODEL_CONFIG,
     TRAIN_STATE,
     CheckpointError,
@@ -26,7 +28,17 @@ from jaxray.checkpoint import (
     checkpoint_order,
     verify,
 )
-from jaxray.storage import CACHE_ENV, CHUNK_BYTES, cache_dir, display, join, probe, resolve, written_whole
+from jaxray.storage import (
+    CACHE_ENV,
+    CHUNK_BYTES,
+    cache_dir,
+    display,
+    join,
+    probe,
+    read_text,
+    resolve,
+    written_whole,
+)
 
 
 class StorageError(CheckpointError):
@@ -46,6 +58,29 @@ def complete_checkpoints(uri: str) -> list[str]:
         raise CheckpointError(f"{display(uri)} cannot be listed: {err}") from err
     done = [n for n, s in zip(names, states) if s.type == pafs.FileType.File]
     return [join(uri, n) for n in sorted(done, key=checkpoint_order, reverse=True)]
+
+
+def saved_val_loss(uri: str) -> float | None:
+    """The ``val_loss`` a checkpoint's own history records at its step (the whole held-out split of
+    its params); None when it has none, or its files cannot be read."""
+    try:
+        step = json.loads(read_text(join(uri, TRAIN_STATE)))["step"]
+        rows = json.loads(read_text(join(uri, HISTORY_FILE)))
+        value = next((r.get("val_loss") for r in reversed(rows) if r.get("step") == step), None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def ranked_checkpoints(uri: str) -> list[str]:
+    """The complete checkpoints of the folder ``uri``, best first: the lowest ``saved_val_loss`` (the
+    newer on a tie), then the rest newest first. Raises CheckpointError when it cannot be listed."""
+    done = complete_checkpoints(uri)
+    scored = [(loss, i) for i, c in enumerate(done) if (loss := saved_val_loss(c)) is not None]
+    if not scored:
+        return done
+    best = done[min(scored)[1]]
+    return [best, *(c for c in done if c != best)]
 
 
 def trial_checkpoints(named: str) -> Iterator[str]:

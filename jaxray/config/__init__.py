@@ -48,7 +48,10 @@ class ModelConfig(FrozenConfig):
     """Model hyper-parameters. ``width``: MLP hidden width or transformer d_model (D). Transformer only:
     ``attention`` (``Attention``; ``jaxray.models.attention``), ``remat`` (``Remat``) and ``scan_layers``
     (the blocks run as one ``lax.scan``: compile time independent of depth). ``remat`` and
-    ``scan_layers`` change how the step runs, not the params: checkpoints restore across them."""
+    ``scan_layers`` change how the step runs, not the params: checkpoints restore across them.
+    ``dropout``: training's rate after the embeddings, on the attention weights and on each residual
+    branch (nanoGPT's places; 0: off); ``tie_embeddings``: the LM head is the token embedding's
+    transpose (nanoGPT's weight tying). Neither applies to the MLPs."""
 
     workload: Workload
     width: PosInt | None = None
@@ -61,11 +64,15 @@ class ModelConfig(FrozenConfig):
     attention: Attention = "auto"
     remat: Remat = "none"
     scan_layers: StrictBool = False
+    dropout: Beta = 0.0
+    tie_embeddings: StrictBool = False
 
     @model_validator(mode="after")
     def _fill_and_check(self) -> ModelConfig:
         if self.width is None:
             object.__setattr__(self, "width", DEFAULT_WIDTH[self.workload])
+        if self.workload != "transformer" and (self.dropout or self.tie_embeddings):
+            raise ValueError(f"dropout and tie_embeddings are transformer settings, not {self.workload}'s")
         if self.workload == "transformer" and self.width % self.num_heads:
             raise ValueError(f"width (d_model) {self.width} must be divisible by num_heads {self.num_heads}")
         if self.workload == "mlp" and self.width < 2:
@@ -88,8 +95,8 @@ class TrainConfig(FrozenConfig):
     ``learning_rate`` is the peak rate, reached after ``warmup_steps`` (linear from 0), then held
     (``constant``) or decayed to ``min_lr_ratio`` x peak at ``steps`` (``cosine``, ``linear``).
     ``grad_clip_norm``: clip by global norm (0: off). ``weight_decay``: decoupled (AdamW), on weight
-    matrices only. ``eval_every``: held-out metrics over ``eval_batches`` fixed batches every that
-    many steps (a multiple of ``log_every``), reported to Tune as ``val_loss``/``val_accuracy``."""
+    matrices only. ``eval_every``: held-out metrics over the whole held-out split every that many
+    steps (a multiple of ``log_every``), reported to Tune as ``val_loss``/``val_accuracy``."""
 
     steps: PosInt = 100
     global_batch: PosInt = 256
@@ -102,9 +109,13 @@ class TrainConfig(FrozenConfig):
     beta1: Beta = 0.9
     beta2: Beta | None = None
     seed: Annotated[int, Strict(), Field(ge=0)] = 0
+    # The PRNG of dropout's masks (keys from (seed, step)): "rbg" costs least on a TPU.
+    dropout_prng: Literal["threefry2x32", "rbg", "unsafe_rbg"] = "rbg"
     log_every: PosInt = 25
     eval_every: PosInt | None = None
-    eval_batches: PosInt = 8
+    # Stop when val_loss has not improved by ``min_delta`` in ``patience`` evaluations (None: never).
+    patience: PosInt | None = None
+    min_delta: NonNegFloat = 0.0
     report_every: PosInt | None = None
     eval_batch: PosInt | None = None
     # Checkpoint every this many steps and at the end (None: about every tenth of ``steps``).
@@ -124,6 +135,8 @@ class TrainConfig(FrozenConfig):
             raise ValueError(
                 f"train.eval_every {self.eval_every} must be a multiple of train.log_every {self.log_every}"
             )
+        if self.patience is not None and self.eval_every is None:
+            raise ValueError("train.patience counts evaluations: it needs train.eval_every")
         if (self.checkpoint_score or "").startswith("val_") and self.eval_every is None:
             allowed = ", ".join(m for m in SCORE_METRICS if not m.startswith("val_"))
             raise ValueError(

@@ -46,7 +46,17 @@ SEARCHABLE = ("global_batch", "dtype", "width", "learning_rate")
 MODEL_KEYS = {
     "mlp": (),
     "shared_block_mlp": ("block_repeats",),
-    "transformer": ("preset", "num_layers", "num_heads", "max_seq_len", "attention", "remat", "scan_layers"),
+    "transformer": (
+        "preset",
+        "num_layers",
+        "num_heads",
+        "max_seq_len",
+        "attention",
+        "remat",
+        "scan_layers",
+        "dropout",
+        "tie_embeddings",
+    ),
 }
 # Transformer shapes for ``model: {preset: NAME}``; "width" (D) is the grid's default d_model.
 MODEL_PRESETS: dict[str, dict[str, int]] = {

@@ -1,5 +1,5 @@
 """Training batches from a prepared Parquet folder through Ray Data, identical in content and order
-to ``train_batches`` over the unshuffled arrays.
+to ``train_batches`` over the split's ``train_source`` (text: windows at every offset, read whole).
 
 Epoch e of N rows, global batch G over P processes (L = G / P): ``order = epoch_order(N, seed, e)``,
 row r at position ``pos[r]``; process p keeps rows with ``pos < (N // G) * G`` and
@@ -25,6 +25,7 @@ import ray.data
 from jaxray.data.batching import epoch_order, train_batches
 from jaxray.data.columns import column_values
 from jaxray.data.manifest import Manifest, read_manifest
+from jaxray.data.workloads import train_source
 from jaxray.storage import resolve
 
 _PLANNING_LOCK = threading.Lock()
@@ -214,12 +215,13 @@ def parquet_batches(
     filesystem: pafs.FileSystem | None = None,
     cache_bytes: int = CACHE_BYTES,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless batches of this process, equal to ``train_batches(arrays, global_batch, seed,
-    process_index, process_count)`` over the unshuffled arrays: ``{"tokens": [L, T] int32}`` or
-    ``{"image": [L, 784] float32, "label": [L] int32}``, L = global_batch / process_count (views of
-    the epoch buffer: do not write). Needs ``ray.init``. ``cache_bytes``: read a split that fits once;
-    0 reads every epoch. Raises ManifestError, ValueError (as ``train_batches``, or negative
-    ``cache_bytes``), RuntimeError if an epoch comes back incomplete."""
+    """Endless batches of this process, equal to ``train_batches(train_source(dataset, arrays),
+    global_batch, seed, process_index, process_count)`` over the natural-order arrays:
+    ``{"tokens": [L, T] int32}`` or ``{"image": [L, 784] float32, "label": [L] int32}``,
+    L = global_batch / process_count (views of the epoch buffer: do not write). Needs ``ray.init``.
+    ``cache_bytes``: read a split of rows that fits once; 0 reads every epoch (text is always read
+    once). Raises ManifestError, ValueError (as ``train_batches``, or negative ``cache_bytes``),
+    RuntimeError if an epoch comes back incomplete."""
     fs, root = resolve(path_or_uri, filesystem)
     manifest = read_manifest(root, fs)
     rows = manifest.split(split).rows
@@ -231,10 +233,10 @@ def parquet_batches(
         raise ValueError(f"process_index {process_index} is not in 0..{process_count - 1}")
     if cache_bytes < 0:
         raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
-    if decoded_bytes(manifest, split) <= cache_bytes:
-        yield from train_batches(
-            split_arrays(root, split, fs, manifest), global_batch, seed, process_index, process_count
-        )
+    if manifest.seq_len is not None or decoded_bytes(manifest, split) <= cache_bytes:
+        # Text is read whole: a window may start at any byte (``train_source``).
+        source = train_source(manifest.dataset, split_arrays(root, split, fs, manifest))
+        yield from train_batches(source, global_batch, seed, process_index, process_count)
         return
     share = ProcessShare(
         root, fs, manifest, split, global_batch, seed, process_index, process_count, prefetch_batches

@@ -1,5 +1,5 @@
-"""Ray Datasets from the workload arrays (same dtypes, shapes and order), and the per-worker batch
-iterator over a dataset shard."""
+"""Ray Datasets of a run's training batches (the samples ``train_batches`` draws, drawn in Ray Data
+tasks) and of held-out arrays, and the per-worker batch iterator over a dataset shard."""
 
 from __future__ import annotations
 
@@ -10,13 +10,42 @@ import pyarrow as pa
 import ray.data
 from ray.data.extensions import ArrowTensorArray
 
-from jaxray.data.batching import Arrays
+from jaxray.data.batching import Arrays, Source, check_batch, gather, num_samples, sample_ids
 
 
 def to_dataset(arrays: Arrays) -> ray.data.Dataset:
     """A Ray Dataset with one column per array: multi-dimensional arrays become tensor columns."""
     columns = {k: ArrowTensorArray.from_numpy(v) if v.ndim > 1 else pa.array(v) for k, v in arrays.items()}
     return ray.data.from_arrow(pa.table(columns))
+
+
+def train_dataset(source: Source, global_batch: int, seed: int, steps: int) -> ray.data.Dataset:
+    """``steps`` global batches of ``source`` as a Ray Dataset of ``steps * global_batch`` rows, row q
+    the sample at position q of ``train_batches(source, global_batch, seed)`` (a new order each epoch,
+    from (seed, epoch)): each read task draws its positions' samples (``sample_ids``) and cuts them
+    from ``source``, put once in the object store. ValueError as ``check_batch``."""
+    check_batch(num_samples(source), global_batch)
+    ref = ray.put(source)
+    positions = ray.data.range(steps * global_batch)
+    kwargs = {"source": ref, "global_batch": global_batch, "seed": seed}
+    return positions.map_batches(_draw, batch_size=None, batch_format="numpy", fn_kwargs=kwargs)
+
+
+def _draw(positions: dict[str, np.ndarray], source, global_batch: int, seed: int) -> dict[str, np.ndarray]:
+    """A Ray Data map task: the samples at ``positions["id"]``."""
+    data = _held(source)
+    return gather(data, sample_ids(num_samples(data), global_batch, seed, positions["id"]))
+
+
+_HELD: dict = {}
+
+
+def _held(ref) -> Source:
+    """The source behind ``ref``, fetched once per process (zero-copy from the object store)."""
+    if ref not in _HELD:
+        _HELD.clear()
+        _HELD[ref] = ray.get(ref)
+    return _HELD[ref]
 
 
 def shard_batches(shard, batch_size: int, prefetch_batches: int = 2) -> Iterator[dict[str, np.ndarray]]:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow.fs as pafs
 
 from jaxray.config import TrialConfig
-from jaxray.data.batching import Arrays, num_rows
+from jaxray.data.batching import Arrays, Source, Windows
 from jaxray.data.fashion_mnist import load_fashion_mnist
 from jaxray.data.manifest import MANIFEST, SPLITS, Manifest, ManifestError, read_manifest
 from jaxray.data.shakespeare import load_shakespeare
@@ -41,14 +40,23 @@ WORKLOAD_DATASET = {
 }
 
 
-def load_arrays(trial: TrialConfig) -> tuple[Arrays, Arrays]:
-    """(train, held-out) arrays for ``trial``'s workload (``natural_splits``), the train rows in the
-    order of ``default_rng(train.seed).permutation``; raises DataFileError if files are missing or bad."""
+def load_arrays(trial: TrialConfig) -> tuple[Source, Arrays]:
+    """(training source, held-out arrays) for ``trial``'s workload (``natural_splits``): the
+    transformer's training split as ``Windows`` at every offset, the MLPs' as rows; epochs are
+    ordered by ``train_batches``. Raises DataFileError if files are missing or bad."""
     workload = trial.model.workload
     splits = natural_splits(WORKLOAD_DATASET[workload], trial.data.data_dir, trial.data.seq_len)
-    train, held_out = splits["train"], splits[held_out_split(workload)]
-    order = np.random.default_rng(trial.train.seed).permutation(num_rows(train))
-    return {k: v[order] for k, v in train.items()}, held_out
+    return train_source(WORKLOAD_DATASET[workload], splits["train"]), splits[held_out_split(workload)]
+
+
+def train_source(dataset: str, train: Arrays) -> Source:
+    """What training on ``dataset`` draws from its natural-order training split: for text the
+    windows at every offset of the text the split's sequences cut (``[N, T]`` rows in text order
+    are the first N * T bytes), for the MLPs the rows."""
+    if dataset == "tinyshakespeare":
+        tokens = train["tokens"]
+        return Windows(tokens.reshape(-1), tokens.shape[1])
+    return train
 
 
 def held_out_split(workload: str) -> str:

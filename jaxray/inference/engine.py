@@ -289,7 +289,7 @@ class Engine:
         """JSON-able description: model config (less fields a transformer does not read), source,
         settings, devices and compile time."""
         return {
-            "model": self.config.model_dump(exclude={"block_repeats", "remat", "scan_layers"}),
+            "model": self.config.model_dump(exclude={"block_repeats", "remat", "scan_layers", "dropout"}),
             "checkpoint": self.source,
             "settings": self.settings.model_dump(),
             "buckets": list(self.buckets),

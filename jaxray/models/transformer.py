@@ -1,8 +1,9 @@
 """The learning path's byte-level decoder (lab 7) in Flax NNX: token plus learned position embeddings
 (no gather or scatter in a training step), ``num_layers`` pre-norm blocks (``causal_attention``; GELU
 feed-forward of 4 x D), a final LayerNorm and a bias-free LM head. Params are float32; ``dtype`` is the
-compute dtype; logits come back float32. Training's forward may rematerialise each block (``remat``)
-and scan the blocks (``scan_layers``); the params stay one module per layer."""
+compute dtype; logits come back float32. Training's forward may rematerialise each block (``remat``),
+scan the blocks (``scan_layers``) and, given a key, drop out where nanoGPT does (``model.dropout``);
+the params stay one module per layer."""
 
 from __future__ import annotations
 
@@ -32,27 +33,48 @@ REMAT_POLICIES = {
 }
 
 
-def causal_attention(query, key, value, implementation=None, **_):
+def dropout(x: jax.Array, key: jax.Array | None, rate: float) -> jax.Array:
+    """Inverted dropout: each element of ``x`` zeroed with probability ``round(256 rate) / 256`` (one
+    random byte an element: a quarter of ``bernoulli``'s random bits, the step's largest cost on a
+    TPU), the rest scaled by 1 / (1 - that), in ``x``'s dtype; ``x`` itself for ``key`` None or
+    ``rate`` 0 (evaluation)."""
+    if key is None or not rate:
+        return x
+    dropped = round(rate * 256)
+    keep = jax.random.bits(key, x.shape, jnp.uint8) >= dropped
+    return jnp.where(keep, x * jnp.asarray(256 / (256 - dropped), x.dtype), jnp.zeros((), x.dtype))
+
+
+def causal_attention(query, key, value, implementation=None, dropout_key=None, dropout_rate=0.0, **_):
     """q, k, v [B, T, H, K] -> [B, T, H, K]; causal. ``implementation``: "cudnn", "dense" (XLA's
     ``dot_product_attention``), "splash" (``jaxray.models.splash``; dense where T is not a multiple of
-    128, e.g. a prompt bucket), else ``blocked_causal_attention``. Mask/dropout arguments from
-    ``nnx.MultiHeadAttention`` are ignored."""
+    128, e.g. a prompt bucket), else ``blocked_causal_attention``. With ``dropout_key`` the attention
+    weights are dropped at ``dropout_rate`` by ``blocked_causal_attention`` (one block for "cudnn" and
+    "dense", whose kernels take no key); splash's kernel keeps its weights (the residual and
+    embedding dropout still apply). Mask/dropout arguments from ``nnx.MultiHeadAttention`` are ignored."""
+    dropping = dropout_key is not None and dropout_rate > 0
     if implementation == "splash" and query.shape[1] % SPLASH_MULTIPLE == 0:
         return splash_attention(query, key, value)
+    if dropping:
+        block = ATTENTION_BLOCK if implementation in (None, "xla") else query.shape[1]
+        return blocked_causal_attention(query, key, value, block, dropout_key, dropout_rate)
     if implementation in ("cudnn", "dense", "splash"):
         how = "cudnn" if implementation == "cudnn" else "xla"
         return jax.nn.dot_product_attention(query, key, value, is_causal=True, implementation=how)
     return blocked_causal_attention(query, key, value)
 
 
-def blocked_causal_attention(query, key, value, block: int = ATTENTION_BLOCK):
+def blocked_causal_attention(
+    query, key, value, block: int = ATTENTION_BLOCK, dropout_key=None, dropout_rate: float = 0.0
+):
     """Exact causal softmax attention, q, k, v [B, T, H, K] -> [B, T, H, K], skipping the masked upper
     triangle: query rows [i*block, (i+1)*block) attend to keys [0, (i+1)*block) only; equals
-    ``jax.nn.dot_product_attention(is_causal=True)`` up to rounding. Scores and softmax are float32."""
+    ``jax.nn.dot_product_attention(is_causal=True)`` up to rounding. Scores and softmax are float32.
+    ``dropout_key``: the weights of block i dropped at ``dropout_rate`` (key folded with i)."""
     t, k_dim = query.shape[1], query.shape[-1]
     query = query * jnp.asarray(1.0 / math.sqrt(k_dim), query.dtype)
     outputs = []
-    for start in range(0, t, block):
+    for i, start in enumerate(range(0, t, block)):
         stop = min(start + block, t)
         scores = jnp.einsum(
             "bqhk,bshk->bhqs", query[:, start:stop], key[:, :stop], preferred_element_type=jnp.float32
@@ -60,6 +82,8 @@ def blocked_causal_attention(query, key, value, block: int = ATTENTION_BLOCK):
         visible = jnp.arange(start, stop)[:, None] >= jnp.arange(stop)[None, :]
         scores = jnp.where(visible, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
+        if dropout_key is not None:
+            probs = dropout(probs, jax.random.fold_in(dropout_key, i), dropout_rate)
         outputs.append(jnp.einsum("bhqs,bshk->bqhk", probs, value[:, :stop]))
     return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
 
@@ -143,8 +167,11 @@ class Block(nnx.Module):
     """Pre-norm block: x + attn(ln(x)), then x + ffn(ln(x)). x [B, T, D]. Projections are called one
     by one so the full forward and the KV-cache decode share them."""
 
-    def __init__(self, d_model: int, num_heads: int, ffn_dim: int, dtype, attention_fn, rngs: nnx.Rngs):
+    def __init__(
+        self, d_model: int, num_heads: int, ffn_dim: int, dtype, attention_fn, rngs: nnx.Rngs, rate: float = 0
+    ):
         dense = functools.partial(nnx.Linear, dtype=dtype, rngs=rngs)
+        self.dropout_rate = rate
         self.ln1 = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
         self.attn = nnx.MultiHeadAttention(
             num_heads=num_heads,
@@ -159,16 +186,21 @@ class Block(nnx.Module):
         self.fc_up = dense(d_model, ffn_dim)
         self.fc_down = dense(ffn_dim, d_model)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.forward(x)[0]
+    def __call__(self, x: jax.Array, rng: jax.Array | None = None) -> jax.Array:
+        return self.forward(x, rng)[0]
 
-    def forward(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Causal self-attention over all T positions: x [B, T, D] -> (x, keys, values [B, H, T, K])."""
+    def forward(self, x: jax.Array, rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Causal self-attention over all T positions: x [B, T, D] -> (x, keys, values [B, H, T, K]).
+        ``rng``: a key for training's dropout (attention weights, both residual branches)."""
         query, key, value = self._qkv(x)
         heads_first = (0, 2, 1, 3)
+        rngs = (None,) * 3 if rng is None else tuple(jax.random.split(rng, 3))
         with jax.named_scope("attention"):  # names the profile (jaxray.bench.profile) groups by
-            attended = self.attn.attention_fn(query, key, value)
-        return self._finish(x, attended), key.transpose(heads_first), value.transpose(heads_first)
+            attended = self.attn.attention_fn(
+                query, key, value, dropout_key=rngs[0], dropout_rate=self.dropout_rate
+            )
+        x = self._finish(x, attended, rngs[1:])
+        return x, key.transpose(heads_first), value.transpose(heads_first)
 
     def decode_step(self, x: jax.Array, positions: jax.Array, keys: jax.Array, values: jax.Array):
         """One new position per row: x [B, 1, D] at ``positions`` [B]; keys, values [B, H, S, K] this
@@ -191,12 +223,13 @@ class Block(nnx.Module):
         heads = (self.attn.query(h), self.attn.key(h), self.attn.value(h))  # each [B, T, H, K]
         return tuple(constrain(t, "batch", None, "heads", None) for t in heads)
 
-    def _finish(self, x, attended):
-        x = constrain(x + self.attn.out(attended), "batch", None, None)
+    def _finish(self, x, attended, rngs=(None, None)):
+        """Both residual branches, each dropped out with its key of ``rngs`` (None: not)."""
+        x = constrain(x + dropout(self.attn.out(attended), rngs[0], self.dropout_rate), "batch", None, None)
         with jax.named_scope("norm"):
             normed = self.ln2(x)
         hidden = constrain(jax.nn.gelu(self.fc_up(normed)), "batch", None, "mlp")  # [B, T, F]
-        return constrain(x + self.fc_down(hidden), "batch", None, None)
+        return constrain(x + dropout(self.fc_down(hidden), rngs[1], self.dropout_rate), "batch", None, None)
 
 
 class Transformer(nnx.Module):
@@ -208,21 +241,28 @@ class Transformer(nnx.Module):
         dtype, d_model = jnp.dtype(cfg.dtype), cfg.width
         attention_fn = functools.partial(causal_attention, implementation=attention)
         self.max_seq_len = cfg.max_seq_len
-        self.remat, self.scan_layers = cfg.remat, cfg.scan_layers
+        self.remat, self.scan_layers, self.dropout_rate = cfg.remat, cfg.scan_layers, cfg.dropout
         self.token_embed = nnx.Embed(cfg.vocab_size, d_model, dtype=dtype, rngs=rngs)
         self.pos_embed = nnx.Embed(cfg.max_seq_len, d_model, dtype=dtype, rngs=rngs)
         self.blocks = nnx.List(
             [
-                Block(d_model, cfg.num_heads, cfg.ffn_dim, dtype, attention_fn, rngs)
+                Block(d_model, cfg.num_heads, cfg.ffn_dim, dtype, attention_fn, rngs, cfg.dropout)
                 for _ in range(cfg.num_layers)
             ]
         )
         self.final_norm = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
-        self.lm_head = nnx.Linear(d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
+        # Tied: the logits are the final features times the token embedding's transpose.
+        head = nnx.Linear(d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
+        self.lm_head = None if cfg.tie_embeddings else head
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        """Training's forward (remat, scan_layers)."""
-        return self._logits(self._layers(self._embed(tokens)))
+    def __call__(self, tokens: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+        """Training's forward (remat, scan_layers); ``dropout_key``: training's dropout masks (None:
+        none, as in evaluation and every inference path)."""
+        if dropout_key is None or not self.dropout_rate:
+            return self._logits(self._layers(self._embed(tokens)))
+        embed_key, layers_key = jax.random.split(dropout_key)
+        x = dropout(self._embed(tokens), embed_key, self.dropout_rate)
+        return self._logits(self._layers(x, jax.random.split(layers_key, len(self.blocks))))
 
     def _embed(self, tokens: jax.Array) -> jax.Array:
         """tokens [B, T] -> [B, T, D], no gather (``embed_tokens``)."""
@@ -230,27 +270,31 @@ class Transformer(nnx.Module):
             x = embed_tokens(self.token_embed, tokens) + embed_positions(self.pos_embed, tokens.shape[1])
         return constrain(x, "batch", None, None)
 
-    def _layers(self, x: jax.Array) -> jax.Array:
+    def _layers(self, x: jax.Array, keys: jax.Array | None = None) -> jax.Array:
         """x [B, T, D] through every block: a Python loop, or one ``lax.scan`` over the blocks' params
-        stacked on a leading layer axis (one copy of them per step; the body compiles once)."""
+        stacked on a leading layer axis (one copy of them per step; the body compiles once).
+        ``keys``: [L] dropout keys, one a block (None: no dropout)."""
         policy = REMAT_POLICIES[self.remat]
+        keys = [None] * len(self.blocks) if keys is None else keys
         if policy is None and not self.scan_layers:
-            for block in self.blocks:
-                x = block(x)
+            for block, key in zip(self.blocks, keys):
+                x = block(x, key)
             return x
         parts = [nnx.split(block) for block in self.blocks]  # the blocks share one graphdef
         graphdef, states = parts[0][0], [state for _, state in parts]
 
-        def run(state, x):
-            return nnx.merge(graphdef, state)(x)
+        def run(state, x, key):
+            return nnx.merge(graphdef, state)(x, key)
 
         if policy is not None:
             run = jax.checkpoint(run, policy=policy, prevent_cse=not self.scan_layers)
         if self.scan_layers:
             stacked = jax.tree.map(lambda *layers: jnp.stack(layers), *states)
-            return jax.lax.scan(lambda x, state: (run(state, x), None), x, stacked)[0]
-        for state in states:
-            x = run(state, x)
+            if keys[0] is None:
+                return jax.lax.scan(lambda x, state: (run(state, x, None), None), x, stacked)[0]
+            return jax.lax.scan(lambda x, sk: (run(sk[0], x, sk[1]), None), x, (stacked, keys))[0]
+        for state, key in zip(states, keys):
+            x = run(state, x, key)
         return x
 
     def prefill(self, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
@@ -289,4 +333,7 @@ class Transformer(nnx.Module):
         return self._logits(x), tuple(new_cache)
 
     def _logits(self, x):
-        return self.lm_head(self.final_norm(x)).astype(jnp.float32)
+        features = self.final_norm(x)
+        if self.lm_head is None:
+            return self.token_embed.attend(features).astype(jnp.float32)
+        return self.lm_head(features).astype(jnp.float32)

@@ -90,8 +90,8 @@ class Reports:
 
     def _score(self, step: int) -> float:
         """``train.score``'s metric for the checkpoint of ``step``: its newest logged value at or before
-        that step (the final checkpoint's too: the same ``eval_batches`` as the others, not the
-        summary's whole set); else (none, or not finite) the worst finite value for its order."""
+        that step (the whole held-out split, as the summary's); else (none, or not finite) the worst
+        finite value for its order."""
         metric, order = self.trial.train.score
         rows = [r for r in reversed(self._history) if r["step"] <= step and metric in r]
         value = float(rows[0][metric]) if rows else math.nan

@@ -26,7 +26,8 @@ from jaxray.checkpoint import HISTORY_FILE, remote, remove_unfinished
 from jaxray.config import ConfigError, TrainConfig, TrialConfig
 from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
-from jaxray.data.ray_data import to_dataset
+from jaxray.data.batching import num_samples
+from jaxray.data.ray_data import to_dataset, train_dataset
 from jaxray.parallel.mesh import MESH_AXES, describe
 from jaxray.raytrain import progress
 from jaxray.raytrain.failures import ATTEMPT_KEY, read_record, record_driver_lost
@@ -69,14 +70,15 @@ def run_trial(
     config: dict[str, Any],
     workload: str,
     trials: dict[str, TrialConfig],
-    datasets: dict,
+    data: tuple | None,
     out: str,
     xla_flags: str | None = None,
     invocation: str = "",
     storage_uri: str | None = None,
 ) -> None:
-    """Tune trainable: one Ray Train run for the grid point ``config`` (its TrialConfig in ``trials``),
-    written under ``out`` (``train/``, ``tensorboard/``; checkpoints at ``storage_uri`` when given).
+    """Tune trainable: one Ray Train run for the grid point ``config`` (its TrialConfig in ``trials``)
+    on ``data`` ((training source, held-out arrays); None with ``data.parquet``), written under
+    ``out`` (``train/``, ``tensorboard/``; checkpoints at ``storage_uri`` when given).
     Each start records ``invocation`` (this ``jaxray.tune`` run's id) in ``<name>.invocation.json``,
     with the error if the run raises. Restarted by Tune in the same invocation, a trial that raised
     raises ``TrialFailed`` with that error at once (only ``--resume`` trains it again); one that did not
@@ -99,18 +101,28 @@ def run_trial(
     try:
         make_trainer(
             trial,
-            datasets,
+            trial_datasets(trial, data),
             storage_path=train_dir,
             name=name,
             tensorboard_dir=Path(out) / TENSORBOARD_DIR / name,
             callbacks=[TuneReportCallback()],
             xla_flags=xla_flags,
             storage_uri=storage_uri,
+            train_samples=num_samples(data[0]) if data else None,
         ).fit()
     except Exception as err:
         with contextlib.suppress(OSError):
             storage.write_text(started, json.dumps({"invocation": invocation, "error": error_text(err)}))
         raise
+
+
+def trial_datasets(trial: TrialConfig, data: tuple | None) -> dict:
+    """``{"train": the trial's batches (``train_dataset``), "eval": the held-out arrays}`` of ``data``
+    ((training source, held-out arrays)); {} for None (``data.parquet``: the workers read it)."""
+    if data is None:
+        return {}
+    t = trial.train
+    return {"train": train_dataset(data[0], t.global_batch, t.seed, t.steps), "eval": to_dataset(data[1])}
 
 
 def concurrent_trials(exp: ExperimentConfig, resources: dict[str, float]) -> int:
@@ -157,12 +169,11 @@ def run_sweep(
     rerunning unfinished and failed trials. Returns ((summary row, history rows) per trial, trials
     left unfinished by an interruption)."""
     sweep = exp.sweeps[index]
-    datasets = {"train": to_dataset(arrays[0]), "eval": to_dataset(arrays[1])} if arrays else {}
     trainable = tune.with_parameters(
         run_trial,
         workload=sweep.workload,
         trials=trials,
-        datasets=datasets,
+        data=arrays or None,
         out=str(out),
         # The driver's: the trial runs in a Tune actor, whose environment is the cluster's.
         xla_flags=os.environ.get("XLA_FLAGS", ""),
@@ -319,7 +330,19 @@ def trial_rows(
     elif recorded:  # train/<trial>/<checkpoint> of this folder, also where Tune recorded another (moved)
         recorded = str(out / TRAIN_DIR / Path(recorded).parent.name / Path(recorded).name)
     row.update(reported(metrics), trial=name)
-    return with_checkpoint(row, recorded)
+    return with_checkpoint(row, best_of(recorded), history_from=recorded)
+
+
+def best_of(recorded: str | None) -> str | None:
+    """The best checkpoint beside ``recorded`` (the final one): ``remote.ranked_checkpoints``' first,
+    the one the summary's ``val_loss`` and ``best_step`` describe; ``recorded`` when unlistable."""
+    if not recorded:
+        return recorded
+    try:
+        ranked = remote.ranked_checkpoints(recorded.rstrip("/").rpartition("/")[0])
+    except checkpoint.CheckpointError:
+        return recorded
+    return ranked[0] if ranked else recorded
 
 
 def stopped_figures(metrics: dict[str, Any], folder: str) -> dict[str, Any]:
@@ -359,15 +382,16 @@ def reported_rows(result: tune.Result) -> list[dict[str, Any]]:
     return rows
 
 
-def with_checkpoint(row: dict[str, Any], recorded: str | None) -> TrialRows:
+def with_checkpoint(row: dict[str, Any], recorded: str | None, history_from: str | None = None) -> TrialRows:
     """``row`` with its trial's ``checkpoint`` (None: none) and, when there is one, the count and MiB of
-    the kept checkpoints beside it (after Ray's retention), and its history rows."""
+    the kept checkpoints beside it (after Ray's retention), and the history rows of ``history_from``
+    (default: that checkpoint; the newest holds every row)."""
     row["checkpoint"] = recorded
     if not recorded:
         return row, []
     try:
         row["checkpoints_kept"], row["checkpoints_mib"] = remote.disk_use(recorded.rpartition("/")[0])
-        history = storage.read_text(storage.join(recorded, HISTORY_FILE))
+        history = storage.read_text(storage.join(history_from or recorded, HISTORY_FILE))
     except OSError as err:  # the summary is written without them
         print(f"warning: {row['trial']}: its checkpoints cannot be read: {err}", file=terminal.err())
         history = None

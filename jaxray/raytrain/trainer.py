@@ -75,11 +75,13 @@ def make_trainer(
     callbacks: list | None = None,
     xla_flags: str | None = None,
     storage_uri: str | None = None,
+    train_samples: int | None = None,
 ) -> JaxTrainer:
     """The JaxTrainer of one trial, run ``storage_path/name`` (``run_files`` beside it). ``datasets``:
     ``{"train": Dataset, "eval": Dataset}`` given whole to every worker ({} with ``data.parquet``).
     ``xla_flags``: the workers' (None: this process's). ``storage_uri``: Ray Train's storage there
-    instead (checkpoints at ``storage_uri/name``; the compile report stays in ``storage_path/name``)."""
+    instead (checkpoints at ``storage_uri/name``; the compile report stays in ``storage_path/name``).
+    ``train_samples``: the samples an epoch draws from (a checkpoint's epoch and batch in it)."""
     w = trial.workers
     attempts, failures = run_files(storage_path, name, storage_uri)
     root = storage_uri or storage_path
@@ -96,7 +98,7 @@ def make_trainer(
             "attempts_file": str(attempts),
             "failures_file": str(failures),
             "compile_file": str(Path(storage_path) / name / COMPILE_FILE),
-            "train_rows": datasets["train"].count() if "train" in datasets else None,
+            "train_rows": train_samples,
             "trial_uri": storage.join(storage_uri, name) if staged else None,
         },
         scaling_config=scaling_config(w),

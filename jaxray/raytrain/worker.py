@@ -112,4 +112,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         final_row = {**result.history[-1], **result.summary, "final": True}
         if trial.model.workload != "transformer":  # its held-out metrics are the summary's test_*
             final_row = {k: v for k, v in final_row.items() if not k.startswith("val_")}
-        reports.save(trial.train.steps, result.state, result.history, row=final_row)
+        reports.save(
+            result.summary.get("last_step", trial.train.steps), result.state, result.history, row=final_row
+        )

@@ -40,7 +40,7 @@ from jaxray.storage import written_whole
 KEY_ORDER = tuple(
     "trial workload global_batch dtype width learning_rate attention attention_note steps devices mesh "
     "examples_per_sec tokens_per_sec ms_per_step compile_s peak_bytes_per_device final_train_loss "
-    "test_accuracy val_loss val_perplexity checkpoint".split()
+    "test_accuracy val_loss val_perplexity best_step final_val_loss checkpoint".split()
 )
 HEADER = tuple(
     "trial|workload|global batch|dtype|width|peak lr|attention|steps|devices|mesh|throughput|ms/step|"

@@ -21,7 +21,7 @@ from jaxray.models import build
 from jaxray.parallel.checks import check_trial
 from jaxray.parallel.mesh import batch_sharding, state_shardings
 from jaxray.train.loop import compile_train_step
-from jaxray.train.step import init_state, optimizer_for
+from jaxray.train.step import dropout_keys, init_state, optimizer_for
 
 COLLECTIVES = (
     "all-reduce",
@@ -226,7 +226,8 @@ def report_for(trial, mesh) -> dict[str, Any]:
     model = build(trial.model)
     tx, _ = optimizer_for(trial)
     state = jax.eval_shape(lambda key: init_state(model.init(key), tx), jax.random.key(trial.train.seed))
-    compiled, compile_s = compile_train_step(model, tx, mesh, state, abstract_batch(trial, mesh))
+    batch = abstract_batch(trial, mesh)
+    compiled, compile_s = compile_train_step(model, tx, mesh, state, batch, dropout=dropout_keys(trial))
     return {
         "config": describe(trial, mesh),
         **report(compiled, compile_s, mesh.local_devices[0]),

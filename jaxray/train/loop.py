@@ -43,6 +43,10 @@ class Hook:
     fn: HookFn
 
 
+class StopTraining(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by a hook to end the loop after the step it ran at (``run_loop`` returns that state)."""
+
+
 @dataclass(frozen=True)
 class LoopTiming:
     """Seconds: ``warmup_s`` for step 1, ``timed_s`` for steps 2..N (``timed_steps`` of them) without
@@ -52,6 +56,7 @@ class LoopTiming:
     timed_s: float
     timed_steps: int
     hook_s: float = 0.0
+    last_step: int | None = None  # the step a hook stopped the loop at (``StopTraining``); None: all ran
 
     @property
     def seconds_per_step(self) -> float:
@@ -59,12 +64,20 @@ class LoopTiming:
 
 
 def compile_train_step(
-    model: Model, tx, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array], steps_per_call: int = 1
+    model: Model,
+    tx,
+    mesh: Mesh,
+    state: TrainState,
+    batch: dict[str, jax.Array],
+    steps_per_call: int = 1,
+    dropout: tuple[int, str] | None = None,
 ):
     """AOT-compile the auto-sharded train step (laid out as ``_compile_step`` says) -> (compiled step,
-    compile seconds). ``steps_per_call`` K > 1 scans K steps over ``[K, B, ...]``, metrics ``[K]``."""
+    compile seconds). ``steps_per_call`` K > 1 scans K steps over ``[K, B, ...]``, metrics ``[K]``.
+    ``dropout``: ``step.dropout_keys(trial)`` (None: no dropout)."""
+    loss_fn = LOSSES[model.config.workload]
     step = laid_out(
-        functools.partial(train_step, apply=model.apply, loss_fn=LOSSES[model.config.workload], tx=tx), mesh
+        functools.partial(train_step, apply=model.apply, loss_fn=loss_fn, tx=tx, dropout=dropout), mesh
     )
     if steps_per_call > 1:
         return _compile_step(functools.partial(jax.lax.scan, step), mesh, state, batch, stacked=True)
@@ -147,12 +160,13 @@ def run_loop(
 ) -> tuple[TrainState, LoopTiming]:
     """Run steps ``start + 1 .. num_steps`` of ``step_fn(state, batch) -> (state, metrics)`` over
     ``batches``; hooks get device metrics and global step numbers. ``sync_each_step`` waits for
-    every step. Raises ValueError if ``batches`` runs dry."""
+    every step; a hook raising ``StopTraining`` ends the loop after its step (``last_step``). Raises
+    ValueError if ``batches`` runs dry."""
     if start >= num_steps:  # resumed from the final checkpoint: nothing left to run or time
         return state, LoopTiming(0.0, float("nan"), 0)
     clock_start = time.perf_counter()
     warmup_s, timed_start, hook_s = 0.0, clock_start, 0.0
-    first = start + 1
+    first, stopped = start + 1, None
     for i in range(first, num_steps + 1):
         try:
             batch = next(batches)
@@ -166,16 +180,21 @@ def run_loop(
             # Wait for the device first, so only host-side hook time is taken off the clock.
             jax.block_until_ready(metrics)
             hook_start = time.perf_counter()
-            for hook in due:
-                hook.fn(i, state, metrics)
+            try:
+                for hook in due:
+                    hook.fn(i, state, metrics)
+            except StopTraining:
+                stopped = i
             if i > first:
                 hook_s += time.perf_counter() - hook_start
+            if stopped is not None:
+                break
         if i == first:
             jax.block_until_ready(state)
             timed_start = time.perf_counter()
             warmup_s = timed_start - clock_start
     jax.block_until_ready(state)
-    end = time.perf_counter()
-    if num_steps - start == 1:
-        return state, LoopTiming(warmup_s, warmup_s, 1)
-    return state, LoopTiming(warmup_s, end - timed_start - hook_s, num_steps - first, hook_s)
+    end, last = time.perf_counter(), stopped or num_steps
+    if last - start == 1:
+        return state, LoopTiming(warmup_s, warmup_s, 1, last_step=stopped)
+    return state, LoopTiming(warmup_s, end - timed_start - hook_s, last - first, hook_s, stopped)

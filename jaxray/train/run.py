@@ -16,14 +16,14 @@ from jax.sharding import Mesh
 
 from jaxray import checkpoint
 from jaxray.config import TrialConfig
-from jaxray.data.batching import Arrays, num_rows
+from jaxray.data.batching import Arrays
 from jaxray.models import Model, build, param_count
 from jaxray.parallel.checks import check_trial
 from jaxray.parallel.mesh import describe, held_bytes, needs_sync_per_step, shard_batch
 from jaxray.train import compile_cache, compile_report
 from jaxray.train.held_out import evaluate
-from jaxray.train.loop import Hook, compile_train_step, jit_eval_step, run_loop
-from jaxray.train.step import TrainState, abstract_state, optimizer_for, placed_init_state
+from jaxray.train.loop import Hook, StopTraining, compile_train_step, jit_eval_step, run_loop
+from jaxray.train.step import TrainState, abstract_state, dropout_keys, optimizer_for, placed_init_state
 
 LogFn = Callable[[dict[str, float]], None]
 # save(step, state, history so far): a full-state checkpoint every ``train.checkpoint_interval`` steps.
@@ -67,12 +67,15 @@ def tokens_per_example(trial: TrialConfig) -> int:
     return trial.data.seq_len - 1 if trial.model.workload == "transformer" else 0
 
 
+# Tokens an evaluation batch holds by default: 256 windows of 64 bytes, 64 of 256.
+EVAL_TOKENS = 16384
+
+
 def eval_batch_size(trial: TrialConfig, devices: int) -> int:
-    """``train.eval_batch`` (default: 1000 images, or the training global batch of sequences),
-    rounded up to a multiple of the device count."""
-    size = trial.train.eval_batch or (
-        trial.train.global_batch if trial.model.workload == "transformer" else 1000
-    )
+    """``train.eval_batch`` (default: 1000 images, or the training global batch of sequences and at
+    least ``EVAL_TOKENS`` tokens), rounded up to a multiple of the device count."""
+    seqs = max(trial.train.global_batch, EVAL_TOKENS // trial.data.seq_len)
+    size = trial.train.eval_batch or (seqs if trial.model.workload == "transformer" else 1000)
     return -(-size // devices) * devices
 
 
@@ -86,6 +89,7 @@ def _log_hook(
     hooks included: a trial stopped early keeps it); ``history`` does not (resumes compare it)."""
     per_example, every = tokens_per_example(trial), trial.train.eval_every
     last_step, last_done = 0, 0.0  # the previous row's step (0: none yet) and when it was done
+    plateau = Plateau(trial.train.patience, trial.train.min_delta, history)
 
     def log(step: int, state: TrainState, metrics: dict[str, jax.Array]) -> None:
         nonlocal last_step, last_done
@@ -109,8 +113,27 @@ def _log_hook(
         for fn in on_log:
             fn(row)
         last_step, last_done = step, time.perf_counter()
+        if "val_loss" in row and plateau.stalled():
+            raise StopTraining(step)
 
     return Hook(trial.train.log_every, log)
+
+
+@dataclass
+class Plateau:
+    """``train.patience``: stalled once the last ``patience`` evaluations of ``history`` (a resumed run's
+    included) all missed the best before them by less than ``min_delta`` (flax's EarlyStopping rule)."""
+
+    patience: int | None
+    min_delta: float
+    history: list[dict]
+
+    def stalled(self) -> bool:
+        losses = [r["val_loss"] for r in self.history if "val_loss" in r]
+        if self.patience is None or len(losses) <= self.patience:
+            return False
+        best_before = min(losses[: -self.patience])
+        return all(v > best_before - self.min_delta for v in losses[-self.patience :])
 
 
 def _checkpoint_hook(trial: TrialConfig, history: list, save: SaveFn) -> Hook:
@@ -153,7 +176,8 @@ def train(
     else:
         state, saved, history = checkpoint.restore_state(resume, abstract_state(model, tx, mesh))
     start = saved["step"]
-    if start >= trial.train.steps and saved.get("summary"):  # nothing left to train or to time
+    final = saved.get("summary") or {}
+    if final and (start >= trial.train.steps or final.get("stopped_early")):  # nothing left to train
         return TrainResult(state, {**saved["summary"], "resumed_from_step": start}, history, {})
     # The data position: a resumed run skips the batches it had already trained on.
     sharded = (shard_batch(mesh, b) for b in itertools.islice(batches, start, None))
@@ -183,7 +207,7 @@ def _compiled(trial: TrialConfig, model: Model, tx, mesh: Mesh, state: TrainStat
     """(the AOT-compiled train step, its compile report with the attention chosen and whether the
     persistent compilation cache served it)."""
     with compile_cache.watch() as cache:
-        step_fn, compile_s = compile_train_step(model, tx, mesh, state, batch)
+        step_fn, compile_s = compile_train_step(model, tx, mesh, state, batch, dropout=dropout_keys(trial))
     report = {
         "config": compile_report.describe(trial, mesh),
         **compile_report.report(step_fn, compile_s, mesh.local_devices[0]),
@@ -205,14 +229,12 @@ def _final_held_out(trial: TrialConfig, eval_fn, mesh: Mesh, state: TrainState, 
 
 
 def _validator(trial: TrialConfig, eval_fn, mesh: Mesh, eval_arrays: Arrays) -> Callable | None:
-    """``params -> evaluate(eval_fn, ...)`` over the first ``train.eval_batches`` eval batches of
-    ``eval_arrays`` (the same rows every time); None without ``train.eval_every``."""
+    """``params -> evaluate(eval_fn, ...)`` over all of ``eval_arrays``: the logged ``val_loss`` is the
+    summary's measure (the whole held-out split); None without ``train.eval_every``."""
     if trial.train.eval_every is None:
         return None
     batch = eval_batch_size(trial, mesh.devices.size)
-    rows = min(num_rows(eval_arrays), trial.train.eval_batches * batch)
-    subset = {k: v[:rows] for k, v in eval_arrays.items()}
-    return lambda params: evaluate(eval_fn, params, subset, batch, mesh)
+    return lambda params: evaluate(eval_fn, params, eval_arrays, batch, mesh)
 
 
 def _attention(model: Model) -> dict[str, str]:
@@ -220,6 +242,21 @@ def _attention(model: Model) -> dict[str, str]:
     if model.attention is None:
         return {}
     return {"attention": model.attention.implementation, "attention_note": model.attention.note}
+
+
+def best_saved(
+    trial: TrialConfig, history: list[dict], held_out: dict[str, float], steps: int
+) -> dict[str, Any]:
+    """``step``, ``val_loss``, ``val_accuracy`` of the checkpointed step with the lowest logged
+    ``val_loss`` (every ``train.checkpoint_interval`` steps; the last, ``steps``, is ``held_out``'s, the
+    same whole-split measure); the last step on a tie or when no other step was evaluated."""
+    every = trial.train.checkpoint_interval
+    best = {"step": steps, "val_loss": held_out["loss"], "val_accuracy": held_out["accuracy"]}
+    for r in history:
+        saved = r["step"] % every == 0 and r["step"] < steps
+        if saved and math.isfinite(r.get("val_loss", math.nan)) and r["val_loss"] < best["val_loss"]:
+            best = {"step": r["step"], "val_loss": r["val_loss"], "val_accuracy": r["val_accuracy"]}
+    return best
 
 
 def _summary(trial, mesh, start, state, report, timing, history, held_out) -> dict[str, Any]:
@@ -232,6 +269,7 @@ def _summary(trial, mesh, start, state, report, timing, history, held_out) -> di
         "width": m.width,
         "learning_rate": trial.learning_rate,
         "steps": t.steps,
+        "last_step": timing.last_step or t.steps,  # before ``steps`` when ``train.patience`` stopped it
         "devices": mesh.devices.size,
         "params": param_count(state.params),
         "examples_per_sec": t.global_batch / timing.seconds_per_step,
@@ -241,13 +279,18 @@ def _summary(trial, mesh, start, state, report, timing, history, held_out) -> di
         "hook_s": timing.hook_s,
         "final_train_loss": history[-1]["loss"],
     }
+    if timing.last_step is not None:
+        row["stopped_early"] = True
     if m.workload == "transformer":
         row["tokens_per_sec"] = row["examples_per_sec"] * tokens_per_example(trial)
+        best = best_saved(trial, history, held_out, row["last_step"])
         row.update(
-            val_loss=held_out["loss"],
-            val_perplexity=held_out["perplexity"],
-            val_accuracy=held_out["accuracy"],
+            val_loss=best["val_loss"],
+            val_perplexity=float(np.exp(best["val_loss"])),
+            val_accuracy=best["val_accuracy"],
             val_sequences=held_out["count"],
+            best_step=best["step"],
+            final_val_loss=held_out["loss"],
         )
     else:
         row.update(

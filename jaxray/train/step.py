@@ -89,12 +89,16 @@ def learning_rate_schedule(
 
 
 def decay_mask(params: Any) -> Any:
-    """True for the weight matrices (a layer's ``kernel``, an MLP's ``w*``), False for biases, norm
-    scales and embeddings: what decoupled weight decay applies to (nanoGPT, MaxText)."""
+    """True for the weight matrices (a layer's ``kernel``, an MLP's ``w*``, and the token embedding
+    when it is also the LM head: ``tie_embeddings``), False for biases, norm scales and other
+    embeddings: what decoupled weight decay applies to (MaxText; nanoGPT decays every 2-D tensor)."""
+    tied = "token_embed" in params and "lm_head" not in params
 
     def is_matrix(path, leaf) -> bool:
-        name = (key_names(path) or ("",))[-1]
-        return name == "kernel" or (name.startswith("w") and getattr(leaf, "ndim", 0) >= 2)
+        names = key_names(path) or ("",)
+        if tied and names[0] == "token_embed":
+            return True
+        return names[-1] == "kernel" or (names[-1].startswith("w") and getattr(leaf, "ndim", 0) >= 2)
 
     return jax.tree_util.tree_map_with_path(is_matrix, params)
 
@@ -147,13 +151,34 @@ def abstract_state(model: Model, tx: optax.GradientTransformation, mesh: Mesh) -
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 
+# Folded into the seed's key before the step: dropout's keys are not the init's (``nnx.Rngs`` folds
+# counts 0, 1, ... into ``key(seed)``).
+DROPOUT_STREAM = 0x64726F70  # "drop"
+
+
+def dropout_keys(trial) -> tuple[int, str] | None:
+    """(seed, PRNG implementation) of ``trial``'s dropout masks (``step_key``); None without dropout."""
+    if not trial.model.dropout:
+        return None
+    return trial.train.seed, trial.train.dropout_prng
+
+
+def step_key(seed: int, impl: str, step: jax.Array) -> jax.Array:
+    """The dropout key of update ``step`` (int32 scalar): a function of (seed, step) alone, so a
+    resumed run draws the masks it would have drawn, with nothing saved. ``impl``: "threefry2x32",
+    "rbg" or "unsafe_rbg" (``jax.random.key``)."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed, impl=impl), DROPOUT_STREAM), step)
+
+
 def loss_and_grads(
-    params: Any, batch: Batch, *, apply: Callable, loss_fn: LossFn
+    params: Any, batch: Batch, *, apply: Callable, loss_fn: LossFn, key: jax.Array | None = None
 ) -> tuple[tuple[jax.Array, jax.Array], Any]:
-    """((mean loss, mean accuracy) over ``batch``, gradient of the mean loss w.r.t. ``params``)."""
+    """((mean loss, mean accuracy) over ``batch``, gradient of the mean loss w.r.t. ``params``);
+    ``key``: the dropout key passed to ``apply`` (None: none)."""
 
     def mean_loss(params):
-        logits = apply(params, model_inputs(batch))
+        inputs = model_inputs(batch)
+        logits = apply(params, inputs) if key is None else apply(params, inputs, key)
         with jax.named_scope("loss"):
             loss, correct = loss_fn(logits, batch)
             return loss.mean(), correct.mean()
@@ -173,11 +198,19 @@ def apply_gradients(
 
 
 def train_step(
-    state: TrainState, batch: Batch, *, apply: Callable, loss_fn: LossFn, tx: optax.GradientTransformation
+    state: TrainState,
+    batch: Batch,
+    *,
+    apply: Callable,
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    dropout: tuple[int, str] | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One AdamW step on the mean loss of ``batch``. Returns the new state and float32 scalar
-    ``loss``, ``accuracy`` and ``grad_norm`` (global L2 norm of the gradients before the update)."""
-    (loss, accuracy), grads = loss_and_grads(state.params, batch, apply=apply, loss_fn=loss_fn)
+    ``loss``, ``accuracy`` and ``grad_norm`` (global L2 norm of the gradients before the update).
+    ``dropout``: ``dropout_keys``' (seed, impl): the masks of ``step_key`` at ``state.step``."""
+    key = None if dropout is None else step_key(*dropout, state.step)
+    (loss, accuracy), grads = loss_and_grads(state.params, batch, apply=apply, loss_fn=loss_fn, key=key)
     return apply_gradients(state, grads, loss, accuracy, tx=tx)
 
 

@@ -38,7 +38,9 @@ def trained(trained_transformer):
     trial = checkpoint.load_trial_config(trained_transformer)
     trial = trial.model_copy(update={"train": trial.train.model_copy(update={"steps": STEPS})})
     train_arrays, held_out = load_arrays(trial)
-    return trial, train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
+    return trial, train(
+        trial, train_batches(train_arrays, trial.train.global_batch, trial.train.seed), held_out, make_mesh()
+    )
 
 
 @pytest.fixture(scope="module")

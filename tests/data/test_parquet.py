@@ -22,6 +22,7 @@ from jaxray.data.parquet import (
     split_arrays,
 )
 from jaxray.data.prepare import to_table
+from jaxray.data.workloads import train_source
 from jaxray.storage import file_sha256, resolve
 
 pytestmark = pytest.mark.ray
@@ -54,7 +55,8 @@ def assert_same_batches(folder, arrays, global_batch, process_count, batches, ca
             str(folder), "train", global_batch, SEED, p, process_count, cache_bytes=cache_bytes
         )
         got = within(300, lambda s=stream: list(itertools.islice(s, batches)))
-        want = itertools.islice(train_batches(arrays, global_batch, SEED, p, process_count), batches)
+        source = train_source(read_manifest(str(folder)).dataset, arrays)
+        want = itertools.islice(train_batches(source, global_batch, SEED, p, process_count), batches)
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert g.keys() == w.keys(), i
             for k in w:

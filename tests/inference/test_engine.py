@@ -73,7 +73,17 @@ def test_decode_chunk_updates_the_cache_in_place(engine):
 
 def test_info_shows_the_model_fields_a_transformer_reads(engine):
     model = engine.info()["model"]  # /info's "model": a new ModelConfig field must be placed here or excluded
-    read = {"workload", "width", "dtype", "num_layers", "num_heads", "max_seq_len", "vocab_size", "attention"}
+    read = {
+        "workload",
+        "width",
+        "dtype",
+        "num_layers",
+        "num_heads",
+        "max_seq_len",
+        "vocab_size",
+        "attention",
+        "tie_embeddings",
+    }
     assert set(model) == read
     assert model["workload"] == "transformer"
 

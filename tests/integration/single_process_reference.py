@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxray.config import parse_trial
 from jaxray.data.batching import train_batches
-from jaxray.data.workloads import WORKLOAD_DATASET, held_out_split, load_arrays, natural_splits
+from jaxray.data.workloads import WORKLOAD_DATASET, held_out_split, load_arrays, natural_splits, train_source
 from jaxray.parallel.mesh import make_mesh
 from jaxray.train.run import train
 
@@ -38,10 +38,14 @@ def main(trial_json: str, out: str) -> None:
         splits = natural_splits(
             WORKLOAD_DATASET[trial.model.workload], trial.data.data_dir, trial.data.seq_len
         )
-        train_arrays, held_out = splits["train"], splits[held_out_split(trial.model.workload)]
-        seed = trial.train.seed
+        dataset = WORKLOAD_DATASET[trial.model.workload]
+        train_arrays, held_out = (
+            train_source(dataset, splits["train"]),
+            splits[held_out_split(trial.model.workload)],
+        )
     else:
-        (train_arrays, held_out), seed = load_arrays(trial), None
+        train_arrays, held_out = load_arrays(trial)
+    seed = trial.train.seed
     held_out = {k: v[: spec["eval_rows"]] for k, v in held_out.items()}
     result = train(trial, train_batches(train_arrays, trial.train.global_batch, seed), held_out, make_mesh())
     np.savez(

@@ -39,7 +39,7 @@ workers: {{num_workers: 2, devices_per_worker: 1}}
 sweeps:
   - workload: transformer
     model: {{num_layers: 1, num_heads: 2, max_seq_len: 32}}
-    train: {{steps: 12, log_every: 2, checkpoint_every: 3, eval_every: 6, eval_batches: 2}}
+    train: {{steps: 12, log_every: 2, checkpoint_every: 3, eval_every: 6}}
     search_space:
       global_batch: [8]
       width: [32]

@@ -64,7 +64,9 @@ def trained(real_dir, tmp_path_factory) -> Path:
     )
     train_arrays, held_out = load_arrays(trial)
     held_out = {k: v[:16] for k, v in held_out.items()}  # evaluation is not under test: keep it short
-    result = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
+    result = train(
+        trial, train_batches(train_arrays, trial.train.global_batch, trial.train.seed), held_out, make_mesh()
+    )
     return save_params(tmp_path_factory.mktemp("serve") / "ck", result.state.params, trial)
 
 

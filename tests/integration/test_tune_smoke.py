@@ -136,7 +136,9 @@ def test_ray_path_equals_the_in_memory_path(smoke, real_dir):
     trial = TrialConfig.model_validate_json((out / row["checkpoint"] / "trial_config.json").read_text())
     history = json.loads((out / row["checkpoint"] / "history.json").read_text())
     train_arrays, held_out = load_arrays(trial)
-    local = train(trial, train_batches(train_arrays, trial.train.global_batch), held_out, make_mesh())
+    local = train(
+        trial, train_batches(train_arrays, trial.train.global_batch, trial.train.seed), held_out, make_mesh()
+    )
     assert [h["loss"] for h in history] == pytest.approx(
         [h["loss"] for h in local.history], rel=1e-6, abs=1e-6
     )

@@ -55,7 +55,10 @@ def run(workload: str, data_dir: str) -> dict:
         "fsdp4": make_mesh(fsdp=4),
         "fsdp2_tensor2": make_mesh(fsdp=2, tensor=2),
     }
-    results = {k: train(trial, train_batches(train_arrays, 16), held_out, mesh) for k, mesh in meshes.items()}
+    results = {
+        k: train(trial, train_batches(train_arrays, 16, trial.train.seed), held_out, mesh)
+        for k, mesh in meshes.items()
+    }
     one, four = results[1], results[4]
     sharded = {
         name: {
@@ -68,7 +71,7 @@ def run(workload: str, data_dir: str) -> dict:
         for name in ("fsdp4", "fsdp2_tensor2")
     }
     mesh4 = make_mesh()
-    batch = shard_batch(mesh4, next(train_batches(train_arrays, 16)))
+    batch = shard_batch(mesh4, next(train_batches(train_arrays, 16, trial.train.seed)))
     leaf = jax.tree.leaves(four.state.params)[0]
     first = next(iter(batch.values()))
     return {
@@ -100,7 +103,7 @@ def run_shard_map(workload: str, data_dir: str) -> dict:
     # On the host, so donating one run's device state cannot touch the other run's init.
     params = jax.device_get(model.init(jax.random.key(trial.train.seed)))
     mesh = make_mesh()
-    batches = train_batches(train_arrays, trial.train.global_batch)
+    batches = train_batches(train_arrays, trial.train.global_batch, trial.train.seed)
     batches = [shard_batch(mesh, next(batches)) for _ in range(SHARD_MAP_STEPS)]
     result, final = {"devices": mesh.devices.size}, {}
     for name, compile_step in (("auto", compile_train_step), ("shard_map", compile_shard_map_train_step)):

@@ -144,7 +144,7 @@ def run(workload: str, data_dir: str) -> dict:
     model = build(trial.model)
     tx, _ = optimizer_for(trial)
     params = jax.device_get(model.init(jax.random.key(0)))
-    batches = train_batches(train_arrays, BATCH)
+    batches = train_batches(train_arrays, BATCH, trial.train.seed)
     batches = [next(batches) for _ in range(STEPS)]
     runs = {
         name: run_mesh(model, tx, params, batches, make_mesh(jax.devices()[:n], **axes))

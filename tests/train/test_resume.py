@@ -38,9 +38,22 @@ TRIALS = {
             warmup_steps=6,
             log_every=3,
             eval_every=6,
-            eval_batches=2,
             checkpoint_every=4,
         ),
+        data=DataConfig(seq_len=64),
+    ),
+    # Dropout on (keys from (seed, step), nothing saved) and the embedding tied to the LM head.
+    "transformer_dropout": TrialConfig(
+        model=ModelConfig(
+            workload="transformer",
+            width=64,
+            num_layers=2,
+            num_heads=2,
+            max_seq_len=64,
+            dropout=0.2,
+            tie_embeddings=True,
+        ),
+        train=TrainConfig(steps=12, global_batch=16, learning_rate=3e-3, log_every=3, checkpoint_every=4),
         data=DataConfig(seq_len=64),
     ),
     # 60000 / 4096 = 14 batches an epoch: the 20 steps cross an epoch boundary after the checkpoint.
@@ -89,7 +102,12 @@ def uninterrupted(real_dir, tmp_path_factory):
 
 @pytest.mark.parametrize(
     "workload, at",
-    [("transformer", 4), pytest.param("transformer", 8, marks=pytest.mark.slow), ("mlp", 8)],  # slow: CI
+    [
+        ("transformer", 4),
+        pytest.param("transformer", 8, marks=pytest.mark.slow),  # slow: CI
+        pytest.param("transformer_dropout", 8, marks=pytest.mark.slow),  # 40 s: CI
+        ("mlp", 8),
+    ],
 )
 def test_resumed_run_ends_bitwise_equal(uninterrupted, tmp_path, workload, at):
     """Mid-warmup (4) and mid-decay (8): the schedule's count is restored with the optimizer state."""
@@ -102,6 +120,9 @@ def test_resumed_run_ends_bitwise_equal(uninterrupted, tmp_path, workload, at):
     for a, b in zip(jax.tree.leaves(whole.state.params), jax.tree.leaves(resumed.state.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert resumed.history == whole.history  # the restored history plus the same rows after it
+    if workload == "transformer_dropout":  # the masks are drawn: the losses differ from no dropout's
+        assert whole.history[-1]["loss"] != uninterrupted("transformer")[0].history[-1]["loss"]
+        assert "lm_head" not in whole.state.params
     if trial.train.eval_every:  # held-out metrics only in the rows of the steps they were measured at
         assert [r["step"] for r in whole.history if "val_loss" in r] == [6, 12]
     assert resumed.summary["final_train_loss"] == whole.summary["final_train_loss"]

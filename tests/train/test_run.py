@@ -72,7 +72,7 @@ def test_a_diverged_run_stops_at_its_first_non_finite_step_and_saves_nothing_of_
     with pytest.raises(Diverged) as err:
         train(
             trial,
-            train_batches(train_arrays, 32),
+            train_batches(train_arrays, 32, trial.train.seed),
             held_out,
             make_mesh(),
             save=lambda step, state, history: saved.append(step),
@@ -99,5 +99,5 @@ def test_params_broken_by_the_last_update_are_a_divergence(real_dir):
     )
     train_arrays, held_out = load_arrays(trial)
     with pytest.raises(Diverged) as err:
-        train(trial, train_batches(train_arrays, 32), held_out, make_mesh())
+        train(trial, train_batches(train_arrays, 32, trial.train.seed), held_out, make_mesh())
     assert (err.value.step, err.value.metric) == (1, "test_loss") and not math.isfinite(err.value.value)

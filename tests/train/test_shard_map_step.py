@@ -37,7 +37,7 @@ def test_one_device_shard_map_step_equals_train_step(real_dir, workload, batch):
     tx = make_optimizer(trial.learning_rate, trial.train.weight_decay)
     params = jax.device_get(model.init(jax.random.key(0)))  # host copy: the device states are donated
     mesh = make_mesh(jax.devices()[:1])
-    batches = train_batches(train_arrays, batch)
+    batches = train_batches(train_arrays, batch, trial.train.seed)
     batches = [shard_batch(mesh, next(batches)) for _ in range(STEPS)]
     runs = []
     for compile_step in (compile_train_step, compile_shard_map_train_step):

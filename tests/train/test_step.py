@@ -66,7 +66,7 @@ def test_a_few_steps_on_real_data_lower_the_loss(real_dir, workload, steps, batc
     )
     train_arrays, held_out = load_arrays(trial)
     held_out = {k: v[:500] for k, v in held_out.items()}
-    result = train(trial, train_batches(train_arrays, batch), held_out, make_mesh())
+    result = train(trial, train_batches(train_arrays, batch, trial.train.seed), held_out, make_mesh())
     losses = [row["loss"] for row in result.history]
     untrained = np.log(10 if workload == "mlp" else 256)  # uniform prediction over the classes / bytes
     assert losses[-1] < losses[0] and losses[-1] < 0.7 * untrained, losses
