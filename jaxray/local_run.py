@@ -106,11 +106,13 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
             summary = {"name": trial.name(), **err.row()}
             _write_json(out / SUMMARY, summary)
             return summary
-        tb.add_final(result.summary, trial.train.steps)
+        tb.add_final(result.summary, result.summary.get("last_step", trial.train.steps))
     summary = {"name": trial.name(), **result.summary, "final": True}
     last = summary.get("last_step", trial.train.steps)  # earlier when train.patience stopped it
     if summary.get("resumed_from_step", 0) < last:  # else its final checkpoint exists
         save(last, result.state, result.history, row={**result.history[-1], **summary})
+    if summary.get("stopped_early"):
+        print(f"jaxray local: stopped at step {last}: train.patience evaluations without a better val_loss")
     ranked = remote.ranked_checkpoints(str(out))
     summary["checkpoint"] = Path(ranked[0]).name if ranked else None  # what --checkpoint loads
     _write_json(out / SUMMARY, summary)

@@ -170,7 +170,7 @@ def check_batches(exp: ExperimentConfig, firsts: dict[str, TrialConfig], arrays:
     for i, sweep in enumerate(exp.sweeps):
         try:
             rows = (
-                parquet_folder(firsts[sweep.workload])[1].split("train").rows
+                parquet_folder(firsts[sweep.workload])[1].samples("train")
                 if exp.data.parquet
                 else num_samples(arrays[sweep.workload][0])
             )

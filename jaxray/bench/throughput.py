@@ -25,7 +25,7 @@ from jaxray.train import compile_cache
 from jaxray.train.held_out import evaluate
 from jaxray.train.loop import compile_shard_map_train_step, compile_train_step, jit_eval_step
 from jaxray.train.run import eval_batch_size, tokens_per_example
-from jaxray.train.step import LOSSES, make_optimizer, placed_init_state, train_step
+from jaxray.train.step import LOSSES, dropout_keys, make_optimizer, placed_init_state, train_step
 
 STEP_KINDS = ("jit", "shard_map", "eager")
 INIT_SEED = {"transformer": 1, "mlp": 3, "shared_block_mlp": 1}  # lab 7: nnx.Rngs(1); lab 4: key(3)
@@ -134,7 +134,10 @@ def _compile(spec: Spec, model, tx, mesh, state, batch) -> tuple[Callable, float
         return functools.partial(train_step, apply=model.apply, loss_fn=loss_fn, tx=tx), 0.0
     if spec.step == "shard_map":
         return compile_shard_map_train_step(model, tx, mesh, state, batch)
-    return compile_train_step(model, tx, mesh, state, batch, steps_per_call=spec.steps_per_call)
+    dropout = dropout_keys(spec.trial)
+    return compile_train_step(
+        model, tx, mesh, state, batch, steps_per_call=spec.steps_per_call, dropout=dropout
+    )
 
 
 def measure(spec: Spec, data: tuple[Arrays, Arrays] | None = None) -> Measurement:

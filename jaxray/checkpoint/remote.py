@@ -61,9 +61,12 @@ def complete_checkpoints(uri: str) -> list[str]:
 
 
 def saved_val_loss(uri: str) -> float | None:
-    """The ``val_loss`` a checkpoint's own history records at its step (the whole held-out split of
-    its params); None when it has none, or its files cannot be read."""
+    """The ``val_loss`` a transformer checkpoint's own history records at its step (the whole
+    held-out split of its params); None when it has none, is an MLP's (ranked by its final test
+    metrics), or its files cannot be read."""
     try:
+        if json.loads(read_text(join(uri, MODEL_CONFIG)))["workload"] != "transformer":
+            return None
         step = json.loads(read_text(join(uri, TRAIN_STATE)))["step"]
         rows = json.loads(read_text(join(uri, HISTORY_FILE)))
         value = next((r.get("val_loss") for r in reversed(rows) if r.get("step") == step), None)
@@ -81,6 +84,26 @@ def ranked_checkpoints(uri: str) -> list[str]:
         return done
     best = done[min(scored)[1]]
     return [best, *(c for c in done if c != best)]
+
+
+def best_of(row: dict, recorded: str | None) -> str | None:
+    """The checkpoint beside ``recorded`` (the final one) that ``row``'s ``best_step`` names; if Ray's
+    retention removed it, ``ranked_checkpoints``' best, ``row``'s ``val_loss``, ``val_perplexity``
+    and ``best_step`` then rewritten to it; ``recorded`` when unlistable or without a best step."""
+    if not recorded or row.get("best_step") is None:
+        return recorded
+    try:
+        ranked = ranked_checkpoints(recorded.rstrip("/").rpartition("/")[0])
+    except CheckpointError:
+        return recorded
+    named = [c for c in ranked if checkpoint_order(c)[0] == row["best_step"]]
+    if named or not ranked:
+        return named[0] if named else recorded
+    loss = saved_val_loss(ranked[0])
+    if loss is not None:
+        step = checkpoint_order(ranked[0])[0]
+        row.update(val_loss=loss, val_perplexity=math.exp(loss), best_step=step)
+    return ranked[0]
 
 
 def trial_checkpoints(named: str) -> Iterator[str]:

@@ -64,7 +64,8 @@ class ModelConfig(FrozenConfig):
     attention: Attention = "auto"
     remat: Remat = "none"
     scan_layers: StrictBool = False
-    dropout: Beta = 0.0
+    # Masks drop round(256 x rate) of 256 byte values: 0.99 at most (a whole byte range would divide by 0).
+    dropout: Annotated[FiniteFloat, Field(ge=0, le=0.99)] = 0.0
     tie_embeddings: StrictBool = False
 
     @model_validator(mode="after")

@@ -46,6 +46,12 @@ class Manifest:
     splits: dict[str, SplitFiles]
     raw: dict[str, Any]
 
+    def samples(self, name: str) -> int:
+        """Samples training draws from split ``name``: its rows, or for text every window offset of
+        the text its rows cut (``Windows``: rows x seq_len - seq_len + 1)."""
+        rows = self.split(name).rows
+        return rows if self.seq_len is None else rows * self.seq_len - self.seq_len + 1
+
     def split(self, name: str) -> SplitFiles:
         """ManifestError naming the splits there are if ``name`` is not one."""
         if name not in self.splits:

@@ -26,7 +26,8 @@ def train_dataset(source: Source, global_batch: int, seed: int, steps: int) -> r
     from ``source``, put once in the object store. ValueError as ``check_batch``."""
     check_batch(num_samples(source), global_batch)
     ref = ray.put(source)
-    positions = ray.data.range(steps * global_batch)
+    # Blocks of 64 batches (one for a short run): few tasks, each drawing a few MB of windows.
+    positions = ray.data.range(steps * global_batch, override_num_blocks=max(1, steps // 64))
     kwargs = {"source": ref, "global_batch": global_batch, "seed": seed}
     return positions.map_batches(_draw, batch_size=None, batch_format="numpy", fn_kwargs=kwargs)
 

@@ -90,10 +90,12 @@ class Reports:
 
     def _score(self, step: int) -> float:
         """``train.score``'s metric for the checkpoint of ``step``: its newest logged value at or before
-        that step (the whole held-out split, as the summary's); else (none, or not finite) the worst
-        finite value for its order."""
+        that step; a held-out metric (the whole split) only from that step itself, so that only the
+        params it measured carry it; else (none, or not finite) the worst finite value for its order."""
         metric, order = self.trial.train.score
+        held_out = metric.startswith("val_")
         rows = [r for r in reversed(self._history) if r["step"] <= step and metric in r]
+        rows = [r for r in rows if r["step"] == step] if held_out else rows
         value = float(rows[0][metric]) if rows else math.nan
         return value if math.isfinite(value) else (WORST_SCORE if order == "min" else -WORST_SCORE)
 

@@ -330,19 +330,7 @@ def trial_rows(
     elif recorded:  # train/<trial>/<checkpoint> of this folder, also where Tune recorded another (moved)
         recorded = str(out / TRAIN_DIR / Path(recorded).parent.name / Path(recorded).name)
     row.update(reported(metrics), trial=name)
-    return with_checkpoint(row, best_of(recorded), history_from=recorded)
-
-
-def best_of(recorded: str | None) -> str | None:
-    """The best checkpoint beside ``recorded`` (the final one): ``remote.ranked_checkpoints``' first,
-    the one the summary's ``val_loss`` and ``best_step`` describe; ``recorded`` when unlistable."""
-    if not recorded:
-        return recorded
-    try:
-        ranked = remote.ranked_checkpoints(recorded.rstrip("/").rpartition("/")[0])
-    except checkpoint.CheckpointError:
-        return recorded
-    return ranked[0] if ranked else recorded
+    return with_checkpoint(row, remote.best_of(row, recorded), history_from=recorded)
 
 
 def stopped_figures(metrics: dict[str, Any], folder: str) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def worker_data(
             folder, "train", global_batch, trial.train.seed, rank, world, cache_bytes=cache_bytes
         )
         held_out = split_arrays(folder, held_out_split(trial.model.workload), manifest=manifest)
-        return batches, held_out, manifest.split("train").rows
+        return batches, held_out, manifest.samples("train")
     local = global_batch // world
     batches = (
         {k: v[rank * local : (rank + 1) * local] for k, v in batch.items()}
@@ -107,7 +107,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 result.summary["restart_causes"] = ", ".join(causes)
                 result.summary["workers_by_attempt"] = ", ".join(map(str, start.workers))
             if tb:
-                tb.add_final(result.summary, trial.train.steps)
+                tb.add_final(result.summary, result.summary.get("last_step", trial.train.steps))
         # The final row carries the last logged metrics too: ASHA reads them in every report.
         final_row = {**result.history[-1], **result.summary, "final": True}
         if trial.model.workload != "transformer":  # its held-out metrics are the summary's test_*

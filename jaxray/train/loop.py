@@ -184,15 +184,15 @@ def run_loop(
                 for hook in due:
                     hook.fn(i, state, metrics)
             except StopTraining:
-                stopped = i
+                stopped = i if i < num_steps else None  # at the last step it ends anyway
             if i > first:
                 hook_s += time.perf_counter() - hook_start
-            if stopped is not None:
-                break
         if i == first:
             jax.block_until_ready(state)
             timed_start = time.perf_counter()
             warmup_s = timed_start - clock_start
+        if stopped is not None:
+            break
     jax.block_until_ready(state)
     end, last = time.perf_counter(), stopped or num_steps
     if last - start == 1:

@@ -199,7 +199,7 @@ def train(
         start=start,
     )
     held_out = _final_held_out(trial, eval_fn, mesh, state, eval_arrays)
-    summary = _summary(trial, mesh, start, state, report, timing, history, held_out)
+    summary = _summary(trial, mesh, start, state, report, timing, history, held_out, saved=save is not None)
     return TrainResult(state, summary, history, report)
 
 
@@ -252,15 +252,16 @@ def best_saved(
     same whole-split measure); the last step on a tie or when no other step was evaluated."""
     every = trial.train.checkpoint_interval
     best = {"step": steps, "val_loss": held_out["loss"], "val_accuracy": held_out["accuracy"]}
-    for r in history:
+    for r in reversed(history):  # newest first: the newer on a tie, as ``remote.ranked_checkpoints``
         saved = r["step"] % every == 0 and r["step"] < steps
         if saved and math.isfinite(r.get("val_loss", math.nan)) and r["val_loss"] < best["val_loss"]:
             best = {"step": r["step"], "val_loss": r["val_loss"], "val_accuracy": r["val_accuracy"]}
     return best
 
 
-def _summary(trial, mesh, start, state, report, timing, history, held_out) -> dict[str, Any]:
-    """The run's summary row; ``report``: ``_compiled``'s (compile time, memory, attention, cache)."""
+def _summary(trial, mesh, start, state, report, timing, history, held_out, saved=True) -> dict[str, Any]:
+    """The run's summary row; ``report``: ``_compiled``'s (compile time, memory, attention, cache);
+    ``saved``: checkpoints were written (else the best is the final params, the only ones kept)."""
     m, t = trial.model, trial.train
     row: dict[str, Any] = {
         "workload": m.workload,
@@ -283,7 +284,7 @@ def _summary(trial, mesh, start, state, report, timing, history, held_out) -> di
         row["stopped_early"] = True
     if m.workload == "transformer":
         row["tokens_per_sec"] = row["examples_per_sec"] * tokens_per_example(trial)
-        best = best_saved(trial, history, held_out, row["last_step"])
+        best = best_saved(trial, history if saved else [], held_out, row["last_step"])
         row.update(
             val_loss=best["val_loss"],
             val_perplexity=float(np.exp(best["val_loss"])),
