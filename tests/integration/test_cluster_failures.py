@@ -29,9 +29,9 @@ from s3_server import s3_server
 from jaxray import checkpoint, storage
 from jaxray.checkpoint import remote
 from jaxray.config import parse_trial
-from jaxray.data.ray_data import to_dataset
 from jaxray.data.workloads import load_arrays
 from jaxray.raytrain.faults import FAULT_ENV
+from jaxray.raytrain.sweep import trial_datasets
 from jaxray.raytrain.trainer import make_trainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -94,7 +94,7 @@ def nodes(s3):
 def datasets(real_dir, nodes):
     trial = trial_config(real_dir)
     train_arrays, held_out = load_arrays(trial)
-    return {"train": to_dataset(train_arrays), "eval": to_dataset({k: v[:64] for k, v in held_out.items()})}
+    return trial_datasets(trial, (train_arrays, {k: v[:64] for k, v in held_out.items()}))
 
 
 def trial_config(real_dir: Path, workers: dict | None = None):

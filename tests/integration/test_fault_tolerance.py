@@ -18,9 +18,9 @@ from private_ray import init_private_ray
 
 from jaxray import checkpoint
 from jaxray.config import parse_trial
-from jaxray.data.ray_data import to_dataset
 from jaxray.data.workloads import load_arrays
 from jaxray.raytrain.faults import FAULT_ENV
+from jaxray.raytrain.sweep import trial_datasets
 from jaxray.raytrain.trainer import make_trainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -52,10 +52,7 @@ def fit(workload: str, real_dir: Path, tmp_path: Path, name: str, fault: dict | 
         }
     )
     train_arrays, held_out = load_arrays(trial)
-    datasets = {
-        "train": to_dataset(train_arrays),
-        "eval": to_dataset({k: v[:EVAL_ROWS] for k, v in held_out.items()}),
-    }
+    datasets = trial_datasets(trial, (train_arrays, {k: v[:EVAL_ROWS] for k, v in held_out.items()}))
     if fault:  # the test-only hook, passed on to the workers by the trainer
         os.environ[FAULT_ENV] = json.dumps(fault)
     try:

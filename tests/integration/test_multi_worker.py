@@ -20,8 +20,8 @@ from private_ray import init_private_ray
 
 from jaxray import checkpoint
 from jaxray.config import parse_trial
-from jaxray.data.ray_data import to_dataset
 from jaxray.data.workloads import load_arrays
+from jaxray.raytrain.sweep import trial_datasets
 from jaxray.raytrain.trainer import make_trainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -144,7 +144,7 @@ def test_two_workers_are_one_four_device_program(
     if source == "memory":
         train_arrays, held_out = load_arrays(trial)
         held_out = {k: v[:EVAL_ROWS] for k, v in held_out.items()}
-        datasets = {"train": to_dataset(train_arrays), "eval": to_dataset(held_out)}
+        datasets = trial_datasets(trial, (train_arrays, held_out))
     result = make_trainer(trial, datasets, storage_path=tmp_path / "ray", name=workload).fit()
     assert result.error is None, result.error
     assert result.metrics["devices"] == 4  # one mesh over both workers' devices

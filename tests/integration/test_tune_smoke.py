@@ -20,7 +20,15 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a real sweep: ~100 s before 
 
 # Every row has the summary table's columns but the workload's own (throughput unit, quality).
 PER_WORKLOAD = {
-    *("examples_per_sec", "tokens_per_sec", "test_accuracy", "val_loss", "val_perplexity"),
+    *(
+        "examples_per_sec",
+        "tokens_per_sec",
+        "test_accuracy",
+        "val_loss",
+        "val_perplexity",
+        "best_step",
+        "final_val_loss",
+    ),
     *("attention", "attention_note"),
 }
 COMMON = [k for k in KEY_ORDER if k not in PER_WORKLOAD]
