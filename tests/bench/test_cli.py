@@ -275,12 +275,13 @@ def test_ingest_streamed_and_prestaged_agree(tmp_path):
     assert [r["feed"] for r in doc["rows"]] == [
         "pre-staged",
         "in memory",
+        "ray data, arrays",
         "ray data",
         "ray data, every epoch",
     ]
     for row in doc["rows"]:
         assert row["epoch_boundaries"] == 1 and row["final_losses"] == doc["rows"][0]["final_losses"]
-    assert doc["summary"]["mlp_ratio"] == pytest.approx(doc["rows"][2]["vs_prestaged"])
+    assert doc["summary"]["mlp_ratio"] == pytest.approx(doc["rows"][3]["vs_prestaged"])
 
 
 @pytest.mark.slow  # the learning path's own scripts run beside jaxray
