@@ -122,9 +122,9 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
 def keep_best_and_newest(out: Path) -> list[str]:
     """Remove the complete checkpoints in ``out`` but the newest (resume) and the best (the lowest
     recorded ``val_loss``: ``remote.ranked_checkpoints``); returns the removed names."""
-    done, ranked = remote.complete_checkpoints(str(out)), remote.ranked_checkpoints(str(out))
-    keep = {done[0], ranked[0]} if done else set()
-    gone = [c for c in done if c not in keep]
+    ranked = remote.ranked_checkpoints(str(out))  # one listing: the best first, the rest newest first
+    keep = {ranked[0], max(ranked, key=checkpoint.checkpoint_order)} if ranked else set()
+    gone = [c for c in ranked if c not in keep]
     for c in gone:
         shutil.rmtree(c)
     return [Path(c).name for c in gone]
