@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxray.bench import mfu, profile
 from jaxray.config import ConfigError, TrialConfig, parse_trial
-from jaxray.data.batching import Arrays, Source, Windows, epoch_order, gather, num_rows
+from jaxray.data.batching import Arrays, Source, Windows, gather, num_rows
 from jaxray.data.workloads import load_arrays
 from jaxray.models import build, param_count
 from jaxray.parallel.checks import check_attention, check_trial
@@ -108,11 +108,16 @@ class Measurement(NamedTuple):
 
 
 def stage_batches(arrays: Source, spec: Spec, mesh) -> list[dict[str, jax.Array]]:
-    """Device batches of one window: ``[global_batch, ...]`` or ``[steps_per_call, global_batch, ...]``
-    (text: the first epoch's windows, as training draws them)."""
+    """Device batches of one window: ``[global_batch, ...]`` or ``[steps_per_call, global_batch, ...]``,
+    in the reference scripts' order (``default_rng(train.seed).permutation`` of the rows, for text of
+    the windows at multiples of ``seq_len``) so that ``compare`` can check their final losses."""
     batch, k = spec.trial.train.global_batch, spec.steps_per_call
+    rng = np.random.default_rng(spec.trial.train.seed)
     if isinstance(arrays, Windows):
-        arrays = gather(arrays, epoch_order(len(arrays), spec.trial.train.seed, 0)[: spec.steps * batch])
+        starts = rng.permutation(len(arrays.tokens) // arrays.seq_len)[: spec.steps * batch] * arrays.seq_len
+        arrays = arrays.gather(starts)
+    else:
+        arrays = gather(arrays, rng.permutation(num_rows(arrays))[: spec.steps * batch])
     if (n_calls := min(spec.steps // k, num_rows(arrays) // (batch * k))) < 1:
         raise ValueError(f"batch {batch} x steps_per_call {k} is more than the {num_rows(arrays)} rows")
     windows = [{n: a[c * batch * k : (c + 1) * batch * k] for n, a in arrays.items()} for c in range(n_calls)]

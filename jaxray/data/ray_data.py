@@ -22,20 +22,33 @@ def to_dataset(arrays: Arrays) -> ray.data.Dataset:
 def train_dataset(source: Source, global_batch: int, seed: int, steps: int) -> ray.data.Dataset:
     """``steps`` global batches of ``source`` as a Ray Dataset of ``steps * global_batch`` rows, row q
     the sample at position q of ``train_batches(source, global_batch, seed)`` (a new order each epoch,
-    from (seed, epoch)): each read task draws its positions' samples (``sample_ids``) and cuts them
-    from ``source``, put once in the object store. ValueError as ``check_batch``."""
+    from (seed, epoch)): a map task per ``CHUNK_STEPS`` batches draws its positions' samples
+    (``sample_ids``) and cuts them from ``source``, put once in the object store. ValueError as
+    ``check_batch``."""
     check_batch(num_samples(source), global_batch)
     ref = ray.put(source)
-    # Blocks of 64 batches (one for a short run): few tasks, each drawing a few MB of windows.
-    positions = ray.data.range(steps * global_batch, override_num_blocks=max(1, steps // 64))
-    kwargs = {"source": ref, "global_batch": global_batch, "seed": seed}
-    return positions.map_batches(_draw, batch_size=None, batch_format="numpy", fn_kwargs=kwargs)
+    total, chunk = steps * global_batch, CHUNK_STEPS * global_batch
+    starts = ray.data.from_items(
+        [{"start": s} for s in range(0, total, chunk)], override_num_blocks=-(-total // chunk)
+    )
+    kwargs = {"source": ref, "global_batch": global_batch, "seed": seed, "chunk": chunk, "total": total}
+    # A draw is a copy of a few MB: its tasks reserve no CPU, so that workers holding every CPU of
+    # their nodes are still fed (Ray Train leaves Ray Data none of theirs).
+    ds = starts.map_batches(_draw, batch_size=1, batch_format="numpy", fn_kwargs=kwargs, num_cpus=0)
+    ds.context.execution_options.preserve_order = True  # blocks of several tasks in position order
+    return ds
 
 
-def _draw(positions: dict[str, np.ndarray], source, global_batch: int, seed: int) -> dict[str, np.ndarray]:
-    """A Ray Data map task: the samples at ``positions["id"]``."""
-    data = _held(source)
-    return gather(data, sample_ids(num_samples(data), global_batch, seed, positions["id"]))
+CHUNK_STEPS = 64  # global batches a map task draws: few tasks, each a few MB of windows
+
+
+def _draw(
+    rows: dict[str, np.ndarray], source, global_batch: int, seed: int, chunk: int, total: int
+) -> dict[str, np.ndarray]:
+    """A Ray Data map task: the samples at positions ``[start, start + chunk)`` (before ``total``)."""
+    data, start = _held(source), int(rows["start"][0])
+    positions = np.arange(start, min(start + chunk, total))
+    return gather(data, sample_ids(num_samples(data), global_batch, seed, positions))
 
 
 _HELD: dict = {}
