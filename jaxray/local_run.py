@@ -85,12 +85,19 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
         choice = resolve_attention(trial.model, seq_len=trial.data.seq_len)
         print(f"jaxray local: {trial.name()}, {choice.describe()}", flush=True)
 
+    pending: list[checkpoint.PendingSave] = []  # a save's files are written while training goes on
+
+    def commit() -> None:
+        while pending:
+            pending.pop().commit()
+            keep_best_and_newest(out)
+
     def save(step: int, state, history: list[dict], row: dict | None = None) -> None:
+        commit()  # the one before: one save in flight at a time
         position = {"epoch": step // per_epoch, "batch_in_epoch": step % per_epoch}
         summary = row if row and row.get("final") else None
         folder = out / checkpoint_name(step, ATTEMPT)
-        checkpoint.save_state(folder, state, trial, history, position, summary=summary)
-        keep_best_and_newest(out)
+        pending.append(checkpoint.start_save_state(folder, state, trial, history, position, summary=summary))
 
     def log(row: dict[str, float]) -> None:
         shown = " ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step" and isinstance(v, float))
@@ -103,14 +110,17 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
                 on_compile=lambda report: _write_json(out / "compile.json", report),
             )  # fmt: skip
         except Diverged as err:
+            commit()
             summary = {"name": trial.name(), **err.row()}
             _write_json(out / SUMMARY, summary)
             return summary
+        commit()
         tb.add_final(result.summary, result.summary.get("last_step", trial.train.steps))
     summary = {"name": trial.name(), **result.summary, "final": True}
     last = summary.get("last_step", trial.train.steps)  # earlier when train.patience stopped it
     if summary.get("resumed_from_step", 0) < last:  # else its final checkpoint exists
         save(last, result.state, result.history, row={**result.history[-1], **summary})
+        commit()
     if summary.get("stopped_early"):
         print(f"jaxray local: stopped at step {last}: train.patience evaluations without a better val_loss")
     ranked = remote.ranked_checkpoints(str(out))

@@ -51,7 +51,9 @@ class ModelConfig(FrozenConfig):
     ``scan_layers`` change how the step runs, not the params: checkpoints restore across them.
     ``dropout``: training's rate after the embeddings, on the attention weights and on each residual
     branch (nanoGPT's places; 0: off); ``tie_embeddings``: the LM head is the token embedding's
-    transpose (nanoGPT's weight tying). Neither applies to the MLPs."""
+    transpose (nanoGPT's weight tying); ``init``: ``flax`` (Flax's default initializers) or ``gpt2``
+    (GPT-2's and nanoGPT's: weights and embeddings normal(0, 0.02), the residual branches' output
+    projections 0.02 / sqrt(2 x num_layers)). None of the three applies to the MLPs."""
 
     workload: Workload
     width: PosInt | None = None
@@ -67,13 +69,16 @@ class ModelConfig(FrozenConfig):
     # Masks drop round(256 x rate) of 256 byte values: 0.99 at most (a whole byte range would divide by 0).
     dropout: Annotated[FiniteFloat, Field(ge=0, le=0.99)] = 0.0
     tie_embeddings: StrictBool = False
+    init: Literal["flax", "gpt2"] = "flax"
 
     @model_validator(mode="after")
     def _fill_and_check(self) -> ModelConfig:
         if self.width is None:
             object.__setattr__(self, "width", DEFAULT_WIDTH[self.workload])
-        if self.workload != "transformer" and (self.dropout or self.tie_embeddings):
-            raise ValueError(f"dropout and tie_embeddings are transformer settings, not {self.workload}'s")
+        if self.workload != "transformer" and (self.dropout or self.tie_embeddings or self.init != "flax"):
+            raise ValueError(
+                f"dropout, tie_embeddings and init are transformer settings, not {self.workload}'s"
+            )
         if self.workload == "transformer" and self.width % self.num_heads:
             raise ValueError(f"width (d_model) {self.width} must be divisible by num_heads {self.num_heads}")
         if self.workload == "mlp" and self.width < 2:

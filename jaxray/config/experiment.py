@@ -56,6 +56,7 @@ MODEL_KEYS = {
         "scan_layers",
         "dropout",
         "tie_embeddings",
+        "init",
     ),
 }
 # Transformer shapes for ``model: {preset: NAME}``; "width" (D) is the grid's default d_model.

@@ -62,6 +62,9 @@ class Programs:
     start_cached: Callable[..., tuple] | None = None  # kv_decode.start_cached; None: no prefix caching
 
 
+TRAINING_ONLY = {"block_repeats", "remat", "scan_layers", "dropout", "init"}  # model keys /info leaves out
+
+
 @dataclass
 class Engine:
     """Compiled KV-cache sampling for one model."""
@@ -289,7 +292,7 @@ class Engine:
         """JSON-able description: model config (less fields a transformer does not read), source,
         settings, devices and compile time."""
         return {
-            "model": self.config.model_dump(exclude={"block_repeats", "remat", "scan_layers", "dropout"}),
+            "model": self.config.model_dump(exclude=TRAINING_ONLY),
             "checkpoint": self.source,
             "settings": self.settings.model_dump(),
             "buckets": list(self.buckets),

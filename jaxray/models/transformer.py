@@ -163,13 +163,37 @@ def write_cache(cache: jax.Array, positions: jax.Array, entry: jax.Array) -> jax
     return cache.at[jnp.arange(batch), :, positions].set(entry)
 
 
+GPT2_STD = 0.02  # GPT-2's (Radford et al. 2019) and nanoGPT's model.py initializer scale
+
+
+def initializers(cfg: ModelConfig) -> dict | None:
+    """``model.init``'s initializers: None for Flax's defaults; for ``gpt2`` {"kernel": normal(0.02)
+    for weights and embeddings, "out": normal(0.02 / sqrt(2 L)) for each residual branch's output
+    projection} (nanoGPT's ``_init_weights`` and its ``c_proj`` scaling). Biases stay zero."""
+    if cfg.init == "flax":
+        return None
+    out_std = GPT2_STD / math.sqrt(2 * cfg.num_layers)
+    return {"kernel": nnx.initializers.normal(GPT2_STD), "out": nnx.initializers.normal(out_std)}
+
+
 class Block(nnx.Module):
     """Pre-norm block: x + attn(ln(x)), then x + ffn(ln(x)). x [B, T, D]. Projections are called one
     by one so the full forward and the KV-cache decode share them."""
 
     def __init__(
-        self, d_model: int, num_heads: int, ffn_dim: int, dtype, attention_fn, rngs: nnx.Rngs, rate: float = 0
+        self,
+        d_model: int,
+        num_heads: int,
+        ffn_dim: int,
+        dtype,
+        attention_fn,
+        rngs: nnx.Rngs,
+        rate: float = 0,
+        inits: dict | None = None,
     ):
+        """``inits``: ``{"kernel", "out"}`` initializers (``initializers``; None: Flax's defaults)."""
+        kernel = {} if inits is None else {"kernel_init": inits["kernel"]}
+        out = {} if inits is None else {"kernel_init": inits["out"]}
         dense = functools.partial(nnx.Linear, dtype=dtype, rngs=rngs)
         self.dropout_rate = rate
         self.ln1 = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
@@ -181,10 +205,12 @@ class Block(nnx.Module):
             attention_fn=attention_fn,
             keep_rngs=False,
             rngs=rngs,
+            **kernel,
+            **({} if inits is None else {"out_kernel_init": inits["out"]}),
         )
         self.ln2 = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
-        self.fc_up = dense(d_model, ffn_dim)
-        self.fc_down = dense(ffn_dim, d_model)
+        self.fc_up = dense(d_model, ffn_dim, **kernel)
+        self.fc_down = dense(ffn_dim, d_model, **out)
 
     def __call__(self, x: jax.Array, rng: jax.Array | None = None) -> jax.Array:
         return self.forward(x, rng)[0]
@@ -242,17 +268,21 @@ class Transformer(nnx.Module):
         attention_fn = functools.partial(causal_attention, implementation=attention)
         self.max_seq_len = cfg.max_seq_len
         self.remat, self.scan_layers, self.dropout_rate = cfg.remat, cfg.scan_layers, cfg.dropout
-        self.token_embed = nnx.Embed(cfg.vocab_size, d_model, dtype=dtype, rngs=rngs)
-        self.pos_embed = nnx.Embed(cfg.max_seq_len, d_model, dtype=dtype, rngs=rngs)
+        inits = initializers(cfg)
+        embed = functools.partial(nnx.Embed, dtype=dtype, rngs=rngs)
+        embed = embed if inits is None else functools.partial(embed, embedding_init=inits["kernel"])
+        self.token_embed = embed(cfg.vocab_size, d_model)
+        self.pos_embed = embed(cfg.max_seq_len, d_model)
         self.blocks = nnx.List(
             [
-                Block(d_model, cfg.num_heads, cfg.ffn_dim, dtype, attention_fn, rngs, cfg.dropout)
+                Block(d_model, cfg.num_heads, cfg.ffn_dim, dtype, attention_fn, rngs, cfg.dropout, inits)
                 for _ in range(cfg.num_layers)
             ]
         )
         self.final_norm = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
         # Tied: the logits are the final features times the token embedding's transpose.
-        head = nnx.Linear(d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
+        kernel = {} if inits is None else {"kernel_init": inits["kernel"]}
+        head = nnx.Linear(d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs, **kernel)
         self.lm_head = None if cfg.tie_embeddings else head
 
     def __call__(self, tokens: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:

@@ -67,3 +67,28 @@ def test_tied_embeddings_have_no_lm_head():
     # embedding of byte 7 zeroes its logit column.
     zeroed = jax.tree.map(lambda e: e.at[7].set(0.0) if e is merged else e, params)
     assert np.all(np.asarray(model.apply(zeroed, x))[..., 7] == 0)
+
+
+def test_gpt2_init_scales_weights_and_residual_outputs():
+    """``model.init: gpt2``: weights and embeddings normal(0, 0.02), the residual branches' output
+    projections 0.02 / sqrt(2 L), biases and norms as Flax's; ``flax`` keeps Flax's initializers."""
+    cfg = ModelConfig(**{**SHAPE, "width": 64}, init="gpt2")
+    params = build(cfg).init(jax.random.key(0))
+    block = params["blocks"][0]
+    for leaf in (
+        params["token_embed"]["embedding"],
+        block["attn"]["query"]["kernel"],
+        block["fc_up"]["kernel"],
+    ):
+        assert abs(float(jnp.std(leaf[...])) - 0.02) < 0.002
+    for leaf in (block["attn"]["out"]["kernel"], block["fc_down"]["kernel"]):
+        assert abs(float(jnp.std(leaf[...])) - 0.01) < 0.001  # 0.02 / sqrt(2 x 2 layers)
+    assert not jnp.any(block["fc_down"]["bias"][...]) and jnp.all(block["ln1"]["scale"][...] == 1)
+    flax = build(cfg.model_copy(update={"init": "flax"})).init(jax.random.key(0))
+    embed_std = float(jnp.std(flax["token_embed"]["embedding"][...]))
+    assert abs(embed_std - 64**-0.5) < 0.01  # Flax's Embed: variance 1 / D
+
+
+def test_init_is_a_transformer_setting():
+    with pytest.raises(ValueError, match="init are transformer settings"):
+        ModelConfig(workload="mlp", init="gpt2")
