@@ -22,6 +22,7 @@ from jaxray.reporting.format import json_safe
 from jaxray.reporting.tensorboard import TensorBoardLogger
 from jaxray.train import compile_cache
 from jaxray.train.run import Diverged, train
+from jaxray.train.step import optimizer_for
 
 SUMMARY = "summary.json"
 ATTEMPT = 1  # one process, no restarts: every checkpoint is attempt 1's, as a Ray run's first attempt
@@ -62,9 +63,52 @@ def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
         print(
             f"jaxray local: resuming from {latest}" if latest else f"jaxray local: nothing to resume in {out}"
         )
+        if latest is not None:
+            _check_resumable(trial, latest)
         for name in checkpoint.remove_unfinished(out):  # begun, never committed: a killed save
             print(f"jaxray local: removed {name}, a checkpoint never finished", flush=True)
     return latest
+
+
+# Settings a resumed run may change: how long it trains (--steps cuts a longer warmup to the run),
+# and when it logs, evaluates and saves.
+CADENCE = {"steps", "warmup_steps", "log_every", "eval_every", "patience", "min_delta", "report_every"}
+CADENCE |= {"eval_batch"}
+CADENCE |= {"checkpoint_every", "keep_checkpoints", "checkpoint_score"}
+HOW_IT_RUNS = {"attention", "remat", "scan_layers"}  # model settings that leave the params alone
+
+
+def _check_resumable(trial: TrialConfig, latest: Path) -> None:
+    """LocalRunError naming the settings that differ from ``latest``'s trial (model, seq_len, the
+    optimizer, seed: a resumed run would be another trial's); ``train.steps`` may change, and then
+    the line printed says where the rebuilt learning-rate schedule takes the rate."""
+    saved = checkpoint.load_trial_config(latest)
+    pairs = [("model", HOW_IT_RUNS), ("train", CADENCE)]
+    differ = [
+        f"{part}.{key} {before[key]!r} -> {now[key]!r}"
+        for part, skip in pairs
+        for before, now in [(getattr(saved, part).model_dump(), getattr(trial, part).model_dump())]
+        for key in before
+        if key not in skip and before[key] != now.get(key)
+    ]
+    differ += [f"data.seq_len {saved.data.seq_len} -> {trial.data.seq_len}"] * (
+        saved.data.seq_len != trial.data.seq_len
+    )
+    if differ:
+        raise LocalRunError(
+            f"{latest.name} was trained with other settings ({'; '.join(differ)}): --resume with its "
+            "own config (only train.steps, the warmup within it and the logging, evaluation and "
+            "checkpoint cadence may change)"
+        )
+    if (saved.train.steps, saved.train.warmup_steps) != (trial.train.steps, trial.train.warmup_steps):
+        step = int(checkpoint.verify(latest)["step"])
+        (_, old), (_, new) = optimizer_for(saved), optimizer_for(trial)
+        print(
+            f"jaxray local: train.steps {saved.train.steps} -> {trial.train.steps}: the learning-rate "
+            f"schedule is rebuilt over {trial.train.steps} steps; at step {step} the rate goes from "
+            f"{float(old(step)):.4g} to {float(new(step)):.4g}",
+            flush=True,
+        )
 
 
 def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
@@ -85,48 +129,61 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
         choice = resolve_attention(trial.model, seq_len=trial.data.seq_len)
         print(f"jaxray local: {trial.name()}, {choice.describe()}", flush=True)
 
-    pending: list[checkpoint.PendingSave] = []  # a save's files are written while training goes on
-
-    def commit() -> None:
-        while pending:
-            pending.pop().commit()
-            keep_best_and_newest(out)
-
-    def save(step: int, state, history: list[dict], row: dict | None = None) -> None:
-        commit()  # the one before: one save in flight at a time
-        position = {"epoch": step // per_epoch, "batch_in_epoch": step % per_epoch}
-        summary = row if row and row.get("final") else None
-        folder = out / checkpoint_name(step, ATTEMPT)
-        pending.append(checkpoint.start_save_state(folder, state, trial, history, position, summary=summary))
+    save = Saves(trial, out, per_epoch)
 
     def log(row: dict[str, float]) -> None:
         shown = " ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step" and isinstance(v, float))
         print(f"step {row['step']}: {shown}", flush=True)
 
-    with TensorBoardLogger(out / "tensorboard") as tb:
+    resumed = None if start is None else checkpoint.checkpoint_order(start)[0] + 1  # later steps: redone
+    with TensorBoardLogger(out / "tensorboard", purge_step=resumed) as tb:
         try:
             result = train(
                 trial, batches, held_out, mesh, on_log=[log, tb], resume=start, save=save,
                 on_compile=lambda report: _write_json(out / "compile.json", report),
             )  # fmt: skip
         except Diverged as err:
-            commit()
+            save.commit()
             summary = {"name": trial.name(), **err.row()}
             _write_json(out / SUMMARY, summary)
             return summary
-        commit()
+        save.commit()
         tb.add_final(result.summary, result.summary.get("last_step", trial.train.steps))
     summary = {"name": trial.name(), **result.summary, "final": True}
     last = summary.get("last_step", trial.train.steps)  # earlier when train.patience stopped it
     if summary.get("resumed_from_step", 0) < last:  # else its final checkpoint exists
         save(last, result.state, result.history, row={**result.history[-1], **summary})
-        commit()
+        save.commit()
     if summary.get("stopped_early"):
         print(f"jaxray local: stopped at step {last}: train.patience evaluations without a better val_loss")
     ranked = remote.ranked_checkpoints(str(out))
     summary["checkpoint"] = Path(ranked[0]).name if ranked else None  # what --checkpoint loads
     _write_json(out / SUMMARY, summary)
     return summary
+
+
+class Saves:
+    """``train``'s save callback for a local run: checkpoints of ``trial`` into ``out``, a save's files
+    written while training goes on (one in flight: the one before is committed first); after each
+    commit only the best and the newest are kept."""
+
+    def __init__(self, trial: TrialConfig, out: Path, per_epoch: int):
+        self.trial, self.out, self.per_epoch = trial, out, per_epoch
+        self.pending: list[checkpoint.PendingSave] = []
+
+    def __call__(self, step: int, state, history: list[dict], row: dict | None = None) -> None:
+        self.commit()
+        position = {"epoch": step // self.per_epoch, "batch_in_epoch": step % self.per_epoch}
+        summary = row if row and row.get("final") else None
+        folder = self.out / checkpoint_name(step, ATTEMPT)
+        save = checkpoint.start_save_state(folder, state, self.trial, history, position, summary=summary)
+        self.pending.append(save)
+
+    def commit(self) -> None:
+        """Finish the save in flight, if any. Raises CheckpointSaveError."""
+        while self.pending:
+            self.pending.pop().commit()
+            keep_best_and_newest(self.out)
 
 
 def keep_best_and_newest(out: Path) -> list[str]:

@@ -19,6 +19,7 @@ sys.exit(rc)
 
 
 def _local(*args):
+    args = [str(a) for a in args]
     return subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True, timeout=600)
 
 
@@ -45,6 +46,20 @@ def test_a_local_trial_writes_what_a_ray_worker_writes_and_resumes(real_dir, tmp
     assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == 20
     assert "removed checkpoint_step_00000030_attempt1, a checkpoint never finished" in resumed.stdout
     assert not (out / checkpoint.checkpoint_name(30, 1)).exists()
+
+    # More steps: the schedule is rebuilt over them (said); another trial's settings: refused.
+    longer = _local(
+        "--config", QUICK, "--steps", "25", "--out", str(out), "--resume", "--data-dir", str(real_dir)
+    )
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert (
+        "train.steps 20 -> 25: the learning-rate schedule is rebuilt over 25 steps; at step 20"
+        in longer.stdout
+    )
+    other = tmp_path / "other.yaml"
+    other.write_text(open(QUICK).read().replace("learning_rate: [3.0e-3]", "learning_rate: [1.0e-3]"))
+    refused = _local("--config", other, "--out", str(out), "--resume", "--data-dir", str(real_dir))
+    assert refused.returncode == 2 and "train.learning_rate 0.003 -> 0.001" in refused.stderr
 
 
 def test_an_unknown_trial_names_the_trials_there_are(capsys):

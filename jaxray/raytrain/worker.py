@@ -82,7 +82,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         batches, held_out, rows = worker_data(trial, rank, world, config.get("train_rows"))
         reports = Reports(trial, rank, start.attempt, rows // trial.train.global_batch if rows else None)
         tb_dir = config.get("tensorboard_dir") if rank == 0 else None
-        with TensorBoardLogger(tb_dir) if tb_dir else contextlib.nullcontext() as tb:
+        resumed = None if start.checkpoint is None else int(start.checkpoint.state["step"]) + 1
+        with TensorBoardLogger(tb_dir, resumed) if tb_dir else contextlib.nullcontext() as tb:
             try:
                 result = train(
                     trial,

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from tensorboardX.event_file_writer import EventsWriter
-from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.summary import scalar
 
 log = logging.getLogger(__name__)
@@ -19,10 +19,18 @@ class TensorBoardLogger:
     """Writes each logged row as scalars ``train/<name>`` (held-out ones ``val/<name>``) at its
     ``step``, on disk when the call returns. Use as a context manager."""
 
-    def __init__(self, logdir: str | Path):
+    def __init__(self, logdir: str | Path, purge_step: int | None = None):
+        """``purge_step``: a resumed run's first step; TensorBoard drops the earlier run's events from
+        that step on (the restart marker ``SummaryWriter(purge_step=...)`` writes), so a step logged
+        before a crash and again after the resume shows once."""
         self._logdir = Path(logdir)
         self._logdir.mkdir(parents=True, exist_ok=True)
         self._writer = EventsWriter(str(self._logdir / "events"))
+        if purge_step is not None:
+            start = Event(
+                wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START)
+            )
+            self._writer.write_event(start)
 
     def _write(self, scalars: dict[str, float], step: int) -> None:
         """Raises OSError (a full disk) naming the event folder."""

@@ -7,6 +7,8 @@ import sys
 
 from tensorboardX.proto import event_pb2
 
+from jaxray.reporting.tensorboard import TensorBoardLogger
+
 WRITE_AND_DIE = """
 import os, sys
 from jaxray.reporting.tensorboard import TensorBoardLogger
@@ -37,3 +39,28 @@ def test_rows_logged_before_the_process_is_killed_are_kept(tmp_path):
     )
     assert proc.returncode == 9, proc.stderr
     assert scalars(tmp_path) == {"train/loss": [10, 20], "val/loss": [10, 20]}
+
+
+def test_a_resumed_run_marks_its_restart_for_tensorboard(tmp_path):
+    """A resumed run's logger writes TensorBoard's restart marker (a SessionLog START, as
+    ``SummaryWriter(purge_step=...)``) at its first step, before its rows: TensorBoard drops the
+    earlier run's events from there, so a step logged twice shows once."""
+    with TensorBoardLogger(tmp_path) as tb:
+        for step in (10, 20):
+            tb({"step": step, "loss": 1.0})
+    with TensorBoardLogger(tmp_path, purge_step=11) as tb:
+        tb({"step": 20, "loss": 0.9})
+    later = max(tmp_path.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime_ns)
+    events = read_events(later)
+    marks = [("start", e.step) if e.session_log.status == event_pb2.SessionLog.START else ("row", e.step)
+             for e in events if e.session_log.status or e.summary.value]  # fmt: skip
+    assert marks == [("start", 11), ("row", 20)]
+
+
+def read_events(path) -> list:
+    data, at, events = path.read_bytes(), 0, []
+    while at + 12 <= len(data):
+        (length,) = struct.unpack("<Q", data[at : at + 8])
+        events.append(event_pb2.Event.FromString(data[at + 12 : at + 12 + length]))
+        at += 12 + length + 4
+    return events
