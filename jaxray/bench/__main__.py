@@ -14,6 +14,8 @@ import jaxray.argtypes as at
 from jaxray.bench.presets import MODEL_SIZES  # imports no JAX, nor does anything above
 from jaxray.config import DTYPES, REMATS, WORKLOADS, Attention
 from jaxray.data.sources import DataFileError
+from jaxray.inference.settings import OPTIONS as ENGINE_OPTIONS
+from jaxray.inference.settings import add_engine_options  # imports neither JAX nor Ray
 
 SUITE_NAMES = ("dispatch", "precision", "devices", "shard-map", "batch-sweep", "attention")
 MULTI_DEVICE = {"devices", "shard-map", "batch-sweep", "all"}
@@ -60,6 +62,14 @@ MODEL = [("--workload", WORKLOADS, "transformer", None), ("--dtype", DTYPES, "fl
          ("--model-preset", tuple(MODEL_SIZES), None, "options win"), ("--attention", ATTENTION, None, None),
          ("--num-heads", INT, None, None), ("--remat", REMATS, None, None),
          ("--scan-layers", bool, None, None)]
+LOAD = [("--clients", INTS, (1, 4, 16, 64), None), ("--duration", SECONDS, 20.0, "s per level"),
+        ("--max-new-tokens", INT, 64, None), ("--prompt", prompt, "ROMEO:", ""), ("--top-k", INT, None, None),
+        ("--temperature", RATE, 0.8, None), ("--seed", COUNT, 0, None),
+        ("--prompt-bytes", COUNT, 0, "random prompts of this many bytes instead of --prompt"),
+        ("--shared-bytes", COUNT, 0, "with --prompt-bytes: each level twice, random prompts then "
+         "prompts sharing their first this many bytes (prefix caching's TTFT)"),
+        ("--long-clients", COUNT, 0, "more clients sending --long-bytes prompts meanwhile (chunked prefill)"),
+        ("--long-bytes", INT, 1000, "their prompts' bytes")]
 COMMANDS = {  # name: (help, options); all but serve also take COMMON
     **{name: (f"the {name} suite", SIZED) for name in SUITE_NAMES},
     "batch-sweep": ("throughput vs global batch", [*SIZED, ("--batches", INTS, None, None)]),
@@ -88,15 +98,9 @@ COMMANDS = {  # name: (help, options); all but serve also take COMMON
         ("--batch", INT, None, None), ("--seq-len", INT, 128, None), ("--width", INT, None, None),
         ("--repeats", INT, 3, None)]),
     "serve": ("HTTP load on a running python -m jaxray.serve", [("--url", url, "http://127.0.0.1:8000", None),
-        ("--clients", INTS, (1, 4, 16, 64), None), ("--duration", SECONDS, 20.0, "s per level"),
-        ("--max-new-tokens", INT, 64, None), ("--prompt", prompt, "ROMEO:", ""), ("--top-k", INT, None, None),
-        ("--temperature", RATE, 0.8, None), ("--seed", COUNT, 0, None),
-        ("--timeout", SECONDS, 120.0, "s before a request counts as dropped"),
-        ("--prompt-bytes", COUNT, 0, "random prompts of this many bytes instead of --prompt"),
-        ("--shared-bytes", COUNT, 0, "with --prompt-bytes: each level twice, random prompts then "
-         "prompts sharing their first this many bytes (prefix caching's TTFT)"),
-        ("--long-clients", COUNT, 0, "more clients sending --long-bytes prompts meanwhile (chunked prefill)"),
-        ("--long-bytes", INT, 1000, "their prompts' bytes")]),
+        ("--timeout", SECONDS, 120.0, "s before a request counts as dropped"), *LOAD]),
+    "engine": ("serve's load on the serving engine in this process: no HTTP, no Ray",
+               [("--checkpoint", FOLDER, None, "a trained transformer (runs/<experiment>)"), *LOAD]),
 }
 # fmt: on
 
@@ -107,7 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     out, common = (_add(argparse.ArgumentParser(add_help=False), *opts) for opts in (OUT, COMMON))
     for name, (text, options) in COMMANDS.items():
         parents = [out] if name == "serve" else [out, common]
-        _add(sub.add_parser(name, help=text, parents=parents, formatter_class=p.formatter_class), *options)
+        parser = sub.add_parser(name, help=text, parents=parents, formatter_class=p.formatter_class)
+        _add(parser, *options)
+        if name == "engine":
+            add_engine_options(
+                parser, [k for k in ENGINE_OPTIONS if k != "max_new_tokens"]
+            )  # --max-new-tokens: LOAD's
     return p
 
 

@@ -151,7 +151,7 @@ def _cases(
 
     def kv(batch: int, keep: int | None):
         shapes = {"buckets": (min(len(prompt), context),), "batch_sizes": (batch,), "chunk": new_tokens}
-        settings = EngineSettings(**shapes, max_new_tokens=new_tokens, context_keep=keep)
+        settings = EngineSettings(**shapes, max_new_tokens=new_tokens, context_keep=keep, prefix_cache_mib=0)
 
         def run():
             engine = Engine.for_model(model, params, settings)

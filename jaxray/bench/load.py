@@ -135,24 +135,46 @@ def prompts_label(args, shared: bool) -> str:
     return f"{args.prompt_bytes} B" + (f", first {args.shared_bytes} shared" if shared else " random")
 
 
-async def run_level(args, clients: int, shared: bool = False) -> dict:
-    """One level: warm-ups, then ``args.duration`` s of closed-loop requests; the level's row."""
+class Http:
+    """The transport of ``bench serve``: /generate and /info of a running server at ``url``."""
+
+    def __init__(self, url: str, timeout_s: float, connections: int):
+        self.url, self.timeout, self.connections = url, aiohttp.ClientTimeout(total=timeout_s), connections
+
+    async def __aenter__(self) -> Http:
+        connector = aiohttp.TCPConnector(limit=self.connections)
+        self.session = await aiohttp.ClientSession(connector=connector, timeout=self.timeout).__aenter__()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.session.__aexit__(*exc)
+
+    async def send(self, body: dict, warmup: bool = False) -> Sample:
+        return await send(self.session, self.url, body, warmup)
+
+    async def stats(self) -> dict:
+        return await engine_stats(self.session, self.url)
+
+
+async def run_level(args, clients: int, shared: bool = False, transport=None) -> dict:
+    """One level: warm-ups, then ``args.duration`` s of closed-loop requests; the level's row.
+    ``transport``: an async context manager with ``send(body, warmup) -> Sample`` and ``stats()``
+    (the engine's counters, as ``GET /info``'s); default ``Http`` to ``args.url``."""
     body = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     body |= {"top_k": args.top_k} if args.top_k else {}
     ask = lambda seed: body | {"seed": seed, "prompt": prompt_for(args, seed, shared, clients)}  # noqa: E731
-    long, timeout = args.long_clients, aiohttp.ClientTimeout(total=args.timeout)
-    connector = aiohttp.TCPConnector(limit=clients + long)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
+    long = args.long_clients
+    async with transport or Http(args.url, args.timeout, clients + long) as s:
         seeds = [(args.seed + c * 1_000_003) % 2**32 for c in range(clients)]
-        samples = list(await asyncio.gather(*(send(s, args.url, ask(k), True) for k in seeds)))
+        samples = list(await asyncio.gather(*(s.send(ask(k), True) for k in seeds)))
         loop, longs = asyncio.get_running_loop(), []
-        before = await engine_stats(s, args.url)
+        before = await s.stats()
         cpu0, start = time.process_time(), loop.time()
 
         async def client(seed: int, into: list, make) -> None:
             k = 1
             while loop.time() < start + args.duration:
-                into.append(sample := await send(s, args.url, make((seed + k) % 2**32)))
+                into.append(sample := await s.send(make((seed + k) % 2**32)))
                 k += 1
                 if sample.outcome == "dropped":
                     await asyncio.sleep(0.1)  # a dead server is not hammered in a tight loop
@@ -165,7 +187,7 @@ async def run_level(args, clients: int, shared: bool = False) -> dict:
             *(client(2**31 + k * 7_919, longs, ask_long) for k in range(long)),
         )
         wall = loop.time() - start
-        after = await engine_stats(s, args.url)
+        after = await s.stats()
     row = summarize(samples, clients, start, start + args.duration) | engine_share(before, after, wall)
     row |= {"prompts": prompts_label(args, shared), "shared": shared}
     if long:  # the clients' figures above are the short prompts' streams alone
@@ -241,13 +263,24 @@ def serve_report(args) -> Report:
     url = args.url.rstrip("/")
     if get_json(f"{url}/healthz") is None:
         raise ValueError(f"--url {args.url}: GET /healthz did not answer; start python -m jaxray.serve first")
+    data = (get_json(f"{url}/v1/models") or {}).get("data")  # the served model's id, if it says
+    model = data[0].get("id") if isinstance(data, list) and data and isinstance(data[0], dict) else None
+    level = lambda clients, shared: asyncio.run(run_level(args, clients, shared))  # noqa: E731
+    report = load_report(args, level, "serve", "Serve: closed-loop HTTP load")
+    report.notes[:0] = serve_notes(args, f"{url}, model {model or 'unknown (GET /v1/models did not answer)'}")
+    report.summary["model"] = model
+    return report
+
+
+def load_report(args, level, name: str, title: str) -> Report:
+    """Every level of ``args.clients`` in turn (``level(clients, shared)``: its row), twice with
+    ``--shared-bytes``; the scaling and shared-prefix ratios in the summary and the notes."""
+    rows = []
     if args.shared_bytes and not 0 < args.shared_bytes < args.prompt_bytes:
         raise ValueError(f"--shared-bytes {args.shared_bytes} needs --prompt-bytes above it")
-    data, rows = (get_json(f"{url}/v1/models") or {}).get("data"), []  # the served model's id, if it says
-    model = data[0].get("id") if isinstance(data, list) and data and isinstance(data[0], dict) else None
     for clients in args.clients:
         for shared in (False, True) if args.shared_bytes else (False,):
-            row = asyncio.run(run_level(args, clients, shared))
+            row = level(clients, shared)
             if not row["requests"]:
                 row["error"] = f"no request answered 200 (first error: {row['first_error'] or 'none'})"
             rows.append(row)
@@ -257,25 +290,25 @@ def serve_report(args) -> Report:
     summary |= {"scaling_64_vs_1": many / one if one and many is not None else None, "target_64": 6.0}
     summary |= {"zero_errors_64": not (by[64]["errors_5xx"] or by[64]["dropped"])} if 64 in by else {}
     top = by[max(by)]
-    summary |= {"model": model, "max_clients": top["clients"]}
+    summary |= {"max_clients": top["clients"]}
     for row in (r for r in rows if r["shared"]):  # shared-prefix TTFT over random prompts' (target <= 0.5)
         random_p50, shared_p50 = finite(by[row["clients"]].get("ttft_p50_ms")), finite(row.get("ttft_p50_ms"))
         ratio = shared_p50 / random_p50 if random_p50 and shared_p50 is not None else None
         row["ttft_p50_vs_random"] = summary[f"shared_ttft_p50_vs_random_{row['clients']}"] = ratio
     summary |= {f"ttft_{p}_ms_at_max_clients": top.get(f"ttft_{p}_ms") for p in ("p50", "p99")}
-    notes = serve_notes(args, url, model, rows, summary, top)
+    notes = load_notes(args, rows, summary, top)
 
     def chart(y: str):
         return lambda rows, path: line_chart(path, {"": curve(rows, "clients", y)}, "clients (log2)", y, True)
 
-    charts = {f"serve_{y}.png": chart(y) for y in ("new_tokens_per_s", "p95_ms", "ttft_p99_ms")}
-    return Report("serve", "Serve: closed-loop HTTP load", rows, COLUMNS, notes, charts, summary)
+    charts = {f"{name}_{y}.png": chart(y) for y in ("new_tokens_per_s", "p95_ms", "ttft_p99_ms")}
+    return Report(name, title, rows, COLUMNS, notes, charts, summary)
 
 
-def serve_notes(args, url: str, model: str | None, rows: list[dict], summary: dict, top: dict) -> list[str]:
-    """The report's notes: what was sent and how it is counted, the ratios against their targets."""
-    notes = [
-        f"{url}, model {model or 'unknown (GET /v1/models did not answer)'}: {args.max_new_tokens} new "
+def serve_notes(args, target: str) -> list[str]:
+    """What was sent to ``target`` and how it is counted."""
+    return [
+        f"{target}: {args.max_new_tokens} new "
         f"tokens after {prompts_label(args, False) if args.prompt_bytes else repr(args.prompt)} per request "
         f"(temperature {args.temperature:g}, its own seed), "
         f"streamed; {args.duration:g} s per level after a warm-up per client.",
@@ -283,6 +316,11 @@ def serve_notes(args, url: str, model: str | None, rows: list[dict], summary: di
         "TTFT (to the first text event) are client-side; errors count every request; 5xx counts error "
         f"events mid-stream too; dropped: cut, refused or over {args.timeout:g} s before the done event.",
     ]
+
+
+def load_notes(args, rows: list[dict], summary: dict, top: dict) -> list[str]:
+    """The ratios against their targets, what ITL and the engine's figures are."""
+    notes = []
     if x := summary["scaling_16_vs_1"]:
         notes.append(f"16 vs 1 client: {x:.2f}x the new tokens/s (target >= 5x)")
     if x := summary["scaling_64_vs_1"]:
@@ -290,7 +328,7 @@ def serve_notes(args, url: str, model: str | None, rows: list[dict], summary: di
     notes.append(
         "ITL: time between consecutive text events of a stream; rows/step: mean rows a decode call "
         "advanced, engine busy: share of the level the engine thread spent in prefill and decode "
-        "(both from GET /info: one replica's)"
+        "(both the engine's counters: over HTTP GET /info's, one replica's)"
     )
     if args.long_clients:
         notes.append(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jax
 
-from jaxray.bench import check, checkpointing, compare, load, suites
+from jaxray.bench import check, checkpointing, compare, engine_load, load, suites
 from jaxray.bench.presets import MODEL_SIZES, PRESETS
 from jaxray.bench.report import WRITER, Report, render, write_report
 from jaxray.bench.throughput import TIMING, check_device_count, make_spec
@@ -93,8 +93,8 @@ def _suites(args, outs: dict[str, Path | None]) -> int:
 
 
 REPORTS = {"compare": compare.compare, "decode": compare.decode_benchmark, "ingest": _ingest,
-           "serve": load.serve_report, "checkpoint": checkpointing.checkpoint_benchmark,
-           "check": check.check}  # fmt: skip
+           "serve": load.serve_report, "engine": engine_load.engine_report,
+           "checkpoint": checkpointing.checkpoint_benchmark, "check": check.check}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command not in REPORTS:
         return _suites(args, outs)
     write_report(report := REPORTS[args.command](args), outs[args.command])
-    bad = [r for r in report.rows if r.get("errors_5xx") or r.get("dropped")]  # serve: any 5xx or drop fails
+    bad = [r for r in report.rows if r.get("errors_5xx") or r.get("dropped")]  # serve, engine: any fails
     for r in bad:
         print(f"failed: {r['case']}: {r['errors_5xx']} 5xx, {r['dropped']} dropped; {r['first_error']}")
     for r in report.failed if args.command == "check" else ():  # the others' are in their tables

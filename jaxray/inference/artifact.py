@@ -178,7 +178,8 @@ def export_checkpoint(
     source = opened.path
     cfg = checkpoint.load_model_config(source).model_copy(update={"attention": "xla"})
     model = build(cfg, attention="xla")
-    engine = Engine.for_model(model, params, settings, source=str(source))
+    plain = settings.model_copy(update={"prefix_cache_mib": 0})  # an artifact exports no prefix programs
+    engine = Engine.for_model(model, params, plain, source=str(source))
     # This machine's lowering platform, then CPU and CUDA (XLA attention has no custom calls).
     targets = tuple(dict.fromkeys((jax.export.default_export_platform(),) + PORTABLE_PLATFORMS))
     weights = named_weights(params)

@@ -21,7 +21,7 @@ from jaxray.config import ModelConfig
 from jaxray.data.shakespeare import bytes_to_text
 from jaxray.inference import kv_decode
 from jaxray.inference.kv_decode import DecodeState
-from jaxray.inference.prefix_cache import PrefixCache, new_pool, plan_prefill, store_plan
+from jaxray.inference.prefix_cache import PrefixCache, auto_mib, new_pool, plan_prefill, store_plan
 from jaxray.inference.sampling import Sampling, check_sampling, context_len, encode_prompt, prompt_window
 from jaxray.inference.settings import EngineSettings
 
@@ -80,13 +80,25 @@ class Engine:
     pool: Any = field(default=None, init=False, repr=False)  # [slots, L, 2, H, block, K]: the prefix blocks
 
     def __post_init__(self):
-        """The prefix cache and its pool when ``settings.prefix_cache_mib`` > 0; ValueError as ``new_pool``
-        or when the programs have none (an export artifact)."""
-        if not self.settings.prefix_cache_mib:
+        """The prefix cache and its pool: ``settings.prefix_cache_mib`` MiB, or by default (None)
+        ``prefix_cache.auto_mib`` of the device's memory where the programs have one (not an export
+        artifact) and a block is shorter than the window. ValueError as ``new_pool``, when an export
+        artifact is given a size, or for ``prefill_chunk`` without a cache."""
+        mib, settings = self.settings.prefix_cache_mib, self.settings
+        if mib is None and (
+            self.programs.start_cached is None or settings.prefix_block >= self.config.max_seq_len
+        ):
+            mib = 0  # the default where no cache can be: none
+        if mib == 0:
+            if settings.prefill_chunk:
+                raise ValueError(
+                    "prefill_chunk needs the prefix cache, which this engine cannot have (an export "
+                    "artifact, or prefix_block not below max_seq_len): set prefill_chunk 0"
+                )
             return
         if self.programs.start_cached is None:
             raise ValueError("prefix_cache_mib: an export artifact has no prefix-cache programs; set 0")
-        self.prefix, self.pool = new_pool(self.config, self.settings)
+        self.prefix, self.pool = new_pool(self.config, settings, mib or auto_mib(jax.devices()[0]))
 
     @classmethod
     def for_model(cls, model, params, settings: EngineSettings | None = None, source: str = "") -> Engine:
@@ -302,7 +314,7 @@ class Engine:
             "jax": jax.__version__,
             "compile_s": self.compile_s,
             "programs": len(self.compiled),
-            "prefix_cache": self.prefix.info() if self.prefix else None,
+            "prefix_cache": self.prefix.info() | {"mib": self.pool.nbytes / 2**20} if self.prefix else None,
         }
 
 
@@ -334,7 +346,9 @@ def kv_generate(model, params, prompt: str, sampling: Sampling, context_keep: in
     prompt_window(encoded, 1)  # the empty-prompt error
     bucket = min(len(encoded), context_len(model.config.max_seq_len))
     budget = {"chunk": new, "max_new_tokens": new, "max_prompt_bytes": len(encoded)}
-    settings = EngineSettings(buckets=(bucket,), batch_sizes=(1,), context_keep=context_keep, **budget)
+    settings = EngineSettings(
+        buckets=(bucket,), batch_sizes=(1,), context_keep=context_keep, prefix_cache_mib=0, **budget
+    )  # one prompt: nothing to reuse
     engine = Engine.for_model(model, params, settings)
     [done] = engine.generate([Request(encoded, new, sampling.temperature, sampling.top_k, sampling.seed)])
     return done.text

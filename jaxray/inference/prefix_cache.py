@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections import OrderedDict
 
 import jax
@@ -95,16 +96,34 @@ class PrefixCache:
 
 
 def check_prefix_block(settings: EngineSettings, max_seq_len: int) -> None:
-    """ValueError naming prefix_block when the prefix cache is on and a block is not below max_seq_len."""
+    """ValueError naming prefix_block when the prefix cache is asked for (``prefix_cache_mib`` > 0) and
+    a block is not below max_seq_len."""
     if settings.prefix_cache_mib and settings.prefix_block >= max_seq_len:
         raise ValueError(f"prefix_block must be below max_seq_len {max_seq_len}, got {settings.prefix_block}")
 
 
-def new_pool(config: ModelConfig, settings: EngineSettings) -> tuple[PrefixCache, jax.Array]:
-    """(PrefixCache, its pool [slots, L, 2, H, block, K] of zeros, compute dtype) in ``prefix_cache_mib``
-    MiB. ValueError naming the setting when a block is too long, none fits or the device lacks room."""
-    mib, block = settings.prefix_cache_mib, settings.prefix_block
-    check_prefix_block(settings, config.max_seq_len)
+AUTO_SHARE = 0.10  # of an accelerator's free memory, the default prefix cache (vLLM's is on by default)
+AUTO_CPU_MIB = 64  # the default on a CPU: 0.44x-0.28x the TTFT of random prompts (docs/benchmarks.md)
+
+
+def auto_mib(device: jax.Device) -> int:
+    """The default ``prefix_cache_mib`` on ``device``: ``AUTO_SHARE`` of its free memory from
+    ``memory_stats`` (accelerators), else ``AUTO_CPU_MIB`` or 1/16 of the host's free memory if less."""
+    stats = device.memory_stats() or {}
+    if "bytes_limit" in stats:
+        return max(1, int((stats["bytes_limit"] - stats.get("bytes_in_use", 0)) * AUTO_SHARE) >> 20)
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # no such sysconf name here
+        return AUTO_CPU_MIB
+    return max(1, min(AUTO_CPU_MIB, free // 16 >> 20))
+
+
+def new_pool(config: ModelConfig, settings: EngineSettings, mib: int) -> tuple[PrefixCache, jax.Array]:
+    """(PrefixCache, its pool [slots, L, 2, H, block, K] of zeros, compute dtype) in ``mib`` MiB.
+    ValueError naming the setting when a block is too long, none fits or the device lacks room."""
+    block = settings.prefix_block
+    check_prefix_block(settings.model_copy(update={"prefix_cache_mib": mib}), config.max_seq_len)
     shape = (config.num_layers, 2, config.num_heads, block, config.head_dim)
     slots = mib * 2**20 // (math.prod(shape) * jnp.dtype(config.dtype).itemsize)
     if slots < 1:

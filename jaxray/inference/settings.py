@@ -31,7 +31,7 @@ class EngineSettings(BaseModel):
     max_new_tokens: int = Field(1024, gt=0, le=100_000, strict=True)
     max_prompt_bytes: int = Field(65536, gt=0, strict=True)
     context_keep: int | None = Field(None, ge=2, strict=True)
-    prefix_cache_mib: int = Field(0, ge=0, le=1 << 20, strict=True)
+    prefix_cache_mib: int | None = Field(None, ge=0, le=1 << 20, strict=True)  # None: sized by the engine
     prefix_block: int = Field(32, gt=0, le=100_000, strict=True)
     prefill_chunk: int = Field(0, ge=0, le=100_000, strict=True)
 
@@ -44,9 +44,9 @@ class EngineSettings(BaseModel):
 
     @model_validator(mode="after")
     def _chunks_in_the_cache(self) -> EngineSettings:
-        if self.prefill_chunk and not self.prefix_cache_mib:
+        if self.prefill_chunk and self.prefix_cache_mib == 0:
             raise ValueError(
-                "prefill_chunk needs the prefix cache (prefix_cache_mib > 0), which holds its chunks"
+                "prefill_chunk needs the prefix cache (prefix_cache_mib not 0), which holds its chunks"
             )
         if self.prefill_chunk % self.prefix_block:
             raise ValueError(f"prefill_chunk must be a multiple of prefix_block {self.prefix_block}")
@@ -68,7 +68,7 @@ OPTIONS: FieldOptions = {
     "prefix_cache_mib": (
         non_negative_int,
         "MiB of device memory keeping prompt prefixes' KV for reuse (0: no prefix caching)",
-        "",
+        "10 %% of the accelerator's free memory, 64 MiB on a CPU",
     ),
     "prefix_block": (
         positive_int,

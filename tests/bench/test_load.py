@@ -256,3 +256,29 @@ def test_bench_serve_compares_shared_prefixes_with_random_prompts(tmp_path, caps
     assert doc["summary"]["shared_ttft_p50_vs_random_1"] > 0 and doc["rows"][1]["ttft_p50_vs_random"] > 0
     assert doc["summary"]["scaling_16_vs_1"] is None and doc["summary"]["max_clients"] == 2
     assert bench_serve(StandIn(), out, "--clients", "1", "--prompt-bytes", "40", "--shared-bytes", "40") == 2
+
+
+def test_engine_load_runs_in_process_with_the_default_prefix_cache(trained_transformer, tmp_path):
+    """``bench engine``: serve's closed-loop levels on the engine in this process (no HTTP, no Ray):
+    every request answered with its tokens, TTFT and ITL, the batch filling with 4 clients, and prompts
+    sharing 40 of 48 bytes reusing the default prefix cache (on for a 64-position model)."""
+    out = tmp_path / "engine"
+    argv = ["engine", "--checkpoint", trained_transformer, "--clients", "1,4", "--duration", "1",
+            "--max-new-tokens", "8", "--prompt-bytes", "48", "--shared-bytes", "40", "--batch-sizes", "1,4",
+            "--buckets", "16,64", "--prefix-block", "8", "--chunk", "4", "--out", out]  # fmt: skip
+    assert main([str(a) for a in argv]) == 0
+    doc = json.loads((out / "summary.json").read_text())
+    assert [(r["clients"], r["shared"]) for r in doc["rows"]] == [
+        (1, False),
+        (1, True),
+        (4, False),
+        (4, True),
+    ]
+    for row in doc["rows"]:
+        assert row["requests"] > 0 and row["errors_5xx"] == row["dropped"] == 0
+        assert (
+            0 < row["new_tokens"] <= 8 * row["requests"] and row["ttft_p50_ms"] > 0 and row["itl_p50_ms"] > 0
+        )
+    assert doc["rows"][2]["rows_per_step"] > 1  # continuous batching: 4 clients share decode calls
+    cache = doc["summary"]["prefix_cache"]
+    assert cache["mib"] > 0 and cache["hit_tokens"] > 0 and doc["summary"]["shared_ttft_p50_vs_random_4"] > 0

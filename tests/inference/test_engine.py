@@ -103,7 +103,10 @@ def test_nothing_compiles_after_compile(engine):
     batcher.admit([Request(b"d", 40, 0.5)] * 3, ["two", "three", "four"])  # joins: 4 rows
     while batcher.live:
         batcher.step()
-    assert compiles == [] and len(engine.compiled) == programs == 2 * 3 + 2 + len(gather_shapes((1, 4)))
+    # start per (bucket, batch) and decode per batch; the default prefix cache's start_cached per
+    # (bucket, batch) and block store per batch; the batcher's gathers.
+    assert engine.prefix is not None
+    assert compiles == [] and len(engine.compiled) == programs == 2 * (2 * 3 + 2) + len(gather_shapes((1, 4)))
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from jaxray.inference.batcher import Batcher, Update
 from jaxray.inference.engine import Engine, Request
 from jaxray.inference.kv_decode import _pad_cache
 from jaxray.inference.load import load_engine
-from jaxray.inference.prefix_cache import PrefixCache, fit_hits
+from jaxray.inference.prefix_cache import AUTO_CPU_MIB, PrefixCache, auto_mib, fit_hits
 from jaxray.inference.settings import EngineSettings
 
 SETTINGS = {"buckets": (8, 32), "batch_sizes": (1, 4), "chunk": 8, "max_new_tokens": 24}
@@ -162,3 +162,19 @@ def test_an_export_artifact_has_no_prefix_cache(artifact):
         load_engine(
             artifact, EngineSettings(buckets=(8, 32), batch_sizes=(1, 2), chunk=8, prefix_cache_mib=1)
         )
+
+
+def test_the_prefix_cache_is_on_by_default_where_it_can_be(tiny_transformer, artifact):
+    """Default settings (``prefix_cache_mib`` None): a pool sized by ``auto_mib`` (at most 64 MiB on
+    a CPU) where a block is shorter than the window; none for blocks as long as it or an export
+    artifact, and then chunked prefill is refused by name."""
+    model, params, _ = tiny_transformer
+    assert 1 <= auto_mib(jax.devices()[0]) <= AUTO_CPU_MIB
+    engine = Engine.for_model(model, params, EngineSettings(**SETTINGS, prefix_block=8))
+    assert engine.prefix is not None and 0 < engine.info()["prefix_cache"]["mib"] <= AUTO_CPU_MIB
+    assert engine.pool.nbytes <= auto_mib(jax.devices()[0]) << 20
+    assert Engine.for_model(model, params, EngineSettings(**SETTINGS)).prefix is None  # block 32: the window
+    exported = load_engine(artifact, EngineSettings(buckets=(8, 32), batch_sizes=(1, 2), chunk=8))
+    assert exported.prefix is None
+    with pytest.raises(ValueError, match="prefill_chunk needs the prefix cache, which this engine cannot"):
+        Engine.for_model(model, params, EngineSettings(**SETTINGS, prefill_chunk=32))

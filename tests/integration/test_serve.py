@@ -109,8 +109,12 @@ def test_healthz_and_info(url, trained):
     assert info["model"]["max_seq_len"] == MAX_SEQ_LEN and info["model"]["width"] == 32
     assert str(trained) in json.dumps(info) and info["server"]["max_batch_size"] == 4
     # (16, 64) x (1, 4): a start program per bucket and batch size, a decode program per batch size,
-    # and the gather programs of continuous batching
-    assert info["programs"] == 6 + len(gather_shapes((1, 4))) and info["compile_s"] > 0 and info["devices"]
+    # the same again for the default prefix cache (start_cached, block store), and the gather programs
+    # of continuous batching
+    assert (
+        info["programs"] == 2 * 6 + len(gather_shapes((1, 4))) and info["compile_s"] > 0 and info["devices"]
+    )
+    assert info["prefix_cache"]["mib"] > 0 and info["prefix_cache"]["block_tokens"] == 32
 
 
 def test_greedy_equals_the_full_recompute_sampler(url, trained):

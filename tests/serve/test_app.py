@@ -68,7 +68,10 @@ def test_app_builder_names_a_missing_checkpoint_and_a_batch_too_big(tmp_path, mo
         ),
         (["--checkpoint", ".", "--chunk", "0"], "--chunk: expected a positive integer"),
         (["--checkpoint", ".", "--context-keep", "1"], "--context-keep: expected an integer >= 2"),
-        (["--checkpoint", ".", "--prefill-chunk", "64"], "prefill_chunk needs the prefix cache"),
+        (
+            ["--checkpoint", ".", "--prefix-cache-mib", "0", "--prefill-chunk", "64"],
+            "prefill_chunk needs the prefix cache",
+        ),
         (
             ["--checkpoint", ".", "--prefix-cache-mib", "8", "--prefill-chunk", "40"],
             "prefill_chunk must be a multiple of prefix_block 32",

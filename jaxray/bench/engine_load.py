@@ -1,0 +1,78 @@
+"""``engine --checkpoint DIR``: ``bench serve``'s closed-loop load on the serving engine in this
+process (its ``Scheduler``: continuous batching, the prefix cache, chunked prefill), no HTTP and no
+Ray, so a host where Ray Serve cannot start (a TPU VM without sockets) measures them as the CPU does.
+Each client's request is a group of one; TTFT and ITL are taken when its tokens reach the client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from jaxray.bench.load import Sample, load_report
+from jaxray.bench.load import run_level as _run_level
+from jaxray.bench.report import Report
+from jaxray.inference.engine import Engine, Request
+from jaxray.inference.load import load_engine
+from jaxray.inference.scheduler import Scheduler
+from jaxray.inference.settings import EngineSettings, engine_overrides
+
+
+class InProcess:
+    """The transport of ``bench engine``: requests straight to a ``Scheduler`` of ``engine``."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    async def __aenter__(self) -> InProcess:
+        self.scheduler = Scheduler(self.engine, self.engine.max_batch_size)  # its events: this loop's
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        pass
+
+    async def send(self, body: dict, warmup: bool = False) -> Sample:
+        """One request of ``body`` (/generate's fields); an engine error is the sample's 5xx."""
+        loop, texts, tokens = asyncio.get_running_loop(), [], 0
+        request = Request(body["prompt"].encode(), body["max_new_tokens"], body["temperature"],
+                          body.get("top_k"), body["seed"])  # fmt: skip
+        start, kind, error = loop.time(), "ok", ""
+        try:
+            async for step in self.scheduler.run([request]):
+                if step[0]:
+                    texts.append(loop.time())
+                    tokens += len(step[0])
+        except Exception as err:  # noqa: BLE001 - the engine's error is this request's outcome
+            kind, error, texts, tokens = "5xx", f"{type(err).__name__}: {err}", [], 0
+        gaps = tuple(b - a for a, b in zip(texts, texts[1:]))
+        first = texts[0] if texts else None
+        return Sample(
+            start, loop.time(), kind, 200 * (kind == "ok"), tokens, error[:300], warmup, first, gaps
+        )
+
+    async def stats(self) -> dict:
+        return self.scheduler.stats()
+
+
+def engine_report(args) -> Report:
+    """Every level of ``args.clients`` on the engine of ``args.checkpoint`` (compiled first)."""
+    if not args.checkpoint:
+        raise ValueError("--checkpoint: a trained transformer's folder (runs/<experiment>) is needed")
+    settings = EngineSettings(**engine_overrides(args))
+    engine = load_engine(args.checkpoint, settings)
+    compiled = engine.compile()
+    args.timeout = float("inf")  # nothing drops in-process
+    level = lambda clients, shared: asyncio.run(_run_level(args, clients, shared, InProcess(engine)))  # noqa: E731
+    begin = time.perf_counter()
+    report = load_report(args, level, "engine", "Engine in-process: closed-loop load, no HTTP")
+    cache = engine.info()["prefix_cache"]
+    target = f"the engine of {args.checkpoint} in this process ({engine.config.max_seq_len} positions)"
+    pool = "off" if cache is None else f"{cache['mib']:.0f} MiB in {cache['blocks']} blocks"
+    report.notes[:0] = [
+        f"{target}: {args.max_new_tokens} new tokens per request (temperature {args.temperature:g}, its "
+        f"own seed), {args.duration:g} s per level after a warm-up per client; compile "
+        f"{compiled['compile_s']:.1f} s, levels {time.perf_counter() - begin:.0f} s.",
+        f"prefix cache: {pool}; batch sizes {list(engine.settings.batch_sizes)}, buckets "
+        f"{list(engine.buckets)}.",
+    ]
+    report.summary |= {"prefix_cache": cache, "compile_s": compiled["compile_s"]}
+    return report
