@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -65,8 +66,8 @@ def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
         )
         if latest is not None:
             _check_resumable(trial, latest)
-        for name in checkpoint.remove_unfinished(out):  # begun, never committed: a killed save
-            print(f"jaxray local: removed {name}, a checkpoint never finished", flush=True)
+    for name in checkpoint.remove_unfinished(out) if out.is_dir() else ():  # a killed save's folder
+        print(f"jaxray local: removed {name}, a checkpoint never finished", flush=True)
     return latest
 
 
@@ -75,19 +76,25 @@ def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
 CADENCE = {"steps", "warmup_steps", "log_every", "eval_every", "patience", "min_delta", "report_every"}
 CADENCE |= {"eval_batch"}
 CADENCE |= {"checkpoint_every", "keep_checkpoints", "checkpoint_score"}
-HOW_IT_RUNS = {"attention", "remat", "scan_layers"}  # model settings that leave the params alone
+HOW_IT_RUNS = {"attention", "remat", "scan_layers", "init"}  # model settings a restored state ignores
 
 
 def _check_resumable(trial: TrialConfig, latest: Path) -> None:
     """LocalRunError naming the settings that differ from ``latest``'s trial (model, seq_len, the
     optimizer, seed: a resumed run would be another trial's); ``train.steps`` may change, and then
     the line printed says where the rebuilt learning-rate schedule takes the rate."""
-    saved = checkpoint.load_trial_config(latest)
-    pairs = [("model", HOW_IT_RUNS), ("train", CADENCE)]
+    saved, step = checkpoint.load_trial_config(latest), int(checkpoint.verify(latest)["step"])
+    if trial.train.steps < step:
+        raise LocalRunError(f"train.steps {trial.train.steps} is below {latest.name}'s step {step}")
+    effective = [  # the optimizer's settings as trained (a recipe default and its spelled-out value agree)
+        (c.model.model_dump(), c.train.model_dump() | c.recipe()) for c in (saved, trial)
+    ]
     differ = [
         f"{part}.{key} {before[key]!r} -> {now[key]!r}"
-        for part, skip in pairs
-        for before, now in [(getattr(saved, part).model_dump(), getattr(trial, part).model_dump())]
+        for part, skip, before, now in (
+            ("model", HOW_IT_RUNS, effective[0][0], effective[1][0]),
+            ("train", CADENCE, effective[0][1], effective[1][1]),
+        )
         for key in before
         if key not in skip and before[key] != now.get(key)
     ]
@@ -101,7 +108,6 @@ def _check_resumable(trial: TrialConfig, latest: Path) -> None:
             "checkpoint cadence may change)"
         )
     if (saved.train.steps, saved.train.warmup_steps) != (trial.train.steps, trial.train.warmup_steps):
-        step = int(checkpoint.verify(latest)["step"])
         (_, old), (_, new) = optimizer_for(saved), optimizer_for(trial)
         print(
             f"jaxray local: train.steps {saved.train.steps} -> {trial.train.steps}: the learning-rate "
@@ -135,18 +141,22 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
         shown = " ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step" and isinstance(v, float))
         print(f"step {row['step']}: {shown}", flush=True)
 
-    resumed = None if start is None else checkpoint.checkpoint_order(start)[0] + 1  # later steps: redone
-    with TensorBoardLogger(out / "tensorboard", purge_step=resumed) as tb:
+    # Events of an earlier run into this folder past its checkpoint (or all of them) are redone.
+    first = 1 if start is None else checkpoint.checkpoint_order(start)[0] + 1
+    with TensorBoardLogger(out / "tensorboard", purge_step=first) as tb:
         try:
             result = train(
-                trial, batches, held_out, mesh, on_log=[log, tb], resume=start, save=save,
+                trial, batches, held_out, mesh, on_log=[log, tb, save.settle], resume=start, save=save,
                 on_compile=lambda report: _write_json(out / "compile.json", report),
             )  # fmt: skip
         except Diverged as err:
-            save.commit()
+            save.abandon()
             summary = {"name": trial.name(), **err.row()}
             _write_json(out / SUMMARY, summary)
             return summary
+        except BaseException:  # Ctrl-C, a full disk: the save under way is of a finite state
+            save.commit()
+            raise
         save.commit()
         tb.add_final(result.summary, result.summary.get("last_step", trial.train.steps))
     summary = {"name": trial.name(), **result.summary, "final": True}
@@ -184,6 +194,21 @@ class Saves:
         while self.pending:
             self.pending.pop().commit()
             keep_best_and_newest(self.out)
+
+    def settle(self, row: dict) -> None:
+        """A log hook: commit a save of an earlier step (its files are written by now), so that a
+        crash loses at most a log interval of a committed checkpoint's progress."""
+        if self.pending and self.pending[-1].step < row["step"]:
+            self.commit()
+
+    def abandon(self) -> None:
+        """Let the save under way finish writing, then remove it (a diverged run: the params it holds
+        may already be broken), as the Ray workers' ``Reports.abandon``."""
+        while self.pending:
+            pending = self.pending.pop()
+            with contextlib.suppress(checkpoint.CheckpointSaveError):
+                pending.commit(manifest=False)
+            shutil.rmtree(pending.directory, ignore_errors=True)
 
 
 def keep_best_and_newest(out: Path) -> list[str]:

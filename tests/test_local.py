@@ -25,8 +25,12 @@ def _local(*args):
 
 def test_a_local_trial_writes_what_a_ray_worker_writes_and_resumes(real_dir, tmp_path):
     out = tmp_path / "trial"
+    (out / checkpoint.checkpoint_name(20, 1) / "params").mkdir(
+        parents=True
+    )  # a crashed run's unfinished save
     proc = _local("--config", QUICK, "--steps", "20", "--out", str(out), "--data-dir", str(real_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "removed checkpoint_step_00000020_attempt1, a checkpoint never finished" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["name"] == "transformer_b16_float32_w128_lr0.003" and summary["steps"] == 20
     assert (out / "compile.json").is_file() and any((out / "tensorboard").iterdir())
@@ -60,6 +64,11 @@ def test_a_local_trial_writes_what_a_ray_worker_writes_and_resumes(real_dir, tmp
     other.write_text(open(QUICK).read().replace("learning_rate: [3.0e-3]", "learning_rate: [1.0e-3]"))
     refused = _local("--config", other, "--out", str(out), "--resume", "--data-dir", str(real_dir))
     assert refused.returncode == 2 and "train.learning_rate 0.003 -> 0.001" in refused.stderr
+    shorter = _local("--config", QUICK, "--steps", "10", "--out", out, "--resume", "--data-dir", real_dir)
+    assert (
+        shorter.returncode == 2
+        and "train.steps 10 is below checkpoint_step_00000025_attempt1's step 25" in shorter.stderr
+    )
 
 
 def test_an_unknown_trial_names_the_trials_there_are(capsys):

@@ -98,7 +98,15 @@ class Engine:
             return
         if self.programs.start_cached is None:
             raise ValueError("prefix_cache_mib: an export artifact has no prefix-cache programs; set 0")
-        self.prefix, self.pool = new_pool(self.config, settings, mib or auto_mib(jax.devices()[0]))
+        if mib is not None:
+            self.prefix, self.pool = new_pool(self.config, settings, mib)
+            return
+        try:  # the default size: a device too full for it, or for one block, serves without
+            self.prefix, self.pool = new_pool(self.config, settings, auto_mib(jax.devices()[0]))
+        except ValueError as err:
+            if settings.prefill_chunk:  # its chunks live in the cache
+                raise
+            log.warning("no prefix cache: %s", err)
 
     @classmethod
     def for_model(cls, model, params, settings: EngineSettings | None = None, source: str = "") -> Engine:

@@ -75,8 +75,10 @@ def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSetti
             chunk=manifest["chunk"],
             context_keep=keep,
         )
-    if settings.prefix_cache_mib:  # before the buckets: no bucket choice would give it one
-        raise ValueError("prefix_cache_mib: an export artifact has no prefix-cache programs; set 0")
+    if settings.prefix_cache_mib or settings.prefill_chunk:  # before the buckets: no choice gives them
+        raise ValueError(
+            "prefix_cache_mib, prefill_chunk: an export artifact has no prefix-cache programs; set 0"
+        )
     buckets = set(compiled_buckets(settings, size))
     for name, wanted in (("buckets", buckets), ("batch_sizes", set(settings.batch_sizes))):
         missing = sorted(wanted - set(manifest[name]))

@@ -96,9 +96,9 @@ class PrefixCache:
 
 
 def check_prefix_block(settings: EngineSettings, max_seq_len: int) -> None:
-    """ValueError naming prefix_block when the prefix cache is asked for (``prefix_cache_mib`` > 0) and
-    a block is not below max_seq_len."""
-    if settings.prefix_cache_mib and settings.prefix_block >= max_seq_len:
+    """ValueError naming prefix_block when the prefix cache is asked for (``prefix_cache_mib`` > 0, or
+    ``prefill_chunk``, which needs it) and a block is not below max_seq_len."""
+    if (settings.prefix_cache_mib or settings.prefill_chunk) and settings.prefix_block >= max_seq_len:
         raise ValueError(f"prefix_block must be below max_seq_len {max_seq_len}, got {settings.prefix_block}")
 
 

@@ -72,6 +72,12 @@ class Scheduler:
             "decode_s": self.batcher.decode_s,
         }
 
+    def close(self) -> None:
+        """End the engine thread once its call under way returns (the scheduler is done with)."""
+        if self._driver is not None:
+            self._driver.cancel()
+        self._thread.shutdown(wait=False)
+
     async def _drive(self) -> None:
         loop = asyncio.get_running_loop()
         while True:

@@ -82,8 +82,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         batches, held_out, rows = worker_data(trial, rank, world, config.get("train_rows"))
         reports = Reports(trial, rank, start.attempt, rows // trial.train.global_batch if rows else None)
         tb_dir = config.get("tensorboard_dir") if rank == 0 else None
-        resumed = None if start.checkpoint is None else int(start.checkpoint.state["step"]) + 1
-        with TensorBoardLogger(tb_dir, resumed) if tb_dir else contextlib.nullcontext() as tb:
+        # An earlier attempt's events past the checkpoint resumed from (or all of them) are redone.
+        first = 1 if start.checkpoint is None else int(start.checkpoint.state["step"]) + 1
+        with TensorBoardLogger(tb_dir, first) if tb_dir else contextlib.nullcontext() as tb:
             try:
                 result = train(
                     trial,

@@ -20,9 +20,10 @@ class TensorBoardLogger:
     ``step``, on disk when the call returns. Use as a context manager."""
 
     def __init__(self, logdir: str | Path, purge_step: int | None = None):
-        """``purge_step``: a resumed run's first step; TensorBoard drops the earlier run's events from
-        that step on (the restart marker ``SummaryWriter(purge_step=...)`` writes), so a step logged
-        before a crash and again after the resume shows once."""
+        """``purge_step``: the run's first step (1, or a resumed run's checkpoint step + 1); TensorBoard
+        drops an earlier run's events in ``logdir`` from that step on (the restart marker
+        ``SummaryWriter(purge_step=...)`` writes), so a step logged before a crash and again after
+        the restart shows once."""
         self._logdir = Path(logdir)
         self._logdir.mkdir(parents=True, exist_ok=True)
         self._writer = EventsWriter(str(self._logdir / "events"))
