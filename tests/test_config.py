@@ -375,6 +375,14 @@ def test_cpu_devices_per_worker_has_the_command_lines_bound():
     ), str(err.value)
 
 
+def test_a_compile_cache_that_is_a_file_is_refused_by_name(tmp_path):
+    """Before Ray starts: JAX would fail inside every worker a minute later."""
+    (path := tmp_path / "cache").write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"workers: compile_cache '.*cache' is a file: give a folder"):
+        parse_trial({"model": {"workload": "mlp"}, "workers": {"compile_cache": str(path)}})
+    assert parse_trial({"model": {"workload": "mlp"}, "workers": {"compile_cache": str(tmp_path)}})
+
+
 def test_a_yaml_with_too_many_cpu_devices_is_refused(tmp_path):
     config = GOOD.replace("devices_per_worker: 4", "devices_per_worker: 1024")
     with pytest.raises(ConfigError, match=r"workers: devices_per_worker must be at most 256 .* got 1024"):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, Strict, model_validator
@@ -72,6 +73,8 @@ class WorkersConfig(FrozenConfig):
                 f"devices_per_worker (TPU chips per worker) must be one of {TPU_CHIPS_PER_HOST} with "
                 f"accelerator tpu, got {self.devices_per_worker}"
             )
+        if self.compile_cache and Path(self.compile_cache).is_file():  # a URI is never a local file
+            raise ValueError(f"compile_cache {self.compile_cache!r} is a file: give a folder, or '' for none")
         slice_keys = {"topology": self.topology, "accelerator_type": self.accelerator_type}
         if self.accelerator != "tpu" and any(v is not None for v in slice_keys.values()):
             given = ", ".join(k for k, v in slice_keys.items() if v is not None)

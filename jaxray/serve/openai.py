@@ -36,7 +36,7 @@ class StreamOptions(BaseModel):
 NEUTRAL: dict[str, tuple] = {
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
-    "echo": (False,),
+    "echo": (None, False),
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
     "repetition_penalty": (None, 1),

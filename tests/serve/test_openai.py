@@ -75,6 +75,7 @@ def test_what_clients_send_by_default_is_accepted():
     neutral = {"logprobs": None, "echo": False, "presence_penalty": 0, "frequency_penalty": 0.0}
     neutral |= {"logit_bias": {}, "best_of": 1, "suffix": None, "top_logprobs": 0, "repetition_penalty": 1}
     parse(CompletionRequest, json.dumps({"prompt": "a", **neutral}).encode(), LIMITS)
+    parse(CompletionRequest, b'{"prompt": "a", "echo": null}', LIMITS)  # null: the default, as vLLM
     chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": False, "logit_bias": None}
     parse(ChatRequest, json.dumps(chat).encode(), LIMITS)
     with pytest.raises(ApiError) as caught:
