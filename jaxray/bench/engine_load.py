@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from pydantic import ValidationError
+
 from jaxray.bench.load import Sample, load_report
 from jaxray.bench.load import run_level as _run_level
 from jaxray.bench.report import Report
@@ -15,6 +17,7 @@ from jaxray.inference.engine import Engine, Request
 from jaxray.inference.load import load_engine
 from jaxray.inference.scheduler import Scheduler
 from jaxray.inference.settings import EngineSettings, engine_overrides
+from jaxray.serve.settings import args_error
 
 
 class InProcess:
@@ -61,7 +64,15 @@ def engine_report(args) -> Report:
     """Every level of ``args.clients`` on the engine of ``args.checkpoint`` (compiled first)."""
     if not args.checkpoint:
         raise ValueError("--checkpoint: a trained transformer's folder (runs/<experiment>) is needed")
-    settings = EngineSettings(**engine_overrides(args))
+    try:
+        settings = EngineSettings(**engine_overrides(args))
+    except ValidationError as err:  # a field's error names its option; a check across fields, itself
+        first = err.errors(include_url=False)[0]
+        raise ValueError(
+            args_error(err, option=True)
+            if first["loc"]
+            else str(first.get("ctx", {}).get("error", first["msg"]))
+        ) from None
     engine = load_engine(args.checkpoint, settings)
     compiled = engine.compile()
     args.timeout = float("inf")  # nothing drops in-process
@@ -80,5 +91,7 @@ def engine_report(args) -> Report:
     ]
     for row in report.rows:  # this process holds the engine too: its CPU time is not the clients'
         row.pop("client_cpu_pct", None)
+    report.columns = report.columns.replace(" client_cpu_pct", "")
     report.summary |= {"prefix_cache": cache, "compile_s": compiled["compile_s"]}
+    report.summary["settings"] = engine.settings.model_dump()  # what the run compiled, to compare runs
     return report

@@ -23,7 +23,7 @@ from jaxray.reporting.format import finite
 
 COLUMNS = "clients prompts requests rps new_tokens_per_s p50_ms p95_ms p99_ms ttft_p50_ms ttft_p99_ms"
 COLUMNS += " ttft_p50_vs_random itl_p50_ms itl_p99_ms rows_per_step engine_busy_pct errors_4xx errors_5xx"
-COLUMNS += " dropped long_requests long_ttft_p50_ms client_cpu_pct"
+COLUMNS += " dropped long_requests long_errors long_ttft_p50_ms client_cpu_pct"
 ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ,.", np.uint8)  # of --prompt-bytes prompts
 STREAM_ERROR = "5xx"  # the outcome of an error event mid-stream: it fails the zero-5xx bar as HTTP 5xx do
 
@@ -176,8 +176,8 @@ async def run_level(args, clients: int, shared: bool = False, transport=None) ->
             while loop.time() < start + args.duration:
                 into.append(sample := await s.send(make((seed + k) % 2**32)))
                 k += 1
-                if sample.outcome == "dropped":
-                    await asyncio.sleep(0.1)  # a dead server is not hammered in a tight loop
+                if sample.outcome != "ok":  # a dead server, or one refusing every request at once
+                    await asyncio.sleep(0.1)  # is not hammered in a tight loop
 
         def ask_long(seed: int) -> dict:  # --long-bytes random letters, never a prefix of another's
             return body | {"seed": seed, "prompt": letters([seed, clients, 2], args.long_bytes)}
