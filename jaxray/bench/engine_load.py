@@ -73,6 +73,7 @@ def engine_report(args) -> Report:
             if first["loc"]
             else str(first.get("ctx", {}).get("error", first["msg"]))
         ) from None
+    check_load(args, settings)
     engine = load_engine(args.checkpoint, settings)
     compiled = engine.compile()
     args.timeout = float("inf")  # nothing drops in-process
@@ -81,7 +82,11 @@ def engine_report(args) -> Report:
     report = load_report(args, level, "engine", "Engine in-process: closed-loop load, no HTTP")
     cache = engine.info()["prefix_cache"]
     target = f"the engine of {args.checkpoint} in this process ({engine.config.max_seq_len} positions)"
-    pool = "off" if cache is None else f"{cache['mib']:.0f} MiB in {cache['blocks']} blocks"
+    pool = (
+        f"off ({why_no_cache(engine)})"
+        if cache is None
+        else f"{cache['mib']:.0f} MiB in {cache['blocks']} blocks"
+    )
     report.notes[:0] = [
         f"{target}: {args.max_new_tokens} new tokens per request (temperature {args.temperature:g}, its "
         f"own seed), {args.duration:g} s per level after a warm-up per client; compile "
@@ -95,3 +100,28 @@ def engine_report(args) -> Report:
     report.summary |= {"prefix_cache": cache, "compile_s": compiled["compile_s"]}
     report.summary["settings"] = engine.settings.model_dump()  # what the run compiled, to compare runs
     return report
+
+
+def check_load(args, settings: EngineSettings) -> None:
+    """ValueError, before anything compiles, for load options no request could pass: shared bytes
+    not below the prompt's, prompts longer than ``max_prompt_bytes``, more new tokens than its cap."""
+    if args.shared_bytes and not 0 < args.shared_bytes < args.prompt_bytes:
+        raise ValueError(f"--shared-bytes {args.shared_bytes} needs --prompt-bytes above it")
+    longest = max(args.prompt_bytes or len(args.prompt.encode()), args.long_bytes if args.long_clients else 0)
+    if longest > settings.max_prompt_bytes:
+        raise ValueError(f"prompts of {longest} bytes exceed --max-prompt-bytes {settings.max_prompt_bytes}")
+    if args.max_new_tokens > settings.max_new_tokens:
+        raise ValueError(
+            f"--max-new-tokens {args.max_new_tokens} exceeds the engine's cap {settings.max_new_tokens}"
+        )
+
+
+def why_no_cache(engine: Engine) -> str:
+    """Why ``engine`` has no prefix cache, in words."""
+    if engine.settings.prefix_cache_mib == 0:
+        return "--prefix-cache-mib 0"
+    if engine.programs.start_cached is None:
+        return "an export artifact has no prefix-cache programs"
+    if engine.settings.prefix_block >= engine.config.max_seq_len:
+        return f"a block of {engine.settings.prefix_block} tokens is not shorter than the window"
+    return "the device had no room for the default size (logged)"
