@@ -12,6 +12,7 @@ from saved import save_params
 
 from jaxray.config import parse_trial
 from jaxray.generate import main
+from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST
 from jaxray.models import build
 
 
@@ -53,3 +54,13 @@ def test_only_a_transformer_checkpoint_is_sampled(tmp_path, capsys):
     save_params(tmp_path / "mlp", build(mlp.model).init(jax.random.key(0)), mlp)
     assert main(["--checkpoint", str(tmp_path / "mlp")]) == 2
     assert "holds a mlp checkpoint, not a transformer one: it cannot be sampled" in capsys.readouterr().err
+
+
+def test_an_export_artifact_is_pointed_to_serve(tmp_path, capsys):
+    """An export folder (its manifest) is not sampled here: the message names serve, which reads it."""
+    (tmp_path / ARTIFACT_MANIFEST).write_text("{}")
+    assert main(["--checkpoint", str(tmp_path)]) == 2
+    assert (
+        f"is an export artifact: python -m jaxray.serve --checkpoint {tmp_path} serves it"
+        in capsys.readouterr().err
+    )
