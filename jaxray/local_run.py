@@ -83,7 +83,7 @@ def _check_resumable(trial: TrialConfig, latest: Path) -> None:
     """LocalRunError naming the settings that differ from ``latest``'s trial (model, seq_len, the
     optimizer, seed: a resumed run would be another trial's); ``train.steps`` may change, and then
     the line printed says where the rebuilt learning-rate schedule takes the rate."""
-    saved, step = checkpoint.load_trial_config(latest), int(checkpoint.verify(latest)["step"])
+    saved, step = checkpoint.load_trial_config(latest), checkpoint.checkpoint_order(latest)[0]
     if trial.train.steps < step:
         raise LocalRunError(f"train.steps {trial.train.steps} is below {latest.name}'s step {step}")
     effective = [  # the optimizer's settings as trained (a recipe default and its spelled-out value agree)

@@ -10,7 +10,7 @@ import time
 
 from pydantic import ValidationError
 
-from jaxray.bench.load import Sample, load_report
+from jaxray.bench.load import Sample, check_shared_bytes, load_report
 from jaxray.bench.load import run_level as _run_level
 from jaxray.bench.report import Report
 from jaxray.inference.engine import Engine, Request
@@ -105,8 +105,7 @@ def engine_report(args) -> Report:
 def check_load(args, settings: EngineSettings) -> None:
     """ValueError, before anything compiles, for load options no request could pass: shared bytes
     not below the prompt's, prompts longer than ``max_prompt_bytes``, more new tokens than its cap."""
-    if args.shared_bytes and not 0 < args.shared_bytes < args.prompt_bytes:
-        raise ValueError(f"--shared-bytes {args.shared_bytes} needs --prompt-bytes above it")
+    check_shared_bytes(args)
     longest = max(args.prompt_bytes or len(args.prompt.encode()), args.long_bytes if args.long_clients else 0)
     if longest > settings.max_prompt_bytes:
         raise ValueError(f"prompts of {longest} bytes exceed --max-prompt-bytes {settings.max_prompt_bytes}")

@@ -272,12 +272,17 @@ def serve_report(args) -> Report:
     return report
 
 
+def check_shared_bytes(args) -> None:
+    """ValueError unless ``--shared-bytes`` (when given) is below ``--prompt-bytes``."""
+    if args.shared_bytes and not 0 < args.shared_bytes < args.prompt_bytes:
+        raise ValueError(f"--shared-bytes {args.shared_bytes} needs --prompt-bytes above it")
+
+
 def load_report(args, level, name: str, title: str) -> Report:
     """Every level of ``args.clients`` in turn (``level(clients, shared)``: its row), twice with
     ``--shared-bytes``; the scaling and shared-prefix ratios in the summary and the notes."""
     rows = []
-    if args.shared_bytes and not 0 < args.shared_bytes < args.prompt_bytes:
-        raise ValueError(f"--shared-bytes {args.shared_bytes} needs --prompt-bytes above it")
+    check_shared_bytes(args)
     for clients in args.clients:
         for shared in (False, True) if args.shared_bytes else (False,):
             row = level(clients, shared)
