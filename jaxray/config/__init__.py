@@ -115,8 +115,9 @@ class TrainConfig(FrozenConfig):
     beta1: Beta = 0.9
     beta2: Beta | None = None
     seed: Annotated[int, Strict(), Field(ge=0)] = 0
-    # The PRNG of dropout's masks (keys from (seed, step)): "rbg" costs least on a TPU.
-    dropout_prng: Literal["threefry2x32", "rbg", "unsafe_rbg"] = "rbg"
+    # The PRNG of dropout's masks (keys from (seed, step)); "unsafe_rbg" (MaxText's default) costs
+    # least on a TPU: docs/benchmarks.md.
+    dropout_prng: Literal["threefry2x32", "rbg", "unsafe_rbg"] = "unsafe_rbg"
     log_every: PosInt = 25
     eval_every: PosInt | None = None
     # Stop when val_loss has not improved by ``min_delta`` in ``patience`` evaluations (None: never).

@@ -6,6 +6,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from jax.sharding import Mesh
 
 from jaxray import checkpoint
 from jaxray.config import TrialConfig
-from jaxray.data.batching import Arrays
+from jaxray.data.batching import Arrays, eval_batches
 from jaxray.models import Model, build, param_count
 from jaxray.parallel.checks import check_trial
 from jaxray.parallel.mesh import describe, held_bytes, needs_sync_per_step, shard_batch
@@ -182,8 +183,11 @@ def train(
     # The data position: a resumed run skips the batches it had already trained on.
     sharded = (shard_batch(mesh, b) for b in itertools.islice(batches, start, None))
     first = next(sharded)
-    step_fn, report = _compiled(trial, model, tx, mesh, state, first)
     eval_fn = jit_eval_step(model, mesh)  # one jit for the evaluations during and after: compiled once
+    with ThreadPoolExecutor(1) as pool:  # XLA compiles the two programs at once (it drops the GIL)
+        warm = pool.submit(_warm_eval, eval_fn, state.params, trial, mesh, eval_arrays)
+        step_fn, report = _compiled(trial, model, tx, mesh, state, first)
+        warm.result()  # before the first step donates the params it reads
     if on_compile is not None:
         on_compile(report)
     loop_hooks = [_log_hook(trial, history, on_log, schedule, _validator(trial, eval_fn, mesh, eval_arrays))]
@@ -215,6 +219,14 @@ def _compiled(trial: TrialConfig, model: Model, tx, mesh: Mesh, state: TrainStat
         **_attention(model),
     }
     return step_fn, report
+
+
+def _warm_eval(eval_fn, params, trial: TrialConfig, mesh: Mesh, eval_arrays: Arrays) -> None:
+    """Compile ``eval_fn`` (``jit_eval_step``) by evaluating one held-out batch of ``params``: the
+    evaluations during and after training then run from jit's cache. Run in a thread beside the
+    train step's compile, so that the first evaluation does not wait for a compile of its own."""
+    batch = next(eval_batches(eval_arrays, eval_batch_size(trial, mesh.devices.size)))
+    jax.block_until_ready(eval_fn(params, shard_batch(mesh, batch)))
 
 
 def _final_held_out(trial: TrialConfig, eval_fn, mesh: Mesh, state: TrainState, eval_arrays: Arrays):

@@ -165,9 +165,9 @@ def dropout_keys(trial) -> tuple[int, str] | None:
 
 def step_key(seed: int, impl: str, step: jax.Array) -> jax.Array:
     """The dropout key of update ``step`` (int32 scalar): a function of (seed, step) alone, so a
-    resumed run draws the masks it would have drawn, with nothing saved (with ``rbg``, on the same
-    mesh: its bits may differ on another; ``threefry2x32``'s do not). ``impl``: "threefry2x32",
-    "rbg" or "unsafe_rbg" (``jax.random.key``)."""
+    resumed run draws the masks it would have drawn, with nothing saved (with ``unsafe_rbg`` and
+    ``rbg``, on the same mesh: their bits may differ on another; ``threefry2x32``'s do not).
+    ``impl``: "threefry2x32", "rbg" or "unsafe_rbg" (``jax.random.key``)."""
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed, impl=impl), DROPOUT_STREAM), step)
 
 
