@@ -23,7 +23,7 @@ def _local(*args):
     return subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True, timeout=600)
 
 
-def test_a_local_trial_writes_what_a_ray_worker_writes_and_resumes(real_dir, tmp_path):
+def test_a_local_trial_writes_what_a_ray_worker_writes_and_resumes(real_dir, tmp_path, capsys):
     out = tmp_path / "trial"
     (out / checkpoint.checkpoint_name(20, 1) / "params").mkdir(
         parents=True
@@ -40,8 +40,9 @@ def test_a_local_trial_writes_what_a_ray_worker_writes_and_resumes(real_dir, tmp
     assert json.loads(proc.stdout.strip().splitlines()[-2])["steps"] == 20
     assert proc.stdout.strip().splitlines()[-1] == f"written: {out}"
 
-    again = _local("--config", QUICK, "--steps", "20", "--out", str(out), "--data-dir", str(real_dir))
-    assert again.returncode == 2 and "already holds checkpoints" in again.stderr
+    # Refusals come before anything compiles: run here, in this process.
+    again = local.main(["--config", QUICK, "--steps", "20", "--out", str(out), "--data-dir", str(real_dir)])
+    assert again == 2 and "already holds checkpoints" in capsys.readouterr().err
     (out / checkpoint.checkpoint_name(30, 1)).mkdir()  # a save killed before its commit
     resumed = _local(
         "--config", QUICK, "--steps", "20", "--out", str(out), "--resume", "--data-dir", str(real_dir)
@@ -62,13 +63,12 @@ def test_a_local_trial_writes_what_a_ray_worker_writes_and_resumes(real_dir, tmp
     )
     other = tmp_path / "other.yaml"
     other.write_text(open(QUICK).read().replace("learning_rate: [3.0e-3]", "learning_rate: [1.0e-3]"))
-    refused = _local("--config", other, "--out", str(out), "--resume", "--data-dir", str(real_dir))
-    assert refused.returncode == 2 and "train.learning_rate 0.003 -> 0.001" in refused.stderr
-    shorter = _local("--config", QUICK, "--steps", "10", "--out", out, "--resume", "--data-dir", real_dir)
-    assert (
-        shorter.returncode == 2
-        and "train.steps 10 is below checkpoint_step_00000025_attempt1's step 25" in shorter.stderr
-    )
+    capsys.readouterr()
+    refused = local.main(["--config", str(other), "--out", str(out), "--resume", "--data-dir", str(real_dir)])
+    assert refused == 2 and "train.learning_rate 0.003 -> 0.001" in capsys.readouterr().err
+    shorter = local.main(["--config", QUICK, "--steps", "10", "--out", str(out), "--resume"])
+    assert shorter == 2
+    assert "train.steps 10 is below checkpoint_step_00000025_attempt1's step 25" in capsys.readouterr().err
 
 
 def test_an_unknown_trial_names_the_trials_there_are(capsys):

@@ -91,6 +91,7 @@ def _sharded_loss(data_dir, *extra: str) -> float:
     return json.loads(proc.stdout.strip().splitlines()[-1])["final_loss"]
 
 
+@pytest.mark.slow  # 4-device subprocess runs (~35 s); CI runs it
 def test_scan_and_remat_train_alike_on_an_fsdp_and_tensor_mesh(real_dir):
     plain = _sharded_loss(real_dir)
     assert _sharded_loss(real_dir, "--scan-layers", "--remat", "dots") == pytest.approx(plain, abs=1e-5)

@@ -73,6 +73,7 @@ def _bench(attention: str, data_dir) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two 4-device subprocess runs (~35 s); CI runs it
 def test_splash_trains_like_dense_under_a_data_and_tensor_mesh(real_dir):
     splash_row, dense_row = _bench("splash", real_dir), _bench("dense", real_dir)
     assert splash_row["attention"] == "splash" and splash_row["tensor"] == 2

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from jaxray.train import compile_cache
 
 
@@ -30,6 +32,7 @@ def _step(cache, data_dir) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two subprocess runs (~20 s); CI runs it
 def test_a_second_run_compiles_from_the_cache(real_dir, tmp_path):
     first, second = _step(tmp_path / "cache", real_dir), _step(tmp_path / "cache", real_dir)
     assert (first["compile_from_cache"], second["compile_from_cache"]) == (False, True)

@@ -103,7 +103,7 @@ def uninterrupted(real_dir, tmp_path_factory):
 @pytest.mark.parametrize(
     "workload, at",
     [
-        ("transformer", 4),
+        pytest.param("transformer", 4, marks=pytest.mark.slow),  # 25 s: CI
         pytest.param("transformer", 8, marks=pytest.mark.slow),  # slow: CI
         pytest.param("transformer_dropout", 8, marks=pytest.mark.slow),  # 40 s: CI
         ("mlp", 8),
