@@ -62,6 +62,10 @@ class Programs:
     start_cached: Callable[..., tuple] | None = None  # kv_decode.start_cached; None: no prefix caching
 
 
+def _cache_dtype(settings: EngineSettings, config: ModelConfig) -> str:
+    return kv_decode.cache_dtype(settings.kv_cache_dtype, config.dtype, jax.default_backend())
+
+
 TRAINING_ONLY = {"block_repeats", "remat", "scan_layers", "dropout", "init"}  # model keys /info leaves out
 
 
@@ -99,10 +103,11 @@ class Engine:
         if self.programs.start_cached is None:
             raise ValueError("prefix_cache_mib: an export artifact has no prefix-cache programs; set 0")
         if mib is not None:
-            self.prefix, self.pool = new_pool(self.config, settings, mib)
+            self.prefix, self.pool = new_pool(self.config, settings, mib, _cache_dtype(settings, self.config))
             return
         try:  # the default size: a device too full for it, or for one block, serves without
-            self.prefix, self.pool = new_pool(self.config, settings, auto_mib(jax.devices()[0]))
+            dtype = _cache_dtype(settings, self.config)
+            self.prefix, self.pool = new_pool(self.config, settings, auto_mib(jax.devices()[0]), dtype)
         except ValueError as err:
             if settings.prefill_chunk:  # its chunks live in the cache
                 raise
@@ -114,10 +119,11 @@ class Engine:
         Raises ValueError for a context_keep outside 2..max_seq_len - 1."""
         settings = settings or EngineSettings()
         keep, size = check_keep(settings, model.config.max_seq_len), model.config.max_seq_len
+        prefill = kv_decode.cast_prefill(model.prefill, _cache_dtype(settings, model.config))
         programs = Programs(
-            functools.partial(kv_decode.start, model.prefill, max_seq_len=size),
+            functools.partial(kv_decode.start, prefill, max_seq_len=size),
             functools.partial(
-                kv_decode.decode_chunk, model.prefill, model.decode_step, chunk=settings.chunk, keep=keep
+                kv_decode.decode_chunk, prefill, model.decode_step, chunk=settings.chunk, keep=keep
             ),
             functools.partial(kv_decode.start_cached, model.extend),
         )

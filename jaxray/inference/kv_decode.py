@@ -42,10 +42,29 @@ class DecodeState(NamedTuple):
 
 # (params, tokens [B, T]) -> (logits [B, T, V], cache [.., T, ..])
 Prefill = Callable[[object, jax.Array], tuple]
-# (params, tokens [B], positions [B], cache) -> (logits [B, V], cache): one cached step per row
+# (params, tokens [B], positions [B], cache, length=) -> (logits [B, V], cache): one cached step per
+# row, attention over the cache's first ``length`` entries
 DecodeStep = Callable[[object, jax.Array, jax.Array, KVCache], tuple]
 # (params, tokens [B, T], starts [B], cache) -> (logits [B, T, V], cache): T steps per row at once
 Extend = Callable[[object, jax.Array, jax.Array, KVCache], tuple]
+
+
+def cache_dtype(kv_cache_dtype: str, compute_dtype: str, platform: str) -> str:
+    """The KV cache's dtype (``EngineSettings.kv_cache_dtype``): "auto" is bfloat16 on an accelerator
+    (a decode step reads every cache entry: half the bytes of float32) and the compute dtype on a CPU."""
+    if kv_cache_dtype != "auto":
+        return kv_cache_dtype
+    return "bfloat16" if platform != "cpu" else compute_dtype
+
+
+def cast_prefill(prefill: Prefill, dtype: str) -> Prefill:
+    """``prefill`` whose cache is in ``dtype``; ``decode_step`` and ``extend`` keep a cache's dtype."""
+
+    def cast(params, tokens):
+        logits, cache = prefill(params, tokens)
+        return logits, jax.tree.map(lambda x: x.astype(dtype), cache)
+
+    return cast
 
 
 def _pad_cache(cache: KVCache, size: int) -> KVCache:
@@ -159,13 +178,32 @@ def _slide_where(prefill: Prefill, params, state: DecodeState, full: jax.Array, 
     return jax.lax.switch(branch, [lambda s: s, *slides], state)
 
 
+def attention_lengths(size: int, smallest: int = 128) -> tuple[int, ...]:
+    """The cache lengths a decode step attends over (``decode_chunk``): ``smallest`` doubled while
+    below ``size`` (a multiple of the TPU's 128 lanes), then ``size``."""
+    lengths = [smallest]
+    while lengths[-1] < size:
+        lengths.append(lengths[-1] * 2)
+    return (*lengths[:-1], size)
+
+
 def decode_chunk(
-    prefill: Prefill, decode_step: DecodeStep, params, state: DecodeState, max_steps, chunk: int, keep: int
+    prefill: Prefill,
+    decode_step: DecodeStep,
+    params,
+    state: DecodeState,
+    max_steps,
+    chunk: int,
+    keep: int,
+    lengths: tuple[int, ...] | None = None,
 ):
     """Up to ``min(max_steps, chunk)`` decode steps, fewer once no row has tokens to sample; ``keep``
-    (2..C, static). Returns (state, tokens [B, chunk], counts [B]) int32; row b's new tokens are
-    ``tokens[b, :counts[b]]``."""
-    readable = context_len(state.context.shape[1])
+    (2..C, static). Attention reads the filled part of the cache: the shortest of ``lengths``
+    (static, ascending, the last S; default ``attention_lengths(S)``) above every live row's position,
+    re-chosen as rows pass it. Returns (state, tokens [B, chunk], counts [B]) int32; row b's new
+    tokens are ``tokens[b, :counts[b]]``."""
+    size = state.context.shape[1]
+    readable, lengths = context_len(size), lengths or attention_lengths(size)
     rows = jnp.arange(state.pending.shape[0])
     limit = jnp.minimum(max_steps, chunk)
 
@@ -173,15 +211,11 @@ def decode_chunk(
         i, state, _ = carry
         return (i < limit) & jnp.any(state.remaining > 0)
 
-    def window_left(carry):  # the inner loop stops where a row must slide first
-        _, state, _ = carry
-        return more(carry) & ~jnp.any((state.remaining > 0) & (state.positions >= readable))
-
-    def step(carry):
+    def step(carry, length: int):
         i, state, out = carry
         active = state.remaining > 0
         at = jnp.minimum(state.positions, readable - 1)  # finished rows may sit at C; their writes are unused
-        logits, cache = decode_step(params, state.pending, at, state.cache)
+        logits, cache = decode_step(params, state.pending, at, state.cache, length=length)
         token, rng = next_tokens(logits, state.rng, state.temperature, state.top_k, state.top_p)
         state = state._replace(
             cache=cache,
@@ -193,12 +227,22 @@ def decode_chunk(
         )
         return i + 1, state, out.at[:, i].set(token)
 
+    def steps_within(length: int):
+        def fits(carry):  # stop where a row must slide first, or outgrows ``length``
+            _, state, _ = carry
+            live = state.remaining > 0
+            return more(carry) & ~jnp.any(live & (state.positions >= min(readable, length)))
+
+        return lambda carry: jax.lax.while_loop(fits, lambda c: step(c, length), carry)
+
     def slide_then_steps(carry):
         # The slide's lax.cond sits outside the per-token loop (inside, the cache was copied per step).
         i, state, out = carry
         full = (state.remaining > 0) & (state.positions >= readable)
         state = _slide_where(prefill, params, state, full, keep)
-        return jax.lax.while_loop(window_left, step, (i, state, out))
+        reach = jnp.max(jnp.where(state.remaining > 0, state.positions, 0))  # the furthest live row
+        which = jnp.searchsorted(jnp.asarray(lengths), reach, side="right")  # the first length above it
+        return jax.lax.switch(which, [steps_within(n) for n in lengths], (i, state, out))
 
     before = state.remaining
     out = jnp.zeros((rows.shape[0], chunk), jnp.int32)

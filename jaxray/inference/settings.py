@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -18,6 +18,15 @@ from jaxray.argtypes import (
     non_negative_int,
     positive_int,
 )
+
+KVCacheDtype = Literal["auto", "float32", "bfloat16"]
+
+
+def kv_cache_dtype(text: str) -> str:
+    """``--kv-cache-dtype``: one of ``KVCacheDtype``'s names."""
+    if text not in get_args(KVCacheDtype):
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(get_args(KVCacheDtype))}, got {text!r}")
+    return text
 
 
 class EngineSettings(BaseModel):
@@ -34,6 +43,7 @@ class EngineSettings(BaseModel):
     prefix_cache_mib: int | None = Field(None, ge=0, le=1 << 20, strict=True)  # None: sized by the engine
     prefix_block: int = Field(32, gt=0, le=100_000, strict=True)
     prefill_chunk: int = Field(0, ge=0, le=100_000, strict=True)
+    kv_cache_dtype: KVCacheDtype = "auto"  # auto: bfloat16 on an accelerator, the compute dtype on a CPU
 
     @field_validator("buckets", "batch_sizes")
     @classmethod
@@ -78,6 +88,12 @@ OPTIONS: FieldOptions = {
     "prefill_chunk": (
         non_negative_int,
         "prefill longer prompts this many tokens per decode step (a multiple of --prefix-block; 0: at once)",
+        "",
+    ),
+    "kv_cache_dtype": (
+        kv_cache_dtype,
+        "the KV cache's dtype: auto is bfloat16 on an accelerator (half the bytes a decode step reads), "
+        "the model's compute dtype on a CPU; float32, bfloat16",
         "",
     ),
 }

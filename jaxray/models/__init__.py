@@ -31,7 +31,8 @@ Params = Any
 class Model:
     """A model family's pure functions. ``apply`` takes images [B, 784] float32 or tokens [B, T] int32.
     The transformer adds ``prefill(params, tokens [B, T]) -> (logits [B, T, V], cache)`` and
-    ``decode_step(params, tokens [B], positions [B], cache) -> (logits [B, V], cache)`` and
+    ``decode_step(params, tokens [B], positions [B], cache, length=None) -> (logits [B, V], cache)``
+    (attention over the cache's first ``length`` entries) and
     ``extend(params, tokens [B, T], starts [B], cache) -> (logits [B, T, V], cache)``."""
 
     config: ModelConfig
@@ -65,7 +66,7 @@ def _transformer(cfg: ModelConfig, choice: AttentionChoice) -> Model:
 
     def method(name: str) -> Callable:
         """``params, *args -> Transformer.name(*args)`` on the module ``params`` make."""
-        return lambda params, *args: getattr(nnx.merge(graphdef, params), name)(*args)
+        return lambda params, *args, **kwargs: getattr(nnx.merge(graphdef, params), name)(*args, **kwargs)
 
     def init(key):
         return nnx.state(make(nnx.Rngs(key)), nnx.Param)

@@ -110,8 +110,8 @@ def cached_attention(query, keys, values, positions):
     )  # [B, H, R, S]
     visible = jnp.arange(keys.shape[2])[None, :] <= positions[:, None]  # [B, S]
     scores = jnp.where(visible[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    return jnp.einsum("bhrs,bhsk->bhrk", probs, values, precision=highest)[:, None, :, 0]
+    probs = jax.nn.softmax(scores, axis=-1).astype(query.dtype)  # a bfloat16 cache: float32 probs stay
+    return jnp.einsum("bhrs,bhsk->bhrk", probs, values, precision=highest)[:, None, :, 0].astype(query.dtype)
 
 
 def span_attention(query, keys, values, starts):
@@ -124,8 +124,8 @@ def span_attention(query, keys, values, starts):
     seen = starts[:, None] + jnp.arange(query.shape[1])[None, :]  # [B, T]
     visible = jnp.arange(keys.shape[2])[None, None, :] <= seen[:, :, None]  # [B, T, S]
     scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    return jnp.einsum("bhts,bhsk->bthk", probs, values)
+    probs = jax.nn.softmax(scores, axis=-1).astype(query.dtype)
+    return jnp.einsum("bhts,bhsk->bthk", probs, values).astype(query.dtype)
 
 
 def write_span(cache: jax.Array, starts: jax.Array, entries: jax.Array) -> jax.Array:
@@ -228,13 +228,15 @@ class Block(nnx.Module):
         x = self._finish(x, attended, rngs[1:])
         return x, key.transpose(heads_first), value.transpose(heads_first)
 
-    def decode_step(self, x: jax.Array, positions: jax.Array, keys: jax.Array, values: jax.Array):
+    def decode_step(self, x, positions: jax.Array, keys, values, length: int | None = None):
         """One new position per row: x [B, 1, D] at ``positions`` [B]; keys, values [B, H, S, K] this
-        layer's cache. Returns (x [B, 1, D], keys, values) with this step's entries written."""
+        layer's cache; attention reads its first ``length`` entries (static; None: all S), so every
+        position must be below it. Returns (x [B, 1, D], keys, values) with this step's entries written."""
         query, key, value = self._qkv(x)
         keys = write_cache(keys, positions, key[:, 0])
         values = write_cache(values, positions, value[:, 0])
-        return self._finish(x, cached_attention(query, keys, values, positions)), keys, values
+        attended = cached_attention(query, keys[:, :, :length], values[:, :, :length], positions)
+        return self._finish(x, attended), keys, values
 
     def extend(self, x: jax.Array, starts: jax.Array, keys: jax.Array, values: jax.Array):
         """T new positions per row: x [B, T, D] at ``starts`` [B] + 0..T-1; keys, values [B, H, S, K]
@@ -337,13 +339,15 @@ class Transformer(nnx.Module):
         return self._logits(x), tuple(cache)
 
     def decode_step(
-        self, tokens: jax.Array, positions: jax.Array, cache: KVCache
+        self, tokens: jax.Array, positions: jax.Array, cache: KVCache, length: int | None = None
     ) -> tuple[jax.Array, KVCache]:
-        """One token per row: tokens [B] int32 at ``positions`` [B] int32 (< S); ``cache`` per layer
-        (keys, values) [B, H, S, K] with S = max_seq_len. Returns (logits [B, V] float32, cache with
+        """One token per row: tokens [B] int32 at ``positions`` [B] int32 (< S, and < ``length``);
+        ``cache`` per layer (keys, values) [B, H, S, K] with S = max_seq_len, of which attention reads
+        the first ``length`` entries (static; None: all). Returns (logits [B, V] float32, cache with
         this step's entries written). Inference only: its gathers have no gradient to scatter."""
         x = self.token_embed(tokens[:, None]) + self.pos_embed(positions[:, None])  # [B, 1, D]
-        logits, cache = self._through_cache(x, cache, Block.decode_step, positions)
+        step = functools.partial(Block.decode_step, length=length)
+        logits, cache = self._through_cache(x, cache, step, positions)
         return logits[:, 0], cache
 
     def extend(self, tokens: jax.Array, starts: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:

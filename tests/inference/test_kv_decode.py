@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 
 from jaxray.checkpoint.trees import key_names
-from jaxray.inference.engine import Request, kv_generate
-from jaxray.inference.kv_decode import _slide, _slide_rows, decode_chunk, start
+from jaxray.inference.engine import Engine, Request, kv_generate
+from jaxray.inference.kv_decode import _pad_cache, _slide, _slide_rows, cast_prefill, decode_chunk, start
 from jaxray.inference.sampling import Sampling, generate
+from jaxray.inference.settings import EngineSettings
 from jaxray.models import transformer
 from jaxray.models.transformer import cached_attention, query_rows, write_cache
 
 TOL = 1e-5  # float32 logits; the two paths sum attention in a different order
+BF16_TOL = 0.05  # logits, a bfloat16 KV cache against a float32 one (the suite's model: 0.0101)
 
 
 def real_tokens(n: int) -> jnp.ndarray:
@@ -170,3 +172,67 @@ def test_sliding_a_few_rows_alone_equals_sliding_the_batch(restored):
         np.testing.assert_allclose(got[np.asarray(full)], want[np.asarray(full)], atol=TOL, rtol=TOL)
         np.testing.assert_array_equal(got[~np.asarray(full)], before[~np.asarray(full)])
     assert np.asarray(alone.positions).tolist() == [keep - 1, size - 1, keep - 1, size - 1]
+
+
+def test_a_bfloat16_cache_keeps_the_float32_caches_logits_and_greedy_text(restored):
+    """The accelerators' default cache (``kv_cache_dtype`` auto): each cached step's logits within
+    ``BF16_TOL`` of the float32 cache's over the trained model's window, and the same greedy bytes."""
+    model, params = restored
+    size, tokens, step = (
+        model.config.max_seq_len,
+        real_tokens(model.config.max_seq_len),
+        jax.jit(model.decode_step),
+    )
+
+    def steps(dtype: str) -> np.ndarray:
+        _, cache = jax.jit(cast_prefill(model.prefill, dtype))(params, tokens[:, :8])
+        cache, out = _pad_cache(cache, size), []
+        assert all(k.dtype == jnp.dtype(dtype) for kv in cache for k in kv)
+        for position in range(8, size):
+            logits, cache = step(params, tokens[:, position], jnp.array([position]), cache)
+            out.append(np.asarray(logits[0]))
+        assert all(k.dtype == jnp.dtype(dtype) for kv in cache for k in kv)  # kept through the steps
+        return np.stack(out)
+
+    diff = float(np.abs(steps("bfloat16") - steps("float32")).max())
+    assert 0 < diff < BF16_TOL, diff
+
+    def greedy(dtype: str) -> list[int]:
+        settings = EngineSettings(
+            buckets=(8,), batch_sizes=(1,), chunk=100, max_new_tokens=100, prefix_cache_mib=16,
+            kv_cache_dtype=dtype,
+        )  # fmt: skip
+        engine = Engine.for_model(model, params, settings)
+        assert engine.pool.dtype == jnp.dtype(dtype)
+        [done] = engine.generate([Request(b"JULIET:\n", 100, 0.0)])
+        return done.tokens
+
+    assert greedy("bfloat16") == greedy("float32")
+
+
+def test_attention_over_the_filled_lengths_gives_the_whole_caches_tokens(restored):
+    """decode_chunk attending over the shortest of 16, 32 and 64 entries above its live rows
+    (re-chosen as a row passes one, and after each slide back to 31 entries) samples what attention
+    over all 64 does: rows starting 6 and 20 bytes in, 120 new tokens each, the window sliding."""
+    model, params = restored
+    tokens = np.zeros((2, 32), np.int32)
+    for row, prompt in enumerate([b"ROMEO:", b"JULIET:\nO Romeo, Romeo"]):
+        tokens[row, : len(prompt)] = np.frombuffer(prompt, np.uint8)
+    sampling = (
+        np.array([6, 20], np.int32),
+        np.array([1, 2], np.uint32),
+        np.array([0.0, 0.8], np.float32),
+        np.full(2, 256, np.int32),
+        np.ones(2, np.float32),
+        np.full(2, 120, np.int32),
+    )
+    state, _ = jax.jit(functools.partial(start, model.prefill, max_seq_len=64))(params, tokens, *sampling)
+    outs = []
+    for lengths in ((16, 32, 64), (64,)):
+        chunk = functools.partial(
+            decode_chunk, model.prefill, model.decode_step, chunk=119, keep=32, lengths=lengths
+        )
+        _, out, counts = jax.jit(chunk)(params, state, jnp.int32(119))
+        assert np.asarray(counts).tolist() == [119, 119]
+        outs.append(np.asarray(out))
+    np.testing.assert_array_equal(outs[0], outs[1])
