@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxray.config import ModelConfig
 from jaxray.data.shakespeare import bytes_to_text
-from jaxray.inference import kv_decode
+from jaxray.inference import kv_decode, prefix_cache
 from jaxray.inference.kv_decode import DecodeState
 from jaxray.inference.prefix_cache import PrefixCache, auto_mib, new_pool, plan_prefill, store_plan
 from jaxray.inference.sampling import Sampling, check_sampling, context_len, encode_prompt, prompt_window
@@ -81,7 +81,7 @@ class Engine:
     compiled: dict = field(default_factory=dict)
     compile_s: float = 0.0
     prefix: PrefixCache | None = field(default=None, init=False)
-    pool: Any = field(default=None, init=False, repr=False)  # [slots, L, 2, H, block, K]: the prefix blocks
+    pool: Any = field(default=None, init=False, repr=False)  # [slots, F]: the prefix blocks (new_pool)
 
     def __post_init__(self):
         """The prefix cache and its pool: ``settings.prefix_cache_mib`` MiB, or by default (None)
@@ -125,7 +125,11 @@ class Engine:
             functools.partial(
                 kv_decode.decode_chunk, prefill, model.decode_step, chunk=settings.chunk, keep=keep
             ),
-            functools.partial(kv_decode.start_cached, model.extend),
+            functools.partial(
+                kv_decode.start_cached,
+                model.extend,
+                block_shape=prefix_cache.block_shape(model.config, settings.prefix_block),
+            ),
         )
         return cls(model.config, params, settings, programs, source)
 
@@ -241,7 +245,8 @@ class Engine:
             nb = self.config.max_seq_len // self.prefix.block
             if kind == "store":
                 rows, cache = i32(batch * nb), self.decode_chunk_args(batch)[0].cache
-                fn, args, donate = kv_decode.store_blocks, (pool, cache, rows, rows, rows), 0
+                store = functools.partial(kv_decode.store_blocks, block=self.prefix.block)
+                fn, args, donate = store, (pool, cache, rows, rows, rows), 0
             else:
                 _, lengths, *sampling = self.start_args(shape, batch)
                 windows = i32(batch, self.config.max_seq_len)

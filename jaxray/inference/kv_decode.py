@@ -93,10 +93,12 @@ def _first_tokens(logits, lengths, cache, context, positions, seeds, temperature
     return DecodeState(cache, context, positions, first, max_new - 1, rng, temperature, top_k, top_p), first
 
 
-def pool_cache(pool: jax.Array, table: jax.Array, hits: jax.Array, size: int) -> KVCache:
-    """The KV cache of rows whose first ``hits`` [B] int32 blocks come from ``pool`` [N, L, 2, H, Bk, K]
-    (slots ``table`` [B, nb] int32, nb = size // Bk); zeros past them. Per layer [B, H, size, K]."""
-    blocks = pool[table]  # [B, nb, L, 2, H, Bk, K]
+def pool_cache(pool: jax.Array, table: jax.Array, hits: jax.Array, size: int, block_shape: tuple) -> KVCache:
+    """The KV cache of rows whose first ``hits`` [B] int32 blocks come from ``pool`` [N, F] (slots
+    ``table`` [B, nb] int32, nb = size // Bk); zeros past them. Per layer [B, H, size, K]. A block's
+    F entries are ``block_shape`` (L, 2, H, Bk, K) flattened: a TPU pads no minor dimension of it
+    (a [N, L, 2, H, Bk, K] pool of head dim 32 took 4x its bytes, padded to 128 lanes)."""
+    blocks = pool[table].reshape(*table.shape, *block_shape)  # [B, nb, L, 2, H, Bk, K]
     used = jnp.arange(table.shape[1])[None, :] < hits[:, None]  # [B, nb]
     blocks = jnp.where(used.reshape(used.shape + (1,) * 5), blocks, jnp.zeros((), blocks.dtype))
     batch, nb, layers, _, heads, block, k = blocks.shape
@@ -105,26 +107,40 @@ def pool_cache(pool: jax.Array, table: jax.Array, hits: jax.Array, size: int) ->
     return tuple((x[layer, 0], x[layer, 1]) for layer in range(layers))
 
 
-def start_cached(extend: Extend, params, pool: jax.Array, table, hits, tokens, lengths, context, *sampling):
-    """``start`` after a cached prefix: row b's first ``hits[b]`` blocks of the pool (``pool_cache``),
-    then its prompt's rest ``tokens[b, :lengths[b]]`` through ``extend`` at positions hits[b] * Bk + 0..
-    (table [B, nb], hits [B], tokens [B, T], lengths [B], context [B, S]: the whole prompt windows;
-    int32). ``sampling`` and the result as ``start``'s."""
-    starts = hits * pool.shape[4]
-    logits, cache = extend(params, tokens, starts, pool_cache(pool, table, hits, context.shape[1]))
+def start_cached(
+    extend: Extend,
+    params,
+    pool: jax.Array,
+    table,
+    hits,
+    tokens,
+    lengths,
+    context,
+    *sampling,
+    block_shape: tuple,
+):
+    """``start`` after a cached prefix: row b's first ``hits[b]`` blocks of the pool (``pool_cache``;
+    ``block_shape`` static), then its prompt's rest ``tokens[b, :lengths[b]]`` through ``extend`` at
+    positions hits[b] * Bk + 0.. (table [B, nb], hits [B], tokens [B, T], lengths [B], context [B, S]:
+    the whole prompt windows; int32). ``sampling`` and the result as ``start``'s."""
+    starts = hits * block_shape[3]
+    cache = pool_cache(pool, table, hits, context.shape[1], block_shape)
+    logits, cache = extend(params, tokens, starts, cache)
     return _first_tokens(logits, lengths, cache, context, starts + lengths, *sampling)
 
 
-def store_blocks(pool: jax.Array, cache: KVCache, rows: jax.Array, blocks: jax.Array, slots: jax.Array):
-    """``pool`` [N, L, 2, H, Bk, K] with block ``blocks[m]`` of row ``rows[m]`` of ``cache`` written
-    to slot ``slots[m]`` ([M] int32 each; a slot of N or more writes nothing: padding)."""
+def store_blocks(
+    pool: jax.Array, cache: KVCache, rows: jax.Array, blocks: jax.Array, slots: jax.Array, block: int
+):
+    """``pool`` [N, F] (``pool_cache``'s) with block ``blocks[m]`` (of ``block`` tokens, static) of row
+    ``rows[m]`` of ``cache`` written to slot ``slots[m]`` ([M] int32 each; a slot of N or more writes
+    nothing: padding)."""
     stacked = jnp.stack([jnp.stack(kv) for kv in cache])  # [L, 2, B, H, S, K]
     layers, _, batch, heads, size, k = stacked.shape
-    block = pool.shape[4]
     nb = size // block
     split = stacked[:, :, :, :, : nb * block].reshape(layers, 2, batch, heads, nb, block, k)
     picked = split[:, :, rows, :, blocks]  # [M, L, 2, H, Bk, K]
-    return pool.at[slots].set(picked.astype(pool.dtype), mode="drop")
+    return pool.at[slots].set(picked.reshape(slots.shape[0], -1).astype(pool.dtype), mode="drop")
 
 
 def gather_rows(states: tuple[DecodeState, ...], index: jax.Array, valid: jax.Array) -> DecodeState:

@@ -119,20 +119,25 @@ def auto_mib(device: jax.Device) -> int:
     return max(1, min(AUTO_CPU_MIB, free // 16 >> 20))
 
 
+def block_shape(config: ModelConfig, block: int) -> tuple[int, int, int, int, int]:
+    """(L, 2, H, Bk, K): the KV entries of one prefix block of ``block`` tokens, keys and values."""
+    return (config.num_layers, 2, config.num_heads, block, config.head_dim)
+
+
 def new_pool(
     config: ModelConfig, settings: EngineSettings, mib: int, dtype: str
 ) -> tuple[PrefixCache, jax.Array]:
-    """(PrefixCache, its pool [slots, L, 2, H, block, K] of zeros in ``dtype``, the KV cache's) in
-    ``mib`` MiB.
-    ValueError naming the setting when a block is too long, none fits or the device lacks room."""
+    """(PrefixCache, its pool [slots, F] of zeros in ``dtype``, the KV cache's; F the entries of
+    ``block_shape``, flat) in ``mib`` MiB. ValueError naming the setting when a block is too long,
+    none fits or the device lacks room."""
     block = settings.prefix_block
     check_prefix_block(settings.model_copy(update={"prefix_cache_mib": mib}), config.max_seq_len)
-    shape = (config.num_layers, 2, config.num_heads, block, config.head_dim)
-    slots = mib * 2**20 // (math.prod(shape) * jnp.dtype(dtype).itemsize)
+    entries = math.prod(block_shape(config, block))
+    slots = mib * 2**20 // (entries * jnp.dtype(dtype).itemsize)
     if slots < 1:
         raise ValueError(f"prefix_cache_mib {mib} holds no block of {block} tokens of this model")
     try:
-        return PrefixCache(slots, block), jnp.zeros((slots, *shape), dtype)
+        return PrefixCache(slots, block), jnp.zeros((slots, entries), dtype)
     except Exception as err:  # jaxlib's allocation error: no public class to name
         raise ValueError(
             f"prefix_cache_mib {mib}: its pool does not fit on {jax.devices()[0]}: {err}"

@@ -87,7 +87,7 @@ def test_a_small_pool_evicts_the_least_recently_used(tiny_transformer):
     settings = EngineSettings(**SETTINGS, prefix_cache_mib=1, prefix_block=8)
     engine = Engine.for_model(model, params, settings)
     engine.prefix = PrefixCache(4, 8)  # 4 slots: one prompt's 3 blocks and one more
-    assert engine.pool.shape[0] == 2**20 // block_bytes
+    assert engine.pool.shape == (2**20 // block_bytes, block_bytes // 4)  # a block's entries flat
     first, second = Request(b"A" * 8 + SHARED[8:], 4, 0.0, None, 0), Request(SHARED, 4, 0.0, None, 0)
     engine.generate([first]), engine.generate([second])  # second evicts first's oldest blocks
     engine.generate([first])
