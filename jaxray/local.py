@@ -46,8 +46,9 @@ def pick(exp: ExperimentConfig, source: str, name: str | None, steps: int | None
     if steps is not None:  # a warmup longer than the run is cut to it
         raw = trial.model_dump()
         raw["train"]["steps"] = steps
-        if trial.train.warmup_steps is not None:
-            raw["train"]["warmup_steps"] = min(trial.train.warmup_steps, steps)
+        if trial.train.warmup_steps is not None and trial.train.warmup_steps > steps:
+            raw["train"]["warmup_steps"] = steps
+            print(f"jaxray local: train.warmup_steps {trial.train.warmup_steps} -> {steps} (--steps {steps})")
         trial = parse_trial(raw, f"{source} with --steps {steps}")
     return trial
 
@@ -72,14 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or f"runs/{exp.experiment}/local/{trial.name()}")
     set_cpu_devices(trial)
     from jaxray import local_run  # imports JAX: after the devices are set
-    from jaxray.checkpoint import CheckpointError  # imports JAX too
+    from jaxray.checkpoint import CheckpointError, CheckpointSaveError  # imports JAX too
 
     try:
         summary = local_run.run(trial, out, args.resume)
-    except (ConfigError, DataFileError, CheckpointError, local_run.LocalRunError) as err:
+    except (ConfigError, DataFileError, CheckpointError, CheckpointSaveError, local_run.LocalRunError) as err:
         print(f"error: {err}", file=sys.stderr)  # CheckpointError: a damaged or unwritable checkpoint
         return 2
-    keys = ("name", "val_loss", "final_train_loss", "steps", "ms_per_step", "tokens_per_sec", "compile_s")
+    keys = ("name", "val_loss", "best_step", "final_val_loss", "final_train_loss", "steps", "last_step")
+    keys += ("ms_per_step", "tokens_per_sec", "compile_s", "checkpoint")
     print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
     print(f"written: {out}")
     if "diverged_step" in summary:
