@@ -216,12 +216,11 @@ def decode_chunk(
     """Up to ``min(max_steps, chunk)`` decode steps, fewer once no row has tokens to sample; ``keep``
     (2..C, static). Attention reads the filled part of the cache: the shortest of ``lengths``
     (static, ascending, the last S; default ``attention_lengths(S)``) above every live row's position,
-    re-chosen as rows pass it. Returns (state, tokens [B, chunk], counts [B]) int32; row b's new
-    tokens are ``tokens[b, :counts[b]]``."""
+    re-chosen as rows pass it. Returns (state, tokens [B, chunk], counts [B]) int32: row b's new
+    tokens ``tokens[b, :counts[b]]``."""
     size = state.context.shape[1]
     readable, lengths = context_len(size), lengths or attention_lengths(size)
-    rows = jnp.arange(state.pending.shape[0])
-    limit = jnp.minimum(max_steps, chunk)
+    rows, limit = jnp.arange(state.pending.shape[0]), jnp.minimum(max_steps, chunk)
 
     def more(carry):
         i, state, _ = carry
@@ -260,7 +259,6 @@ def decode_chunk(
         which = jnp.searchsorted(jnp.asarray(lengths), reach, side="right")  # the first length above it
         return jax.lax.switch(which, [steps_within(n) for n in lengths], (i, state, out))
 
-    before = state.remaining
-    out = jnp.zeros((rows.shape[0], chunk), jnp.int32)
+    before, out = state.remaining, jnp.zeros((rows.shape[0], chunk), jnp.int32)
     _, state, out = jax.lax.while_loop(more, slide_then_steps, (jnp.int32(0), state, out))
     return state, out, jnp.maximum(before, 0) - jnp.maximum(state.remaining, 0)
