@@ -6,6 +6,7 @@ the first of them profiled (``jaxray.bench.profile``). One Report: summary.json 
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from typing import Any
 
@@ -67,9 +68,14 @@ def attention_rows(sizes: dict[str, Any]) -> list[dict[str, Any]]:
     return run_cases(cases, "attention")
 
 
+NO_ACCELERATOR = "no accelerator here: JAX runs on the CPU, so these are the CPU's figures, not a chip's"
+
+
 def check(args) -> Report:
     """The attention table and the model steps of ``--preset``'s ``check`` (``--only``: those labels)."""
     preset, only, env = PRESETS[args.preset], args.only, environment(len(jax.devices()))
+    if env["platform"] == "cpu":  # said first: the check is of an accelerator
+        print(NO_ACCELERATOR, file=sys.stderr, flush=True)
     rows = attention_rows(preset.check_attention) if not only or "attention" in only else []
     cases = []
     for size in (s for s in preset.check if not only or s["case"] in only):
@@ -81,6 +87,7 @@ def check(args) -> Report:
         f"case attention dtype global_batch seq_len remat scan_layers ms {SPEED} compile_s compile_from_cache"
     )
     notes = [f"{env['device_kind']} ({env['platform']}), jax {env['jax']}"]
+    notes += [NO_ACCELERATOR] if env["platform"] == "cpu" else []
     for r in (r for r in rows if r.get("profile")):
         notes.append(f"profile of {r['case']}: {shares(r['profile']['groups'])}")
     return Report("check", "Accelerator check: attention and training steps", rows, cols, notes)

@@ -10,12 +10,15 @@ from __future__ import annotations
 import gzip
 import hashlib
 import http.client
+import logging
 import os
 import tempfile
 import urllib.request
 import zlib
 from pathlib import Path
 from typing import NamedTuple
+
+log = logging.getLogger(__name__)
 
 DATA_DIR_ENV = "JAXRAY_DATA_DIR"
 CACHE_DIR_ENV = "JAXRAY_CACHE_DIR"
@@ -60,7 +63,8 @@ def cache_dir() -> Path:
 def read_verified(name: str, data_dir: str | os.PathLike | None = None) -> bytes:
     """The decompressed, checksum-verified content of registered file ``name`` (:data:`REGISTRY`).
     Each searched directory ``d`` is tried as ``d/<name>`` and ``d/<basename>``, each also without
-    ``.gz``, else the file is downloaded; the first copy found is used, a bad one reported. Raises
+    ``.gz``, else the file is downloaded; the first copy found is used (a warning when ``data_dir``
+    is given and the copy is elsewhere), a bad one reported. Raises
     ValueError (unknown ``name``) or DataFileError (unreadable, corrupt, wrong SHA-256, or not
     found and the download failed: every path searched is listed)."""
     if name not in REGISTRY:
@@ -69,6 +73,10 @@ def read_verified(name: str, data_dir: str | os.PathLike | None = None) -> bytes
     candidates = _candidate_paths(name, data_dir)
     for path in candidates:
         if path.is_file():
+            if data_dir is not None and not path.is_relative_to(Path(data_dir).expanduser().absolute()):
+                log.warning(
+                    "data file %s is not in the data folder given, %s: read from %s", name, data_dir, path
+                )
             fix = (
                 f"Delete it (a fresh copy is then downloaded into {cache_dir()} if online), "
                 f"or point --data-dir / {DATA_DIR_ENV} at a directory holding a good copy."

@@ -95,6 +95,10 @@ def app_args(args: argparse.Namespace, error: Callable[[str], NoReturn], base: d
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     if args.compute_cpus and available and args.compute_cpus > available:  # the replica runs on this machine
         error(f"--compute-cpus: at most {available} (the CPUs available here), got {args.compute_cpus}")
+    mib = parsed.engine.prefix_cache_mib
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+    if mib and mib > memory:  # the pool lives in the replica's device memory, no larger than this machine's
+        error(f"--prefix-cache-mib: at most {memory} (this machine's memory, MiB), got {mib}")
     return parsed
 
 

@@ -320,3 +320,13 @@ def test_decode_profile_names_the_decode_programs_ops_and_device_time(trained_tr
         assert trace["top_ops"] and all(o["us"] > 0 for o in trace["top_ops"])
         assert abs(sum(trace["groups"].values()) - 1) < 0.01
     assert "Profile of the context_keep 32 row, batch 2:" in (out / "summary.md").read_text()
+
+
+def test_check_without_an_accelerator_says_so_first(tmp_path, capsys):
+    """``bench check`` on a CPU says first that the figures would be the CPU's (``--only`` a case of no
+    preset: nothing measured, exit 2, no report)."""
+    out = tmp_path / "check"
+    assert main(["check", "--preset", "tiny", "--only", "none_of_them", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.lstrip().startswith("no accelerator here: JAX runs on the CPU"), err[:300]
+    assert "no case of check could be measured" in err and not (out / "summary.json").exists()

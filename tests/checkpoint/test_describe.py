@@ -91,8 +91,14 @@ def test_describe_of_an_earlier_save_and_of_a_fresh_state(trained, trained_trans
     evaluated = [*result.history[:-1], {**last, "val_loss": 2.0697}]  # an eval step's row
     evaluated_at = tmp_path / TRIAL_NAME / "checkpoint_y"
     earlier = checkpoint.save_state(evaluated_at, result.state, trial, evaluated, {})
+    assert checkpoint_line.describe(earlier) == (  # its own step's: its params' figure
+        f"checkpoint: {earlier} (trial {TRIAL_NAME}, step {STEPS}, val loss 2.0697, perplexity 7.92)"
+    )
+    before = [{**last, "step": 10, "val_loss": 2.1}, last]  # an earlier step's evaluation only
+    evaluated_at = tmp_path / TRIAL_NAME / "checkpoint_z"
+    earlier = checkpoint.save_state(evaluated_at, result.state, trial, before, {})
     assert checkpoint_line.describe(earlier) == (
-        f"checkpoint: {earlier} (trial {TRIAL_NAME}, step {STEPS}, val loss 2.0697 at step {last['step']})"
+        f"checkpoint: {earlier} (trial {TRIAL_NAME}, step {STEPS}, val loss 2.1000 at step 10)"
     )
     assert checkpoint_line.describe(trained_transformer) == (
         f"checkpoint: {trained_transformer} (trial {TRIAL_NAME}, step 0, no metric recorded)"

@@ -172,3 +172,17 @@ def test_bad_download_is_discarded(real_dir, tmp_path, monkeypatch):
 
 
 _real_download = sources._download
+
+
+def test_a_data_folder_given_without_the_file_is_said_when_another_place_has_it(
+    real_dir, tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setenv("JAXRAY_DATA_DIR", str(real_dir))
+    (tmp_path / "given").mkdir()
+    with caplog.at_level("WARNING", logger="jaxray.data.sources"):
+        assert len(read_verified(SHAKESPEARE, data_dir=tmp_path / "given")) == 1_115_394
+    assert f"is not in the data folder given, {tmp_path / 'given'}: read from {real_dir}" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="jaxray.data.sources"):
+        read_verified(SHAKESPEARE, data_dir=real_dir)
+    assert caplog.text == ""

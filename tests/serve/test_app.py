@@ -83,6 +83,7 @@ def test_app_builder_names_a_missing_checkpoint_and_a_batch_too_big(tmp_path, mo
         (["--checkpoint", ".", "--batch-wait-ms", "inf"], "--batch-wait-ms: expected a finite number >= 0"),
         (["--checkpoint", ".", "--compute-cpus", "0"], "--compute-cpus: expected a positive integer"),
         (["--checkpoint", ".", "--compute-cpus", "999"], "--compute-cpus: at most"),
+        (["--checkpoint", ".", "--prefix-cache-mib", "1000000"], "--prefix-cache-mib: at most"),
     ],
 )
 def test_cli_refuses_bad_options_before_ray_starts(argv, match, capsys):
