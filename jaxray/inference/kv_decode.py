@@ -194,9 +194,13 @@ def _slide_where(prefill: Prefill, params, state: DecodeState, full: jax.Array, 
     return jax.lax.switch(branch, [lambda s: s, *slides], state)
 
 
-def attention_lengths(size: int, smallest: int = 128) -> tuple[int, ...]:
-    """The cache lengths a decode step attends over (``decode_chunk``): ``smallest`` doubled while
-    below ``size`` (a multiple of the TPU's 128 lanes), then ``size``."""
+def attention_lengths(size: int, platform: str, smallest: int = 128) -> tuple[int, ...]:
+    """The cache lengths a decode step attends over (``decode_chunk``): on a CPU ``smallest`` doubled
+    while below ``size``, then ``size``; elsewhere ``size`` alone. The lab model, 2026-12-06: on the
+    TPU v5e the lengths cost 11 % at batch 1 and 8 % at batch 64 (a loop body per length); on the CPU
+    they gained 8 % at batch 16 and 33 % with context_keep 255 (docs/benchmarks.md)."""
+    if platform != "cpu":
+        return (size,)
     lengths = [smallest]
     while lengths[-1] < size:
         lengths.append(lengths[-1] * 2)
@@ -215,11 +219,11 @@ def decode_chunk(
 ):
     """Up to ``min(max_steps, chunk)`` decode steps, fewer once no row has tokens to sample; ``keep``
     (2..C, static). Attention reads the filled part of the cache: the shortest of ``lengths``
-    (static, ascending, the last S; default ``attention_lengths(S)``) above every live row's position,
+    (static, ascending, the last S; default ``attention_lengths``) above every live row's position,
     re-chosen as rows pass it. Returns (state, tokens [B, chunk], counts [B]) int32: row b's new
     tokens ``tokens[b, :counts[b]]``."""
     size = state.context.shape[1]
-    readable, lengths = context_len(size), lengths or attention_lengths(size)
+    readable, lengths = context_len(size), lengths or attention_lengths(size, jax.default_backend())
     rows, limit = jnp.arange(state.pending.shape[0]), jnp.minimum(max_steps, chunk)
 
     def more(carry):

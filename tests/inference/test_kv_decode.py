@@ -14,7 +14,15 @@ import pytest
 
 from jaxray.checkpoint.trees import key_names
 from jaxray.inference.engine import Engine, Request, kv_generate
-from jaxray.inference.kv_decode import _pad_cache, _slide, _slide_rows, cast_prefill, decode_chunk, start
+from jaxray.inference.kv_decode import (
+    _pad_cache,
+    _slide,
+    _slide_rows,
+    attention_lengths,
+    cast_prefill,
+    decode_chunk,
+    start,
+)
 from jaxray.inference.sampling import Sampling, generate
 from jaxray.inference.settings import EngineSettings
 from jaxray.models import transformer
@@ -236,3 +244,5 @@ def test_attention_over_the_filled_lengths_gives_the_whole_caches_tokens(restore
         assert np.asarray(counts).tolist() == [119, 119]
         outs.append(np.asarray(out))
     np.testing.assert_array_equal(outs[0], outs[1])
+    assert attention_lengths(1024, "cpu") == (128, 256, 512, 1024) and attention_lengths(64, "cpu") == (64,)
+    assert attention_lengths(1024, "tpu") == (1024,)  # measured slower there
