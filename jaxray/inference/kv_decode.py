@@ -97,7 +97,7 @@ def pool_cache(pool: jax.Array, table: jax.Array, hits: jax.Array, size: int, bl
     """The KV cache of rows whose first ``hits`` [B] int32 blocks come from ``pool`` [N, F] (slots
     ``table`` [B, nb] int32, nb = size // Bk); zeros past them. Per layer [B, H, size, K]. A block's
     F entries are ``block_shape`` (L, 2, H, Bk, K) flattened: a TPU pads no minor dimension of it
-    (a [N, L, 2, H, Bk, K] pool of head dim 32 took 4x its bytes, padded to 128 lanes)."""
+    (a [N, L, 2, H, Bk, K] pool of head dim 32 would take 4x its bytes, padded to 128 lanes)."""
     blocks = pool[table].reshape(*table.shape, *block_shape)  # [B, nb, L, 2, H, Bk, K]
     used = jnp.arange(table.shape[1])[None, :] < hits[:, None]  # [B, nb]
     blocks = jnp.where(used.reshape(used.shape + (1,) * 5), blocks, jnp.zeros((), blocks.dtype))
