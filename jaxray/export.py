@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--checkpoint", required=True, help=TRANSFORMER_CHECKPOINT_HELP)
     p.add_argument("--out", required=True, help="a new (or empty) folder for the artifact; never overwritten")
-    add_engine_options(p, ("buckets", "batch_sizes", "chunk", "context_keep"))
+    add_engine_options(p, ("buckets", "batch_sizes", "chunk", "context_keep", "kv_cache_dtype"))
     args = p.parse_args(argv)
     out = Path(args.out).absolute()
     try:
