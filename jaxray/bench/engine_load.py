@@ -91,13 +91,14 @@ def engine_report(args) -> Report:
         f"{target}: {args.max_new_tokens} new tokens per request (temperature {args.temperature:g}, its "
         f"own seed), {args.duration:g} s per level after a warm-up per client; compile "
         f"{compiled['compile_s']:.1f} s, levels {time.perf_counter() - begin:.0f} s.",
-        f"prefix cache: {pool}; batch sizes {list(engine.settings.batch_sizes)}, buckets "
-        f"{list(engine.buckets)}.",
+        f"prefix cache: {pool}; KV cache {engine.kv_cache_dtype}; batch sizes "
+        f"{list(engine.settings.batch_sizes)}, buckets {list(engine.buckets)}.",
     ]
     for row in report.rows:  # this process holds the engine too: its CPU time is not the clients'
         row.pop("client_cpu_pct", None)
     report.columns = report.columns.replace(" client_cpu_pct", "")
     report.summary |= {"prefix_cache": cache, "compile_s": compiled["compile_s"]}
+    report.summary |= {"kv_cache_dtype": engine.kv_cache_dtype}
     report.summary["settings"] = engine.settings.model_dump()  # what the run compiled, to compare runs
     return report
 

@@ -125,6 +125,7 @@ def base_manifest(
         "batch_sizes": list(engine.settings.batch_sizes),
         "chunk": engine.settings.chunk,
         "context_keep": check_keep(engine.settings, cfg.max_seq_len),
+        "kv_cache_dtype": engine.kv_cache_dtype,  # settings' auto: decided on the exporting machine
         "calling_convention": "every function takes weights.leaves (in order) first; the decode "
         "state is a flat tuple in state_leaves order",
         "weights": {

@@ -133,6 +133,12 @@ class Engine:
         )
         return cls(model.config, params, settings, programs, source)
 
+    @functools.cached_property
+    def kv_cache_dtype(self) -> str:
+        """The KV cache's dtype in force: ``settings.kv_cache_dtype`` decided here, or an artifact's."""
+        state, _ = self.decode_chunk_args(self.settings.batch_sizes[0])
+        return str(jax.tree.leaves(state.cache)[0].dtype)
+
     @property
     def context_len(self) -> int:
         """Prompt and context bytes the model reads (``sampling.context_len``: max_seq_len - 1)."""
@@ -328,6 +334,7 @@ class Engine:
             "settings": self.settings.model_dump(),
             "buckets": list(self.buckets),
             "context_keep": check_keep(self.settings, self.config.max_seq_len),
+            "kv_cache_dtype": self.kv_cache_dtype,
             "devices": [str(d) for d in jax.devices()],
             "backend": jax.default_backend(),
             "jax": jax.__version__,

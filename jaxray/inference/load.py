@@ -66,14 +66,17 @@ def load_engine(path: str | Path | checkpoint.Verified, settings: EngineSettings
 
 def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:
     """``settings`` (None: the artifact's own) checked against an artifact's manifest: buckets and batch
-    sizes exported, chunk and context_keep equal, no prefix cache. ValueError naming the setting."""
+    sizes exported, chunk, context_keep and kv_cache_dtype (auto: the artifact's) equal, no prefix
+    cache. ValueError naming the setting."""
     size, keep = manifest["max_seq_len"], manifest["context_keep"]
+    dtype = manifest["kv_cache_dtype"]
     if settings is None:
         return EngineSettings(
             buckets=tuple(manifest["buckets"]),
             batch_sizes=tuple(manifest["batch_sizes"]),
             chunk=manifest["chunk"],
             context_keep=keep,
+            kv_cache_dtype=dtype,
         )
     if settings.prefix_cache_mib or settings.prefill_chunk:  # before the buckets: no choice gives them
         raise ValueError(
@@ -88,7 +91,9 @@ def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSetti
         raise ValueError(f"chunk {settings.chunk} differs from the artifact's {manifest['chunk']}")
     if check_keep(settings, size) != keep:
         raise ValueError(f"context_keep {check_keep(settings, size)} differs from the artifact's {keep}")
-    return settings
+    if settings.kv_cache_dtype not in ("auto", dtype):
+        raise ValueError(f"kv_cache_dtype {settings.kv_cache_dtype} differs from the artifact's {dtype}")
+    return settings.model_copy(update={"kv_cache_dtype": dtype})
 
 
 def _start(exported: dict, state_tree, params, tokens, *args):

@@ -55,6 +55,10 @@ def test_a_checkpoint_is_served_as_restored(tiny_transformer):
         (EngineSettings(buckets=(16,), batch_sizes=(1,), chunk=8), r"buckets \[16\] were not exported"),
         (EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=16), "chunk 16 differs"),
         (EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=8, context_keep=24), "context_keep 24 differs"),
+        (
+            EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=8, kv_cache_dtype="bfloat16"),
+            "kv_cache_dtype bfloat16 differs from the artifact's float32",
+        ),
     ],
 )
 def test_settings_the_artifact_lacks_are_named(artifact, settings, match):
@@ -62,6 +66,12 @@ def test_settings_the_artifact_lacks_are_named(artifact, settings, match):
         check_source(artifact, settings)
     with pytest.raises(ValueError, match=match):
         load_engine(artifact, settings)
+
+
+def test_an_artifact_serves_and_reports_the_cache_dtype_it_was_exported_with(artifact):
+    engine = load_engine(artifact, EngineSettings(buckets=(8,), batch_sizes=(1,), chunk=8))  # auto
+    assert engine.settings.kv_cache_dtype == engine.kv_cache_dtype == engine.info()["kv_cache_dtype"]
+    assert engine.kv_cache_dtype == "float32"  # exported on this CPU
 
 
 def test_what_cannot_be_served_is_refused_naming_it(tiny_transformer, mlp_checkpoint, tmp_path):
