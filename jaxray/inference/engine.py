@@ -103,11 +103,11 @@ class Engine:
         if self.programs.start_cached is None:
             raise ValueError("prefix_cache_mib: an export artifact has no prefix-cache programs; set 0")
         if mib is not None:
-            self.prefix, self.pool = new_pool(self.config, settings, mib, _cache_dtype(settings, self.config))
+            self.prefix, self.pool = new_pool(self.config, settings, mib, self.kv_cache_dtype)
             return
         try:  # the default size: a device too full for it, or for one block, serves without
-            dtype = _cache_dtype(settings, self.config)
-            self.prefix, self.pool = new_pool(self.config, settings, auto_mib(jax.devices()[0]), dtype)
+            mib = auto_mib(jax.devices()[0])
+            self.prefix, self.pool = new_pool(self.config, settings, mib, self.kv_cache_dtype)
         except ValueError as err:
             if settings.prefill_chunk:  # its chunks live in the cache
                 raise
@@ -133,11 +133,11 @@ class Engine:
         )
         return cls(model.config, params, settings, programs, source)
 
-    @functools.cached_property
+    @property
     def kv_cache_dtype(self) -> str:
-        """The KV cache's dtype in force: ``settings.kv_cache_dtype`` decided here, or an artifact's."""
-        state, _ = self.decode_chunk_args(self.settings.batch_sizes[0])
-        return str(jax.tree.leaves(state.cache)[0].dtype)
+        """The KV cache's dtype in force: ``settings.kv_cache_dtype`` decided for this backend (an
+        artifact's settings carry the dtype it was exported with: ``load.settings_for``)."""
+        return _cache_dtype(self.settings, self.config)
 
     @property
     def context_len(self) -> int:
