@@ -111,6 +111,21 @@ def test_no_import_runs_up_the_flow():
     assert not upward, "imports against the flow:\n" + "\n".join(upward)
 
 
+INSTRUMENTS = "jaxray.bench"  # measuring instruments: fenced from the product
+
+
+def test_no_product_module_imports_an_instrument():
+    """The product (``jaxray`` without ``bench/``) is what a user runs: nothing of it imports
+    ``jaxray.bench``, so the instruments can change, or go, without touching it."""
+    crossing = [
+        f"{m} imports {t}"
+        for m, targets in GRAPH.items()
+        for t in sorted(targets)
+        if t.startswith(INSTRUMENTS) and not m.startswith(INSTRUMENTS)
+    ]
+    assert not crossing, "the product imports an instrument:\n" + "\n".join(crossing)
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One import cycle as [a, b, ..., a], or None; depth-first with an explicit stack."""
     state: dict[str, int] = {}  # 1: on the current path, 2: finished

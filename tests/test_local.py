@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from jaxray import checkpoint, local
 
 QUICK = "tune_configs/quick.yaml"  # one transformer trial
@@ -23,6 +25,7 @@ def _local(*args):
     return subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # ~30 s: a trial, a resume and a subprocess: make test-all
 def test_a_local_trial_writes_what_a_ray_worker_writes_and_resumes(real_dir, tmp_path, capsys):
     out = tmp_path / "trial"
     (out / checkpoint.checkpoint_name(20, 1) / "params").mkdir(

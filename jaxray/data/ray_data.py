@@ -33,8 +33,12 @@ def train_dataset(source: Source, global_batch: int, seed: int, steps: int) -> r
     )
     kwargs = {"source": ref, "global_batch": global_batch, "seed": seed, "chunk": chunk, "total": total}
     # A draw is a copy of a few MB: its tasks reserve no CPU, so that workers holding every CPU of
-    # their nodes are still fed (Ray Train leaves Ray Data none of theirs).
-    ds = starts.map_batches(_draw, batch_size=1, batch_format="numpy", fn_kwargs=kwargs, num_cpus=0)
+    # their nodes are still fed (Ray Train leaves Ray Data none of theirs). One task at a time: one
+    # process draws for a trial (each new one imports jaxray; a dozen at once took a 2-core machine
+    # from the step: make demo 13.4 -> 11.7 min), still ~15-27M tokens/s here (docs/benchmarks.md).
+    ds = starts.map_batches(
+        _draw, batch_size=1, batch_format="numpy", fn_kwargs=kwargs, num_cpus=0, concurrency=1
+    )
     ds.context.execution_options.preserve_order = True  # blocks of several tasks in position order
     return ds
 

@@ -258,6 +258,7 @@ def test_bench_serve_compares_shared_prefixes_with_random_prompts(tmp_path, caps
     assert bench_serve(StandIn(), out, "--clients", "1", "--prompt-bytes", "40", "--shared-bytes", "40") == 2
 
 
+@pytest.mark.slow  # ~20 s: a trained model's engine under load: make test-all
 def test_engine_load_runs_in_process_with_the_default_prefix_cache(trained_transformer, tmp_path):
     """``bench engine``: serve's closed-loop levels on the engine in this process (no HTTP, no Ray):
     every request answered with its tokens, TTFT and ITL, the batch filling with 4 clients, and prompts

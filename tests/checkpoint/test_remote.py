@@ -204,6 +204,7 @@ def local_name(uri: str) -> str:
     return uri.rsplit("/", 1)[-1]
 
 
+@pytest.mark.slow  # waits out the cloud client's own timeouts: make test-all
 def test_a_gs_uri_without_credentials_fails_in_seconds(tmp_path):
     """Issue 49's bar: a URI that cannot be reached is refused within 15 s (pyarrow's own retries: many
     minutes), as --checkpoint, as storage and as data."""

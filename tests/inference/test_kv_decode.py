@@ -160,6 +160,7 @@ def test_no_sampler_reads_the_position_training_never_predicts_from(restored, en
     assert poisoned_done.tokens == done.tokens and done.prompt_tokens == size - 1
 
 
+@pytest.mark.slow  # ~9 s of compiles: make test-all
 def test_sliding_a_few_rows_alone_equals_sliding_the_batch(restored):
     """``_slide_rows`` (rows reaching the window's end at different steps, as under continuous
     batching) re-prefills only those rows, to the values ``_slide`` gives them; the other rows stay

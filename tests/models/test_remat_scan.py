@@ -11,12 +11,13 @@ from jaxray.config import ModelConfig
 from jaxray.models import build
 
 BASE = {"workload": "transformer", "width": 64, "num_heads": 2, "num_layers": 3, "max_seq_len": 64}
+SLOW = pytest.mark.slow  # each ~5 s of compiles; the first and last cover both switches: make test-all
 SETTINGS = [
-    {"remat": "full"},
-    {"remat": "dots"},
-    {"scan_layers": True},
-    {"scan_layers": True, "remat": "full"},
-    {"scan_layers": True, "remat": "dots", "attention": "dense"},
+    pytest.param({"remat": "full"}),
+    pytest.param({"remat": "dots"}, marks=SLOW),
+    pytest.param({"scan_layers": True}, marks=SLOW),
+    pytest.param({"scan_layers": True, "remat": "full"}, marks=SLOW),
+    pytest.param({"scan_layers": True, "remat": "dots", "attention": "dense"}),
 ]
 
 
@@ -48,7 +49,7 @@ def test_the_parameter_tree_is_the_same_whatever_the_settings():
         return jax.tree_util.tree_flatten_with_path(shapes)
 
     plain = tree()
-    for setting in SETTINGS:
+    for setting in (p.values[0] for p in SETTINGS):
         assert tree(**setting) == plain
 
 

@@ -8,6 +8,7 @@ import json
 import time
 
 import jax
+import pytest
 from starlette.requests import Request as HttpRequest
 
 from jaxray.config import ModelConfig
@@ -62,6 +63,7 @@ def test_an_engine_failure_mid_stream_ends_it_with_an_error_event():
     assert error["field"] == "engine" and error["message"] == "RuntimeError: device lost"
 
 
+@pytest.mark.slow  # ~11 s: an engine compiled, a 2 s timeout waited out: make test-all
 def test_a_generation_past_its_timeout_ends_in_a_504_event_and_frees_its_row():
     """A stream still generating at ``generation_timeout_s`` ends with an error event (not cut bare, as
     Serve's proxy would at request_timeout_s) and its request leaves the running batch. The real
