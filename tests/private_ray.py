@@ -19,12 +19,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def init_private_ray(num_cpus: int) -> None:
-    """``ray.init`` of a new local Ray on ``num_cpus`` CPUs, no dashboard, workers' logs not shown."""
+def init_private_ray(num_cpus: int, **more) -> None:
+    """``ray.init`` of a new local Ray on ``num_cpus`` CPUs, no dashboard, workers' logs not shown;
+    ``more``: further ``ray.init`` options (a runtime env)."""
     ray.init(
         address="local",
         num_cpus=num_cpus,
         include_dashboard=False,
         dashboard_port=free_port(),
         log_to_driver=False,
+        **more,
     )

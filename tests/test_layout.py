@@ -9,6 +9,7 @@ The rooms, bottom to top, are docs/architecture.md's layout.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "jaxray"
@@ -124,6 +125,19 @@ def test_no_product_module_imports_an_instrument():
         if t.startswith(INSTRUMENTS) and not m.startswith(INSTRUMENTS)
     ]
     assert not crossing, "the product imports an instrument:\n" + "\n".join(crossing)
+
+
+def test_no_product_module_names_fault_injection():
+    """Fault injection is test code (tests/faults.py): it reaches the workers through Ray's setup hook
+    and ``jaxray.raytrain.seams``; no product module names it."""
+    named = [
+        m
+        for m, path in MODULES.items()
+        if re.search(
+            r"JAXRAY_FAULT|fault injection|raytrain\.faults|import faults|from faults", path.read_text()
+        )
+    ]
+    assert not named, f"modules naming fault injection: {named}"
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -23,7 +23,7 @@ from jaxray import checkpoint, storage
 from jaxray.checkpoint import CheckpointSaveError, checkpoint_name
 from jaxray.config import TrialConfig
 from jaxray.raytrain.failures import ATTEMPT_KEY, PREEMPTION_KEY
-from jaxray.raytrain.faults import kill_in_save
+from jaxray.raytrain.seams import BEFORE_MANIFEST
 from jaxray.reporting.format import json_safe
 from jaxray.train.loop import Hook
 
@@ -65,12 +65,12 @@ class Reports:
             self._report({**(rows[-1] if rows else {}), **self._held})
         name = checkpoint_name(step, self.attempt)
         folder = storage_folder(name)
-        kill = kill_in_save(step, self.attempt) if self.rank == 0 else None  # fault injection (tests)
+        calls = BEFORE_MANIFEST if self.rank == 0 else []
 
         def before_manifest() -> None:
             check_shared(folder)
-            if kill is not None:
-                kill()
+            for call in calls:
+                call(step, self.attempt)
 
         per_epoch = self.batches_per_epoch  # the data position after ``step`` batches, when known
         position = {"epoch": step // per_epoch, "batch_in_epoch": step % per_epoch} if per_epoch else {}

@@ -13,7 +13,7 @@ from ray.train.collective import broadcast_from_rank_zero
 
 from jaxray import checkpoint, storage
 from jaxray.checkpoint import remote
-from jaxray.raytrain.faults import damage, damages_latest
+from jaxray.raytrain.seams import BEFORE_RESUME
 
 
 class ResumePoint(NamedTuple):
@@ -105,8 +105,8 @@ def resume_point(
                 f"newest reported checkpoint ({PurePosixPath(str(reported)).name if reported else 'none'})",
                 flush=True,
             )
-        if found and damages_latest(attempt) and trial_uri is None:
-            print(f"jaxray fault injection: damaged {damage(found[0])}", flush=True)
+        for call in BEFORE_RESUME if trial_uri is None else []:
+            call(found, attempt)
         chosen, skipped = choose(found) if found else (None, [])
     if world > 1:  # rank 0 verified it: the others take its word
         chosen, skipped, attempt, workers = broadcast_from_rank_zero((chosen, skipped, attempt, workers))

@@ -15,7 +15,6 @@ from jaxray.argtypes import cpu_xla_flags
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig
 from jaxray.raytrain.cluster import QUIET_ENV
 from jaxray.raytrain.failures import FailureLog
-from jaxray.raytrain.faults import FAULT_ENV
 from jaxray.raytrain.reports import SCORE_KEY
 from jaxray.raytrain.worker import train_loop_per_worker
 from jaxray.runs import COMPILE_FILE
@@ -26,7 +25,7 @@ def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str
     this process's), on CPU with the forced device count. No JAX_PLATFORMS on TPU: Ray's JAX backend
     sets ``tpu`` itself."""
     flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
-    env = {**QUIET_ENV, **({FAULT_ENV: os.environ[FAULT_ENV]} if FAULT_ENV in os.environ else {})}
+    env = dict(QUIET_ENV)
     if workers.accelerator == "cpu":
         return {**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": cpu_xla_flags(workers.devices_per_worker, flags)}
     if workers.accelerator == "gpu":

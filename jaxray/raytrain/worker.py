@@ -20,9 +20,9 @@ from jaxray.models import resolve_attention
 from jaxray.parallel.mesh import trial_mesh
 from jaxray.raytrain.cluster import check_local_devices, cpu_program, describe_worker
 from jaxray.raytrain.failures import read_causes
-from jaxray.raytrain.faults import fault_hooks
 from jaxray.raytrain.reports import Reports, compile_writer, discard_unfinished, trial_folder
 from jaxray.raytrain.resume import count_attempt, resume_point
+from jaxray.raytrain.seams import train_hooks
 from jaxray.reporting.tensorboard import TensorBoardLogger
 from jaxray.train import compile_cache
 from jaxray.train.run import Diverged, train
@@ -94,7 +94,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     on_log=[reports.log] + ([tb] if tb else []),
                     resume=start.checkpoint,
                     save=reports.save,
-                    hooks=(*fault_hooks(trial, rank, start.attempt), reports.preemption_hook()),
+                    hooks=(*train_hooks(trial, rank, start.attempt), reports.preemption_hook()),
                     on_compile=compile_writer(config.get("compile_file") if rank == 0 else None),
                 )
             except Diverged as err:  # a failed trial, not a crash: no restart, nothing of it saved

@@ -3,20 +3,21 @@
 after its first complete checkpoint, and one whose node gets a preemption notice (``ray drain-node``
 with a deadline) and then goes. Each resumes on a replacement node from the newest complete checkpoint
 (losing no steps on the notice) and ends bitwise equal to an uninterrupted run; its summary names
-the cause. The workers pause at given steps (``JAXRAY_FAULT``) so that the node goes mid-run. The
+the cause. The workers pause at given steps (tests/faults.py) so that the node goes mid-run. The
 lost node's trial keeps its checkpoints on object storage (moto's S3 server), the others in a
 shared folder."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
+import faults
 import jax
 import numpy as np
 import pyarrow.fs as pafs
@@ -30,7 +31,6 @@ from jaxray import checkpoint, storage
 from jaxray.checkpoint import remote
 from jaxray.config import parse_trial
 from jaxray.data.workloads import load_arrays
-from jaxray.raytrain.faults import FAULT_ENV
 from jaxray.raytrain.sweep import trial_datasets
 from jaxray.raytrain.trainer import make_trainer
 
@@ -48,6 +48,7 @@ NODE_CPUS = 2  # one node holds the trial's two workers
 WAIT_S = 240
 COORDINATOR_REFRESH_S = 60  # three of its 20 s ticks: on a loaded machine 25 s once missed
 BUCKET = "jaxray"
+FAULT_FILE = Path(tempfile.gettempdir()) / f"jaxray-fault-{os.getpid()}.json"  # read by the workers
 
 
 class Nodes:
@@ -59,7 +60,9 @@ class Nodes:
         head = {"num_cpus": 0, "include_dashboard": False, "dashboard_port": free_port()}
         self.cluster = Cluster(initialize_head=True, head_node_args=head)
         self.current = self.cluster.add_node(num_cpus=NODE_CPUS)
-        ray.init(address=self.cluster.address, log_to_driver=False)
+        ray.init(
+            address=self.cluster.address, log_to_driver=False, runtime_env=faults.runtime_env(FAULT_FILE)
+        )
 
     def replace(self, remove: bool = True) -> None:
         """Remove the worker node (its raylet and processes killed) unless ``remove`` is False, and
@@ -113,13 +116,9 @@ def start_fit(
 ) -> tuple[threading.Thread, dict]:
     """Runs the trial in a thread; the dict gets its ``result``."""
     trainer = None
-    if fault:  # the test-only hook, passed on to the workers by the trainer
-        os.environ[FAULT_ENV] = json.dumps(fault)
-    try:
-        trial = trial_config(real_dir, workers)
-        trainer = make_trainer(trial, datasets, storage_path=storage, name=name, storage_uri=storage_uri)
-    finally:
-        os.environ.pop(FAULT_ENV, None)
+    faults.set_fault(FAULT_FILE, fault)  # read by the workers when the trial starts
+    trial = trial_config(real_dir, workers)
+    trainer = make_trainer(trial, datasets, storage_path=storage, name=name, storage_uri=storage_uri)
     out: dict = {}
     thread = threading.Thread(target=lambda: out.update(result=trainer.fit()), daemon=True)
     thread.start()

@@ -6,10 +6,11 @@ between checkpoints: tests/train/test_resume.py.)"""
 
 from __future__ import annotations
 
-import json
 import os
+import tempfile
 from pathlib import Path
 
+import faults
 import jax
 import numpy as np
 import pytest
@@ -19,7 +20,6 @@ from private_ray import init_private_ray
 from jaxray import checkpoint
 from jaxray.config import parse_trial
 from jaxray.data.workloads import load_arrays
-from jaxray.raytrain.faults import FAULT_ENV
 from jaxray.raytrain.sweep import trial_datasets
 from jaxray.raytrain.trainer import make_trainer
 
@@ -32,11 +32,12 @@ TRIALS = {
     },
 }
 EVAL_ROWS = 64
+FAULT_FILE = Path(tempfile.gettempdir()) / f"jaxray-fault-{os.getpid()}.json"  # read by the workers
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    init_private_ray(num_cpus=2)
+    init_private_ray(num_cpus=2, runtime_env=faults.runtime_env(FAULT_FILE))
     yield
     ray.shutdown()
 
@@ -53,12 +54,8 @@ def fit(workload: str, real_dir: Path, tmp_path: Path, name: str, fault: dict | 
     )
     train_arrays, held_out = load_arrays(trial)
     datasets = trial_datasets(trial, (train_arrays, {k: v[:EVAL_ROWS] for k, v in held_out.items()}))
-    if fault:  # the test-only hook, passed on to the workers by the trainer
-        os.environ[FAULT_ENV] = json.dumps(fault)
-    try:
+    with faults.inject(FAULT_FILE, fault):
         result = make_trainer(trial, datasets, storage_path=tmp_path / "ray", name=name).fit()
-    finally:
-        os.environ.pop(FAULT_ENV, None)
     assert result.error is None, result.error
     return result
 

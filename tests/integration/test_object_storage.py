@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import faults
 import pyarrow.fs as pafs
 import pytest
 import requests
@@ -69,7 +70,7 @@ def interrupted_in_the_pause(args: list[str], env: dict, experiment: Path, s3, l
     """Run ``python -m jaxray.tune *args`` with the workers pausing at step 7 and Ctrl+C it once the
     step-3 checkpoint is whole in the bucket; returns the run folder. Kills its process group if
     it does not exit within 120 s."""
-    env = {**env, "JAXRAY_FAULT": json.dumps(PAUSE)}
+    env = faults.fault_env(env, PAUSE)
     with log.open("w") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", *args],

@@ -13,11 +13,11 @@ import sys
 import time
 from pathlib import Path
 
+import faults
 import pytest
 from serve_load import replica_pids
 
 from jaxray import runs
-from jaxray.raytrain.faults import FAULT_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -38,12 +38,7 @@ def run_tune(tmp_path: Path, real_dir: Path, fault: dict, on_checkpoint=None) ->
     is complete, ``on_checkpoint(pid)`` (the driver's pid). Returns (exit code, output, run folder)."""
     config, log, out = tmp_path / "c.yaml", tmp_path / "tune.log", tmp_path / "out"
     config.write_text(CONFIG)
-    env = {
-        **os.environ,
-        "RAY_ADDRESS": "local",
-        "JAXRAY_DATA_DIR": str(real_dir),
-        FAULT_ENV: json.dumps(fault),
-    }
+    env = faults.env(fault, RAY_ADDRESS="local", JAXRAY_DATA_DIR=str(real_dir))
     cmd = [sys.executable, "-m", "jaxray.tune", "--config", str(config), "--out", str(out)]
     with log.open("w") as sink:
         proc = subprocess.Popen(

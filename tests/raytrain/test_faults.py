@@ -1,23 +1,32 @@
-"""Fault injection (``JAXRAY_FAULT``, set by the fault-tolerance tests only) fires where it says and
-only there: the kill hook on rank 0 of the first attempt, off checkpoint steps (there the save itself
-dies), the damage on the first restart. Nothing here is called that would end the test process."""
+"""Fault injection (tests/faults.py, the fault-tolerance tests' own) fires where it says and only
+there: the kill hook on rank 0 of the first attempt, off checkpoint steps (there the save itself dies),
+the damage on the first restart; it reaches the workers through Ray's setup hook and the product's
+seams, never through the product's own environment. Nothing here is called that would end the test
+process."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-
-from jaxray.config import ModelConfig, TrainConfig, TrialConfig, WorkersConfig
-from jaxray.raytrain.faults import (
+from faults import (
     FAULT_ENV,
+    FAULT_FILE_ENV,
+    SETUP_HOOK,
     Fault,
     damage,
-    damages_latest,
+    damage_latest,
     fault_hooks,
+    injected,
+    install,
     kill_in_save,
     pause_lengths,
+    runtime_env,
+    set_fault,
 )
+
+from jaxray.config import ModelConfig, TrainConfig, TrialConfig, WorkersConfig
+from jaxray.raytrain import seams
 from jaxray.raytrain.trainer import worker_env
 
 
@@ -64,23 +73,53 @@ def test_pauses_take_one_length_or_one_per_step():
         pause_lengths(Fault(pause_at_steps=(21, 26), pause_s=[20]))
 
 
-def test_the_kill_in_a_save_is_at_its_step_on_the_first_attempt(fault):
-    assert kill_in_save(8, 1) is None
+def test_the_kill_in_a_save_is_at_its_step_on_the_first_attempt(fault, monkeypatch):
+    died = []
+    monkeypatch.setattr("faults.die", died.append)
+    kill_in_save(8, 1)
     fault(kill_at_step=8)
-    assert callable(kill_in_save(8, 1))
-    assert kill_in_save(4, 1) is None and kill_in_save(8, 2) is None
+    kill_in_save(4, 1), kill_in_save(8, 2)
+    assert died == []
+    kill_in_save(8, 1)
+    assert died == [8]
 
 
-def test_the_newest_checkpoint_is_damaged_on_the_first_restart_only(fault):
-    assert not damages_latest(2)
+def test_the_newest_checkpoint_is_damaged_on_the_first_restart_only(fault, tmp_path):
+    newest, older = tmp_path / "b", tmp_path / "a"
+    for folder in (newest, older):
+        folder.mkdir()
+        (folder / "params").write_bytes(b"x" * 100)
+    damage_latest([newest, older], 2)
     fault(kill_at_step=6, corrupt_latest_checkpoint=True)
-    assert [damages_latest(a) for a in (1, 2, 3)] == [False, True, False]
+    for attempt in (1, 3, 2):
+        damage_latest([newest, older], attempt)
+    assert (newest / "params").stat().st_size == 50 and (older / "params").stat().st_size == 100
 
 
-def test_the_fault_travels_to_the_workers_and_nothing_else_does(fault):
-    assert FAULT_ENV not in worker_env(WorkersConfig())
+def test_the_fault_reaches_the_workers_by_rays_setup_hook_not_the_products_environment(fault, tmp_path):
     fault(kill_at_step=6)
-    assert json.loads(worker_env(WorkersConfig())[FAULT_ENV]) == {"kill_at_step": 6}
+    assert FAULT_ENV not in worker_env(WorkersConfig())
+    env = runtime_env(tmp_path / "f.json", {"env_vars": {"A": "1"}})
+    assert env["worker_process_setup_hook"] == SETUP_HOOK
+    assert env["env_vars"]["A"] == "1" and env["env_vars"][FAULT_FILE_ENV] == str(tmp_path / "f.json")
+
+
+def test_a_fault_file_is_read_at_each_trial_start(monkeypatch, tmp_path):
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    monkeypatch.setenv(FAULT_FILE_ENV, str(tmp_path / "f.json"))
+    assert injected() == Fault()
+    set_fault(tmp_path / "f.json", {"pause_at_steps": [3]})
+    assert injected().pause_at_steps == [3]
+    set_fault(tmp_path / "f.json", None)
+    assert injected() == Fault()
+
+
+def test_install_fills_the_products_seams(monkeypatch):
+    for name in ("TRAIN_HOOKS", "BEFORE_MANIFEST", "BEFORE_RESUME"):
+        monkeypatch.setattr(seams, name, [])
+    install()
+    assert seams.TRAIN_HOOKS == [fault_hooks] and seams.BEFORE_MANIFEST == [kill_in_save]
+    assert seams.BEFORE_RESUME == [damage_latest]
 
 
 def test_damage_halves_the_largest_file(tmp_path):

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import jax
 import pytest
+from faults import damage
 
 from jaxray.checkpoint import TRAIN_STATE, checkpoint_name, checkpoint_order, save_state, trial_checkpoints
 from jaxray.config import ModelConfig, TrainConfig, TrialConfig
 from jaxray.models import build
-from jaxray.raytrain.faults import damage
 from jaxray.raytrain.resume import candidates, choose, count_attempt
 from jaxray.train.step import init_state, make_optimizer
 
