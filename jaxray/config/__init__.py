@@ -177,12 +177,13 @@ class TrainConfig(FrozenConfig):
 class DataConfig(FrozenConfig):
     """Data files (None: ``jaxray.data.sources`` search order) and sequence length. ``parquet``: a
     folder or pyarrow URI as ``python -m jaxray.data prepare`` writes, streamed through Ray Data.
-    ``parquet_cache_mib``: a split that fits is read once; 0 reads every epoch."""
+    ``parquet_cache_mib``: the most host memory a prepared split may take decoded (each training
+    process reads it once and draws its batches there); a larger one is refused before Ray starts."""
 
     data_dir: str | None = None
     seq_len: PosInt = 256
     parquet: str | None = None
-    parquet_cache_mib: Annotated[int, Strict(), Field(ge=0)] = 1024
+    parquet_cache_mib: Annotated[int, Strict(), Field(ge=1)] = 1024
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:

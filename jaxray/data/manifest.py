@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow.fs as pafs
 
 from jaxray.storage import file_sha256, probe, resolve
@@ -19,6 +20,7 @@ FORMAT = "jaxray-parquet"
 FORMAT_VERSION = 1
 # dataset -> its splits (train, then the held-out one)
 SPLITS = {"tinyshakespeare": ("train", "validation"), "fashion-mnist": ("train", "test")}
+MAX_BYTES = 1 << 30  # data.parquet_cache_mib's default: a split decoded in each process's memory
 
 
 class ManifestError(ValueError):
@@ -59,6 +61,26 @@ class Manifest:
                 f"{self.root}/{MANIFEST}: no split {name!r} (it has {', '.join(self.splits)})"
             )
         return self.splits[name]
+
+    def decoded_bytes(self, name: str) -> int:
+        """Bytes of split ``name``'s rows as ``parquet.split_arrays`` holds them (decoded dtypes)."""
+        row = sum(
+            int(np.prod(c["shape"], dtype=np.int64)) * np.dtype(c["dtype"]).itemsize
+            for c in self.columns.values()
+        )
+        return self.split(name).rows * row
+
+
+def check_fits(manifest: Manifest, split: str, max_bytes: int) -> None:
+    """ManifestError naming the sizes if ``split`` decodes to more than ``max_bytes``: each training
+    process holds it whole in host memory."""
+    size = manifest.decoded_bytes(split)
+    if size > max_bytes:
+        raise ManifestError(
+            f"{manifest.root}: split {split} decodes to {size / 2**20:,.0f} MiB, more than "
+            f"data.parquet_cache_mib ({max_bytes / 2**20:,.0f} MiB); each training process holds it in host "
+            f"memory: raise data.parquet_cache_mib where the hosts have the memory"
+        )
 
 
 def read_manifest(

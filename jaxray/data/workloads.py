@@ -7,7 +7,7 @@ import pyarrow.fs as pafs
 from jaxray.config import TrialConfig
 from jaxray.data.batching import Arrays, Source, Windows
 from jaxray.data.fashion_mnist import load_fashion_mnist
-from jaxray.data.manifest import MANIFEST, SPLITS, Manifest, ManifestError, read_manifest
+from jaxray.data.manifest import MANIFEST, SPLITS, Manifest, ManifestError, check_fits, read_manifest
 from jaxray.data.shakespeare import load_shakespeare
 from jaxray.storage import resolve
 
@@ -66,7 +66,8 @@ def held_out_split(workload: str) -> str:
 
 def parquet_folder(trial: TrialConfig) -> tuple[str, Manifest]:
     """(folder, Manifest) of ``trial``'s prepared Parquet data (``data.parquet``/<dataset>). Raises
-    ManifestError when missing, damaged, another dataset or another ``data.seq_len``."""
+    ManifestError when missing, damaged, another dataset or another ``data.seq_len``, or when its
+    train split decodes to more than ``data.parquet_cache_mib``."""
     dataset = WORKLOAD_DATASET[trial.model.workload]
     root = trial.data.parquet.rstrip("/")
     fs, local = resolve(root)
@@ -86,4 +87,5 @@ def parquet_folder(trial: TrialConfig) -> tuple[str, Manifest]:
             f"{folder} holds sequences of {manifest.seq_len} bytes but data.seq_len is "
             f"{trial.data.seq_len}; prepare it with --seq-len {trial.data.seq_len}"
         )
+    check_fits(manifest, "train", trial.data.parquet_cache_mib << 20)
     return folder, manifest

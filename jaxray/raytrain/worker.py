@@ -41,9 +41,9 @@ def worker_data(
     global_batch = trial.train.global_batch
     if trial.data.parquet:
         folder, manifest = parquet_folder(trial)
-        cache_bytes = trial.data.parquet_cache_mib << 20
+        max_bytes = trial.data.parquet_cache_mib << 20
         batches = parquet_batches(
-            folder, "train", global_batch, trial.train.seed, rank, world, cache_bytes=cache_bytes
+            folder, "train", global_batch, trial.train.seed, rank, world, max_bytes=max_bytes
         )
         held_out = split_arrays(folder, held_out_split(trial.model.workload), manifest=manifest)
         return batches, held_out, manifest.samples("train")

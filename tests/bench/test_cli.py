@@ -277,7 +277,6 @@ def test_ingest_streamed_and_prestaged_agree(tmp_path):
         "in memory",
         "ray data, arrays",
         "ray data",
-        "ray data, every epoch",
     ]
     for row in doc["rows"]:
         assert row["epoch_boundaries"] == 1 and row["final_losses"] == doc["rows"][0]["final_losses"]

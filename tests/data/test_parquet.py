@@ -11,18 +11,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from jaxray.config import parse_trial
 from jaxray.data.batching import train_batches
-from jaxray.data.manifest import MANIFEST, read_manifest
-from jaxray.data.parquet import (
-    CACHE_BYTES,
-    decoded_bytes,
-    local_keys,
-    parquet_batches,
-    parquet_dataset,
-    split_arrays,
-)
+from jaxray.data.manifest import MANIFEST, ManifestError, read_manifest
+from jaxray.data.parquet import parquet_batches, parquet_dataset, split_arrays
 from jaxray.data.prepare import to_table
-from jaxray.data.workloads import train_source
+from jaxray.data.workloads import parquet_folder, train_source
 from jaxray.storage import file_sha256, resolve
 
 pytestmark = pytest.mark.ray
@@ -48,12 +42,10 @@ def within(seconds: float, fn):
     return result["value"]
 
 
-def assert_same_batches(folder, arrays, global_batch, process_count, batches, cache_bytes=0):
+def assert_same_batches(folder, arrays, global_batch, process_count, batches):
     for p in range(process_count):
         # A generator: nothing is read until ``within`` takes from it.
-        stream = parquet_batches(
-            str(folder), "train", global_batch, SEED, p, process_count, cache_bytes=cache_bytes
-        )
+        stream = parquet_batches(str(folder), "train", global_batch, SEED, p, process_count)
         got = within(300, lambda s=stream: list(itertools.islice(s, batches)))
         source = train_source(read_manifest(str(folder)).dataset, arrays)
         want = itertools.islice(train_batches(source, global_batch, SEED, p, process_count), batches)
@@ -64,36 +56,17 @@ def assert_same_batches(folder, arrays, global_batch, process_count, batches, ca
                 np.testing.assert_array_equal(g[k], w[k], err_msg=f"process {p}, batch {i}, {k}")
 
 
-def test_local_keys_cover_each_process_batches_exactly():
-    rows, g, procs = 103, 12, 3
-    keys = [local_keys(rows, SEED, 1, g, p, procs) for p in range(procs)]
-    for k in keys:
-        assert sorted(k[k >= 0]) == list(range(rows // g * (g // procs)))
-    assert ((np.stack(keys) >= 0).sum(0) <= 1).all()  # no row in two processes
-    assert (np.stack(keys) >= 0).sum() == rows // g * g  # the partial tail is dropped
-
-
-# Uncached reads of every epoch take 10-15 s each: CI's slow part; the cached read stays fast.
-@pytest.mark.parametrize(
-    "process_count, cache_bytes",
-    [
-        pytest.param(1, 0, marks=pytest.mark.slow),
-        pytest.param(2, 0, marks=pytest.mark.slow),
-        (2, CACHE_BYTES),
-    ],
-)
-def test_tinyshakespeare_batches_equal_train_batches(local_ray, ts_parquet, process_count, cache_bytes):
+@pytest.mark.parametrize("process_count", [pytest.param(1, marks=pytest.mark.slow), 2])
+def test_tinyshakespeare_batches_equal_train_batches(local_ray, ts_parquet, process_count):
     folder, splits = ts_parquet
     # 7842 rows, global batch 1024: 7 batches an epoch (the 674-row tail dropped); 16 = 2 epochs and 2.
-    assert_same_batches(folder, splits["train"], 1024, process_count, 16, cache_bytes)
+    assert_same_batches(folder, splits["train"], 1024, process_count, 16)
 
 
-@pytest.mark.parametrize("cache_bytes", [pytest.param(0, marks=pytest.mark.slow), CACHE_BYTES])
-def test_fashion_mnist_batches_equal_train_batches(local_ray, fm_parquet, cache_bytes):
+def test_fashion_mnist_batches_equal_train_batches(local_ray, fm_parquet):
     folder, splits = fm_parquet
     # 60000 rows, global batch 8192: 7 batches an epoch; both processes, into the second epoch.
-    # Read every epoch (0) or read once and reordered in memory (the default: 188 MB fits in 1 GiB).
-    assert_same_batches(folder, splits["train"], 8192, 2, 9, cache_bytes)
+    assert_same_batches(folder, splits["train"], 8192, 2, 9)
 
 
 def test_split_arrays_and_decoded_bytes(local_ray, fm_parquet):
@@ -103,7 +76,20 @@ def test_split_arrays_and_decoded_bytes(local_ray, fm_parquet):
         assert got[name].dtype == want.dtype
         np.testing.assert_array_equal(got[name], want, err_msg=name)
     manifest = read_manifest(str(folder))
-    assert decoded_bytes(manifest, "train") == 60_000 * (784 * 4 + 4)
+    assert manifest.decoded_bytes("train") == 60_000 * (784 * 4 + 4)
+
+
+def test_a_split_larger_than_the_memory_given_is_refused_naming_both_sizes(fm_parquet, tmp_path):
+    folder = str(fm_parquet[0])
+    with pytest.raises(
+        ManifestError, match=r"split train decodes to 180 MiB, more than data.parquet_cache_mib \(100 MiB\)"
+    ):
+        next(parquet_batches(folder, "train", 1024, SEED, max_bytes=100 << 20))
+    # A sweep refuses it before Ray starts: check_batches reads every sweep's folder through this.
+    (tmp_path / "fashion-mnist").symlink_to(folder)
+    trial = {"model": {"workload": "mlp"}, "data": {"parquet": str(tmp_path), "parquet_cache_mib": 100}}
+    with pytest.raises(ManifestError, match="decodes to 180 MiB, more than data.parquet_cache_mib"):
+        parquet_folder(parse_trial(trial))
 
 
 def test_uneven_files_give_every_process_the_same_batches(local_ray, ts_parquet, tmp_path):
@@ -141,7 +127,6 @@ def test_parquet_dataset_reads_a_uri_in_natural_order(local_ray, ts_parquet):
         ({"global_batch": 8000}, "batch size 8000 is larger than the 7842 rows"),
         ({"global_batch": 1000, "process_count": 3}, "batch size 1000 does not divide over 3 processes"),
         ({"global_batch": 1024, "process_index": 2, "process_count": 2}, "process_index 2 is not in 0..1"),
-        ({"global_batch": 1024, "cache_bytes": -1}, "cache_bytes must be >= 0, got -1"),
     ],
 )
 def test_impossible_sizes_are_refused(ts_parquet, kwargs, message):
