@@ -103,11 +103,7 @@ def save_experiment(out: Path, exp: ExperimentConfig) -> Path:
     """Write the resolved experiment config to ``out/experiment.yaml`` (what ``--resume`` reads)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / EXPERIMENT_FILE
-    config = exp.model_dump(mode="json")
-    for key in ("data_dir", "parquet"):  # a relative folder would change meaning with the working directory
-        value = config["data"][key]
-        if value is not None and "://" not in value:
-            config["data"][key] = str(Path(value).absolute())
+    config = exp.model_dump(mode="json")  # data folders already absolute (DataConfig)
     text = yaml.safe_dump(config, sort_keys=False)
     with written_whole(path) as partial:  # never a truncated config
         partial.write_text(
@@ -165,12 +161,12 @@ def load_resume(path: Path, overrides: dict[str, Any] | None = None) -> tuple[Ex
 def check_batches(exp: ExperimentConfig, firsts: dict[str, TrialConfig], arrays: dict[str, tuple]) -> None:
     """Every grid point's global batch must fit in its sweep's training rows (``arrays``' train split,
     else the Parquet folder's manifest), or no worker would see a full batch. Raises ConfigError
-    naming the sweep and the sizes, or ``data.parquet`` when a folder is missing, damaged, holds
-    another dataset or another seq_len."""
+    naming the sweep and the sizes, or ``data.parquet`` when a folder is missing, damaged (each file
+    against its SHA-256, once, here), holds another dataset or another seq_len."""
     for i, sweep in enumerate(exp.sweeps):
         try:
             rows = (
-                parquet_folder(firsts[sweep.workload])[1].samples("train")
+                parquet_folder(firsts[sweep.workload], verify_checksums=True)[1].samples("train")
                 if exp.data.parquet
                 else num_samples(arrays[sweep.workload][0])
             )

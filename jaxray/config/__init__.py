@@ -4,9 +4,10 @@ validated in one place (``check_devices``: the checks that need the device count
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, Strict, StrictBool, model_validator
+from pydantic import Field, Strict, StrictBool, field_validator, model_validator
 
 from jaxray.config.errors import ConfigError, invalid, shown, validate
 from jaxray.config.scaling import ACCELERATORS, MESH_AXES, ParallelConfig, WorkersConfig
@@ -176,7 +177,8 @@ class TrainConfig(FrozenConfig):
 
 class DataConfig(FrozenConfig):
     """Data files (None: ``jaxray.data.sources`` search order) and sequence length. ``parquet``: a
-    folder or pyarrow URI as ``python -m jaxray.data prepare`` writes, streamed through Ray Data.
+    folder or pyarrow URI as ``python -m jaxray.data prepare`` writes, read through Ray Data. A
+    relative folder is made absolute where the config is parsed (workers start elsewhere).
     ``parquet_cache_mib``: the most host memory a prepared split may take decoded (each training
     process reads it once and draws its batches there); a larger one is refused before Ray starts."""
 
@@ -184,6 +186,11 @@ class DataConfig(FrozenConfig):
     seq_len: PosInt = 256
     parquet: str | None = None
     parquet_cache_mib: Annotated[int, Strict(), Field(ge=1)] = 1024
+
+    @field_validator("data_dir", "parquet")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        return value if value is None or "://" in value else str(Path(value).absolute())
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:

@@ -64,10 +64,11 @@ def held_out_split(workload: str) -> str:
     return SPLITS[WORKLOAD_DATASET[workload]][1]
 
 
-def parquet_folder(trial: TrialConfig) -> tuple[str, Manifest]:
+def parquet_folder(trial: TrialConfig, verify_checksums: bool = False) -> tuple[str, Manifest]:
     """(folder, Manifest) of ``trial``'s prepared Parquet data (``data.parquet``/<dataset>). Raises
     ManifestError when missing, damaged, another dataset or another ``data.seq_len``, or when its
-    train split decodes to more than ``data.parquet_cache_mib``."""
+    train split decodes to more than ``data.parquet_cache_mib``; with ``verify_checksums``, also when a
+    file differs from the SHA-256 its manifest records (changed since ``prepare``)."""
     dataset = WORKLOAD_DATASET[trial.model.workload]
     root = trial.data.parquet.rstrip("/")
     fs, local = resolve(root)
@@ -79,7 +80,7 @@ def parquet_folder(trial: TrialConfig) -> tuple[str, Manifest]:
             f"{' and '.join(sorted(SPLITS))} folders (its parent?)"
         )
     folder = f"{root}/{dataset}"
-    manifest = read_manifest(folder)
+    manifest = read_manifest(folder, verify_checksums=verify_checksums)
     if manifest.dataset != dataset:
         raise ManifestError(f"{folder} holds {manifest.dataset}, not {dataset}")
     if manifest.seq_len is not None and manifest.seq_len != trial.data.seq_len:

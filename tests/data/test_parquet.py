@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import threading
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -132,3 +134,28 @@ def test_parquet_dataset_reads_a_uri_in_natural_order(local_ray, ts_parquet):
 def test_impossible_sizes_are_refused(ts_parquet, kwargs, message):
     with pytest.raises(ValueError, match=message):
         next(parquet_batches(str(ts_parquet[0]), "train", seed=SEED, **kwargs))
+
+
+def test_a_file_changed_after_prepare_is_refused_before_ray(fm_parquet, tmp_path):
+    """check_batches (before Ray) reads each sweep's folder with its checksums: a part file rewritten
+    after ``prepare`` (the same rows, other labels) is refused, naming it."""
+    copy = tmp_path / "fashion-mnist"
+    shutil.copytree(fm_parquet[0], copy)
+    part = sorted((copy / "train").glob("*.parquet"))[0]
+    table = pq.read_table(part)
+    labels = pa.array((table.column("label").to_numpy() + 1) % 10, pa.int32())
+    pq.write_table(table.set_column(table.schema.get_field_index("label"), "label", labels), part)
+    trial = parse_trial({"model": {"workload": "mlp"}, "data": {"parquet": str(tmp_path)}})
+    parquet_folder(trial)  # the workers' read: the names and sizes only
+    with pytest.raises(ManifestError, match=f"{part} does not match the SHA-256 recorded"):
+        parquet_folder(trial, verify_checksums=True)
+
+
+def test_a_relative_folder_is_made_absolute_where_the_config_is_parsed(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    data = parse_trial({"model": {"workload": "mlp"}, "data": {"parquet": "pq", "data_dir": "d"}}).data
+    assert (data.parquet, data.data_dir) == (str(tmp_path / "pq"), str(tmp_path / "d"))
+    assert (
+        parse_trial({"model": {"workload": "mlp"}, "data": {"parquet": "gs://b/pq"}}).data.parquet
+        == "gs://b/pq"
+    )
