@@ -281,6 +281,8 @@ def test_ingest_streamed_and_prestaged_agree(tmp_path):
     for row in doc["rows"]:
         assert row["epoch_boundaries"] == 1 and row["final_losses"] == doc["rows"][0]["final_losses"]
     assert doc["summary"]["mlp_ratio"] == pytest.approx(doc["rows"][3]["vs_prestaged"])
+    verdict = "met" if doc["rows"][3]["vs_prestaged"] <= doc["summary"]["target"] else "missed"
+    assert any(n.startswith("mlp, ray data: ") and n.endswith(f"target {verdict}") for n in doc["notes"])
 
 
 @pytest.mark.slow  # the learning path's own scripts run beside jaxray
