@@ -162,7 +162,7 @@ def check_batches(exp: ExperimentConfig, firsts: dict[str, TrialConfig], arrays:
     """Every grid point's global batch must fit in its sweep's training rows (``arrays``' train split,
     else the Parquet folder's manifest), or no worker would see a full batch. Raises ConfigError
     naming the sweep and the sizes, or ``data.parquet`` when a folder is missing, damaged (each file
-    against its SHA-256, once, here), holds another dataset or another seq_len."""
+    against its SHA-256, here, once per sweep), holds another dataset or another seq_len."""
     for i, sweep in enumerate(exp.sweeps):
         try:
             rows = (

@@ -101,9 +101,13 @@ def install() -> None:
     """Ray's ``worker_process_setup_hook``: the three faults join the product's worker seams."""
     from jaxray.raytrain import seams
 
-    seams.TRAIN_HOOKS.append(fault_hooks)
-    seams.BEFORE_MANIFEST.append(kill_in_save)
-    seams.BEFORE_RESUME.append(damage_latest)
+    for seam, call in (
+        (seams.TRAIN_HOOKS, fault_hooks),
+        (seams.BEFORE_MANIFEST, kill_in_save),
+        (seams.BEFORE_RESUME, damage_latest),
+    ):
+        if call not in seam:  # once, however often the hook runs
+            seam.append(call)
 
 
 # Before an injected exit: several of Ray Train's 2 s polls, also under load. Its controller collects

@@ -179,7 +179,7 @@ class DataConfig(FrozenConfig):
     """Data files (None: ``jaxray.data.sources`` search order) and sequence length. ``parquet``: a
     folder or pyarrow URI as ``python -m jaxray.data prepare`` writes, read through Ray Data. A
     relative folder is made absolute where the config is parsed (workers start elsewhere).
-    ``parquet_cache_mib``: the most host memory a prepared split may take decoded (each training
+    ``parquet_cache_mib``: the most host memory a prepared training split may take decoded (each training
     process reads it once and draws its batches there); a larger one is refused before Ray starts."""
 
     data_dir: str | None = None
@@ -190,7 +190,9 @@ class DataConfig(FrozenConfig):
     @field_validator("data_dir", "parquet")
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
-        return value if value is None or "://" in value else str(Path(value).absolute())
+        if not value:  # "" as None: no folder given
+            return None
+        return value if "://" in value else str(Path(value).absolute())
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow.fs as pafs
 
+from jaxray.config import DataConfig
 from jaxray.storage import file_sha256, probe, resolve
 
 MANIFEST = "manifest.json"
@@ -20,7 +21,8 @@ FORMAT = "jaxray-parquet"
 FORMAT_VERSION = 1
 # dataset -> its splits (train, then the held-out one)
 SPLITS = {"tinyshakespeare": ("train", "validation"), "fashion-mnist": ("train", "test")}
-MAX_BYTES = 1 << 30  # data.parquet_cache_mib's default: a split decoded in each process's memory
+# data.parquet_cache_mib's default: the most a split may take decoded in each process's memory
+MAX_BYTES = DataConfig.model_fields["parquet_cache_mib"].default << 20
 
 
 class ManifestError(ValueError):

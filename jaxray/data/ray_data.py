@@ -37,7 +37,12 @@ def train_dataset(source: Source, global_batch: int, seed: int, steps: int) -> r
     # process draws for a trial (each new one imports jaxray; a dozen at once took a 2-core machine
     # from the step: make demo 13.4 -> 11.7 min), still ~15-27M tokens/s here (docs/benchmarks.md).
     ds = starts.map_batches(
-        _draw, batch_size=1, batch_format="numpy", fn_kwargs=kwargs, num_cpus=0, concurrency=1
+        _draw,
+        batch_size=1,
+        batch_format="numpy",
+        fn_kwargs=kwargs,
+        num_cpus=0,
+        compute=ray.data.TaskPoolStrategy(size=1),
     )
     ds.context.execution_options.preserve_order = True  # blocks of several tasks in position order
     return ds

@@ -17,7 +17,8 @@ if TYPE_CHECKING:  # imported by every Ray worker's setup: no JAX for Ray Data's
 TRAIN_HOOKS: list[Callable[[TrialConfig, int, int], Iterable[Hook]]] = []
 # (step, attempt), rank 0, after a checkpoint's arrays are written, before its manifest.
 BEFORE_MANIFEST: list[Callable[[int, int], None]] = []
-# (the trial's checkpoint folders, newest first; attempt), rank 0, before resume picks one.
+# (the trial's checkpoint folders, newest first; attempt), rank 0, before resume picks one (a folder
+# storage only: not with object storage).
 BEFORE_RESUME: list[Callable[[list[Path], int], None]] = []
 
 

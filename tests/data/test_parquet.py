@@ -13,13 +13,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jaxray.config import parse_trial
+from jaxray.config import ConfigError, parse_trial
+from jaxray.config.experiment import load_experiment
 from jaxray.data.batching import train_batches
 from jaxray.data.manifest import MANIFEST, ManifestError, read_manifest
 from jaxray.data.parquet import parquet_batches, parquet_dataset, split_arrays
 from jaxray.data.prepare import to_table
 from jaxray.data.workloads import parquet_folder, train_source
+from jaxray.parallel.checks import plan_experiment
 from jaxray.storage import file_sha256, resolve
+from jaxray.tune import check_batches, first_trials
 
 pytestmark = pytest.mark.ray
 SEED = 7
@@ -147,8 +150,14 @@ def test_a_file_changed_after_prepare_is_refused_before_ray(fm_parquet, tmp_path
     pq.write_table(table.set_column(table.schema.get_field_index("label"), "label", labels), part)
     trial = parse_trial({"model": {"workload": "mlp"}, "data": {"parquet": str(tmp_path)}})
     parquet_folder(trial)  # the workers' read: the names and sizes only
-    with pytest.raises(ManifestError, match=f"{part} does not match the SHA-256 recorded"):
-        parquet_folder(trial, verify_checksums=True)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"experiment: t\ndata: {{parquet: {tmp_path}}}\nsweeps:\n  - workload: mlp\n"
+        "    search_space: {global_batch: [64]}\n"
+    )
+    exp = load_experiment(config)
+    with pytest.raises(ConfigError, match=f"data.parquet: {part} does not match the SHA-256 recorded"):
+        check_batches(exp, first_trials(plan_experiment(exp, str(config))), {})
 
 
 def test_a_relative_folder_is_made_absolute_where_the_config_is_parsed(monkeypatch, tmp_path):
@@ -159,3 +168,8 @@ def test_a_relative_folder_is_made_absolute_where_the_config_is_parsed(monkeypat
         parse_trial({"model": {"workload": "mlp"}, "data": {"parquet": "gs://b/pq"}}).data.parquet
         == "gs://b/pq"
     )
+
+
+def test_a_blank_folder_is_none():
+    data = parse_trial({"model": {"workload": "mlp"}, "data": {"parquet": "", "data_dir": ""}}).data
+    assert (data.parquet, data.data_dir) == (None, None)
