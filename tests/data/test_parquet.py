@@ -68,6 +68,7 @@ def test_tinyshakespeare_batches_equal_train_batches(local_ray, ts_parquet, proc
     assert_same_batches(folder, splits["train"], 1024, process_count, 16)
 
 
+@pytest.mark.slow  # ~5 s; text's rows take the same path in make test
 def test_fashion_mnist_batches_equal_train_batches(local_ray, fm_parquet):
     folder, splits = fm_parquet
     # 60000 rows, global batch 8192: 7 batches an epoch; both processes, into the second epoch.

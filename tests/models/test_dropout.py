@@ -20,7 +20,7 @@ def tokens():
     return jax.random.randint(jax.random.key(1), (2, 16), 0, 256)
 
 
-@pytest.mark.parametrize("attention", ["xla", "dense"])
+@pytest.mark.parametrize("attention", [pytest.param("xla", marks=pytest.mark.slow), "dense"])  # xla: ~6 s
 def test_dropout_acts_only_given_a_key(attention):
     cfg = ModelConfig(**SHAPE, dropout=0.3, attention=attention)
     model, plain = build(cfg), build(cfg.model_copy(update={"dropout": 0.0}))
