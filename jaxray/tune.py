@@ -195,7 +195,7 @@ def prepare(
     check that can fail on the user's input has passed, all before Ray starts; a new run's folder is
     created (with its experiment.yaml) only then. Ray is up when it returns; the run folder is held
     (``folders.exclusive``) until ``stack`` closes. Raises ConfigError, DataFileError or RunFolderError."""
-    overrides = {"data.data_dir": str(Path(args.data_dir).absolute())} if args.data_dir else None
+    overrides = {"data.data_dir": args.data_dir} if args.data_dir else None  # made absolute by DataConfig
     if args.resume is not None:
         exp, out = load_resume(Path(args.resume).absolute(), overrides)
         source = str(out / EXPERIMENT_FILE)

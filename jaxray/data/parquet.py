@@ -110,15 +110,16 @@ def parquet_batches(
     process_count: int = 1,
     filesystem: pafs.FileSystem | None = None,
     max_bytes: int = MAX_BYTES,
+    manifest: Manifest | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Endless batches of this process, equal to ``train_batches(train_source(dataset, arrays),
     global_batch, seed, process_index, process_count)`` over the natural-order arrays:
     ``{"tokens": [L, T] int32}`` or ``{"image": [L, 784] float32, "label": [L] int32}``,
-    L = global_batch / process_count. Needs ``ray.init``. Raises ManifestError (also for a split
-    decoding to more than ``max_bytes``), ValueError as ``train_batches``, RuntimeError if a row
-    never arrives."""
+    L = global_batch / process_count. ``manifest``: the folder's, already read (None: read here).
+    Needs ``ray.init``. Raises ManifestError (also for a split decoding to more than ``max_bytes``),
+    ValueError as ``train_batches``, RuntimeError if a row never arrives."""
     fs, root = resolve(path_or_uri, filesystem)
-    manifest = read_manifest(root, fs)
+    manifest = manifest or read_manifest(root, fs)
     rows = manifest.split(split).rows
     if rows < global_batch:
         raise ValueError(f"batch size {global_batch} is larger than the {rows} rows of the dataset")

@@ -41,9 +41,9 @@ def worker_data(
     global_batch = trial.train.global_batch
     if trial.data.parquet:
         folder, manifest = parquet_folder(trial)
-        max_bytes = trial.data.parquet_cache_mib << 20
+        seed, max_bytes = trial.train.seed, trial.data.parquet_cache_mib << 20
         batches = parquet_batches(
-            folder, "train", global_batch, trial.train.seed, rank, world, max_bytes=max_bytes
+            folder, "train", global_batch, seed, rank, world, max_bytes=max_bytes, manifest=manifest
         )
         held_out = split_arrays(folder, held_out_split(trial.model.workload), manifest=manifest)
         return batches, held_out, manifest.samples("train")
