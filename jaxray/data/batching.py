@@ -9,7 +9,6 @@ import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-import jax
 import numpy as np
 
 Arrays = Mapping[str, np.ndarray]
@@ -108,6 +107,8 @@ def train_batches(
 def eval_batches(arrays: Arrays, global_batch: int) -> Iterator[dict[str, np.ndarray]]:
     """This process's rows of each ``global_batch``-row eval batch, the last zero-padded, each with
     ``"mask"`` [rows] float32 (1 real, 0 padding); ``global_batch`` must divide by process count."""
+    import jax  # here, not above: Ray Data's processes import this module to draw, never to evaluate
+
     n = num_rows(arrays)
     processes, index = jax.process_count(), jax.process_index()
     local = global_batch // processes

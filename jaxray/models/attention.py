@@ -17,8 +17,9 @@ REQUESTS: tuple[str, ...] = Requested.__args__
 CUDNN_DTYPES = ("bfloat16", "float16")
 MIN_COMPUTE_CAPABILITY = (8, 0)
 SPLASH_MULTIPLE = 128  # splash's kv blocks are multiples of 128 that divide the sequence
-# auto on TPU: splash from this sequence length, dense XLA below (v5e, bf16, fwd+bwd: splash 2.2x
-# XLA at T 1024, XLA 2.1x splash at T 256; docs/benchmarks.md "Attention on the TPU").
+# auto on TPU: splash from this sequence length, XLA below (v5e, bf16, fwd+bwd: splash 2.2x XLA at
+# T 1024, XLA 2.1x splash at T 256; docs/benchmarks.md "Attention on the TPU"): dense in bfloat16, the
+# blocked one in float32 (lab-7's step: 5.33 ms against dense 5.93; bf16 4.07 against 4.06).
 SPLASH_MIN_SEQ = 512
 
 
@@ -106,6 +107,9 @@ def _auto(target: Target) -> AttentionChoice:
     if target.platform == "tpu":
         if not splash_blockers(target) and target.seq_len >= SPLASH_MIN_SEQ:
             return AttentionChoice("auto", "splash", f"TPU, sequence {target.seq_len} >= {SPLASH_MIN_SEQ}")
+        if target.dtype == "float32":
+            why = f"TPU, float32, sequence {target.seq_len}: blocked XLA beats dense and splash below"
+            return AttentionChoice("auto", "xla", f"{why} {SPLASH_MIN_SEQ}")
         why = f"TPU, sequence {target.seq_len}: dense XLA beats splash below {SPLASH_MIN_SEQ}"
         return AttentionChoice("auto", "dense", why)
     blockers = cudnn_blockers(target)

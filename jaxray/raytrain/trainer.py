@@ -14,9 +14,9 @@ from jaxray import storage
 from jaxray.argtypes import cpu_xla_flags
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig
 from jaxray.raytrain.cluster import QUIET_ENV
+from jaxray.raytrain.entry import train_loop_per_worker
 from jaxray.raytrain.failures import FailureLog
 from jaxray.raytrain.reports import SCORE_KEY
-from jaxray.raytrain.worker import train_loop_per_worker
 from jaxray.runs import COMPILE_FILE
 
 
