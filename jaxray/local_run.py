@@ -56,8 +56,8 @@ def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
             f"the trial needs {trial.workers.total_devices} devices (workers.num_workers x "
             f"workers.devices_per_worker), this process sees {len(jax.devices())}: {jax.devices()}"
         )
-    done = remote.complete_checkpoints(str(out))  # committed ones, newest first
-    latest = Path(done[0]) if done else None
+    done = checkpoint.checkpoints(Path(out))  # committed ones, newest first
+    latest = done[0] if done else None
     if latest is not None and not resume:
         raise LocalRunError(f"{out} already holds checkpoints ({latest.name}): --resume, or another --out")
     if resume:

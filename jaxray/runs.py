@@ -343,6 +343,6 @@ def open_checkpoint(
         named = checkpoint_of(run, row or best_row(run, workload))
     except RunFolderError as err:
         raise checkpoint.CheckpointError(str(err)) from err
-    if isinstance(named, str):  # on storage (``storage``): fetched, or the trial's newest good older one
-        return checkpoint.restore_latest(remote.trial_checkpoints(named), remote.open_uri)[0]
-    return checkpoint.restore_latest(checkpoint.trial_checkpoints(named), checkpoint.open)[0]
+    # On storage (``storage``): fetched, or the trial's newest good older one.
+    opener = remote.open_uri if isinstance(named, str) else checkpoint.open
+    return checkpoint.restore_latest(checkpoint.trial_checkpoints(named), opener)[0]

@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import pyarrow.fs as pafs
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
@@ -290,12 +291,31 @@ def remove_unfinished(trial_dir: Path, but_attempt: int | None = None) -> list[s
     """Remove the checkpoint folders in ``trial_dir`` never committed (no ``train_state.json``), except
     those of attempt ``but_attempt``; returns their names."""
     keep = f"_attempt{but_attempt}" if but_attempt is not None else None
-    gone = []
-    for folder in sorted(trial_dir.glob(f"{CHECKPOINT_PREFIX}*")):
-        if (keep is None or not folder.name.endswith(keep)) and not (folder / TRAIN_STATE).exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            gone.append(folder.name)
-    return gone
+    gone = [f for f in checkpoints(trial_dir, complete=False) if keep is None or not f.name.endswith(keep)]
+    for folder in gone:
+        shutil.rmtree(folder, ignore_errors=True)
+    return [folder.name for folder in gone]
+
+
+def checkpoints(folder: Path | str, complete: bool | None = True) -> list:
+    """The ``checkpoint_*`` folders in ``folder`` (a Path, or a path or URI as a str: the same kind
+    back), newest first (``checkpoint_order``): ``complete`` True those with a ``train_state.json``,
+    False those without, None all; [] when ``folder`` does not exist. Raises CheckpointError when it
+    cannot be listed."""
+    try:
+        fs, root = storage.resolve(str(folder))
+        found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        names = [PurePosixPath(i.path).name for i in found if i.type == pafs.FileType.Directory]
+        names = [n for n in names if n.startswith(CHECKPOINT_PREFIX)]
+        if complete is not None:
+            states = fs.get_file_info([f"{root}/{n}/{TRAIN_STATE}" for n in names])
+            names = [n for n, s in zip(names, states) if (s.type == pafs.FileType.File) == complete]
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{storage.display(str(folder))} cannot be listed: {err}") from err
+    names.sort(key=checkpoint_order, reverse=True)
+    return (
+        [folder / n for n in names] if isinstance(folder, Path) else [storage.join(folder, n) for n in names]
+    )
 
 
 def checkpoint_order(path: Path | str) -> tuple[int, ...]:
@@ -304,14 +324,14 @@ def checkpoint_order(path: Path | str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", PurePosixPath(str(path).rstrip("/")).name))
 
 
-def trial_checkpoints(named: Path) -> list[Path]:
-    """``named``, then the older ``checkpoint_*`` folders beside it, newest first: the order a damaged
-    checkpoint is fallen back from."""
+def trial_checkpoints(named: Path | str) -> Iterator[Path | str]:
+    """``named`` (a folder, or a URI), then the older complete checkpoints beside it, newest first: the
+    order a damaged checkpoint is fallen back from. Listed only once ``named`` is passed over (a reader
+    allowed to read objects but not to list still reads it)."""
+    yield named
+    beside = named.parent if isinstance(named, Path) else named.rstrip("/").rpartition("/")[0]
     newest = checkpoint_order(named)
-    older = [
-        c for c in named.parent.glob(f"{CHECKPOINT_PREFIX}*") if checkpoint_order(c) < newest and c.is_dir()
-    ]
-    return [named, *sorted(older, key=checkpoint_order, reverse=True)]
+    yield from (c for c in checkpoints(beside) if checkpoint_order(c) < newest)
 
 
 def restore_latest(candidates: Iterable[Any], restore: Callable[[Any], Any]) -> tuple[Any, Any]:

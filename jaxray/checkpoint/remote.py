@@ -12,7 +12,6 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 import filelock
@@ -26,6 +25,7 @@ from jaxray.checkpoint import (
     CheckpointError,
     Verified,
     checkpoint_order,
+    checkpoints,
     verify,
 )
 from jaxray.storage import (
@@ -45,21 +45,6 @@ class StorageError(CheckpointError):
     """The storage or the local cache could not be reached or written (not a damaged checkpoint)."""
 
 
-def complete_checkpoints(uri: str) -> list[str]:
-    """The URIs of the complete ``checkpoint_*`` folders in the folder ``uri``, newest first; [] when it
-    does not exist. Raises CheckpointError when it cannot be listed."""
-    try:
-        fs, root = resolve(uri)
-        found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-        names = [PurePosixPath(i.path).name for i in found if i.type == pafs.FileType.Directory]
-        names = [n for n in names if n.startswith(CHECKPOINT_PREFIX)]
-        states = fs.get_file_info([f"{root}/{n}/{TRAIN_STATE}" for n in names])
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{display(uri)} cannot be listed: {err}") from err
-    done = [n for n, s in zip(names, states) if s.type == pafs.FileType.File]
-    return [join(uri, n) for n in sorted(done, key=checkpoint_order, reverse=True)]
-
-
 def saved_val_loss(uri: str) -> float | None:
     """The ``val_loss`` a transformer checkpoint's own history records at its step (the whole
     held-out split of its params); None when it has none, is an MLP's (ranked by its final test
@@ -76,9 +61,10 @@ def saved_val_loss(uri: str) -> float | None:
 
 
 def ranked_checkpoints(uri: str) -> list[str]:
-    """The complete checkpoints of the folder ``uri``, best first: the lowest ``saved_val_loss`` (the
-    newer on a tie), then the rest newest first. Raises CheckpointError when it cannot be listed."""
-    done = complete_checkpoints(uri)
+    """The complete checkpoints of the folder ``uri`` (a URI or path), best first: the lowest
+    ``saved_val_loss`` (the newer on a tie), then the rest newest first. Raises CheckpointError when
+    it cannot be listed."""
+    done = checkpoints(uri)
     scored = [(loss, i) for i, c in enumerate(done) if (loss := saved_val_loss(c)) is not None]
     if not scored:
         return done
@@ -104,16 +90,6 @@ def best_of(row: dict, recorded: str | None) -> str | None:
         step = checkpoint_order(ranked[0])[0]
         row.update(val_loss=loss, val_perplexity=math.exp(loss), best_step=step)
     return ranked[0]
-
-
-def trial_checkpoints(named: str) -> Iterator[str]:
-    """``named``, then the older complete checkpoints beside it, newest first, listed only once ``named``
-    is passed over (a reader allowed to read objects but not to list still reads it)."""
-    yield named
-    newest = checkpoint_order(named)
-    yield from (
-        c for c in complete_checkpoints(named.rstrip("/").rpartition("/")[0]) if checkpoint_order(c) < newest
-    )
 
 
 def disk_use(uri: str) -> tuple[int, float]:

@@ -227,9 +227,8 @@ class TrialConfig(FrozenConfig):
 
     @model_validator(mode="after")
     def _check(self) -> TrialConfig:
-        m, d = self.model, self.data
-        if m.workload == "transformer" and d.seq_len > m.max_seq_len:
-            raise ValueError(f"data.seq_len {d.seq_len} exceeds model.max_seq_len {m.max_seq_len}")
+        if error := seq_len_error(self.model, self.data.seq_len):
+            raise ValueError(error)
         low, high = self.workers.worker_range
         for workers, mesh in self.mesh_shapes.items():  # elastic: every size the group may run at
             try:
@@ -273,6 +272,21 @@ class TrialConfig(FrozenConfig):
         warmup = default_warmup if t.warmup_steps is None else t.warmup_steps
         fixed = {"learning_rate": self.learning_rate, "warmup_steps": warmup, "min_lr_ratio": t.min_lr_ratio}
         return {**recipe, **fixed, "beta1": t.beta1, "steps": t.steps}
+
+
+def seq_len_error(model: ModelConfig, seq_len: int, sweep: bool = False) -> str | None:
+    """What is wrong with training windows of ``seq_len`` tokens for ``model`` (None: nothing): a
+    transformer's may not exceed ``model.max_seq_len``; a sweep's must equal it, since the loss never
+    trains the positions beyond and generation reads them (a benchmark's step may be shorter)."""
+    top = model.max_seq_len
+    if model.workload != "transformer" or seq_len == top or (seq_len < top and not sweep):
+        return None
+    if seq_len > top:
+        return f"data.seq_len {seq_len} exceeds model.max_seq_len {top}"
+    return (
+        f"data.seq_len {seq_len} is below model.max_seq_len {top}: positions {seq_len - 1}..{top - 2} "
+        f"would never be trained, and generation reads them; make the two equal"
+    )
 
 
 def check_devices(global_batch: int, devices: int) -> int:

@@ -31,6 +31,7 @@ from jaxray.config import (
     WorkersConfig,
     Workload,
     parse_trial,
+    seq_len_error,
     shown,
     validate,
 )
@@ -356,12 +357,6 @@ def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -
             f"invalid config {path}:\n  data.data_dir: {exp.data.data_dir!r} is not a directory"
         )
     for i, trial in exp.plans(str(path)):
-        m, seq_len = trial.model, trial.data.seq_len
-        # The loss never trains positions seq_len - 1.. of a longer position table; samplers read them.
-        if m.workload == "transformer" and seq_len < m.max_seq_len:
-            raise ConfigError(
-                f"invalid config {path}:\n  sweeps.{i}: data.seq_len {seq_len} is below "
-                f"model.max_seq_len {m.max_seq_len}: positions {seq_len - 1}..{m.max_seq_len - 2} would "
-                f"never be trained, and generation reads them; make the two equal"
-            )
+        if error := seq_len_error(trial.model, trial.data.seq_len, sweep=True):
+            raise ConfigError(f"invalid config {path}:\n  sweeps.{i}: {error}")
     return exp

@@ -182,7 +182,7 @@ def discard_unfinished(attempt: int) -> list[str]:
     start of an attempt); with object storage, every checkpoint they left staged on this node."""
     if not staged():
         return checkpoint.remove_unfinished(trial_folder(), but_attempt=attempt)
-    left = sorted(trial_folder().glob(f"{checkpoint.CHECKPOINT_PREFIX}*"))
+    left = checkpoint.checkpoints(trial_folder(), complete=None)
     for folder in left:
         shutil.rmtree(folder, ignore_errors=True)
     return [folder.name for folder in left]

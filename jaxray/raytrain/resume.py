@@ -69,8 +69,7 @@ def candidates(trial: Path | str, reported: Path | str | None) -> list:
     """The checkpoints to resume from, newest first: Ray Train's newest reported one and every complete
     one in ``trial``, the trial's storage folder (Paths) or URI (URIs). After an ungraceful node loss
     Ray's record can lack the newest (a report the controller had not collected yet); storage has it."""
-    kind = str if storage.is_uri(str(trial)) else Path
-    found = {kind(c) for c in remote.complete_checkpoints(str(trial))}
+    found = set(checkpoint.checkpoints(trial if storage.is_uri(str(trial)) else Path(trial)))
     found |= {reported} if reported is not None else set()
     return sorted(found, key=checkpoint.checkpoint_order, reverse=True)
 

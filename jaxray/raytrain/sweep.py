@@ -310,7 +310,7 @@ def trial_rows(
         folder = storage.join(storage_uri, name) if storage_uri else local
         row.update(stopped_figures(metrics, local))
         try:
-            newest = next(iter(remote.complete_checkpoints(folder)), None)
+            newest = next(iter(checkpoint.checkpoints(folder)), None)
         except checkpoint.CheckpointError as err:
             print(f"warning: {name}: {err}", file=terminal.err())
             newest = None

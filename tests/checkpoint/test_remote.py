@@ -242,12 +242,12 @@ def test_training_storage_is_checked_listed_and_measured(s3, trained_transformer
     with pytest.raises(OSError, match="s3://no-such-bucket/runs cannot be written"):
         storage.check_writable("s3://no-such-bucket/runs")
     storage.check_writable(f"s3://{BUCKET}/storage/run")  # leaves nothing behind
-    assert remote.complete_checkpoints(f"s3://{BUCKET}/storage/run") == []
+    assert checkpoint.checkpoints(f"s3://{BUCKET}/storage/run") == []
     trial = f"s3://{BUCKET}/storage/run/trial"
     for name in ("checkpoint_step_00000004_attempt1", "checkpoint_step_00000008_attempt1"):
         upload(s3, trained_transformer, f"storage/run/trial/{name}")
     s3.delete_file(f"{BUCKET}/storage/run/trial/checkpoint_step_00000004_attempt1/{checkpoint.TRAIN_STATE}")
-    assert remote.complete_checkpoints(trial) == [f"{trial}/checkpoint_step_00000008_attempt1"]
+    assert checkpoint.checkpoints(trial) == [f"{trial}/checkpoint_step_00000008_attempt1"]
     size = sum(f.stat().st_size for f in trained_transformer.rglob("*") if f.is_file())
     count, mib = remote.disk_use(trial)
     assert count == 2 and 2 * size / 2**20 - 0.01 < mib + 0.01 < 2 * size / 2**20 + 0.02

@@ -43,7 +43,7 @@ def test_names_sort_by_step_then_attempt():
 def test_a_tenth_attempt_is_newer_than_the_ninth(tmp_path, state):
     ninth, tenth = saved(tmp_path, state, (8, 9), (8, 10))
     assert candidates(tmp_path, None) == [tenth, ninth]
-    assert trial_checkpoints(tenth) == [tenth, ninth] and trial_checkpoints(ninth) == [ninth]
+    assert list(trial_checkpoints(tenth)) == [tenth, ninth] and list(trial_checkpoints(ninth)) == [ninth]
 
 
 def test_attempts_are_counted_per_start(tmp_path):
@@ -60,20 +60,20 @@ def test_the_order_is_newest_first_from_storage_and_rays_record(tmp_path, state)
     assert candidates(tmp_path, None) == [newer, latest, old8, old4]
     assert candidates(tmp_path / "none", None) == []
     # run folders (runs/<experiment>) still fall back from the one named, never past it
-    assert trial_checkpoints(latest) == [latest, old8, old4]
+    assert list(trial_checkpoints(latest)) == [latest, old8, old4]
 
 
 def test_the_newest_usable_checkpoint_is_chosen(tmp_path, state):
     c4, c8, c12 = saved(tmp_path, state, (4, 1), (8, 1), (12, 1))
-    assert choose(trial_checkpoints(c12))[0].path == c12.absolute()  # verified once: restored as it is
+    assert choose(list(trial_checkpoints(c12)))[0].path == c12.absolute()  # verified once: restored as it is
     damage(c12)
-    (c8 / TRAIN_STATE).unlink()  # a save that never finished
-    chosen, skipped = choose(trial_checkpoints(c12))
-    assert chosen.path == c4.absolute() and skipped == [c12.name, c8.name]
+    (c8 / TRAIN_STATE).unlink()  # a save that never finished: not listed
+    chosen, skipped = choose(list(trial_checkpoints(c12)))
+    assert chosen.path == c4.absolute() and skipped == [c12.name]
 
 
 def test_none_usable_starts_again_from_step_zero(tmp_path, state, caplog):
     (c4,) = saved(tmp_path, state, (4, 1))
     damage(c4)
-    assert choose(trial_checkpoints(c4)) == (None, [c4.name])
+    assert choose(list(trial_checkpoints(c4))) == (None, [c4.name])
     assert "starting again from step 0" in caplog.text
