@@ -19,7 +19,6 @@ from jax.sharding import Mesh
 
 from jaxray import checkpoint, runs
 from jaxray.argtypes import CHECKPOINT_HELP, cli_parser
-from jaxray.checkpoint import remote
 from jaxray.config import WORKLOADS, ConfigError
 from jaxray.data.batching import Arrays, eval_batches
 from jaxray.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES
@@ -138,7 +137,7 @@ def run(
     print(checkpoint_line.describe(directory), file=sys.stderr, flush=True)  # which one, before the work
     opened.require(workload, "evaluated as one")
     trial = checkpoint.load_trial_config(directory)
-    out = results_folder(out or default_out(remote.source(directory)), directory, overwrite)
+    out = results_folder(out or default_out(checkpoint.source(directory)), directory, overwrite)
     with exclusive(out, "python -m jaxray.evaluate"):  # two evaluations into one --out: one refused
         results_folder(out, directory, overwrite)  # again, now that it is held
         data_dir = data_dir or trial.data.data_dir
@@ -148,7 +147,7 @@ def run(
         mesh = make_mesh(jax.devices()[:1])  # one device: small, and no batch must divide
         model, params = checkpoint.restore(opened, replicated(mesh))
         batch = eval_batch_size(trial, 1)
-        head = {"checkpoint": remote.source(directory), CHECKPOINT_SHA256: checkpoint_sha256(directory)}
+        head = {"checkpoint": checkpoint.source(directory), CHECKPOINT_SHA256: checkpoint_sha256(directory)}
         head |= {"workload": trial.model.workload, "data_dir": data_dir}
         if trial.model.workload != "transformer":
             result = evaluate_classifier(model, params, held_out, batch, mesh)

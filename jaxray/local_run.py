@@ -12,7 +12,7 @@ from typing import Any
 import jax
 
 from jaxray import checkpoint, storage
-from jaxray.checkpoint import checkpoint_name, remote
+from jaxray.checkpoint import checkpoint_name
 from jaxray.config import TrialConfig
 from jaxray.data.batching import num_samples, train_batches
 from jaxray.data.workloads import load_arrays
@@ -166,7 +166,7 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
         save.commit()
     if summary.get("stopped_early"):
         print(f"jaxray local: stopped at step {last}: train.patience evaluations without a better val_loss")
-    ranked = remote.ranked_checkpoints(str(out))
+    ranked = checkpoint.ranked_checkpoints(str(out))
     summary["checkpoint"] = Path(ranked[0]).name if ranked else None  # what --checkpoint loads
     _write_json(out / SUMMARY, summary)
     return summary
@@ -213,8 +213,8 @@ class Saves:
 
 def keep_best_and_newest(out: Path) -> list[str]:
     """Remove the complete checkpoints in ``out`` but the newest (resume) and the best (the lowest
-    recorded ``val_loss``: ``remote.ranked_checkpoints``); returns the removed names."""
-    ranked = remote.ranked_checkpoints(str(out))  # one listing: the best first, the rest newest first
+    recorded ``val_loss``: ``checkpoint.ranked_checkpoints``); returns the removed names."""
+    ranked = checkpoint.ranked_checkpoints(str(out))  # one listing: the best first, the rest newest first
     keep = {ranked[0], max(ranked, key=checkpoint.checkpoint_order)} if ranked else set()
     gone = [c for c in ranked if c not in keep]
     for c in gone:

@@ -24,7 +24,6 @@ import yaml
 from pydantic import ValidationError
 
 from jaxray import checkpoint, storage
-from jaxray.checkpoint import remote
 from jaxray.config import ConfigError
 from jaxray.config.experiment import DEFAULT_METRIC, ExperimentConfig, SweepConfig
 from jaxray.folders import RunFolderError
@@ -330,19 +329,18 @@ def open_checkpoint(
     if isinstance(path, checkpoint.Verified):
         return path
     if storage.is_uri(path):
-        return remote.open_uri(str(path))
+        return checkpoint.open(path)
     path = Path(path)
     if (path / checkpoint.MODEL_CONFIG).is_file():
         return checkpoint.open(path)
     if any(path.glob(f"{checkpoint.CHECKPOINT_PREFIX}*/{checkpoint.MODEL_CONFIG}")):
         # A trial's folder (Ray Train's, or a local run's): its best, then the rest newest first.
-        ranked = [Path(c) for c in remote.ranked_checkpoints(str(path))]
+        ranked = [Path(c) for c in checkpoint.ranked_checkpoints(str(path))]
         return checkpoint.restore_latest(ranked, checkpoint.open)[0]
     try:
         run, row = _latest(path, workload)
         named = checkpoint_of(run, row or best_row(run, workload))
     except RunFolderError as err:
         raise checkpoint.CheckpointError(str(err)) from err
-    # On storage (``storage``): fetched, or the trial's newest good older one.
-    opener = remote.open_uri if isinstance(named, str) else checkpoint.open
-    return checkpoint.restore_latest(checkpoint.trial_checkpoints(named), opener)[0]
+    # On storage (``storage``) fetched; a damaged one: the trial's newest good older one.
+    return checkpoint.restore_latest(checkpoint.trial_checkpoints(named), checkpoint.open)[0]

@@ -3,7 +3,8 @@
 A folder holds ``params/`` (Orbax), ``model_config.json``, ``trial_config.json``; a full train state
 adds ``opt_state/`` and ``history.json``. Every process writes and hashes its own files; the primary
 then writes ``train_state.json`` by rename, last: the completion marker, with every other file's
-SHA-256, the step, data position and final summary row. Every read checks those digests once."""
+SHA-256, the step, data position and final summary row. Every read checks those digests once.
+``open`` reads a folder or a URI (``remote`` fetches it); ``folder`` checks and lists the files."""
 
 from __future__ import annotations
 
@@ -17,31 +18,56 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-import pyarrow.fs as pafs
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
 from jaxray import storage
+from jaxray.checkpoint import remote
+from jaxray.checkpoint.folder import (
+    CHECKPOINT_PREFIX,
+    HISTORY_FILE,
+    MODEL_CONFIG,
+    OPT_STATE_DIR,
+    PARAMS_DIR,
+    TRAIN_STATE,
+    TRIAL_CONFIG,
+    Verified,
+    checkpoint_order,
+    checkpoints,
+    load_model_config,
+    load_trial_config,
+    verify,
+)
+from jaxray.checkpoint.remote import (
+    StorageError,
+    best_of,
+    disk_use,
+    manifest_sha256,
+    ranked_checkpoints,
+    source,
+)
 from jaxray.checkpoint.trees import CheckpointError, CheckpointSaveError, finish, restore_tree, start_saves
-from jaxray.config import ModelConfig, TrialConfig
+from jaxray.config import TrialConfig
 from jaxray.models import Model, build
 
-__all__ = ["CheckpointError", "CheckpointSaveError"]
+__all__ = [  # re-exported: what the package's users name
+    "CHECKPOINT_PREFIX",
+    "CheckpointError",
+    "CheckpointSaveError",
+    "StorageError",
+    "best_of",
+    "disk_use",
+    "load_trial_config",
+    "manifest_sha256",
+    "ranked_checkpoints",
+    "source",
+]
 
-PARAMS_DIR, OPT_STATE_DIR = "params", "opt_state"
-MODEL_CONFIG, TRIAL_CONFIG = "model_config.json", "trial_config.json"
-HISTORY_FILE, TRAIN_STATE = "history.json", "train_state.json"
-CHECKPOINT_PREFIX = "checkpoint_"  # Ray Train's checkpoint folders: train/<trial>/checkpoint_*
-# The metrics a checkpoint records (history rows, final summary) that must be finite (``verify``).
-RECORDED_METRICS = (
-    *("loss", "grad_norm", "accuracy", "perplexity", "final_train_loss"),
-    *("val_loss", "val_accuracy", "val_perplexity", "test_loss", "test_accuracy"),
-)
 log = logging.getLogger(__name__)
 # Of a failed save's cause in CheckpointSaveError (the whole is chained to it): Ray keeps the first and
 # last 500 characters of a worker's traceback, and a trial's error row shows its last line whole.
@@ -145,112 +171,27 @@ def save_state(*args: Any, **kwargs: Any) -> Path:
     return start_save_state(*args, **kwargs).commit()
 
 
-def verify(directory: str | Path, full_state: bool = False, digests: bool = True) -> dict[str, Any]:
-    """``train_state.json`` of ``directory`` once every file it lists matches its SHA-256 (unless not
-    ``digests``). Raises CheckpointError naming the folder: none, incomplete, params only where
-    ``full_state`` needs a train state, a file unreadable or not matching (naming it and both
-    digests), or a metric of the summary or ``history.json`` NaN or inf (naming it, its value, step)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory} is not a checkpoint: no such folder")
-    manifest = directory / TRAIN_STATE
-    if not manifest.is_file():
-        what = "" if (directory / PARAMS_DIR).exists() else f" ({MODEL_CONFIG} and {PARAMS_DIR}/ expected)"
-        raise CheckpointError(f"{directory} is incomplete: {TRAIN_STATE} is missing{what}")
-    try:
-        doc = json.loads(manifest.read_text())
-        files = dict(doc["files"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{manifest} is damaged: {err}") from err
-    if full_state and "step" not in doc:
-        raise CheckpointError(f"{directory} holds params only, not a train state to resume from")
-    for rel, expected in files.items() if digests else ():
-        try:
-            found = storage.file_sha256(directory / rel)
-        except OSError as err:
-            raise CheckpointError(f"{directory} is damaged: {rel} cannot be read: {err}") from err
-        if found != expected:
-            raise CheckpointError(
-                f"{directory} is damaged: {rel} does not match its checksum (truncated or "
-                f"overwritten): {TRAIN_STATE} records SHA-256 {expected}, the file has {found}"
-            )
-    rows = [{**doc["summary"], "step": doc.get("step")}] if isinstance(doc.get("summary"), dict) else []
-    if HISTORY_FILE in files:
-        try:
-            rows += json.loads((directory / HISTORY_FILE).read_text())
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"{directory / HISTORY_FILE} is damaged: {err}") from err
-    for row in (r for r in rows if isinstance(r, dict)):
-        # JSON's NaN and Infinity are floats; ints and bools are finite
-        bad = next(
-            (k for k in RECORDED_METRICS if isinstance(row.get(k), float) and not np.isfinite(row[k])), None
-        )
-        if bad is not None:
-            raise CheckpointError(
-                f"{directory} records {bad} {row[bad]} at step {row.get('step')}: its training diverged, so "
-                "its params are not a usable model; use an earlier checkpoint of the trial or another trial"
-            )
-    return doc
-
-
-@dataclass(frozen=True)
-class Verified:
-    """A checkpoint folder whose files matched their digests once, which ``restore``/``restore_state``
-    hash no more. ``state``: its ``train_state.json``."""
-
-    path: Path
-    state: dict[str, Any]
-
-    def require(self, workload: str | None, purpose: str = "used") -> ModelConfig:
-        """Its model config, once it is of ``workload`` (None: any). Raises CheckpointError naming
-        the folder, both workloads and ``purpose`` (what the command does: served, sampled...)."""
-        cfg = load_model_config(self.path)
-        if workload is not None and cfg.workload != workload:
-            raise CheckpointError(
-                f"{self.path} holds a {cfg.workload} checkpoint, not a {workload} one: it cannot be {purpose}"
-            )
-        return cfg
-
-
-def open(ref: str | Path | Verified, full_state: bool = False) -> Verified:  # noqa: A001 - checkpoint.open
-    """``ref`` verified, or as it is if it was (``full_state`` checked). Raises as ``verify`` does."""
-    if not isinstance(ref, Verified):
-        path = Path(ref).absolute()
-        return Verified(path, verify(path, full_state))
-    if full_state and "step" not in ref.state:
-        raise CheckpointError(f"{ref.path} holds params only, not a train state to resume from")
-    return ref
-
-
-def trusted(path: str | Path, manifest_sha256: str) -> Verified:
-    """The checkpoint at ``path`` that another process verified (serving's driver, for its replicas),
-    unless its ``train_state.json`` no longer has that ``manifest_sha256``: then verified here."""
-    path = Path(path).absolute()
-    with contextlib.suppress(OSError):  # unreadable: verified here, to say why
-        manifest = (path / TRAIN_STATE).read_bytes()
-        if hashlib.sha256(manifest).hexdigest() == manifest_sha256:
-            return Verified(path, json.loads(manifest))
-    return open(path)
-
-
-def load_model_config(directory: str | Path) -> ModelConfig:
-    """The ModelConfig saved beside the params. Raises CheckpointError if missing or invalid."""
-    return _load_config(directory, MODEL_CONFIG, ModelConfig)
-
-
-def load_trial_config(directory: str | Path) -> TrialConfig:
-    """The TrialConfig the params were trained with. Raises CheckpointError if missing or invalid."""
-    return _load_config(directory, TRIAL_CONFIG, TrialConfig)
-
-
-def _load_config(directory: str | Path, name: str, cls: type):
-    path = Path(directory) / name
-    try:
-        return cls.model_validate_json(path.read_text())
-    except FileNotFoundError as err:
-        raise CheckpointError(f"{directory} is not a jaxray checkpoint: {name} is missing") from err
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path} is damaged: {err}") from err
+def open(  # noqa: A001 - checkpoint.open
+    ref: str | Path | Verified, full_state: bool = False, pinned: str | None = None
+) -> Verified:
+    """``ref`` verified, or as it is if it was (``full_state`` checked): a folder, or a URI whose
+    local copy is fetched into the cache, each file checked as it arrives (``remote.fetch``).
+    ``pinned``: the SHA-256 its ``train_state.json`` had when another process checked it (serving's
+    driver, for its replicas): a folder unchanged since is not hashed again (a changed one is verified
+    here), a changed URI is refused. Raises as ``verify`` and ``fetch`` do."""
+    if isinstance(ref, Verified):
+        if full_state and "step" not in ref.state:
+            raise CheckpointError(f"{ref.path} holds params only, not a train state to resume from")
+        return ref
+    if storage.is_uri(ref):
+        entry = remote.fetch(str(ref), pinned)
+        return open(Verified(entry, json.loads((entry / TRAIN_STATE).read_text())), full_state)
+    path = Path(ref).absolute()
+    with contextlib.suppress(OSError):  # unreadable: verified below, to say why
+        manifest = (path / TRAIN_STATE).read_bytes() if pinned else b""
+        if pinned and hashlib.sha256(manifest).hexdigest() == pinned:
+            return open(Verified(path, json.loads(manifest)), full_state)
+    return Verified(path, verify(path, full_state))
 
 
 def restore_state(directory: str | Path | Verified, target: Any) -> tuple[Any, dict, list[dict]]:
@@ -295,33 +236,6 @@ def remove_unfinished(trial_dir: Path, but_attempt: int | None = None) -> list[s
     for folder in gone:
         shutil.rmtree(folder, ignore_errors=True)
     return [folder.name for folder in gone]
-
-
-def checkpoints(folder: Path | str, complete: bool | None = True) -> list:
-    """The ``checkpoint_*`` folders in ``folder`` (a Path, or a path or URI as a str: the same kind
-    back), newest first (``checkpoint_order``): ``complete`` True those with a ``train_state.json``,
-    False those without, None all; [] when ``folder`` does not exist. Raises CheckpointError when it
-    cannot be listed."""
-    try:
-        fs, root = storage.resolve(str(folder))
-        found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-        names = [PurePosixPath(i.path).name for i in found if i.type == pafs.FileType.Directory]
-        names = [n for n in names if n.startswith(CHECKPOINT_PREFIX)]
-        if complete is not None:
-            states = fs.get_file_info([f"{root}/{n}/{TRAIN_STATE}" for n in names])
-            names = [n for n, s in zip(names, states) if (s.type == pafs.FileType.File) == complete]
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{storage.display(str(folder))} cannot be listed: {err}") from err
-    names.sort(key=checkpoint_order, reverse=True)
-    return (
-        [folder / n for n in names] if isinstance(folder, Path) else [storage.join(folder, n) for n in names]
-    )
-
-
-def checkpoint_order(path: Path | str) -> tuple[int, ...]:
-    """The numbers in a checkpoint folder's name (a folder, URI or name), in order:
-    ``checkpoint_step_00000020_attempt10`` is (20, 10), after attempt 9 (unlike the names' order)."""
-    return tuple(int(n) for n in re.findall(r"\d+", PurePosixPath(str(path).rstrip("/")).name))
 
 
 def trial_checkpoints(named: Path | str) -> Iterator[Path | str]:

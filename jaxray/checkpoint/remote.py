@@ -17,13 +17,12 @@ from pathlib import Path, PurePosixPath
 import filelock
 import pyarrow.fs as pafs
 
-from jaxray.checkpoint import (
+from jaxray.checkpoint.folder import (
     CHECKPOINT_PREFIX,
     HISTORY_FILE,
     MODEL_CONFIG,
     TRAIN_STATE,
     CheckpointError,
-    Verified,
     checkpoint_order,
     checkpoints,
     verify,
@@ -102,12 +101,6 @@ def disk_use(uri: str) -> tuple[int, float]:
         if f.type == pafs.FileType.File and len(parts) > 1 and parts[0].startswith(CHECKPOINT_PREFIX):
             inside.append((parts[0], f.size))
     return len({name for name, _ in inside}), round(sum(size for _, size in inside) / 2**20, 2)
-
-
-def open_uri(uri: str, manifest_sha256: str | None = None) -> Verified:
-    """``fetch(uri, manifest_sha256)`` as a ``Verified`` checkpoint."""
-    entry = fetch(uri, manifest_sha256)
-    return Verified(entry, json.loads((entry / TRAIN_STATE).read_text()))
 
 
 def fetch(uri: str, manifest_sha256: str | None = None) -> Path:

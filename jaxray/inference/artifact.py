@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxray import checkpoint
-from jaxray.checkpoint import remote
 from jaxray.config import ModelConfig
 from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, FORMAT, FORMAT_VERSION
 from jaxray.inference.engine import Engine, check_keep
@@ -114,7 +113,7 @@ def base_manifest(
         "format_version": FORMAT_VERSION,
         "jax": jax.__version__,
         "jaxlib": importlib.metadata.version("jaxlib"),
-        "checkpoint": remote.source(source),
+        "checkpoint": checkpoint.source(source),
         "model": cfg.model_dump(),
         "attention": "xla",
         "attention_note": ATTENTION_NOTE,

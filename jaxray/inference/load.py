@@ -10,7 +10,6 @@ from pathlib import Path
 import jax
 
 from jaxray import checkpoint, runs
-from jaxray.checkpoint import remote
 from jaxray.config import ModelConfig
 from jaxray.inference import kv_decode
 from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST, load_artifact, read_artifact_manifest
@@ -61,7 +60,7 @@ def load_engine(path: str | Path | checkpoint.Verified, settings: EngineSettings
         return engine_from_artifact(path, settings)
     opened = check_checkpoint(path, settings)
     model, params = checkpoint.restore(opened)
-    return Engine.for_model(model, params, settings, source=remote.source(opened.path))
+    return Engine.for_model(model, params, settings, source=checkpoint.source(opened.path))
 
 
 def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSettings:

@@ -12,7 +12,6 @@ import ray.train
 from ray.train.collective import broadcast_from_rank_zero
 
 from jaxray import checkpoint, storage
-from jaxray.checkpoint import remote
 from jaxray.raytrain.seams import BEFORE_RESUME
 
 
@@ -50,11 +49,10 @@ def choose(candidates: list) -> tuple[checkpoint.Verified | None, list[str]]:
     names of those before it); (None, every name) if none."""
 
     def usable(c: Path | str) -> checkpoint.Verified:
-        try:  # a fetch checks the digests
-            found = remote.open_uri(c) if storage.is_uri(c) else c
-        except remote.StorageError as err:  # unreachable is not damaged: the attempt fails, Ray retries
+        try:  # a URI's fetch checks the digests as they arrive
+            return checkpoint.open(c, full_state=True)
+        except checkpoint.StorageError as err:  # unreachable is not damaged: the attempt fails, Ray retries
             raise OSError(str(err)) from err
-        return checkpoint.open(found, full_state=True)
 
     names = [PurePosixPath(str(c)).name for c in candidates]
     try:

@@ -22,7 +22,7 @@ from ray.tune.result import AUTO_RESULT_KEYS, CONFIG_PREFIX, DEBUG_METRICS, DONE
 from ray.tune.schedulers import ASHAScheduler
 
 from jaxray import checkpoint, storage
-from jaxray.checkpoint import HISTORY_FILE, remote, remove_unfinished
+from jaxray.checkpoint import HISTORY_FILE, remove_unfinished
 from jaxray.config import ConfigError, TrainConfig, TrialConfig
 from jaxray.config import trial_name as name_of
 from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
@@ -330,7 +330,7 @@ def trial_rows(
     elif recorded:  # train/<trial>/<checkpoint> of this folder, also where Tune recorded another (moved)
         recorded = str(out / TRAIN_DIR / Path(recorded).parent.name / Path(recorded).name)
     row.update(reported(metrics), trial=name)
-    return with_checkpoint(row, remote.best_of(row, recorded), history_from=recorded)
+    return with_checkpoint(row, checkpoint.best_of(row, recorded), history_from=recorded)
 
 
 def stopped_figures(metrics: dict[str, Any], folder: str) -> dict[str, Any]:
@@ -378,7 +378,7 @@ def with_checkpoint(row: dict[str, Any], recorded: str | None, history_from: str
     if not recorded:
         return row, []
     try:
-        row["checkpoints_kept"], row["checkpoints_mib"] = remote.disk_use(recorded.rpartition("/")[0])
+        row["checkpoints_kept"], row["checkpoints_mib"] = checkpoint.disk_use(recorded.rpartition("/")[0])
         history = storage.read_text(storage.join(history_from or recorded, HISTORY_FILE))
     except OSError as err:  # the summary is written without them
         print(f"warning: {row['trial']}: its checkpoints cannot be read: {err}", file=terminal.err())

@@ -8,13 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jaxray import checkpoint
 from jaxray.checkpoint import (
     CHECKPOINT_PREFIX,
     HISTORY_FILE,
     TRAIN_STATE,
     CheckpointError,
     load_trial_config,
-    remote,
 )
 from jaxray.reporting.format import number
 
@@ -25,7 +25,7 @@ def describe(directory: str | Path) -> str:
     ``_metric``. Only reads: what cannot be read is left out."""
     directory = Path(directory)
     here = directory.absolute()
-    shown: str | Path = remote.source(directory)  # a cached copy: the URI it was fetched from
+    shown: str | Path = checkpoint.source(directory)  # a cached copy: the URI it was fetched from
     if shown == str(directory) and here.is_relative_to(Path.cwd()):
         shown = Path(os.path.relpath(here))
     state = _json(directory / TRAIN_STATE)

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from jaxray.checkpoint import remote
+from jaxray import checkpoint
 from jaxray.config import ConfigError
 from jaxray.folders import check_overwrite, removed_if_failed
 from jaxray.reporting.format import json_safe
@@ -41,7 +41,7 @@ def default_out(directory: str | Path) -> Path:
 def checkpoint_sha256(directory: Path) -> str | None:
     """SHA-256 of the checkpoint's ``train_state.json`` (its weights' digests), None if unreadable."""
     try:
-        return remote.manifest_sha256(directory)
+        return checkpoint.manifest_sha256(directory)
     except OSError:
         return None
 
@@ -59,7 +59,8 @@ def results_folder(out: str | Path, directory: Path, overwrite: bool) -> Path:
     if (out / "summary.json").is_file() and not overwrite:  # check_overwrite: it is an evaluation's
         earlier = json.loads((out / "summary.json").read_text())
         recorded, digest = earlier.get("checkpoint"), earlier.get(CHECKPOINT_SHA256)
-        same = recorded == remote.source(directory) or Path(recorded or "").resolve() == directory.resolve()
+        same = recorded == checkpoint.source(directory)
+        same = same or Path(recorded or "").resolve() == directory.resolve()
         changed = same and digest is not None and digest != checkpoint_sha256(directory)
         if recorded and (not same or changed):
             when = " before its weights changed" if changed else ""

@@ -14,8 +14,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import AutoscalingConfig
 
-from jaxray import storage
-from jaxray.checkpoint import remote
+from jaxray import checkpoint, storage
 from jaxray.inference.artifact_loader import read_artifact_manifest, read_verified
 from jaxray.inference.load import check_source, describe_source, is_artifact
 from jaxray.serve.replica import JaxrayServer
@@ -88,10 +87,10 @@ def build_app(args: AppArgs) -> Application:
         read_verified(Path(source), read_artifact_manifest(source))
     # Replicas on one node would all pin the same CPUs: more than one runs unpinned, unless asked.
     pin = args.compute_cpus is not None or (args.autoscaling_config is None and args.num_replicas == 1)
-    fetched = remote.source(source)  # a URI, or a run folder whose best checkpoint is on storage
+    fetched = checkpoint.source(source)  # a URI, or a run folder whose best checkpoint is on storage
     remote_source = uri or storage.is_uri(fetched)
     resolved = args.checkpoint if uri else fetched if remote_source else str(source)
-    pinned = None if is_artifact(source) else remote.manifest_sha256(source)
+    pinned = None if is_artifact(source) else checkpoint.manifest_sha256(source)
     return server.bind(
         args.model_copy(update={"checkpoint": resolved, "max_batch_size": max_batch}), pin, pinned
     )

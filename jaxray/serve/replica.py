@@ -13,7 +13,6 @@ from ray import serve
 from starlette.requests import Request as HttpRequest
 
 from jaxray import checkpoint, storage
-from jaxray.checkpoint import remote
 from jaxray.inference.engine import Request
 from jaxray.inference.load import load_engine
 from jaxray.inference.scheduler import Scheduler
@@ -53,10 +52,8 @@ class JaxrayServer:
         self.replica = serve.get_replica_context().replica_id.unique_id
         cpus = pin_compute(args.compute_cpus) if pin_cpus else []  # before XLA starts its threads
         settings, source = args.engine, args.checkpoint
-        if storage.is_uri(source):  # fetched into this node's cache: the checkpoint checked, or none
-            source = remote.open_uri(source, checkpoint_sha256)
-        elif checkpoint_sha256 is not None:  # the folder build_app verified, unless it changed since
-            source = checkpoint.trusted(source, checkpoint_sha256)
+        if storage.is_uri(source) or checkpoint_sha256 is not None:  # what build_app checked, unless changed
+            source = checkpoint.open(source, pinned=checkpoint_sha256)
         self.engine = load_engine(source, settings)
         report = self.engine.compile()
         message = "jaxray: compiled %d programs in %.1f s (buckets %s, batch sizes %s) for %s on %s"

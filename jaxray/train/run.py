@@ -264,7 +264,7 @@ def best_saved(
     same whole-split measure); the last step on a tie or when no other step was evaluated."""
     every = trial.train.checkpoint_interval
     best = {"step": steps, "val_loss": held_out["loss"], "val_accuracy": held_out["accuracy"]}
-    for r in reversed(history):  # newest first: the newer on a tie, as ``remote.ranked_checkpoints``
+    for r in reversed(history):  # newest first: the newer on a tie, as ``checkpoint.ranked_checkpoints``
         saved = r["step"] % every == 0 and r["step"] < steps
         if saved and math.isfinite(r.get("val_loss", math.nan)) and r["val_loss"] < best["val_loss"]:
             best = {"step": r["step"], "val_loss": r["val_loss"], "val_accuracy": r["val_accuracy"]}

@@ -9,7 +9,15 @@ import jax
 import pytest
 from faults import damage
 
-from jaxray.checkpoint import TRAIN_STATE, checkpoint_name, checkpoint_order, save_state, trial_checkpoints
+from jaxray.checkpoint import (
+    TRAIN_STATE,
+    checkpoint_name,
+    checkpoint_order,
+    checkpoints,
+    remove_unfinished,
+    save_state,
+    trial_checkpoints,
+)
 from jaxray.config import ModelConfig, TrainConfig, TrialConfig
 from jaxray.models import build
 from jaxray.raytrain.resume import candidates, choose, count_attempt
@@ -59,6 +67,9 @@ def test_the_order_is_newest_first_from_storage_and_rays_record(tmp_path, state)
     assert candidates(tmp_path, latest) == [newer, latest, old8, old4]
     assert candidates(tmp_path, None) == [newer, latest, old8, old4]
     assert candidates(tmp_path / "none", None) == []
+    (tmp_path / "trial.attempts.json").write_text("{}")  # beside the trials' folders: no checkpoints
+    assert checkpoints(tmp_path / "trial.attempts.json", None) == [] == remove_unfinished(tmp_path / "x")
+    assert checkpoints(str(tmp_path), False) == [str(tmp_path / checkpoint_name(16, 1))]
     # run folders (runs/<experiment>) still fall back from the one named, never past it
     assert list(trial_checkpoints(latest)) == [latest, old8, old4]
 
