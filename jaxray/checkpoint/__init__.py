@@ -245,7 +245,12 @@ def trial_checkpoints(named: Path | str) -> Iterator[Path | str]:
     yield named
     beside = named.parent if isinstance(named, Path) else named.rstrip("/").rpartition("/")[0]
     newest = checkpoint_order(named)
-    yield from (c for c in checkpoints(beside) if checkpoint_order(c) < newest)
+    try:
+        older = checkpoints(beside)
+    except CheckpointError as err:  # unlistable: ``named``'s own error says why it was passed over
+        log.warning("%s", err)
+        return
+    yield from (c for c in older if checkpoint_order(c) < newest)
 
 
 def restore_latest(candidates: Iterable[Any], restore: Callable[[Any], Any]) -> tuple[Any, Any]:

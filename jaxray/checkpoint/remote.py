@@ -1,7 +1,7 @@
 """Checkpoints by URI (any pyarrow filesystem): ``fetch`` copies one into a local cache, checking each
 file against its SHA-256 in ``train_state.json``; an entry is named by the URI and that file, so a
-checkpoint replaced at the URI is fetched anew (one copy per URI). Also the listing of a trial's
-checkpoints at a URI."""
+checkpoint replaced at the URI is fetched anew (one copy per URI). Also the ranking of a trial's
+checkpoints (by their recorded validation loss) and the space they take, in a folder or at a URI."""
 
 from __future__ import annotations
 

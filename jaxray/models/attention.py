@@ -105,13 +105,15 @@ def config_blockers(requested: str, dtype: str, head_dim: int, seq_len: int, acc
 
 def _auto(target: Target) -> AttentionChoice:
     if target.platform == "tpu":
-        if not splash_blockers(target) and target.seq_len >= SPLASH_MIN_SEQ:
-            return AttentionChoice("auto", "splash", f"TPU, sequence {target.seq_len} >= {SPLASH_MIN_SEQ}")
+        blockers, t = splash_blockers(target), target.seq_len
+        if not blockers and t >= SPLASH_MIN_SEQ:
+            return AttentionChoice("auto", "splash", f"TPU, sequence {t} >= {SPLASH_MIN_SEQ}")
+        splash = "; ".join(blockers) if blockers else f"splash is slower below {SPLASH_MIN_SEQ}"
         if target.dtype == "float32":
-            why = f"TPU, float32, sequence {target.seq_len}: blocked XLA beats dense and splash below"
-            return AttentionChoice("auto", "xla", f"{why} {SPLASH_MIN_SEQ}")
-        why = f"TPU, sequence {target.seq_len}: dense XLA beats splash below {SPLASH_MIN_SEQ}"
-        return AttentionChoice("auto", "dense", why)
+            return AttentionChoice(
+                "auto", "xla", f"TPU, float32, sequence {t}: blocked XLA beats dense; {splash}"
+            )
+        return AttentionChoice("auto", "dense", f"TPU, sequence {t}: dense XLA; {splash}")
     blockers = cudnn_blockers(target)
     if not blockers:
         return AttentionChoice("auto", "cudnn", "cuDNN can run here")

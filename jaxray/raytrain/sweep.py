@@ -247,7 +247,10 @@ def _fit(
     with progress.showing(title, sweep_steps(sweep)):
         results = tuner.fit()
     for trial_dir in (out / TRAIN_DIR).glob(f"{sweep.workload}_*"):  # stopped trials' saves in flight
-        remove_unfinished(trial_dir)
+        try:
+            remove_unfinished(trial_dir)
+        except checkpoint.CheckpointError as err:  # unlistable: the results are still summarised
+            print(f"warning: {err}", file=terminal.err())
     # After Ctrl+C fit() returns as if done; only the saved state shows the unfinished trials.
     try:
         saved = tune.ExperimentAnalysis(results.experiment_path).trials

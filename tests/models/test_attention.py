@@ -96,6 +96,8 @@ def test_auto_on_tpu_picks_splash_from_512_and_dense_below():
     assert [picked(s) for s in (256, 512, 1024, 1000)] == ["dense", "splash", "splash", "dense"]
     float32 = choose("auto", Target("tpu", None, "float32", 64, 256))
     assert float32.implementation == "xla" and "blocked XLA beats dense" in float32.reason
+    long = choose("auto", Target("tpu", None, "float32", 64, 1000)).reason  # not a multiple of 128
+    assert "sequence length 1000 is not a multiple of 128" in long and "slower" not in long
 
 
 def test_a_checkpoint_that_asked_for_splash_restores_with_this_devices_attention(tmp_path):
