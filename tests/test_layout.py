@@ -211,3 +211,17 @@ def test_modules_and_functions_stay_small():
     assert not too_big, (
         f"over {MAX_MODULE_LINES} lines a module, {MAX_FUNCTION_LINES} a function:\n" + "\n".join(too_big)
     )
+
+
+def test_what_ray_unpickles_outside_the_worker_imports_no_jax():
+    # Ray Train's controller unpickles the worker loop, Ray Data's processes the draw function: each a
+    # process per trial, which must not pay for JAX, Flax and Orbax (docs/benchmarks.md, make demo).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, jaxray.raytrain.entry, jaxray.data.ray_data, jaxray.config; "
+        "print(sorted(m for m in ('jax', 'flax', 'orbax', 'optax') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
