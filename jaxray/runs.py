@@ -326,9 +326,7 @@ def open_checkpoint(
     (``latest_run``): its best ``workload`` trial's checkpoint (``best_row``), or, with a warning when
     that is damaged, the trial's newest good older one; a URI: its local copy, checked while fetched.
     Raises CheckpointError naming the path and why."""
-    if isinstance(path, checkpoint.Verified):
-        return path
-    if storage.is_uri(path):
+    if isinstance(path, checkpoint.Verified) or storage.is_uri(path):
         return checkpoint.open(path)
     path = Path(path)
     if (path / checkpoint.MODEL_CONFIG).is_file():

@@ -187,10 +187,11 @@ def open(  # noqa: A001 - checkpoint.open
         entry = remote.fetch(str(ref), pinned)
         return open(Verified(entry, json.loads((entry / TRAIN_STATE).read_text())), full_state)
     path = Path(ref).absolute()
-    with contextlib.suppress(OSError):  # unreadable: verified below, to say why
-        manifest = (path / TRAIN_STATE).read_bytes() if pinned else b""
-        if pinned and hashlib.sha256(manifest).hexdigest() == pinned:
-            return open(Verified(path, json.loads(manifest)), full_state)
+    if pinned:
+        with contextlib.suppress(OSError):  # unreadable: verified below, to say why
+            manifest = (path / TRAIN_STATE).read_bytes()
+            if hashlib.sha256(manifest).hexdigest() == pinned:
+                return open(Verified(path, json.loads(manifest)), full_state)
     return Verified(path, verify(path, full_state))
 
 

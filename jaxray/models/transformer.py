@@ -64,7 +64,7 @@ def causal_attention(query, key, value, implementation=None, dropout_key=None, d
     if implementation == "splash" and query.shape[1] % SPLASH_MULTIPLE == 0:
         return splash_attention(query, key, value)
     if dropping:
-        block = attention_block() if implementation in (None, "xla") else query.shape[1]
+        block = None if implementation in (None, "xla") else query.shape[1]  # None: attention_block()
         return blocked_causal_attention(query, key, value, block, dropout_key, dropout_rate)
     if implementation in ("cudnn", "dense", "splash"):
         how = "cudnn" if implementation == "cudnn" else "xla"

@@ -1,6 +1,6 @@
-"""What Ray Train runs in each worker, by name: Ray Train's controller and the Dataset's processes
-unpickle it without importing JAX, Flax and Orbax (``worker``'s imports, ~3 s of CPU a process on 2
-cores, one controller a trial); the worker imports them when it runs."""
+"""What Ray Train runs in each worker, by name: Ray Train's controller (one a trial) unpickles it
+without importing JAX, Flax and Orbax (``worker``'s imports, ~3 s of CPU a process on 2 cores); the
+worker imports them when it runs."""
 
 from __future__ import annotations
 
