@@ -45,7 +45,7 @@ def child_env(**more: str) -> dict[str, str]:
 # collection order (--no-loadscope-reorder): these, the longest (a run's --durations, 2 cores),
 # first, so that no worker ends alone on one of them while the other is done.
 LONGEST_FIRST = (
-    "integration/test_gpu_check.py",
+    "integration/test_bench_check.py",
     "integration/test_multi_worker.py",
     "integration/test_local_head.py",
     "integration/test_tune_smoke.py",

@@ -1,13 +1,20 @@
-"""``python -m jaxray.bench check``: the accelerator check, one process on the chip, no Ray (a TPU host
-may allow no sockets). Attention alone (forward + backward) per implementation and sequence length,
-then the preset's ``check`` model steps (ms/step, MFU, compile s, from the compilation cache or not),
-the first of them profiled (``jaxray.bench.profile``). One Report: summary.json and summary.md."""
+"""``python -m jaxray.bench check``: the accelerator check (GPU or TPU). First, where Ray is installed,
+a real sweep under Ray Tune and Ray Train in a child process (the preset's ``check_sweep``); then in
+this process, without Ray (a TPU host may allow no sockets): attention alone (forward + backward) per
+implementation and sequence length, the preset's ``check`` model steps (ms/step, MFU, compile s, from
+the compilation cache or not), the first of them profiled (``jaxray.bench.profile``). One Report."""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -71,12 +78,45 @@ def attention_rows(sizes: dict[str, Any]) -> list[dict[str, Any]]:
 NO_ACCELERATOR = "no accelerator here: JAX runs on the CPU, so these are the CPU's figures, not a chip's"
 
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # the presets' sweep configs are its tune_configs/
+# A sweep trial's summary row -> the check's columns.
+SWEEP_FIELDS = ("dtype", "global_batch", "tokens_per_sec", "ms_per_step", "compile_s", "val_loss")
+
+
+def sweep_rows(config: str, data_dir: str | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """(rows, notes) of ``python -m jaxray.tune --config config`` run in a child process with a
+    private local Ray (``RAY_ADDRESS=local``) into a temporary folder, removed after: a row per trial
+    (``case`` "sweep <trial>", ``SWEEP_FIELDS``), or one row with the error (its output's last lines);
+    no rows and a note where Ray is not installed. Call it before this process opens the accelerator."""
+    if importlib.util.find_spec("ray") is None:
+        return [], [f"sweep {config} not run: Ray is not installed here (the rows below ran without it)"]
+    env = {**os.environ, "RAY_ADDRESS": "local"} | ({"JAXRAY_DATA_DIR": data_dir} if data_dir else {})
+    with tempfile.TemporaryDirectory(prefix="jaxray-check-sweep-") as folder:
+        start = time.perf_counter()
+        command = [sys.executable, "-m", "jaxray.tune", "--config", config, "--out", folder]
+        proc = subprocess.run(command, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        found = sorted(Path(folder).glob("*/summary.json"))
+        if proc.returncode or not found:
+            tail = " | ".join((proc.stderr + proc.stdout).strip().splitlines()[-4:])
+            return [{"case": f"sweep {config}", "error": f"jaxray.tune exited {proc.returncode}: {tail}"}], []
+        trials = json.loads(found[-1].read_text())
+    rows = [{"case": f"sweep {t['trial']}", **{k: t.get(k) for k in SWEEP_FIELDS}} for t in trials]
+    return rows, [f"sweep {config}: {len(rows)} trial(s) under Ray Tune and Ray Train in {seconds:.0f} s"]
+
+
 def check(args) -> Report:
-    """The attention table and the model steps of ``--preset``'s ``check`` (``--only``: those labels)."""
-    preset, only, env = PRESETS[args.preset], args.only, environment(len(jax.devices()))
+    """The preset's sweep under Ray (``--sweep``), then the attention table and the model steps of
+    ``--preset``'s ``check`` (``--only``: those labels; "sweep" and "attention" name those parts)."""
+    preset, only = PRESETS[args.preset], args.only
+    config = args.sweep
+    if config is None and preset.check_sweep:
+        config = str(CHECKOUT / preset.check_sweep)
+    sweep, notes = sweep_rows(config, args.data_dir) if config and (not only or "sweep" in only) else ([], [])
+    env = environment(len(jax.devices()))  # opens the accelerator: after the sweep's child process
     if env["platform"] == "cpu":  # said first: the check is of an accelerator
         print(NO_ACCELERATOR, file=sys.stderr, flush=True)
-    rows = attention_rows(preset.check_attention) if not only or "attention" in only else []
+    rows = sweep + (attention_rows(preset.check_attention) if not only or "attention" in only else [])
     cases = []
     for size in (s for s in preset.check if not only or s["case"] in only):
         tiles, fields = size.get("tiles"), {k: v for k, v in size.items() if k not in ("case", "tiles")}
@@ -85,12 +125,13 @@ def check(args) -> Report:
     rows += [{**env, **row} for row in run_cases(cases, "check")]
     cols = (
         f"case attention dtype global_batch seq_len remat scan_layers ms {SPEED} compile_s compile_from_cache"
-    )
-    notes = [f"{env['device_kind']} ({env['platform']}), jax {env['jax']}"]
+    ) + (" val_loss" if sweep else "")
+    notes = [f"{env['device_kind']} ({env['platform']}), jax {env['jax']}", *notes]
     notes += [NO_ACCELERATOR] if env["platform"] == "cpu" else []
     for r in (r for r in rows if r.get("profile")):
         notes.append(f"profile of {r['case']}: {shares(r['profile']['groups'])}")
-    return Report("check", "Accelerator check: attention and training steps", rows, cols, notes)
+    title = "Accelerator check: a sweep under Ray, attention and training steps"
+    return Report("check", title, rows, cols, notes)
 
 
 def _tiled(run, tiles: dict | None):

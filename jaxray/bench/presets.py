@@ -32,6 +32,7 @@ class Preset:
     throughput: Size = field(default_factory=dict)
     check_attention: Size = field(default_factory=dict)
     check: list[Size] = field(default_factory=list)
+    check_sweep: str | None = None  # a jaxray.tune config, run under Ray first by ``bench check``
 
 
 _DOC = yaml.safe_load(Path(__file__).with_name("presets.yaml").read_text())
