@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,41 +81,54 @@ NO_ACCELERATOR = "no accelerator here: JAX runs on the CPU, so these are the CPU
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # the presets' sweep configs are its tune_configs/
 # A sweep trial's summary row -> the check's columns.
-SWEEP_FIELDS = ("dtype", "global_batch", "tokens_per_sec", "ms_per_step", "compile_s", "val_loss")
+SWEEP_FIELDS = ("dtype", "global_batch", "tokens_per_sec", "ms_per_step", "compile_s", "val_loss", "error")
+SWEEP_TIMEOUT_S = 1800
 
 
-def sweep_rows(config: str, data_dir: str | None) -> tuple[list[dict[str, Any]], list[str]]:
-    """(rows, notes) of ``python -m jaxray.tune --config config`` run in a child process with a
-    private local Ray (``RAY_ADDRESS=local``) into a temporary folder, removed after: a row per trial
-    (``case`` "sweep <trial>", ``SWEEP_FIELDS``), or one row with the error (its output's last lines);
-    no rows and a note where Ray is not installed. Call it before this process opens the accelerator."""
+def sweep_rows(config: str, args) -> tuple[list[dict[str, Any]], list[str]]:
+    """(rows, notes) of ``python -m jaxray.tune --config config`` in a child process with a private
+    local Ray (``RAY_ADDRESS=local``; ``args``' data folder and compilation cache passed on), into a
+    temporary folder removed after a clean run (kept, and named, after a failed one): a row per trial
+    of its summary (``case`` "sweep <trial>", ``SWEEP_FIELDS``), or one row with the error; no rows
+    and a note where Ray is not installed. Call it before this process opens the accelerator."""
     if importlib.util.find_spec("ray") is None:
         return [], [f"sweep {config} not run: Ray is not installed here (the rows below ran without it)"]
-    env = {**os.environ, "RAY_ADDRESS": "local"} | ({"JAXRAY_DATA_DIR": data_dir} if data_dir else {})
-    with tempfile.TemporaryDirectory(prefix="jaxray-check-sweep-") as folder:
-        start = time.perf_counter()
-        command = [sys.executable, "-m", "jaxray.tune", "--config", config, "--out", folder]
-        proc = subprocess.run(command, env=env, capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-        found = sorted(Path(folder).glob("*/summary.json"))
-        if proc.returncode or not found:
-            tail = " | ".join((proc.stderr + proc.stdout).strip().splitlines()[-4:])
-            return [{"case": f"sweep {config}", "error": f"jaxray.tune exited {proc.returncode}: {tail}"}], []
-        trials = json.loads(found[-1].read_text())
-    rows = [{"case": f"sweep {t['trial']}", **{k: t.get(k) for k in SWEEP_FIELDS}} for t in trials]
-    return rows, [f"sweep {config}: {len(rows)} trial(s) under Ray Tune and Ray Train in {seconds:.0f} s"]
+    if not Path(config).is_file():
+        return [{"case": f"sweep {config}", "error": f"no such experiment config: {config}"}], []
+    env = {**os.environ, "RAY_ADDRESS": "local"}
+    env |= {"JAX_COMPILATION_CACHE_DIR": args.compile_cache} if args.compile_cache else {}
+    folder = tempfile.mkdtemp(prefix="jaxray-check-sweep-")
+    command = [sys.executable, "-m", "jaxray.tune", "--config", config, "--out", folder]
+    command += ["--data-dir", args.data_dir] if args.data_dir else []
+    print(f"sweep: {' '.join(command[1:])} (under Ray, before the steps)", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return [{"case": f"sweep {config}", "error": f"over {SWEEP_TIMEOUT_S} s; its folder: {folder}"}], []
+    seconds, found = time.perf_counter() - start, sorted(Path(folder).glob("*/summary.json"))
+    trials = json.loads(found[-1].read_text()) if found else []
+    rows = [{"case": f"sweep {t['trial']}", **{k: t[k] for k in SWEEP_FIELDS if k in t}} for t in trials]
+    if proc.returncode or not rows:
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        why = [line for line in lines if line.startswith("error")] or lines[-3:]
+        rows.append({"case": f"sweep {config}", "error": f"jaxray.tune exited {proc.returncode}: "
+                     f"{' | '.join(why)} (its run and log: {folder})"})  # fmt: skip
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows, [f"sweep {config}: {len(trials)} trial(s) under Ray Tune and Ray Train in {seconds:.0f} s"]
 
 
 def check(args) -> Report:
     """The preset's sweep under Ray (``--sweep``), then the attention table and the model steps of
     ``--preset``'s ``check`` (``--only``: those labels; "sweep" and "attention" name those parts)."""
     preset, only = PRESETS[args.preset], args.only
-    config = args.sweep
-    if config is None and preset.check_sweep:
+    config = args.sweep  # given: run even if --only leaves "sweep" out
+    if config is None and preset.check_sweep and (not only or "sweep" in only):
         config = str(CHECKOUT / preset.check_sweep)
-    sweep, notes = sweep_rows(config, args.data_dir) if config and (not only or "sweep" in only) else ([], [])
+    sweep, notes = sweep_rows(config, args) if config else ([], [])
     env = environment(len(jax.devices()))  # opens the accelerator: after the sweep's child process
-    if env["platform"] == "cpu":  # said first: the check is of an accelerator
+    if env["platform"] == "cpu":  # said before the in-process figures: the check is of an accelerator
         print(NO_ACCELERATOR, file=sys.stderr, flush=True)
     rows = sweep + (attention_rows(preset.check_attention) if not only or "attention" in only else [])
     cases = []

@@ -4,6 +4,7 @@ asserts a speed: rows, columns and files only."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxray.bench import mfu
+from jaxray.bench import check, mfu
 from jaxray.bench.__main__ import build_parser, main
 from jaxray.bench.runner import throughput_size
 from jaxray.bench.throughput import make_spec
@@ -331,3 +332,24 @@ def test_check_without_an_accelerator_says_so_first(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.lstrip().startswith("no accelerator here: JAX runs on the CPU"), err[:300]
     assert "no case of check could be measured" in err and not (out / "summary.json").exists()
+
+
+def test_check_without_ray_notes_the_sweep_and_runs_the_steps(tmp_path, monkeypatch):
+    """Where Ray is not installed (the lent TPU host) ``bench check`` says its sweep was not run and
+    measures the in-process cases; a sweep config that does not exist is an error row (exit 1)."""
+    found = importlib.util.find_spec
+    out, second, missing = tmp_path / "check", tmp_path / "c2", str(tmp_path / "no_such.yaml")
+    with monkeypatch.context() as patch:
+        patch.setattr(check.importlib.util, "find_spec", lambda n, *a: None if n == "ray" else found(n, *a))
+        assert main(["check", "--preset", "tiny", "--only", "sweep,tiny_f32", "--out", str(out)]) == 0
+    doc = json.loads((out / "summary.json").read_text())
+    assert [r["case"] for r in doc["rows"]] == ["tiny_f32"]
+    assert any("not run: Ray is not installed here" in n for n in doc["notes"]), doc["notes"]
+    # A --sweep given runs though --only leaves "sweep" out.
+    assert (
+        main(["check", "--preset", "tiny", "--only", "tiny_f32", "--sweep", missing, "--out", str(second)])
+        == 1
+    )
+    row, step = json.loads((second / "summary.json").read_text())["rows"]
+    assert row["case"] == f"sweep {missing}" and row["error"] == f"no such experiment config: {missing}"
+    assert step["case"] == "tiny_f32" and "error" not in step
