@@ -10,6 +10,8 @@ from pathlib import Path
 
 import filelock
 
+TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR = "train", "tune", "tensorboard"  # in a run folder
+COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the trial's compiled step
 LOCK_FILE = ".jaxray.lock"  # held by the one command writing into the folder (``exclusive``)
 
 

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from jaxray import checkpoint, storage
 from jaxray.config import ConfigError
 from jaxray.config.experiment import DEFAULT_METRIC, ExperimentConfig, SweepConfig
-from jaxray.folders import RunFolderError
+from jaxray.folders import TRAIN_DIR, RunFolderError
 
 EXPERIMENT_FILE = "experiment.yaml"
 EXPERIMENT_HEADER = "# The resolved experiment config of this run, written by python -m jaxray.tune;\n"
@@ -35,12 +35,10 @@ SUMMARY_MD = "summary.md"
 THROUGHPUT_PLOT = "throughput_vs_batch.png"
 LOSS_PLOT = "loss_curves.png"
 FILES = (SUMMARY_JSON, SUMMARY_MD, THROUGHPUT_PLOT, LOSS_PLOT)  # the sweep report's files
-TRAIN_DIR, TUNE_DIR, TENSORBOARD_DIR = "train", "tune", "tensorboard"
 LOGS_DIR = "logs"  # one log per python -m jaxray.tune in the folder (Ray's, Tune's, Orbax's output)
 # experiment.yaml's line holding the SHA-256 of the config below it (``signed``, ``check_unedited``).
 CONFIG_DIGEST = "# SHA-256 of the config below it (--resume refuses an edited config): "
 RUN_NAME = re.compile(r"(\d{8}-\d{6})(?:-(\d+))?")  # what ``new_run`` names a run folder
-COMPILE_FILE = "compile.json"  # in train/<trial>/: what XLA knows about the trial's compiled step
 FALLBACK_METRIC = ("test_accuracy", "max")  # ranks a workload no sweep and no default names
 
 Ranking = dict[str, tuple[str, str]]  # workload -> (metric, "min" | "max")

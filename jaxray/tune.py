@@ -31,7 +31,7 @@ from jaxray.data.batching import num_samples
 from jaxray.data.manifest import ManifestError
 from jaxray.data.sources import DataFileError
 from jaxray.data.workloads import load_arrays, parquet_folder
-from jaxray.folders import exclusive
+from jaxray.folders import TRAIN_DIR, TUNE_DIR, exclusive
 from jaxray.parallel.checks import plan_experiment
 from jaxray.raytrain.cluster import check_accelerators, check_storage, init_ray
 from jaxray.raytrain.sweep import TrialRows, check_saved_state, run_sweep, with_run_storage
@@ -43,8 +43,6 @@ from jaxray.runs import (
     EXPERIMENT_HEADER,
     LOGS_DIR,
     SUMMARY_MD,
-    TRAIN_DIR,
-    TUNE_DIR,
     RunFolderError,
     check_unedited,
     crashed,

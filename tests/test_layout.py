@@ -214,13 +214,14 @@ def test_modules_and_functions_stay_small():
 
 
 def test_what_ray_unpickles_outside_the_worker_imports_no_jax():
-    # Ray Train's controller unpickles the worker loop, Ray Data's processes the draw function: each a
-    # process per trial, which must not pay for JAX, Flax and Orbax (docs/benchmarks.md, make demo).
+    # Tune's trial process unpickles the trainable, Ray Train's controller the worker loop, Ray Data's
+    # processes the draw function: each a process per trial, which must not pay for JAX, Flax and
+    # Orbax (docs/benchmarks.md, make demo).
     import subprocess
     import sys
 
     code = (
-        "import sys, jaxray.raytrain.entry, jaxray.data.ray_data, jaxray.config; "
+        "import sys, jaxray.raytrain.entry, jaxray.raytrain.trainable, jaxray.data.ray_data, jaxray.config; "
         "print(sorted(m for m in ('jax', 'flax', 'orbax', 'optax') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

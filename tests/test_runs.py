@@ -182,14 +182,14 @@ def test_check_overwrite_lets_only_the_same_writer_replace_a_summary(tmp_path):
     (tmp_path / runs.SUMMARY_JSON).write_text(json.dumps(ROWS))  # a sweep's summary: a list, no owner
     with pytest.raises(ValueError, match="choose another --out"):
         folders.check_overwrite(tmp_path, "jaxray.evaluate")
-    (tmp_path / runs.COMPILE_FILE).write_text("{}")
+    (tmp_path / folders.COMPILE_FILE).write_text("{}")
     with pytest.raises(ValueError, match="compile.json exists"):
-        folders.check_overwrite(tmp_path, "jaxray.bench compile", runs.COMPILE_FILE)
+        folders.check_overwrite(tmp_path, "jaxray.bench compile", folders.COMPILE_FILE)
 
 
 def test_the_layout_names():
     assert runs.FILES == ("summary.json", "summary.md", "throughput_vs_batch.png", "loss_curves.png")
-    assert (runs.TRAIN_DIR, runs.TUNE_DIR, runs.TENSORBOARD_DIR) == ("train", "tune", "tensorboard")
+    assert (folders.TRAIN_DIR, folders.TUNE_DIR, folders.TENSORBOARD_DIR) == ("train", "tune", "tensorboard")
     assert runs.EXPERIMENT_FILE == "experiment.yaml"
 
 

@@ -15,8 +15,9 @@ from tune_cli import tune_cli as tune
 
 from jaxray.config import ConfigError
 from jaxray.config.experiment import load_experiment
+from jaxray.folders import TRAIN_DIR
 from jaxray.raytrain.sweep import with_run_storage
-from jaxray.runs import EXPERIMENT_FILE, TRAIN_DIR, RunFolderError, finished, new_run
+from jaxray.runs import EXPERIMENT_FILE, RunFolderError, finished, new_run
 from jaxray.tune import (
     full_disk,
     load_resume,

@@ -119,9 +119,22 @@ def sweep_rows(config: str, args) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, [f"sweep {config}: {len(trials)} trial(s) under Ray Tune and Ray Train in {seconds:.0f} s"]
 
 
+def check_parts(args) -> None:
+    """ValueError for a ``--preset`` without check cases or an ``--only`` name that is not a part of it
+    (``sweep``, ``attention`` or a case), naming the allowed ones."""
+    preset = PRESETS[args.preset]
+    if not preset.check:
+        raise ValueError(f"--preset {args.preset} has no check cases: --preset gpu (or tiny on a CPU)")
+    known = {"sweep", "attention", *(size["case"] for size in preset.check)}
+    if unknown := sorted(set(args.only or ()) - known):
+        raise ValueError(f"--only {','.join(unknown)}: not a part of --preset {args.preset}'s check "
+                         f"(one of {', '.join(sorted(known))})")  # fmt: skip
+
+
 def check(args) -> Report:
     """The preset's sweep under Ray (``--sweep``), then the attention table and the model steps of
     ``--preset``'s ``check`` (``--only``: those labels; "sweep" and "attention" name those parts)."""
+    check_parts(args)
     preset, only = PRESETS[args.preset], args.only
     config = args.sweep  # given: run even if --only leaves "sweep" out
     if config is None and preset.check_sweep and (not only or "sweep" in only):

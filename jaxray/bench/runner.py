@@ -99,6 +99,8 @@ REPORTS = {"compare": compare.compare, "decode": compare.decode_benchmark, "inge
 
 def run(args: argparse.Namespace) -> int:
     """Run ``args.command``; its exit code. Every ``--out`` is checked first (``folders.check_overwrite``)."""
+    if args.command == "check":  # its parts refused before any folder is made
+        check.check_parts(args)
     if hasattr(args, "compile_cache"):
         compile_cache.enable(args.compile_cache)
     base = None if args.out == "" else Path(args.out or f"runs/bench/{args.command}")

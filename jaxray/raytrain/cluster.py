@@ -22,9 +22,7 @@ from jaxray.config import ConfigError, WorkersConfig
 from jaxray.config.experiment import ExperimentConfig
 from jaxray.models.attention import AttentionChoice
 from jaxray.reporting import terminal
-
-# Ray Data's per-dataset progress bars would flood the log of every trial.
-QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
+from jaxray.reporting.terminal import QUIET_ENV
 
 
 def ray_address_file() -> Path:

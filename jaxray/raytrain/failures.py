@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from pathlib import Path
 
 import ray
@@ -21,6 +22,11 @@ from jaxray import storage
 # it; "unknown": none of these.
 PREEMPTION_KEY = "preemption_save_step"  # in the report of a save made on a preemption notice
 ATTEMPT_KEY = "attempt"  # in every report: the worker group's attempt (1, 2, ...)
+# The key Ray ranks checkpoints by (``checkpoint_score_attribute``), in every report with one: never
+# inf or NaN (``Reports._score``), as Ray saves its record of checkpoints as JSON with those turned to
+# null, and a run resumed from that record fails ranking a null.
+SCORE_KEY = "checkpoint_score"
+WORST_SCORE = sys.float_info.max
 
 
 def _alive_nodes() -> list[str]:

@@ -8,7 +8,6 @@ import hashlib
 import json
 import math
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,16 +21,10 @@ from ray.train import Checkpoint, CheckpointUploadMode
 from jaxray import checkpoint, storage
 from jaxray.checkpoint import CheckpointSaveError, checkpoint_name
 from jaxray.config import TrialConfig
-from jaxray.raytrain.failures import ATTEMPT_KEY, PREEMPTION_KEY
+from jaxray.raytrain.failures import ATTEMPT_KEY, PREEMPTION_KEY, SCORE_KEY, WORST_SCORE
 from jaxray.raytrain.seams import BEFORE_MANIFEST
 from jaxray.reporting.format import json_safe
 from jaxray.train.loop import Hook
-
-# The key Ray ranks checkpoints by (``checkpoint_score_attribute``), in every report with one: never
-# inf or NaN (``Reports._score``), as Ray saves its record of checkpoints as JSON with those turned to
-# null, and a run resumed from that record fails ranking a null.
-SCORE_KEY = "checkpoint_score"
-WORST_SCORE = sys.float_info.max
 
 
 class Reports:

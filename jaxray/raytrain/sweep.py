@@ -1,7 +1,6 @@
 """The Tune driver: each sweep is one Ray Tune grid (global batch, dtype, width, peak learning rate),
-each trial one Ray Train run (``make_trainer``) reporting through ``TuneReportCallback``. Names
-derive from the grid point only (``trial_name``), so ``Tuner.restore`` finds an interrupted sweep's
-folders again."""
+each trial one Ray Train run (``jaxray.raytrain.trainable.run_trial``); then each trial's summary
+row from its result, checkpoints and compile report."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,33 +15,27 @@ from typing import Any
 import ray
 from ray import cloudpickle, tune
 from ray.tune.experiment import Trial
-from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
+from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 from ray.tune.result import AUTO_RESULT_KEYS, CONFIG_PREFIX, DEBUG_METRICS, DONE, EXPERIMENT_TAG, TRIAL_ID
 from ray.tune.schedulers import ASHAScheduler
 
 from jaxray import checkpoint, storage
 from jaxray.checkpoint import HISTORY_FILE, remove_unfinished
 from jaxray.config import ConfigError, TrainConfig, TrialConfig
-from jaxray.config import trial_name as name_of
-from jaxray.config.experiment import SEARCHABLE, ExperimentConfig, SweepConfig
-from jaxray.data.batching import num_samples
-from jaxray.data.ray_data import to_dataset, train_dataset
+from jaxray.config.experiment import ExperimentConfig, SweepConfig
+from jaxray.folders import COMPILE_FILE, TRAIN_DIR, TUNE_DIR
 from jaxray.parallel.mesh import MESH_AXES, describe
 from jaxray.raytrain import progress
-from jaxray.raytrain.failures import ATTEMPT_KEY, read_record, record_driver_lost
+from jaxray.raytrain.failures import ATTEMPT_KEY, SCORE_KEY
 from jaxray.raytrain.progress import TrialProgress
-from jaxray.raytrain.reports import SCORE_KEY
-from jaxray.raytrain.trainer import make_trainer, run_files
+from jaxray.raytrain.trainable import error_text, run_trial, trial_name
 from jaxray.reporting import terminal
 from jaxray.reporting.format import DIVERGED_KEYS, diverged_error, step_rates
-from jaxray.runs import COMPILE_FILE, TENSORBOARD_DIR, TRAIN_DIR, TUNE_DIR
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # A log row's keys: the final report carries the last one for schedulers; the summary row does not.
 LOG_ROW_KEYS = ("step", "examples", "loss", "accuracy", "grad_norm", "tokens", "perplexity", "lr")
 # What Tune adds to every result beside what the workers reported.
 TUNE_KEYS = frozenset((*AUTO_RESULT_KEYS, *DEBUG_METRICS, DONE, TRIAL_ID, EXPERIMENT_TAG))
-MAX_ERROR_CHARS = 2000  # of a failed trial's ``error`` in its summary row
 # (summary row, history rows) of one trial; a failed trial's row carries ``error``.
 TrialRows = tuple[dict[str, Any], list[dict]]
 # The files Tuner.restore reads (Tune 2.60), with how; first tuner.pkl, written when the sweep starts.
@@ -52,77 +44,6 @@ STATE_FILES = (
     ("experiment_state-*.json", json.loads),
     ("basic-variant-state-*.json", cloudpickle.loads),
 )
-# Beside a trial's storage folder: the jaxray.tune run that last started it, and its error if it failed.
-INVOCATION_SUFFIX = ".invocation.json"
-
-
-class TrialFailed(RuntimeError):
-    """A trial that failed earlier in the same ``jaxray.tune`` run, restarted by Tune (whose restarts
-    are meant for a lost driver): it fails again at once with that error."""
-
-
-def trial_name(workload: str, config: dict[str, Any]) -> str:
-    """The name (``jaxray.config.trial_name``) of the grid point ``config``."""
-    return name_of(workload, **{axis: config[axis] for axis in SEARCHABLE})
-
-
-def run_trial(
-    config: dict[str, Any],
-    workload: str,
-    trials: dict[str, TrialConfig],
-    data: tuple | None,
-    out: str,
-    xla_flags: str | None = None,
-    invocation: str = "",
-    storage_uri: str | None = None,
-) -> None:
-    """Tune trainable: one Ray Train run for the grid point ``config`` (its TrialConfig in ``trials``)
-    on ``data`` ((training source, held-out arrays); None with ``data.parquet``), written under
-    ``out`` (``train/``, ``tensorboard/``; checkpoints at ``storage_uri`` when given).
-    Each start records ``invocation`` (this ``jaxray.tune`` run's id) in ``<name>.invocation.json``,
-    with the error if the run raises. Restarted by Tune in the same invocation, a trial that raised
-    raises ``TrialFailed`` with that error at once (only ``--resume`` trains it again); one that did not
-    lost its driver ("driver lost"); one begun by an earlier invocation was "interrupted"."""
-    name = trial_name(workload, config)
-    trial = trials[name]
-    train_dir = Path(out) / TRAIN_DIR
-    started = train_dir / f"{name}{INVOCATION_SUFFIX}"
-    record = read_record(started)
-    attempts, failures = run_files(train_dir, name, storage_uri)
-    if invocation and record.get("invocation") == invocation:
-        if "error" in record:
-            raise TrialFailed(record["error"])
-        record_driver_lost(failures, attempts)
-    elif record.get("invocation"):  # begun by an earlier jaxray.tune run, gone on with by --resume
-        record_driver_lost(failures, attempts, "interrupted")
-    # On a full disk nothing is recorded: Tune's restart then trains the trial again, to fail again.
-    with contextlib.suppress(OSError):
-        storage.write_text(started, json.dumps({"invocation": invocation}))
-    try:
-        make_trainer(
-            trial,
-            trial_datasets(trial, data),
-            storage_path=train_dir,
-            name=name,
-            tensorboard_dir=Path(out) / TENSORBOARD_DIR / name,
-            callbacks=[TuneReportCallback()],
-            xla_flags=xla_flags,
-            storage_uri=storage_uri,
-            train_samples=num_samples(data[0]) if data else None,
-        ).fit()
-    except Exception as err:
-        with contextlib.suppress(OSError):
-            storage.write_text(started, json.dumps({"invocation": invocation, "error": error_text(err)}))
-        raise
-
-
-def trial_datasets(trial: TrialConfig, data: tuple | None) -> dict:
-    """``{"train": the trial's batches (``train_dataset``), "eval": the held-out arrays}`` of ``data``
-    ((training source, held-out arrays)); {} for None (``data.parquet``: the workers read it)."""
-    if data is None:
-        return {}
-    t = trial.train
-    return {"train": train_dataset(data[0], t.global_batch, t.seed, t.steps), "eval": to_dataset(data[1])}
 
 
 def concurrent_trials(exp: ExperimentConfig, resources: dict[str, float]) -> int:
@@ -275,16 +196,6 @@ def reported(metrics: dict[str, Any]) -> dict[str, Any]:
     dropped = {"final", SCORE_KEY, ATTEMPT_KEY, CHECKPOINT_PATH_KEY, *LOG_ROW_KEYS, *TUNE_KEYS}
     prefix = f"{CONFIG_PREFIX}/"
     return {k: v for k, v in metrics.items() if k not in dropped and not k.startswith(prefix)}
-
-
-def error_text(error: BaseException) -> str:
-    """A failed trial's ``error``: type and message, no ANSI colours, at most ``MAX_ERROR_CHARS``
-    (first line and end kept: a worker's traceback ends with the exception that failed it)."""
-    text = ANSI.sub("", f"{type(error).__name__}: {error}").strip()
-    if len(text) <= MAX_ERROR_CHARS:
-        return text
-    first = text.splitlines()[0][:200]
-    return f"{first}\n...\n{text[len(first) + 5 - MAX_ERROR_CHARS :]}"
 
 
 def trial_rows(

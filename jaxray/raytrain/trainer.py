@@ -13,11 +13,10 @@ from ray.train.v2.jax import JaxTrainer
 from jaxray import storage
 from jaxray.argtypes import cpu_xla_flags
 from jaxray.config import ConfigError, TrialConfig, WorkersConfig
-from jaxray.raytrain.cluster import QUIET_ENV
+from jaxray.folders import COMPILE_FILE
 from jaxray.raytrain.entry import train_loop_per_worker
-from jaxray.raytrain.failures import FailureLog
-from jaxray.raytrain.reports import SCORE_KEY
-from jaxray.runs import COMPILE_FILE
+from jaxray.raytrain.failures import SCORE_KEY, FailureLog
+from jaxray.reporting.terminal import QUIET_ENV
 
 
 def worker_env(workers: WorkersConfig, xla_flags: str | None = None) -> dict[str, str]:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from jaxray import checkpoint
 from jaxray.config import ConfigError
-from jaxray.folders import check_overwrite, removed_if_failed
+from jaxray.folders import TRAIN_DIR, check_overwrite, removed_if_failed
 from jaxray.reporting.format import json_safe
-from jaxray.runs import RUN_NAME, TRAIN_DIR
+from jaxray.runs import RUN_NAME
 
 DEFAULT_OUT_ROOT = Path("runs") / "eval"
 CHECKPOINT_SHA256 = "checkpoint_sha256"  # summary.json: which weights the evaluation is of

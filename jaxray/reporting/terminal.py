@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+# Ray Data's per-dataset progress bars would flood the log of every trial: off in every Ray process.
+QUIET_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
+
 _terminal: tuple[TextIO, TextIO] | None = None  # (stdout, stderr) of the terminal while quiet
 _lines: tuple[TextIO, TextIO] | None = None  # the same, each also written to the log
 _log_file: Path | None = None  # where everything else goes meanwhile

@@ -325,13 +325,20 @@ def test_decode_profile_names_the_decode_programs_ops_and_device_time(trained_tr
 
 
 def test_check_without_an_accelerator_says_so_first(tmp_path, capsys):
-    """``bench check`` on a CPU says first that the figures would be the CPU's (``--only`` a case of no
-    preset: nothing measured, exit 2, no report)."""
+    """``bench check`` on a CPU says first that the figures would be the CPU's (only the sweep, and no
+    sweep: nothing measured, exit 2, no report); a part no preset names, or a preset without check
+    cases, is refused before anything runs."""
     out = tmp_path / "check"
-    assert main(["check", "--preset", "tiny", "--only", "none_of_them", "--out", str(out)]) == 2
+    assert main(["check", "--preset", "tiny", "--only", "sweep", "--sweep", "", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.lstrip().startswith("no accelerator here: JAX runs on the CPU"), err[:300]
     assert "no case of check could be measured" in err and not (out / "summary.json").exists()
+    assert main(["check", "--preset", "tiny", "--only", "attention,tiny_f23", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--only tiny_f23: not a part of --preset tiny's check (one of attention, sweep," in err, err
+    assert main(["check", "--out", str(out)]) == 2  # the default preset, cpu, has no check cases
+    assert "--preset cpu has no check cases: --preset gpu (or tiny on a CPU)" in capsys.readouterr().err
+    assert not (out / "summary.json").exists()
 
 
 def test_check_without_ray_notes_the_sweep_and_runs_the_steps(tmp_path, monkeypatch):

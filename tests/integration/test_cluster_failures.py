@@ -31,7 +31,7 @@ from jaxray import checkpoint, storage
 from jaxray.checkpoint import remote
 from jaxray.config import parse_trial
 from jaxray.data.workloads import load_arrays
-from jaxray.raytrain.sweep import trial_datasets
+from jaxray.raytrain.trainable import trial_datasets
 from jaxray.raytrain.trainer import make_trainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -20,7 +20,7 @@ from private_ray import init_private_ray
 from jaxray import checkpoint
 from jaxray.config import parse_trial
 from jaxray.data.workloads import load_arrays
-from jaxray.raytrain.sweep import trial_datasets
+from jaxray.raytrain.trainable import trial_datasets
 from jaxray.raytrain.trainer import make_trainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

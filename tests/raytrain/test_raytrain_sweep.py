@@ -11,9 +11,10 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from jaxray.config.experiment import ExperimentConfig, SweepConfig
+from jaxray.folders import COMPILE_FILE, TRAIN_DIR
 from jaxray.raytrain import sweep as sweep_module
-from jaxray.raytrain.sweep import concurrent_trials, early_stopping, trial_name, trial_rows
-from jaxray.runs import COMPILE_FILE, TRAIN_DIR
+from jaxray.raytrain.sweep import concurrent_trials, early_stopping, trial_rows
+from jaxray.raytrain.trainable import trial_name
 
 
 def experiment(workers: dict, max_concurrent_trials=None) -> ExperimentConfig:

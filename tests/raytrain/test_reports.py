@@ -21,8 +21,9 @@ from jaxray import checkpoint, runs
 from jaxray.checkpoint import checkpoint_name
 from jaxray.config import TrainConfig, parse_trial
 from jaxray.models import build
-from jaxray.raytrain.reports import SCORE_KEY, WORST_SCORE, Reports
-from jaxray.raytrain.sweep import MAX_ERROR_CHARS, error_text
+from jaxray.raytrain.failures import SCORE_KEY, WORST_SCORE
+from jaxray.raytrain.reports import Reports
+from jaxray.raytrain.trainable import MAX_ERROR_CHARS, error_text
 from jaxray.train.step import init_state, make_optimizer
 
 TRIAL = parse_trial({"model": {"workload": "mlp", "width": 64}})

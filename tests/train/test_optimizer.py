@@ -144,7 +144,7 @@ def test_bad_values_are_refused_naming_the_field(tmp_path, train, message):
 
 
 def test_a_learning_rate_sweep_names_its_trials_and_asha_needs_eval_every(tmp_path):
-    from jaxray.raytrain.sweep import trial_name
+    from jaxray.raytrain.trainable import trial_name
 
     path = tmp_path / "exp.yaml"
     path.write_text(
