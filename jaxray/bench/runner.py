@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     base = None if args.out == "" else Path(args.out or f"runs/bench/{args.command}")
     names = [*suites.SUITES, "throughput"] if args.command == "all" else [args.command]
     outs = {name: (base / name if args.command == "all" else base) if base else None for name in names}
+    made = [out for out in outs.values() if out is not None and not out.exists()]
     for name, out in outs.items():
         if out is not None:
             check_overwrite(out, f"{WRITER} {name}", "compile.json" if name == "compile" else "summary.json")
@@ -113,6 +115,15 @@ def run(args: argparse.Namespace) -> int:
                 out.mkdir(parents=True, exist_ok=True)
             except OSError as err:
                 raise ValueError(f"--out {out} cannot be a results folder: {err}") from None
+    try:
+        return _run(args, outs)
+    finally:  # a folder made here that nothing was written into goes again
+        for out in made:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+
+
+def _run(args: argparse.Namespace, outs: dict[str, Path | None]) -> int:
     if args.command in ("throughput", "compile"):
         return (_throughput if args.command == "throughput" else _compile)(args, outs[args.command])
     if args.command not in REPORTS:
