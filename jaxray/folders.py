@@ -1,5 +1,6 @@
 """Output folders a command writes into: one writer at a time (``exclusive``), no empty folder left
-by a failed command (``removed_if_failed``), no other command's results replaced (``check_overwrite``)."""
+by a failed command (``removed_if_failed``), no other command's results replaced (``check_overwrite``);
+the names of a run folder's parts (``TRAIN_DIR``, ...)."""
 
 from __future__ import annotations
 

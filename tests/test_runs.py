@@ -279,13 +279,13 @@ def test_a_run_with_a_diverged_mlp_still_serves_its_best_transformer(tmp_path, s
         for t, v in (("t1", 2.0), ("t2", 1.8))
     ]
     mixed = populate(sweep_folder(experiment / "20261202-100000", [diverged, *lms], metric=None), lms, lm)
-    (mixed / runs.TRAIN_DIR / "mlp_bad").mkdir()
+    (mixed / folders.TRAIN_DIR / "mlp_bad").mkdir()
     assert runs.finished(mixed) and runs.run_folders(experiment)[0] == mixed
     assert tune_main(["--resume", str(experiment)]) == 0
     assert "all finished" in capsys.readouterr().err
     assert runs.latest_run(experiment) == mixed == runs.latest_run(experiment, "transformer")
-    assert runs.open_checkpoint(experiment).path.is_relative_to(mixed / runs.TRAIN_DIR / "t2")
+    assert runs.open_checkpoint(experiment).path.is_relative_to(mixed / folders.TRAIN_DIR / "t2")
     check_checkpoint(str(experiment))  # what generate and serve run first: passes
     assert runs.open_checkpoint(experiment, "mlp").path.is_relative_to(older)
     with pytest.raises(checkpoint.CheckpointError, match="diverged at step 2, before its first save"):
-        runs.open_checkpoint(mixed / runs.TRAIN_DIR / "mlp_bad")
+        runs.open_checkpoint(mixed / folders.TRAIN_DIR / "mlp_bad")

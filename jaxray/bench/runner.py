@@ -14,7 +14,7 @@ from jaxray.bench import check, checkpointing, compare, engine_load, load, suite
 from jaxray.bench.presets import MODEL_SIZES, PRESETS
 from jaxray.bench.report import WRITER, Report, render, write_report
 from jaxray.bench.throughput import TIMING, check_device_count, make_spec
-from jaxray.folders import check_overwrite
+from jaxray.folders import check_overwrite, removed_if_failed
 from jaxray.parallel.mesh import trial_mesh
 from jaxray.reporting.format import json_safe
 from jaxray.train import compile_cache, compile_report
@@ -99,7 +99,8 @@ REPORTS = {"compare": compare.compare, "decode": compare.decode_benchmark, "inge
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``args.command``; its exit code. Every ``--out`` is checked first (``folders.check_overwrite``)."""
+    """Run ``args.command``; its exit code. Every ``--out`` is checked first (``folders.check_overwrite``);
+    when the run raises, the folders it made for them and left empty are removed."""
     if args.command == "check":  # its parts refused before any folder is made
         check.check_parts(args)
     if hasattr(args, "compile_cache"):
@@ -107,20 +108,17 @@ def run(args: argparse.Namespace) -> int:
     base = None if args.out == "" else Path(args.out or f"runs/bench/{args.command}")
     names = [*suites.SUITES, "throughput"] if args.command == "all" else [args.command]
     outs = {name: (base / name if args.command == "all" else base) if base else None for name in names}
-    made = [out for out in outs.values() if out is not None and not out.exists()]
-    for name, out in outs.items():
-        if out is not None:
-            check_overwrite(out, f"{WRITER} {name}", "compile.json" if name == "compile" else "summary.json")
-            try:
-                out.mkdir(parents=True, exist_ok=True)
-            except OSError as err:
-                raise ValueError(f"--out {out} cannot be a results folder: {err}") from None
-    try:
+    with contextlib.ExitStack() as made:  # a failed run's folders made here and still empty go again
+        for name, out in outs.items():
+            if out is not None:
+                made.enter_context(removed_if_failed(out))
+                written = "compile.json" if name == "compile" else "summary.json"
+                check_overwrite(out, f"{WRITER} {name}", written)
+                try:
+                    out.mkdir(parents=True, exist_ok=True)
+                except OSError as err:
+                    raise ValueError(f"--out {out} cannot be a results folder: {err}") from None
         return _run(args, outs)
-    finally:  # a folder made here that nothing was written into goes again
-        for out in made:
-            with contextlib.suppress(OSError):
-                out.rmdir()
 
 
 def _run(args: argparse.Namespace, outs: dict[str, Path | None]) -> int:

@@ -1,6 +1,7 @@
 """Why a worker group restarted: ``FailureLog`` (a Ray Train callback in the run's controller) records
 how each attempt ended in a JSON file beside the run; ``read_causes`` names the causes for the trial's
-summary (``restart_causes``)."""
+summary (``restart_causes``). Also the keys of the workers' reports the driver reads (attempt,
+preemption save, checkpoint score)."""
 
 from __future__ import annotations
 

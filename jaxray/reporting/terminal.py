@@ -3,7 +3,8 @@
 ``quiet(log_file)`` points file descriptors 1 and 2 at ``log_file`` (Ray, Tune, Orbax, warnings,
 child processes); jaxray writes through ``out()``/``err()`` (terminal and log) and a live display
 through ``display()`` (terminal only). Descriptors, not Python streams, are redirected because Ray
-writes worker lines to whatever ``sys.stderr`` is."""
+writes worker lines to whatever ``sys.stderr`` is. ``QUIET_ENV``: what every Ray process is started
+with to keep Ray Data's progress bars out of the logs."""
 
 from __future__ import annotations
 
