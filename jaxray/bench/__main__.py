@@ -77,7 +77,8 @@ COMMANDS = {  # name: (help, options); all but serve also take COMMON
     "check": ("the accelerator check: a sweep under Ray where it is installed, then attention, steps and "
               "a profile in this process", [*SIZED, ("--only", at.name_list, None,
               "parts to run (sweep, attention, lab7_f32, ...)"), ("--sweep", str, None,
-              "a jaxray.tune config run first under Ray (default: the preset's; '' none)")]),
+              "a jaxray.tune config run first under Ray (default: the preset's, in the checkout's "
+              "tune_configs/; '' none)")]),
     "throughput": ("one workload at one config", [*MODEL, ("--steps", INT, 10, "timed steps a repeat"),
         ("--repeats", INT, 3, None), ("--warmup", COUNT, 1, None), ("--step", STEPS, "jit", None),
         ("--steps-per-call", INT, 1, "optimizer steps a dispatch")]),
