@@ -133,8 +133,8 @@ def check_parts(args) -> None:
 
 def check(args) -> Report:
     """The preset's sweep under Ray (``--sweep``), then the attention table and the model steps of
-    ``--preset``'s ``check`` (``--only``: those labels; "sweep" and "attention" name those parts)."""
-    check_parts(args)
+    ``--preset``'s ``check`` (``--only``: those labels; "sweep" and "attention" name those parts), the
+    parts already refused by ``check_parts`` (the runner calls it before making any folder)."""
     preset, only = PRESETS[args.preset], args.only
     config = args.sweep  # given: run even if --only leaves "sweep" out
     if config is None and preset.check_sweep and (not only or "sweep" in only):
