@@ -19,8 +19,8 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt uv
+	$(VENV)/bin/uv pip install --python $(PY) --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 demo: install
