@@ -1,5 +1,5 @@
 """The trial of ``python -m jaxray.local`` in this process (imports JAX: after the devices are set):
-``jaxray.train.run.train`` with the Ray worker's data order and outputs, written by plain files."""
+``jaxray.runner.run_trial`` with the Ray worker's data order and outputs, written by plain files."""
 
 from __future__ import annotations
 
@@ -16,13 +16,10 @@ from jaxray.checkpoint import checkpoint_name
 from jaxray.config import TrialConfig
 from jaxray.data.batching import num_samples, train_batches
 from jaxray.data.workloads import load_arrays
-from jaxray.models import resolve_attention
 from jaxray.parallel.checks import check_trial
 from jaxray.parallel.mesh import trial_mesh
 from jaxray.reporting.format import json_safe
-from jaxray.reporting.tensorboard import TensorBoardLogger
-from jaxray.train import compile_cache
-from jaxray.train.run import Diverged, train
+from jaxray.runner import run_trial
 from jaxray.train.step import optimizer_for
 
 SUMMARY = "summary.json"
@@ -39,9 +36,10 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
         tmp.write_text(json.dumps(json_safe(doc), indent=2))
 
 
-def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
-    """The checkpoint to resume from; LocalRunError for a run that cannot start here, ConfigError for
-    a trial that cannot run on its mesh (``check_trial``: batch, params, attention)."""
+def _start(trial: TrialConfig, out: Path, resume: bool) -> checkpoint.Verified | None:
+    """The checkpoint to resume from, verified; LocalRunError for a run that cannot start here,
+    ConfigError for a trial that cannot run on its mesh (``check_trial``: batch, params, attention),
+    CheckpointError for a damaged one."""
     platform = jax.default_backend()
     if trial.workers.accelerator != "cpu" and trial.workers.accelerator != platform:
         raise LocalRunError(
@@ -68,7 +66,7 @@ def _start(trial: TrialConfig, out: Path, resume: bool) -> Path | None:
             _check_resumable(trial, latest)
     for name in checkpoint.remove_unfinished(out) if out.is_dir() else ():  # a killed save's folder
         print(f"jaxray local: removed {name}, a checkpoint never finished", flush=True)
-    return latest
+    return checkpoint.open(latest, full_state=True) if latest is not None else None
 
 
 # Settings a resumed run may change: how long it trains (--steps cuts a longer warmup to the run),
@@ -118,10 +116,10 @@ def _check_resumable(trial: TrialConfig, latest: Path) -> None:
 
 
 def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
-    """Train ``trial`` here into ``out``; the summary (also ``out/summary.json``). Raises ConfigError,
-    DataFileError, LocalRunError before compiling; a diverged trial's summary says where."""
+    """Train ``trial`` here into ``out`` (``run_trial``, ``Saves`` its host); the summary (also
+    ``out/summary.json``). Raises ConfigError, DataFileError, LocalRunError before compiling; a
+    diverged trial's summary says where."""
     start = _start(trial, out, resume)
-    compile_cache.enable(trial.workers.compile_cache)
     mesh = trial_mesh(trial, jax.devices()[: trial.workers.total_devices])
     source, held_out = load_arrays(trial)
     per_epoch = num_samples(source) // trial.train.global_batch
@@ -131,57 +129,47 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
             f"{num_samples(source)} samples"
         )
     batches = train_batches(source, trial.train.global_batch, trial.train.seed)  # the Ray workers' order
-    if trial.model.workload == "transformer":
-        choice = resolve_attention(trial.model, seq_len=trial.data.seq_len)
-        print(f"jaxray local: {trial.name()}, {choice.describe()}", flush=True)
-
     save = Saves(trial, out, per_epoch)
-
-    def log(row: dict[str, float]) -> None:
-        shown = " ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step" and isinstance(v, float))
-        print(f"step {row['step']}: {shown}", flush=True)
-
-    # Events of an earlier run into this folder past its checkpoint (or all of them) are redone.
-    first = 1 if start is None else checkpoint.checkpoint_order(start)[0] + 1
-    with TensorBoardLogger(out / "tensorboard", purge_step=first) as tb:
-        try:
-            result = train(
-                trial, batches, held_out, mesh, on_log=[log, tb, save.settle], resume=start, save=save,
-                on_compile=lambda report: _write_json(out / "compile.json", report),
-            )  # fmt: skip
-        except Diverged as err:
-            save.abandon()
-            summary = {"name": trial.name(), **err.row()}
-            _write_json(out / SUMMARY, summary)
-            return summary
-        except BaseException:  # Ctrl-C, a full disk: the save under way is of a finite state
-            save.commit()
-            raise
+    try:
+        row = run_trial(
+            trial, mesh, batches, held_out, save, resume=start, tensorboard=out / "tensorboard",
+            on_compile=lambda report: _write_json(out / "compile.json", report),
+        )  # fmt: skip
+    except BaseException:  # Ctrl-C, a full disk: the save under way is of a finite state
         save.commit()
-        tb.add_final(result.summary, result.summary.get("last_step", trial.train.steps))
-    summary = {"name": trial.name(), **result.summary, "final": True}
-    last = summary.get("last_step", trial.train.steps)  # earlier when train.patience stopped it
-    if summary.get("resumed_from_step", 0) < last:  # else its final checkpoint exists
-        save(last, result.state, result.history, row={**result.history[-1], **summary})
-        save.commit()
-    if summary.get("stopped_early"):
-        print(f"jaxray local: stopped at step {last}: train.patience evaluations without a better val_loss")
-    ranked = checkpoint.ranked_checkpoints(str(out))
-    summary["checkpoint"] = Path(ranked[0]).name if ranked else None  # what --checkpoint loads
+        raise
+    summary = {"name": trial.name(), **row}
+    if row.get("stopped_early"):
+        save.say(f"stopped at step {row['last_step']}: train.patience evaluations without a better val_loss")
+    if "diverged_step" not in row:
+        ranked = checkpoint.ranked_checkpoints(str(out))
+        summary["checkpoint"] = Path(ranked[0]).name if ranked else None  # what --checkpoint loads
     _write_json(out / SUMMARY, summary)
     return summary
 
 
 class Saves:
-    """``train``'s save callback for a local run: checkpoints of ``trial`` into ``out``, a save's files
-    written while training goes on (one in flight: the one before is committed first); after each
-    commit only the best and the newest are kept."""
+    """``run_trial``'s host for a local run (``jaxray.runner.Host``): lines and rows printed,
+    checkpoints of ``trial`` into ``out``, a save's files written while training goes on (one in
+    flight: the one before is committed first); after each commit only the best and the newest are
+    kept."""
 
     def __init__(self, trial: TrialConfig, out: Path, per_epoch: int):
         self.trial, self.out, self.per_epoch = trial, out, per_epoch
         self.pending: list[checkpoint.PendingSave] = []
 
-    def __call__(self, step: int, state, history: list[dict], row: dict | None = None) -> None:
+    def say(self, line: str) -> None:
+        print(f"jaxray local: {line}", flush=True)
+
+    def log(self, row: dict[str, float]) -> None:
+        """Print the row, then commit a save of an earlier step (its files are written by now), so
+        that a crash loses at most a log interval of a committed checkpoint's progress."""
+        shown = " ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step" and isinstance(v, float))
+        print(f"step {row['step']}: {shown}", flush=True)
+        if self.pending and self.pending[-1].step < row["step"]:
+            self.commit()
+
+    def save(self, step: int, state, history: list[dict], row: dict | None = None) -> None:
         self.commit()
         position = {"epoch": step // self.per_epoch, "batch_in_epoch": step % self.per_epoch}
         summary = row if row and row.get("final") else None
@@ -189,17 +177,17 @@ class Saves:
         save = checkpoint.start_save_state(folder, state, self.trial, history, position, summary=summary)
         self.pending.append(save)
 
+    def finish(self, step: int, state, history: list[dict], row: dict) -> None:
+        """The final checkpoint with ``row``, committed (none when resumed from it: it exists)."""
+        if row.get("resumed_from_step", 0) < step:
+            self.save(step, state, history, row=row)
+        self.commit()
+
     def commit(self) -> None:
         """Finish the save in flight, if any. Raises CheckpointSaveError."""
         while self.pending:
             self.pending.pop().commit()
             keep_best_and_newest(self.out)
-
-    def settle(self, row: dict) -> None:
-        """A log hook: commit a save of an earlier step (its files are written by now), so that a
-        crash loses at most a log interval of a committed checkpoint's progress."""
-        if self.pending and self.pending[-1].step < row["step"]:
-            self.commit()
 
     def abandon(self) -> None:
         """Let the save under way finish writing, then remove it (a diverged run: the params it holds

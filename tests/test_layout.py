@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jaxray.folders", "jaxray.runs"),
     ("jaxray.train",),
     ("jaxray.reporting",),
+    ("jaxray.runner",),
     ("jaxray.inference",),
     ("jaxray.raytrain",),
     ("jaxray.serve",),

@@ -20,7 +20,6 @@ from ray.train.collective import broadcast_from_rank_zero
 from jaxray import storage
 from jaxray.config import ConfigError, WorkersConfig
 from jaxray.config.experiment import ExperimentConfig
-from jaxray.models.attention import AttentionChoice
 from jaxray.reporting import terminal
 from jaxray.reporting.terminal import QUIET_ENV
 
@@ -146,17 +145,14 @@ def check_local_devices(workers: WorkersConfig) -> None:
         )
 
 
-def describe_worker(rank: int, attention: AttentionChoice | None = None) -> str:
-    """One log line: Ray rank, JAX process index and count, local devices, GPU UUIDs and, for the
-    transformer, the attention implementation and why."""
+def describe_worker(rank: int) -> str:
+    """One log line: Ray rank, JAX process index and count, local devices, GPU UUIDs."""
     line = (
         f"jaxray worker rank {rank}: JAX process {jax.process_index()} of {jax.process_count()}, "
         f"local devices {jax.local_devices()}"
     )
     if jax.default_backend() == "gpu":
         line += f", GPUs {gpu_uuids()}"
-    if attention is not None:
-        line += f", {attention.describe()}"
     return line
 
 

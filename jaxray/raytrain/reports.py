@@ -28,7 +28,8 @@ from jaxray.train.loop import Hook
 
 
 class Reports:
-    """A worker's reports to Ray Train, log rows and checkpoints in one stream in step order.
+    """A worker's reports to Ray Train, log rows and checkpoints in one stream in step order: the
+    ``jaxray.runner.Host`` of a Ray Train worker.
 
     ``log`` (``train``'s ``on_log``): a report every ``train.report_interval`` steps but the last,
     with the latest ``val_*`` metrics, so the metric ASHA reads is in every report after the first
@@ -80,6 +81,15 @@ class Reports:
         self._pending = (pending, name)
         if row and row.get("final"):
             self._report(row)
+
+    def say(self, line: str) -> None:
+        """A line of the trial's log, printed by rank 0."""
+        if self.rank == 0:
+            print(f"jaxray: {line}", flush=True)
+
+    def finish(self, step: int, state, history: list[dict], row: dict) -> None:
+        """The final checkpoint, reported at once with the final ``row``."""
+        self.save(step, state, history, row=row)
 
     def _score(self, step: int) -> float:
         """``train.score``'s metric for the checkpoint of ``step``: its newest logged value at or before

@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxray.config import ConfigError
-from jaxray.models import build
 from jaxray.parallel.checks import check_trial
-from jaxray.parallel.mesh import batch_sharding, state_shardings
+from jaxray.parallel.mesh import batch_sharding
+from jaxray.train.layout import trial_layout
 from jaxray.train.loop import compile_train_step
-from jaxray.train.step import dropout_keys, init_state, optimizer_for
+from jaxray.train.step import dropout_keys
 
 COLLECTIVES = (
     "all-reduce",
@@ -223,25 +223,27 @@ def report_for(trial, mesh) -> dict[str, Any]:
     too big for XLA, or cuDNN attention that cannot run."""
     check_trial(trial, mesh.shape)
     check_extents(trial)
-    model = build(trial.model)
-    tx, _ = optimizer_for(trial)
-    state = jax.eval_shape(lambda key: init_state(model.init(key), tx), jax.random.key(trial.train.seed))
-    batch = abstract_batch(trial, mesh)
-    compiled, compile_s = compile_train_step(model, tx, mesh, state, batch, dropout=dropout_keys(trial))
+    layout = trial_layout(trial, mesh)
+    compiled, compile_s = compile_train_step(
+        layout.model,
+        layout.tx,
+        mesh,
+        layout.state,
+        abstract_batch(trial, mesh),
+        dropout=dropout_keys(trial),
+        shardings=layout.shardings,
+    )
     return {
         "config": describe(trial, mesh),
         **report(compiled, compile_s, mesh.local_devices[0]),
-        **state_bytes(state, mesh),
+        **state_bytes(layout.state),
     }
 
 
-def state_bytes(state, mesh) -> dict[str, int]:
+def state_bytes(state) -> dict[str, int]:
     """``state_bytes``: the train state's bytes; ``state_bytes_per_device``: one device's share as
-    training lays it out (``state_shardings``), from shapes alone."""
+    training lays it out, from shapes alone (``state``: ``Layout.state``, leaves carrying shardings)."""
     leaves = jax.tree.leaves(state)
-    shards = jax.tree.leaves(state_shardings(state, mesh))
-    per_device = sum(
-        math.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize for x, sh in zip(leaves, shards, strict=True)
-    )
+    per_device = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in leaves)
     total = sum(x.size * x.dtype.itemsize for x in leaves)
     return {"state_bytes": total, "state_bytes_per_device": per_device}

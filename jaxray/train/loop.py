@@ -7,6 +7,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 from jax.sharding import Mesh
@@ -71,17 +72,19 @@ def compile_train_step(
     batch: dict[str, jax.Array],
     steps_per_call: int = 1,
     dropout: tuple[int, str] | None = None,
+    shardings: Any = None,
 ):
     """AOT-compile the auto-sharded train step (laid out as ``_compile_step`` says) -> (compiled step,
     compile seconds). ``steps_per_call`` K > 1 scans K steps over ``[K, B, ...]``, metrics ``[K]``.
-    ``dropout``: ``step.dropout_keys(trial)`` (None: no dropout)."""
+    ``dropout``: ``step.dropout_keys(trial)`` (None: no dropout); ``shardings``: the state's
+    (``Layout.shardings``; None: ``state_shardings``)."""
     loss_fn = LOSSES[model.config.workload]
     step = laid_out(
         functools.partial(train_step, apply=model.apply, loss_fn=loss_fn, tx=tx, dropout=dropout), mesh
     )
     if steps_per_call > 1:
-        return _compile_step(functools.partial(jax.lax.scan, step), mesh, state, batch, stacked=True)
-    return _compile_step(step, mesh, state, batch)
+        step = functools.partial(jax.lax.scan, step)
+    return _compile_step(step, mesh, state, batch, stacked=steps_per_call > 1, shardings=shardings)
 
 
 def compile_shard_map_train_step(
@@ -113,11 +116,17 @@ def compile_shard_map_train_step(
 
 
 def _compile_step(
-    step: Callable, mesh: Mesh, state: TrainState, batch: dict[str, jax.Array], stacked: bool = False
+    step: Callable,
+    mesh: Mesh,
+    state: TrainState,
+    batch: dict[str, jax.Array],
+    stacked: bool = False,
+    shardings: Any = None,
 ):
-    """jit ``step(state, batch) -> (state, metrics)``, the state sharded by ``state_shardings`` (replicated
-    without ``fsdp``/``tensor``) and donated, the batch split, the metrics replicated; AOT compile, timed."""
-    shardings = state_shardings(state, mesh)
+    """jit ``step(state, batch) -> (state, metrics)``, the state sharded by ``shardings`` (None:
+    ``state_shardings``, replicated without ``fsdp``/``tensor``) and donated, the batch split, the
+    metrics replicated; AOT compile, timed."""
+    shardings = state_shardings(state, mesh) if shardings is None else shardings
     jitted = jax.jit(
         step,
         in_shardings=(shardings, batch_sharding(mesh, stacked)),
@@ -140,12 +149,14 @@ def laid_out(fn: Callable, mesh: Mesh) -> Callable:
     return traced
 
 
-def jit_eval_step(model: Model, mesh: Mesh):
-    """The jitted masked eval step (params sharded as in training, batch split, sums replicated)."""
+def jit_eval_step(model: Model, mesh: Mesh, params: Any = None):
+    """The jitted masked eval step (params sharded as in training: ``params``, the params' shardings,
+    None: ``state_shardings``; batch split, sums replicated)."""
     step = laid_out(
         functools.partial(eval_step, apply=model.apply, loss_fn=LOSSES[model.config.workload]), mesh
     )
-    params = state_shardings(jax.eval_shape(model.init, jax.random.key(0)), mesh)
+    if params is None:
+        params = state_shardings(jax.eval_shape(model.init, jax.random.key(0)), mesh)
     return jax.jit(step, in_shardings=(params, batch_sharding(mesh)), out_shardings=replicated(mesh))
 
 

@@ -18,13 +18,13 @@ from jax.sharding import Mesh
 from jaxray import checkpoint
 from jaxray.config import TrialConfig
 from jaxray.data.batching import Arrays, eval_batches
-from jaxray.models import Model, build, param_count
-from jaxray.parallel.checks import check_trial
-from jaxray.parallel.mesh import describe, held_bytes, needs_sync_per_step, shard_batch
+from jaxray.models import Model, param_count
+from jaxray.parallel.mesh import describe, held_bytes, shard_batch
 from jaxray.train import compile_cache, compile_report
 from jaxray.train.held_out import evaluate
+from jaxray.train.layout import Layout, trial_layout
 from jaxray.train.loop import Hook, StopTraining, compile_train_step, jit_eval_step, run_loop
-from jaxray.train.step import TrainState, abstract_state, dropout_keys, optimizer_for, placed_init_state
+from jaxray.train.step import TrainState, dropout_keys, placed_init_state
 
 LogFn = Callable[[dict[str, float]], None]
 # save(step, state, history so far): a full-state checkpoint every ``train.checkpoint_interval`` steps.
@@ -151,7 +151,7 @@ def train(
     trial: TrialConfig,
     batches: Iterator[Arrays],
     eval_arrays: Arrays,
-    mesh: Mesh,
+    layout: Layout | Mesh,
     on_log: Sequence[LogFn] = (),
     resume: Path | checkpoint.Verified | None = None,
     save: SaveFn | None = None,
@@ -163,19 +163,19 @@ def train(
     ``on_log(row)`` gets ``step``, ``examples``, ``loss``, ``accuracy``, ``grad_norm`` (and ``tokens``,
     ``perplexity``). ``resume``: a full-state checkpoint to continue from with the same data order
     (a final one gives back its saved summary). ``save(step, state, history)`` runs every
-    ``train.checkpoint_interval`` steps; ``on_compile(report)`` gets the compile report. Raises
-    ConfigError (batch does not divide, cuDNN attention cannot run) before compiling, CheckpointError
+    ``train.checkpoint_interval`` steps; ``on_compile(report)`` gets the compile report.
+    ``layout``: ``trial_layout(trial, mesh)`` (a Mesh: laid out here); the trial is taken as checked
+    on it (``check_trial``: the plan's, before Ray or the local run starts). Raises CheckpointError
     if ``resume`` is damaged or holds another model, Diverged at the first logged or checkpointed
     step whose loss or grad_norm is NaN or inf, or when the held-out loss of the final params is
     (nothing of that step is saved)."""
-    check_trial(trial, mesh.shape)
-    model = build(trial.model, seq_len=trial.data.seq_len)
-    tx, schedule = optimizer_for(trial)
+    layout = trial_layout(trial, layout) if isinstance(layout, Mesh) else layout
+    mesh, model, tx = layout.mesh, layout.model, layout.tx
     if resume is None:  # fresh from train.seed, placed as training shards it
-        state = placed_init_state(model, tx, mesh, jax.random.key(trial.train.seed))
+        state = placed_init_state(model, tx, mesh, jax.random.key(trial.train.seed), layout.shardings)
         saved, history = {"step": 0}, []
     else:
-        state, saved, history = checkpoint.restore_state(resume, abstract_state(model, tx, mesh))
+        state, saved, history = checkpoint.restore_state(resume, layout.state)
     start = saved["step"]
     final = saved.get("summary") or {}
     if final and (start >= trial.train.steps or final.get("stopped_early")):  # nothing left to train
@@ -183,14 +183,16 @@ def train(
     # The data position: a resumed run skips the batches it had already trained on.
     sharded = (shard_batch(mesh, b) for b in itertools.islice(batches, start, None))
     first = next(sharded)
-    eval_fn = jit_eval_step(model, mesh)  # one jit for the evaluations during and after: compiled once
+    # One jit for the evaluations during and after: compiled once.
+    eval_fn = jit_eval_step(model, mesh, layout.shardings.params)
     with ThreadPoolExecutor(1) as pool:  # XLA compiles the two programs at once (it drops the GIL)
         warm = pool.submit(_warm_eval, eval_fn, state.params, trial, mesh, eval_arrays)
-        step_fn, report = _compiled(trial, model, tx, mesh, state, first)
+        step_fn, report = _compiled(trial, layout, state, first)
         warm.result()  # before the first step donates the params it reads
     if on_compile is not None:
         on_compile(report)
-    loop_hooks = [_log_hook(trial, history, on_log, schedule, _validator(trial, eval_fn, mesh, eval_arrays))]
+    validate = _validator(trial, eval_fn, mesh, eval_arrays)
+    loop_hooks = [_log_hook(trial, history, on_log, layout.schedule, validate)]
     if save is not None:
         loop_hooks.append(_checkpoint_hook(trial, history, save))
     state, timing = run_loop(
@@ -199,7 +201,7 @@ def train(
         itertools.chain([first], sharded),
         trial.train.steps,
         hooks=(*loop_hooks, *hooks),
-        sync_each_step=needs_sync_per_step(mesh),
+        sync_each_step=layout.sync_each_step,
         start=start,
     )
     held_out = _final_held_out(trial, eval_fn, mesh, state, eval_arrays)
@@ -207,11 +209,14 @@ def train(
     return TrainResult(state, summary, history, report)
 
 
-def _compiled(trial: TrialConfig, model: Model, tx, mesh: Mesh, state: TrainState, batch):
+def _compiled(trial: TrialConfig, layout: Layout, state: TrainState, batch):
     """(the AOT-compiled train step, its compile report with the attention chosen and whether the
     persistent compilation cache served it)."""
+    model, mesh = layout.model, layout.mesh
     with compile_cache.watch() as cache:
-        step_fn, compile_s = compile_train_step(model, tx, mesh, state, batch, dropout=dropout_keys(trial))
+        step_fn, compile_s = compile_train_step(
+            model, layout.tx, mesh, state, batch, dropout=dropout_keys(trial), shardings=layout.shardings
+        )
     report = {
         "config": compile_report.describe(trial, mesh),
         **compile_report.report(step_fn, compile_s, mesh.local_devices[0]),

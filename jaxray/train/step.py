@@ -127,20 +127,22 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
 
 
 def placed_init_state(
-    model: Model, tx: optax.GradientTransformation, mesh: Mesh, key: jax.Array
+    model: Model, tx: optax.GradientTransformation, mesh: Mesh, key: jax.Array, shardings: Any = None
 ) -> TrainState:
-    """``init_state(model.init(key), tx)`` placed on ``mesh`` as training shards it. On a mesh that
-    splits the state (``fsdp`` or ``tensor`` > 1) it is computed by one jit straight into its
-    shardings, so no device ever holds the whole state (values can differ from the eager init's in
-    the last bit); otherwise eagerly, then replicated."""
+    """``init_state(model.init(key), tx)`` placed on ``mesh`` as training shards it (``shardings``, a
+    TrainState of NamedShardings; None: ``state_shardings``). On a mesh that splits the state
+    (``fsdp`` or ``tensor`` > 1) it is computed by one jit straight into its shardings, so no device
+    ever holds the whole state (values can differ from the eager init's in the last bit); otherwise
+    eagerly, then replicated."""
 
     def init(k: jax.Array) -> TrainState:
         return init_state(model.init(k), tx)
 
+    if shardings is None:
+        shardings = state_shardings(jax.eval_shape(init, key), mesh)
     if not shards_state(mesh):
-        state = init(key)
-        return jax.device_put(state, state_shardings(state, mesh))
-    return jax.jit(init, out_shardings=state_shardings(jax.eval_shape(init, key), mesh))(key)
+        return jax.device_put(init(key), shardings)
+    return jax.jit(init, out_shardings=shardings)(key)
 
 
 def abstract_state(model: Model, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:

@@ -10,9 +10,10 @@ import pytest
 
 from jaxray.config import ConfigError, parse_trial
 from jaxray.config.experiment import load_experiment
+from jaxray.models.attention import AttentionError
 from jaxray.parallel.checks import check_attention, check_trial, plan_experiment
 from jaxray.parallel.mesh import make_mesh
-from jaxray.train.run import train
+from jaxray.train.layout import trial_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDNN_SWEEP = """
@@ -94,9 +95,10 @@ sweeps:
     assert "sweeps.0: the mesh data=1,fsdp=3,tensor=1 cannot split the params" in str(err.value)
 
 
-def test_train_refuses_before_compiling():
-    with pytest.raises(ConfigError, match="model.attention 'cudnn' cannot run"):
-        train(cudnn_trial(), iter(()), {}, make_mesh())
+def test_the_layout_refuses_an_attention_that_cannot_run_here():
+    """The layout decides for the device it runs on, whatever checks came before it."""
+    with pytest.raises(AttentionError, match="cudnn"):
+        trial_layout(cudnn_trial(), make_mesh())
 
 
 def refused_before_ray(tmp_path, config: str) -> str:
