@@ -21,9 +21,6 @@ from jaxray.train.layout import trial_layout
 from jaxray.train.loop import Hook
 from jaxray.train.run import Diverged, train
 
-# Every metric a sweep's ASHA may read (Tune checks each report has it), NaN in a diverged trial's row.
-DIVERGED_METRICS = dict.fromkeys(("loss", "accuracy", "val_loss", "val_accuracy"), float("nan"))
-
 
 class Host(Protocol):
     """What a process that runs a trial gives ``run_trial``."""
@@ -54,12 +51,12 @@ def run_trial(
     tensorboard: str | Path | None = None,
     hooks: Sequence[Hook] = (),
     on_compile: Callable[[dict[str, Any]], None] | None = None,
-    notes: dict[str, Any] | None = None,
+    notes: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Train ``trial`` (checked on ``mesh`` by its plan: ``check_trial``) from ``resume`` on ``batches``
     (this process's rows of each global batch) and evaluate on ``held_out``. Returns the final row:
-    the last logged metrics, the summary and ``notes``, ``final`` True (given to ``host.finish``); for
-    a diverged trial ``DIVERGED_METRICS``, ``step`` and ``diverged_*`` (nothing of it saved).
+    the last logged metrics, the summary and ``notes()`` (called once trained), ``final`` True (given
+    to ``host.finish``); for a diverged trial ``step`` and ``diverged_*`` (nothing of it saved).
     ``tensorboard``: the events folder (None: none), an earlier run's past ``resume`` redone.
     Raises as ``train`` does."""
     layout = trial_layout(trial, mesh)
@@ -83,8 +80,8 @@ def run_trial(
         except Diverged as err:  # a failed trial, not a crash: no restart
             host.say(f"{err}; the trial stops")
             host.abandon()
-            return {**DIVERGED_METRICS, "step": err.step, "final": True, **err.row()}
-        summary = {**result.summary, **(notes or {})}
+            return {"step": err.step, **err.row()}
+        summary = {**result.summary, **(notes() if notes else {})}
         last = summary.get("last_step", trial.train.steps)  # earlier when train.patience stopped it
         if tb:
             tb.add_final(summary, last)

@@ -4,6 +4,7 @@ shard or the Parquet folder, and evaluates on the whole held-out set."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,9 +20,12 @@ from jaxray.parallel.mesh import trial_mesh
 from jaxray.raytrain.cluster import check_local_devices, cpu_program, describe_worker
 from jaxray.raytrain.failures import read_causes
 from jaxray.raytrain.reports import Reports, compile_writer, discard_unfinished, trial_folder
-from jaxray.raytrain.resume import count_attempt, resume_point
+from jaxray.raytrain.resume import ResumePoint, count_attempt, resume_point
 from jaxray.raytrain.seams import train_hooks
 from jaxray.runner import run_trial
+
+# Every metric a sweep's ASHA may read (Tune checks each report has it), NaN in a diverged trial's.
+DIVERGED_METRICS = dict.fromkeys(("loss", "accuracy", "val_loss", "val_accuracy"), float("nan"))
 
 
 def worker_data(
@@ -70,14 +74,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             reports.say(f"attempt {start.attempt}, resuming from {start.checkpoint.path}")
         for name in discard_unfinished(start.attempt) if start.attempt > 1 and rank == 0 else ():
             reports.say(f"removed {name}, a checkpoint an earlier attempt never finished")
-        # Counts: Tune's TensorBoard logger takes numbers only.
-        notes = {"restarts": start.attempt - 1, "skipped_checkpoints": len(start.skipped)}
-        if start.attempt > 1:  # why, oldest first: "node lost, preempted"
-            causes = read_causes(config.get("failures_file"), start.workers)
-            notes |= {
-                "restart_causes": ", ".join(causes),
-                "workers_by_attempt": ", ".join(map(str, start.workers)),
-            }
         row = run_trial(
             trial,
             trial_mesh(trial),
@@ -88,7 +84,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             tensorboard=config.get("tensorboard_dir") if rank == 0 else None,
             hooks=(*train_hooks(trial, rank, start.attempt), reports.preemption_hook()),
             on_compile=compile_writer(config.get("compile_file") if rank == 0 else None),
-            notes=notes,
+            notes=functools.partial(restart_notes, config.get("failures_file"), start),
         )
         if "diverged_step" in row:  # unsaved: reported alone
-            ray.train.report(row)
+            ray.train.report({**DIVERGED_METRICS, **row, "final": True})
+
+
+def restart_notes(failures_file: str | None, start: ResumePoint) -> dict[str, Any]:
+    """The summary's ``restarts`` and ``skipped_checkpoints`` (counts: Tune's TensorBoard logger takes
+    numbers only) and after a restart ``restart_causes``, oldest first ("node lost, preempted"), and
+    ``workers_by_attempt``: read when the trial ends, as late as can be (``FailureLog``: a lost node
+    is marked dead only after missed heartbeats)."""
+    notes: dict[str, Any] = {"restarts": start.attempt - 1, "skipped_checkpoints": len(start.skipped)}
+    if start.attempt > 1:
+        notes["restart_causes"] = ", ".join(read_causes(failures_file, start.workers))
+        notes["workers_by_attempt"] = ", ".join(map(str, start.workers))
+    return notes
