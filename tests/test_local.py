@@ -101,3 +101,25 @@ def test_a_trial_that_cannot_run_here_is_refused_before_compiling(tmp_path, caps
         assert message in capsys.readouterr().err
     assert local.main(["--config", "tune_configs/demo.yaml"]) == 2
     assert "--trial is required: tune_configs/demo.yaml has 10 trials" in capsys.readouterr().err
+
+
+def test_a_diverged_trial_says_where_and_keeps_no_checkpoint(real_dir, tmp_path, capsys):
+    """A peak learning rate of 1e30: exit 1, the summary names the step and metric (valid JSON, no
+    NaN), and no checkpoint of the broken params is left."""
+    path = tmp_path / "x.yaml"
+    path.write_text(
+        "experiment: x\n"
+        f"data: {{data_dir: {real_dir}}}\n"
+        "sweeps:\n"
+        "  - workload: mlp\n"
+        "    train: {steps: 6, log_every: 2, checkpoint_every: 2, learning_rate: 1.0e+30}\n"
+        "    search_space: {global_batch: [32], width: [16]}\n"
+    )
+    out = tmp_path / "out"
+    assert local.main(["--config", str(path), "--out", str(out)]) == 1
+    printed, err = capsys.readouterr()
+    assert "error: the trial diverged at step" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"name", "step", "diverged_step", "diverged_metric", "diverged_value"}
+    assert json.loads(printed.strip().splitlines()[-2]) == {"name": summary["name"]}
+    assert summary["diverged_step"] <= 2 and not checkpoint.checkpoints(out)
