@@ -2,8 +2,9 @@
 # Start a single-node Ray head from the project's venv (so jobs run with its interpreter), with the
 # dashboard and job API on 127.0.0.1:${RAY_DASHBOARD_PORT:-8265}. Extra arguments go to `ray start`,
 # e.g. --num-cpus 4, or --port 6380 for a GCS port other than 6379. It returns once a job can be
-# submitted (within LOCAL_UP_TIMEOUT_S, default 180 s; otherwise it exits non-zero saying what was
-# not ready, and the head, still running, is stopped with local-down.sh).
+# submitted (the head within LOCAL_UP_TIMEOUT_S, default 180 s, its job agent within
+# LOCAL_UP_AGENT_TIMEOUT_S of the dashboard answering, default 60 s; otherwise it exits non-zero
+# saying what was not ready, and the head, still running, is stopped with local-down.sh).
 # The head runs as `ray start --block` in a session of its own, whose id (its pid) goes to
 # runs/ray-head-<dashboard port>.pid: local-down.sh stops that head and no other Ray on the machine.
 set -euo pipefail
@@ -48,9 +49,10 @@ echo $! >"$state.pid"
 # submit` fails with "No available agent to submit job", so this waits for it and for the agent to
 # answer. The head's GCS address, from its output, goes to $state.address, so local-down.sh removes
 # Ray's address file only while it names this head.
-python - "$port" "$!" "$state.log" "$state.address" "${LOCAL_UP_TIMEOUT_S:-180}" <<'PY'
+python - "$port" "$!" "$state.log" "$state.address" "${LOCAL_UP_TIMEOUT_S:-180}" "${LOCAL_UP_AGENT_TIMEOUT_S:-60}" <<'PY'
 import json, re, sys, time, urllib.request
-port, pid, log, address_file, timeout = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
+port, pid, log, address_file = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+timeout, agent_timeout = float(sys.argv[5]), float(sys.argv[6])
 
 def answers(url):
     try:
@@ -83,7 +85,7 @@ def job_agent(gcs_address):
     return url if answers(f"{url}/api/job_agent/jobs/") else None
 
 deadline, waiting_for = time.monotonic() + timeout, "ray start"
-while time.monotonic() < deadline:
+while time.monotonic() < deadline:  # the head's; then the agent's, from the dashboard's first answer
     try:  # gone, or a zombie this script has not reaped: it exited
         alive = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
@@ -93,15 +95,16 @@ while time.monotonic() < deadline:
         sys.exit(f"ray start exited; its output ({log}):\n{output[-4000:]}")
     gcs = re.search(r"--address='([^']+)'", output)
     if "block forever" in output and answers(f"http://127.0.0.1:{port}/api/version"):
-        waiting_for = "the job agent"
+        if waiting_for != "the job agent":
+            waiting_for, deadline = "the job agent", time.monotonic() + agent_timeout
         if gcs and job_agent(gcs.group(1)):
             open(address_file, "w").write(gcs.group(1))
             sys.exit(0)
     time.sleep(1)
 if waiting_for == "the job agent":
     sys.exit(
-        f"the head's dashboard answers on 127.0.0.1:{port}, but its job agent was not ready within "
-        f"{timeout:.0f} s, so `ray job submit` would fail (\"No available agent to submit job\"); see "
+        f"the head's dashboard answers on 127.0.0.1:{port}, but its job agent was not ready "
+        f"{agent_timeout:.0f} s later, so `ray job submit` would fail (\"No available agent to submit job\"); see "
         f"{log} and dashboard_agent.log in the head's session logs (session_latest/logs in its Ray "
         f"temp folder: /tmp/ray, or /tmp/ray-{port} for a head on another port); "
         f"stop it with local-down.sh"

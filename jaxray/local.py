@@ -18,6 +18,7 @@ from jaxray import argtypes as at
 from jaxray.config import ConfigError, TrialConfig, parse_trial
 from jaxray.config.experiment import ExperimentConfig, load_experiment
 from jaxray.data.sources import DataFileError
+from jaxray.reporting.format import json_safe
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,9 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataFileError, CheckpointError, CheckpointSaveError, local_run.LocalRunError) as err:
         print(f"error: {err}", file=sys.stderr)  # CheckpointError: a damaged or unwritable checkpoint
         return 2
-    keys = ("name", "val_loss", "best_step", "final_val_loss", "final_train_loss", "steps", "last_step")
-    keys += ("ms_per_step", "tokens_per_sec", "compile_s", "checkpoint")
-    print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
+    except KeyboardInterrupt:  # the save under way was committed
+        print(f"interrupted; continue with --resume --out {out}", file=sys.stderr)
+        return 130
+    keys = ("name", "val_loss", "best_step", "final_val_loss", "test_accuracy", "final_train_loss")
+    keys += ("steps", "last_step", "ms_per_step", "tokens_per_sec", "compile_s", "checkpoint")
+    print(json.dumps(json_safe({k: summary.get(k) for k in keys if k in summary})))
     print(f"written: {out}")
     if "diverged_step" in summary:
         print(f"error: the trial diverged at step {summary['diverged_step']}", file=sys.stderr)

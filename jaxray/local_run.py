@@ -120,6 +120,7 @@ def run(trial: TrialConfig, out: Path, resume: bool) -> dict[str, Any]:
     ``out/summary.json``). Raises ConfigError, DataFileError, LocalRunError before compiling; a
     diverged trial's summary says where."""
     start = _start(trial, out, resume)
+    (out / SUMMARY).unlink(missing_ok=True)  # an earlier run's: it may name a checkpoint pruned below
     mesh = trial_mesh(trial, jax.devices()[: trial.workers.total_devices])
     source, held_out = load_arrays(trial)
     per_epoch = num_samples(source) // trial.train.global_batch

@@ -123,3 +123,22 @@ def test_a_diverged_trial_says_where_and_keeps_no_checkpoint(real_dir, tmp_path,
     assert set(summary) == {"name", "step", "diverged_step", "diverged_metric", "diverged_value"}
     assert json.loads(printed.strip().splitlines()[-2]) == {"name": summary["name"]}
     assert summary["diverged_step"] <= 2 and not checkpoint.checkpoints(out)
+
+
+def test_ctrl_c_says_how_to_continue_and_leaves_no_stale_summary(real_dir, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during training (raised where the trial runs): exit 130 with the command that continues,
+    no traceback; an earlier summary.json, which may name a checkpoint the run then pruned, is gone."""
+    from jaxray import local_run  # imports JAX: the other tests here need none
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local_run, "run_trial", interrupted)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text('{"checkpoint": "checkpoint_step_00000180_attempt1"}')
+    assert (
+        local.main(["--config", QUICK, "--steps", "4", "--out", str(out), "--data-dir", str(real_dir)]) == 130
+    )
+    assert f"interrupted; continue with --resume --out {out}" in capsys.readouterr().err
+    assert not (out / "summary.json").exists()
