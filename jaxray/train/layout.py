@@ -20,19 +20,23 @@ from jaxray.train.step import TrainState, abstract_state, optimizer_for
 @dataclass(frozen=True)
 class Layout:
     """``state``: the TrainState as ``jax.ShapeDtypeStruct`` leaves carrying training's NamedShardings
-    (the restore target); ``sync_each_step``: ``needs_sync_per_step(mesh)``."""
+    (the restore target)."""
 
     mesh: Mesh
     model: Model
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     state: TrainState
-    sync_each_step: bool
 
     @property
     def shardings(self) -> Any:
         """The TrainState of NamedShardings the step takes and returns."""
         return jax.tree.map(lambda leaf: leaf.sharding, self.state)
+
+    @property
+    def sync_each_step(self) -> bool:
+        """Whether the loop waits for each step (``needs_sync_per_step``)."""
+        return needs_sync_per_step(self.mesh)
 
 
 def trial_layout(trial: TrialConfig, mesh: Mesh) -> Layout:
@@ -42,4 +46,4 @@ def trial_layout(trial: TrialConfig, mesh: Mesh) -> Layout:
     ``check_mesh`` refuses such trials first)."""
     model = build(trial.model, seq_len=trial.data.seq_len)
     tx, schedule = optimizer_for(trial)
-    return Layout(mesh, model, tx, schedule, abstract_state(model, tx, mesh), needs_sync_per_step(mesh))
+    return Layout(mesh, model, tx, schedule, abstract_state(model, tx, mesh))
