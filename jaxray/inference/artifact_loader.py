@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 FORMAT = "jaxray-export"
-FORMAT_VERSION = 3  # 2: start takes top_p; 3: decode slides at max_seq_len - 1
+FORMAT_VERSION = 4  # 2: start takes top_p; 3: decode slides at max_seq_len - 1; 4: one kv array a layer
 ARTIFACT_MANIFEST = "manifest.json"  # not jaxray.data.manifest's: that one describes a Parquet dataset
 
 

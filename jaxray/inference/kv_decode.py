@@ -19,7 +19,7 @@ from jaxray.models.transformer import KVCache
 class DecodeState(NamedTuple):
     """Per-row sampling state; B rows, S = max_seq_len, V = vocab size.
 
-    cache:       per layer (keys, values) [B, H, S, K], compute dtype
+    cache:       per layer kv [B, H, S, 2K] (``KVCache``: keys, then values), compute dtype
     context:     [B, S] int32, the token at each cache position
     positions:   [B] int32, cache entries written (the pending token's position)
     pending:     [B] int32, the newest sampled token, not yet in the cache
@@ -68,9 +68,8 @@ def cast_prefill(prefill: Prefill, dtype: str) -> Prefill:
 
 
 def _pad_cache(cache: KVCache, size: int) -> KVCache:
-    """Each [B, H, T, K] entry zero-padded to [B, H, size, K]."""
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, size - x.shape[2]), (0, 0)))  # noqa: E731
-    return tuple((pad(k), pad(v)) for k, v in cache)
+    """Each [B, H, T, 2K] layer zero-padded to [B, H, size, 2K]."""
+    return tuple(jnp.pad(kv, ((0, 0), (0, 0), (0, size - kv.shape[2]), (0, 0))) for kv in cache)
 
 
 def start(prefill: Prefill, params, tokens: jax.Array, lengths: jax.Array, *sampling, max_seq_len: int):
@@ -95,16 +94,16 @@ def _first_tokens(logits, lengths, cache, context, positions, seeds, temperature
 
 def pool_cache(pool: jax.Array, table: jax.Array, hits: jax.Array, size: int, block_shape: tuple) -> KVCache:
     """The KV cache of rows whose first ``hits`` [B] int32 blocks come from ``pool`` [N, F] (slots
-    ``table`` [B, nb] int32, nb = size // Bk); zeros past them. Per layer [B, H, size, K]. A block's
-    F entries are ``block_shape`` (L, 2, H, Bk, K) flattened: a TPU pads no minor dimension of it
-    (a [N, L, 2, H, Bk, K] pool of head dim 32 would take 4x its bytes, padded to 128 lanes)."""
-    blocks = pool[table].reshape(*table.shape, *block_shape)  # [B, nb, L, 2, H, Bk, K]
+    ``table`` [B, nb] int32, nb = size // Bk); zeros past them. Per layer [B, H, size, 2K]. A block's
+    F entries are ``block_shape`` (L, H, Bk, 2K) flattened: a TPU pads no minor dimension of it
+    (a [N, L, H, Bk, 2K] pool of head dim 16 would take 4x its bytes, padded to 128 lanes)."""
+    blocks = pool[table].reshape(*table.shape, *block_shape)  # [B, nb, L, H, Bk, 2K]
     used = jnp.arange(table.shape[1])[None, :] < hits[:, None]  # [B, nb]
-    blocks = jnp.where(used.reshape(used.shape + (1,) * 5), blocks, jnp.zeros((), blocks.dtype))
-    batch, nb, layers, _, heads, block, k = blocks.shape
-    x = blocks.transpose(2, 3, 0, 4, 1, 5, 6).reshape(layers, 2, batch, heads, nb * block, k)
-    x = jnp.pad(x, ((0, 0),) * 4 + ((0, size - nb * block), (0, 0)))
-    return tuple((x[layer, 0], x[layer, 1]) for layer in range(layers))
+    blocks = jnp.where(used.reshape(used.shape + (1,) * 4), blocks, jnp.zeros((), blocks.dtype))
+    batch, nb, layers, heads, block, width = blocks.shape
+    x = blocks.transpose(2, 0, 3, 1, 4, 5).reshape(layers, batch, heads, nb * block, width)
+    x = jnp.pad(x, ((0, 0),) * 3 + ((0, size - nb * block), (0, 0)))
+    return tuple(x[layer] for layer in range(layers))
 
 
 def start_cached(
@@ -123,7 +122,7 @@ def start_cached(
     ``block_shape`` static), then its prompt's rest ``tokens[b, :lengths[b]]`` through ``extend`` at
     positions hits[b] * Bk + 0.. (table [B, nb], hits [B], tokens [B, T], lengths [B], context [B, S]:
     the whole prompt windows; int32). ``sampling`` and the result as ``start``'s."""
-    starts = hits * block_shape[3]
+    starts = hits * block_shape[2]
     cache = pool_cache(pool, table, hits, context.shape[1], block_shape)
     logits, cache = extend(params, tokens, starts, cache)
     return _first_tokens(logits, lengths, cache, context, starts + lengths, *sampling)
@@ -135,11 +134,11 @@ def store_blocks(
     """``pool`` [N, F] (``pool_cache``'s) with block ``blocks[m]`` (of ``block`` tokens, static) of row
     ``rows[m]`` of ``cache`` written to slot ``slots[m]`` ([M] int32 each; a slot of N or more writes
     nothing: padding)."""
-    stacked = jnp.stack([jnp.stack(kv) for kv in cache])  # [L, 2, B, H, S, K]
-    layers, _, batch, heads, size, k = stacked.shape
+    stacked = jnp.stack(cache)  # [L, B, H, S, 2K]
+    layers, batch, heads, size, width = stacked.shape
     nb = size // block
-    split = stacked[:, :, :, :, : nb * block].reshape(layers, 2, batch, heads, nb, block, k)
-    picked = split[:, :, rows, :, blocks]  # [M, L, 2, H, Bk, K]
+    split = stacked[:, :, :, : nb * block].reshape(layers, batch, heads, nb, block, width)
+    picked = split[:, rows, :, blocks]  # [M, L, H, Bk, 2K]
     return pool.at[slots].set(picked.reshape(slots.shape[0], -1).astype(pool.dtype), mode="drop")
 
 

@@ -115,7 +115,7 @@ def engine_from_artifact(path: str | Path, settings: EngineSettings | None = Non
     artifact = load_artifact(path)
     config = ModelConfig.model_validate(artifact.manifest["model"])
     settings = settings_for(artifact.manifest, settings)
-    layers = tuple((None, None) for _ in range(config.num_layers))
+    layers = tuple(None for _ in range(config.num_layers))  # KVCache: one kv array a layer
     state_tree = jax.tree.structure(kv_decode.DecodeState(layers, *[None] * 8), is_leaf=lambda x: x is None)
     programs = Programs(
         functools.partial(_start, artifact.exported, state_tree),

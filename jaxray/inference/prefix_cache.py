@@ -119,9 +119,9 @@ def auto_mib(device: jax.Device) -> int:
     return max(1, min(AUTO_CPU_MIB, free // 16 >> 20))
 
 
-def block_shape(config: ModelConfig, block: int) -> tuple[int, int, int, int, int]:
-    """(L, 2, H, Bk, K): the KV entries of one prefix block of ``block`` tokens, keys and values."""
-    return (config.num_layers, 2, config.num_heads, block, config.head_dim)
+def block_shape(config: ModelConfig, block: int) -> tuple[int, int, int, int]:
+    """(L, H, Bk, 2K): the KV entries of one prefix block of ``block`` tokens (``KVCache``'s layout)."""
+    return (config.num_layers, config.num_heads, block, 2 * config.head_dim)
 
 
 def new_pool(

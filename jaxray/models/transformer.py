@@ -19,8 +19,11 @@ from jaxray.models.attention import SPLASH_MULTIPLE
 from jaxray.models.axes import constrain
 from jaxray.models.splash import splash_attention
 
-# Per layer (keys, values), each [B, H, S, K]: the KV cache of ``Transformer.prefill`` / ``decode_step``.
-KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+# Per layer one [B, H, S, 2K] array, keys in [..., :K] and values in [..., K:]: the KV cache of
+# ``Transformer.prefill`` / ``decode_step``. Side by side, a head dim of 64 fills a TPU's 128 lanes (two
+# [.., 64] arrays are each padded to 128: twice the bytes a decode step reads), as vLLM's TPU kernels
+# lay out K and V for head dim 64.
+KVCache = tuple[jax.Array, ...]
 
 # Query rows per block of the XLA causal attention, by platform (lab-7's step, T 256): 64 cut it most
 # on a CPU; on a TPU v5e 128 (float32 5.33 ms against 6.80 with 64 and 5.93 dense, 2026-12-07).
@@ -105,42 +108,61 @@ def query_rows(platform: str) -> int:
     return 8 if platform == "tpu" else 1
 
 
-def cached_attention(query, keys, values, positions):
-    """One new query per row against a KV cache: query [B, 1, H, K]; keys, values [B, H, S, K] (this
-    step's entry written); positions [B] int32; row b sees cache entries 0..positions[b] only. Returns
-    [B, 1, H, K]; float32 softmax; both products at ``HIGHEST`` precision (float32 on the MXU too)
-    over ``query_rows`` rows."""
-    rows = query_rows(jax.default_backend())
-    query = query[:, 0] * jnp.asarray(1.0 / math.sqrt(query.shape[-1]), query.dtype)  # [B, H, K]
-    query = jnp.pad(query[:, :, None], ((0, 0), (0, 0), (0, rows - 1), (0, 0)))  # [B, H, R, K]
-    highest = jax.lax.Precision.HIGHEST
-    scores = jnp.einsum(
-        "bhrk,bhsk->bhrs", query, keys, preferred_element_type=jnp.float32, precision=highest
-    )  # [B, H, R, S]
-    visible = jnp.arange(keys.shape[2])[None, :] <= positions[:, None]  # [B, S]
-    scores = jnp.where(visible[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(query.dtype)  # a bfloat16 cache: float32 probs stay
-    return jnp.einsum("bhrs,bhsk->bhrk", probs, values, precision=highest)[:, None, :, 0].astype(query.dtype)
+def decode_rows(batch: int, platform: str) -> int:
+    """Rows per batch row a decode step carries through its projections (row 0 the token's, the rest
+    zeros): on a TPU enough for one sublane tile of 8 in all when ``batch`` is below 8 (an M = 1
+    projection is a vector multiply-reduce there, as ``query_rows`` says of attention), else 1."""
+    return -(-8 // batch) if platform == "tpu" and batch < 8 else 1
 
 
-def span_attention(query, keys, values, starts):
+def cache_precision(dtype) -> jax.lax.Precision:
+    """The attention products' precision over a cache of ``dtype``: HIGHEST (float32 on the MXU) for a
+    float32 cache; HIGH (3 bfloat16 passes, not 6) for a 16-bit one, whose entries one pass holds
+    exactly, so a float32 query or softmax meets them as at HIGHEST."""
+    narrow = jnp.dtype(dtype).itemsize < 4
+    return jax.lax.Precision.HIGH if narrow else jax.lax.Precision.HIGHEST
+
+
+def _attend(query, kv, visible, precision=None):
+    """softmax(q k^T / sqrt(K)) v over a joint cache: query [B, R, H, K]; kv [B, H, S, 2K] (``KVCache``'s
+    layer); visible [B, R, S] bool. Returns [B, R, H, K] in query's dtype; float32 scores and softmax.
+    The query is zero-padded to 2K so both products read the whole kv (slicing it at K copied the
+    cache: 13 % slower on a CPU)."""
+    k_dim, dtype = query.shape[-1], query.dtype
+    query = query.transpose(0, 2, 1, 3) * jnp.asarray(1.0 / math.sqrt(k_dim), dtype)  # [B, H, R, K]
+    query = jnp.pad(query, ((0, 0),) * 3 + ((0, k_dim),))  # [B, H, R, 2K]: zeros against the values
+    scores = jnp.einsum("bhrk,bhsk->bhrs", query, kv, preferred_element_type=jnp.float32, precision=precision)
+    scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)  # [B, H, R, S]
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)  # a bfloat16 cache: float32 probs stay
+    out = jnp.einsum("bhrs,bhsk->bhrk", probs, kv, precision=precision)
+    return out[..., k_dim:].transpose(0, 2, 1, 3).astype(dtype)
+
+
+def cached_attention(query, kv, positions):
+    """This step's query per row against a KV cache: query [B, R, H, K] (row 0 the step's; R > 1:
+    ``decode_rows``' zero rows); kv [B, H, S, 2K] (``KVCache``'s layer, this step's entry written);
+    positions [B] int32; row b sees cache entries 0..positions[b] only. Returns [B, R, H, K]; float32
+    softmax; both products at ``cache_precision`` over at least ``query_rows`` rows."""
+    rows = query.shape[1]
+    query = jnp.pad(query, ((0, 0), (0, max(0, query_rows(jax.default_backend()) - rows)), (0, 0), (0, 0)))
+    visible = jnp.arange(kv.shape[2])[None, :] <= positions[:, None]  # [B, S]
+    visible = jnp.broadcast_to(visible[:, None], (kv.shape[0], query.shape[1], kv.shape[2]))
+    return _attend(query, kv, visible, cache_precision(kv.dtype))[:, :rows]
+
+
+def span_attention(query, kv, starts):
     """T new queries per row against a KV cache (a prompt's rest after a cached prefix): query
-    [B, T, H, K] at positions ``starts`` [B] int32 + 0..T-1; keys, values [B, H, S, K] with the span's
-    entries written; query t of row b sees cache entries 0..starts[b] + t. Returns [B, T, H, K];
-    float32 softmax."""
-    query = query * jnp.asarray(1.0 / math.sqrt(query.shape[-1]), query.dtype)
-    scores = jnp.einsum("bthk,bhsk->bhts", query, keys, preferred_element_type=jnp.float32)  # [B, H, T, S]
+    [B, T, H, K] at positions ``starts`` [B] int32 + 0..T-1; kv [B, H, S, 2K] with the span's entries
+    written; query t of row b sees cache entries 0..starts[b] + t. Returns [B, T, H, K]; float32 softmax."""
     seen = starts[:, None] + jnp.arange(query.shape[1])[None, :]  # [B, T]
-    visible = jnp.arange(keys.shape[2])[None, None, :] <= seen[:, :, None]  # [B, T, S]
-    scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(query.dtype)
-    return jnp.einsum("bhts,bhsk->bthk", probs, values).astype(query.dtype)
+    visible = jnp.arange(kv.shape[2])[None, None, :] <= seen[:, :, None]  # [B, T, S]
+    return _attend(query, kv, visible)
 
 
 def write_span(cache: jax.Array, starts: jax.Array, entries: jax.Array) -> jax.Array:
-    """cache [B, H, S, K] with ``entries`` [B, T, H, K] written at ``starts[b]`` .. + T - 1 of each row
+    """cache [B, H, S, C] with ``entries`` [B, T, H, C] written at ``starts[b]`` .. + T - 1 of each row
     (``starts[b] + T <= S``: ``dynamic_update_slice`` would move a span that does not fit)."""
-    entries = entries.transpose(0, 2, 1, 3).astype(cache.dtype)  # [B, H, T, K]
+    entries = entries.transpose(0, 2, 1, 3).astype(cache.dtype)  # [B, H, T, C]
     put = lambda row, entry, start: jax.lax.dynamic_update_slice(row, entry, (0, start, 0))  # noqa: E731
     return jax.vmap(put)(cache, entries, starts)
 
@@ -161,7 +183,7 @@ def embed_positions(embed: nnx.Embed, length: int) -> jax.Array:
 
 
 def write_cache(cache: jax.Array, positions: jax.Array, entry: jax.Array) -> jax.Array:
-    """cache [B, H, S, K] with ``entry`` [B, H, K] written at ``positions`` [B] (row b, every head).
+    """cache [B, H, S, C] with ``entry`` [B, H, C] written at ``positions`` [B] (row b, every head).
     One row is written with one index per head: a single-index scatter made XLA's CPU compiler copy
     the whole cache several times per decode step."""
     entry = entry.astype(cache.dtype)
@@ -224,35 +246,33 @@ class Block(nnx.Module):
     def __call__(self, x: jax.Array, rng: jax.Array | None = None) -> jax.Array:
         return self.forward(x, rng)[0]
 
-    def forward(self, x: jax.Array, rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Causal self-attention over all T positions: x [B, T, D] -> (x, keys, values [B, H, T, K]).
-        ``rng``: a key for training's dropout (attention weights, both residual branches)."""
+    def forward(self, x: jax.Array, rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """Causal self-attention over all T positions: x [B, T, D] -> (x, kv [B, H, T, 2K], ``KVCache``'s
+        layer). ``rng``: a key for training's dropout (attention weights, both residual branches)."""
         query, key, value = self._qkv(x)
-        heads_first = (0, 2, 1, 3)
         rngs = (None,) * 3 if rng is None else tuple(jax.random.split(rng, 3))
         with jax.named_scope("attention"):  # names the profile (jaxray.bench.profile) groups by
             attended = self.attn.attention_fn(
                 query, key, value, dropout_key=rngs[0], dropout_rate=self.dropout_rate
             )
         x = self._finish(x, attended, rngs[1:])
-        return x, key.transpose(heads_first), value.transpose(heads_first)
+        return x, jnp.concatenate([key, value], axis=-1).transpose(0, 2, 1, 3)
 
-    def decode_step(self, x, positions: jax.Array, keys, values, length: int | None = None):
-        """One new position per row: x [B, 1, D] at ``positions`` [B]; keys, values [B, H, S, K] this
-        layer's cache; attention reads its first ``length`` entries (static; None: all S), so every
-        position must be below it. Returns (x [B, 1, D], keys, values) with this step's entries written."""
+    def decode_step(self, x, positions: jax.Array, kv, length: int | None = None):
+        """One new position per row: x [B, R, D] at ``positions`` [B] (row 0 the token's; R > 1:
+        ``decode_rows``' zero rows); kv [B, H, S, 2K] this layer's cache; attention reads its first
+        ``length`` entries (static; None: all S), so every position must be below it. Returns
+        (x [B, R, D], kv with this step's entries written)."""
         query, key, value = self._qkv(x)
-        keys = write_cache(keys, positions, key[:, 0])
-        values = write_cache(values, positions, value[:, 0])
-        attended = cached_attention(query, keys[:, :, :length], values[:, :, :length], positions)
-        return self._finish(x, attended), keys, values
+        kv = write_cache(kv, positions, jnp.concatenate([key[:, 0], value[:, 0]], axis=-1))
+        return self._finish(x, cached_attention(query, kv[:, :, :length], positions)), kv
 
-    def extend(self, x: jax.Array, starts: jax.Array, keys: jax.Array, values: jax.Array):
-        """T new positions per row: x [B, T, D] at ``starts`` [B] + 0..T-1; keys, values [B, H, S, K]
-        this layer's cache. Returns (x [B, T, D], keys, values) with the span's entries written."""
+    def extend(self, x: jax.Array, starts: jax.Array, kv: jax.Array):
+        """T new positions per row: x [B, T, D] at ``starts`` [B] + 0..T-1; kv [B, H, S, 2K] this
+        layer's cache. Returns (x [B, T, D], kv with the span's entries written)."""
         query, key, value = self._qkv(x)
-        keys, values = write_span(keys, starts, key), write_span(values, starts, value)
-        return self._finish(x, span_attention(query, keys, values, starts)), keys, values
+        kv = write_span(kv, starts, jnp.concatenate([key, value], axis=-1))
+        return self._finish(x, span_attention(query, kv, starts)), kv
 
     def _qkv(self, x):
         with jax.named_scope("norm"):
@@ -339,22 +359,24 @@ class Transformer(nnx.Module):
         return x
 
     def prefill(self, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
-        """tokens [B, T] int32 -> (logits [B, T, V] float32, cache): the cache holds, per layer,
-        (keys, values) [B, H, T, K] in the compute dtype."""
+        """tokens [B, T] int32 -> (logits [B, T, V] float32, cache): per layer kv [B, H, T, 2K] in the
+        compute dtype (``KVCache``)."""
         x, cache = self._embed(tokens), []
         for block in self.blocks:
-            x, key, value = block.forward(x)
-            cache.append((key, value))
+            x, kv = block.forward(x)
+            cache.append(kv)
         return self._logits(x), tuple(cache)
 
     def decode_step(
         self, tokens: jax.Array, positions: jax.Array, cache: KVCache, length: int | None = None
     ) -> tuple[jax.Array, KVCache]:
         """One token per row: tokens [B] int32 at ``positions`` [B] int32 (< S, and < ``length``);
-        ``cache`` per layer (keys, values) [B, H, S, K] with S = max_seq_len, of which attention reads
-        the first ``length`` entries (static; None: all). Returns (logits [B, V] float32, cache with
-        this step's entries written). Inference only: its gathers have no gradient to scatter."""
+        ``cache`` per layer kv [B, H, S, 2K] with S = max_seq_len, of which attention reads the first
+        ``length`` entries (static; None: all). Returns (logits [B, V] float32, cache with this step's
+        entries written). Inference only: its gathers have no gradient to scatter."""
         x = self.token_embed(tokens[:, None]) + self.pos_embed(positions[:, None])  # [B, 1, D]
+        rows = decode_rows(tokens.shape[0], jax.default_backend())
+        x = jnp.pad(x, ((0, 0), (0, rows - 1), (0, 0)))  # [B, R, D]
         step = functools.partial(Block.decode_step, length=length)
         logits, cache = self._through_cache(x, cache, step, positions)
         return logits[:, 0], cache
@@ -368,11 +390,11 @@ class Transformer(nnx.Module):
         return self._through_cache(x, cache, Block.extend, starts)
 
     def _through_cache(self, x, cache: KVCache, step, where) -> tuple[jax.Array, KVCache]:
-        """x through every block's ``step(block, x, where, keys, values)`` -> (logits, new cache)."""
+        """x through every block's ``step(block, x, where, kv)`` -> (logits, new cache)."""
         new_cache = []
-        for block, (keys, values) in zip(self.blocks, cache):
-            x, keys, values = step(block, x, where, keys, values)
-            new_cache.append((keys, values))
+        for block, kv in zip(self.blocks, cache):
+            x, kv = step(block, x, where, kv)
+            new_cache.append(kv)
         return self._logits(x), tuple(new_cache)
 
     def _logits(self, x):

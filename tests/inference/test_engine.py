@@ -65,9 +65,9 @@ def test_streamed_chunks_add_up_to_the_whole(engine):
 def test_decode_chunk_updates_the_cache_in_place(engine):
     """The state is donated: a chunk writes into its cache rather than a copy of it."""
     state, _ = engine.start([Request(b"KING:", 10, 0.7, None, 1)])
-    given = state.cache[0][0]
+    given = state.cache[0]
     state, _, counts = engine.decode_chunk(state)
-    assert given.is_deleted() and not state.cache[0][0].is_deleted()
+    assert given.is_deleted() and not state.cache[0].is_deleted()
     assert int(counts[0]) == min(9, engine.settings.chunk)
 
 

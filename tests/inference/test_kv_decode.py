@@ -26,7 +26,7 @@ from jaxray.inference.kv_decode import (
 from jaxray.inference.sampling import Sampling, generate
 from jaxray.inference.settings import EngineSettings
 from jaxray.models import transformer
-from jaxray.models.transformer import cached_attention, query_rows, write_cache
+from jaxray.models.transformer import cached_attention, decode_rows, query_rows, write_cache
 
 TOL = 1e-5  # float32 logits; the two paths sum attention in a different order
 BF16_TOL = 0.05  # logits, a bfloat16 KV cache against a float32 one (the suite's model: 0.0101)
@@ -45,32 +45,48 @@ def test_prefill_and_decode_steps_equal_the_full_forward(restored):
     logits, cache = jax.jit(model.prefill)(params, tokens[:, :40])
     decode_step = jax.jit(model.decode_step)
     assert float(jnp.abs(logits - full[:, :40]).max()) < TOL
-    cache = tuple(
-        (
-            jnp.pad(k, ((0, 0), (0, 0), (0, size - 40), (0, 0))),
-            jnp.pad(v, ((0, 0), (0, 0), (0, size - 40), (0, 0))),
-        )
-        for k, v in cache
-    )
+    cache = tuple(jnp.pad(kv, ((0, 0), (0, 0), (0, size - 40), (0, 0))) for kv in cache)
     for position in range(40, size):
         step, cache = decode_step(params, tokens[:, position], jnp.array([position]), cache)
         assert float(jnp.abs(step[0] - full[0, position]).max()) < TOL, position
 
 
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
 @pytest.mark.parametrize("rows", [1, 8])
-def test_cached_attention_equals_a_softmax_over_each_rows_visible_entries(monkeypatch, rows):
-    """The TPU's 8 query rows (7 of zeros, for the MXU) and the CPU's one give the same attention."""
+def test_cached_attention_equals_a_softmax_over_each_rows_visible_entries(monkeypatch, rows, platform):
+    """The TPU's 8 query rows (7 of zeros, for the MXU) and its query zero-padded over the joint
+    cache's values, and the CPU's one row over sliced keys and values, give the same attention."""
     monkeypatch.setattr(transformer, "query_rows", lambda platform: rows)
+    monkeypatch.setattr(transformer.jax, "default_backend", lambda: platform)
     q, k, v = (jax.random.normal(jax.random.key(i), shape) for i, shape in enumerate(
         [(3, 1, 2, 4), (3, 2, 6, 4), (3, 2, 6, 4)]))  # fmt: skip
     positions = jnp.array([0, 3, 5])
-    got = np.asarray(jax.jit(cached_attention)(q, k, v, positions))
+    got = np.asarray(cached_attention(q, jnp.concatenate([k, v], -1), positions))  # eager: per platform
+    assert got.shape == (3, 1, 2, 4)
     for b, p in enumerate([0, 3, 5]):
         scores = np.einsum("hk,hsk->hs", np.asarray(q[b, 0]) / 2.0, np.asarray(k[b, :, : p + 1]))
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         expected = np.einsum("hs,hsk->hk", probs / probs.sum(-1, keepdims=True), np.asarray(v[b, :, : p + 1]))
         np.testing.assert_allclose(got[b, 0], expected, rtol=1e-5, atol=1e-6)
     assert (query_rows("tpu"), query_rows("cpu"), query_rows("gpu")) == (8, 1, 1)
+    assert [decode_rows(b, "tpu") for b in (1, 3, 8, 64)] == [8, 3, 1, 1]
+    assert decode_rows(1, "cpu") == decode_rows(1, "gpu") == 1
+
+
+def test_decode_steps_with_zero_rows_equal_one_row(restored, monkeypatch):
+    """A TPU's decode_rows (the token's row and 7 of zeros through the projections) give the logits
+    and cache of one row, run here on the CPU."""
+    model, params = restored
+    tokens = real_tokens(model.config.max_seq_len)
+    _, cache = jax.jit(model.prefill)(params, tokens[:, :10])
+    cache = tuple(jnp.pad(kv, ((0, 0), (0, 0), (0, model.config.max_seq_len - 10), (0, 0))) for kv in cache)
+    args = (params, tokens[:, 10], jnp.array([10]), cache)
+    one = model.decode_step(*args)
+    monkeypatch.setattr(transformer, "decode_rows", lambda batch, platform: 8)
+    eight = model.decode_step(*args)
+    np.testing.assert_allclose(np.asarray(eight[0]), np.asarray(one[0]), atol=1e-5)
+    for a, b in zip(eight[1], one[1]):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -196,11 +212,11 @@ def test_a_bfloat16_cache_keeps_the_float32_caches_logits_and_greedy_text(restor
     def steps(dtype: str) -> np.ndarray:
         _, cache = jax.jit(cast_prefill(model.prefill, dtype))(params, tokens[:, :8])
         cache, out = _pad_cache(cache, size), []
-        assert all(k.dtype == jnp.dtype(dtype) for kv in cache for k in kv)
+        assert all(kv.dtype == jnp.dtype(dtype) for kv in cache)
         for position in range(8, size):
             logits, cache = step(params, tokens[:, position], jnp.array([position]), cache)
             out.append(np.asarray(logits[0]))
-        assert all(k.dtype == jnp.dtype(dtype) for kv in cache for k in kv)  # kept through the steps
+        assert all(kv.dtype == jnp.dtype(dtype) for kv in cache)  # kept through the steps
         return np.stack(out)
 
     diff = float(np.abs(steps("bfloat16") - steps("float32")).max())

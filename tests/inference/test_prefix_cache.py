@@ -47,7 +47,7 @@ def test_extend_continues_a_prefill(tiny_transformer):
     _, head = prefill(params, tokens[:, :12])
     rest, cache = extend(params, tokens[:, 12:], jnp.array([12, 12]), _pad_cache(head, 32))
     np.testing.assert_allclose(rest, logits[:, 12:], atol=2e-5)
-    assert all(k.shape == (2, 2, 32, 16) for k, _ in cache)
+    assert all(kv.shape == (2, 2, 32, 32) for kv in cache)  # [B, H, S, 2K]
 
 
 def test_the_same_tokens_with_and_without_the_cache(engines):
