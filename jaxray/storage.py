@@ -71,8 +71,8 @@ def display(uri: str) -> str:
 
 
 def cache_dir(kind: str = "checkpoints") -> Path:
-    """``$JAXRAY_CACHE_DIR/<kind>``, else ~/.cache/jaxray's: ``checkpoints`` (fetched) or ``staging``
-    (where a worker writes a checkpoint before Ray uploads it)."""
+    """``$JAXRAY_CACHE_DIR/<kind>``, else ~/.cache/jaxray's: ``checkpoints`` (fetched), ``staging``
+    (where a worker writes a checkpoint before Ray uploads it) or "" (the root: data downloads)."""
     root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "jaxray"
     return Path(root).expanduser().absolute() / kind
 

@@ -10,10 +10,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, Strict, StrictBool, field_validator, model_validator
 
 from jaxray.config.errors import ConfigError, invalid, shown, validate
-from jaxray.config.scaling import ACCELERATORS, MESH_AXES, ParallelConfig, WorkersConfig
+from jaxray.config.scaling import MESH_AXES, ParallelConfig, WorkersConfig
 from jaxray.config.types import Beta, FiniteFloat, FrozenConfig, NonNegFloat, NonNegInt, PosFloat, PosInt
 
-__all__ = ["ACCELERATORS", "MESH_AXES", "invalid", "shown"]  # re-exported; the rest is used here too
+__all__ = ["MESH_AXES", "invalid", "shown"]  # re-exported; the rest is used here too
 
 Workload = Literal["mlp", "shared_block_mlp", "transformer"]
 DType = Literal["float32", "bfloat16", "float16"]

@@ -24,7 +24,6 @@ def _worker_count(value: Any) -> Any:
 
 
 Accelerator = Literal["cpu", "gpu", "tpu"]
-ACCELERATORS: tuple[str, ...] = Accelerator.__args__
 TPU_CHIPS_PER_HOST = (1, 2, 4, 8)  # what Ray 2.60 lets one worker ask for ({"TPU": n})
 RAY_RESIZE_INTERVAL_S = 60.0  # Ray Train's elastic_resize_monitor_interval_s default
 

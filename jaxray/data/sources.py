@@ -18,10 +18,11 @@ import zlib
 from pathlib import Path
 from typing import NamedTuple
 
+from jaxray import storage
+
 log = logging.getLogger(__name__)
 
 DATA_DIR_ENV = "JAXRAY_DATA_DIR"
-CACHE_DIR_ENV = "JAXRAY_CACHE_DIR"
 SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 DOWNLOAD_TIMEOUT_S = 60.0
 
@@ -53,13 +54,6 @@ REGISTRY: dict[str, KnownFile] = {
 }
 
 
-def cache_dir() -> Path:
-    """The download cache: ``$JAXRAY_CACHE_DIR`` if set, else ``~/.cache/jaxray``."""
-    override = os.environ.get(CACHE_DIR_ENV)
-    root = Path(override) if override else Path.home() / ".cache" / "jaxray"
-    return root.expanduser().absolute()
-
-
 def read_verified(name: str, data_dir: str | os.PathLike | None = None) -> bytes:
     """The decompressed, checksum-verified content of registered file ``name`` (:data:`REGISTRY`).
     Each searched directory ``d`` is tried as ``d/<name>`` and ``d/<basename>``, each also without
@@ -78,7 +72,7 @@ def read_verified(name: str, data_dir: str | os.PathLike | None = None) -> bytes
                     "data file %s is not in the data folder given, %s: read from %s", name, data_dir, path
                 )
             fix = (
-                f"Delete it (a fresh copy is then downloaded into {cache_dir()} if online), "
+                f"Delete it (a fresh copy is then downloaded into {storage.cache_dir('')} if online), "
                 f"or point --data-dir / {DATA_DIR_ENV} at a directory holding a good copy."
             )
             return _verify(path, known, fix)
@@ -89,7 +83,7 @@ def _candidate_paths(name: str, data_dir: str | os.PathLike | None) -> list[Path
     dirs = [] if data_dir is None else [Path(data_dir)]
     if os.environ.get(DATA_DIR_ENV):
         dirs.append(Path(os.environ[DATA_DIR_ENV]))
-    dirs.append(cache_dir())
+    dirs.append(storage.cache_dir(""))
     if name.startswith("fashion-mnist/"):
         dirs.append(SYSTEM_DIR)
     # A copy someone gunzipped by hand is as good: the digest is of the payload.
@@ -132,7 +126,7 @@ def _download(url: str, dest: Path) -> None:
 
 
 def _download_into_cache(name: str, known: KnownFile, searched: list[Path]) -> bytes:
-    target = cache_dir() / name
+    target = storage.cache_dir("") / name
     tmp_path = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -169,6 +163,6 @@ def _not_found_message(name: str, known: KnownFile, searched: list[Path], err: B
     )
     if name.startswith("fashion-mnist/"):
         lines.append(f"  - apt-get install dataset-fashion-mnist (installs into {SYSTEM_DIR});")
-    lines.append(f"  - copy it to {cache_dir() / name};")
+    lines.append(f"  - copy it to {storage.cache_dir('') / name};")
     lines.append("  - or run again with network access to download it.")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxray.inference.sampling import context_len, next_tokens
-from jaxray.models.transformer import KVCache
+from jaxray.models.kv_cache import KVCache
 
 
 class DecodeState(NamedTuple):

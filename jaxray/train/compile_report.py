@@ -66,11 +66,6 @@ def hlo_ops(text: str) -> dict[str, Any]:
     return {**{k: dict(c) for k, c in counts.items()}, "dots": dots}
 
 
-def sixteen_bit_scatters(text: str) -> dict[str, int]:
-    """bf16/f16 scatters of HLO ``text``: {dtype: n}; they serialise on NVIDIA GPUs (openxla/xla#26371)."""
-    return {dtype: n for dtype, n in hlo_ops(text)["scatter"].items() if dtype in ("bf16", "f16")}
-
-
 def _memory(compiled) -> dict[str, int | None]:
     stats = compiled.memory_analysis()
     if stats is None:

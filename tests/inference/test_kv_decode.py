@@ -25,8 +25,8 @@ from jaxray.inference.kv_decode import (
 )
 from jaxray.inference.sampling import Sampling, generate
 from jaxray.inference.settings import EngineSettings
-from jaxray.models import transformer
-from jaxray.models.transformer import cached_attention, decode_rows, query_rows, write_cache
+from jaxray.models import kv_cache, transformer
+from jaxray.models.kv_cache import cached_attention, decode_rows, query_rows, write_cache
 
 TOL = 1e-5  # float32 logits; the two paths sum attention in a different order
 BF16_TOL = 0.05  # logits, a bfloat16 KV cache against a float32 one (the suite's model: 0.0101)
@@ -56,8 +56,8 @@ def test_prefill_and_decode_steps_equal_the_full_forward(restored):
 def test_cached_attention_equals_a_softmax_over_each_rows_visible_entries(monkeypatch, rows, platform):
     """The TPU's 8 query rows (7 of zeros, for the MXU) and its query zero-padded over the joint
     cache's values, and the CPU's one row over sliced keys and values, give the same attention."""
-    monkeypatch.setattr(transformer, "query_rows", lambda platform: rows)
-    monkeypatch.setattr(transformer.jax, "default_backend", lambda: platform)
+    monkeypatch.setattr(kv_cache, "query_rows", lambda platform: rows)
+    monkeypatch.setattr(kv_cache.jax, "default_backend", lambda: platform)
     q, k, v = (jax.random.normal(jax.random.key(i), shape) for i, shape in enumerate(
         [(3, 1, 2, 4), (3, 2, 6, 4), (3, 2, 6, 4)]))  # fmt: skip
     positions = jnp.array([0, 3, 5])
