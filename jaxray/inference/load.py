@@ -77,10 +77,9 @@ def settings_for(manifest: dict, settings: EngineSettings | None) -> EngineSetti
             context_keep=keep,
             kv_cache_dtype=dtype,
         )
-    if settings.prefix_cache_mib or settings.prefill_chunk:  # before the buckets: no choice gives them
-        raise ValueError(
-            "prefix_cache_mib, prefill_chunk: an export artifact has no prefix-cache programs; set 0"
-        )
+    given = [name for name in ("prefix_cache_mib", "prefill_chunk") if getattr(settings, name)]
+    if given:  # before the buckets: no choice gives them
+        raise ValueError(f"{', '.join(given)}: an export artifact has no prefix-cache programs; set 0")
     buckets = set(compiled_buckets(settings, size))
     for name, wanted in (("buckets", buckets), ("batch_sizes", set(settings.batch_sizes))):
         missing = sorted(wanted - set(manifest[name]))

@@ -158,7 +158,8 @@ def test_bad_prefix_settings(tiny_transformer, settings, match):
 
 
 def test_an_export_artifact_has_no_prefix_cache(artifact):
-    with pytest.raises(ValueError, match="an export artifact has no prefix-cache programs"):
+    """Refused naming the setting given, not both."""
+    with pytest.raises(ValueError, match="^prefix_cache_mib: an export artifact has no prefix-cache"):
         load_engine(
             artifact, EngineSettings(buckets=(8, 32), batch_sizes=(1, 2), chunk=8, prefix_cache_mib=1)
         )
