@@ -17,7 +17,8 @@ import pyarrow.fs as pafs
 # long per operation (``resolve``), and ``PROBE_RETRY_S`` for the first look at a URI (``probe``), so
 # one that cannot be reached is refused within seconds; a URI's own ``?retry_limit_seconds=`` wins.
 GCS_RETRY_S, PROBE_RETRY_S = 30, 2
-# The cache's folder (default ~/.cache/jaxray): checkpoints/ (fetched), staging/ (training's uploads).
+# The cache's folder (default ~/.cache/jaxray): checkpoints/ (fetched), staging/ (training's uploads),
+# data downloads at its root.
 CACHE_ENV = "JAXRAY_CACHE_DIR"
 CHUNK_BYTES = 1 << 22
 

@@ -19,7 +19,7 @@ from jaxray.models.kv_cache import KVCache
 class DecodeState(NamedTuple):
     """Per-row sampling state; B rows, S = max_seq_len, V = vocab size.
 
-    cache:       per layer kv [B, H, S, 2K] (``KVCache``: keys, then values), compute dtype
+    cache:       per layer kv [B, H, S, 2K] (``KVCache``: keys, then values), the cache's dtype
     context:     [B, S] int32, the token at each cache position
     positions:   [B] int32, cache entries written (the pending token's position)
     pending:     [B] int32, the newest sampled token, not yet in the cache

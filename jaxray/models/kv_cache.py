@@ -30,12 +30,12 @@ def decode_rows(batch: int, platform: str) -> int:
     return -(-8 // batch) if platform == "tpu" and batch < 8 else 1
 
 
-def cache_precision(dtype) -> jax.lax.Precision:
-    """The attention products' precision over a cache of ``dtype``: HIGHEST (float32 on the MXU) for a
-    float32 cache; HIGH (3 bfloat16 passes, not 6) for a 16-bit one, whose entries one pass holds
-    exactly, so a float32 query or softmax meets them as at HIGHEST."""
+def cache_precision(dtype, platform: str) -> jax.lax.Precision:
+    """The decode attention products' precision over a cache of ``dtype``: on a TPU HIGH (3 bfloat16
+    passes, not HIGHEST's 6) for a 16-bit cache, exact in one pass, so the float32 query or softmax
+    keeps ~16 bits; HIGHEST otherwise (HIGH would be TF32 on a GPU)."""
     narrow = jnp.dtype(dtype).itemsize < 4
-    return jax.lax.Precision.HIGH if narrow else jax.lax.Precision.HIGHEST
+    return jax.lax.Precision.HIGH if narrow and platform == "tpu" else jax.lax.Precision.HIGHEST
 
 
 def _attend(query, kv, visible, precision=None):
@@ -66,7 +66,7 @@ def cached_attention(query, kv, positions):
     query = jnp.pad(query, ((0, 0), (0, max(0, query_rows(jax.default_backend()) - rows)), (0, 0), (0, 0)))
     visible = jnp.arange(kv.shape[2])[None, :] <= positions[:, None]  # [B, S]
     visible = jnp.broadcast_to(visible[:, None], (kv.shape[0], query.shape[1], kv.shape[2]))
-    return _attend(query, kv, visible, cache_precision(kv.dtype))[:, :rows]
+    return _attend(query, kv, visible, cache_precision(kv.dtype, jax.default_backend()))[:, :rows]
 
 
 def span_attention(query, kv, starts):

@@ -26,7 +26,7 @@ from jaxray.inference.kv_decode import (
 from jaxray.inference.sampling import Sampling, generate
 from jaxray.inference.settings import EngineSettings
 from jaxray.models import kv_cache, transformer
-from jaxray.models.kv_cache import cached_attention, decode_rows, query_rows, write_cache
+from jaxray.models.kv_cache import cache_precision, cached_attention, decode_rows, query_rows, write_cache
 
 TOL = 1e-5  # float32 logits; the two paths sum attention in a different order
 BF16_TOL = 0.05  # logits, a bfloat16 KV cache against a float32 one (the suite's model: 0.0101)
@@ -71,6 +71,9 @@ def test_cached_attention_equals_a_softmax_over_each_rows_visible_entries(monkey
     assert (query_rows("tpu"), query_rows("cpu"), query_rows("gpu")) == (8, 1, 1)
     assert [decode_rows(b, "tpu") for b in (1, 3, 8, 64)] == [8, 3, 1, 1]
     assert decode_rows(1, "cpu") == decode_rows(1, "gpu") == 1
+    high, highest = jax.lax.Precision.HIGH, jax.lax.Precision.HIGHEST
+    assert [cache_precision(d, "tpu") for d in ("bfloat16", "float32")] == [high, highest]
+    assert cache_precision("bfloat16", "gpu") == cache_precision("bfloat16", "cpu") == highest  # not TF32
 
 
 def test_decode_steps_with_zero_rows_equal_one_row(restored, monkeypatch):
