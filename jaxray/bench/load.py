@@ -97,9 +97,10 @@ async def send(
             status = resp.status
             if status == 200 and not stream:
                 kind, error, tokens = "ok", "", int(json.loads(await resp.read())["new_tokens"])
-            elif status != 200:
-                kind = {4: "4xx", 5: "5xx"}.get(status // 100, "other")
-                error = f"HTTP {status}: {(await resp.read()).decode(errors='replace')}"
+            elif status != 200:  # its status is the outcome, also where the body is then cut
+                kind, error = {4: "4xx", 5: "5xx"}.get(status // 100, "other"), f"HTTP {status}"
+                with suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    error += f": {(await resp.read()).decode(errors='replace')}"
             elif resp.content_type != "text/event-stream":
                 kind, error = "other", f"HTTP 200 answered {resp.content_type}, not text/event-stream"
             else:

@@ -11,12 +11,13 @@ import threading
 from collections import Counter
 from types import SimpleNamespace
 
+import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
 
 from jaxray.bench.__main__ import main
-from jaxray.bench.load import Sample, events, run_level, summarize
+from jaxray.bench.load import Sample, events, run_level, send, summarize
 
 
 def test_summarize_counts_the_window_share_and_excludes_warmups():
@@ -188,6 +189,25 @@ def test_client_counts_a_refused_connection_as_dropped():
         s.bind(("127.0.0.1", 0))
         row = asyncio.run(run_level(load_args(f"http://127.0.0.1:{s.getsockname()[1]}", duration=0.3), 2))
     assert row["requests"] == 0 and row["dropped"] >= 2 and "Connect" in row["first_error"]
+
+
+def test_client_counts_a_5xx_whose_body_is_cut_as_5xx():
+    """A 503 whose promised body never comes (a replica killed between Serve's two messages): the
+    status reached the client, so it is a prompt 5xx, not a dropped request."""
+
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 131\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def one() -> Sample:
+        server = await asyncio.start_server(cut, "127.0.0.1", 0)
+        async with server, aiohttp.ClientSession() as session:
+            return await send(session, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", {})
+
+    sample = asyncio.run(one())
+    assert sample.outcome == "5xx" and sample.error == "HTTP 503", sample
 
 
 def bench_serve(stand_in: StandIn, out, *argv: str) -> int:
