@@ -18,6 +18,7 @@ from saved import save_params
 
 from jaxray import export as export_cli
 from jaxray.config import parse_trial
+from jaxray.inference.artifact_loader import ARTIFACT_MANIFEST
 from jaxray.models import build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,12 @@ def test_bad_checkpoints_are_refused_before_writing(trained_transformer, tmp_pat
     keep = ["--context-keep", "64"]
     assert export_cli.main(["--checkpoint", str(trained_transformer), "--out", str(out), *keep]) == 2
     assert "context_keep must be in 2..63" in capsys.readouterr().err
-    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["mlp"]
+    artifact = tmp_path / "artifact"  # an export given to export: said so, as generate says it
+    artifact.mkdir()
+    (artifact / ARTIFACT_MANIFEST).write_text("{}")
+    assert export_cli.main(["--checkpoint", str(artifact), "--out", str(out)]) == 2
+    assert "is an export artifact, not a checkpoint: python -m jaxray.serve" in capsys.readouterr().err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["artifact", "mlp"]
 
 
 def test_a_non_empty_out_is_never_overwritten(trained_transformer, tmp_path):

@@ -29,7 +29,9 @@ def check_checkpoint(
 ) -> checkpoint.Verified:
     """The transformer checkpoint ``path`` resolves to, verified once and not restored. Raises
     CheckpointError naming the path (no or non-transformer checkpoint), ValueError for context_keep
-    or prefix_block."""
+    or prefix_block; ValueError for an export artifact (``serve`` reads those, nothing else)."""
+    if isinstance(path, (str, Path)) and is_artifact(path):
+        raise ValueError(f"{path} is an export artifact, not a checkpoint: python -m jaxray.serve serves it")
     opened = runs.open_checkpoint(path, workload="transformer")
     max_seq_len = opened.require("transformer", purpose).max_seq_len
     check_keep(settings or EngineSettings(), max_seq_len)
