@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxray import argtypes, checkpoint, runs
+from jaxray import argtypes, checkpoint
 from jaxray.inference.engine import kv_generate
-from jaxray.inference.load import is_artifact
+from jaxray.inference.load import open_transformer
 from jaxray.inference.sampling import Sampling, encode_prompt, generate, printable, prompt_window
 from jaxray.reporting import checkpoint_line
 
@@ -55,13 +55,7 @@ def sample_text(args: argparse.Namespace) -> str:
     prompt_window(encode_prompt(args.prompt), 1)  # an empty prompt fails before the restore
     if args.context_keep is not None and args.sampler == "full":
         raise ValueError("--context-keep applies to --sampler kv only")
-    if is_artifact(args.checkpoint):  # exported weights run in the serving engine, not here
-        raise ValueError(
-            f"--checkpoint {args.checkpoint} is an export artifact: python -m jaxray.serve --checkpoint "
-            f"{args.checkpoint} serves it (generate samples from checkpoints)"
-        )
-    opened = runs.open_checkpoint(args.checkpoint, workload="transformer")
-    opened.require("transformer", "sampled")
+    opened, _ = open_transformer(args.checkpoint, "sampled")  # an export artifact: refused
     print(checkpoint_line.describe(opened.path), file=sys.stderr, flush=True)
     model, params = checkpoint.restore(opened)
     if args.sampler == "kv":

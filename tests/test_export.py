@@ -58,7 +58,10 @@ def test_bad_checkpoints_are_refused_before_writing(trained_transformer, tmp_pat
     artifact.mkdir()
     (artifact / ARTIFACT_MANIFEST).write_text("{}")
     assert export_cli.main(["--checkpoint", str(artifact), "--out", str(out)]) == 2
-    assert "is an export artifact, not a checkpoint: python -m jaxray.serve" in capsys.readouterr().err
+    assert (
+        f"is an export artifact: python -m jaxray.serve --checkpoint {artifact} serves"
+        in capsys.readouterr().err
+    )
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["artifact", "mlp"]
 
 

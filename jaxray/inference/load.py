@@ -24,16 +24,29 @@ def is_artifact(path: str | Path) -> bool:
     return (Path(path) / ARTIFACT_MANIFEST).is_file()
 
 
+def open_transformer(
+    path: str | Path | checkpoint.Verified, purpose: str
+) -> tuple[checkpoint.Verified, ModelConfig]:
+    """The transformer checkpoint ``path`` resolves to (``runs.open_checkpoint``) and its model config,
+    ``purpose`` naming what is refused. Raises CheckpointError as ``require``, ValueError for an
+    export artifact: only ``serve`` runs those."""
+    if not isinstance(path, checkpoint.Verified) and is_artifact(path):
+        raise ValueError(
+            f"--checkpoint {path} is an export artifact: python -m jaxray.serve --checkpoint {path} serves "
+            f"it (only a checkpoint can be {purpose})"
+        )
+    opened = runs.open_checkpoint(path, workload="transformer")
+    return opened, opened.require("transformer", purpose)
+
+
 def check_checkpoint(
     path: str | Path | checkpoint.Verified, settings: EngineSettings | None = None, purpose: str = "served"
 ) -> checkpoint.Verified:
     """The transformer checkpoint ``path`` resolves to, verified once and not restored. Raises
     CheckpointError naming the path (no or non-transformer checkpoint), ValueError for context_keep
-    or prefix_block; ValueError for an export artifact (``serve`` reads those, nothing else)."""
-    if isinstance(path, (str, Path)) and is_artifact(path):
-        raise ValueError(f"{path} is an export artifact, not a checkpoint: python -m jaxray.serve serves it")
-    opened = runs.open_checkpoint(path, workload="transformer")
-    max_seq_len = opened.require("transformer", purpose).max_seq_len
+    or prefix_block, ValueError for an export artifact (``open_transformer``)."""
+    opened, config = open_transformer(path, purpose)
+    max_seq_len = config.max_seq_len
     check_keep(settings or EngineSettings(), max_seq_len)
     check_prefix_block(settings or EngineSettings(), max_seq_len)
     return opened
