@@ -10,14 +10,14 @@ from pathlib import Path
 
 import jax
 
-from jaxray.bench import check, checkpointing, compare, engine_load, load, suites
+from jaxray.bench import check, checkpointing, compare, compile_step, engine_load, load, suites
 from jaxray.bench.presets import MODEL_SIZES, PRESETS
 from jaxray.bench.report import WRITER, Report, render, write_report
 from jaxray.bench.throughput import TIMING, check_device_count, make_spec
 from jaxray.folders import check_overwrite, removed_if_failed
 from jaxray.parallel.mesh import trial_mesh
 from jaxray.reporting.format import json_safe
-from jaxray.train import compile_cache, compile_report
+from jaxray.train import compile_cache
 
 
 def throughput_size(args: argparse.Namespace) -> dict:
@@ -48,10 +48,10 @@ def _compile(args, out) -> int:
     spec = make_spec(**{k: v for k, v in throughput_size(args).items() if k not in TIMING})
     check_device_count(spec.devices)
     mesh = trial_mesh(spec.trial, jax.devices()[: spec.devices])
-    report = json_safe(compile_report.report_for(spec.trial, mesh))
+    report = json_safe(compile_step.report_for(spec.trial, mesh))
     if out is not None:
         (out / "compile.json").write_text(json.dumps({"written_by": f"{WRITER} compile", **report}, indent=2))
-    print(json.dumps(report) if args.json else compile_report.render(report))
+    print(json.dumps(report) if args.json else compile_step.render(report))
     return 0
 
 

@@ -17,13 +17,13 @@ import sys
 
 import jax
 
+from jaxray.bench.compile_step import report_for
 from jaxray.bench.parity import param_diffs
 from jaxray.config import parse_trial
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.models import build
 from jaxray.parallel.mesh import make_mesh, replicate, shard_batch
-from jaxray.train import compile_report
 from jaxray.train.loop import compile_shard_map_train_step, compile_train_step
 from jaxray.train.run import train
 from jaxray.train.step import init_state, make_optimizer
@@ -66,7 +66,7 @@ def run(workload: str, data_dir: str) -> dict:
             "loss": [r["loss"] for r in results[name].history],
             **param_diffs(one.state.params, results[name].state.params),
             "eval": results[name].summary.get("test_loss", results[name].summary.get("val_loss")),
-            "ops": compile_report.report_for(trial, meshes[name])["ops"],
+            "ops": report_for(trial, meshes[name])["ops"],
         }
         for name in ("fsdp4", "fsdp2_tensor2")
     }

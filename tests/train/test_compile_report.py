@@ -6,11 +6,12 @@ import itertools
 
 import pytest
 
+from jaxray.bench.compile_step import fits_text, render, report_for
 from jaxray.config import parse_trial
 from jaxray.data.batching import train_batches
 from jaxray.data.workloads import load_arrays
 from jaxray.parallel.mesh import make_mesh
-from jaxray.train.compile_report import fits_text, hlo_ops, render, report_for
+from jaxray.train.compile_report import hlo_ops
 from jaxray.train.run import train
 
 # Lines in the shape XLA prints them (optimised HLO of a GPU step), for the parser's shape logic.
