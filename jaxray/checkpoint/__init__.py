@@ -179,20 +179,24 @@ def open(  # noqa: A001 - checkpoint.open
     ``pinned``: the SHA-256 its ``train_state.json`` had when another process checked it (serving's
     driver, for its replicas): a folder unchanged since is not hashed again (a changed one is verified
     here), a changed URI is refused. Raises as ``verify`` and ``fetch`` do."""
-    if isinstance(ref, Verified):
-        if full_state and "step" not in ref.state:
-            raise CheckpointError(f"{ref.path} holds params only, not a train state to resume from")
-        return ref
+    if not isinstance(ref, Verified):
+        ref = _verified(ref, pinned)
+    if full_state and "step" not in ref.state:
+        raise CheckpointError(f"{ref.path} holds params only, not a train state to resume from")
+    return ref
+
+
+def _verified(ref: str | Path, pinned: str | None) -> Verified:
+    """``open``'s folder or URI, verified (a folder whose ``train_state.json`` is ``pinned``: read)."""
     if storage.is_uri(ref):
         entry = remote.fetch(str(ref), pinned)
-        return open(Verified(entry, json.loads((entry / TRAIN_STATE).read_text())), full_state)
+        return Verified(entry, json.loads((entry / TRAIN_STATE).read_text()))
     path = Path(ref).absolute()
-    if pinned:
-        with contextlib.suppress(OSError):  # unreadable: verified below, to say why
-            manifest = (path / TRAIN_STATE).read_bytes()
-            if hashlib.sha256(manifest).hexdigest() == pinned:
-                return open(Verified(path, json.loads(manifest)), full_state)
-    return Verified(path, verify(path, full_state))
+    with contextlib.suppress(OSError):  # unreadable: verified below, to say why
+        manifest = (path / TRAIN_STATE).read_bytes() if pinned else b""
+        if pinned and hashlib.sha256(manifest).hexdigest() == pinned:  # the bytes it hashed
+            return Verified(path, json.loads(manifest))
+    return Verified(path, verify(path))
 
 
 def restore_state(directory: str | Path | Verified, target: Any) -> tuple[Any, dict, list[dict]]:

@@ -28,11 +28,11 @@ RECORDED_METRICS = (
 )
 
 
-def verify(directory: str | Path, full_state: bool = False, digests: bool = True) -> dict[str, Any]:
+def verify(directory: str | Path, digests: bool = True) -> dict[str, Any]:
     """``train_state.json`` of ``directory`` once every file it lists matches its SHA-256 (unless not
-    ``digests``). Raises CheckpointError naming the folder: none, incomplete, params only where
-    ``full_state`` needs a train state, a file unreadable or not matching (naming it and both
-    digests), or a metric of the summary or ``history.json`` NaN or inf (naming it, its value, step)."""
+    ``digests``). Raises CheckpointError naming the folder: none, incomplete, a file unreadable or not
+    matching (naming it and both digests), or a metric of the summary or ``history.json`` NaN or inf
+    (naming it, its value, step). ``checkpoint.open(..., full_state=True)`` also wants a train state."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory} is not a checkpoint: no such folder")
@@ -45,8 +45,6 @@ def verify(directory: str | Path, full_state: bool = False, digests: bool = True
         files = dict(doc["files"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{manifest} is damaged: {err}") from err
-    if full_state and "step" not in doc:
-        raise CheckpointError(f"{directory} holds params only, not a train state to resume from")
     for rel, expected in files.items() if digests else ():
         try:
             found = storage.file_sha256(directory / rel)

@@ -57,6 +57,20 @@ def test_a_damaged_or_incomplete_checkpoint_is_refused_naming_the_file(tmp_path)
         checkpoint.restore(tmp_path / "missing")
 
 
+def test_a_train_state_is_wanted_only_where_a_run_resumes(tmp_path):
+    trial = parse_trial({"model": {"workload": "mlp", "width": 8}})
+    saved = save_params(tmp_path / "ck", build(trial.model).init(jax.random.key(0)), trial)
+    doc = json.loads((saved / checkpoint.TRAIN_STATE).read_text())
+    (saved / checkpoint.TRAIN_STATE).write_text(json.dumps({"files": doc["files"]}))  # no step
+    opened = checkpoint.open(saved)
+    assert opened.path == saved.absolute() and "step" not in opened.state
+    for ref in (saved, opened):
+        with pytest.raises(checkpoint.CheckpointError, match="holds params only, not a train state"):
+            checkpoint.open(ref, full_state=True)
+    pinned = checkpoint.manifest_sha256(saved)
+    assert checkpoint.open(saved, pinned=pinned).state == opened.state
+
+
 def test_params_of_another_shape_are_a_clear_error(tmp_path):
     trial = parse_trial({"model": {"workload": "mlp", "width": 16}})
     wider = parse_trial({"model": {"workload": "mlp", "width": 32}})
