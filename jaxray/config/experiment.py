@@ -35,6 +35,7 @@ from jaxray.config import (
     shown,
     validate,
 )
+from jaxray.config.scaling import compile_cache_error
 
 # What a sweep ranks trials by unless its YAML says otherwise.
 DEFAULT_METRIC = {
@@ -286,11 +287,15 @@ class ExperimentConfig(FrozenConfig):
         and hand the plans on (``jaxray.tune`` gives them to Tune's trials and the workers). Raises
         ConfigError naming ``source`` and ``sweeps.I``."""
         base = self.base()
-        return [
+        plans = [
             TrialPlan(i, parse_trial(sweep.trial_dict(base, **point), source, f"sweeps.{i}."))
             for i, sweep in enumerate(self.sweeps)
             for point in sweep.points()
         ]
+        unset = any(plan.trial.workers.compile_cache is None for plan in plans)
+        if unset and (error := compile_cache_error(None)) is not None:  # before a worker's mkdir fails
+            raise ConfigError(f"{source}: workers: {error}")
+        return plans
 
 
 BOOL_TAG = "tag:yaml.org,2002:bool"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -11,6 +12,8 @@ from pydantic import BeforeValidator, Field, Strict, model_validator
 
 from jaxray.argtypes import MAX_CPU_DEVICES
 from jaxray.config.types import FrozenConfig, PosFloat, PosInt
+
+COMPILE_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"  # JAX's own variable: an unset compile_cache reads it
 
 
 def _worker_count(value: Any) -> Any:
@@ -72,8 +75,8 @@ class WorkersConfig(FrozenConfig):
                 f"devices_per_worker (TPU chips per worker) must be one of {TPU_CHIPS_PER_HOST} with "
                 f"accelerator tpu, got {self.devices_per_worker}"
             )
-        if self.compile_cache and Path(self.compile_cache).is_file():  # a URI is never a local file
-            raise ValueError(f"compile_cache {self.compile_cache!r} is a file: give a folder, or '' for none")
+        if self.compile_cache is not None and (error := compile_cache_error(self.compile_cache)) is not None:
+            raise ValueError(error)
         slice_keys = {"topology": self.topology, "accelerator_type": self.accelerator_type}
         if self.accelerator != "tpu" and any(v is not None for v in slice_keys.values()):
             given = ", ".join(k for k, v in slice_keys.items() if v is not None)
@@ -145,3 +148,20 @@ class ParallelConfig(FrozenConfig):
             f"{given} cannot make a mesh of the trial's {devices} devices (workers.num_workers x "
             f"workers.devices_per_worker): {need}"
         )
+
+
+def compile_cache_error(setting: str | None) -> str | None:
+    """Why ``compile_cache`` (None: ``$JAX_COMPILATION_CACHE_DIR``, as ``compile_cache.folder_for``
+    reads it) cannot be a folder: a file at it or at its nearest existing parent; None when it can
+    be made, or is a URI (never a local file), or is off. The variable is read by ``plans`` only (a
+    saved config's validation does not depend on this machine's environment)."""
+    cache = os.environ.get(COMPILE_CACHE_ENV) if setting is None else setting
+    if not cache or "://" in cache:
+        return None
+    path = Path(cache).absolute()
+    found = next((p for p in (path, *path.parents) if p.exists()), None)
+    if found is None or found.is_dir():
+        return None
+    named = "compile_cache" if setting is not None else f"compile_cache (unset: ${COMPILE_CACHE_ENV})"
+    where = "is a file" if found == path else f"is inside the file {found}"
+    return f"{named} {cache!r} {where}: give a folder, or '' for none"

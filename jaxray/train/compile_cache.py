@@ -14,7 +14,9 @@ from pathlib import Path
 
 import jax
 
-ENV = "JAX_COMPILATION_CACHE_DIR"  # JAX's own variable: wins over the default, not over the YAML
+from jaxray.config.scaling import COMPILE_CACHE_ENV
+
+ENV = COMPILE_CACHE_ENV  # wins over the default, not over the YAML
 HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _hits = 0
 _lock = threading.Lock()
