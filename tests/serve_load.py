@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,8 +24,11 @@ from ray import serve
 
 from jaxray.bench.load import Sample, send
 
+STOP_S = 10.0  # python -m jaxray.serve stops its app, and Ray, within this after SIGINT or SIGTERM
 REPLICA_TITLE = "ServeReplica:jaxray:JaxrayServer"  # in the replica process's title
-SMALL_ENGINE = ["--buckets", "16", "--batch-sizes", "1,4", "--chunk", "8"]  # quick to compile
+# Quick to compile: 4 programs (a start, a decode, two gathers), where the defaults' 3 batch sizes and
+# prefix cache took 19 (tests/serve/test_app.py and tests/inference cover those).
+SMALL_ENGINE = ["--buckets", "16", "--batch-sizes", "4", "--chunk", "8", "--prefix-cache-mib", "0"]
 
 
 @contextmanager
@@ -120,3 +124,18 @@ def healthz(url: str, timeout_s: float) -> tuple[int, dict]:
         return response.status_code, response.json()
     except ValueError:
         return response.status_code, {}
+
+
+def stopped_by(proc, send) -> str:
+    """``send()`` a stop to the serving ``proc``; checks that it exits 0 saying "stopping" within
+    ``STOP_S`` and that Ray's processes went with it. Returns its output from then on."""
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    start = time.monotonic()
+    send()
+    rest, _ = proc.communicate(timeout=60)
+    stopped = time.monotonic() - start
+    assert proc.returncode == 0 and "stopping" in rest, rest[-3000:]
+    assert stopped < STOP_S, f"took {stopped:.1f} s to stop the app:\n{rest[-3000:]}"
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]  # Ray's processes went with it
+    return rest

@@ -23,7 +23,7 @@ import pytest
 import requests
 from private_ray import free_port
 from s3_server import s3_server
-from serve_load import start_serving
+from serve_load import start_serving, stopped_by
 
 from jaxray import checkpoint, runs
 from jaxray.config.experiment import load_experiment
@@ -137,10 +137,10 @@ def test_a_sweep_on_s3_resumed_and_served_from_the_bucket(real_dir, tmp_path, mo
             )
             assert reply.status_code == 200, reply.text
             assert reply.json()["usage"]["completion_tokens"] == 8
+            # SIGTERM (a job scheduler's stop) as Ctrl-C: test_serve_command.py sends SIGINT.
+            rest = stopped_by(server, lambda: server.send_signal(signal.SIGTERM))
+            assert "Traceback" not in rest, rest[-3000:]
         finally:
-            server.send_signal(signal.SIGINT)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
+            if server.poll() is None:
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait()

@@ -14,16 +14,14 @@ import threading
 import time
 
 import aiohttp
-import psutil
 import pytest
 import requests
-from serve_load import free_port, healthz, load, replica_pids, start_serving
+from serve_load import free_port, healthz, load, replica_pids, start_serving, stopped_by
 
 from jaxray.reporting import checkpoint_line
 from jaxray.serve.routes import ROUTES
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-STOP_S = 10.0
 CLIENT_TIMEOUT_S = 90.0  # past the proxy's 60 s request time-out: a request open this long hangs
 
 
@@ -89,29 +87,3 @@ async def leave_mid_stream(url: str, clients: int) -> list[int]:
 
     async with aiohttp.ClientSession() as session:
         return await asyncio.gather(*(one(session, i) for i in range(clients)))
-
-
-def test_sigterm_stops_the_app_as_ctrl_c_does(trained_transformer):
-    proc = start_serving(trained_transformer, free_port())
-    try:
-        rest = stopped_by(proc, lambda: proc.send_signal(signal.SIGTERM))  # the command alone
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert "Traceback" not in rest, rest[-3000:]
-
-
-def stopped_by(proc, send) -> str:
-    """``send()`` a stop to the serving ``proc``; checks that it exits 0 saying "stopping" within
-    ``STOP_S`` and that Ray's processes went with it. Returns its output from then on."""
-    tree = psutil.Process(proc.pid).children(recursive=True)
-    start = time.monotonic()
-    send()
-    rest, _ = proc.communicate(timeout=60)
-    stopped = time.monotonic() - start
-    assert proc.returncode == 0 and "stopping" in rest, rest[-3000:]
-    assert stopped < STOP_S, f"took {stopped:.1f} s to stop the app:\n{rest[-3000:]}"
-    _, alive = psutil.wait_procs(tree, timeout=10)
-    assert not alive, [p.cmdline() for p in alive]  # Ray's processes went with it
-    return rest

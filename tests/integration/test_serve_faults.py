@@ -26,7 +26,9 @@ from jaxray.serve.app import app_builder, deploy_failure, deployment
 from jaxray.serve.settings import AppArgs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-ENGINE = {"buckets": [16, 64], "batch_sizes": [1, 4, 16], "chunk": 8, "max_new_tokens": 200}
+# Few programs to compile (three replicas start in this module): no prefix cache, two batch sizes.
+ENGINE = {"buckets": [16, 64], "batch_sizes": [4, 16], "chunk": 8, "max_new_tokens": 200}
+ENGINE |= {"prefix_cache_mib": 0}
 REQUEST_TIMEOUT_S = 20.0  # Serve's proxy: a request unanswered after this gets 408
 CLIENT_TIMEOUT_S = REQUEST_TIMEOUT_S + 10  # a request still open after this counts as hanging
 
@@ -109,7 +111,7 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(url, trained_transfor
         "max_batch_size": 1,
         "max_ongoing_requests": 1,
         "max_queued_requests": 1,
-        "engine": ENGINE,
+        "engine": {**ENGINE, "batch_sizes": [1]},
     }
     serve.run(app_builder(args), name="queue", route_prefix="/q")
     body = json.dumps({"prompt": "ROMEO:", "max_new_tokens": 200, "temperature": 0.8})

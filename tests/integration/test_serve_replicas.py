@@ -22,7 +22,7 @@ from jaxray.serve.app import app_builder
 from jaxray.serve.metrics import metrics_url
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-ENGINE = {"buckets": [16], "batch_sizes": [1, 4], "chunk": 8, "max_new_tokens": 200}
+ENGINE = {"buckets": [16], "batch_sizes": [4], "chunk": 8, "max_new_tokens": 200, "prefix_cache_mib": 0}
 CLIENT_TIMEOUT_S = 30.0
 SUCCESS = "ray_jaxray_request_success_total"
 HTTP = "ray_serve_num_http_requests_total"
