@@ -6,6 +6,7 @@ raising."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -137,5 +138,10 @@ def stopped_by(proc, send) -> str:
     assert proc.returncode == 0 and "stopping" in rest, rest[-3000:]
     assert stopped < STOP_S, f"took {stopped:.1f} s to stop the app:\n{rest[-3000:]}"
     _, alive = psutil.wait_procs(tree, timeout=10)
-    assert not alive, [p.cmdline() for p in alive]  # Ray's processes went with it
+    left = []
+    for p in alive:  # named, then not left behind for the next test
+        with contextlib.suppress(psutil.NoSuchProcess):
+            left.append(p.name())
+            p.kill()
+    assert not left, left  # Ray's processes went with it
     return rest

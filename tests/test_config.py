@@ -381,6 +381,8 @@ def test_a_compile_cache_that_is_a_file_is_refused_by_name(tmp_path):
     with pytest.raises(ConfigError, match=r"workers: compile_cache '.*cache' is a file: give a folder"):
         parse_trial({"model": {"workload": "mlp"}, "workers": {"compile_cache": str(path)}})
     assert parse_trial({"model": {"workload": "mlp"}, "workers": {"compile_cache": str(tmp_path)}})
+    relative = parse_trial({"model": {"workload": "mlp"}, "workers": {"compile_cache": "cache"}})
+    assert relative.workers.compile_cache == str(Path.cwd() / "cache")  # the workers start elsewhere
     inside = f"{path}/sub"  # a folder cannot be made under a file either
     with pytest.raises(ConfigError, match=rf"compile_cache '{inside}' is inside the file {path}: give a"):
         parse_trial({"model": {"workload": "mlp"}, "workers": {"compile_cache": inside}})
@@ -390,7 +392,7 @@ def test_jax_s_own_cache_variable_that_names_a_file_is_refused_by_name(tmp_path,
     """Where a sweep or a local run plans its trials (before Ray); a saved config still parses."""
     (path := tmp_path / "cache").write_text("not a folder")
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(path))
-    unset = r"exp.yaml: workers: compile_cache \(unset: \$JAX_COMPILATION_CACHE_DIR\) '.*cache' is a file"
+    unset = r"exp.yaml:\n  workers: compile_cache \(unset: \$JAX_COMPILATION_CACHE_DIR\) '.*cache' is a file"
     with pytest.raises(ConfigError, match=unset):
         load_experiment(write(tmp_path, GOOD))
     assert parse_trial({"model": {"workload": "mlp"}})

@@ -35,6 +35,7 @@ from jaxray.config import (
     shown,
     validate,
 )
+from jaxray.config.errors import invalid
 from jaxray.config.scaling import compile_cache_error
 
 # What a sweep ranks trials by unless its YAML says otherwise.
@@ -285,7 +286,8 @@ class ExperimentConfig(FrozenConfig):
     def plans(self, source: str = "(experiment)") -> list[TrialPlan]:
         """Every grid point of every sweep, in grid order, each parsed into its TrialConfig; plan once
         and hand the plans on (``jaxray.tune`` gives them to Tune's trials and the workers). Raises
-        ConfigError naming ``source`` and ``sweeps.I``."""
+        ConfigError naming ``source`` and ``sweeps.I``, or ``workers`` when ``compile_cache`` is unset
+        and ``$JAX_COMPILATION_CACHE_DIR`` names a file (``compile_cache_error``)."""
         base = self.base()
         plans = [
             TrialPlan(i, parse_trial(sweep.trial_dict(base, **point), source, f"sweeps.{i}."))
@@ -294,7 +296,7 @@ class ExperimentConfig(FrozenConfig):
         ]
         unset = any(plan.trial.workers.compile_cache is None for plan in plans)
         if unset and (error := compile_cache_error(None)) is not None:  # before a worker's mkdir fails
-            raise ConfigError(f"{source}: workers: {error}")
+            raise invalid(source, error, "workers.")
         return plans
 
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, Strict, model_validator
+from pydantic import BeforeValidator, Field, Strict, field_validator, model_validator
 
 from jaxray.argtypes import MAX_CPU_DEVICES
 from jaxray.config.types import FrozenConfig, PosFloat, PosInt
@@ -53,6 +53,12 @@ class WorkersConfig(FrozenConfig):
     max_driver_failures: Annotated[int, Strict(), Field(ge=-1)] = 1
     # Elastic only: how often Ray checks whether more workers fit again, seconds (Ray's default).
     elastic_resize_monitor_interval_s: PosFloat = RAY_RESIZE_INTERVAL_S
+
+    @field_validator("compile_cache")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        """A folder as an absolute path (the workers start elsewhere, as ``data_dir``); a URI, "" as given."""
+        return value if not value or "://" in value else str(Path(value).expanduser().absolute())
 
     @model_validator(mode="after")
     def _cpu_devices(self) -> WorkersConfig:
@@ -152,15 +158,19 @@ class ParallelConfig(FrozenConfig):
 
 def compile_cache_error(setting: str | None) -> str | None:
     """Why ``compile_cache`` (None: ``$JAX_COMPILATION_CACHE_DIR``, as ``compile_cache.folder_for``
-    reads it) cannot be a folder: a file at it or at its nearest existing parent; None when it can
-    be made, or is a URI (never a local file), or is off. The variable is read by ``plans`` only (a
-    saved config's validation does not depend on this machine's environment)."""
+    reads it) cannot be a folder: a file at it or at its nearest existing parent. None when it can
+    be made, or is a URI (never a local file), or is off, or a parent cannot be read (left to the
+    first compile). The variable is read where an experiment is planned (``ExperimentConfig.plans``),
+    not when a saved trial config is read back."""
     cache = os.environ.get(COMPILE_CACHE_ENV) if setting is None else setting
     if not cache or "://" in cache:
         return None
-    path = Path(cache).absolute()
-    found = next((p for p in (path, *path.parents) if p.exists()), None)
-    if found is None or found.is_dir():
+    path = Path(cache).expanduser().absolute()
+    try:
+        found = next((p for p in (path, *path.parents) if p.exists()), None)
+        if found is None or found.is_dir():
+            return None
+    except OSError:  # a parent this user cannot read
         return None
     named = "compile_cache" if setting is not None else f"compile_cache (unset: ${COMPILE_CACHE_ENV})"
     where = "is a file" if found == path else f"is inside the file {found}"

@@ -69,6 +69,8 @@ def test_a_train_state_is_wanted_only_where_a_run_resumes(tmp_path):
             checkpoint.open(ref, full_state=True)
     pinned = checkpoint.manifest_sha256(saved)
     assert checkpoint.open(saved, pinned=pinned).state == opened.state
+    with pytest.raises(checkpoint.CheckpointError, match="holds params only"):
+        checkpoint.open(saved, full_state=True, pinned=pinned)  # read, not hashed: the same refusal
 
 
 def test_params_of_another_shape_are_a_clear_error(tmp_path):

@@ -3,7 +3,8 @@ on real TinyShakespeare bytes by ``tests/conftest.py``: the terminal names the c
 the ready line (URL, compile time, routes) without Serve's "Connecting to existing Serve app" line;
 when its replica is killed, Serve starts a replacement and the command goes on serving; Ctrl-C
 (SIGINT to its whole process group, as a terminal sends it) ends the app, its private Ray included,
-within 10 s, with exit status 0; so does SIGTERM to the command alone (kill, docker stop)."""
+within 10 s, with exit status 0 (SIGTERM to the command alone, as kill or docker stop send it:
+test_object_storage.py's server)."""
 
 from __future__ import annotations
 
