@@ -5,29 +5,16 @@ and the OS error, having removed what it wrote."""
 
 from __future__ import annotations
 
-import argparse
 import errno
 import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from jaxray.argtypes import TRANSFORMER_CHECKPOINT_HELP, cli_parser
 from jaxray.folders import removed_if_failed
-from jaxray.inference.artifact import ATTENTION_NOTE, ExportError, check_out, export_checkpoint
+from jaxray.inference.artifact import ATTENTION_NOTE, check_out, export_checkpoint
 from jaxray.inference.load import check_checkpoint
-from jaxray.inference.settings import EngineSettings, add_engine_options, engine_overrides
+from jaxray.inference.settings import add_engine_options, engine_settings
 from jaxray.reporting import checkpoint_line
-
-
-def _settings(args: argparse.Namespace) -> EngineSettings:
-    """EngineSettings from the options; ExportError naming the option when a value is refused."""
-    try:
-        return EngineSettings(**engine_overrides(args))
-    except ValidationError as err:
-        first = err.errors()[0]
-        option = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "options"
-        raise ExportError(f"{option}: {first['msg']}") from None
 
 
 def _write_failure(out: Path, err: OSError) -> str:
@@ -55,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with removed_if_failed(out):
             check_out(out)
-            settings = _settings(args)
+            settings = engine_settings(args)
             source = check_checkpoint(args.checkpoint, settings, purpose="exported")
             print(checkpoint_line.describe(source.path), file=sys.stderr, flush=True)
             manifest = export_checkpoint(source, out, settings)

@@ -8,16 +8,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pydantic import ValidationError
-
 from jaxray.bench.load import Sample, check_shared_bytes, load_report
 from jaxray.bench.load import run_level as _run_level
 from jaxray.bench.report import Report
 from jaxray.inference.engine import Engine, Request
 from jaxray.inference.load import load_engine
 from jaxray.inference.scheduler import Scheduler
-from jaxray.inference.settings import EngineSettings, engine_overrides
-from jaxray.serve.settings import args_error
+from jaxray.inference.settings import EngineSettings, engine_settings
 
 
 class InProcess:
@@ -64,15 +61,7 @@ def engine_report(args) -> Report:
     """Every level of ``args.clients`` on the engine of ``args.checkpoint`` (compiled first)."""
     if not args.checkpoint:
         raise ValueError("--checkpoint: a trained transformer's folder (runs/<experiment>) is needed")
-    try:
-        settings = EngineSettings(**engine_overrides(args))
-    except ValidationError as err:  # a field's error names its option; a check across fields, itself
-        first = err.errors(include_url=False)[0]
-        raise ValueError(
-            args_error(err, option=True)
-            if first["loc"]
-            else str(first.get("ctx", {}).get("error", first["msg"]))
-        ) from None
+    settings = engine_settings(args)
     check_load(args, settings)
     engine = load_engine(args.checkpoint, settings)
     compiled = engine.compile()

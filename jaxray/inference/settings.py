@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Iterable
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jaxray.argtypes import (
     FieldOptions,
@@ -110,3 +110,15 @@ def add_engine_options(
 def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """{EngineSettings field: value} for the engine options given on the command line."""
     return given_options(args, OPTIONS)
+
+
+def engine_settings(args: argparse.Namespace) -> EngineSettings:
+    """``EngineSettings`` of the engine options given (``engine_overrides``). Raises ValueError naming
+    the option of a refused value ("--buckets: ..."), or a check across fields in its own words."""
+    try:
+        return EngineSettings(**engine_overrides(args))
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        if not first["loc"]:  # a model validator's check across fields
+            raise ValueError(str(first.get("ctx", {}).get("error", first["msg"]))) from None
+        raise ValueError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
