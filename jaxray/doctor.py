@@ -19,7 +19,7 @@ from importlib import metadata
 
 import numpy as np
 
-from jaxray.argtypes import cpu_device_count
+from jaxray.argtypes import cpu_device_count, cpu_xla_flags
 
 ENV_VARS = ("XLA_FLAGS", "JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES")
 CUDA_PLUGINS = ("jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt")
@@ -232,9 +232,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.cpu_devices:  # appended, so the user's own XLA_FLAGS survive; must precede `import jax`
-        flag = f"--xla_force_host_platform_device_count={args.cpu_devices}"
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+    if args.cpu_devices:  # the user's own XLA_FLAGS kept; must precede `import jax`
+        os.environ["XLA_FLAGS"] = cpu_xla_flags(args.cpu_devices, os.environ.get("XLA_FLAGS", ""))
     facts = collect()
     if not args.json:
         print_facts(facts)

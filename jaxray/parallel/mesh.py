@@ -15,11 +15,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxray.config import TrialConfig
+from jaxray.config import MESH_AXES, TrialConfig
 from jaxray.models.axes import activation_layout, axes_of, param_name
 
-DATA_AXIS, FSDP_AXIS, TENSOR_AXIS = "data", "fsdp", "tensor"
-MESH_AXES = (DATA_AXIS, FSDP_AXIS, TENSOR_AXIS)
+DATA_AXIS, FSDP_AXIS, TENSOR_AXIS = MESH_AXES  # the config's names: ParallelConfig's fields
 
 # Logical axis name -> mesh axis (or axes); names not listed (head_dim, positions, norm, classes)
 # are replicated.
