@@ -192,10 +192,11 @@ def _verified(ref: str | Path, pinned: str | None) -> Verified:
         entry = remote.fetch(str(ref), pinned)
         return Verified(entry, json.loads((entry / TRAIN_STATE).read_text()))
     path = Path(ref).absolute()
-    with contextlib.suppress(OSError):  # unreadable: verified below, to say why
-        manifest = (path / TRAIN_STATE).read_bytes() if pinned else b""
-        if pinned and hashlib.sha256(manifest).hexdigest() == pinned:  # the bytes it hashed
-            return Verified(path, json.loads(manifest))
+    if pinned:
+        with contextlib.suppress(OSError):  # unreadable: verified below, to say why
+            manifest = (path / TRAIN_STATE).read_bytes()
+            if hashlib.sha256(manifest).hexdigest() == pinned:  # parsed from the bytes it hashed
+                return Verified(path, json.loads(manifest))
     return Verified(path, verify(path))
 
 
